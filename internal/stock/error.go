@@ -1,0 +1,73 @@
+package stock
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is the reason of an error, as carried in the public API's
+// google.rpc.ErrorInfo detail. The transport maps each code to its Connect
+// code in one table (internal/rpc).
+type Code string
+
+// Error codes of the public API.
+const (
+	// invalid_argument
+	CodeInvalidSKU               Code = "INVALID_SKU"
+	CodeInvalidQuantity          Code = "INVALID_QUANTITY"
+	CodeInvalidIdempotencyKey    Code = "INVALID_IDEMPOTENCY_KEY"
+	CodeQuantityAboveMaxPerOrder Code = "QUANTITY_ABOVE_MAX_PER_ORDER"
+	CodeIdempotencyKeyReused     Code = "IDEMPOTENCY_KEY_REUSED"
+	CodeInvalidArgument          Code = "INVALID_ARGUMENT"
+	// not_found
+	CodeSKUNotFound         Code = "SKU_NOT_FOUND"
+	CodeReservationNotFound Code = "RESERVATION_NOT_FOUND"
+	CodeOperationNotFound   Code = "OPERATION_NOT_FOUND"
+	// failed_precondition
+	CodeOutOfStock                  Code = "OUT_OF_STOCK"
+	CodeSKUPaused                   Code = "SKU_PAUSED"
+	CodeReservationExpired          Code = "RESERVATION_EXPIRED"
+	CodeReservationAlreadyCommitted Code = "RESERVATION_ALREADY_COMMITTED"
+	CodeReservationAlreadyReleased  Code = "RESERVATION_ALREADY_RELEASED"
+	CodeCustomerLimitReached        Code = "CUSTOMER_LIMIT_REACHED"
+	CodeSKUExists                   Code = "SKU_ALREADY_EXISTS"
+	// aborted
+	CodeOperationInProgress Code = "OPERATION_IN_PROGRESS"
+	// unavailable: retry with the same key is safe
+	CodeShardUnavailable Code = "SHARD_UNAVAILABLE"
+	// resource_exhausted
+	CodeRateLimited Code = "RATE_LIMITED"
+	// unauthenticated / permission_denied
+	CodeUnauthenticated  Code = "UNAUTHENTICATED"
+	CodePermissionDenied Code = "PERMISSION_DENIED"
+	// internal: a bug or an invariant violation; never leaks details
+	CodeInternal Code = "INTERNAL"
+)
+
+// Error is a domain error with a code and a message safe to show a client.
+type Error struct {
+	Code    Code
+	Message string
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+
+// Errorf returns an *Error with the code and a formatted message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns the code of err, or CodeInternal when err carries none.
+func CodeOf(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}
+
+// Retryable reports whether the same request may be retried with the same
+// key: the operation did not happen, or its outcome can be looked up.
+func (c Code) Retryable() bool {
+	return c == CodeShardUnavailable || c == CodeOperationInProgress || c == CodeRateLimited
+}

@@ -1,0 +1,208 @@
+// Package stock holds shardstock's domain: SKUs, shards, operations,
+// reservations, ledger-entry kinds, the limits on every input and the error
+// codes. It imports nothing from Postgres, Connect or etcd.
+package stock
+
+import (
+	"fmt"
+	"hash/fnv"
+	"time"
+)
+
+// Limits on every input, enforced before anything is written.
+const (
+	SKULenMax             = 64
+	IdempotencyKeyLenMax  = 128
+	RefLenMax             = 128 // order_ref, customer_ref
+	ReasonLenMax          = 256
+	ApproverLenMax        = 64
+	QuantityMax           = 1_000_000
+	StockMax              = 1_000_000_000_000 // initial stock, adjustments
+	ShardsMax             = 256
+	ReservationTTLMin     = time.Second
+	ReservationTTLMax     = 24 * time.Hour
+	ReservationTTLDefault = 15 * time.Minute
+)
+
+// Partitions is the fixed number of fencing partitions. Shard servers own
+// partitions, not SKUs, so a million SKUs need only this many etcd keys.
+const Partitions = 256
+
+// PartitionOf maps a shard to its partition by hash of sku and index.
+func PartitionOf(sku string, index int32) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(sku))
+	h.Write([]byte{0, byte(index >> 24), byte(index >> 16), byte(index >> 8), byte(index)})
+	return int32(h.Sum32() % Partitions)
+}
+
+// ShardKey names one shard.
+type ShardKey struct {
+	SKU   string
+	Index int32
+}
+
+func (k ShardKey) String() string { return fmt.Sprintf("%s#%d", k.SKU, k.Index) }
+
+// Partition is the shard's fencing partition.
+func (k ShardKey) Partition() int32 { return PartitionOf(k.SKU, k.Index) }
+
+// Counts are one shard's (or a SKU's) stock counts.
+type Counts struct {
+	Available int64
+	Reserved  int64
+	Sold      int64
+}
+
+// Valid reports whether no count is negative (invariant 1).
+func (c Counts) Valid() bool { return c.Available >= 0 && c.Reserved >= 0 && c.Sold >= 0 }
+
+// Add returns c + d.
+func (c Counts) Add(d Counts) Counts {
+	return Counts{c.Available + d.Available, c.Reserved + d.Reserved, c.Sold + d.Sold}
+}
+
+// Status is a SKU's selling status.
+type Status string
+
+const (
+	StatusActive Status = "active"
+	StatusPaused Status = "paused"
+)
+
+// SKU is a SKU's configuration.
+type SKU struct {
+	SKU            string
+	Status         Status
+	Shards         int32
+	MaxPerOrder    int64 // 0: no limit
+	CustomerLimit  int64 // 0: no limit
+	ReservationTTL time.Duration
+}
+
+// OpKind is the kind of a shard operation.
+type OpKind string
+
+const (
+	OpReserve   OpKind = "reserve"
+	OpCommit    OpKind = "commit"
+	OpRelease   OpKind = "release"
+	OpDeduct    OpKind = "deduct"
+	OpReplenish OpKind = "replenish"
+	OpAdjust    OpKind = "adjust"
+	OpExpire    OpKind = "expire"
+)
+
+// Keyed reports whether the kind is idempotent by (sku, idempotency_key);
+// commit and release are idempotent by reservation id instead.
+func (k OpKind) Keyed() bool {
+	return k == OpReserve || k == OpDeduct || k == OpReplenish || k == OpAdjust
+}
+
+// Delta is how a kind of operation moves a shard's counts for quantity q.
+func (k OpKind) Delta(q int64) Counts {
+	switch k {
+	case OpReserve:
+		return Counts{Available: -q, Reserved: q}
+	case OpCommit:
+		return Counts{Reserved: -q, Sold: q}
+	case OpRelease, OpExpire:
+		return Counts{Available: q, Reserved: -q}
+	case OpDeduct:
+		return Counts{Available: -q, Sold: q}
+	case OpReplenish, OpAdjust:
+		return Counts{Available: q}
+	}
+	return Counts{}
+}
+
+// ReservationState is where a reservation is in its life.
+type ReservationState string
+
+const (
+	ReservationHeld      ReservationState = "held"
+	ReservationCommitted ReservationState = "committed"
+	ReservationReleased  ReservationState = "released"
+	ReservationExpired   ReservationState = "expired"
+)
+
+// Reservation is a hold on one shard's stock.
+type Reservation struct {
+	ID             string
+	SKU            string
+	Shard          int32
+	Quantity       int64
+	State          ReservationState
+	ExpiresAt      time.Time
+	OrderRef       string
+	CustomerRef    string
+	IdempotencyKey string
+}
+
+// Operation is the recorded first result of a keyed action.
+type Operation struct {
+	SKU            string
+	IdempotencyKey string
+	Kind           OpKind
+	Quantity       int64
+	Shard          int32
+	ParamsHash     []byte
+	ReservationID  string
+	OrderRef       string
+	CustomerRef    string
+	CreatedAt      time.Time
+	// ReservationState is the reservation's current state (reserve only).
+	ReservationState ReservationState
+}
+
+// Source values for the ledger.
+const (
+	SourceAPI         = "api"
+	SourceSweeper     = "sweeper"
+	SourceAdminPrefix = "admin:"
+)
+
+// Request is one operation on one shard, as a shard server's writer takes it.
+type Request struct {
+	Kind          OpKind
+	Shard         ShardKey
+	Quantity      int64
+	Key           string // keyed kinds
+	ReservationID string // commit, release
+	OrderRef      string
+	CustomerRef   string
+	TTL           time.Duration // reserve; 0 means the SKU's default
+	Reason        string
+	Approver      string
+	Source        string
+}
+
+// Result is the answer to one Request.
+type Result struct {
+	Operation   *Operation
+	Reservation *Reservation
+	Replayed    bool
+	Err         *Error
+	// Available is the shard's available stock after the batch: a hint for
+	// routing.
+	Available int64
+}
+
+// LedgerEntry is one change to one shard's counts.
+type LedgerEntry struct {
+	ID             int64
+	Shard          ShardKey
+	Kind           OpKind
+	Quantity       int64
+	Before, After  Counts
+	IdempotencyKey string // the operation's key (reserve's key for commit, release, expire)
+	ReservationID  string
+	TransferID     string
+	OrderRef       string
+	Source         string
+	Reason         string
+	Approver       string
+	ServerID       string
+	Epoch          int64
+	CreatedAt      time.Time
+}

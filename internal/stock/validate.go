@@ -1,0 +1,97 @@
+package stock
+
+import "time"
+
+// ValidateSKU checks a SKU name: 1 to SKULenMax characters from
+// [A-Za-z0-9._:-].
+func ValidateSKU(sku string) error {
+	if sku == "" {
+		return Errorf(CodeInvalidSKU, "sku is empty")
+	}
+	if len(sku) > SKULenMax {
+		return Errorf(CodeInvalidSKU, "sku is longer than %d characters", SKULenMax)
+	}
+	for i := 0; i < len(sku); i++ {
+		c := sku[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+			return Errorf(CodeInvalidSKU, "sku may hold only letters, digits and . _ : -")
+		}
+	}
+	return nil
+}
+
+// ValidateKey checks an idempotency key: 1 to IdempotencyKeyLenMax printable
+// ASCII characters (0x21 to 0x7e: no spaces, no control characters).
+func ValidateKey(key string) error {
+	if key == "" {
+		return Errorf(CodeInvalidIdempotencyKey, "idempotency_key is empty")
+	}
+	if len(key) > IdempotencyKeyLenMax {
+		return Errorf(CodeInvalidIdempotencyKey, "idempotency_key is longer than %d characters", IdempotencyKeyLenMax)
+	}
+	if !printable(key, false) {
+		return Errorf(CodeInvalidIdempotencyKey, "idempotency_key may hold only printable ASCII without spaces")
+	}
+	return nil
+}
+
+// ValidateQuantity checks a reserve, deduct or replenish quantity.
+func ValidateQuantity(q int64) error {
+	if q <= 0 {
+		return Errorf(CodeInvalidQuantity, "quantity must be positive, got %d", q)
+	}
+	if q > QuantityMax {
+		return Errorf(CodeInvalidQuantity, "quantity must be at most %d, got %d", QuantityMax, q)
+	}
+	return nil
+}
+
+// ValidateText checks a free-text field (order_ref, customer_ref, reason,
+// approver): at most max bytes of printable ASCII or UTF-8, no control
+// characters.
+func ValidateText(field, s string, max int) error {
+	if len(s) > max {
+		return Errorf(CodeInvalidArgument, "%s is longer than %d characters", field, max)
+	}
+	if !printable(s, true) {
+		return Errorf(CodeInvalidArgument, "%s holds a control character", field)
+	}
+	return nil
+}
+
+// ValidateTTL checks a reservation TTL; zero means the SKU's default.
+func ValidateTTL(ttl time.Duration) error {
+	if ttl == 0 {
+		return nil
+	}
+	if ttl < ReservationTTLMin || ttl > ReservationTTLMax {
+		return Errorf(CodeInvalidArgument, "ttl must be between %s and %s", ReservationTTLMin, ReservationTTLMax)
+	}
+	return nil
+}
+
+// ValidateShards checks a SKU's shard count.
+func ValidateShards(n int32) error {
+	if n < 1 || n > ShardsMax {
+		return Errorf(CodeInvalidArgument, "shards must be between 1 and %d, got %d", ShardsMax, n)
+	}
+	return nil
+}
+
+// printable reports whether s has no control characters (and, unless
+// spaces, no spaces and nothing beyond ASCII).
+func printable(s string, spaces bool) bool {
+	for _, r := range s {
+		switch {
+		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0):
+			return false
+		case r == ' ' && !spaces:
+			return false
+		case r > 0x7e && !spaces:
+			return false
+		case r == 0xfffd:
+			return false // invalid UTF-8
+		}
+	}
+	return true
+}
