@@ -153,6 +153,8 @@ type Operation struct {
 	CreatedAt      time.Time
 	// ReservationState is the reservation's current state (reserve only).
 	ReservationState ReservationState
+	// ReservationExpiresAt is the reservation's expiry (reserve only).
+	ReservationExpiresAt time.Time
 }
 
 // Source values for the ledger.

@@ -95,3 +95,65 @@ func printable(s string, spaces bool) bool {
 	}
 	return true
 }
+
+// ValidateRequest checks a shard request's shape before anything is
+// written: the SKU, the key or reservation id, the quantity and every text.
+func ValidateRequest(r *Request) error {
+	if err := ValidateSKU(r.Shard.SKU); err != nil {
+		return err
+	}
+	if r.Shard.Index < 0 || r.Shard.Index >= ShardsMax {
+		return Errorf(CodeInvalidArgument, "shard index %d is out of range", r.Shard.Index)
+	}
+	switch r.Kind {
+	case OpReserve, OpDeduct, OpReplenish:
+		if err := ValidateKey(r.Key); err != nil {
+			return err
+		}
+		if err := ValidateQuantity(r.Quantity); err != nil {
+			return err
+		}
+	case OpAdjust:
+		if err := ValidateKey(r.Key); err != nil {
+			return err
+		}
+		if err := ValidateDelta(r.Quantity); err != nil {
+			return err
+		}
+		if r.Reason == "" || r.Approver == "" {
+			return Errorf(CodeInvalidArgument, "an adjustment needs a reason and an approver")
+		}
+	case OpCommit, OpRelease:
+		k, err := ParseReservationID(r.ReservationID)
+		if err != nil {
+			return err
+		}
+		if k != r.Shard {
+			return Errorf(CodeReservationNotFound, "reservation_id names another shard")
+		}
+	case OpExpire:
+	default:
+		return Errorf(CodeInvalidArgument, "unknown operation kind %q", r.Kind)
+	}
+	if err := ValidateTTL(r.TTL); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name, v string
+		max     int
+	}{{"order_ref", r.OrderRef, RefLenMax}, {"customer_ref", r.CustomerRef, RefLenMax},
+		{"reason", r.Reason, ReasonLenMax}, {"approver", r.Approver, ApproverLenMax}, {"source", r.Source, ApproverLenMax + len(SourceAdminPrefix)}} {
+		if err := ValidateText(f.name, f.v, f.max); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidateDelta checks an adjustment: non-zero, at most StockMax either way.
+func ValidateDelta(d int64) error {
+	if d == 0 || d > StockMax || d < -StockMax {
+		return Errorf(CodeInvalidQuantity, "delta must be non-zero and at most %d either way, got %d", int64(StockMax), d)
+	}
+	return nil
+}

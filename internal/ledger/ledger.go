@@ -1,0 +1,165 @@
+// Package ledger proves a SKU's books balance. Reconcile is a pure function
+// of a Snapshot that the Postgres adapter reads in one repeatable-read
+// transaction; it returns every discrepancy it finds, not only the first.
+package ledger
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Snapshot is what reconciliation needs of one SKU, read at one instant.
+type Snapshot struct {
+	SKU    string
+	Shards []Shard
+	// KeyedMismatches lists idempotency keys whose operations and keyed
+	// ledger entries do not pair one to one (an operation with no entry, an
+	// entry with no operation, or two entries for one key).
+	KeyedMismatches []KeyMismatch
+	// EndMismatches lists reservations whose end state and end entries do
+	// not pair (a committed reservation needs exactly one commit entry, and
+	// so on; a held one none).
+	EndMismatches []EndMismatch
+	// InTransit is stock debited from one shard and not yet credited to
+	// another.
+	InTransit int64
+}
+
+// Shard is one shard's row, opening balance, ledger sums and held holds.
+type Shard struct {
+	Index   int32
+	Row     stock.Counts
+	Opening stock.Counts
+	// Kinds sums the ledger's entries of the shard by kind.
+	Kinds map[stock.OpKind]KindSum
+	// BrokenChain counts entries whose before/after do not match the
+	// previous entry's after (the ledger is a chain per shard).
+	BrokenChain int64
+	// HeldReserved is the sum of the shard's held reservations.
+	HeldReserved int64
+}
+
+// KindSum is the sum of one kind of ledger entry on one shard.
+type KindSum struct {
+	Entries  int64
+	Quantity int64
+	Delta    stock.Counts // sum of after - before
+}
+
+// KeyMismatch is one key whose operation and ledger entries do not pair.
+type KeyMismatch struct {
+	Key        string
+	Operations int64
+	Entries    int64
+}
+
+// EndMismatch is one reservation whose end and end entries do not pair.
+type EndMismatch struct {
+	ReservationID string
+	State         stock.ReservationState
+	Entries       int64
+}
+
+// Discrepancy is one thing that does not balance.
+type Discrepancy struct {
+	Check    string
+	Shard    int32 // -1 for the whole SKU
+	Detail   string
+	Expected int64
+	Actual   int64
+}
+
+// Checks, as named in discrepancies.
+const (
+	CheckShardBalance    = "shard_balance"
+	CheckEntryDelta      = "entry_delta"
+	CheckChain           = "ledger_chain"
+	CheckOperationLedger = "operation_ledger"
+	CheckReservationEnd  = "reservation_end"
+	CheckReservedHolds   = "reserved_holds"
+	CheckConservation    = "conservation"
+	CheckNegative        = "negative"
+)
+
+// Reconcile checks a snapshot: per shard, opening balance plus ledger deltas
+// equals the row, every entry moves the counts its kind says, the chain of
+// before/after is unbroken, and held reservations sum to reserved; per SKU,
+// operations and ledger entries pair one to one, every ended reservation has
+// one end entry, and available + reserved + sold + in transit equals what
+// was received, replenished and adjusted.
+func Reconcile(s Snapshot) []Discrepancy {
+	var ds []Discrepancy
+	add := func(check string, shard int32, exp, act int64, format string, args ...any) {
+		ds = append(ds, Discrepancy{Check: check, Shard: shard, Expected: exp, Actual: act, Detail: fmt.Sprintf(format, args...)})
+	}
+	var total, opening stock.Counts
+	var inflow int64
+	for _, sh := range s.Shards {
+		if !sh.Row.Valid() {
+			add(CheckNegative, sh.Index, 0, min(sh.Row.Available, sh.Row.Reserved, sh.Row.Sold), "shard has a negative count %+v", sh.Row)
+		}
+		sum := sh.Opening
+		for _, kind := range sortedKinds(sh.Kinds) {
+			k := sh.Kinds[kind]
+			sum = sum.Add(k.Delta)
+			want := kind.Delta(k.Quantity)
+			if kind == stock.OpAdjust {
+				want = stock.Counts{Available: k.Delta.Available} // an adjustment's quantity is signed
+				if k.Delta.Available != k.Quantity || k.Delta.Reserved != 0 || k.Delta.Sold != 0 {
+					add(CheckEntryDelta, sh.Index, k.Quantity, k.Delta.Available, "adjust entries move %+v for quantity %d", k.Delta, k.Quantity)
+				}
+			} else if k.Delta != want {
+				add(CheckEntryDelta, sh.Index, 0, 0, "%s entries move %+v, want %+v", kind, k.Delta, want)
+			}
+			if kind == stock.OpReplenish || kind == stock.OpAdjust {
+				inflow += k.Delta.Available
+			}
+		}
+		compare := func(name string, exp, act int64) {
+			if exp != act {
+				add(CheckShardBalance, sh.Index, exp, act, "%s: opening + ledger = %d, row = %d", name, exp, act)
+			}
+		}
+		compare("available", sum.Available, sh.Row.Available)
+		compare("reserved", sum.Reserved, sh.Row.Reserved)
+		compare("sold", sum.Sold, sh.Row.Sold)
+		if sh.BrokenChain > 0 {
+			add(CheckChain, sh.Index, 0, sh.BrokenChain, "%d entries do not start where the previous one ended", sh.BrokenChain)
+		}
+		if sh.HeldReserved != sh.Row.Reserved {
+			add(CheckReservedHolds, sh.Index, sh.HeldReserved, sh.Row.Reserved, "held reservations sum to %d, reserved is %d", sh.HeldReserved, sh.Row.Reserved)
+		}
+		total = total.Add(sh.Row)
+		opening = opening.Add(sh.Opening)
+	}
+	for _, m := range s.KeyedMismatches {
+		add(CheckOperationLedger, -1, m.Operations, m.Entries, "key %q: %d operations, %d ledger entries", m.Key, m.Operations, m.Entries)
+	}
+	for _, m := range s.EndMismatches {
+		add(CheckReservationEnd, -1, endEntriesWant(m.State), m.Entries, "reservation %s is %s with %d end entries", m.ReservationID, m.State, m.Entries)
+	}
+	have := total.Available + total.Reserved + total.Sold + s.InTransit
+	received := opening.Available + opening.Reserved + opening.Sold + inflow
+	if have != received {
+		add(CheckConservation, -1, received, have, "available+reserved+sold+in_transit = %d, received+replenished+adjusted = %d", have, received)
+	}
+	return ds
+}
+
+func endEntriesWant(st stock.ReservationState) int64 {
+	if st == stock.ReservationHeld {
+		return 0
+	}
+	return 1
+}
+
+func sortedKinds(m map[stock.OpKind]KindSum) []stock.OpKind {
+	ks := make([]stock.OpKind, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}

@@ -1,0 +1,350 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Errors of a batch transaction. Every one but ErrOutcomeUnknown means the
+// batch wrote nothing.
+var (
+	// ErrFenced: the partition's epoch in the database is not the writer's:
+	// another server took the partition over.
+	ErrFenced = errors.New("postgres: fenced: partition owned at another epoch")
+	// ErrConflict: another shard's batch took a key or a customer's quota
+	// concurrently; rerun the batch (the lookups will see it).
+	ErrConflict = errors.New("postgres: conflict with a concurrent batch")
+	// ErrDiverged: the shard row is not what the writer's memory says: an
+	// invariant violation (a second writer).
+	ErrDiverged = errors.New("postgres: shard row diverged from the writer's copy")
+	// ErrNotCommitted: the transaction failed before or at commit and is
+	// known not to have committed.
+	ErrNotCommitted = errors.New("postgres: batch not committed")
+	// ErrOutcomeUnknown: the commit's outcome could not be learnt.
+	ErrOutcomeUnknown = errors.New("postgres: batch commit outcome unknown")
+)
+
+// Fence identifies a writer: the partition it writes, the epoch it owns it
+// at, and its server.
+type Fence struct {
+	Partition int32
+	Epoch     int64
+	ServerID  string
+}
+
+// BatchQuery says what a batch must read before it decides.
+type BatchQuery struct {
+	Shard          stock.ShardKey
+	Keys           []string // idempotency keys of keyed requests
+	ReservationIDs []string // reservations committed or released
+	Customers      []string // customer refs of reserves and deducts
+	SweepMax       int      // >0: also read up to this many due holds
+}
+
+// BatchRead is what the batch read, inside its transaction.
+type BatchRead struct {
+	SKU          *stock.SKU // nil: no such SKU
+	Ops          map[string]*stock.Operation
+	Reservations map[string]*stock.Reservation
+	Due          []*stock.Reservation // held and expired, for the sweep
+	Usage        map[string]int64     // customer ref -> units held or bought
+	Now          time.Time            // the database clock
+}
+
+// BatchWrite is what the batch decided to write.
+type BatchWrite struct {
+	Ops             []*stock.Operation
+	NewReservations []*stock.Reservation
+	Ended           []ReservationEnd
+	UsageAdd        map[string]int64 // customer -> units (guarded by Limit)
+	UsageSub        map[string]int64 // customer -> units given back
+	UsageLimit      int64
+	Ledger          []*stock.LedgerEntry
+	From, To        stock.Counts
+}
+
+// ReservationEnd ends one held reservation.
+type ReservationEnd struct {
+	ID     string
+	State  stock.ReservationState
+	Reason string
+}
+
+// Empty reports whether the write changes nothing.
+func (w *BatchWrite) Empty() bool {
+	return len(w.Ops) == 0 && len(w.NewReservations) == 0 && len(w.Ended) == 0 && len(w.Ledger) == 0 && w.From == w.To
+}
+
+// Decide turns what a batch read into what it writes. It runs inside the
+// transaction and must be pure: it may run again on a retry.
+type Decide func(*BatchRead) (*BatchWrite, error)
+
+// Batch runs one batch transaction for one shard: fence check, lookups,
+// decide, writes, commit. It returns nil only when the batch committed.
+func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) error {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: begin: %v", ErrNotCommitted, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	read, xid, err := readBatch(ctx, tx, f, q)
+	if err != nil {
+		return err
+	}
+	w, err := decide(read)
+	if err != nil {
+		return err
+	}
+	if w.Empty() {
+		return nil // nothing to write: the rollback is the end
+	}
+	if err := writeBatch(ctx, tx, f, q.Shard, w); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return db.commitOutcome(ctx, xid, err)
+	}
+	return nil
+}
+
+// readBatch is the batch's first round trip: the fence (FOR SHARE, so that
+// a takeover waits for this batch and a batch after the takeover sees the
+// new epoch), the transaction id (to learn the outcome of a lost commit),
+// the SKU, the existing operations, reservations and customer usage.
+func readBatch(ctx context.Context, tx pgx.Tx, f Fence, q BatchQuery) (*BatchRead, string, error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT owner, epoch, pg_current_xact_id()::text, now() FROM partitions WHERE partition = $1 FOR SHARE`, f.Partition)
+	b.Queue(sqlSelectSKU, q.Shard.SKU)
+	if len(q.Keys) > 0 {
+		b.Queue(sqlSelectOps, q.Keys)
+	}
+	if len(q.ReservationIDs) > 0 {
+		b.Queue(sqlSelectReservations+` WHERE id = ANY($1)`, q.ReservationIDs)
+	}
+	if q.SweepMax > 0 {
+		b.Queue(sqlSelectReservations+` WHERE sku = $1 AND shard = $2 AND state = 'held' AND expires_at <= now() ORDER BY expires_at LIMIT $3`,
+			q.Shard.SKU, q.Shard.Index, q.SweepMax)
+	}
+	if len(q.Customers) > 0 {
+		b.Queue(`SELECT customer_ref, quantity FROM customer_usage WHERE sku = $1 AND customer_ref = ANY($2)`, q.Shard.SKU, q.Customers)
+	}
+	res := tx.SendBatch(ctx, b)
+	defer res.Close()
+
+	read := &BatchRead{Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{}, Usage: map[string]int64{}}
+	var owner, xid string
+	var epoch int64
+	if err := res.QueryRow().Scan(&owner, &epoch, &xid, &read.Now); err != nil {
+		return nil, "", notCommitted("fence", err)
+	}
+	if owner != f.ServerID || epoch != f.Epoch {
+		return nil, "", fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", ErrFenced, f.Partition, owner, epoch, f.ServerID, f.Epoch)
+	}
+	sku, err := scanSKU(res.QueryRow())
+	if err != nil && !isNoRows(err) {
+		return nil, "", notCommitted("sku", err)
+	}
+	read.SKU = sku
+	if len(q.Keys) > 0 {
+		if err := scanOps(res, read.Ops); err != nil {
+			return nil, "", notCommitted("operations", err)
+		}
+	}
+	if len(q.ReservationIDs) > 0 {
+		rs, err := scanReservations(res)
+		if err != nil {
+			return nil, "", notCommitted("reservations", err)
+		}
+		for _, r := range rs {
+			read.Reservations[r.ID] = r
+		}
+	}
+	if q.SweepMax > 0 {
+		if read.Due, err = scanReservations(res); err != nil {
+			return nil, "", notCommitted("due reservations", err)
+		}
+	}
+	if len(q.Customers) > 0 {
+		rows, err := res.Query()
+		if err != nil {
+			return nil, "", notCommitted("usage", err)
+		}
+		var c string
+		var n int64
+		_, err = pgx.ForEachRow(rows, []any{&c, &n}, func() error { read.Usage[c] = n; return nil })
+		if err != nil {
+			return nil, "", notCommitted("usage", err)
+		}
+	}
+	if err := res.Close(); err != nil {
+		return nil, "", notCommitted("read", err)
+	}
+	return read, xid, nil
+}
+
+// writeBatch is the batch's second round trip. Operations are inserted with
+// ON CONFLICT DO NOTHING in key order (so two batches never deadlock on the
+// unique index); a key that conflicts was taken by another shard meanwhile,
+// so the batch is rerun rather than counted a success. The shard row is
+// updated once, compare-and-set against the writer's copy.
+func writeBatch(ctx context.Context, tx pgx.Tx, f Fence, shard stock.ShardKey, w *BatchWrite) error {
+	b := &pgx.Batch{}
+	ops := slices.Clone(w.Ops)
+	slices.SortFunc(ops, func(a, b *stock.Operation) int { return compareStrings(a.IdempotencyKey, b.IdempotencyKey) })
+	if len(ops) > 0 {
+		queueInsertOps(b, ops)
+	}
+	if len(w.UsageAdd) > 0 {
+		queueUsageAdd(b, shard.SKU, w.UsageAdd, w.UsageLimit)
+	}
+	if len(w.UsageSub) > 0 {
+		queueUsageSub(b, shard.SKU, w.UsageSub)
+	}
+	if len(w.NewReservations) > 0 {
+		queueInsertReservations(b, w.NewReservations)
+	}
+	if len(w.Ended) > 0 {
+		queueEndReservations(b, w.Ended)
+	}
+	if w.From != w.To {
+		b.Queue(`UPDATE shards SET available = $3, reserved = $4, sold = $5, updated_at = now()
+			WHERE sku = $1 AND idx = $2 AND available = $6 AND reserved = $7 AND sold = $8`,
+			shard.SKU, shard.Index, w.To.Available, w.To.Reserved, w.To.Sold, w.From.Available, w.From.Reserved, w.From.Sold)
+	}
+	if len(w.Ledger) > 0 {
+		queueInsertLedger(b, f, w.Ledger)
+	}
+	res := tx.SendBatch(ctx, b)
+	defer res.Close()
+
+	if len(ops) > 0 {
+		n, err := countRows(res)
+		if err != nil {
+			return notCommitted("insert operations", err)
+		}
+		if n != len(ops) {
+			return fmt.Errorf("%w: %d of %d keys taken", ErrConflict, len(ops)-n, len(ops))
+		}
+	}
+	if len(w.UsageAdd) > 0 {
+		if err := expectRows(res, len(w.UsageAdd), "customer usage"); err != nil {
+			return err
+		}
+	}
+	if len(w.UsageSub) > 0 {
+		if _, err := res.Exec(); err != nil {
+			return notCommitted("customer usage", err)
+		}
+	}
+	if len(w.NewReservations) > 0 {
+		if _, err := res.Exec(); err != nil {
+			return notCommitted("insert reservations", err)
+		}
+	}
+	if len(w.Ended) > 0 {
+		if err := expectRows(res, len(w.Ended), "end reservations"); err != nil {
+			return err
+		}
+	}
+	if w.From != w.To {
+		tag, err := res.Exec()
+		if err != nil {
+			return notCommitted("update shard", err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("%w: %s is not %+v", ErrDiverged, shard, w.From)
+		}
+	}
+	if len(w.Ledger) > 0 {
+		if _, err := res.Exec(); err != nil {
+			return notCommitted("insert ledger", err)
+		}
+	}
+	if err := res.Close(); err != nil {
+		return notCommitted("write", err)
+	}
+	return nil
+}
+
+// commitOutcome learns whether a transaction whose COMMIT failed committed
+// after all, asking the database by transaction id on another connection.
+func (db *DB) commitOutcome(ctx context.Context, xid string, commitErr error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(commitErr, &pgErr) {
+		return fmt.Errorf("%w: commit: %v", ErrNotCommitted, commitErr) // the server refused the commit
+	}
+	ctx = context.WithoutCancel(ctx)
+	for attempt := 0; attempt < outcomeAttemptsMax; attempt++ {
+		if attempt > 0 {
+			time.Sleep(outcomeBackoff * time.Duration(attempt))
+		}
+		qctx, cancel := context.WithTimeout(ctx, queryTimeout)
+		var status *string
+		err := db.pool.QueryRow(qctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status)
+		cancel()
+		if err != nil || status == nil {
+			continue
+		}
+		switch *status {
+		case "committed":
+			return nil
+		case "aborted":
+			return fmt.Errorf("%w: commit lost: %v", ErrNotCommitted, commitErr)
+		}
+		// "in progress": the old backend has not finished yet; ask again.
+	}
+	return fmt.Errorf("%w: %v", ErrOutcomeUnknown, commitErr)
+}
+
+// Bounds on learning a lost commit's outcome.
+const (
+	outcomeAttemptsMax = 10
+	outcomeBackoff     = 50 * time.Millisecond
+)
+
+func notCommitted(step string, err error) error {
+	return fmt.Errorf("%w: %s: %v", ErrNotCommitted, step, err)
+}
+
+func expectRows(res pgx.BatchResults, want int, step string) error {
+	tag, err := res.Exec()
+	if err != nil {
+		return notCommitted(step, err)
+	}
+	if int(tag.RowsAffected()) != want {
+		return fmt.Errorf("%w: %s: %d of %d rows", ErrConflict, step, tag.RowsAffected(), want)
+	}
+	return nil
+}
+
+func countRows(res pgx.BatchResults) (int, error) {
+	rows, err := res.Query()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	return n, rows.Err()
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

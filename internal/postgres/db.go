@@ -1,0 +1,96 @@
+// Package postgres is shardstock's Postgres adapter: the schema and its
+// embedded, versioned migrations, and every query. No SQL lives elsewhere.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Deadlines for queries outside the write path.
+const (
+	migrateTimeout = 60 * time.Second
+	queryTimeout   = 10 * time.Second
+)
+
+// DB is a pool of connections to one shardstock database.
+type DB struct {
+	pool *pgxpool.Pool
+}
+
+// Options tune Open.
+type Options struct {
+	// MaxConns bounds the pool; 0 keeps pgxpool's default.
+	MaxConns int32
+	// ApplicationName is shown in pg_stat_activity.
+	ApplicationName string
+}
+
+// Open connects to url, applies every pending migration and returns the DB.
+func Open(ctx context.Context, url string, opt Options) (*DB, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: parse url: %w", err)
+	}
+	if opt.MaxConns > 0 {
+		cfg.MaxConns = opt.MaxConns
+	}
+	if opt.ApplicationName != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = opt.ApplicationName
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: connect: %w", err)
+	}
+	db := &DB{pool: pool}
+	if err := db.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// Close closes every connection.
+func (db *DB) Close() { db.pool.Close() }
+
+// migrate applies the embedded migrations under a Postgres advisory lock,
+// so that many processes starting at once migrate once.
+func (db *DB) migrate(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
+	defer cancel()
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: migrate: %w", err)
+	}
+	defer conn.Release()
+	const lockID = 0x5348415244 // "SHARD"
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockID); err != nil {
+		return fmt.Errorf("postgres: migrate lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockID)
+
+	sqlDB := stdlib.OpenDBFromPool(db.pool)
+	defer sqlDB.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, mustSub(migrations, "migrations"))
+	if err != nil {
+		return fmt.Errorf("postgres: migrate: %w", err)
+	}
+	if _, err := provider.Up(ctx); err != nil {
+		return fmt.Errorf("postgres: migrate: %w", err)
+	}
+	return nil
+}
+
+// isNoRows reports whether err is pgx's no-rows error.
+func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

@@ -1,0 +1,16 @@
+package postgres
+
+import (
+	"io/fs"
+	"slices"
+)
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(f, dir)
+	if err != nil {
+		panic("postgres: embedded migrations: " + err.Error())
+	}
+	return sub
+}
+
+func sortStrings(s []string) { slices.Sort(s) }

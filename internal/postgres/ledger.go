@@ -1,0 +1,171 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// mismatchesMax bounds how many unpaired keys or reservations a
+// reconciliation lists.
+const mismatchesMax = 100
+
+// Snapshot reads everything reconciliation needs of a SKU in one
+// repeatable-read transaction, so that all of it is of one instant.
+func (db *DB) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	snap := ledger.Snapshot{SKU: sku}
+	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return snap, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	byIndex := map[int32]*ledger.Shard{}
+	rows, err := tx.Query(ctx, `SELECT idx, available, reserved, sold, opening_available FROM shards WHERE sku = $1 ORDER BY idx`, sku)
+	if err != nil {
+		return snap, err
+	}
+	snap.Shards, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Shard, error) {
+		s := ledger.Shard{Kinds: map[stock.OpKind]ledger.KindSum{}}
+		err := r.Scan(&s.Index, &s.Row.Available, &s.Row.Reserved, &s.Row.Sold, &s.Opening.Available)
+		return s, err
+	})
+	if err != nil {
+		return snap, err
+	}
+	if len(snap.Shards) == 0 {
+		return snap, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
+	}
+	for i := range snap.Shards {
+		byIndex[snap.Shards[i].Index] = &snap.Shards[i]
+	}
+	shard := func(i int32) (*ledger.Shard, error) {
+		if s := byIndex[i]; s != nil {
+			return s, nil
+		}
+		return nil, fmt.Errorf("postgres: snapshot: ledger names shard %d that %s lacks", i, sku)
+	}
+
+	// Ledger sums by shard and kind.
+	var idx int32
+	var kind string
+	var k ledger.KindSum
+	rows, _ = tx.Query(ctx, `SELECT shard, kind, count(*), sum(quantity), sum(available_after - available_before),
+		sum(reserved_after - reserved_before), sum(sold_after - sold_before) FROM ledger WHERE sku = $1 GROUP BY shard, kind`, sku)
+	_, err = pgx.ForEachRow(rows, []any{&idx, &kind, &k.Entries, &k.Quantity, &k.Delta.Available, &k.Delta.Reserved, &k.Delta.Sold}, func() error {
+		s, err := shard(idx)
+		if err == nil {
+			s.Kinds[stock.OpKind(kind)] = k
+		}
+		return err
+	})
+	if err != nil {
+		return snap, err
+	}
+
+	// The chain: each entry starts where the shard's previous one ended (the
+	// first where the shard opened).
+	var n int64
+	rows, _ = tx.Query(ctx, `SELECT l.shard, count(*) FROM (
+		SELECT shard, id, available_before, reserved_before, sold_before,
+			lag(available_after) OVER w AS pa, lag(reserved_after) OVER w AS pr, lag(sold_after) OVER w AS ps
+		FROM ledger WHERE sku = $1 WINDOW w AS (PARTITION BY shard ORDER BY id)) l
+		JOIN shards s ON s.sku = $1 AND s.idx = l.shard
+		WHERE (coalesce(l.pa, s.opening_available), coalesce(l.pr, 0), coalesce(l.ps, 0))
+			IS DISTINCT FROM (l.available_before, l.reserved_before, l.sold_before)
+		GROUP BY l.shard`, sku)
+	_, err = pgx.ForEachRow(rows, []any{&idx, &n}, func() error {
+		s, err := shard(idx)
+		if err == nil {
+			s.BrokenChain = n
+		}
+		return err
+	})
+	if err != nil {
+		return snap, err
+	}
+
+	rows, _ = tx.Query(ctx, `SELECT shard, sum(quantity) FROM reservations WHERE sku = $1 AND state = 'held' GROUP BY shard`, sku)
+	_, err = pgx.ForEachRow(rows, []any{&idx, &n}, func() error {
+		s, err := shard(idx)
+		if err == nil {
+			s.HeldReserved = n
+		}
+		return err
+	})
+	if err != nil {
+		return snap, err
+	}
+
+	// Operations and keyed ledger entries pair one to one.
+	var m ledger.KeyMismatch
+	rows, _ = tx.Query(ctx, `WITH o AS (SELECT idempotency_key AS k, kind FROM operations WHERE sku = $1),
+		l AS (SELECT idempotency_key AS k, kind, count(*) AS n FROM ledger
+			WHERE sku = $1 AND kind IN ('reserve', 'deduct', 'replenish', 'adjust') GROUP BY 1, 2)
+		SELECT coalesce(o.k, l.k), (o.k IS NOT NULL)::int8, coalesce(l.n, 0)
+		FROM o FULL JOIN l ON o.k = l.k AND o.kind = l.kind
+		WHERE o.k IS NULL OR l.k IS NULL OR l.n <> 1 LIMIT $2`, sku, mismatchesMax)
+	_, err = pgx.ForEachRow(rows, []any{&m.Key, &m.Operations, &m.Entries}, func() error {
+		snap.KeyedMismatches = append(snap.KeyedMismatches, m)
+		return nil
+	})
+	if err != nil {
+		return snap, err
+	}
+
+	// Every ended reservation has exactly one end entry, of its kind; a held
+	// one has none.
+	var e ledger.EndMismatch
+	var state string
+	rows, _ = tx.Query(ctx, `WITH e AS (SELECT reservation_id AS id, kind, count(*) AS n FROM ledger
+			WHERE sku = $1 AND kind IN ('commit', 'release', 'expire') GROUP BY 1, 2),
+		t AS (SELECT r.id, r.state,
+			coalesce(sum(e.n) FILTER (WHERE e.kind = CASE r.state WHEN 'committed' THEN 'commit'
+				WHEN 'released' THEN 'release' WHEN 'expired' THEN 'expire' END), 0) AS right_n,
+			coalesce(sum(e.n), 0) AS all_n
+			FROM reservations r LEFT JOIN e ON e.id = r.id WHERE r.sku = $1 GROUP BY r.id, r.state)
+		SELECT id, state, all_n::int8 FROM t
+		WHERE all_n <> right_n OR right_n <> CASE WHEN state = 'held' THEN 0 ELSE 1 END LIMIT $2`, sku, mismatchesMax)
+	_, err = pgx.ForEachRow(rows, []any{&e.ReservationID, &state, &e.Entries}, func() error {
+		e.State = stock.ReservationState(state)
+		snap.EndMismatches = append(snap.EndMismatches, e)
+		return nil
+	})
+	if err != nil {
+		return snap, err
+	}
+	return snap, tx.Commit(ctx)
+}
+
+// ledgerPageMax bounds a ListLedger page.
+const ledgerPageMax = 1000
+
+// ListLedger returns up to limit entries of a SKU with id > after, oldest
+// first.
+func (db *DB) ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	limit = min(max(limit, 1), ledgerPageMax)
+	rows, err := db.pool.Query(ctx, `SELECT id, sku, shard, kind, quantity, available_before, available_after,
+		reserved_before, reserved_after, sold_before, sold_after, idempotency_key, reservation_id, transfer_id,
+		order_ref, source, reason, approver, server_id, epoch, created_at
+		FROM ledger WHERE sku = $1 AND id > $2 ORDER BY id LIMIT $3`, sku, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.LedgerEntry, error) {
+		var e stock.LedgerEntry
+		var kind string
+		err := r.Scan(&e.ID, &e.Shard.SKU, &e.Shard.Index, &kind, &e.Quantity, &e.Before.Available, &e.After.Available,
+			&e.Before.Reserved, &e.After.Reserved, &e.Before.Sold, &e.After.Sold, &e.IdempotencyKey, &e.ReservationID,
+			&e.TransferID, &e.OrderRef, &e.Source, &e.Reason, &e.Approver, &e.ServerID, &e.Epoch, &e.CreatedAt)
+		e.Kind = stock.OpKind(kind)
+		return &e, err
+	})
+}

@@ -1,0 +1,132 @@
+-- +goose Up
+-- The schema of shardstock. Every count is CHECKed non-negative; the ledger is
+-- append-only (a trigger refuses UPDATE and DELETE).
+
+CREATE TABLE skus (
+    sku                 text PRIMARY KEY,
+    status              text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'paused')),
+    shards              int NOT NULL CHECK (shards BETWEEN 1 AND 256),
+    max_per_order       bigint NOT NULL DEFAULT 0 CHECK (max_per_order >= 0),
+    customer_limit      bigint NOT NULL DEFAULT 0 CHECK (customer_limit >= 0),
+    reservation_ttl_ms  bigint NOT NULL CHECK (reservation_ttl_ms > 0),
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    updated_at          timestamptz NOT NULL DEFAULT now()
+);
+
+-- One sub-row of a SKU's stock. opening_* is the balance the shard was
+-- created with; reconciliation checks opening + ledger deltas = row.
+CREATE TABLE shards (
+    sku                text NOT NULL REFERENCES skus (sku),
+    idx                int NOT NULL CHECK (idx >= 0),
+    partition          int NOT NULL,
+    available          bigint NOT NULL CHECK (available >= 0),
+    reserved           bigint NOT NULL CHECK (reserved >= 0),
+    sold               bigint NOT NULL CHECK (sold >= 0),
+    opening_available  bigint NOT NULL CHECK (opening_available >= 0),
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (sku, idx)
+);
+
+-- Fencing: the current owner of each partition and its epoch (the etcd
+-- ownership key's revision). Every batch locks its row FOR SHARE and checks
+-- the epoch; a takeover UPDATEs it, so a zombie's next batch aborts.
+CREATE TABLE partitions (
+    partition   int PRIMARY KEY,
+    owner       text NOT NULL DEFAULT '',
+    epoch       bigint NOT NULL DEFAULT 0,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO partitions (partition) SELECT generate_series(0, 255);
+
+-- The first result of every keyed action. Keys are unique in the database
+-- (not only per SKU), so the same key on another SKU is detected as reused.
+CREATE TABLE operations (
+    id               bigserial PRIMARY KEY,
+    sku              text NOT NULL,
+    idempotency_key  text NOT NULL,
+    kind             text NOT NULL CHECK (kind IN ('reserve', 'deduct', 'replenish', 'adjust')),
+    params_hash      bytea NOT NULL,
+    quantity         bigint NOT NULL,
+    shard            int NOT NULL,
+    reservation_id   text NOT NULL DEFAULT '',
+    order_ref        text NOT NULL DEFAULT '',
+    customer_ref     text NOT NULL DEFAULT '',
+    result           text NOT NULL DEFAULT 'ok',
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (idempotency_key)
+);
+CREATE INDEX operations_sku ON operations (sku, id);
+
+CREATE TABLE reservations (
+    id               text PRIMARY KEY,
+    sku              text NOT NULL,
+    shard            int NOT NULL,
+    partition        int NOT NULL,
+    idempotency_key  text NOT NULL,
+    quantity         bigint NOT NULL CHECK (quantity > 0),
+    state            text NOT NULL CHECK (state IN ('held', 'committed', 'released', 'expired')),
+    expires_at       timestamptz NOT NULL,
+    order_ref        text NOT NULL DEFAULT '',
+    customer_ref     text NOT NULL DEFAULT '',
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    ended_at         timestamptz,
+    end_reason       text NOT NULL DEFAULT ''
+);
+CREATE INDEX reservations_due ON reservations (partition, expires_at) WHERE state = 'held';
+CREATE INDEX reservations_sku ON reservations (sku, shard) WHERE state = 'held';
+
+-- Units each customer holds or bought of a SKU, for customer_limit.
+CREATE TABLE customer_usage (
+    sku           text NOT NULL,
+    customer_ref  text NOT NULL,
+    quantity      bigint NOT NULL CHECK (quantity >= 0),
+    PRIMARY KEY (sku, customer_ref)
+);
+
+-- The append-only record of every change to every shard.
+CREATE TABLE ledger (
+    id                bigserial PRIMARY KEY,
+    sku               text NOT NULL,
+    shard             int NOT NULL,
+    kind              text NOT NULL,
+    quantity          bigint NOT NULL,
+    available_before  bigint NOT NULL,
+    available_after   bigint NOT NULL,
+    reserved_before   bigint NOT NULL,
+    reserved_after    bigint NOT NULL,
+    sold_before       bigint NOT NULL,
+    sold_after        bigint NOT NULL,
+    idempotency_key   text NOT NULL DEFAULT '',
+    reservation_id    text NOT NULL DEFAULT '',
+    transfer_id       text NOT NULL DEFAULT '',
+    order_ref         text NOT NULL DEFAULT '',
+    source            text NOT NULL,
+    reason            text NOT NULL DEFAULT '',
+    approver          text NOT NULL DEFAULT '',
+    server_id         text NOT NULL,
+    epoch             bigint NOT NULL,
+    created_at        timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ledger_sku ON ledger (sku, id);
+
+-- +goose StatementBegin
+CREATE FUNCTION ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'ledger is append-only: % refused', TG_OP;
+END;
+$$;
+-- +goose StatementEnd
+CREATE TRIGGER ledger_append_only BEFORE UPDATE OR DELETE ON ledger
+    FOR EACH ROW EXECUTE FUNCTION ledger_append_only();
+CREATE TRIGGER ledger_no_truncate BEFORE TRUNCATE ON ledger
+    FOR EACH STATEMENT EXECUTE FUNCTION ledger_append_only();
+
+-- +goose Down
+DROP TABLE ledger;
+DROP FUNCTION ledger_append_only;
+DROP TABLE customer_usage;
+DROP TABLE reservations;
+DROP TABLE operations;
+DROP TABLE partitions;
+DROP TABLE shards;
+DROP TABLE skus;

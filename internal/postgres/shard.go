@@ -1,0 +1,148 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// ErrStaleEpoch: a takeover named an epoch not newer than the partition's.
+var ErrStaleEpoch = errors.New("postgres: partition owned at a newer epoch")
+
+// TakeOver makes server the owner of partition at epoch. It waits for every
+// batch of the previous owner that holds the partition row FOR SHARE, so
+// once it returns no batch at an older epoch can commit.
+func (db *DB) TakeOver(ctx context.Context, partition int32, server string, epoch int64) error {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	tag, err := db.pool.Exec(ctx, `UPDATE partitions SET owner = $2, epoch = $3, updated_at = now()
+		WHERE partition = $1 AND epoch < $3`, partition, server, epoch)
+	if err != nil {
+		return fmt.Errorf("postgres: take over partition %d: %w", partition, err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	var owner string
+	var cur int64
+	if err := db.pool.QueryRow(ctx, `SELECT owner, epoch FROM partitions WHERE partition = $1`, partition).Scan(&owner, &cur); err != nil {
+		return fmt.Errorf("postgres: take over partition %d: %w", partition, err)
+	}
+	if owner == server && cur == epoch {
+		return nil // already ours at this epoch
+	}
+	return fmt.Errorf("%w: partition %d is %s@%d, asked %s@%d", ErrStaleEpoch, partition, owner, cur, server, epoch)
+}
+
+// PartitionOwner returns the owner and epoch of a partition as the
+// database has them.
+func (db *DB) PartitionOwner(ctx context.Context, partition int32) (string, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var owner string
+	var epoch int64
+	err := db.pool.QueryRow(ctx, `SELECT owner, epoch FROM partitions WHERE partition = $1`, partition).Scan(&owner, &epoch)
+	return owner, epoch, err
+}
+
+// LoadShard reads one shard's counts. A missing shard (or SKU) is
+// SKU_NOT_FOUND.
+func (db *DB) LoadShard(ctx context.Context, k stock.ShardKey) (stock.Counts, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var c stock.Counts
+	err := db.pool.QueryRow(ctx, `SELECT available, reserved, sold FROM shards WHERE sku = $1 AND idx = $2`, k.SKU, k.Index).
+		Scan(&c.Available, &c.Reserved, &c.Sold)
+	if isNoRows(err) {
+		return c, stock.Errorf(stock.CodeSKUNotFound, "sku %q has no shard %d", k.SKU, k.Index)
+	}
+	return c, err
+}
+
+// ShardRow is one shard's counts as stored.
+type ShardRow struct {
+	Index int32
+	stock.Counts
+}
+
+// Shards reads every shard of a SKU, by index.
+func (db *DB) Shards(ctx context.Context, sku string) ([]ShardRow, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	rows, err := db.pool.Query(ctx, `SELECT idx, available, reserved, sold FROM shards WHERE sku = $1 ORDER BY idx`, sku)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ShardRow, error) {
+		var s ShardRow
+		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold)
+		return s, err
+	})
+}
+
+// DueShards lists shards in the given partitions that have held
+// reservations past their expiry, at most limit of them.
+func (db *DB) DueShards(ctx context.Context, partitions []int32, limit int) ([]stock.ShardKey, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	rows, err := db.pool.Query(ctx, `SELECT DISTINCT sku, shard FROM reservations
+		WHERE partition = ANY($1) AND state = 'held' AND expires_at <= now() LIMIT $2`, partitions, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (stock.ShardKey, error) {
+		var k stock.ShardKey
+		err := r.Scan(&k.SKU, &k.Index)
+		return k, err
+	})
+}
+
+// LookupOperations reads operations by key without a transaction: the read
+// a writer does before refusing a batch for stock, so that a replay is never
+// answered OUT_OF_STOCK.
+func (db *DB) LookupOperations(ctx context.Context, keys []string) (map[string]*stock.Operation, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	rows, err := db.pool.Query(ctx, sqlSelectOps, keys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]*stock.Operation{}
+	for rows.Next() {
+		o, err := scanOp(rows)
+		if err != nil {
+			return nil, err
+		}
+		out[o.IdempotencyKey] = o
+	}
+	return out, rows.Err()
+}
+
+// GetOperation reads one operation by SKU and key.
+func (db *DB) GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error) {
+	ops, err := db.LookupOperations(ctx, []string{key})
+	if err != nil {
+		return nil, err
+	}
+	o := ops[key]
+	if o == nil || o.SKU != sku {
+		return nil, stock.Errorf(stock.CodeOperationNotFound, "no operation with key %q on sku %q", key, sku)
+	}
+	return o, nil
+}
+
+// GetReservation reads one reservation by id.
+func (db *DB) GetReservation(ctx context.Context, id string) (*stock.Reservation, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	r, err := scanReservation(db.pool.QueryRow(ctx, sqlSelectReservations+` WHERE id = $1`, id))
+	if isNoRows(err) {
+		return nil, stock.Errorf(stock.CodeReservationNotFound, "no reservation %q", id)
+	}
+	return r, err
+}

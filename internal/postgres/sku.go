@@ -1,0 +1,95 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// CreateSKU creates a SKU and its shards, spreading initial stock over them
+// (the first initial%shards shards get one unit more). The shards' opening
+// balances are what reconciliation starts from.
+func (db *DB) CreateSKU(ctx context.Context, s stock.SKU, initial int64) error {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, max_per_order, customer_limit, reservation_ttl_ms)
+		VALUES ($1, $2, $3, $4, $5, $6)`, s.SKU, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return stock.Errorf(stock.CodeSKUExists, "sku %q already exists", s.SKU)
+	}
+	if err != nil {
+		return err
+	}
+	idx, part, avail := make([]int32, s.Shards), make([]int32, s.Shards), make([]int64, s.Shards)
+	for i := range s.Shards {
+		idx[i], part[i] = i, stock.PartitionOf(s.SKU, i)
+		avail[i] = initial / int64(s.Shards)
+		if int64(i) < initial%int64(s.Shards) {
+			avail[i]++
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO shards (sku, idx, partition, available, reserved, sold, opening_available)
+		SELECT $1, i, p, a, 0, 0, a FROM unnest($2::int[], $3::int[], $4::bigint[]) AS u(i, p, a)`, s.SKU, idx, part, avail); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// GetSKU reads a SKU's configuration.
+func (db *DB) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	s, err := scanSKU(db.pool.QueryRow(ctx, sqlSelectSKU, sku))
+	if isNoRows(err) {
+		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
+	}
+	return s, err
+}
+
+// SKUUpdate changes some of a SKU's settings; nil fields stay.
+type SKUUpdate struct {
+	Paused        *bool
+	MaxPerOrder   *int64
+	CustomerLimit *int64
+	TTL           *time.Duration
+}
+
+// UpdateSKU applies u and returns the SKU as it now is. Writers read the SKU
+// in every batch, so a pause holds for every batch that starts after this
+// commits.
+func (db *DB) UpdateSKU(ctx context.Context, sku string, u SKUUpdate) (*stock.SKU, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var status *string
+	if u.Paused != nil {
+		st := string(stock.StatusActive)
+		if *u.Paused {
+			st = string(stock.StatusPaused)
+		}
+		status = &st
+	}
+	var ttl *int64
+	if u.TTL != nil {
+		ms := u.TTL.Milliseconds()
+		ttl = &ms
+	}
+	s, err := scanSKU(db.pool.QueryRow(ctx, `UPDATE skus SET status = coalesce($2, status),
+		max_per_order = coalesce($3, max_per_order), customer_limit = coalesce($4, customer_limit),
+		reservation_ttl_ms = coalesce($5, reservation_ttl_ms), updated_at = now()
+		WHERE sku = $1 RETURNING sku, status, shards, max_per_order, customer_limit, reservation_ttl_ms`,
+		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl))
+	if isNoRows(err) {
+		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
+	}
+	return s, err
+}

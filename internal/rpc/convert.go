@@ -1,0 +1,164 @@
+package rpc
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+var opKinds = map[v1.ShardOpKind]stock.OpKind{
+	v1.ShardOpKind_SHARD_OP_KIND_RESERVE:   stock.OpReserve,
+	v1.ShardOpKind_SHARD_OP_KIND_COMMIT:    stock.OpCommit,
+	v1.ShardOpKind_SHARD_OP_KIND_RELEASE:   stock.OpRelease,
+	v1.ShardOpKind_SHARD_OP_KIND_DEDUCT:    stock.OpDeduct,
+	v1.ShardOpKind_SHARD_OP_KIND_REPLENISH: stock.OpReplenish,
+	v1.ShardOpKind_SHARD_OP_KIND_ADJUST:    stock.OpAdjust,
+}
+
+// RequestFromProto converts a shard op to a domain request.
+func RequestFromProto(op *v1.ShardOp) *stock.Request {
+	return &stock.Request{
+		Kind:          opKinds[op.GetKind()],
+		Shard:         stock.ShardKey{SKU: op.GetSku(), Index: op.GetShard()},
+		Quantity:      op.GetQuantity(),
+		Key:           op.GetIdempotencyKey(),
+		ReservationID: op.GetReservationId(),
+		OrderRef:      op.GetOrderRef(),
+		CustomerRef:   op.GetCustomerRef(),
+		TTL:           durationOf(op.GetTtl()),
+		Reason:        op.GetReason(),
+		Approver:      op.GetApprover(),
+		Source:        op.GetSource(),
+	}
+}
+
+// RequestToProto converts a domain request to a shard op.
+func RequestToProto(r *stock.Request) *v1.ShardOp {
+	op := &v1.ShardOp{
+		Sku: r.Shard.SKU, Shard: r.Shard.Index, Quantity: r.Quantity, IdempotencyKey: r.Key,
+		ReservationId: r.ReservationID, OrderRef: r.OrderRef, CustomerRef: r.CustomerRef,
+		Reason: r.Reason, Approver: r.Approver, Source: r.Source,
+	}
+	for k, v := range opKinds {
+		if v == r.Kind {
+			op.Kind = k
+		}
+	}
+	if r.TTL > 0 {
+		op.Ttl = durationpb.New(r.TTL)
+	}
+	return op
+}
+
+func durationOf(d *durationpb.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+	if !d.IsValid() {
+		return -1 // refused by validation
+	}
+	return d.AsDuration()
+}
+
+// DurationOf converts a proto duration; an invalid one becomes negative so
+// that validation refuses it.
+func DurationOf(d *durationpb.Duration) time.Duration { return durationOf(d) }
+
+// ResultToProto converts a domain result.
+func ResultToProto(r stock.Result) *v1.ShardResult {
+	out := &v1.ShardResult{Replayed: r.Replayed, Available: r.Available}
+	switch {
+	case r.Err != nil:
+		out.Result = &v1.ShardResult_Error{Error: &v1.ShardError{Reason: string(r.Err.Code), Message: r.Err.Message}}
+	case r.Reservation != nil:
+		out.Result = &v1.ShardResult_Reservation{Reservation: ReservationToProto(r.Reservation)}
+	case r.Operation != nil:
+		out.Result = &v1.ShardResult_Operation{Operation: OperationToProto(r.Operation)}
+	}
+	return out
+}
+
+// ResultFromProto converts a shard result back to the domain.
+func ResultFromProto(r *v1.ShardResult) stock.Result {
+	out := stock.Result{Replayed: r.GetReplayed(), Available: r.GetAvailable()}
+	switch x := r.GetResult().(type) {
+	case *v1.ShardResult_Error:
+		out.Err = &stock.Error{Code: stock.Code(x.Error.GetReason()), Message: x.Error.GetMessage()}
+	case *v1.ShardResult_Reservation:
+		out.Reservation = ReservationFromProto(x.Reservation)
+	case *v1.ShardResult_Operation:
+		out.Operation = OperationFromProto(x.Operation)
+	default:
+		out.Err = stock.Errorf(stock.CodeInternal, "empty shard result")
+	}
+	return out
+}
+
+var resStates = map[stock.ReservationState]v1.ReservationState{
+	stock.ReservationHeld:      v1.ReservationState_RESERVATION_STATE_HELD,
+	stock.ReservationCommitted: v1.ReservationState_RESERVATION_STATE_COMMITTED,
+	stock.ReservationReleased:  v1.ReservationState_RESERVATION_STATE_RELEASED,
+	stock.ReservationExpired:   v1.ReservationState_RESERVATION_STATE_EXPIRED,
+}
+
+func resStateFromProto(s v1.ReservationState) stock.ReservationState {
+	for k, v := range resStates {
+		if v == s {
+			return k
+		}
+	}
+	return ""
+}
+
+var pubKinds = map[stock.OpKind]v1.OperationKind{
+	stock.OpReserve:   v1.OperationKind_OPERATION_KIND_RESERVE,
+	stock.OpDeduct:    v1.OperationKind_OPERATION_KIND_DEDUCT,
+	stock.OpReplenish: v1.OperationKind_OPERATION_KIND_REPLENISH,
+	stock.OpAdjust:    v1.OperationKind_OPERATION_KIND_ADJUST,
+}
+
+// ReservationToProto converts a reservation.
+func ReservationToProto(r *stock.Reservation) *v1.Reservation {
+	return &v1.Reservation{
+		ReservationId: r.ID, Sku: r.SKU, Quantity: r.Quantity, State: resStates[r.State],
+		ExpiresAt: timestamppb.New(r.ExpiresAt), Shard: r.Shard, OrderRef: r.OrderRef,
+		IdempotencyKey: r.IdempotencyKey, CustomerRef: r.CustomerRef,
+	}
+}
+
+// ReservationFromProto converts a reservation back.
+func ReservationFromProto(r *v1.Reservation) *stock.Reservation {
+	return &stock.Reservation{
+		ID: r.GetReservationId(), SKU: r.GetSku(), Quantity: r.GetQuantity(), State: resStateFromProto(r.GetState()),
+		ExpiresAt: r.GetExpiresAt().AsTime(), Shard: r.GetShard(), OrderRef: r.GetOrderRef(),
+		IdempotencyKey: r.GetIdempotencyKey(), CustomerRef: r.GetCustomerRef(),
+	}
+}
+
+// OperationToProto converts an operation.
+func OperationToProto(o *stock.Operation) *v1.Operation {
+	return &v1.Operation{
+		Sku: o.SKU, IdempotencyKey: o.IdempotencyKey, Kind: pubKinds[o.Kind], Quantity: o.Quantity, Shard: o.Shard,
+		ReservationId: o.ReservationID, OrderRef: o.OrderRef, CustomerRef: o.CustomerRef,
+		CreatedAt: timestamppb.New(o.CreatedAt), ReservationState: resStates[o.ReservationState],
+	}
+}
+
+// OperationFromProto converts an operation back.
+func OperationFromProto(o *v1.Operation) *stock.Operation {
+	out := &stock.Operation{
+		SKU: o.GetSku(), IdempotencyKey: o.GetIdempotencyKey(), Quantity: o.GetQuantity(), Shard: o.GetShard(),
+		ReservationID: o.GetReservationId(), OrderRef: o.GetOrderRef(), CustomerRef: o.GetCustomerRef(),
+		CreatedAt: o.GetCreatedAt().AsTime(), ReservationState: resStateFromProto(o.GetReservationState()),
+	}
+	for k, v := range pubKinds {
+		if v == o.GetKind() {
+			out.Kind = k
+		}
+	}
+	return out
+}

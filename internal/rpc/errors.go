@@ -1,0 +1,124 @@
+// Package rpc holds shardstock's Connect handlers and clients: thin
+// conversions between the generated API and the domain, and the one table
+// that maps domain error codes to Connect codes.
+package rpc
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// ErrorDomain is the ErrorInfo domain of every shardstock error.
+const ErrorDomain = "shardstock"
+
+// connectCodes is the one map from domain code to Connect code.
+var connectCodes = map[stock.Code]connect.Code{
+	stock.CodeInvalidSKU:                  connect.CodeInvalidArgument,
+	stock.CodeInvalidQuantity:             connect.CodeInvalidArgument,
+	stock.CodeInvalidIdempotencyKey:       connect.CodeInvalidArgument,
+	stock.CodeQuantityAboveMaxPerOrder:    connect.CodeInvalidArgument,
+	stock.CodeIdempotencyKeyReused:        connect.CodeInvalidArgument,
+	stock.CodeInvalidArgument:             connect.CodeInvalidArgument,
+	stock.CodeSKUNotFound:                 connect.CodeNotFound,
+	stock.CodeReservationNotFound:         connect.CodeNotFound,
+	stock.CodeOperationNotFound:           connect.CodeNotFound,
+	stock.CodeOutOfStock:                  connect.CodeFailedPrecondition,
+	stock.CodeSKUPaused:                   connect.CodeFailedPrecondition,
+	stock.CodeReservationExpired:          connect.CodeFailedPrecondition,
+	stock.CodeReservationAlreadyCommitted: connect.CodeFailedPrecondition,
+	stock.CodeReservationAlreadyReleased:  connect.CodeFailedPrecondition,
+	stock.CodeCustomerLimitReached:        connect.CodeFailedPrecondition,
+	stock.CodeSKUExists:                   connect.CodeAlreadyExists,
+	stock.CodeOperationInProgress:         connect.CodeAborted,
+	stock.CodeShardUnavailable:            connect.CodeUnavailable,
+	stock.CodeRateLimited:                 connect.CodeResourceExhausted,
+	stock.CodeUnauthenticated:             connect.CodeUnauthenticated,
+	stock.CodePermissionDenied:            connect.CodePermissionDenied,
+	stock.CodeInternal:                    connect.CodeInternal,
+}
+
+// ConnectCode returns the Connect code of a domain code.
+func ConnectCode(c stock.Code) connect.Code {
+	if cc, ok := connectCodes[c]; ok {
+		return cc
+	}
+	return connect.CodeInternal
+}
+
+// ToConnect turns an error into a Connect error with a google.rpc.ErrorInfo
+// detail whose reason is the domain code. An error without a domain code
+// becomes INTERNAL with a fixed message: no SQL or internals leak.
+func ToConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	var e *stock.Error
+	if !errors.As(err, &e) {
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			e = stock.Errorf(stock.CodeShardUnavailable, "deadline exceeded; retry with the same key or look it up")
+		case errors.Is(err, context.Canceled):
+			return connect.NewError(connect.CodeCanceled, errors.New("request canceled"))
+		default:
+			e = stock.Errorf(stock.CodeInternal, "internal error")
+		}
+	}
+	cerr := connect.NewError(ConnectCode(e.Code), errors.New(e.Message))
+	if detail, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: string(e.Code), Domain: ErrorDomain}); derr == nil {
+		cerr.AddDetail(detail)
+	}
+	return cerr
+}
+
+// FromConnect recovers the domain error of a Connect error: its ErrorInfo
+// reason when it has one, else a code that fits the Connect code.
+func FromConnect(err error) *stock.Error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return stock.Errorf(stock.CodeShardUnavailable, "shard server unreachable")
+	}
+	for _, d := range ce.Details() {
+		v, derr := d.Value()
+		if derr != nil {
+			continue
+		}
+		if info, ok := v.(*errdetails.ErrorInfo); ok && info.Domain == ErrorDomain {
+			return &stock.Error{Code: stock.Code(info.Reason), Message: ce.Message()}
+		}
+	}
+	switch ce.Code() {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled, connect.CodeUnknown:
+		return stock.Errorf(stock.CodeShardUnavailable, "shard server unavailable: %s", ce.Code())
+	case connect.CodeUnauthenticated:
+		return stock.Errorf(stock.CodeUnauthenticated, "%s", ce.Message())
+	}
+	return stock.Errorf(stock.CodeInternal, "shard server error: %s", ce.Code())
+}
+
+// Reason returns the ErrorInfo reason of a Connect error, or "".
+func Reason(err error) string {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return ""
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if info, ok := v.(*errdetails.ErrorInfo); ok {
+				return info.Reason
+			}
+		}
+	}
+	return ""
+}

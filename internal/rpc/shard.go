@@ -1,0 +1,60 @@
+package rpc
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/shard"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// executeOpsMax bounds the operations of one Execute call.
+const executeOpsMax = 4096
+
+// ShardHandler serves ShardService over a shard.Server.
+type ShardHandler struct {
+	Server *shard.Server
+}
+
+var _ shardstockv1connect.ShardServiceHandler = (*ShardHandler)(nil)
+
+// Execute applies every op through its shard's writer. Invalid ops get their
+// own error result; the others are applied.
+func (h *ShardHandler) Execute(ctx context.Context, req *connect.Request[v1.ExecuteRequest]) (*connect.Response[v1.ExecuteResponse], error) {
+	ops := req.Msg.GetOps()
+	if len(ops) > executeOpsMax {
+		return nil, ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d ops per call", executeOpsMax))
+	}
+	reqs := make([]*stock.Request, len(ops))
+	for i, op := range ops {
+		reqs[i] = RequestFromProto(op)
+	}
+	results := h.Server.DoAll(ctx, reqs)
+	out := &v1.ExecuteResponse{Results: make([]*v1.ShardResult, len(results))}
+	for i, r := range results {
+		out.Results[i] = ResultToProto(r)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// GetShards answers shard counts.
+func (h *ShardHandler) GetShards(ctx context.Context, req *connect.Request[v1.GetShardsRequest]) (*connect.Response[v1.GetShardsResponse], error) {
+	if err := stock.ValidateSKU(req.Msg.GetSku()); err != nil {
+		return nil, ToConnect(err)
+	}
+	if len(req.Msg.GetShards()) > stock.ShardsMax {
+		return nil, ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d shards", stock.ShardsMax))
+	}
+	out := &v1.GetShardsResponse{}
+	for _, idx := range req.Msg.GetShards() {
+		c, err := h.Server.Counts(ctx, stock.ShardKey{SKU: req.Msg.GetSku(), Index: idx})
+		if err != nil {
+			return nil, ToConnect(err)
+		}
+		out.Shards = append(out.Shards, &v1.ShardStock{Index: idx, ServerId: h.Server.ID(), Available: c.Available, Reserved: c.Reserved, Sold: c.Sold})
+	}
+	return connect.NewResponse(out), nil
+}

@@ -1,0 +1,55 @@
+package shard
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+type metrics struct {
+	batchSize     prometheus.Histogram
+	batchDuration prometheus.Histogram
+	results       *prometheus.CounterVec
+	rejected      prometheus.Counter
+	halted        prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "shardstock_shard_batch_size", Help: "Requests per batch transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		batchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "shardstock_shard_batch_seconds", Help: "Time to decide and commit one batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
+		}),
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_shard_results_total", Help: "Shard results by code (OK for success).",
+		}, []string{"code"}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_shard_queue_rejected_total", Help: "Requests refused because a shard queue was full.",
+		}),
+		halted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_shard_halted_total", Help: "Shards halted after an invariant violation.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.batchSize, m.batchDuration, m.results, m.rejected, m.halted)
+	}
+	return m
+}
+
+func (m *metrics) observeBatch(n int, d time.Duration, results []stock.Result) {
+	m.batchSize.Observe(float64(n))
+	m.batchDuration.Observe(d.Seconds())
+	for _, r := range results {
+		code := "OK"
+		if r.Err != nil {
+			code = string(r.Err.Code)
+		}
+		m.results.WithLabelValues(code).Inc()
+	}
+}

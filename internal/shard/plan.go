@@ -1,0 +1,273 @@
+package shard
+
+import (
+	"bytes"
+
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// plan decides a batch in memory: given the shard's counts, the batch's
+// requests in arrival order and what the transaction read, it returns what to
+// write and every request's result. It is pure (a rerun of the batch calls it
+// again with a fresh read) and asserts that no count goes negative.
+//
+// Requests are decided one after another, so a batch behaves exactly like
+// the same requests applied one at a time: a key seen twice in one batch is a
+// replay of its first occurrence, a reservation ended earlier in the batch is
+// ended for the requests after it.
+func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *postgres.BatchRead, sweep bool) (*postgres.BatchWrite, []stock.Result) {
+	p := &planner{
+		shard:   shard,
+		read:    read,
+		cur:     from,
+		w:       &postgres.BatchWrite{From: from},
+		results: make([]stock.Result, len(reqs)),
+		hashes:  make([][]byte, len(reqs)),
+		seen:    map[string]int{},
+		ended:   map[string]*stock.Reservation{},
+	}
+	if read.SKU != nil {
+		p.w.UsageLimit = read.SKU.CustomerLimit
+	}
+	for i, r := range reqs {
+		switch {
+		case r.Kind.Keyed():
+			p.keyed(i, r)
+		case r.Kind == stock.OpCommit || r.Kind == stock.OpRelease:
+			p.end(i, r)
+		}
+	}
+	if sweep {
+		for _, due := range read.Due {
+			if _, done := p.ended[due.ID]; !done {
+				p.expire(copyReservation(due), stock.SourceSweeper)
+			}
+		}
+	}
+	p.w.To = p.cur
+	if !p.cur.Valid() {
+		// plan never refuses to check stock, so this is a bug: fail loudly
+		// rather than write a negative count (the CHECK would refuse it too).
+		panic("shard: plan drove " + shard.String() + " negative")
+	}
+	for i := range p.results {
+		p.results[i].Available = p.cur.Available
+	}
+	return p.w, p.results
+}
+
+type planner struct {
+	shard   stock.ShardKey
+	read    *postgres.BatchRead
+	cur     stock.Counts
+	w       *postgres.BatchWrite
+	results []stock.Result
+	hashes  [][]byte
+	seen    map[string]int                // key -> first request in the batch
+	ended   map[string]*stock.Reservation // reservations ended in this batch
+}
+
+func (p *planner) fail(i int, code stock.Code, format string, args ...any) {
+	p.results[i] = stock.Result{Err: stock.Errorf(code, format, args...)}
+}
+
+// keyed decides a reserve, deduct, replenish or adjust.
+func (p *planner) keyed(i int, r *stock.Request) {
+	p.hashes[i] = stock.ParamsHash(r)
+	if j, ok := p.seen[r.Key]; ok {
+		if !bytes.Equal(p.hashes[j], p.hashes[i]) {
+			p.fail(i, stock.CodeIdempotencyKeyReused, "idempotency_key %q was used with other parameters", r.Key)
+			return
+		}
+		p.results[i] = p.results[j]
+		p.results[i].Replayed = p.results[j].Err == nil
+		return
+	}
+	p.seen[r.Key] = i
+	if op := p.read.Ops[r.Key]; op != nil {
+		p.replay(i, r, op)
+		return
+	}
+	if code, msg := p.refuse(r); code != "" {
+		p.fail(i, code, "%s", msg)
+		return
+	}
+	op := &stock.Operation{
+		SKU: r.Shard.SKU, IdempotencyKey: r.Key, Kind: r.Kind, Quantity: r.Quantity, Shard: r.Shard.Index,
+		ParamsHash: p.hashes[i], OrderRef: r.OrderRef, CustomerRef: r.CustomerRef, CreatedAt: p.read.Now,
+	}
+	entry := &stock.LedgerEntry{Kind: r.Kind, Quantity: r.Quantity, IdempotencyKey: r.Key, OrderRef: r.OrderRef,
+		Source: r.Source, Reason: r.Reason, Approver: r.Approver}
+	if r.Kind == stock.OpReserve {
+		ttl := r.TTL
+		if ttl == 0 {
+			ttl = p.read.SKU.ReservationTTL
+		}
+		res := &stock.Reservation{
+			ID: stock.NewReservationID(p.shard), SKU: p.shard.SKU, Shard: p.shard.Index, Quantity: r.Quantity,
+			State: stock.ReservationHeld, ExpiresAt: p.read.Now.Add(ttl), OrderRef: r.OrderRef,
+			CustomerRef: r.CustomerRef, IdempotencyKey: r.Key,
+		}
+		op.ReservationID, op.ReservationState, op.ReservationExpiresAt = res.ID, res.State, res.ExpiresAt
+		entry.ReservationID = res.ID
+		p.w.NewReservations = append(p.w.NewReservations, res)
+		p.results[i] = stock.Result{Reservation: res, Operation: op}
+	} else {
+		p.results[i] = stock.Result{Operation: op}
+	}
+	if p.limited(r) {
+		if p.w.UsageAdd == nil {
+			p.w.UsageAdd = map[string]int64{}
+		}
+		p.w.UsageAdd[r.CustomerRef] += r.Quantity
+	}
+	p.w.Ops = append(p.w.Ops, op)
+	p.apply(entry, r.Kind, r.Quantity)
+}
+
+// refuse returns why a new keyed request cannot apply here, or "".
+func (p *planner) refuse(r *stock.Request) (stock.Code, string) {
+	sku := p.read.SKU
+	if sku == nil {
+		return stock.CodeSKUNotFound, "no sku " + quote(r.Shard.SKU)
+	}
+	if r.Kind != stock.OpReserve && r.Kind != stock.OpDeduct {
+		if r.Kind == stock.OpAdjust && p.cur.Available+r.Quantity < 0 {
+			return stock.CodeOutOfStock, "not enough available stock on this shard to remove"
+		}
+		return "", ""
+	}
+	switch {
+	case sku.Status == stock.StatusPaused:
+		return stock.CodeSKUPaused, "sku " + quote(sku.SKU) + " is paused"
+	case sku.MaxPerOrder > 0 && r.Quantity > sku.MaxPerOrder:
+		return stock.CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order"
+	case p.limited(r) && p.usage(r.CustomerRef)+r.Quantity > sku.CustomerLimit:
+		return stock.CodeCustomerLimitReached, "customer " + quote(r.CustomerRef) + " reached the sku's customer_limit"
+	case p.cur.Available < r.Quantity:
+		return stock.CodeOutOfStock, "not enough available stock"
+	}
+	return "", ""
+}
+
+// limited reports whether a request counts against a customer limit.
+func (p *planner) limited(r *stock.Request) bool {
+	return p.read.SKU != nil && p.read.SKU.CustomerLimit > 0 && r.CustomerRef != "" &&
+		(r.Kind == stock.OpReserve || r.Kind == stock.OpDeduct)
+}
+
+func (p *planner) usage(customer string) int64 {
+	return p.read.Usage[customer] + p.w.UsageAdd[customer] - p.w.UsageSub[customer]
+}
+
+// replay answers a key that already has an operation: its first result if
+// the parameters match, IDEMPOTENCY_KEY_REUSED if not.
+func (p *planner) replay(i int, r *stock.Request, op *stock.Operation) {
+	if op.SKU != r.Shard.SKU || op.Kind != r.Kind || !bytes.Equal(op.ParamsHash, p.hashes[i]) {
+		p.fail(i, stock.CodeIdempotencyKeyReused, "idempotency_key %q was used with other parameters", r.Key)
+		return
+	}
+	res := stock.Result{Operation: op, Replayed: true}
+	if op.Kind == stock.OpReserve {
+		state := op.ReservationState
+		if ended := p.ended[op.ReservationID]; ended != nil {
+			state = ended.State
+		}
+		res.Reservation = &stock.Reservation{
+			ID: op.ReservationID, SKU: op.SKU, Shard: op.Shard, Quantity: op.Quantity, State: state,
+			ExpiresAt: op.ReservationExpiresAt, OrderRef: op.OrderRef, CustomerRef: op.CustomerRef, IdempotencyKey: op.IdempotencyKey,
+		}
+	}
+	p.results[i] = res
+}
+
+// end decides a commit or a release. A reservation ends exactly once: the
+// first of commit, release and expiry wins, the others report it.
+func (p *planner) end(i int, r *stock.Request) {
+	res := p.ended[r.ReservationID]
+	if res == nil {
+		if got := p.read.Reservations[r.ReservationID]; got != nil {
+			res = copyReservation(got)
+		}
+	}
+	if res == nil || res.SKU != p.shard.SKU || res.Shard != p.shard.Index {
+		p.fail(i, stock.CodeReservationNotFound, "no reservation %s", quote(r.ReservationID))
+		return
+	}
+	if res.State == stock.ReservationHeld && !p.read.Now.Before(res.ExpiresAt) {
+		p.expire(res, r.Source) // due but not yet swept: expire it first
+	}
+	commit := r.Kind == stock.OpCommit
+	switch res.State {
+	case stock.ReservationHeld:
+		if commit {
+			res.State = stock.ReservationCommitted
+		} else {
+			res.State = stock.ReservationReleased
+			p.giveBack(res)
+		}
+		p.finish(res, r.Kind, r.Source, r.Reason)
+		p.results[i] = stock.Result{Reservation: res}
+	case stock.ReservationCommitted:
+		if !commit {
+			p.fail(i, stock.CodeReservationAlreadyCommitted, "reservation is already committed")
+			return
+		}
+		p.results[i] = stock.Result{Reservation: res, Replayed: true}
+	case stock.ReservationReleased:
+		if commit {
+			p.fail(i, stock.CodeReservationAlreadyReleased, "reservation was released")
+			return
+		}
+		p.results[i] = stock.Result{Reservation: res, Replayed: true}
+	case stock.ReservationExpired:
+		if commit {
+			p.fail(i, stock.CodeReservationExpired, "reservation expired")
+			return
+		}
+		p.results[i] = stock.Result{Reservation: res, Replayed: true} // released by expiry already
+	}
+}
+
+// expire ends a held reservation whose time is up.
+func (p *planner) expire(res *stock.Reservation, source string) {
+	res.State = stock.ReservationExpired
+	p.giveBack(res)
+	p.finish(res, stock.OpExpire, source, "expired")
+}
+
+// giveBack returns a reservation's units to its customer's quota.
+func (p *planner) giveBack(res *stock.Reservation) {
+	if p.read.SKU == nil || p.read.SKU.CustomerLimit == 0 || res.CustomerRef == "" {
+		return
+	}
+	if p.w.UsageSub == nil {
+		p.w.UsageSub = map[string]int64{}
+	}
+	p.w.UsageSub[res.CustomerRef] += res.Quantity
+}
+
+// finish records a reservation's end and its ledger entry.
+func (p *planner) finish(res *stock.Reservation, kind stock.OpKind, source, reason string) {
+	p.ended[res.ID] = res
+	p.w.Ended = append(p.w.Ended, postgres.ReservationEnd{ID: res.ID, State: res.State, Reason: reason})
+	p.apply(&stock.LedgerEntry{Kind: kind, Quantity: res.Quantity, IdempotencyKey: res.IdempotencyKey,
+		ReservationID: res.ID, OrderRef: res.OrderRef, Source: source, Reason: reason}, kind, res.Quantity)
+}
+
+// apply moves the running counts and appends the ledger entry.
+func (p *planner) apply(e *stock.LedgerEntry, kind stock.OpKind, q int64) {
+	e.Shard = p.shard
+	e.Before = p.cur
+	p.cur = p.cur.Add(kind.Delta(q))
+	e.After = p.cur
+	p.w.Ledger = append(p.w.Ledger, e)
+}
+
+func copyReservation(r *stock.Reservation) *stock.Reservation {
+	c := *r
+	return &c
+}
+
+func quote(s string) string { return "\"" + s + "\"" }

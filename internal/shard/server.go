@@ -1,0 +1,289 @@
+// Package shard is the shard server: it owns partitions, keeps one writer
+// per active shard, batches requests into fenced, ledgered transactions and
+// sweeps expired reservations through the same writers.
+package shard
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Bounds of the server.
+const (
+	sweepInterval  = 500 * time.Millisecond
+	sweepShardsMax = 1000
+)
+
+// Config configures a Server.
+type Config struct {
+	ServerID string
+	DB       *postgres.DB
+	Logger   *slog.Logger
+	// Registerer takes the server's metrics; nil: none registered.
+	Registerer prometheus.Registerer
+}
+
+// Server is one shard server. It implements topology.Owner.
+type Server struct {
+	id      string
+	db      *postgres.DB
+	log     *slog.Logger
+	metrics *metrics
+
+	mu      sync.Mutex
+	owned   map[int32]int64 // partition -> epoch
+	writers map[stock.ShardKey]*writer
+	halted  map[stock.ShardKey]bool
+}
+
+// New returns a Server that owns no partition yet.
+func New(cfg Config) *Server {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{
+		id:      cfg.ServerID,
+		db:      cfg.DB,
+		log:     log.With("server", cfg.ServerID),
+		metrics: newMetrics(cfg.Registerer),
+		owned:   map[int32]int64{},
+		writers: map[stock.ShardKey]*writer{},
+		halted:  map[stock.ShardKey]bool{},
+	}
+}
+
+// ID is the server's id.
+func (s *Server) ID() string { return s.id }
+
+// Acquire takes partition over at epoch: it bumps the fence in the
+// database (waiting for the previous owner's batches in flight), then starts
+// serving the partition's shards, each loaded afresh.
+func (s *Server) Acquire(ctx context.Context, partition int32, epoch int64) error {
+	s.Lose(partition) // an older ownership's writers must not survive
+	if err := s.db.TakeOver(ctx, partition, s.id, epoch); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.owned[partition] = epoch
+	for k := range s.halted {
+		if k.Partition() == partition {
+			delete(s.halted, k)
+		}
+	}
+	s.log.Debug("acquired partition", "partition", partition, "epoch", epoch)
+	return nil
+}
+
+// Lose stops all writes to partition at once: its writers finish the batch
+// in flight (which the fence still lets commit, since nobody took over yet)
+// and answer the rest SHARD_UNAVAILABLE.
+func (s *Server) Lose(partition int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loseLocked(partition)
+}
+
+func (s *Server) loseLocked(partition int32) {
+	delete(s.owned, partition)
+	for k, w := range s.writers {
+		if k.Partition() == partition {
+			delete(s.writers, k)
+			close(w.stop)
+		}
+	}
+}
+
+// Owned returns the partitions the server owns, with their epochs.
+func (s *Server) Owned() map[int32]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int32]int64, len(s.owned))
+	for p, e := range s.owned {
+		out[p] = e
+	}
+	return out
+}
+
+// Do applies one request through its shard's writer and waits for the
+// result or ctx. A request whose ctx ends first may still be applied: the
+// caller retries with the same key, which is safe.
+func (s *Server) Do(ctx context.Context, r *stock.Request) stock.Result {
+	return s.DoAll(ctx, []*stock.Request{r})[0]
+}
+
+// enqueue hands r to its shard's writer, starting one if needed.
+func (s *Server) enqueue(r *stock.Request) (*pending, stock.Result) {
+	key := r.Shard
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	epoch, ok := s.owned[key.Partition()]
+	if !ok {
+		return nil, unavailable("shard server " + s.id + " does not own this shard")
+	}
+	if s.halted[key] {
+		return nil, unavailable("shard halted after an invariant violation")
+	}
+	w := s.writers[key]
+	if w == nil {
+		w = newWriter(s, key, epoch)
+		s.writers[key] = w
+		go w.run()
+	}
+	p := &pending{req: r, done: make(chan stock.Result, 1)}
+	select {
+	case w.queue <- p:
+		return p, stock.Result{}
+	default:
+		s.metrics.rejected.Inc()
+		return nil, unavailable("shard queue is full")
+	}
+}
+
+// remove forgets w if it is still the shard's writer.
+func (s *Server) remove(w *writer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.writers[w.key] == w {
+		delete(s.writers, w.key)
+	}
+}
+
+// retire removes an idle writer unless a request arrived meanwhile.
+func (s *Server) retire(w *writer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(w.queue) > 0 {
+		return false
+	}
+	if s.writers[w.key] == w {
+		delete(s.writers, w.key)
+	}
+	return true
+}
+
+// fenced: the database says another server owns w's partition at a newer
+// epoch. Stop serving it here until topology hands it back.
+func (s *Server) fenced(w *writer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.owned[w.fence.Partition] == w.fence.Epoch {
+		s.loseLocked(w.fence.Partition)
+	}
+	delete(s.writers, w.key)
+}
+
+// halt refuses further writes to w's shard until its partition is acquired
+// again (and so reloaded).
+func (s *Server) halt(w *writer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.halted[w.key] = true
+	s.metrics.halted.Inc()
+	if s.writers[w.key] == w {
+		delete(s.writers, w.key)
+	}
+}
+
+// Counts returns a shard's counts: from its writer's memory when it has one
+// (shard servers answer sweeps from memory), else from the database.
+func (s *Server) Counts(ctx context.Context, key stock.ShardKey) (stock.Counts, error) {
+	s.mu.Lock()
+	_, ok := s.owned[key.Partition()]
+	w := s.writers[key]
+	s.mu.Unlock()
+	if !ok {
+		return stock.Counts{}, stock.Errorf(stock.CodeShardUnavailable, "shard server %s does not own this shard", s.id)
+	}
+	if w != nil {
+		if c := w.committed.Load(); c != nil {
+			return *c, nil
+		}
+	}
+	return s.db.LoadShard(ctx, key)
+}
+
+// Run sweeps expired reservations of owned shards until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.stopAll()
+			return nil
+		case <-t.C:
+			s.sweep(ctx)
+		}
+	}
+}
+
+// sweep hands an expiry request to every owned shard with due holds; the
+// writer expires them in its next batch, serialised with commits and
+// releases of the same shard.
+func (s *Server) sweep(ctx context.Context) {
+	owned := s.Owned()
+	if len(owned) == 0 {
+		return
+	}
+	parts := make([]int32, 0, len(owned))
+	for p := range owned {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	keys, err := s.db.DueShards(ctx, parts, sweepShardsMax)
+	if err != nil {
+		s.log.Warn("sweep: listing due shards", "err", err)
+		return
+	}
+	for _, k := range keys {
+		s.enqueue(&stock.Request{Kind: stock.OpExpire, Shard: k, Source: stock.SourceSweeper})
+	}
+}
+
+// stopAll stops every writer.
+func (s *Server) stopAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p := range s.owned {
+		s.loseLocked(p)
+	}
+}
+
+// DoAll applies many requests at once: each is validated, then all are
+// queued to their writers before any is waited for, so that requests for one
+// shard share a batch.
+func (s *Server) DoAll(ctx context.Context, reqs []*stock.Request) []stock.Result {
+	results := make([]stock.Result, len(reqs))
+	waits := make([]*pending, len(reqs))
+	for i, r := range reqs {
+		if err := stock.ValidateRequest(r); err != nil {
+			results[i] = resultOf(err)
+			continue
+		}
+		if r.Source == "" {
+			r.Source = stock.SourceAPI
+		}
+		waits[i], results[i] = s.enqueue(r)
+	}
+	for i, p := range waits {
+		if p == nil {
+			continue
+		}
+		select {
+		case results[i] = <-p.done:
+		case <-ctx.Done():
+			results[i] = stock.Result{Err: stock.Errorf(stock.CodeShardUnavailable, "deadline passed before the shard answered; retry with the same key or look the key up")}
+		}
+	}
+	return results
+}

@@ -1,0 +1,295 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Bounds of a writer.
+const (
+	// queueLenMax bounds each shard's queue; a full queue answers
+	// SHARD_UNAVAILABLE at once (back-pressure, safe to retry).
+	queueLenMax = 4096
+	// batchSizeMax caps smart batching: a batch is what queued while the
+	// previous transaction ran, up to this many requests.
+	batchSizeMax = 512
+	// batchAttemptsMax bounds reruns of one batch (conflicts, lost
+	// connections) before its requests are answered SHARD_UNAVAILABLE.
+	batchAttemptsMax = 5
+	// batchTimeout bounds one batch transaction.
+	batchTimeout = 10 * time.Second
+	// writerIdleMax: a writer with nothing to do for this long exits and
+	// drops its cached row, so cold shards cost no goroutine.
+	writerIdleMax = time.Minute
+	// sweepMax bounds how many due reservations one sweep expires.
+	sweepMax = 256
+	// retryBackoff is the pause before rerunning a batch after an error.
+	retryBackoff = 20 * time.Millisecond
+)
+
+// pending is one request waiting in a writer's queue.
+type pending struct {
+	req  *stock.Request
+	done chan stock.Result // buffered 1
+}
+
+// writer is the only writer of one shard: it owns the in-memory copy of the
+// row and drains its queue in batches, one transaction per batch.
+type writer struct {
+	srv    *Server
+	key    stock.ShardKey
+	fence  postgres.Fence
+	queue  chan *pending
+	stop   chan struct{} // closed: stop after the current batch
+	counts stock.Counts
+	sku    *stock.SKU // as of the last batch; for the read-only path
+	// committed is counts as of the last commit, for readers on other
+	// goroutines (GetShards answers from memory).
+	committed atomic.Pointer[stock.Counts]
+}
+
+func (w *writer) setCounts(c stock.Counts) {
+	w.counts = c
+	w.committed.Store(&c)
+}
+
+func newWriter(s *Server, key stock.ShardKey, epoch int64) *writer {
+	return &writer{
+		srv:   s,
+		key:   key,
+		fence: postgres.Fence{Partition: key.Partition(), Epoch: epoch, ServerID: s.id},
+		queue: make(chan *pending, queueLenMax),
+		stop:  make(chan struct{}),
+	}
+}
+
+// run loads the row, then serves batches until stopped or idle.
+func (w *writer) run() {
+	if err := w.load(); err != nil {
+		w.srv.remove(w)
+		w.drain(resultOf(err))
+		return
+	}
+	idle := time.NewTimer(writerIdleMax)
+	defer idle.Stop()
+	for {
+		var first *pending
+		select {
+		case first = <-w.queue:
+		case <-w.stop:
+			w.drain(unavailable("shard server gave up the shard's partition"))
+			return
+		case <-idle.C:
+			if w.srv.retire(w) {
+				w.drain(unavailable("shard writer retired"))
+				return
+			}
+			idle.Reset(writerIdleMax)
+			continue
+		}
+		batch := []*pending{first}
+	fill:
+		for len(batch) < batchSizeMax {
+			select {
+			case p := <-w.queue:
+				batch = append(batch, p)
+			default:
+				break fill
+			}
+		}
+		if !w.apply(batch) {
+			w.srv.remove(w)
+			w.drain(unavailable("shard writer stopped"))
+			return
+		}
+		idle.Reset(writerIdleMax)
+	}
+}
+
+// load reads the shard's row and SKU: the writer's memory from now on.
+func (w *writer) load() error {
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	counts, err := w.srv.db.LoadShard(ctx, w.key)
+	if err != nil {
+		return err
+	}
+	sku, err := w.srv.db.GetSKU(ctx, w.key.SKU)
+	if err != nil {
+		return err
+	}
+	w.setCounts(counts)
+	w.sku = sku
+	return nil
+}
+
+// apply runs one batch and answers every request in it. It returns false
+// when the writer must stop (fenced, diverged).
+func (w *writer) apply(batch []*pending) bool {
+	start := time.Now()
+	reqs := make([]*stock.Request, len(batch))
+	for i, p := range batch {
+		reqs[i] = p.req
+	}
+	results, keep := w.decide(reqs)
+	for i, p := range batch {
+		p.done <- results[i]
+	}
+	w.srv.metrics.observeBatch(len(batch), time.Since(start), results)
+	return keep
+}
+
+func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, bool) {
+	if w.refusable(reqs) {
+		if results, err := w.readOnly(reqs); err == nil {
+			return results, true
+		}
+	}
+	q, sweep := query(w.key, reqs)
+	var results []stock.Result
+	var write *postgres.BatchWrite
+	decide := func(read *postgres.BatchRead) (*postgres.BatchWrite, error) {
+		write, results = plan(w.key, w.counts, reqs, read, sweep)
+		w.sku = read.SKU
+		return write, nil
+	}
+	var err error
+	for attempt := 0; attempt < batchAttemptsMax; attempt++ {
+		if attempt > 0 {
+			time.Sleep(retryBackoff * time.Duration(attempt))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		err = w.srv.db.Batch(ctx, w.fence, q, decide)
+		cancel()
+		switch {
+		case err == nil:
+			w.setCounts(write.To)
+			return results, true
+		case errors.Is(err, postgres.ErrConflict):
+			continue // a concurrent batch took a key or a quota: the rerun sees it
+		case errors.Is(err, postgres.ErrFenced):
+			w.srv.log.Warn("batch fenced: another server owns the partition", "shard", w.key.String(), "err", err)
+			w.srv.fenced(w)
+			return all(len(reqs), unavailable("shard moved to another server")), false
+		case errors.Is(err, postgres.ErrDiverged):
+			w.srv.log.Error("INVARIANT: shard row diverged from its only writer's copy; halting the shard", "shard", w.key.String(), "err", err)
+			w.srv.halt(w)
+			return all(len(reqs), unavailable("shard halted")), false
+		case errors.Is(err, postgres.ErrOutcomeUnknown):
+			// Whether the batch committed is not known: reload the row and
+			// tell everyone to retry with the same key, which is safe.
+			w.srv.log.Warn("batch outcome unknown", "shard", w.key.String(), "err", err)
+			if w.load() != nil {
+				return all(len(reqs), unavailable("shard row could not be reloaded")), false
+			}
+			return all(len(reqs), unavailable("database connection lost; retry with the same key")), true
+		case errors.Is(err, postgres.ErrNotCommitted):
+			w.srv.log.Debug("batch not committed; rerunning", "shard", w.key.String(), "attempt", attempt, "err", err)
+			if w.load() != nil {
+				return all(len(reqs), unavailable("shard row could not be reloaded")), false
+			}
+		default:
+			w.srv.log.Error("batch failed", "shard", w.key.String(), "err", err)
+			return all(len(reqs), unavailable("batch failed")), true
+		}
+	}
+	w.srv.log.Warn("batch gave up", "shard", w.key.String(), "err", err)
+	return all(len(reqs), unavailable("database unavailable; retry with the same key")), true
+}
+
+// refusable reports whether no request of the batch can change the shard:
+// all are reserves or deducts larger than what is available. Such a batch
+// needs no transaction, only the read that tells replays apart.
+func (w *writer) refusable(reqs []*stock.Request) bool {
+	if w.sku == nil {
+		return false
+	}
+	for _, r := range reqs {
+		if (r.Kind != stock.OpReserve && r.Kind != stock.OpDeduct) || r.Quantity <= w.counts.Available {
+			return false
+		}
+	}
+	return true
+}
+
+// readOnly answers a refusable batch: one indexed read of its keys, then the
+// same planner, which must write nothing.
+func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
+	q, _ := query(w.key, reqs)
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	ops, err := w.srv.db.LookupOperations(ctx, q.Keys)
+	if err != nil {
+		return nil, err
+	}
+	read := &postgres.BatchRead{SKU: w.sku, Ops: ops, Now: time.Now()}
+	write, results := plan(w.key, w.counts, reqs, read, false)
+	if len(write.Ops) > 0 || write.From != write.To {
+		panic("shard: a refusable batch planned a write")
+	}
+	return results, nil
+}
+
+// query lists what a batch must read.
+func query(key stock.ShardKey, reqs []*stock.Request) (postgres.BatchQuery, bool) {
+	q := postgres.BatchQuery{Shard: key}
+	sweep := false
+	customers := map[string]bool{}
+	for _, r := range reqs {
+		switch {
+		case r.Kind.Keyed():
+			q.Keys = append(q.Keys, r.Key)
+			if r.CustomerRef != "" && !customers[r.CustomerRef] && (r.Kind == stock.OpReserve || r.Kind == stock.OpDeduct) {
+				customers[r.CustomerRef] = true
+				q.Customers = append(q.Customers, r.CustomerRef)
+			}
+		case r.Kind == stock.OpCommit || r.Kind == stock.OpRelease:
+			q.ReservationIDs = append(q.ReservationIDs, r.ReservationID)
+		case r.Kind == stock.OpExpire:
+			sweep = true
+		}
+	}
+	if sweep {
+		q.SweepMax = sweepMax
+	}
+	return q, sweep
+}
+
+// drain answers everything still queued.
+func (w *writer) drain(r stock.Result) {
+	for {
+		select {
+		case p := <-w.queue:
+			p.done <- r
+		default:
+			return
+		}
+	}
+}
+
+func unavailable(msg string) stock.Result {
+	return stock.Result{Err: stock.Errorf(stock.CodeShardUnavailable, "%s", msg)}
+}
+
+func resultOf(err error) stock.Result {
+	var e *stock.Error
+	if errors.As(err, &e) {
+		return stock.Result{Err: e}
+	}
+	slog.Default().Debug("shard load failed", "err", err)
+	return unavailable("shard could not be loaded")
+}
+
+func all(n int, r stock.Result) []stock.Result {
+	out := make([]stock.Result, n)
+	for i := range out {
+		out[i] = r
+	}
+	return out
+}
