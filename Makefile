@@ -1,0 +1,46 @@
+# The front door: `make` lists the targets. Tools are pinned in tools/go.mod.
+
+# Used by `make test` when a Postgres with trust auth answers on 127.0.0.1:5432
+# and DATABASE_URL is not already set; otherwise internal/pgtest starts a
+# throwaway cluster per test binary.
+LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+BUF := go tool -modfile=tools/go.mod buf
+
+.DEFAULT_GOAL := help
+.PHONY: help run test lint generate checkgenerate bench soak
+
+help: ## list the targets with a one-line description each
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+run: ## run the local development stack (cmd/shardstock-dev)
+	go run ./cmd/shardstock-dev
+
+test: ## build everything, then run all tests (Postgres on 127.0.0.1:5432 if it answers)
+	go build ./...
+	@if [ -z "$${DATABASE_URL:-}" ] && command -v pg_isready >/dev/null 2>&1 \
+		&& pg_isready -q -h 127.0.0.1 -p 5432; then \
+		export DATABASE_URL='$(LOCAL_DATABASE_URL)'; \
+	fi; \
+	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
+	echo go test -count=1 -timeout 15m ./...; \
+	go test -count=1 -timeout 15m ./...
+
+lint: ## check gofmt, go vet and buf lint
+	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then \
+		echo "gofmt -l: these files need gofmt -w:"; echo "$$unformatted"; exit 1; fi
+	go vet ./...
+	$(BUF) lint
+
+generate: ## regenerate gen/ from proto/ with buf
+	$(BUF) generate
+
+checkgenerate: generate ## fail if gen/ differs from what is committed
+	git diff --exit-code -- gen
+	@untracked="$$(git ls-files --others --exclude-standard -- gen)"; if [ -n "$$untracked" ]; then \
+		echo "untracked files under gen/:"; echo "$$untracked"; exit 1; fi
+
+bench: ## run the shard benchmarks (placeholder)
+	go test -run '^$$' -bench . -benchtime 2s ./internal/shard/...
+
+soak: ## run the soak test (placeholder)
+	@echo "soak: not written yet"

@@ -1,0 +1,297 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+const (
+	// pgLibDir is where Debian and Ubuntu install one bin directory per
+	// Postgres major version.
+	pgLibDir = "/usr/lib/postgresql"
+	// installHint names the package that provides initdb and postgres.
+	installHint = "apt-get install postgresql"
+	// superuser is the role initdb creates; it matches CI's DATABASE_URL.
+	superuser = "postgres"
+	// osUser runs the server when we are root: postgres refuses to run as root.
+	osUser = "postgres"
+	// maxConnections leaves room for many parallel tests, each with a pool.
+	maxConnections = 300
+	// portAttemptsMax bounds retries when another process takes the free
+	// port between our probe and the server's bind.
+	portAttemptsMax = 3
+	// readyPollInterval is the pause between connection attempts at start.
+	readyPollInterval = 50 * time.Millisecond
+	// startTimeout bounds initdb plus server start (about 1.5 s normally).
+	startTimeout = 60 * time.Second
+	// stopTimeout bounds a fast shutdown (SIGINT) before we SIGKILL.
+	stopTimeout = 30 * time.Second
+)
+
+// Cluster is a throwaway Postgres server run from the local binaries,
+// listening on 127.0.0.1 on a port of its own with trust authentication.
+type Cluster struct {
+	url       string
+	dir       string
+	removeDir bool
+	cmd       *exec.Cmd
+	exited    chan struct{} // closed once the server process has exited
+	waitErr   error         // valid after exited is closed
+	stopOnce  sync.Once
+	stopErr   error
+}
+
+// StartCluster initialises a cluster in dir/data (unless dir already holds
+// one, which is reused) and starts it; it returns once the server accepts
+// connections or ctx ends. An empty dir means a new temporary directory,
+// removed by Stop. The server runs with fsync=off: fine for tests and local
+// development, never for data you want to keep. The caller must call Stop;
+// if the calling process dies first, the server gets SIGINT from the kernel.
+func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	binDir, err := findBinDir()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{dir: dir}
+	if c.dir == "" {
+		if c.dir, err = os.MkdirTemp("", "pgtest-"); err != nil {
+			return nil, fmt.Errorf("pgtest: %w", err)
+		}
+		c.removeDir = true
+	}
+	if err := c.start(ctx, binDir); err != nil {
+		c.cleanDir()
+		return nil, err
+	}
+	return c, nil
+}
+
+// URL returns a connection URL for the superuser's "postgres" database.
+func (c *Cluster) URL() string { return c.url }
+
+// Stop shuts the server down (fast shutdown, SIGKILL after stopTimeout) and
+// removes the directory if StartCluster created it. It is safe to call more
+// than once; later calls return the first call's result.
+func (c *Cluster) Stop() error {
+	c.stopOnce.Do(func() {
+		c.stopErr = c.stopServer()
+		c.cleanDir()
+	})
+	return c.stopErr
+}
+
+// start prepares the directory, runs initdb if needed and launches the
+// server, retrying with a new port if the first one was taken meanwhile.
+func (c *Cluster) start(ctx context.Context, binDir string) error {
+	cred, err := serverCredential()
+	if err != nil {
+		return err
+	}
+	if err := ownDir(c.dir, cred); err != nil {
+		return err
+	}
+	dataDir := filepath.Join(c.dir, "data")
+	if err := initDB(ctx, binDir, dataDir, cred); err != nil {
+		return err
+	}
+	for attempt := 1; ; attempt++ {
+		err := c.launch(ctx, binDir, dataDir, cred)
+		if err == nil || attempt == portAttemptsMax || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// launch starts postgres on a free port and waits until it answers.
+func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *syscall.Credential) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	logPath := filepath.Join(c.dir, "postgres.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	defer logFile.Close() // the child keeps its own copy of the descriptor
+	c.cmd = exec.Command(filepath.Join(binDir, "postgres"),
+		"-D", dataDir,
+		"-p", strconv.Itoa(port),
+		"-k", c.dir, // own socket dir: a system server may own /var/run/postgresql
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "fsync=off",
+		"-c", "max_connections="+strconv.Itoa(maxConnections),
+	)
+	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
+	c.cmd.SysProcAttr = serverSysProcAttr(cred)
+	if err := c.cmd.Start(); err != nil {
+		return fmt.Errorf("pgtest: start postgres: %w", err)
+	}
+	c.exited = make(chan struct{})
+	go func() {
+		c.waitErr = c.cmd.Wait()
+		close(c.exited)
+	}()
+	c.url = fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", superuser, port)
+	if err := c.waitReady(ctx); err != nil {
+		c.stopServer()
+		return fmt.Errorf("%w (log: %s)", err, logPath)
+	}
+	return nil
+}
+
+// waitReady polls until the server accepts a connection, the server exits,
+// or ctx ends.
+func (c *Cluster) waitReady(ctx context.Context) error {
+	for {
+		conn, err := pgx.Connect(ctx, c.url)
+		if err == nil {
+			return conn.Close(ctx)
+		}
+		select {
+		case <-c.exited:
+			return fmt.Errorf("pgtest: postgres exited during start: %v", c.waitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: postgres not ready: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(readyPollInterval):
+		}
+	}
+}
+
+// stopServer sends SIGINT (fast shutdown: abort sessions, then exit
+// cleanly) and waits, falling back to SIGKILL after stopTimeout.
+func (c *Cluster) stopServer() error {
+	if c.cmd == nil || c.exited == nil {
+		return nil
+	}
+	if err := c.cmd.Process.Signal(os.Interrupt); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("pgtest: stop postgres: %w", err)
+	}
+	select {
+	case <-c.exited:
+		return nil
+	case <-time.After(stopTimeout):
+		c.cmd.Process.Kill()
+		<-c.exited
+		return fmt.Errorf("pgtest: postgres ignored SIGINT for %v; killed", stopTimeout)
+	}
+}
+
+// cleanDir removes the directory if StartCluster created it.
+func (c *Cluster) cleanDir() {
+	if c.removeDir {
+		os.RemoveAll(c.dir)
+	}
+}
+
+// findBinDir returns the bin directory of the newest Postgres under
+// pgLibDir, or else the directory of initdb on PATH.
+func findBinDir() (string, error) {
+	dirs, _ := filepath.Glob(filepath.Join(pgLibDir, "*", "bin"))
+	versions := map[string]float64{}
+	var found []string
+	for _, d := range dirs {
+		v, err := strconv.ParseFloat(filepath.Base(filepath.Dir(d)), 64)
+		if err != nil || !isFile(filepath.Join(d, "initdb")) || !isFile(filepath.Join(d, "postgres")) {
+			continue
+		}
+		versions[d] = v
+		found = append(found, d)
+	}
+	if len(found) > 0 {
+		sort.Slice(found, func(i, j int) bool { return versions[found[i]] > versions[found[j]] })
+		return found[0], nil
+	}
+	if initdb, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(initdb), nil
+	}
+	return "", fmt.Errorf("pgtest: no Postgres server binaries (initdb, postgres) under %s/*/bin or on PATH; "+
+		"install them with: %s (or set DATABASE_URL to a server with trust auth)", pgLibDir, installHint)
+}
+
+// isFile reports whether path names an existing regular file.
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// serverCredential returns the credential to run initdb and postgres with:
+// nil (ourselves) unless we are root, which postgres refuses.
+func serverCredential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup(osUser)
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: running as root needs OS user %q to run postgres (%s creates it): %w",
+			osUser, installHint, err)
+	}
+	uid, errU := strconv.ParseUint(u.Uid, 10, 32)
+	gid, errG := strconv.ParseUint(u.Gid, 10, 32)
+	if errU != nil || errG != nil {
+		return nil, fmt.Errorf("pgtest: user %q has non-numeric uid %q or gid %q", osUser, u.Uid, u.Gid)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
+}
+
+// ownDir creates dir if needed and, when the server runs as another user,
+// hands dir to that user so initdb can create the data directory and the
+// server its socket in it.
+func ownDir(dir string, cred *syscall.Credential) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	if cred == nil {
+		return nil
+	}
+	if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	return nil
+}
+
+// initDB runs initdb into dataDir unless a cluster is already there.
+// --locale=C and UTF8 make sorting and encoding identical on every machine.
+func initDB(ctx context.Context, binDir, dataDir string, cred *syscall.Credential) error {
+	if isFile(filepath.Join(dataDir, "PG_VERSION")) {
+		return nil
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "initdb"),
+		"-D", dataDir, "-U", superuser, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		hint := ""
+		if cred != nil {
+			hint = fmt.Sprintf("(initdb runs as OS user %s, which needs search permission on every parent of %s)\n",
+				osUser, dataDir)
+		}
+		return fmt.Errorf("pgtest: initdb %s: %w\n%s%s", dataDir, err, hint, out)
+	}
+	return nil
+}
+
+// freePort asks the kernel for a free TCP port on 127.0.0.1. Another
+// process may take it before postgres binds; start retries in that case.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: pick a port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,153 @@
+// Package pgtest gives each test a brand-new, empty Postgres database.
+//
+// With DATABASE_URL set (CI: postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable,
+// trust auth) databases are created on that server. Otherwise the first
+// NewDB in a test binary starts one throwaway cluster from the local
+// Postgres binaries (apt-get install postgresql), shared by the whole binary.
+//
+// Every package that calls NewDB must stop that cluster when its tests end:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+const (
+	// envURL names the variable holding the server to create databases on.
+	envURL = "DATABASE_URL"
+	// queryTimeout bounds each CREATE or DROP DATABASE, connection included.
+	queryTimeout = 30 * time.Second
+	// dbNamePrefix marks databases made here, so leftovers are easy to spot.
+	dbNamePrefix = "pgtest"
+)
+
+var (
+	// mainRunning is set by Main; NewDB refuses to run without it so that
+	// no package forgets to stop the shared cluster.
+	mainRunning atomic.Bool
+	// dbCounter makes database names unique within this process.
+	dbCounter atomic.Uint64
+	// shared is the throwaway cluster of this test binary.
+	shared struct {
+		once    sync.Once
+		cluster *Cluster
+		err     error
+	}
+)
+
+// Main runs the tests and then stops the throwaway cluster, if one was
+// started, and exits with the tests' status. Call it from TestMain.
+func Main(m *testing.M) {
+	mainRunning.Store(true)
+	code := m.Run()
+	if shared.cluster != nil {
+		if err := shared.cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	os.Exit(code)
+}
+
+// NewDB creates an empty database for this test and returns its connection
+// URL. The database is dropped, with any sessions still connected, in
+// tb.Cleanup.
+func NewDB(tb testing.TB) string {
+	tb.Helper()
+	if !mainRunning.Load() {
+		tb.Fatal("pgtest: NewDB needs TestMain to call pgtest.Main: func TestMain(m *testing.M) { pgtest.Main(m) }")
+	}
+	server, err := serverURL()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return newDB(tb, server)
+}
+
+// serverURL returns DATABASE_URL if set, else the shared cluster's URL,
+// starting the cluster on first use.
+func serverURL() (string, error) {
+	if u := os.Getenv(envURL); u != "" {
+		return u, nil
+	}
+	shared.once.Do(func() {
+		shared.cluster, shared.err = StartCluster(context.Background(), "")
+	})
+	if shared.err != nil {
+		return "", shared.err
+	}
+	return shared.cluster.URL(), nil
+}
+
+// newDB creates a database on the server at serverURL, schedules its drop
+// and returns its URL.
+func newDB(tb testing.TB, serverURL string) string {
+	tb.Helper()
+	name := dbName()
+	dbURL, err := withDatabase(serverURL, name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// template0 is always pristine (template1 may carry extensions), and C
+	// with UTF8 matches the throwaway cluster, so tests behave the same
+	// against either.
+	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() +
+		" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"
+	if err := execOn(serverURL, create); err != nil {
+		tb.Fatalf("pgtest: create database %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		drop := "DROP DATABASE IF EXISTS " + pgx.Identifier{name}.Sanitize() + " WITH (FORCE)"
+		if err := execOn(serverURL, drop); err != nil {
+			tb.Errorf("pgtest: drop database %s: %v", name, err)
+		}
+	})
+	return dbURL
+}
+
+// dbName returns a name unique across concurrent test binaries and runs:
+// the pid separates live processes, the counter calls within one, and the
+// random suffix a reused pid or a leftover from a killed run.
+func dbName() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s_%d_%d_%s", dbNamePrefix, os.Getpid(), dbCounter.Add(1), hex.EncodeToString(b[:]))
+}
+
+// withDatabase returns serverURL with its database replaced by name.
+func withDatabase(serverURL, name string) (string, error) {
+	u, err := url.Parse(serverURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", fmt.Errorf("pgtest: %s must be a postgres:// URL, got %q", envURL, serverURL)
+	}
+	u.Path = "/" + name
+	u.RawPath = ""
+	return u.String(), nil
+}
+
+// execOn runs one statement on its own connection to serverURL, within
+// queryTimeout. CREATE and DROP DATABASE cannot run in a transaction, and
+// a fresh connection keeps no state between tests.
+func execOn(serverURL, sql string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}

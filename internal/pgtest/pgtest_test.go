@@ -1,0 +1,212 @@
+package pgtest
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+func TestMain(m *testing.M) { Main(m) }
+
+// TestNewDB runs the same checks on both ways of finding a server.
+func TestNewDB(t *testing.T) {
+	t.Run("Cluster", func(t *testing.T) {
+		t.Setenv(envURL, "") // empty counts as unset: use the throwaway cluster
+		testNewDB(t)
+	})
+	t.Run("DatabaseURL", func(t *testing.T) {
+		if os.Getenv(envURL) == "" {
+			// No server given (CI gives one): point DATABASE_URL at the
+			// shared cluster so this path runs everywhere.
+			server, err := serverURL()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv(envURL, server)
+		}
+		testNewDB(t)
+	})
+}
+
+// testNewDB checks NewDB against whichever server the environment selects.
+func testNewDB(t *testing.T) {
+	t.Run("OK", func(t *testing.T) {
+		dbURL := NewDB(t)
+		conn := connect(t, dbURL)
+		var got string
+		scanOne(t, conn, &got, "SELECT current_database()")
+		if want := databaseOf(t, dbURL); got != want {
+			t.Fatalf("current_database() = %q, want %q", got, want)
+		}
+		var relations int
+		scanOne(t, conn, &relations, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%'`)
+		if relations != 0 {
+			t.Fatalf("user relations in new database = %d, want 0", relations)
+		}
+		execSQL(t, conn, "CREATE TABLE t (n int); INSERT INTO t VALUES (1), (2)")
+		var sum int
+		scanOne(t, conn, &sum, "SELECT sum(n) FROM t")
+		if sum != 3 {
+			t.Fatalf("sum after insert = %d, want 3", sum)
+		}
+	})
+	t.Run("Unique", func(t *testing.T) {
+		a, b := NewDB(t), NewDB(t)
+		if databaseOf(t, a) == databaseOf(t, b) {
+			t.Fatalf("NewDB twice = %q and %q, want different databases", a, b)
+		}
+	})
+	t.Run("DroppedWithOpenSession", func(t *testing.T) {
+		var name string
+		var open *pgx.Conn
+		t.Run("Use", func(t *testing.T) {
+			dbURL := NewDB(t)
+			name = databaseOf(t, dbURL)
+			// Not connect: its cleanup would close the session before
+			// NewDB's cleanup drops the database.
+			var err error
+			if open, err = pgx.Connect(context.Background(), dbURL); err != nil {
+				t.Fatalf("Connect(%s) = %v", dbURL, err)
+			}
+		})
+		if open == nil {
+			t.FailNow()
+		}
+		defer open.Close(context.Background())
+		server, err := serverURL()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var exists bool
+		scanOne(t, connect(t, server), &exists, "SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)", name)
+		if exists {
+			t.Fatalf("database %s exists after cleanup, want dropped", name)
+		}
+	})
+}
+
+// TestStartCluster checks the cluster used by NewDB and by `make run`.
+func TestStartCluster(t *testing.T) {
+	t.Run("TempDir", func(t *testing.T) {
+		c := startCluster(t, "")
+		var one int
+		scanOne(t, connect(t, c.URL()), &one, "SELECT 1")
+		dir := c.dir
+		if err := c.Stop(); err != nil {
+			t.Fatalf("Stop() = %v, want nil", err)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Fatalf("Stat(%s) after Stop = %v, want not exist", dir, err)
+		}
+		if conn, err := pgx.Connect(context.Background(), c.URL()); err == nil {
+			conn.Close(context.Background())
+			t.Fatalf("Connect after Stop = nil error, want refused")
+		}
+		if err := c.Stop(); err != nil {
+			t.Fatalf("second Stop() = %v, want nil", err)
+		}
+	})
+	t.Run("ReuseDir", func(t *testing.T) {
+		// Not t.TempDir: its 0700 parents would lock out the postgres user,
+		// which needs to search every parent of the cluster directory.
+		parent, err := os.MkdirTemp("", "pgtest-reuse-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(parent) })
+		if err := os.Chmod(parent, 0o755); err != nil { // let postgres reach dev/
+			t.Fatal(err)
+		}
+		dir := filepath.Join(parent, "dev") // StartCluster creates missing dirs
+
+		first := startCluster(t, dir)
+		execSQL(t, connect(t, first.URL()), "CREATE TABLE kept (n int)")
+		if err := first.Stop(); err != nil {
+			t.Fatalf("Stop() = %v, want nil", err)
+		}
+		second := startCluster(t, dir)
+		var kept string
+		scanOne(t, connect(t, second.URL()), &kept, "SELECT to_regclass('kept')::text")
+		if kept != "kept" {
+			t.Fatalf("to_regclass('kept') after restart = %q, want %q", kept, "kept")
+		}
+	})
+}
+
+func TestWithDatabase(t *testing.T) {
+	tests := []struct {
+		server, want string
+	}{
+		{"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "postgres://postgres@127.0.0.1:5432/db1?sslmode=disable"},
+		{"postgresql://u:p@h", "postgresql://u:p@h/db1"},
+		{"host=h dbname=postgres", ""},
+		{"mysql://h/db", ""},
+	}
+	for _, tt := range tests {
+		got, err := withDatabase(tt.server, "db1")
+		if got != tt.want || (err != nil) != (tt.want == "") {
+			t.Errorf("withDatabase(%q) = %q, %v; want %q", tt.server, got, err, tt.want)
+		}
+	}
+}
+
+// startCluster starts a cluster in dir, stopped at the end of the test.
+func startCluster(t *testing.T, dir string) *Cluster {
+	t.Helper()
+	c, err := StartCluster(context.Background(), dir)
+	if err != nil {
+		t.Fatalf("StartCluster(%q) = %v", dir, err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	return c
+}
+
+// connect opens a connection closed at the end of the test.
+func connect(t *testing.T, dbURL string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatalf("Connect(%s) = %v", dbURL, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// execSQL runs statements that return no rows.
+func execSQL(t *testing.T, conn *pgx.Conn, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// scanOne runs a query returning one value into dst.
+func scanOne(t *testing.T, conn *pgx.Conn, dst any, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := conn.QueryRow(ctx, sql, args...).Scan(dst); err != nil {
+		t.Fatalf("%s: %v", strings.Join(strings.Fields(sql), " "), err)
+	}
+}
+
+// databaseOf returns the database name in a connection URL.
+func databaseOf(t *testing.T, dbURL string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
