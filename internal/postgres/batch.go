@@ -87,16 +87,29 @@ func (w *BatchWrite) Empty() bool {
 // transaction and must be pure: it may run again on a retry.
 type Decide func(*BatchRead) (*BatchWrite, error)
 
-// Batch runs one batch transaction for one shard: fence check, lookups,
-// decide, writes, commit. It returns nil only when the batch committed.
-func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) error {
-	tx, err := db.pool.Begin(ctx)
+// Batch runs one batch transaction for one shard in two round trips: BEGIN
+// with every read (fence check, lookups), then decide in memory, then every
+// write with COMMIT. It returns nil only when the batch committed (or had
+// nothing to write).
+func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) (err error) {
+	conn, err := db.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: begin: %v", ErrNotCommitted, err)
+		return fmt.Errorf("%w: acquire: %v", ErrNotCommitted, err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer func() {
+		// A transaction left open (refused, failed or empty) is rolled
+		// back; a broken connection is dropped by the pool on release.
+		if st := conn.Conn().PgConn().TxStatus(); st != 'I' && !conn.Conn().IsClosed() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
+			if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
+				conn.Conn().Close(rctx)
+			}
+			cancel()
+		}
+		conn.Release()
+	}()
 
-	read, xid, err := readBatch(ctx, tx, f, q)
+	read, xid, err := readBatch(ctx, conn.Conn(), f, q)
 	if err != nil {
 		return err
 	}
@@ -105,23 +118,22 @@ func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) e
 		return err
 	}
 	if w.Empty() {
-		return nil // nothing to write: the rollback is the end
+		return nil // nothing to write: the deferred rollback ends it
 	}
-	if err := writeBatch(ctx, tx, f, q.Shard, w); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
+	committing, err := writeBatch(ctx, conn.Conn(), f, q.Shard, w)
+	if err != nil && committing {
 		return db.commitOutcome(ctx, xid, err)
 	}
-	return nil
+	return err
 }
 
-// readBatch is the batch's first round trip: the fence (FOR SHARE, so that
-// a takeover waits for this batch and a batch after the takeover sees the
-// new epoch), the transaction id (to learn the outcome of a lost commit),
-// the SKU, the existing operations, reservations and customer usage.
-func readBatch(ctx context.Context, tx pgx.Tx, f Fence, q BatchQuery) (*BatchRead, string, error) {
+// readBatch is the batch's first round trip: BEGIN; the fence (FOR SHARE, so
+// that a takeover waits for this batch and a batch after the takeover sees
+// the new epoch); the transaction id (to learn the outcome of a lost commit);
+// the SKU; the existing operations, reservations and customer usage.
+func readBatch(ctx context.Context, conn *pgx.Conn, f Fence, q BatchQuery) (*BatchRead, string, error) {
 	b := &pgx.Batch{}
+	b.Queue("BEGIN")
 	b.Queue(`SELECT owner, epoch, pg_current_xact_id()::text, now() FROM partitions WHERE partition = $1 FOR SHARE`, f.Partition)
 	b.Queue(sqlSelectSKU, q.Shard.SKU)
 	if len(q.Keys) > 0 {
@@ -137,10 +149,13 @@ func readBatch(ctx context.Context, tx pgx.Tx, f Fence, q BatchQuery) (*BatchRea
 	if len(q.Customers) > 0 {
 		b.Queue(`SELECT customer_ref, quantity FROM customer_usage WHERE sku = $1 AND customer_ref = ANY($2)`, q.Shard.SKU, q.Customers)
 	}
-	res := tx.SendBatch(ctx, b)
+	res := conn.SendBatch(ctx, b)
 	defer res.Close()
 
 	read := &BatchRead{Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{}, Usage: map[string]int64{}}
+	if _, err := res.Exec(); err != nil {
+		return nil, "", notCommitted("begin", err)
+	}
 	var owner, xid string
 	var epoch int64
 	if err := res.QueryRow().Scan(&owner, &epoch, &xid, &read.Now); err != nil {
@@ -191,12 +206,24 @@ func readBatch(ctx context.Context, tx pgx.Tx, f Fence, q BatchQuery) (*BatchRea
 	return read, xid, nil
 }
 
-// writeBatch is the batch's second round trip. Operations are inserted with
-// ON CONFLICT DO NOTHING in key order (so two batches never deadlock on the
-// unique index); a key that conflicts was taken by another shard meanwhile,
-// so the batch is rerun rather than counted a success. The shard row is
-// updated once, compare-and-set against the writer's copy.
-func writeBatch(ctx context.Context, tx pgx.Tx, f Fence, shard stock.ShardKey, w *BatchWrite) error {
+// Error codes raised by shardstock_expect inside a write statement.
+const (
+	sqlstateConflict = "SS001"
+	sqlstateDiverged = "SS002"
+	sqlstateUnique   = "23505"
+)
+
+// writeBatch is the batch's second round trip, ending in COMMIT. Operations
+// are inserted with ON CONFLICT DO NOTHING in key order (so two batches never
+// deadlock on the unique index); a key that conflicts was taken by another
+// shard meanwhile, and the statement's own row count check aborts the
+// transaction, so that the batch is rerun (the rerun's lookup then sees the
+// key as a replay) rather than counted a success. The shard row is updated
+// once, compare-and-set against the writer's copy.
+//
+// committing is true when the error may have come from the COMMIT itself,
+// whose outcome must then be learnt.
+func writeBatch(ctx context.Context, conn *pgx.Conn, f Fence, shard stock.ShardKey, w *BatchWrite) (committing bool, err error) {
 	b := &pgx.Batch{}
 	ops := slices.Clone(w.Ops)
 	slices.SortFunc(ops, func(a, b *stock.Operation) int { return compareStrings(a.IdempotencyKey, b.IdempotencyKey) })
@@ -216,71 +243,59 @@ func writeBatch(ctx context.Context, tx pgx.Tx, f Fence, shard stock.ShardKey, w
 		queueEndReservations(b, w.Ended)
 	}
 	if w.From != w.To {
-		b.Queue(`UPDATE shards SET available = $3, reserved = $4, sold = $5, updated_at = now()
-			WHERE sku = $1 AND idx = $2 AND available = $6 AND reserved = $7 AND sold = $8`,
+		b.Queue(`WITH u AS (UPDATE shards SET available = $3, reserved = $4, sold = $5, updated_at = now()
+			WHERE sku = $1 AND idx = $2 AND available = $6 AND reserved = $7 AND sold = $8 RETURNING 1)
+			SELECT shardstock_expect(count(*), 1, 'shard row', 'SS002') FROM u`,
 			shard.SKU, shard.Index, w.To.Available, w.To.Reserved, w.To.Sold, w.From.Available, w.From.Reserved, w.From.Sold)
 	}
 	if len(w.Ledger) > 0 {
 		queueInsertLedger(b, f, w.Ledger)
 	}
-	res := tx.SendBatch(ctx, b)
+	b.Queue("COMMIT")
+	res := conn.SendBatch(ctx, b)
 	defer res.Close()
 
-	if len(ops) > 0 {
-		n, err := countRows(res)
-		if err != nil {
-			return notCommitted("insert operations", err)
-		}
-		if n != len(ops) {
-			return fmt.Errorf("%w: %d of %d keys taken", ErrConflict, len(ops)-n, len(ops))
-		}
-	}
-	if len(w.UsageAdd) > 0 {
-		if err := expectRows(res, len(w.UsageAdd), "customer usage"); err != nil {
-			return err
-		}
-	}
-	if len(w.UsageSub) > 0 {
+	for i := 0; i < b.Len()-1; i++ {
 		if _, err := res.Exec(); err != nil {
-			return notCommitted("customer usage", err)
+			return false, classify(err, shard)
 		}
 	}
-	if len(w.NewReservations) > 0 {
-		if _, err := res.Exec(); err != nil {
-			return notCommitted("insert reservations", err)
-		}
-	}
-	if len(w.Ended) > 0 {
-		if err := expectRows(res, len(w.Ended), "end reservations"); err != nil {
-			return err
-		}
-	}
-	if w.From != w.To {
-		tag, err := res.Exec()
-		if err != nil {
-			return notCommitted("update shard", err)
-		}
-		if tag.RowsAffected() != 1 {
-			return fmt.Errorf("%w: %s is not %+v", ErrDiverged, shard, w.From)
-		}
-	}
-	if len(w.Ledger) > 0 {
-		if _, err := res.Exec(); err != nil {
-			return notCommitted("insert ledger", err)
-		}
+	if _, err := res.Exec(); err != nil {
+		return true, err
 	}
 	if err := res.Close(); err != nil {
-		return notCommitted("write", err)
+		return true, err
 	}
-	return nil
+	// A COMMIT in a failed transaction answers ROLLBACK without an error.
+	if st := conn.PgConn().TxStatus(); st != 'I' {
+		return false, fmt.Errorf("%w: transaction still open after COMMIT (%c)", ErrNotCommitted, st)
+	}
+	return false, nil
+}
+
+// classify maps a write statement's error to a batch error.
+func classify(err error, shard stock.ShardKey) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case sqlstateConflict, sqlstateUnique:
+			return fmt.Errorf("%w: %s", ErrConflict, pgErr.Message)
+		case sqlstateDiverged:
+			return fmt.Errorf("%w: %s: %s", ErrDiverged, shard, pgErr.Message)
+		}
+	}
+	return notCommitted("write", err)
 }
 
 // commitOutcome learns whether a transaction whose COMMIT failed committed
 // after all, asking the database by transaction id on another connection.
 func (db *DB) commitOutcome(ctx context.Context, xid string, commitErr error) error {
+	// An ERROR answer is the server refusing the commit (the transaction
+	// rolled back). A FATAL one (the backend was terminated) or a lost
+	// connection may have come after the commit record was written: ask.
 	var pgErr *pgconn.PgError
-	if errors.As(commitErr, &pgErr) {
-		return fmt.Errorf("%w: commit: %v", ErrNotCommitted, commitErr) // the server refused the commit
+	if errors.As(commitErr, &pgErr) && pgErr.Severity == "ERROR" {
+		return fmt.Errorf("%w: commit: %v", ErrNotCommitted, commitErr)
 	}
 	ctx = context.WithoutCancel(ctx)
 	for attempt := 0; attempt < outcomeAttemptsMax; attempt++ {
@@ -313,30 +328,6 @@ const (
 
 func notCommitted(step string, err error) error {
 	return fmt.Errorf("%w: %s: %v", ErrNotCommitted, step, err)
-}
-
-func expectRows(res pgx.BatchResults, want int, step string) error {
-	tag, err := res.Exec()
-	if err != nil {
-		return notCommitted(step, err)
-	}
-	if int(tag.RowsAffected()) != want {
-		return fmt.Errorf("%w: %s: %d of %d rows", ErrConflict, step, tag.RowsAffected(), want)
-	}
-	return nil
-}
-
-func countRows(res pgx.BatchResults) (int, error) {
-	rows, err := res.Query()
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for rows.Next() {
-		n++
-	}
-	rows.Close()
-	return n, rows.Err()
 }
 
 func compareStrings(a, b string) int {

@@ -108,7 +108,7 @@ func (db *DB) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error)
 	rows, _ = tx.Query(ctx, `WITH o AS (SELECT idempotency_key AS k, kind FROM operations WHERE sku = $1),
 		l AS (SELECT idempotency_key AS k, kind, count(*) AS n FROM ledger
 			WHERE sku = $1 AND kind IN ('reserve', 'deduct', 'replenish', 'adjust') GROUP BY 1, 2)
-		SELECT coalesce(o.k, l.k), (o.k IS NOT NULL)::int8, coalesce(l.n, 0)
+		SELECT coalesce(o.k, l.k), (o.k IS NOT NULL)::int::int8, coalesce(l.n, 0)
 		FROM o FULL JOIN l ON o.k = l.k AND o.kind = l.kind
 		WHERE o.k IS NULL OR l.k IS NULL OR l.n <> 1 LIMIT $2`, sku, mismatchesMax)
 	_, err = pgx.ForEachRow(rows, []any{&m.Key, &m.Operations, &m.Entries}, func() error {

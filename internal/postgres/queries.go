@@ -91,10 +91,11 @@ func queueInsertOps(b *pgx.Batch, ops []*stock.Operation) {
 		sku[i], key[i], kind[i], hash[i], qty[i], shard[i] = o.SKU, o.IdempotencyKey, string(o.Kind), o.ParamsHash, o.Quantity, o.Shard
 		res[i], oref[i], cref[i] = o.ReservationID, o.OrderRef, o.CustomerRef
 	}
-	b.Queue(`INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref, customer_ref)
+	b.Queue(`WITH ins AS (INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref, customer_ref)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::text[])
-		ON CONFLICT DO NOTHING RETURNING idempotency_key`,
-		sku, key, kind, hash, qty, shard, res, oref, cref)
+		ON CONFLICT DO NOTHING RETURNING 1)
+		SELECT shardstock_expect(count(*), $10, 'operations', 'SS001') FROM ins`,
+		sku, key, kind, hash, qty, shard, res, oref, cref, n)
 }
 
 // queueUsageAdd adds units to customers' usage; the WHERE guard refuses an
@@ -102,10 +103,11 @@ func queueInsertOps(b *pgx.Batch, ops []*stock.Operation) {
 // reached: the caller counts rows and reruns the batch when one is missing.
 func queueUsageAdd(b *pgx.Batch, sku string, add map[string]int64, limit int64) {
 	cs, qs := splitUsage(add)
-	b.Queue(`INSERT INTO customer_usage (sku, customer_ref, quantity)
+	b.Queue(`WITH up AS (INSERT INTO customer_usage (sku, customer_ref, quantity)
 		SELECT $1, c, q FROM unnest($2::text[], $3::bigint[]) AS u(c, q)
 		ON CONFLICT (sku, customer_ref) DO UPDATE SET quantity = customer_usage.quantity + excluded.quantity
-		WHERE customer_usage.quantity + excluded.quantity <= $4`, sku, cs, qs, limit)
+		WHERE customer_usage.quantity + excluded.quantity <= $4 RETURNING 1)
+		SELECT shardstock_expect(count(*), $5, 'customer usage', 'SS001') FROM up`, sku, cs, qs, limit, len(cs))
 }
 
 func queueUsageSub(b *pgx.Batch, sku string, sub map[string]int64) {
@@ -152,9 +154,10 @@ func queueEndReservations(b *pgx.Batch, ends []ReservationEnd) {
 	for i, e := range ends {
 		id[i], state[i], reason[i] = e.ID, string(e.State), e.Reason
 	}
-	b.Queue(`UPDATE reservations r SET state = u.state, ended_at = now(), end_reason = u.reason
+	b.Queue(`WITH e AS (UPDATE reservations r SET state = u.state, ended_at = now(), end_reason = u.reason
 		FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, state, reason)
-		WHERE r.id = u.id AND r.state = 'held'`, id, state, reason)
+		WHERE r.id = u.id AND r.state = 'held' RETURNING 1)
+		SELECT shardstock_expect(count(*), $4, 'held reservations', 'SS002') FROM e`, id, state, reason, n)
 }
 
 func queueInsertLedger(b *pgx.Batch, f Fence, es []*stock.LedgerEntry) {

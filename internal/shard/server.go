@@ -29,14 +29,18 @@ type Config struct {
 	Logger   *slog.Logger
 	// Registerer takes the server's metrics; nil: none registered.
 	Registerer prometheus.Registerer
+	// BatchSizeMax caps a batch; 0 means batchSizeMax. 1 turns batching
+	// off (one transaction per request: the benchmark's baseline).
+	BatchSizeMax int
 }
 
 // Server is one shard server. It implements topology.Owner.
 type Server struct {
-	id      string
-	db      *postgres.DB
-	log     *slog.Logger
-	metrics *metrics
+	id       string
+	db       *postgres.DB
+	log      *slog.Logger
+	metrics  *metrics
+	batchMax int
 
 	mu      sync.Mutex
 	owned   map[int32]int64 // partition -> epoch
@@ -50,15 +54,20 @@ func New(cfg Config) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Server{
-		id:      cfg.ServerID,
-		db:      cfg.DB,
-		log:     log.With("server", cfg.ServerID),
-		metrics: newMetrics(cfg.Registerer),
-		owned:   map[int32]int64{},
-		writers: map[stock.ShardKey]*writer{},
-		halted:  map[stock.ShardKey]bool{},
+	s := &Server{
+		id:       cfg.ServerID,
+		db:       cfg.DB,
+		log:      log.With("server", cfg.ServerID),
+		metrics:  newMetrics(cfg.Registerer),
+		batchMax: batchSizeMax,
+		owned:    map[int32]int64{},
+		writers:  map[stock.ShardKey]*writer{},
+		halted:   map[stock.ShardKey]bool{},
 	}
+	if cfg.BatchSizeMax > 0 && cfg.BatchSizeMax < batchSizeMax {
+		s.batchMax = cfg.BatchSizeMax
+	}
+	return s
 }
 
 // ID is the server's id.

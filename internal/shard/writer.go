@@ -95,7 +95,7 @@ func (w *writer) run() {
 		}
 		batch := []*pending{first}
 	fill:
-		for len(batch) < batchSizeMax {
+		for len(batch) < w.srv.batchMax {
 			select {
 			case p := <-w.queue:
 				batch = append(batch, p)

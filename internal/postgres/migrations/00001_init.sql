@@ -121,7 +121,24 @@ CREATE TRIGGER ledger_append_only BEFORE UPDATE OR DELETE ON ledger
 CREATE TRIGGER ledger_no_truncate BEFORE TRUNCATE ON ledger
     FOR EACH STATEMENT EXECUTE FUNCTION ledger_append_only();
 
+-- Batch writes check their row counts inside the statement, so that a
+-- mismatch aborts the transaction before the COMMIT queued behind it in the
+-- same round trip: SS001 is a conflict with a concurrent batch (rerun),
+-- SS002 a shard row that is not what its only writer believes (halt).
+-- +goose StatementBegin
+CREATE FUNCTION shardstock_expect(got bigint, want bigint, what text, code text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF got <> want THEN
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = format('%s: %s of %s rows', what, got, want);
+    END IF;
+    RETURN got;
+END;
+$$;
+-- +goose StatementEnd
+
 -- +goose Down
+DROP FUNCTION shardstock_expect;
 DROP TABLE ledger;
 DROP FUNCTION ledger_append_only;
 DROP TABLE customer_usage;

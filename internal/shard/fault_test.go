@@ -1,0 +1,186 @@
+package shard_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// TestShard_ZombieFenced: two servers race for one partition. After the
+// second takes it over, the first (which still believes it owns it) cannot
+// commit a batch, and the database shows it.
+func TestShard_ZombieFenced(t *testing.T) {
+	db, _ := openDB(t)
+	const sku = "zombie-sku"
+	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 100_000)
+	a, b := newServer(t, db, "a"), newServer(t, db, "b")
+	acquire(t, a, sku, 1, 0)
+	sh := stock.ShardKey{SKU: sku}
+	ctx := context.Background()
+
+	// Load on the old owner; the takeover lands in the middle of it.
+	var acked sync.Map // key -> server that acknowledged it
+	var n atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := key("z", g*10000+i)
+				srv := a
+				if n.Add(1)%2 == 0 {
+					srv = b
+				}
+				if res := srv.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: sh, Quantity: 1, Key: k}); res.Err == nil {
+					acked.Store(k, srv.ID())
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	acquire(t, b, sku, 2, 0) // a is not told: it is the zombie
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	// The zombie's writes after the takeover are refused.
+	if res := a.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: sh, Quantity: 1, Key: "after"}); res.Err == nil {
+		t.Errorf("zombie Deduct = %+v, want SHARD_UNAVAILABLE", res)
+	}
+	es := ledgerEntries(t, db, sku)
+	var lastA, firstB int64 = 0, 1 << 62
+	var byA, byB int
+	for _, e := range es {
+		switch e.ServerID {
+		case "a":
+			byA++
+			lastA = max(lastA, e.ID)
+			if e.Epoch != 1 {
+				t.Errorf("entry %d by a at epoch %d, want 1", e.ID, e.Epoch)
+			}
+		case "b":
+			byB++
+			firstB = min(firstB, e.ID)
+			if e.Epoch != 2 {
+				t.Errorf("entry %d by b at epoch %d, want 2", e.ID, e.Epoch)
+			}
+		}
+	}
+	if byA == 0 || byB == 0 {
+		t.Fatalf("entries by a = %d, by b = %d: the race did not happen", byA, byB)
+	}
+	if lastA > firstB {
+		t.Errorf("a wrote entry %d after b's first entry %d: the zombie committed after the takeover", lastA, firstB)
+	}
+	ackedN := 0
+	acked.Range(func(k, _ any) bool {
+		ackedN++
+		if _, err := db.GetOperation(ctx, sku, k.(string)); err != nil {
+			t.Errorf("acknowledged key %s: %v", k, err)
+		}
+		return true
+	})
+	if c := total(t, db, sku); c.Sold != int64(ackedN) || c.Sold != int64(len(es)) {
+		t.Errorf("sold = %d, acknowledged = %d, entries = %d: want all equal", c.Sold, ackedN, len(es))
+	}
+	reconcile(t, db, sku)
+}
+
+// TestShard_BackendTerminated: Postgres backends are killed mid-batch while
+// deducts run. Callers retry with the same key until a definite answer; no
+// acknowledged operation is lost and none is doubled.
+func TestShard_BackendTerminated(t *testing.T) {
+	db, url := openDB(t)
+	const sku = "kill-sku"
+	createSKU(t, db, stock.SKU{SKU: sku, Shards: 4}, 100_000)
+	s := newServer(t, db, "a")
+	acquire(t, s, sku, 1, 0, 1, 2, 3)
+	ctx := context.Background()
+
+	killer, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer killer.Close(ctx)
+	stop := make(chan struct{})
+	var kills atomic.Int64
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(25 * time.Millisecond):
+			}
+			var n int64
+			// Terminate the shard server's busiest connections (not this one).
+			if err := killer.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE application_name = 'shardtest' AND pid <> pg_backend_pid() AND state <> 'idle'`).Scan(&n); err == nil {
+				kills.Add(n)
+			}
+		}
+	}()
+
+	const clients, perClient = 16, 40
+	acked := make([]bool, clients*perClient)
+	var unavailable atomic.Int64
+	parallel(t, clients, 90*time.Second, func(g int) {
+		for i := range perClient {
+			n := g*perClient + i
+			r := &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: int32(n % 4)}, Quantity: 1, Key: key("kill", n)}
+			for attempt := 0; attempt < 100; attempt++ {
+				res := s.Do(ctx, r)
+				if res.Err == nil {
+					acked[n] = true
+					break
+				}
+				if !res.Err.Code.Retryable() {
+					t.Errorf("Deduct(%s) = %v, want success or a retryable error", r.Key, res.Err)
+					break
+				}
+				unavailable.Add(1)
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	})
+	close(stop)
+	if kills.Load() == 0 {
+		t.Fatalf("no backend was terminated: the test tested nothing")
+	}
+	t.Logf("backends terminated: %d, retryable answers: %d", kills.Load(), unavailable.Load())
+
+	ackedN := 0
+	for n, ok := range acked {
+		if !ok {
+			t.Errorf("key %s never got a definite answer", key("kill", n))
+			continue
+		}
+		ackedN++
+	}
+	es := ledgerEntries(t, db, sku)
+	perKey := map[string]int{}
+	for _, e := range es {
+		perKey[e.IdempotencyKey]++
+	}
+	for k, n := range perKey {
+		if n != 1 {
+			t.Errorf("key %s has %d ledger entries, want 1", k, n)
+		}
+	}
+	if c := total(t, db, sku); c.Sold != int64(ackedN) || len(es) != ackedN {
+		t.Errorf("sold = %d, entries = %d, acknowledged = %d: want all equal", c.Sold, len(es), ackedN)
+	}
+	reconcile(t, db, sku)
+}

@@ -1,0 +1,191 @@
+package shard_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// state is what a refused request must leave alone.
+type state struct {
+	counts  stock.Counts
+	entries int
+}
+
+func stateOf(t *testing.T, db *postgres.DB, sku string) state {
+	t.Helper()
+	return state{total(t, db, sku), len(ledgerEntries(t, db, sku))}
+}
+
+// TestShard_KeyReused: the same key with another quantity, SKU or kind is
+// refused and changes nothing.
+func TestShard_KeyReused(t *testing.T) {
+	db, _ := openDB(t)
+	createSKU(t, db, stock.SKU{SKU: "reuse-a", Shards: 2}, 100)
+	createSKU(t, db, stock.SKU{SKU: "reuse-b", Shards: 1}, 100)
+	s := newServer(t, db, "a")
+	acquire(t, s, "reuse-a", 1, 0, 1)
+	acquire(t, s, "reuse-b", 1, 0)
+	ctx := context.Background()
+	first := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "reuse-a"}, Quantity: 2, Key: "k-1"})
+	if first.Err != nil {
+		t.Fatalf("Deduct = %v", first.Err)
+	}
+	before := map[string]state{"reuse-a": stateOf(t, db, "reuse-a"), "reuse-b": stateOf(t, db, "reuse-b")}
+	for name, r := range map[string]*stock.Request{
+		"OtherQuantity":      {Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "reuse-a"}, Quantity: 3, Key: "k-1"},
+		"OtherSKU":           {Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "reuse-b"}, Quantity: 2, Key: "k-1"},
+		"OtherKind":          {Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: "reuse-a"}, Quantity: 2, Key: "k-1"},
+		"OtherShard":         {Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "reuse-a", Index: 1}, Quantity: 3, Key: "k-1"},
+		"OtherOrderRef":      {Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "reuse-a"}, Quantity: 2, Key: "k-1", OrderRef: "o-9"},
+		"InOneBatchOtherQty": nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			var res stock.Result
+			if r == nil { // two requests with one key in one call: the second differs
+				rs := s.DoAll(ctx, []*stock.Request{
+					{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "reuse-a"}, Quantity: 1, Key: "k-2"},
+					{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "reuse-a"}, Quantity: 5, Key: "k-2"},
+				})
+				if rs[0].Err != nil {
+					t.Fatalf("first of the batch = %v", rs[0].Err)
+				}
+				before["reuse-a"] = stateOf(t, db, "reuse-a")
+				res = rs[1]
+			} else {
+				res = s.Do(ctx, r)
+			}
+			if res.Err == nil || res.Err.Code != stock.CodeIdempotencyKeyReused {
+				t.Errorf("Do = %+v, want IDEMPOTENCY_KEY_REUSED", res)
+			}
+			for sku, st := range before {
+				if got := stateOf(t, db, sku); got != st {
+					t.Errorf("%s changed: %+v -> %+v", sku, st, got)
+				}
+			}
+		})
+	}
+	replay := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "reuse-a", Index: 1}, Quantity: 2, Key: "k-1"})
+	if replay.Err != nil || !replay.Replayed || replay.Operation.Shard != 0 {
+		t.Errorf("retry on another shard = %+v, want a replay of shard 0's result", replay)
+	}
+	reconcile(t, db, "reuse-a")
+}
+
+// TestShard_InvalidInput: bad input gets its documented code and changes
+// nothing.
+func TestShard_InvalidInput(t *testing.T) {
+	db, _ := openDB(t)
+	const sku = "valid-sku"
+	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1, MaxPerOrder: 5}, 100)
+	s := newServer(t, db, "a")
+	acquire(t, s, sku, 1, 0)
+	sh := stock.ShardKey{SKU: sku}
+	deduct := func(q int64, k string) *stock.Request {
+		return &stock.Request{Kind: stock.OpDeduct, Shard: sh, Quantity: q, Key: k}
+	}
+	before := stateOf(t, db, sku)
+	for _, tc := range []struct {
+		name string
+		req  *stock.Request
+		want stock.Code
+	}{
+		{"QuantityZero", deduct(0, "k"), stock.CodeInvalidQuantity},
+		{"QuantityNegative", deduct(-3, "k"), stock.CodeInvalidQuantity},
+		{"QuantityAboveMaxPerOrder", deduct(6, "k"), stock.CodeQuantityAboveMaxPerOrder},
+		{"QuantityAboveMaximum", deduct(stock.QuantityMax+1, "k"), stock.CodeInvalidQuantity},
+		{"KeyEmpty", deduct(1, ""), stock.CodeInvalidIdempotencyKey},
+		{"KeyTooLong", deduct(1, strings.Repeat("k", stock.IdempotencyKeyLenMax+1)), stock.CodeInvalidIdempotencyKey},
+		{"KeyControlCharacter", deduct(1, "k\x00y"), stock.CodeInvalidIdempotencyKey},
+		{"KeySpace", deduct(1, "k y"), stock.CodeInvalidIdempotencyKey},
+		{"SKUEmpty", &stock.Request{Kind: stock.OpDeduct, Quantity: 1, Key: "k"}, stock.CodeInvalidSKU},
+		{"SKUTooLong", &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: strings.Repeat("s", stock.SKULenMax+1)}, Quantity: 1, Key: "k"}, stock.CodeInvalidSKU},
+		{"SKUControlCharacter", &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "sku\n1"}, Quantity: 1, Key: "k"}, stock.CodeInvalidSKU},
+		{"OrderRefControlCharacter", &stock.Request{Kind: stock.OpDeduct, Shard: sh, Quantity: 1, Key: "k", OrderRef: "o\x1b"}, stock.CodeInvalidArgument},
+		{"TTLTooLong", &stock.Request{Kind: stock.OpReserve, Shard: sh, Quantity: 1, Key: "k", TTL: stock.ReservationTTLMax * 2}, stock.CodeInvalidArgument},
+		{"ReservationIDGarbage", &stock.Request{Kind: stock.OpCommit, Shard: sh, ReservationID: "nope"}, stock.CodeReservationNotFound},
+		{"AdjustWithoutApprover", &stock.Request{Kind: stock.OpAdjust, Shard: sh, Quantity: 5, Key: "k", Reason: "count"}, stock.CodeInvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := s.Do(context.Background(), tc.req)
+			if res.Err == nil || res.Err.Code != tc.want {
+				t.Errorf("Do(%+v) = %+v, want %s", tc.req, res, tc.want)
+			}
+			if got := stateOf(t, db, sku); got != before {
+				t.Errorf("state changed: %+v -> %+v", before, got)
+			}
+		})
+	}
+	t.Run("UnknownSKU", func(t *testing.T) {
+		acquire(t, s, "no-such-sku", 1, 0)
+		res := s.Do(context.Background(), &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "no-such-sku"}, Quantity: 1, Key: "k"})
+		if res.Err == nil || res.Err.Code != stock.CodeSKUNotFound {
+			t.Errorf("Do = %+v, want SKU_NOT_FOUND", res)
+		}
+	})
+	t.Run("KeyStaysFreeAfterRefusal", func(t *testing.T) {
+		res := s.Do(context.Background(), deduct(1, "k"))
+		if res.Err != nil || res.Replayed {
+			t.Errorf("Do after refusals = %+v, want a first success (refusals write no operation)", res)
+		}
+	})
+}
+
+// TestShard_Limits: max_per_order, customer_limit and pause.
+func TestShard_Limits(t *testing.T) {
+	db, _ := openDB(t)
+	const sku = "limit-sku"
+	createSKU(t, db, stock.SKU{SKU: sku, Shards: 2, CustomerLimit: 3}, 100)
+	s := newServer(t, db, "a")
+	acquire(t, s, sku, 1, 0, 1)
+	ctx := context.Background()
+	do := func(kind stock.OpKind, idx int32, q int64, k, customer string) stock.Result {
+		return s.Do(ctx, &stock.Request{Kind: kind, Shard: stock.ShardKey{SKU: sku, Index: idx}, Quantity: q, Key: k, CustomerRef: customer})
+	}
+	if res := do(stock.OpDeduct, 0, 2, "c1-a", "alice"); res.Err != nil {
+		t.Fatalf("first deduct = %v", res.Err)
+	}
+	if res := do(stock.OpReserve, 1, 2, "c1-b", "alice"); res.Err == nil || res.Err.Code != stock.CodeCustomerLimitReached {
+		t.Errorf("deduct over the limit on another shard = %+v, want CUSTOMER_LIMIT_REACHED", res)
+	}
+	held := do(stock.OpReserve, 1, 1, "c1-c", "alice")
+	if held.Err != nil {
+		t.Fatalf("reserve up to the limit = %v", held.Err)
+	}
+	if res := s.Do(ctx, &stock.Request{Kind: stock.OpRelease, Shard: stock.ShardKey{SKU: sku, Index: 1}, ReservationID: held.Reservation.ID}); res.Err != nil {
+		t.Fatalf("release = %v", res.Err)
+	}
+	if res := do(stock.OpDeduct, 1, 1, "c1-d", "alice"); res.Err != nil {
+		t.Errorf("deduct after a release gave the unit back = %v, want success", res.Err)
+	}
+	if res := do(stock.OpDeduct, 0, 3, "c2-a", "bob"); res.Err != nil {
+		t.Errorf("another customer = %v", res.Err)
+	}
+
+	paused := true
+	if _, err := db.UpdateSKU(ctx, sku, postgres.SKUUpdate{Paused: &paused}); err != nil {
+		t.Fatal(err)
+	}
+	before := stateOf(t, db, sku)
+	for _, kind := range []stock.OpKind{stock.OpReserve, stock.OpDeduct} {
+		if res := do(kind, 0, 1, "p-"+string(kind), ""); res.Err == nil || res.Err.Code != stock.CodeSKUPaused {
+			t.Errorf("%s on a paused sku = %+v, want SKU_PAUSED", kind, res)
+		}
+	}
+	if got := stateOf(t, db, sku); got != before {
+		t.Errorf("paused sku changed: %+v -> %+v", before, got)
+	}
+	if res := do(stock.OpReplenish, 0, 4, "refund-1", ""); res.Err != nil {
+		t.Errorf("replenish on a paused sku = %v, want success", res.Err)
+	}
+	if res := do(stock.OpReplenish, 0, 4, "refund-1", ""); res.Err != nil || !res.Replayed {
+		t.Errorf("replenish retry = %+v, want a replay", res)
+	}
+	if c := total(t, db, sku); c != (stock.Counts{Available: 100 - 6 + 4, Sold: 6}) {
+		t.Errorf("total = %+v, want available 98, sold 6", c)
+	}
+	reconcile(t, db, sku)
+}
