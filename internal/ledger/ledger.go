@@ -22,9 +22,20 @@ type Snapshot struct {
 	// not pair (a committed reservation needs exactly one commit entry, and
 	// so on; a held one none).
 	EndMismatches []EndMismatch
+	// TransferMismatches lists transfers whose state and ledger entries do
+	// not pair (debited: one transfer_out; credited: one transfer_out and
+	// one transfer_in; pending or aborted: none).
+	TransferMismatches []TransferMismatch
 	// InTransit is stock debited from one shard and not yet credited to
 	// another.
 	InTransit int64
+}
+
+// TransferMismatch is one transfer whose state and entries do not pair.
+type TransferMismatch struct {
+	TransferID string
+	State      stock.TransferState
+	Outs, Ins  int64
 }
 
 // Shard is one shard's row, opening balance, ledger sums and held holds.
@@ -78,6 +89,7 @@ const (
 	CheckChain           = "ledger_chain"
 	CheckOperationLedger = "operation_ledger"
 	CheckReservationEnd  = "reservation_end"
+	CheckTransfer        = "transfer"
 	CheckReservedHolds   = "reserved_holds"
 	CheckConservation    = "conservation"
 	CheckNegative        = "negative"
@@ -139,6 +151,9 @@ func Reconcile(s Snapshot) []Discrepancy {
 	}
 	for _, m := range s.EndMismatches {
 		add(CheckReservationEnd, -1, endEntriesWant(m.State), m.Entries, "reservation %s is %s with %d end entries", m.ReservationID, m.State, m.Entries)
+	}
+	for _, m := range s.TransferMismatches {
+		add(CheckTransfer, -1, 0, 0, "transfer %s is %s with %d transfer_out and %d transfer_in entries", m.TransferID, m.State, m.Outs, m.Ins)
 	}
 	have := total.Available + total.Reserved + total.Sold + s.InTransit
 	received := opening.Available + opening.Reserved + opening.Sold + inflow

@@ -47,6 +47,7 @@ type BatchQuery struct {
 	ReservationIDs []string // reservations committed or released
 	Customers      []string // customer refs of reserves and deducts
 	SweepMax       int      // >0: also read up to this many due holds
+	TransferIDs    []string // transfers stepped
 }
 
 // BatchRead is what the batch read, inside its transaction.
@@ -56,7 +57,8 @@ type BatchRead struct {
 	Reservations map[string]*stock.Reservation
 	Due          []*stock.Reservation // held and expired, for the sweep
 	Usage        map[string]int64     // customer ref -> units held or bought
-	Now          time.Time            // the database clock
+	Transfers    map[string]*stock.Transfer
+	Now          time.Time // the database clock
 }
 
 // BatchWrite is what the batch decided to write.
@@ -68,7 +70,14 @@ type BatchWrite struct {
 	UsageSub        map[string]int64 // customer -> units given back
 	UsageLimit      int64
 	Ledger          []*stock.LedgerEntry
+	Steps           []TransferStep
 	From, To        stock.Counts
+}
+
+// TransferStep moves one transfer from one state to the next.
+type TransferStep struct {
+	ID       string
+	From, To stock.TransferState
 }
 
 // ReservationEnd ends one held reservation.
@@ -80,7 +89,8 @@ type ReservationEnd struct {
 
 // Empty reports whether the write changes nothing.
 func (w *BatchWrite) Empty() bool {
-	return len(w.Ops) == 0 && len(w.NewReservations) == 0 && len(w.Ended) == 0 && len(w.Ledger) == 0 && w.From == w.To
+	return len(w.Ops) == 0 && len(w.NewReservations) == 0 && len(w.Ended) == 0 && len(w.Ledger) == 0 &&
+		len(w.Steps) == 0 && w.From == w.To
 }
 
 // Decide turns what a batch read into what it writes. It runs inside the
@@ -146,13 +156,17 @@ func readBatch(ctx context.Context, conn *pgx.Conn, f Fence, q BatchQuery) (*Bat
 		b.Queue(sqlSelectReservations+` WHERE sku = $1 AND shard = $2 AND state = 'held' AND expires_at <= now() ORDER BY expires_at LIMIT $3`,
 			q.Shard.SKU, q.Shard.Index, q.SweepMax)
 	}
+	if len(q.TransferIDs) > 0 {
+		b.Queue(sqlSelectTransfers+` WHERE id = ANY($1)`, q.TransferIDs)
+	}
 	if len(q.Customers) > 0 {
 		b.Queue(`SELECT customer_ref, quantity FROM customer_usage WHERE sku = $1 AND customer_ref = ANY($2)`, q.Shard.SKU, q.Customers)
 	}
 	res := conn.SendBatch(ctx, b)
 	defer res.Close()
 
-	read := &BatchRead{Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{}, Usage: map[string]int64{}}
+	read := &BatchRead{Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{},
+		Usage: map[string]int64{}, Transfers: map[string]*stock.Transfer{}}
 	if _, err := res.Exec(); err != nil {
 		return nil, "", notCommitted("begin", err)
 	}
@@ -186,6 +200,15 @@ func readBatch(ctx context.Context, conn *pgx.Conn, f Fence, q BatchQuery) (*Bat
 	if q.SweepMax > 0 {
 		if read.Due, err = scanReservations(res); err != nil {
 			return nil, "", notCommitted("due reservations", err)
+		}
+	}
+	if len(q.TransferIDs) > 0 {
+		ts, err := scanTransfers(res)
+		if err != nil {
+			return nil, "", notCommitted("transfers", err)
+		}
+		for _, t := range ts {
+			read.Transfers[t.ID] = t
 		}
 	}
 	if len(q.Customers) > 0 {
@@ -241,6 +264,9 @@ func writeBatch(ctx context.Context, conn *pgx.Conn, f Fence, shard stock.ShardK
 	}
 	if len(w.Ended) > 0 {
 		queueEndReservations(b, w.Ended)
+	}
+	if len(w.Steps) > 0 {
+		queueStepTransfers(b, w.Steps)
 	}
 	if w.From != w.To {
 		b.Queue(`WITH u AS (UPDATE shards SET available = $3, reserved = $4, sold = $5, updated_at = now()

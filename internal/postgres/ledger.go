@@ -140,6 +140,26 @@ func (db *DB) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error)
 	if err != nil {
 		return snap, err
 	}
+	// Transfers: the steps a state says happened are in the ledger, once.
+	var tm ledger.TransferMismatch
+	rows, _ = tx.Query(ctx, `WITH e AS (SELECT transfer_id AS id,
+			count(*) FILTER (WHERE kind = 'transfer_out') AS outs, count(*) FILTER (WHERE kind = 'transfer_in') AS ins
+			FROM ledger WHERE sku = $1 AND transfer_id <> '' GROUP BY 1)
+		SELECT coalesce(t.id, e.id), coalesce(t.state, ''), coalesce(e.outs, 0), coalesce(e.ins, 0) FROM transfers t FULL JOIN e ON e.id = t.id
+		WHERE (t.sku = $1 OR t.id IS NULL) AND (coalesce(e.outs, 0), coalesce(e.ins, 0)) IS DISTINCT FROM
+			(CASE WHEN t.state IN ('debited', 'credited') THEN 1 ELSE 0 END, CASE WHEN t.state = 'credited' THEN 1 ELSE 0 END)
+		LIMIT $2`, sku, mismatchesMax)
+	_, err = pgx.ForEachRow(rows, []any{&tm.TransferID, &state, &tm.Outs, &tm.Ins}, func() error {
+		tm.State = stock.TransferState(state)
+		snap.TransferMismatches = append(snap.TransferMismatches, tm)
+		return nil
+	})
+	if err != nil {
+		return snap, err
+	}
+	if err := tx.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited'`, sku).Scan(&snap.InTransit); err != nil {
+		return snap, err
+	}
 	return snap, tx.Commit(ctx)
 }
 

@@ -11,12 +11,14 @@ import (
 )
 
 var opKinds = map[v1.ShardOpKind]stock.OpKind{
-	v1.ShardOpKind_SHARD_OP_KIND_RESERVE:   stock.OpReserve,
-	v1.ShardOpKind_SHARD_OP_KIND_COMMIT:    stock.OpCommit,
-	v1.ShardOpKind_SHARD_OP_KIND_RELEASE:   stock.OpRelease,
-	v1.ShardOpKind_SHARD_OP_KIND_DEDUCT:    stock.OpDeduct,
-	v1.ShardOpKind_SHARD_OP_KIND_REPLENISH: stock.OpReplenish,
-	v1.ShardOpKind_SHARD_OP_KIND_ADJUST:    stock.OpAdjust,
+	v1.ShardOpKind_SHARD_OP_KIND_RESERVE:      stock.OpReserve,
+	v1.ShardOpKind_SHARD_OP_KIND_COMMIT:       stock.OpCommit,
+	v1.ShardOpKind_SHARD_OP_KIND_RELEASE:      stock.OpRelease,
+	v1.ShardOpKind_SHARD_OP_KIND_DEDUCT:       stock.OpDeduct,
+	v1.ShardOpKind_SHARD_OP_KIND_REPLENISH:    stock.OpReplenish,
+	v1.ShardOpKind_SHARD_OP_KIND_ADJUST:       stock.OpAdjust,
+	v1.ShardOpKind_SHARD_OP_KIND_TRANSFER_OUT: stock.OpTransferOut,
+	v1.ShardOpKind_SHARD_OP_KIND_TRANSFER_IN:  stock.OpTransferIn,
 }
 
 // RequestFromProto converts a shard op to a domain request.
@@ -27,6 +29,7 @@ func RequestFromProto(op *v1.ShardOp) *stock.Request {
 		Quantity:      op.GetQuantity(),
 		Key:           op.GetIdempotencyKey(),
 		ReservationID: op.GetReservationId(),
+		TransferID:    op.GetTransferId(),
 		OrderRef:      op.GetOrderRef(),
 		CustomerRef:   op.GetCustomerRef(),
 		TTL:           durationOf(op.GetTtl()),
@@ -40,7 +43,7 @@ func RequestFromProto(op *v1.ShardOp) *stock.Request {
 func RequestToProto(r *stock.Request) *v1.ShardOp {
 	op := &v1.ShardOp{
 		Sku: r.Shard.SKU, Shard: r.Shard.Index, Quantity: r.Quantity, IdempotencyKey: r.Key,
-		ReservationId: r.ReservationID, OrderRef: r.OrderRef, CustomerRef: r.CustomerRef,
+		ReservationId: r.ReservationID, TransferId: r.TransferID, OrderRef: r.OrderRef, CustomerRef: r.CustomerRef,
 		Reason: r.Reason, Approver: r.Approver, Source: r.Source,
 	}
 	for k, v := range opKinds {
@@ -74,6 +77,8 @@ func ResultToProto(r stock.Result) *v1.ShardResult {
 	switch {
 	case r.Err != nil:
 		out.Result = &v1.ShardResult_Error{Error: &v1.ShardError{Reason: string(r.Err.Code), Message: r.Err.Message}}
+	case r.Transfer != nil:
+		out.Result = &v1.ShardResult_Transfer{Transfer: TransferToProto(r.Transfer)}
 	case r.Reservation != nil:
 		out.Result = &v1.ShardResult_Reservation{Reservation: ReservationToProto(r.Reservation)}
 	case r.Operation != nil:
@@ -92,6 +97,8 @@ func ResultFromProto(r *v1.ShardResult) stock.Result {
 		out.Reservation = ReservationFromProto(x.Reservation)
 	case *v1.ShardResult_Operation:
 		out.Operation = OperationFromProto(x.Operation)
+	case *v1.ShardResult_Transfer:
+		out.Transfer = TransferFromProto(x.Transfer)
 	default:
 		out.Err = stock.Errorf(stock.CodeInternal, "empty shard result")
 	}
@@ -158,6 +165,31 @@ func OperationFromProto(o *v1.Operation) *stock.Operation {
 	for k, v := range pubKinds {
 		if v == o.GetKind() {
 			out.Kind = k
+		}
+	}
+	return out
+}
+
+var transferStates = map[stock.TransferState]v1.TransferState{
+	stock.TransferPending:  v1.TransferState_TRANSFER_STATE_PENDING,
+	stock.TransferDebited:  v1.TransferState_TRANSFER_STATE_DEBITED,
+	stock.TransferCredited: v1.TransferState_TRANSFER_STATE_CREDITED,
+	stock.TransferAborted:  v1.TransferState_TRANSFER_STATE_ABORTED,
+}
+
+// TransferToProto converts a transfer.
+func TransferToProto(t *stock.Transfer) *v1.Transfer {
+	return &v1.Transfer{TransferId: t.ID, Sku: t.SKU, FromShard: t.From, ToShard: t.To, Quantity: t.Quantity,
+		State: transferStates[t.State], CreatedAt: timestamppb.New(t.CreatedAt)}
+}
+
+// TransferFromProto converts a transfer back.
+func TransferFromProto(t *v1.Transfer) *stock.Transfer {
+	out := &stock.Transfer{ID: t.GetTransferId(), SKU: t.GetSku(), From: t.GetFromShard(), To: t.GetToShard(),
+		Quantity: t.GetQuantity(), CreatedAt: t.GetCreatedAt().AsTime()}
+	for k, v := range transferStates {
+		if v == t.GetState() {
+			out.State = k
 		}
 	}
 	return out

@@ -26,6 +26,7 @@ func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *
 		hashes:  make([][]byte, len(reqs)),
 		seen:    map[string]int{},
 		ended:   map[string]*stock.Reservation{},
+		stepped: map[string]stock.TransferState{},
 	}
 	if read.SKU != nil {
 		p.w.UsageLimit = read.SKU.CustomerLimit
@@ -36,6 +37,8 @@ func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *
 			p.keyed(i, r)
 		case r.Kind == stock.OpCommit || r.Kind == stock.OpRelease:
 			p.end(i, r)
+		case r.Kind == stock.OpTransferOut || r.Kind == stock.OpTransferIn:
+			p.transfer(i, r)
 		}
 	}
 	if sweep {
@@ -64,8 +67,9 @@ type planner struct {
 	w       *postgres.BatchWrite
 	results []stock.Result
 	hashes  [][]byte
-	seen    map[string]int                // key -> first request in the batch
-	ended   map[string]*stock.Reservation // reservations ended in this batch
+	seen    map[string]int                 // key -> first request in the batch
+	ended   map[string]*stock.Reservation  // reservations ended in this batch
+	stepped map[string]stock.TransferState // transfers stepped in this batch
 }
 
 func (p *planner) fail(i int, code stock.Code, format string, args ...any) {
@@ -227,6 +231,51 @@ func (p *planner) end(i int, r *stock.Request) {
 			return
 		}
 		p.results[i] = stock.Result{Reservation: res, Replayed: true} // released by expiry already
+	}
+}
+
+// transfer decides one step of a two-phase transfer: the source debits a
+// pending transfer (or aborts it when it lacks the stock), the destination
+// credits a debited one. A step already taken is a replay.
+func (p *planner) transfer(i int, r *stock.Request) {
+	t := p.read.Transfers[r.TransferID]
+	out := r.Kind == stock.OpTransferOut
+	if t == nil || t.SKU != p.shard.SKU || (out && t.From != p.shard.Index) || (!out && t.To != p.shard.Index) {
+		p.fail(i, stock.CodeInvalidArgument, "no transfer %s for this shard", quote(r.TransferID))
+		return
+	}
+	state := t.State
+	if s, ok := p.stepped[t.ID]; ok {
+		state = s
+	}
+	step := func(next stock.TransferState, kind stock.OpKind) {
+		p.stepped[t.ID] = next
+		p.w.Steps = append(p.w.Steps, postgres.TransferStep{ID: t.ID, From: state, To: next})
+		if kind != "" {
+			p.apply(&stock.LedgerEntry{Kind: kind, Quantity: t.Quantity, TransferID: t.ID, Source: r.Source, Reason: t.Reason}, kind, t.Quantity)
+		}
+	}
+	switch {
+	case out && state == stock.TransferPending && p.cur.Available >= t.Quantity:
+		step(stock.TransferDebited, stock.OpTransferOut)
+	case out && state == stock.TransferPending:
+		step(stock.TransferAborted, "")
+		p.fail(i, stock.CodeOutOfStock, "not enough available stock to transfer; transfer aborted")
+		return
+	case !out && state == stock.TransferDebited:
+		step(stock.TransferCredited, stock.OpTransferIn)
+	case !out && state == stock.TransferPending:
+		p.fail(i, stock.CodeShardUnavailable, "transfer not debited yet")
+		return
+	case state == stock.TransferAborted:
+		p.fail(i, stock.CodeOutOfStock, "transfer was aborted")
+		return
+	default: // the step was already taken
+		p.results[i].Replayed = true
+	}
+	p.results[i].Transfer = &stock.Transfer{ID: t.ID, SKU: t.SKU, From: t.From, To: t.To, Quantity: t.Quantity, State: p.stepped[t.ID], CreatedAt: t.CreatedAt}
+	if p.results[i].Transfer.State == "" {
+		p.results[i].Transfer.State = state
 	}
 }
 

@@ -20,6 +20,9 @@ import (
 const (
 	sweepInterval  = 500 * time.Millisecond
 	sweepShardsMax = 1000
+	// transferStaleAge is how long a transfer may sit half-way before the
+	// sweep finishes it.
+	transferStaleAge = 5 * time.Second
 )
 
 // Config configures a Server.
@@ -32,6 +35,9 @@ type Config struct {
 	// BatchSizeMax caps a batch; 0 means batchSizeMax. 1 turns batching
 	// off (one transaction per request: the benchmark's baseline).
 	BatchSizeMax int
+	// TransferStaleAge is how long a transfer may sit half-way before the
+	// sweep finishes it; 0 means transferStaleAge.
+	TransferStaleAge time.Duration
 }
 
 // Server is one shard server. It implements topology.Owner.
@@ -41,6 +47,7 @@ type Server struct {
 	log      *slog.Logger
 	metrics  *metrics
 	batchMax int
+	staleAge time.Duration
 
 	mu      sync.Mutex
 	owned   map[int32]int64 // partition -> epoch
@@ -63,6 +70,10 @@ func New(cfg Config) *Server {
 		owned:    map[int32]int64{},
 		writers:  map[stock.ShardKey]*writer{},
 		halted:   map[stock.ShardKey]bool{},
+	}
+	s.staleAge = transferStaleAge
+	if cfg.TransferStaleAge > 0 {
+		s.staleAge = cfg.TransferStaleAge
 	}
 	if cfg.BatchSizeMax > 0 && cfg.BatchSizeMax < batchSizeMax {
 		s.batchMax = cfg.BatchSizeMax
@@ -256,6 +267,16 @@ func (s *Server) sweep(ctx context.Context) {
 	}
 	for _, k := range keys {
 		s.enqueue(&stock.Request{Kind: stock.OpExpire, Shard: k, Source: stock.SourceSweeper})
+	}
+	// Finish transfers left half-way (their mover died): debit pending ones
+	// on their source, credit debited ones on their destination.
+	steps, err := s.db.StaleTransfers(ctx, parts, s.staleAge, sweepShardsMax)
+	if err != nil {
+		s.log.Warn("sweep: listing stale transfers", "err", err)
+		return
+	}
+	for _, st := range steps {
+		s.enqueue(&stock.Request{Kind: st.Kind, Shard: st.Shard, TransferID: st.Transfer, Source: stock.SourceSweeper})
 	}
 }
 

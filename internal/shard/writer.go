@@ -251,6 +251,8 @@ func query(key stock.ShardKey, reqs []*stock.Request) (postgres.BatchQuery, bool
 			}
 		case r.Kind == stock.OpCommit || r.Kind == stock.OpRelease:
 			q.ReservationIDs = append(q.ReservationIDs, r.ReservationID)
+		case r.Kind == stock.OpTransferOut || r.Kind == stock.OpTransferIn:
+			q.TransferIDs = append(q.TransferIDs, r.TransferID)
 		case r.Kind == stock.OpExpire:
 			sweep = true
 		}

@@ -51,3 +51,15 @@ func ParseReservationID(id string) (ShardKey, error) {
 	}
 	return ShardKey{SKU: string(sku), Index: int32(idx)}, nil
 }
+
+// TransferIDLenMax bounds a transfer id.
+const TransferIDLenMax = 64
+
+// NewTransferID returns a fresh transfer id.
+func NewTransferID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("stock: crypto/rand: " + err.Error())
+	}
+	return "t1." + hex.EncodeToString(b[:])
+}

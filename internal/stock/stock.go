@@ -91,6 +91,9 @@ const (
 	OpReplenish OpKind = "replenish"
 	OpAdjust    OpKind = "adjust"
 	OpExpire    OpKind = "expire"
+	// OpTransferOut and OpTransferIn are the two steps of a transfer.
+	OpTransferOut OpKind = "transfer_out"
+	OpTransferIn  OpKind = "transfer_in"
 )
 
 // Keyed reports whether the kind is idempotent by (sku, idempotency_key);
@@ -110,8 +113,10 @@ func (k OpKind) Delta(q int64) Counts {
 		return Counts{Available: q, Reserved: -q}
 	case OpDeduct:
 		return Counts{Available: -q, Sold: q}
-	case OpReplenish, OpAdjust:
+	case OpReplenish, OpAdjust, OpTransferIn:
 		return Counts{Available: q}
+	case OpTransferOut:
+		return Counts{Available: -q}
 	}
 	return Counts{}
 }
@@ -171,6 +176,7 @@ type Request struct {
 	Quantity      int64
 	Key           string // keyed kinds
 	ReservationID string // commit, release
+	TransferID    string // transfer_out, transfer_in
 	OrderRef      string
 	CustomerRef   string
 	TTL           time.Duration // reserve; 0 means the SKU's default
@@ -183,6 +189,7 @@ type Request struct {
 type Result struct {
 	Operation   *Operation
 	Reservation *Reservation
+	Transfer    *Transfer
 	Replayed    bool
 	Err         *Error
 	// Available is the shard's available stock after the batch: a hint for
@@ -207,4 +214,26 @@ type LedgerEntry struct {
 	ServerID       string
 	Epoch          int64
 	CreatedAt      time.Time
+}
+
+// TransferState is where a two-phase transfer is.
+type TransferState string
+
+const (
+	TransferPending  TransferState = "pending"
+	TransferDebited  TransferState = "debited"
+	TransferCredited TransferState = "credited"
+	TransferAborted  TransferState = "aborted"
+)
+
+// Transfer moves available stock from one shard of a SKU to another.
+type Transfer struct {
+	ID         string
+	SKU        string
+	From, To   int32
+	Quantity   int64
+	State      TransferState
+	FenceToken int64
+	Reason     string
+	CreatedAt  time.Time
 }

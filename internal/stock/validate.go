@@ -131,6 +131,10 @@ func ValidateRequest(r *Request) error {
 		if k != r.Shard {
 			return Errorf(CodeReservationNotFound, "reservation_id names another shard")
 		}
+	case OpTransferOut, OpTransferIn:
+		if r.TransferID == "" || len(r.TransferID) > TransferIDLenMax || !printable(r.TransferID, false) {
+			return Errorf(CodeInvalidArgument, "transfer_id is empty, too long or not printable")
+		}
 	case OpExpire:
 	default:
 		return Errorf(CodeInvalidArgument, "unknown operation kind %q", r.Kind)

@@ -23,62 +23,6 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// TransferState is where a two-phase transfer is.
-type TransferState int32
-
-const (
-	TransferState_TRANSFER_STATE_UNSPECIFIED TransferState = 0
-	TransferState_TRANSFER_STATE_PENDING     TransferState = 1
-	TransferState_TRANSFER_STATE_DEBITED     TransferState = 2
-	TransferState_TRANSFER_STATE_CREDITED    TransferState = 3
-	TransferState_TRANSFER_STATE_ABORTED     TransferState = 4
-)
-
-// Enum value maps for TransferState.
-var (
-	TransferState_name = map[int32]string{
-		0: "TRANSFER_STATE_UNSPECIFIED",
-		1: "TRANSFER_STATE_PENDING",
-		2: "TRANSFER_STATE_DEBITED",
-		3: "TRANSFER_STATE_CREDITED",
-		4: "TRANSFER_STATE_ABORTED",
-	}
-	TransferState_value = map[string]int32{
-		"TRANSFER_STATE_UNSPECIFIED": 0,
-		"TRANSFER_STATE_PENDING":     1,
-		"TRANSFER_STATE_DEBITED":     2,
-		"TRANSFER_STATE_CREDITED":    3,
-		"TRANSFER_STATE_ABORTED":     4,
-	}
-)
-
-func (x TransferState) Enum() *TransferState {
-	p := new(TransferState)
-	*p = x
-	return p
-}
-
-func (x TransferState) String() string {
-	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
-}
-
-func (TransferState) Descriptor() protoreflect.EnumDescriptor {
-	return file_shardstock_v1_admin_proto_enumTypes[0].Descriptor()
-}
-
-func (TransferState) Type() protoreflect.EnumType {
-	return &file_shardstock_v1_admin_proto_enumTypes[0]
-}
-
-func (x TransferState) Number() protoreflect.EnumNumber {
-	return protoreflect.EnumNumber(x)
-}
-
-// Deprecated: Use TransferState.Descriptor instead.
-func (TransferState) EnumDescriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{0}
-}
-
 type SkuConfig struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Sku    string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -733,98 +677,6 @@ func (x *RebalanceResponse) GetTransfers() []*Transfer {
 	return nil
 }
 
-type Transfer struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TransferId    string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
-	Sku           string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
-	FromShard     int32                  `protobuf:"varint,3,opt,name=from_shard,json=fromShard,proto3" json:"from_shard,omitempty"`
-	ToShard       int32                  `protobuf:"varint,4,opt,name=to_shard,json=toShard,proto3" json:"to_shard,omitempty"`
-	Quantity      int64                  `protobuf:"varint,5,opt,name=quantity,proto3" json:"quantity,omitempty"`
-	State         TransferState          `protobuf:"varint,6,opt,name=state,proto3,enum=shardstock.v1.TransferState" json:"state,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Transfer) Reset() {
-	*x = Transfer{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[11]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Transfer) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Transfer) ProtoMessage() {}
-
-func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[11]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
-func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{11}
-}
-
-func (x *Transfer) GetTransferId() string {
-	if x != nil {
-		return x.TransferId
-	}
-	return ""
-}
-
-func (x *Transfer) GetSku() string {
-	if x != nil {
-		return x.Sku
-	}
-	return ""
-}
-
-func (x *Transfer) GetFromShard() int32 {
-	if x != nil {
-		return x.FromShard
-	}
-	return 0
-}
-
-func (x *Transfer) GetToShard() int32 {
-	if x != nil {
-		return x.ToShard
-	}
-	return 0
-}
-
-func (x *Transfer) GetQuantity() int64 {
-	if x != nil {
-		return x.Quantity
-	}
-	return 0
-}
-
-func (x *Transfer) GetState() TransferState {
-	if x != nil {
-		return x.State
-	}
-	return TransferState_TRANSFER_STATE_UNSPECIFIED
-}
-
-func (x *Transfer) GetCreatedAt() *timestamppb.Timestamp {
-	if x != nil {
-		return x.CreatedAt
-	}
-	return nil
-}
-
 type ListTransfersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sku           string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -836,7 +688,7 @@ type ListTransfersRequest struct {
 
 func (x *ListTransfersRequest) Reset() {
 	*x = ListTransfersRequest{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[12]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +700,7 @@ func (x *ListTransfersRequest) String() string {
 func (*ListTransfersRequest) ProtoMessage() {}
 
 func (x *ListTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[12]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +713,7 @@ func (x *ListTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTransfersRequest.ProtoReflect.Descriptor instead.
 func (*ListTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListTransfersRequest) GetSku() string {
@@ -895,7 +747,7 @@ type ListTransfersResponse struct {
 
 func (x *ListTransfersResponse) Reset() {
 	*x = ListTransfersResponse{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[13]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +759,7 @@ func (x *ListTransfersResponse) String() string {
 func (*ListTransfersResponse) ProtoMessage() {}
 
 func (x *ListTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[13]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +772,7 @@ func (x *ListTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTransfersResponse.ProtoReflect.Descriptor instead.
 func (*ListTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListTransfersResponse) GetTransfers() []*Transfer {
@@ -945,7 +797,7 @@ type GetTopologyRequest struct {
 
 func (x *GetTopologyRequest) Reset() {
 	*x = GetTopologyRequest{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[14]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +809,7 @@ func (x *GetTopologyRequest) String() string {
 func (*GetTopologyRequest) ProtoMessage() {}
 
 func (x *GetTopologyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[14]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +822,7 @@ func (x *GetTopologyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTopologyRequest.ProtoReflect.Descriptor instead.
 func (*GetTopologyRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 type ShardServer struct {
@@ -984,7 +836,7 @@ type ShardServer struct {
 
 func (x *ShardServer) Reset() {
 	*x = ShardServer{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[15]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +848,7 @@ func (x *ShardServer) String() string {
 func (*ShardServer) ProtoMessage() {}
 
 func (x *ShardServer) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[15]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +861,7 @@ func (x *ShardServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardServer.ProtoReflect.Descriptor instead.
 func (*ShardServer) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ShardServer) GetServerId() string {
@@ -1044,7 +896,7 @@ type PartitionOwner struct {
 
 func (x *PartitionOwner) Reset() {
 	*x = PartitionOwner{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[16]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +908,7 @@ func (x *PartitionOwner) String() string {
 func (*PartitionOwner) ProtoMessage() {}
 
 func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[16]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +921,7 @@ func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionOwner.ProtoReflect.Descriptor instead.
 func (*PartitionOwner) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PartitionOwner) GetPartition() int32 {
@@ -1104,7 +956,7 @@ type GetTopologyResponse struct {
 
 func (x *GetTopologyResponse) Reset() {
 	*x = GetTopologyResponse{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[17]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +968,7 @@ func (x *GetTopologyResponse) String() string {
 func (*GetTopologyResponse) ProtoMessage() {}
 
 func (x *GetTopologyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[17]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +981,7 @@ func (x *GetTopologyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTopologyResponse.ProtoReflect.Descriptor instead.
 func (*GetTopologyResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetTopologyResponse) GetPartitions() int32 {
@@ -1164,7 +1016,7 @@ type ListLedgerRequest struct {
 
 func (x *ListLedgerRequest) Reset() {
 	*x = ListLedgerRequest{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[18]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1028,7 @@ func (x *ListLedgerRequest) String() string {
 func (*ListLedgerRequest) ProtoMessage() {}
 
 func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[18]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1041,7 @@ func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
 func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListLedgerRequest) GetSku() string {
@@ -1242,7 +1094,7 @@ type LedgerEntry struct {
 
 func (x *LedgerEntry) Reset() {
 	*x = LedgerEntry{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[19]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1254,7 +1106,7 @@ func (x *LedgerEntry) String() string {
 func (*LedgerEntry) ProtoMessage() {}
 
 func (x *LedgerEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[19]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1267,7 +1119,7 @@ func (x *LedgerEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerEntry.ProtoReflect.Descriptor instead.
 func (*LedgerEntry) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LedgerEntry) GetId() int64 {
@@ -1427,7 +1279,7 @@ type ListLedgerResponse struct {
 
 func (x *ListLedgerResponse) Reset() {
 	*x = ListLedgerResponse{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[20]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1291,7 @@ func (x *ListLedgerResponse) String() string {
 func (*ListLedgerResponse) ProtoMessage() {}
 
 func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[20]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1304,7 @@ func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
 func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListLedgerResponse) GetEntries() []*LedgerEntry {
@@ -1478,7 +1330,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[21]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +1342,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[21]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +1355,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReconcileRequest) GetSku() string {
@@ -1527,7 +1379,7 @@ type Discrepancy struct {
 
 func (x *Discrepancy) Reset() {
 	*x = Discrepancy{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[22]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1391,7 @@ func (x *Discrepancy) String() string {
 func (*Discrepancy) ProtoMessage() {}
 
 func (x *Discrepancy) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[22]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1404,7 @@ func (x *Discrepancy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Discrepancy.ProtoReflect.Descriptor instead.
 func (*Discrepancy) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Discrepancy) GetCheck() string {
@@ -1601,7 +1453,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[23]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1465,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[23]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1478,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReconcileResponse) GetBalanced() bool {
@@ -1700,18 +1552,7 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x10RebalanceRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\"J\n" +
 	"\x11RebalanceResponse\x125\n" +
-	"\ttransfers\x18\x01 \x03(\v2\x17.shardstock.v1.TransferR\ttransfers\"\x82\x02\n" +
-	"\bTransfer\x12\x1f\n" +
-	"\vtransfer_id\x18\x01 \x01(\tR\n" +
-	"transferId\x12\x10\n" +
-	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x1d\n" +
-	"\n" +
-	"from_shard\x18\x03 \x01(\x05R\tfromShard\x12\x19\n" +
-	"\bto_shard\x18\x04 \x01(\x05R\atoShard\x12\x1a\n" +
-	"\bquantity\x18\x05 \x01(\x03R\bquantity\x122\n" +
-	"\x05state\x18\x06 \x01(\x0e2\x1c.shardstock.v1.TransferStateR\x05state\x129\n" +
-	"\n" +
-	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"d\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x17.shardstock.v1.TransferR\ttransfers\"d\n" +
 	"\x14ListTransfersRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1d\n" +
 	"\n" +
@@ -1783,13 +1624,7 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x11ReconcileResponse\x12\x1a\n" +
 	"\bbalanced\x18\x01 \x01(\bR\bbalanced\x12@\n" +
 	"\rdiscrepancies\x18\x02 \x03(\v2\x1a.shardstock.v1.DiscrepancyR\rdiscrepancies\x12*\n" +
-	"\x05stock\x18\x03 \x01(\v2\x14.shardstock.v1.StockR\x05stock*\xa0\x01\n" +
-	"\rTransferState\x12\x1e\n" +
-	"\x1aTRANSFER_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
-	"\x16TRANSFER_STATE_PENDING\x10\x01\x12\x1a\n" +
-	"\x16TRANSFER_STATE_DEBITED\x10\x02\x12\x1b\n" +
-	"\x17TRANSFER_STATE_CREDITED\x10\x03\x12\x1a\n" +
-	"\x16TRANSFER_STATE_ABORTED\x10\x042\x97\x06\n" +
+	"\x05stock\x18\x03 \x01(\v2\x14.shardstock.v1.StockR\x05stock2\x97\x06\n" +
 	"\fAdminService\x12P\n" +
 	"\tCreateSku\x12\x1f.shardstock.v1.CreateSkuRequest\x1a .shardstock.v1.CreateSkuResponse\"\x00\x12P\n" +
 	"\tUpdateSku\x12\x1f.shardstock.v1.UpdateSkuRequest\x1a .shardstock.v1.UpdateSkuResponse\"\x00\x12V\n" +
@@ -1814,83 +1649,79 @@ func file_shardstock_v1_admin_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_admin_proto_rawDescData
 }
 
-var file_shardstock_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_shardstock_v1_admin_proto_goTypes = []any{
-	(TransferState)(0),            // 0: shardstock.v1.TransferState
-	(*SkuConfig)(nil),             // 1: shardstock.v1.SkuConfig
-	(*CreateSkuRequest)(nil),      // 2: shardstock.v1.CreateSkuRequest
-	(*CreateSkuResponse)(nil),     // 3: shardstock.v1.CreateSkuResponse
-	(*UpdateSkuRequest)(nil),      // 4: shardstock.v1.UpdateSkuRequest
-	(*UpdateSkuResponse)(nil),     // 5: shardstock.v1.UpdateSkuResponse
-	(*AdjustStockRequest)(nil),    // 6: shardstock.v1.AdjustStockRequest
-	(*AdjustStockResponse)(nil),   // 7: shardstock.v1.AdjustStockResponse
-	(*SetShardsRequest)(nil),      // 8: shardstock.v1.SetShardsRequest
-	(*SetShardsResponse)(nil),     // 9: shardstock.v1.SetShardsResponse
-	(*RebalanceRequest)(nil),      // 10: shardstock.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),     // 11: shardstock.v1.RebalanceResponse
-	(*Transfer)(nil),              // 12: shardstock.v1.Transfer
-	(*ListTransfersRequest)(nil),  // 13: shardstock.v1.ListTransfersRequest
-	(*ListTransfersResponse)(nil), // 14: shardstock.v1.ListTransfersResponse
-	(*GetTopologyRequest)(nil),    // 15: shardstock.v1.GetTopologyRequest
-	(*ShardServer)(nil),           // 16: shardstock.v1.ShardServer
-	(*PartitionOwner)(nil),        // 17: shardstock.v1.PartitionOwner
-	(*GetTopologyResponse)(nil),   // 18: shardstock.v1.GetTopologyResponse
-	(*ListLedgerRequest)(nil),     // 19: shardstock.v1.ListLedgerRequest
-	(*LedgerEntry)(nil),           // 20: shardstock.v1.LedgerEntry
-	(*ListLedgerResponse)(nil),    // 21: shardstock.v1.ListLedgerResponse
-	(*ReconcileRequest)(nil),      // 22: shardstock.v1.ReconcileRequest
-	(*Discrepancy)(nil),           // 23: shardstock.v1.Discrepancy
-	(*ReconcileResponse)(nil),     // 24: shardstock.v1.ReconcileResponse
-	(SkuStatus)(0),                // 25: shardstock.v1.SkuStatus
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
-	(*Stock)(nil),                 // 27: shardstock.v1.Stock
-	(*Operation)(nil),             // 28: shardstock.v1.Operation
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*SkuConfig)(nil),             // 0: shardstock.v1.SkuConfig
+	(*CreateSkuRequest)(nil),      // 1: shardstock.v1.CreateSkuRequest
+	(*CreateSkuResponse)(nil),     // 2: shardstock.v1.CreateSkuResponse
+	(*UpdateSkuRequest)(nil),      // 3: shardstock.v1.UpdateSkuRequest
+	(*UpdateSkuResponse)(nil),     // 4: shardstock.v1.UpdateSkuResponse
+	(*AdjustStockRequest)(nil),    // 5: shardstock.v1.AdjustStockRequest
+	(*AdjustStockResponse)(nil),   // 6: shardstock.v1.AdjustStockResponse
+	(*SetShardsRequest)(nil),      // 7: shardstock.v1.SetShardsRequest
+	(*SetShardsResponse)(nil),     // 8: shardstock.v1.SetShardsResponse
+	(*RebalanceRequest)(nil),      // 9: shardstock.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),     // 10: shardstock.v1.RebalanceResponse
+	(*ListTransfersRequest)(nil),  // 11: shardstock.v1.ListTransfersRequest
+	(*ListTransfersResponse)(nil), // 12: shardstock.v1.ListTransfersResponse
+	(*GetTopologyRequest)(nil),    // 13: shardstock.v1.GetTopologyRequest
+	(*ShardServer)(nil),           // 14: shardstock.v1.ShardServer
+	(*PartitionOwner)(nil),        // 15: shardstock.v1.PartitionOwner
+	(*GetTopologyResponse)(nil),   // 16: shardstock.v1.GetTopologyResponse
+	(*ListLedgerRequest)(nil),     // 17: shardstock.v1.ListLedgerRequest
+	(*LedgerEntry)(nil),           // 18: shardstock.v1.LedgerEntry
+	(*ListLedgerResponse)(nil),    // 19: shardstock.v1.ListLedgerResponse
+	(*ReconcileRequest)(nil),      // 20: shardstock.v1.ReconcileRequest
+	(*Discrepancy)(nil),           // 21: shardstock.v1.Discrepancy
+	(*ReconcileResponse)(nil),     // 22: shardstock.v1.ReconcileResponse
+	(SkuStatus)(0),                // 23: shardstock.v1.SkuStatus
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*Stock)(nil),                 // 25: shardstock.v1.Stock
+	(*Operation)(nil),             // 26: shardstock.v1.Operation
+	(*Transfer)(nil),              // 27: shardstock.v1.Transfer
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
 }
 var file_shardstock_v1_admin_proto_depIdxs = []int32{
-	25, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
-	26, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
-	26, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
-	1,  // 3: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	27, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
-	1,  // 5: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	28, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
-	27, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
-	1,  // 8: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	12, // 9: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	0,  // 10: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
-	29, // 11: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
-	12, // 12: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
-	16, // 13: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
-	17, // 14: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	29, // 15: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
-	20, // 16: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
-	23, // 17: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	27, // 18: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	2,  // 19: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	4,  // 20: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	6,  // 21: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	8,  // 22: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	10, // 23: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	13, // 24: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	15, // 25: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	19, // 26: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	22, // 27: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	3,  // 28: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	5,  // 29: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	7,  // 30: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	9,  // 31: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	11, // 32: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	14, // 33: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	18, // 34: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	21, // 35: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	24, // 36: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	28, // [28:37] is the sub-list for method output_type
-	19, // [19:28] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	23, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
+	24, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
+	24, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
+	0,  // 3: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	25, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
+	0,  // 5: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	26, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
+	25, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
+	0,  // 8: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
+	27, // 9: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	27, // 10: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	14, // 11: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
+	15, // 12: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
+	28, // 13: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	18, // 14: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
+	21, // 15: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
+	25, // 16: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	1,  // 17: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 18: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 19: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 20: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 21: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 22: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 23: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	17, // 24: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	20, // 25: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	2,  // 26: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 27: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 28: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 29: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 30: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 31: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 32: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	19, // 33: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	22, // 34: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }
@@ -1905,14 +1736,13 @@ func file_shardstock_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_admin_proto_rawDesc), len(file_shardstock_v1_admin_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   24,
+			NumEnums:      0,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_shardstock_v1_admin_proto_goTypes,
 		DependencyIndexes: file_shardstock_v1_admin_proto_depIdxs,
-		EnumInfos:         file_shardstock_v1_admin_proto_enumTypes,
 		MessageInfos:      file_shardstock_v1_admin_proto_msgTypes,
 	}.Build()
 	File_shardstock_v1_admin_proto = out.File

@@ -26,13 +26,15 @@ const (
 type ShardOpKind int32
 
 const (
-	ShardOpKind_SHARD_OP_KIND_UNSPECIFIED ShardOpKind = 0
-	ShardOpKind_SHARD_OP_KIND_RESERVE     ShardOpKind = 1
-	ShardOpKind_SHARD_OP_KIND_COMMIT      ShardOpKind = 2
-	ShardOpKind_SHARD_OP_KIND_RELEASE     ShardOpKind = 3
-	ShardOpKind_SHARD_OP_KIND_DEDUCT      ShardOpKind = 4
-	ShardOpKind_SHARD_OP_KIND_REPLENISH   ShardOpKind = 5
-	ShardOpKind_SHARD_OP_KIND_ADJUST      ShardOpKind = 6
+	ShardOpKind_SHARD_OP_KIND_UNSPECIFIED  ShardOpKind = 0
+	ShardOpKind_SHARD_OP_KIND_RESERVE      ShardOpKind = 1
+	ShardOpKind_SHARD_OP_KIND_COMMIT       ShardOpKind = 2
+	ShardOpKind_SHARD_OP_KIND_RELEASE      ShardOpKind = 3
+	ShardOpKind_SHARD_OP_KIND_DEDUCT       ShardOpKind = 4
+	ShardOpKind_SHARD_OP_KIND_REPLENISH    ShardOpKind = 5
+	ShardOpKind_SHARD_OP_KIND_ADJUST       ShardOpKind = 6
+	ShardOpKind_SHARD_OP_KIND_TRANSFER_OUT ShardOpKind = 7
+	ShardOpKind_SHARD_OP_KIND_TRANSFER_IN  ShardOpKind = 8
 )
 
 // Enum value maps for ShardOpKind.
@@ -45,15 +47,19 @@ var (
 		4: "SHARD_OP_KIND_DEDUCT",
 		5: "SHARD_OP_KIND_REPLENISH",
 		6: "SHARD_OP_KIND_ADJUST",
+		7: "SHARD_OP_KIND_TRANSFER_OUT",
+		8: "SHARD_OP_KIND_TRANSFER_IN",
 	}
 	ShardOpKind_value = map[string]int32{
-		"SHARD_OP_KIND_UNSPECIFIED": 0,
-		"SHARD_OP_KIND_RESERVE":     1,
-		"SHARD_OP_KIND_COMMIT":      2,
-		"SHARD_OP_KIND_RELEASE":     3,
-		"SHARD_OP_KIND_DEDUCT":      4,
-		"SHARD_OP_KIND_REPLENISH":   5,
-		"SHARD_OP_KIND_ADJUST":      6,
+		"SHARD_OP_KIND_UNSPECIFIED":  0,
+		"SHARD_OP_KIND_RESERVE":      1,
+		"SHARD_OP_KIND_COMMIT":       2,
+		"SHARD_OP_KIND_RELEASE":      3,
+		"SHARD_OP_KIND_DEDUCT":       4,
+		"SHARD_OP_KIND_REPLENISH":    5,
+		"SHARD_OP_KIND_ADJUST":       6,
+		"SHARD_OP_KIND_TRANSFER_OUT": 7,
+		"SHARD_OP_KIND_TRANSFER_IN":  8,
 	}
 )
 
@@ -98,7 +104,9 @@ type ShardOp struct {
 	Reason         string                 `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`
 	Approver       string                 `protobuf:"bytes,11,opt,name=approver,proto3" json:"approver,omitempty"`
 	// Who asked: "api" or "admin:NAME".
-	Source        string `protobuf:"bytes,12,opt,name=source,proto3" json:"source,omitempty"`
+	Source string `protobuf:"bytes,12,opt,name=source,proto3" json:"source,omitempty"`
+	// For transfer steps.
+	TransferId    string `protobuf:"bytes,13,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -217,6 +225,13 @@ func (x *ShardOp) GetSource() string {
 	return ""
 }
 
+func (x *ShardOp) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
 type ShardError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One of the reasons of the public API, e.g. "OUT_OF_STOCK".
@@ -277,6 +292,7 @@ type ShardResult struct {
 	//	*ShardResult_Operation
 	//	*ShardResult_Reservation
 	//	*ShardResult_Error
+	//	*ShardResult_Transfer
 	Result   isShardResult_Result `protobuf_oneof:"result"`
 	Replayed bool                 `protobuf:"varint,4,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	// The shard's available stock after this batch: a routing hint.
@@ -349,6 +365,15 @@ func (x *ShardResult) GetError() *ShardError {
 	return nil
 }
 
+func (x *ShardResult) GetTransfer() *Transfer {
+	if x != nil {
+		if x, ok := x.Result.(*ShardResult_Transfer); ok {
+			return x.Transfer
+		}
+	}
+	return nil
+}
+
 func (x *ShardResult) GetReplayed() bool {
 	if x != nil {
 		return x.Replayed
@@ -379,11 +404,17 @@ type ShardResult_Error struct {
 	Error *ShardError `protobuf:"bytes,3,opt,name=error,proto3,oneof"`
 }
 
+type ShardResult_Transfer struct {
+	Transfer *Transfer `protobuf:"bytes,6,opt,name=transfer,proto3,oneof"`
+}
+
 func (*ShardResult_Operation) isShardResult_Result() {}
 
 func (*ShardResult_Reservation) isShardResult_Result() {}
 
 func (*ShardResult_Error) isShardResult_Result() {}
+
+func (*ShardResult_Transfer) isShardResult_Result() {}
 
 type ExecuteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -573,7 +604,7 @@ var File_shardstock_v1_shard_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/shard.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19shardstock/v1/types.proto\"\x86\x03\n" +
+	"\x19shardstock/v1/shard.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19shardstock/v1/types.proto\"\xa7\x03\n" +
 	"\aShardOp\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.shardstock.v1.ShardOpKindR\x04kind\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x14\n" +
@@ -587,15 +618,18 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x06reason\x18\n" +
 	" \x01(\tR\x06reason\x12\x1a\n" +
 	"\bapprover\x18\v \x01(\tR\bapprover\x12\x16\n" +
-	"\x06source\x18\f \x01(\tR\x06source\">\n" +
+	"\x06source\x18\f \x01(\tR\x06source\x12\x1f\n" +
+	"\vtransfer_id\x18\r \x01(\tR\n" +
+	"transferId\">\n" +
 	"\n" +
 	"ShardError\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xfe\x01\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xb5\x02\n" +
 	"\vShardResult\x128\n" +
 	"\toperation\x18\x01 \x01(\v2\x18.shardstock.v1.OperationH\x00R\toperation\x12>\n" +
 	"\vreservation\x18\x02 \x01(\v2\x1a.shardstock.v1.ReservationH\x00R\vreservation\x121\n" +
-	"\x05error\x18\x03 \x01(\v2\x19.shardstock.v1.ShardErrorH\x00R\x05error\x12\x1a\n" +
+	"\x05error\x18\x03 \x01(\v2\x19.shardstock.v1.ShardErrorH\x00R\x05error\x125\n" +
+	"\btransfer\x18\x06 \x01(\v2\x17.shardstock.v1.TransferH\x00R\btransfer\x12\x1a\n" +
 	"\breplayed\x18\x04 \x01(\bR\breplayed\x12\x1c\n" +
 	"\tavailable\x18\x05 \x01(\x03R\tavailableB\b\n" +
 	"\x06result\":\n" +
@@ -607,7 +641,7 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\"F\n" +
 	"\x11GetShardsResponse\x121\n" +
-	"\x06shards\x18\x01 \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards*\xcd\x01\n" +
+	"\x06shards\x18\x01 \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards*\x8c\x02\n" +
 	"\vShardOpKind\x12\x1d\n" +
 	"\x19SHARD_OP_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SHARD_OP_KIND_RESERVE\x10\x01\x12\x18\n" +
@@ -615,7 +649,9 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x15SHARD_OP_KIND_RELEASE\x10\x03\x12\x18\n" +
 	"\x14SHARD_OP_KIND_DEDUCT\x10\x04\x12\x1b\n" +
 	"\x17SHARD_OP_KIND_REPLENISH\x10\x05\x12\x18\n" +
-	"\x14SHARD_OP_KIND_ADJUST\x10\x062\xaf\x01\n" +
+	"\x14SHARD_OP_KIND_ADJUST\x10\x06\x12\x1e\n" +
+	"\x1aSHARD_OP_KIND_TRANSFER_OUT\x10\a\x12\x1d\n" +
+	"\x19SHARD_OP_KIND_TRANSFER_IN\x10\b2\xaf\x01\n" +
 	"\fShardService\x12J\n" +
 	"\aExecute\x12\x1d.shardstock.v1.ExecuteRequest\x1a\x1e.shardstock.v1.ExecuteResponse\"\x00\x12S\n" +
 	"\tGetShards\x12\x1f.shardstock.v1.GetShardsRequest\x1a .shardstock.v1.GetShardsResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
@@ -646,7 +682,8 @@ var file_shardstock_v1_shard_proto_goTypes = []any{
 	(*durationpb.Duration)(nil), // 8: google.protobuf.Duration
 	(*Operation)(nil),           // 9: shardstock.v1.Operation
 	(*Reservation)(nil),         // 10: shardstock.v1.Reservation
-	(*ShardStock)(nil),          // 11: shardstock.v1.ShardStock
+	(*Transfer)(nil),            // 11: shardstock.v1.Transfer
+	(*ShardStock)(nil),          // 12: shardstock.v1.ShardStock
 }
 var file_shardstock_v1_shard_proto_depIdxs = []int32{
 	0,  // 0: shardstock.v1.ShardOp.kind:type_name -> shardstock.v1.ShardOpKind
@@ -654,18 +691,19 @@ var file_shardstock_v1_shard_proto_depIdxs = []int32{
 	9,  // 2: shardstock.v1.ShardResult.operation:type_name -> shardstock.v1.Operation
 	10, // 3: shardstock.v1.ShardResult.reservation:type_name -> shardstock.v1.Reservation
 	2,  // 4: shardstock.v1.ShardResult.error:type_name -> shardstock.v1.ShardError
-	1,  // 5: shardstock.v1.ExecuteRequest.ops:type_name -> shardstock.v1.ShardOp
-	3,  // 6: shardstock.v1.ExecuteResponse.results:type_name -> shardstock.v1.ShardResult
-	11, // 7: shardstock.v1.GetShardsResponse.shards:type_name -> shardstock.v1.ShardStock
-	4,  // 8: shardstock.v1.ShardService.Execute:input_type -> shardstock.v1.ExecuteRequest
-	6,  // 9: shardstock.v1.ShardService.GetShards:input_type -> shardstock.v1.GetShardsRequest
-	5,  // 10: shardstock.v1.ShardService.Execute:output_type -> shardstock.v1.ExecuteResponse
-	7,  // 11: shardstock.v1.ShardService.GetShards:output_type -> shardstock.v1.GetShardsResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	11, // 5: shardstock.v1.ShardResult.transfer:type_name -> shardstock.v1.Transfer
+	1,  // 6: shardstock.v1.ExecuteRequest.ops:type_name -> shardstock.v1.ShardOp
+	3,  // 7: shardstock.v1.ExecuteResponse.results:type_name -> shardstock.v1.ShardResult
+	12, // 8: shardstock.v1.GetShardsResponse.shards:type_name -> shardstock.v1.ShardStock
+	4,  // 9: shardstock.v1.ShardService.Execute:input_type -> shardstock.v1.ExecuteRequest
+	6,  // 10: shardstock.v1.ShardService.GetShards:input_type -> shardstock.v1.GetShardsRequest
+	5,  // 11: shardstock.v1.ShardService.Execute:output_type -> shardstock.v1.ExecuteResponse
+	7,  // 12: shardstock.v1.ShardService.GetShards:output_type -> shardstock.v1.GetShardsResponse
+	11, // [11:13] is the sub-list for method output_type
+	9,  // [9:11] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_shard_proto_init() }
@@ -678,6 +716,7 @@ func file_shardstock_v1_shard_proto_init() {
 		(*ShardResult_Operation)(nil),
 		(*ShardResult_Reservation)(nil),
 		(*ShardResult_Error)(nil),
+		(*ShardResult_Transfer)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

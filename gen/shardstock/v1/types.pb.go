@@ -185,6 +185,62 @@ func (SkuStatus) EnumDescriptor() ([]byte, []int) {
 	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
+// TransferState is where a two-phase transfer is.
+type TransferState int32
+
+const (
+	TransferState_TRANSFER_STATE_UNSPECIFIED TransferState = 0
+	TransferState_TRANSFER_STATE_PENDING     TransferState = 1
+	TransferState_TRANSFER_STATE_DEBITED     TransferState = 2
+	TransferState_TRANSFER_STATE_CREDITED    TransferState = 3
+	TransferState_TRANSFER_STATE_ABORTED     TransferState = 4
+)
+
+// Enum value maps for TransferState.
+var (
+	TransferState_name = map[int32]string{
+		0: "TRANSFER_STATE_UNSPECIFIED",
+		1: "TRANSFER_STATE_PENDING",
+		2: "TRANSFER_STATE_DEBITED",
+		3: "TRANSFER_STATE_CREDITED",
+		4: "TRANSFER_STATE_ABORTED",
+	}
+	TransferState_value = map[string]int32{
+		"TRANSFER_STATE_UNSPECIFIED": 0,
+		"TRANSFER_STATE_PENDING":     1,
+		"TRANSFER_STATE_DEBITED":     2,
+		"TRANSFER_STATE_CREDITED":    3,
+		"TRANSFER_STATE_ABORTED":     4,
+	}
+)
+
+func (x TransferState) Enum() *TransferState {
+	p := new(TransferState)
+	*p = x
+	return p
+}
+
+func (x TransferState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TransferState) Descriptor() protoreflect.EnumDescriptor {
+	return file_shardstock_v1_types_proto_enumTypes[3].Descriptor()
+}
+
+func (TransferState) Type() protoreflect.EnumType {
+	return &file_shardstock_v1_types_proto_enumTypes[3]
+}
+
+func (x TransferState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TransferState.Descriptor instead.
+func (TransferState) EnumDescriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
 // Reservation is a hold on stock that ends in a commit, a release or expiry.
 type Reservation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -586,6 +642,98 @@ func (x *Stock) GetShards() []*ShardStock {
 	return nil
 }
 
+type Transfer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferId    string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	Sku           string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	FromShard     int32                  `protobuf:"varint,3,opt,name=from_shard,json=fromShard,proto3" json:"from_shard,omitempty"`
+	ToShard       int32                  `protobuf:"varint,4,opt,name=to_shard,json=toShard,proto3" json:"to_shard,omitempty"`
+	Quantity      int64                  `protobuf:"varint,5,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	State         TransferState          `protobuf:"varint,6,opt,name=state,proto3,enum=shardstock.v1.TransferState" json:"state,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Transfer) Reset() {
+	*x = Transfer{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Transfer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Transfer) ProtoMessage() {}
+
+func (x *Transfer) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
+func (*Transfer) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Transfer) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+func (x *Transfer) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *Transfer) GetFromShard() int32 {
+	if x != nil {
+		return x.FromShard
+	}
+	return 0
+}
+
+func (x *Transfer) GetToShard() int32 {
+	if x != nil {
+		return x.ToShard
+	}
+	return 0
+}
+
+func (x *Transfer) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *Transfer) GetState() TransferState {
+	if x != nil {
+		return x.State
+	}
+	return TransferState_TRANSFER_STATE_UNSPECIFIED
+}
+
+func (x *Transfer) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
 var File_shardstock_v1_types_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_types_proto_rawDesc = "" +
@@ -630,7 +778,18 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"in_transit\x18\x05 \x01(\x03R\tinTransit\x120\n" +
 	"\x06status\x18\x06 \x01(\x0e2\x18.shardstock.v1.SkuStatusR\x06status\x121\n" +
-	"\x06shards\x18\a \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards*\xb1\x01\n" +
+	"\x06shards\x18\a \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards\"\x82\x02\n" +
+	"\bTransfer\x12\x1f\n" +
+	"\vtransfer_id\x18\x01 \x01(\tR\n" +
+	"transferId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x1d\n" +
+	"\n" +
+	"from_shard\x18\x03 \x01(\x05R\tfromShard\x12\x19\n" +
+	"\bto_shard\x18\x04 \x01(\x05R\atoShard\x12\x1a\n" +
+	"\bquantity\x18\x05 \x01(\x03R\bquantity\x122\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1c.shardstock.v1.TransferStateR\x05state\x129\n" +
+	"\n" +
+	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt*\xb1\x01\n" +
 	"\x10ReservationState\x12!\n" +
 	"\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RESERVATION_STATE_HELD\x10\x01\x12\x1f\n" +
@@ -646,7 +805,13 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\tSkuStatus\x12\x1a\n" +
 	"\x16SKU_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SKU_STATUS_ACTIVE\x10\x01\x12\x15\n" +
-	"\x11SKU_STATUS_PAUSED\x10\x02BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\x11SKU_STATUS_PAUSED\x10\x02*\xa0\x01\n" +
+	"\rTransferState\x12\x1e\n" +
+	"\x1aTRANSFER_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16TRANSFER_STATE_PENDING\x10\x01\x12\x1a\n" +
+	"\x16TRANSFER_STATE_DEBITED\x10\x02\x12\x1b\n" +
+	"\x17TRANSFER_STATE_CREDITED\x10\x03\x12\x1a\n" +
+	"\x16TRANSFER_STATE_ABORTED\x10\x04BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_types_proto_rawDescOnce sync.Once
@@ -660,31 +825,35 @@ func file_shardstock_v1_types_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_types_proto_rawDescData
 }
 
-var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_shardstock_v1_types_proto_goTypes = []any{
 	(ReservationState)(0),         // 0: shardstock.v1.ReservationState
 	(OperationKind)(0),            // 1: shardstock.v1.OperationKind
 	(SkuStatus)(0),                // 2: shardstock.v1.SkuStatus
-	(*Reservation)(nil),           // 3: shardstock.v1.Reservation
-	(*Operation)(nil),             // 4: shardstock.v1.Operation
-	(*ShardStock)(nil),            // 5: shardstock.v1.ShardStock
-	(*Stock)(nil),                 // 6: shardstock.v1.Stock
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(TransferState)(0),            // 3: shardstock.v1.TransferState
+	(*Reservation)(nil),           // 4: shardstock.v1.Reservation
+	(*Operation)(nil),             // 5: shardstock.v1.Operation
+	(*ShardStock)(nil),            // 6: shardstock.v1.ShardStock
+	(*Stock)(nil),                 // 7: shardstock.v1.Stock
+	(*Transfer)(nil),              // 8: shardstock.v1.Transfer
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_shardstock_v1_types_proto_depIdxs = []int32{
 	0, // 0: shardstock.v1.Reservation.state:type_name -> shardstock.v1.ReservationState
-	7, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	9, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
 	1, // 2: shardstock.v1.Operation.kind:type_name -> shardstock.v1.OperationKind
-	7, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	9, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
 	0, // 4: shardstock.v1.Operation.reservation_state:type_name -> shardstock.v1.ReservationState
 	2, // 5: shardstock.v1.Stock.status:type_name -> shardstock.v1.SkuStatus
-	5, // 6: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	6, // 6: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
+	3, // 7: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
+	9, // 8: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_types_proto_init() }
@@ -697,8 +866,8 @@ func file_shardstock_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_types_proto_rawDesc), len(file_shardstock_v1_types_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   4,
+			NumEnums:      4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -121,6 +121,29 @@ CREATE TRIGGER ledger_append_only BEFORE UPDATE OR DELETE ON ledger
 CREATE TRIGGER ledger_no_truncate BEFORE TRUNCATE ON ledger
     FOR EACH STATEMENT EXECUTE FUNCTION ledger_append_only();
 
+-- Two-phase moves of available stock between two shards of one SKU: the
+-- source's owner debits (pending -> debited: the units are in transit), the
+-- destination's owner credits (debited -> credited). Each step is ledgered
+-- and idempotent by transfer id; a transfer left half-way is completed by
+-- the shard servers' sweep. fence_token is the rebalancer lock's revision.
+CREATE TABLE transfers (
+    id              text PRIMARY KEY,
+    sku             text NOT NULL REFERENCES skus (sku),
+    from_shard      int NOT NULL,
+    to_shard        int NOT NULL,
+    from_partition  int NOT NULL,
+    to_partition    int NOT NULL,
+    quantity        bigint NOT NULL CHECK (quantity > 0),
+    state           text NOT NULL CHECK (state IN ('pending', 'debited', 'credited', 'aborted')),
+    fence_token     bigint NOT NULL DEFAULT 0,
+    reason          text NOT NULL DEFAULT '',
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    CHECK (from_shard <> to_shard)
+);
+CREATE INDEX transfers_open ON transfers (state, updated_at) WHERE state IN ('pending', 'debited');
+CREATE INDEX transfers_sku ON transfers (sku, created_at);
+
 -- Batch writes check their row counts inside the statement, so that a
 -- mismatch aborts the transaction before the COMMIT queued behind it in the
 -- same round trip: SS001 is a conflict with a concurrent batch (rerun),
@@ -141,6 +164,7 @@ $$;
 DROP FUNCTION shardstock_expect;
 DROP TABLE ledger;
 DROP FUNCTION ledger_append_only;
+DROP TABLE transfers;
 DROP TABLE customer_usage;
 DROP TABLE reservations;
 DROP TABLE operations;
