@@ -90,7 +90,7 @@ type ReservationEnd struct {
 // Empty reports whether the write changes nothing.
 func (w *BatchWrite) Empty() bool {
 	return len(w.Ops) == 0 && len(w.NewReservations) == 0 && len(w.Ended) == 0 && len(w.Ledger) == 0 &&
-		len(w.Steps) == 0 && w.From == w.To
+		len(w.Steps) == 0 && len(w.UsageAdd) == 0 && len(w.UsageSub) == 0 && w.From == w.To
 }
 
 // Decide turns what a batch read into what it writes. It runs inside the
@@ -253,11 +253,12 @@ func writeBatch(ctx context.Context, conn *pgx.Conn, f Fence, shard stock.ShardK
 	if len(ops) > 0 {
 		queueInsertOps(b, ops)
 	}
-	if len(w.UsageAdd) > 0 {
-		queueUsageAdd(b, shard.SKU, w.UsageAdd, w.UsageLimit)
-	}
+	// Give units back before taking more, as the planner counted them.
 	if len(w.UsageSub) > 0 {
 		queueUsageSub(b, shard.SKU, w.UsageSub)
+	}
+	if len(w.UsageAdd) > 0 {
+		queueUsageAdd(b, shard.SKU, w.UsageAdd, w.UsageLimit)
 	}
 	if len(w.NewReservations) > 0 {
 		queueInsertReservations(b, w.NewReservations)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 )
 
 //go:embed migrations/*.sql
@@ -64,25 +65,19 @@ func Open(ctx context.Context, url string, opt Options) (*DB, error) {
 // Close closes every connection.
 func (db *DB) Close() { db.pool.Close() }
 
-// migrate applies the embedded migrations under a Postgres advisory lock,
-// so that many processes starting at once migrate once.
+// migrate applies the embedded migrations on a connection of its own (not
+// the pool's), under goose's Postgres session lock, so that many processes
+// starting at once migrate once, whatever the pool's size.
 func (db *DB) migrate(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
 	defer cancel()
-	conn, err := db.pool.Acquire(ctx)
+	sqlDB := stdlib.OpenDB(*db.pool.Config().ConnConfig)
+	defer sqlDB.Close()
+	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
 		return fmt.Errorf("postgres: migrate: %w", err)
 	}
-	defer conn.Release()
-	const lockID = 0x5348415244 // "SHARD"
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockID); err != nil {
-		return fmt.Errorf("postgres: migrate lock: %w", err)
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockID)
-
-	sqlDB := stdlib.OpenDBFromPool(db.pool)
-	defer sqlDB.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, mustSub(migrations, "migrations"))
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, mustSub(migrations, "migrations"), goose.WithSessionLocker(locker))
 	if err != nil {
 		return fmt.Errorf("postgres: migrate: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
@@ -79,7 +80,7 @@ func createSKU(tb testing.TB, db *postgres.DB, s stock.SKU, initial int64) {
 func serve(tb testing.TB, s *shard.Server) shardstockv1connect.ShardServiceClient {
 	tb.Helper()
 	mux := http.NewServeMux()
-	mux.Handle(shardstockv1connect.NewShardServiceHandler(&rpc.ShardHandler{Server: s}))
+	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: s}))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)

@@ -88,7 +88,6 @@ func (p *planner) keyed(i int, r *stock.Request) {
 		p.results[i].Replayed = p.results[j].Err == nil
 		return
 	}
-	p.seen[r.Key] = i
 	if op := p.read.Ops[r.Key]; op != nil {
 		p.replay(i, r, op)
 		return
@@ -126,6 +125,10 @@ func (p *planner) keyed(i int, r *stock.Request) {
 		}
 		p.w.UsageAdd[r.CustomerRef] += r.Quantity
 	}
+	// Only a new operation binds the key for the rest of the batch: a key
+	// whose first occurrence was refused is still free, as it would be if
+	// the requests came one at a time.
+	p.seen[r.Key] = i
 	p.w.Ops = append(p.w.Ops, op)
 	p.apply(entry, r.Kind, r.Quantity)
 }

@@ -1,0 +1,590 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/shard"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// openTimeout bounds one Open in these tests (migrations included).
+const openTimeout = 30 * time.Second
+
+// mustOpen returns a migrated database of the test's own and its URL.
+func mustOpen(tb testing.TB) (*postgres.DB, string) {
+	tb.Helper()
+	url := pgtest.NewDB(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	db, err := postgres.Open(ctx, url, postgres.Options{ApplicationName: "postgrestest"})
+	if err != nil {
+		tb.Fatalf("Open(%s) = %v, want nil", url, err)
+	}
+	tb.Cleanup(db.Close)
+	return db, url
+}
+
+// connect opens a plain pgx connection: the test's way around the adapter,
+// to look at and to corrupt the database directly.
+func connect(tb testing.TB, url string) *pgx.Conn {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		tb.Fatalf("pgx.Connect(%s) = %v", url, err)
+	}
+	tb.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func exec(tb testing.TB, conn *pgx.Conn, sql string, args ...any) pgconn.CommandTag {
+	tb.Helper()
+	tag, err := conn.Exec(context.Background(), sql, args...)
+	if err != nil {
+		tb.Fatalf("Exec(%s) = %v", sql, err)
+	}
+	return tag
+}
+
+func count(tb testing.TB, conn *pgx.Conn, sql string, args ...any) int64 {
+	tb.Helper()
+	var n int64
+	if err := conn.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		tb.Fatalf("QueryRow(%s) = %v", sql, err)
+	}
+	return n
+}
+
+func createSKU(tb testing.TB, db *postgres.DB, s stock.SKU, initial int64) {
+	tb.Helper()
+	if s.Status == "" {
+		s.Status = stock.StatusActive
+	}
+	if s.ReservationTTL == 0 {
+		s.ReservationTTL = stock.ReservationTTLDefault
+	}
+	if err := db.CreateSKU(context.Background(), s, initial); err != nil {
+		tb.Fatalf("CreateSKU(%+v) = %v", s, err)
+	}
+}
+
+func TestOpen_Migrations(t *testing.T) {
+	t.Run("OK", func(t *testing.T) {
+		db, url := mustOpen(t)
+		conn := connect(t, url)
+		for _, table := range []string{"skus", "shards", "partitions", "operations", "reservations", "customer_usage", "ledger"} {
+			if n := count(t, conn, `SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name = $1`, table); n != 1 {
+				t.Errorf("tables named %s = %d, want 1", table, n)
+			}
+		}
+		if n := count(t, conn, `SELECT count(*) FROM partitions`); n != stock.Partitions {
+			t.Errorf("partitions rows = %d, want %d", n, stock.Partitions)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM partitions WHERE owner = '' AND epoch = 0`); n != stock.Partitions {
+			t.Errorf("unowned partitions at epoch 0 = %d, want %d", n, stock.Partitions)
+		}
+		createSKU(t, db, stock.SKU{SKU: "m-sku", Shards: 3}, 10)
+		rows, err := db.Shards(context.Background(), "m-sku")
+		if err != nil {
+			t.Fatalf("Shards(m-sku) = %v", err)
+		}
+		if got := []int64{rows[0].Available, rows[1].Available, rows[2].Available}; !slices.Equal(got, []int64{4, 3, 3}) {
+			t.Errorf("Shards(m-sku) available = %v, want [4 3 3]", got)
+		}
+	})
+
+	t.Run("Idempotent", func(t *testing.T) {
+		db, url := mustOpen(t)
+		createSKU(t, db, stock.SKU{SKU: "m-sku", Shards: 2}, 10)
+		conn := connect(t, url)
+		versions := count(t, conn, `SELECT count(*) FROM goose_db_version`)
+		for i := range 2 {
+			ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+			again, err := postgres.Open(ctx, url, postgres.Options{})
+			cancel()
+			if err != nil {
+				t.Fatalf("Open #%d (already migrated) = %v, want nil", i+2, err)
+			}
+			again.Close()
+		}
+		if n := count(t, conn, `SELECT count(*) FROM goose_db_version`); n != versions {
+			t.Errorf("goose_db_version rows after reopening = %d, want %d", n, versions)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM partitions`); n != stock.Partitions {
+			t.Errorf("partitions rows after reopening = %d, want %d", n, stock.Partitions)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM shards WHERE sku = 'm-sku'`); n != 2 {
+			t.Errorf("shards of m-sku after reopening = %d, want 2", n)
+		}
+	})
+
+	t.Run("Concurrent", func(t *testing.T) {
+		// Many processes starting at once migrate once (advisory lock).
+		url := pgtest.NewDB(t)
+		const n = 4
+		errs := make(chan error, n)
+		for range n {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+				defer cancel()
+				db, err := postgres.Open(ctx, url, postgres.Options{})
+				if err == nil {
+					db.Close()
+				}
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Errorf("concurrent Open = %v, want nil", err)
+			}
+		}
+		conn := connect(t, url)
+		if got := count(t, conn, `SELECT count(*) FROM partitions`); got != stock.Partitions {
+			t.Errorf("partitions rows = %d, want %d", got, stock.Partitions)
+		}
+	})
+
+	t.Run("MaxConnsOne", func(t *testing.T) {
+		// Options.MaxConns bounds the pool; 1 is a valid bound and Open
+		// must still migrate.
+		url := pgtest.NewDB(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 1})
+		if err != nil {
+			t.Fatalf("Open(MaxConns: 1) = %v, want nil", err)
+		}
+		db.Close()
+	})
+}
+
+// ledgerRow inserts one well-formed ledger row directly, for the
+// append-only checks.
+const insertLedger = `INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after,
+	reserved_before, reserved_after, sold_before, sold_after, idempotency_key, source, server_id, epoch)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'admin:test', 'test', 1)`
+
+func TestLedger_AppendOnly(t *testing.T) {
+	_, url := mustOpen(t)
+	conn := connect(t, url)
+	exec(t, conn, insertLedger, "a-sku", 0, "replenish", 5, 0, 5, 0, 0, 0, 0, "a-key")
+
+	for _, tt := range []struct {
+		name, sql string
+	}{
+		{"Update", `UPDATE ledger SET quantity = quantity + 1`},
+		{"UpdateOneColumn", `UPDATE ledger SET reason = 'rewritten' WHERE idempotency_key = 'a-key'`},
+		{"Delete", `DELETE FROM ledger`},
+		{"Truncate", `TRUNCATE ledger`},
+		{"TruncateCascade", `TRUNCATE ledger CASCADE`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := conn.Exec(context.Background(), tt.sql)
+			if err == nil || !strings.Contains(err.Error(), "append-only") {
+				t.Errorf("Exec(%s) = %v, want the append-only error", tt.sql, err)
+			}
+			if n := count(t, conn, `SELECT count(*) FROM ledger WHERE quantity = 5 AND reason = ''`); n != 1 {
+				t.Errorf("ledger rows intact after %s = %d, want 1", tt.sql, n)
+			}
+		})
+	}
+	t.Run("Insert", func(t *testing.T) {
+		exec(t, conn, insertLedger, "a-sku", 0, "deduct", 1, 5, 4, 0, 0, 0, 1, "b-key")
+		if n := count(t, conn, `SELECT count(*) FROM ledger`); n != 2 {
+			t.Errorf("ledger rows after an insert = %d, want 2", n)
+		}
+	})
+}
+
+func TestShards_CheckConstraints(t *testing.T) {
+	db, url := mustOpen(t)
+	createSKU(t, db, stock.SKU{SKU: "c-sku", Shards: 1}, 10)
+	conn := connect(t, url)
+	for _, col := range []string{"available", "reserved", "sold"} {
+		t.Run(col, func(t *testing.T) {
+			sql := fmt.Sprintf(`UPDATE shards SET %s = -1 WHERE sku = 'c-sku'`, col)
+			_, err := conn.Exec(context.Background(), sql)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+				t.Errorf("Exec(%s) = %v, want a check violation (23514)", sql, err)
+			}
+		})
+	}
+	t.Run("Insert", func(t *testing.T) {
+		_, err := conn.Exec(context.Background(), `INSERT INTO shards (sku, idx, partition, available, reserved, sold, opening_available)
+			VALUES ('c-sku', 1, 0, -5, 0, 0, 0)`)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+			t.Errorf("INSERT shard with available -5 = %v, want a check violation (23514)", err)
+		}
+	})
+	t.Run("OK", func(t *testing.T) {
+		got, err := db.LoadShard(context.Background(), stock.ShardKey{SKU: "c-sku"})
+		if err != nil || got != (stock.Counts{Available: 10}) {
+			t.Errorf("LoadShard(c-sku#0) = %+v, %v, want {Available:10}, nil", got, err)
+		}
+	})
+}
+
+// booked is a SKU with real history, written by a shard server.
+type booked struct {
+	db        *postgres.DB
+	conn      *pgx.Conn
+	sku       string
+	committed *stock.Reservation // a committed reservation on shard 0
+	held      *stock.Reservation // a held reservation on shard 1
+}
+
+// book creates a SKU of two shards, runs deducts, reserves, commits,
+// releases and a replenish through a shard server, and checks that the
+// books balance.
+func book(t *testing.T) *booked {
+	t.Helper()
+	db, url := mustOpen(t)
+	b := &booked{db: db, conn: connect(t, url), sku: "rec-sku"}
+	createSKU(t, db, stock.SKU{SKU: b.sku, Shards: 2}, 20)
+
+	srv := shard.New(shard.Config{ServerID: "srv-a", DB: db, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { srv.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for i := range int32(2) {
+		if err := srv.Acquire(context.Background(), stock.PartitionOf(b.sku, i), 1); err != nil {
+			t.Fatalf("Acquire(%s#%d, 1) = %v", b.sku, i, err)
+		}
+	}
+
+	do := func(r *stock.Request) stock.Result {
+		t.Helper()
+		rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer rcancel()
+		res := srv.Do(rctx, r)
+		if res.Err != nil {
+			t.Fatalf("Do(%s %s q=%d) = %v", r.Kind, r.Shard, r.Quantity, res.Err)
+		}
+		return res
+	}
+	s0, s1 := stock.ShardKey{SKU: b.sku, Index: 0}, stock.ShardKey{SKU: b.sku, Index: 1}
+	do(&stock.Request{Kind: stock.OpDeduct, Shard: s0, Quantity: 2, Key: "deduct-1", OrderRef: "o-1"})
+	do(&stock.Request{Kind: stock.OpDeduct, Shard: s1, Quantity: 1, Key: "deduct-2"})
+	r1 := do(&stock.Request{Kind: stock.OpReserve, Shard: s0, Quantity: 3, Key: "reserve-1", CustomerRef: "c-1"}).Reservation
+	do(&stock.Request{Kind: stock.OpCommit, Shard: s0, ReservationID: r1.ID})
+	r2 := do(&stock.Request{Kind: stock.OpReserve, Shard: s0, Quantity: 1, Key: "reserve-2"}).Reservation
+	do(&stock.Request{Kind: stock.OpRelease, Shard: s0, ReservationID: r2.ID, Reason: "changed mind"})
+	r3 := do(&stock.Request{Kind: stock.OpReserve, Shard: s1, Quantity: 2, Key: "reserve-3"}).Reservation
+	do(&stock.Request{Kind: stock.OpReplenish, Shard: s1, Quantity: 5, Key: "replenish-1"})
+	b.committed, b.held = r1, r3
+
+	// 10 - 2 - 3 on shard 0; 10 - 1 - 2 + 5 on shard 1.
+	rows, err := db.Shards(context.Background(), b.sku)
+	if err != nil {
+		t.Fatalf("Shards(%s) = %v", b.sku, err)
+	}
+	want := []postgres.ShardRow{
+		{Index: 0, Counts: stock.Counts{Available: 5, Sold: 5}},
+		{Index: 1, Counts: stock.Counts{Available: 12, Reserved: 2, Sold: 1}},
+	}
+	if !slices.Equal(rows, want) {
+		t.Fatalf("Shards(%s) = %+v, want %+v", b.sku, rows, want)
+	}
+	if got := b.reconcile(t); len(got) != 0 {
+		t.Fatalf("Reconcile(Snapshot(%s)) before corruption = %v, want none", b.sku, got)
+	}
+	return b
+}
+
+// check is one discrepancy as the corruption tests compare it.
+type check struct {
+	Check string
+	Shard int32
+}
+
+func (b *booked) reconcile(t *testing.T) []check {
+	t.Helper()
+	snap, err := b.db.Snapshot(context.Background(), b.sku)
+	if err != nil {
+		t.Fatalf("Snapshot(%s) = %v", b.sku, err)
+	}
+	ds := ledger.Reconcile(snap)
+	out := make([]check, len(ds))
+	for i, d := range ds {
+		out[i] = check{d.Check, d.Shard}
+		t.Logf("discrepancy: %+v", d)
+	}
+	slices.SortFunc(out, compareChecks)
+	return out
+}
+
+func compareChecks(a, b check) int {
+	if c := strings.Compare(a.Check, b.Check); c != 0 {
+		return c
+	}
+	return int(a.Shard - b.Shard)
+}
+
+func TestSnapshot_Reconcile(t *testing.T) {
+	t.Run("OK", func(t *testing.T) {
+		b := book(t)
+		snap, err := b.db.Snapshot(context.Background(), b.sku)
+		if err != nil {
+			t.Fatalf("Snapshot(%s) = %v", b.sku, err)
+		}
+		if len(snap.Shards) != 2 || snap.Shards[0].Opening.Available != 10 || snap.Shards[1].Opening.Available != 10 {
+			t.Errorf("Snapshot(%s).Shards = %+v, want two shards opened with 10", b.sku, snap.Shards)
+		}
+		if k := snap.Shards[0].Kinds[stock.OpDeduct]; k.Entries != 1 || k.Quantity != 2 {
+			t.Errorf("Snapshot(%s) shard 0 deducts = %+v, want 1 entry of 2", b.sku, k)
+		}
+		if got := snap.Shards[1].HeldReserved; got != 2 {
+			t.Errorf("Snapshot(%s) shard 1 held = %d, want 2", b.sku, got)
+		}
+	})
+
+	t.Run("UnknownSKU", func(t *testing.T) {
+		db, _ := mustOpen(t)
+		_, err := db.Snapshot(context.Background(), "no-such-sku")
+		if code := stock.CodeOf(err); code != stock.CodeSKUNotFound {
+			t.Errorf("Snapshot(no-such-sku) = %v, want %s", err, stock.CodeSKUNotFound)
+		}
+	})
+
+	for _, tt := range []struct {
+		name    string
+		corrupt func(t *testing.T, b *booked)
+		want    []check
+	}{
+		{
+			name: "AvailableBumped",
+			corrupt: func(t *testing.T, b *booked) {
+				exec(t, b.conn, `UPDATE shards SET available = available + 1 WHERE sku = $1 AND idx = 0`, b.sku)
+			},
+			want: []check{{ledger.CheckConservation, -1}, {ledger.CheckShardBalance, 0}},
+		},
+		{
+			name: "OperationDeleted",
+			corrupt: func(t *testing.T, b *booked) {
+				if tag := exec(t, b.conn, `DELETE FROM operations WHERE idempotency_key = 'deduct-1'`); tag.RowsAffected() != 1 {
+					t.Fatalf("DELETE operation deduct-1 = %d rows, want 1", tag.RowsAffected())
+				}
+			},
+			want: []check{{ledger.CheckOperationLedger, -1}},
+		},
+		{
+			name: "BogusEntry",
+			// A deduct entry for a key nobody used, chained where shard 0
+			// ended, but the row never moved.
+			corrupt: func(t *testing.T, b *booked) {
+				exec(t, b.conn, insertLedger, b.sku, 0, "deduct", 1, 5, 4, 0, 0, 5, 6, "bogus-key")
+			},
+			want: []check{{ledger.CheckOperationLedger, -1}, {ledger.CheckShardBalance, 0}, {ledger.CheckShardBalance, 0}},
+		},
+		{
+			name: "BogusEntryUnchained",
+			// The same entry, but starting from nowhere.
+			corrupt: func(t *testing.T, b *booked) {
+				exec(t, b.conn, insertLedger, b.sku, 0, "deduct", 1, 100, 99, 0, 0, 0, 1, "bogus-key")
+			},
+			want: []check{{ledger.CheckChain, 0}, {ledger.CheckOperationLedger, -1}, {ledger.CheckShardBalance, 0}, {ledger.CheckShardBalance, 0}},
+		},
+		{
+			name: "CommittedBackToHeld",
+			corrupt: func(t *testing.T, b *booked) {
+				exec(t, b.conn, `UPDATE reservations SET state = 'held', ended_at = NULL WHERE id = $1`, b.committed.ID)
+			},
+			want: []check{{ledger.CheckReservationEnd, -1}, {ledger.CheckReservedHolds, 0}},
+		},
+		{
+			name: "HeldMarkedReleased",
+			// A hold ended without an entry or giving its stock back.
+			corrupt: func(t *testing.T, b *booked) {
+				exec(t, b.conn, `UPDATE reservations SET state = 'released', ended_at = now() WHERE id = $1`, b.held.ID)
+			},
+			want: []check{{ledger.CheckReservationEnd, -1}, {ledger.CheckReservedHolds, 1}},
+		},
+		{
+			name: "SoldRaised",
+			corrupt: func(t *testing.T, b *booked) {
+				exec(t, b.conn, `UPDATE shards SET sold = sold + 3 WHERE sku = $1 AND idx = 1`, b.sku)
+			},
+			want: []check{{ledger.CheckConservation, -1}, {ledger.CheckShardBalance, 1}},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := book(t)
+			tt.corrupt(t, b)
+			got, want := b.reconcile(t), slices.Clone(tt.want)
+			slices.SortFunc(want, compareChecks)
+			if !slices.Equal(got, want) {
+				t.Errorf("Reconcile(Snapshot(%s)) after %s = %v, want %v", b.sku, tt.name, got, want)
+			}
+		})
+	}
+}
+
+func TestDB_TakeOver(t *testing.T) {
+	ctx := context.Background()
+	owner := func(t *testing.T, db *postgres.DB, p int32, wantOwner string, wantEpoch int64) {
+		t.Helper()
+		o, e, err := db.PartitionOwner(ctx, p)
+		if err != nil || o != wantOwner || e != wantEpoch {
+			t.Errorf("PartitionOwner(%d) = %s, %d, %v, want %s, %d, nil", p, o, e, err, wantOwner, wantEpoch)
+		}
+	}
+
+	t.Run("OK", func(t *testing.T) {
+		db, _ := mustOpen(t)
+		if err := db.TakeOver(ctx, 7, "a", 1); err != nil {
+			t.Fatalf("TakeOver(7, a, 1) = %v, want nil", err)
+		}
+		owner(t, db, 7, "a", 1)
+		if err := db.TakeOver(ctx, 7, "b", 5); err != nil {
+			t.Fatalf("TakeOver(7, b, 5) = %v, want nil", err)
+		}
+		owner(t, db, 7, "b", 5)
+		owner(t, db, 8, "", 0) // other partitions untouched
+	})
+
+	t.Run("SameEpoch", func(t *testing.T) {
+		db, _ := mustOpen(t)
+		for i := range 3 {
+			if err := db.TakeOver(ctx, 3, "a", 2); err != nil {
+				t.Fatalf("TakeOver(3, a, 2) #%d = %v, want nil", i+1, err)
+			}
+		}
+		owner(t, db, 3, "a", 2)
+		// The same epoch by another server is not a takeover.
+		if err := db.TakeOver(ctx, 3, "b", 2); !errors.Is(err, postgres.ErrStaleEpoch) {
+			t.Errorf("TakeOver(3, b, 2) = %v, want ErrStaleEpoch", err)
+		}
+		owner(t, db, 3, "a", 2)
+	})
+
+	t.Run("StaleEpoch", func(t *testing.T) {
+		db, _ := mustOpen(t)
+		if err := db.TakeOver(ctx, 4, "a", 10); err != nil {
+			t.Fatalf("TakeOver(4, a, 10) = %v, want nil", err)
+		}
+		for _, tt := range []struct {
+			server string
+			epoch  int64
+		}{{"a", 9}, {"b", 9}, {"b", 1}, {"a", 0}} {
+			if err := db.TakeOver(ctx, 4, tt.server, tt.epoch); !errors.Is(err, postgres.ErrStaleEpoch) {
+				t.Errorf("TakeOver(4, %s, %d) = %v, want ErrStaleEpoch", tt.server, tt.epoch, err)
+			}
+		}
+		owner(t, db, 4, "a", 10)
+	})
+
+	t.Run("WaitsForShareLock", func(t *testing.T) {
+		db, url := mustOpen(t)
+		const p = 11
+		if err := db.TakeOver(ctx, p, "old", 1); err != nil {
+			t.Fatalf("TakeOver(%d, old, 1) = %v, want nil", p, err)
+		}
+		// A batch of the old owner in flight: it holds the partition row
+		// FOR SHARE until it commits.
+		conn := connect(t, url)
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatalf("Begin = %v", err)
+		}
+		defer tx.Rollback(ctx)
+		var epoch int64
+		if err := tx.QueryRow(ctx, `SELECT epoch FROM partitions WHERE partition = $1 FOR SHARE`, p).Scan(&epoch); err != nil || epoch != 1 {
+			t.Fatalf("SELECT ... FOR SHARE = %d, %v, want 1, nil", epoch, err)
+		}
+
+		done := make(chan error, 1)
+		go func() { done <- db.TakeOver(ctx, p, "new", 2) }()
+		select {
+		case err := <-done:
+			t.Fatalf("TakeOver(%d, new, 2) = %v while a batch held the partition FOR SHARE, want it to wait", p, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		// The old owner's batch still sees itself as the owner and commits.
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("Commit = %v", err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("TakeOver(%d, new, 2) = %v, want nil", p, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("TakeOver(%d, new, 2) did not return within 5s of the batch's commit", p)
+		}
+		owner(t, db, p, "new", 2)
+	})
+}
+
+// TestDB_Batch drives the batch transaction directly with hand-made writes.
+func TestDB_Batch(t *testing.T) {
+	ctx := context.Background()
+	setup := func(t *testing.T, limit int64) (*postgres.DB, *pgx.Conn, stock.ShardKey, postgres.Fence) {
+		t.Helper()
+		db, url := mustOpen(t)
+		k := stock.ShardKey{SKU: "b-sku"}
+		createSKU(t, db, stock.SKU{SKU: k.SKU, Shards: 1, CustomerLimit: limit}, 10)
+		f := postgres.Fence{Partition: k.Partition(), Epoch: 1, ServerID: "srv"}
+		if err := db.TakeOver(ctx, f.Partition, f.ServerID, f.Epoch); err != nil {
+			t.Fatalf("TakeOver = %v", err)
+		}
+		return db, connect(t, url), k, f
+	}
+
+	t.Run("Fenced", func(t *testing.T) {
+		db, _, k, f := setup(t, 0)
+		stale := f
+		stale.Epoch = 0
+		decided := false
+		err := db.Batch(ctx, stale, postgres.BatchQuery{Shard: k}, func(*postgres.BatchRead) (*postgres.BatchWrite, error) {
+			decided = true
+			return &postgres.BatchWrite{}, nil
+		})
+		if !errors.Is(err, postgres.ErrFenced) || decided {
+			t.Errorf("Batch(epoch 0 on a partition at 1) = %v (decided %v), want ErrFenced before deciding", err, decided)
+		}
+	})
+
+	t.Run("UsageGivenBackInSameBatch", func(t *testing.T) {
+		// Customer c holds 3 of a limit of 5; one batch gives those 3 back
+		// (a release: 7/3/0 -> 10/0/0) and buys 3 (a deduct: -> 7/0/3), as
+		// the planner decides it. Net usage is 3, within the limit, so the
+		// batch must commit.
+		db, conn, k, f := setup(t, 5)
+		exec(t, conn, `INSERT INTO customer_usage (sku, customer_ref, quantity) VALUES ($1, 'c', 3)`, k.SKU)
+		exec(t, conn, `UPDATE shards SET available = 7, reserved = 3 WHERE sku = $1`, k.SKU)
+		from, to := stock.Counts{Available: 7, Reserved: 3}, stock.Counts{Available: 7, Sold: 3}
+		err := db.Batch(ctx, f, postgres.BatchQuery{Shard: k, Customers: []string{"c"}}, func(read *postgres.BatchRead) (*postgres.BatchWrite, error) {
+			if read.Usage["c"] != 3 {
+				t.Errorf("BatchRead.Usage[c] = %d, want 3", read.Usage["c"])
+			}
+			return &postgres.BatchWrite{UsageAdd: map[string]int64{"c": 3}, UsageSub: map[string]int64{"c": 3}, UsageLimit: 5, From: from, To: to}, nil
+		})
+		if err != nil {
+			t.Errorf("Batch(usage -3 +3 at 3 of 5) = %v, want nil", err)
+		}
+		if n := count(t, conn, `SELECT quantity FROM customer_usage WHERE sku = $1 AND customer_ref = 'c'`, k.SKU); n != 3 {
+			t.Errorf("customer_usage[c] = %d, want 3", n)
+		}
+	})
+}

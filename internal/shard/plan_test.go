@@ -1,0 +1,926 @@
+package shard
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// The planner's fixtures: one shard of one SKU, at one instant of the
+// database clock.
+var (
+	planNow   = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	planShard = stock.ShardKey{SKU: "plan-sku", Index: 2}
+)
+
+const planTTL = 10 * time.Minute
+
+func planSKU() *stock.SKU {
+	return &stock.SKU{SKU: planShard.SKU, Status: stock.StatusActive, Shards: 4, ReservationTTL: planTTL}
+}
+
+func keyed(kind stock.OpKind, key string, q int64) *stock.Request {
+	r := &stock.Request{Kind: kind, Shard: planShard, Quantity: q, Key: key, Source: stock.SourceAPI}
+	if kind == stock.OpAdjust {
+		r.Reason, r.Approver, r.Source = "recount", "alice", stock.SourceAdminPrefix+"alice"
+	}
+	return r
+}
+
+func reserve(key string, q int64) *stock.Request   { return keyed(stock.OpReserve, key, q) }
+func deduct(key string, q int64) *stock.Request    { return keyed(stock.OpDeduct, key, q) }
+func replenish(key string, q int64) *stock.Request { return keyed(stock.OpReplenish, key, q) }
+func adjust(key string, d int64) *stock.Request    { return keyed(stock.OpAdjust, key, d) }
+
+// by sets a request's customer.
+func by(customer string, r *stock.Request) *stock.Request { r.CustomerRef = customer; return r }
+
+func commit(res *stock.Reservation) *stock.Request {
+	return &stock.Request{Kind: stock.OpCommit, Shard: planShard, ReservationID: res.ID, Source: stock.SourceAPI}
+}
+
+func release(res *stock.Reservation) *stock.Request {
+	return &stock.Request{Kind: stock.OpRelease, Shard: planShard, ReservationID: res.ID, Reason: "cancelled", Source: stock.SourceAPI}
+}
+
+func expireReq() *stock.Request {
+	return &stock.Request{Kind: stock.OpExpire, Shard: planShard, Source: stock.SourceSweeper}
+}
+
+// hold is a reservation of the shard as the database holds it, expiring in
+// the given time from planNow (negative: already due).
+func hold(key string, q int64, in time.Duration, customer string) *stock.Reservation {
+	return &stock.Reservation{ID: stock.NewReservationID(planShard), SKU: planShard.SKU, Shard: planShard.Index,
+		Quantity: q, State: stock.ReservationHeld, ExpiresAt: planNow.Add(in), CustomerRef: customer, IdempotencyKey: key}
+}
+
+func endedHold(key string, q int64, st stock.ReservationState) *stock.Reservation {
+	r := hold(key, q, time.Hour, "")
+	r.State = st
+	return r
+}
+
+// recorded is the operation a request left in the database an hour ago.
+func recorded(r *stock.Request) *stock.Operation {
+	op := &stock.Operation{SKU: r.Shard.SKU, IdempotencyKey: r.Key, Kind: r.Kind, Quantity: r.Quantity, Shard: r.Shard.Index,
+		ParamsHash: stock.ParamsHash(r), OrderRef: r.OrderRef, CustomerRef: r.CustomerRef, CreatedAt: planNow.Add(-time.Hour)}
+	if r.Kind == stock.OpReserve {
+		op.ReservationID = stock.NewReservationID(r.Shard)
+		op.ReservationState = stock.ReservationHeld
+		op.ReservationExpiresAt = planNow.Add(planTTL)
+	}
+	return op
+}
+
+// outcome is what the table expects of one result.
+type outcome struct {
+	code     stock.Code // "" for success
+	replayed bool
+}
+
+var (
+	okay   = outcome{}
+	replay = outcome{replayed: true}
+)
+
+func refused(c stock.Code) outcome { return outcome{code: c} }
+
+func (o outcome) String() string {
+	if o.code == "" {
+		return fmt.Sprintf("ok(replayed=%v)", o.replayed)
+	}
+	return string(o.code)
+}
+
+func outcomeOf(r stock.Result) outcome {
+	if r.Err != nil {
+		return outcome{code: r.Err.Code}
+	}
+	return outcome{replayed: r.Replayed}
+}
+
+// planCase is one row of the planner's tables.
+type planCase struct {
+	name string
+	from stock.Counts
+	// read changes the default read (an active SKU, nothing recorded).
+	read   func(*postgres.BatchRead)
+	reqs   []*stock.Request
+	sweep  bool
+	want   []outcome
+	to     stock.Counts
+	ledger []stock.OpKind
+	// check, if set, checks what the generic checks do not.
+	check func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result)
+}
+
+func newRead() *postgres.BatchRead {
+	return &postgres.BatchRead{SKU: planSKU(), Ops: map[string]*stock.Operation{},
+		Reservations: map[string]*stock.Reservation{}, Usage: map[string]int64{}, Now: planNow}
+}
+
+// withReservations adds reservations to a read, as copies (the database
+// returns fresh rows).
+func withReservations(rs ...*stock.Reservation) func(*postgres.BatchRead) {
+	return func(r *postgres.BatchRead) {
+		for _, res := range rs {
+			c := *res
+			r.Reservations[res.ID] = &c
+		}
+	}
+}
+
+// runPlan runs every case and checks what holds for every batch: each
+// result as wanted, every result's Available the final available, the
+// counts moved as the ledger says, the ledger a chain from the opening
+// counts to the final ones, one operation per new keyed success, no
+// reservation ended twice, and the read left as it was.
+func runPlan(t *testing.T, tests []planCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			read := newRead()
+			if tt.read != nil {
+				tt.read(read)
+			}
+			before := snapshotRead(read)
+			w, rs := plan(planShard, tt.from, tt.reqs, read, tt.sweep)
+
+			if len(rs) != len(tt.reqs) {
+				t.Fatalf("plan(%s) = %d results, want %d", tt.name, len(rs), len(tt.reqs))
+			}
+			got := make([]outcome, len(rs))
+			for i, r := range rs {
+				got[i] = outcomeOf(r)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("plan(%s) results = %v, want %v", tt.name, got, tt.want)
+				for i, r := range rs {
+					if r.Err != nil {
+						t.Logf("result %d: %v", i, r.Err)
+					}
+				}
+			}
+			for i, r := range rs {
+				if r.Available != tt.to.Available {
+					t.Errorf("plan(%s) result %d Available = %d, want %d (the final available)", tt.name, i, r.Available, tt.to.Available)
+				}
+				if r.Err != nil && (r.Operation != nil || r.Reservation != nil) {
+					t.Errorf("plan(%s) result %d = %+v, want an error with no operation or reservation", tt.name, i, r)
+				}
+			}
+			if w.From != tt.from || w.To != tt.to {
+				t.Errorf("plan(%s) write From, To = %+v, %+v, want %+v, %+v", tt.name, w.From, w.To, tt.from, tt.to)
+			}
+			checkLedger(t, tt.name, w, tt.from, tt.ledger)
+			checkOps(t, tt.name, w, tt.reqs, rs)
+			checkEnds(t, tt.name, w)
+			if after := snapshotRead(read); after != before {
+				t.Errorf("plan(%s) changed its read: %s, want %s", tt.name, after, before)
+			}
+			if tt.check != nil {
+				tt.check(t, w, rs)
+			}
+		})
+	}
+}
+
+func checkLedger(t *testing.T, name string, w *postgres.BatchWrite, from stock.Counts, want []stock.OpKind) {
+	t.Helper()
+	kinds := make([]stock.OpKind, len(w.Ledger))
+	prev := from
+	for i, e := range w.Ledger {
+		kinds[i] = e.Kind
+		if e.Shard != planShard {
+			t.Errorf("plan(%s) ledger %d shard = %s, want %s", name, i, e.Shard, planShard)
+		}
+		if e.Before != prev {
+			t.Errorf("plan(%s) ledger %d (%s) Before = %+v, want %+v (the previous After)", name, i, e.Kind, e.Before, prev)
+		}
+		delta := e.Kind.Delta(e.Quantity)
+		if got := e.Before.Add(delta); e.After != got {
+			t.Errorf("plan(%s) ledger %d (%s %d) After = %+v, want %+v", name, i, e.Kind, e.Quantity, e.After, got)
+		}
+		if e.Source == "" {
+			t.Errorf("plan(%s) ledger %d (%s) has no source", name, i, e.Kind)
+		}
+		prev = e.After
+	}
+	if !slices.Equal(kinds, want) {
+		t.Errorf("plan(%s) ledger = %v, want %v", name, kinds, want)
+	}
+	if prev != w.To {
+		t.Errorf("plan(%s) ledger ends at %+v, want the write's To %+v", name, prev, w.To)
+	}
+}
+
+func checkOps(t *testing.T, name string, w *postgres.BatchWrite, reqs []*stock.Request, rs []stock.Result) {
+	t.Helper()
+	var newOps, newRes int
+	for i, r := range rs {
+		req := reqs[i]
+		if r.Err != nil || r.Replayed || !req.Kind.Keyed() {
+			continue
+		}
+		newOps++
+		op := r.Operation
+		if op == nil || op.IdempotencyKey != req.Key || op.Kind != req.Kind || op.Quantity != req.Quantity ||
+			op.SKU != planShard.SKU || op.Shard != planShard.Index || !slices.Equal(op.ParamsHash, stock.ParamsHash(req)) ||
+			!op.CreatedAt.Equal(planNow) {
+			t.Errorf("plan(%s) result %d operation = %+v, want one of %s %s q=%d", name, i, op, req.Kind, req.Key, req.Quantity)
+		}
+		if !slices.Contains(w.Ops, op) {
+			t.Errorf("plan(%s) result %d operation %s is not in the write", name, i, req.Key)
+		}
+		if req.Kind == stock.OpReserve {
+			newRes++
+			if r.Reservation == nil || r.Reservation.ID != op.ReservationID || r.Reservation.State != stock.ReservationHeld {
+				t.Errorf("plan(%s) result %d reservation = %+v, want held, id %s", name, i, r.Reservation, op.ReservationID)
+			}
+		}
+	}
+	if len(w.Ops) != newOps {
+		t.Errorf("plan(%s) write has %d operations, want %d", name, len(w.Ops), newOps)
+	}
+	if len(w.NewReservations) != newRes {
+		t.Errorf("plan(%s) write has %d new reservations, want %d", name, len(w.NewReservations), newRes)
+	}
+	keys := map[string]bool{}
+	for _, op := range w.Ops {
+		if keys[op.IdempotencyKey] {
+			t.Errorf("plan(%s) writes key %s twice", name, op.IdempotencyKey)
+		}
+		keys[op.IdempotencyKey] = true
+	}
+}
+
+// checkEnds: a reservation ends exactly once, with one end entry.
+func checkEnds(t *testing.T, name string, w *postgres.BatchWrite) {
+	t.Helper()
+	ended := map[string]stock.ReservationState{}
+	for _, e := range w.Ended {
+		if _, dup := ended[e.ID]; dup {
+			t.Errorf("plan(%s) ends reservation %s twice", name, e.ID)
+		}
+		ended[e.ID] = e.State
+	}
+	entries := map[string]int{}
+	for _, e := range w.Ledger {
+		switch e.Kind {
+		case stock.OpCommit, stock.OpRelease, stock.OpExpire:
+			entries[e.ReservationID]++
+			want := map[stock.OpKind]stock.ReservationState{stock.OpCommit: stock.ReservationCommitted,
+				stock.OpRelease: stock.ReservationReleased, stock.OpExpire: stock.ReservationExpired}[e.Kind]
+			if st, ok := ended[e.ReservationID]; !ok || st != want {
+				t.Errorf("plan(%s) %s entry for %s ends it as %q, want %q", name, e.Kind, e.ReservationID, st, want)
+			}
+		}
+	}
+	for id, n := range entries {
+		if n != 1 {
+			t.Errorf("plan(%s) writes %d end entries for %s, want 1", name, n, id)
+		}
+	}
+	if len(entries) != len(ended) {
+		t.Errorf("plan(%s) ends %d reservations with %d end entries, want one each", name, len(ended), len(entries))
+	}
+}
+
+// snapshotRead renders what plan must not change.
+func snapshotRead(r *postgres.BatchRead) string {
+	s := fmt.Sprintf("sku=%+v usage=%v", r.SKU, r.Usage)
+	for _, id := range slices.Sorted(maps.Keys(r.Reservations)) {
+		s += fmt.Sprintf(" %+v", *r.Reservations[id])
+	}
+	for _, d := range r.Due {
+		s += fmt.Sprintf(" due%+v", *d)
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.Ops)) {
+		s += fmt.Sprintf(" %+v", *r.Ops[k])
+	}
+	return s
+}
+
+func TestPlan_Keyed(t *testing.T) {
+	ten := stock.Counts{Available: 10}
+	runPlan(t, []planCase{
+		{
+			name: "OK",
+			from: ten,
+			reqs: []*stock.Request{by("c-1", reserve("k-1", 3))},
+			want: []outcome{okay}, to: stock.Counts{Available: 7, Reserved: 3}, ledger: []stock.OpKind{stock.OpReserve},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				res := w.NewReservations[0]
+				if rs[0].Reservation != res || !res.ExpiresAt.Equal(planNow.Add(planTTL)) || res.Quantity != 3 ||
+					res.CustomerRef != "c-1" || res.IdempotencyKey != "k-1" {
+					t.Errorf("plan(reserve) reservation = %+v, want held 3 for c-1 until now+%s", res, planTTL)
+				}
+				if k, err := stock.ParseReservationID(res.ID); err != nil || k != planShard {
+					t.Errorf("ParseReservationID(%s) = %v, %v, want %s", res.ID, k, err, planShard)
+				}
+				e := w.Ledger[0]
+				if e.ReservationID != res.ID || e.IdempotencyKey != "k-1" || e.Quantity != 3 || e.Source != stock.SourceAPI {
+					t.Errorf("plan(reserve) ledger entry = %+v, want reservation %s, key k-1, quantity 3, source api", e, res.ID)
+				}
+			},
+		},
+		{
+			name: "ReserveTTL",
+			from: ten,
+			reqs: []*stock.Request{func() *stock.Request { r := reserve("k-1", 1); r.TTL = 90 * time.Second; return r }()},
+			want: []outcome{okay}, to: stock.Counts{Available: 9, Reserved: 1}, ledger: []stock.OpKind{stock.OpReserve},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				if got := rs[0].Reservation.ExpiresAt; !got.Equal(planNow.Add(90 * time.Second)) {
+					t.Errorf("plan(reserve ttl 90s) ExpiresAt = %v, want %v", got, planNow.Add(90*time.Second))
+				}
+			},
+		},
+		{
+			name: "Deduct",
+			from: ten,
+			reqs: []*stock.Request{func() *stock.Request { r := deduct("k-1", 4); r.OrderRef = "o-1"; return r }()},
+			want: []outcome{okay}, to: stock.Counts{Available: 6, Sold: 4}, ledger: []stock.OpKind{stock.OpDeduct},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				if e := w.Ledger[0]; e.OrderRef != "o-1" || e.IdempotencyKey != "k-1" || e.ReservationID != "" {
+					t.Errorf("plan(deduct) ledger entry = %+v, want order o-1, key k-1, no reservation", e)
+				}
+				if len(w.NewReservations) != 0 || rs[0].Reservation != nil {
+					t.Errorf("plan(deduct) made a reservation: %+v", w.NewReservations)
+				}
+			},
+		},
+		{
+			name: "Replenish",
+			from: ten,
+			reqs: []*stock.Request{replenish("k-1", 5)},
+			want: []outcome{okay}, to: stock.Counts{Available: 15}, ledger: []stock.OpKind{stock.OpReplenish},
+		},
+		{
+			name: "Adjust",
+			from: ten,
+			reqs: []*stock.Request{adjust("k-1", 5)},
+			want: []outcome{okay}, to: stock.Counts{Available: 15}, ledger: []stock.OpKind{stock.OpAdjust},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				if e := w.Ledger[0]; e.Reason != "recount" || e.Approver != "alice" || e.Source != "admin:alice" {
+					t.Errorf("plan(adjust) ledger entry = %+v, want reason recount, approver alice, source admin:alice", e)
+				}
+			},
+		},
+		{
+			name: "AdjustDown",
+			from: ten,
+			reqs: []*stock.Request{adjust("k-1", -10)},
+			want: []outcome{okay}, to: stock.Counts{}, ledger: []stock.OpKind{stock.OpAdjust},
+		},
+		{
+			name: "AdjustBelowZero",
+			from: ten,
+			reqs: []*stock.Request{adjust("k-1", -11), adjust("k-2", -1)},
+			want: []outcome{refused(stock.CodeOutOfStock), okay}, to: stock.Counts{Available: 9}, ledger: []stock.OpKind{stock.OpAdjust},
+		},
+		{
+			name: "Mixed",
+			from: stock.Counts{Available: 10, Reserved: 2, Sold: 1},
+			reqs: []*stock.Request{reserve("k-1", 3), deduct("k-2", 2), replenish("k-3", 4), adjust("k-4", -1)},
+			want: []outcome{okay, okay, okay, okay}, to: stock.Counts{Available: 8, Reserved: 5, Sold: 3},
+			ledger: []stock.OpKind{stock.OpReserve, stock.OpDeduct, stock.OpReplenish, stock.OpAdjust},
+		},
+		{
+			name: "Exact",
+			from: stock.Counts{Available: 3},
+			reqs: []*stock.Request{reserve("k-1", 3)},
+			want: []outcome{okay}, to: stock.Counts{Reserved: 3}, ledger: []stock.OpKind{stock.OpReserve},
+		},
+		{
+			name: "OutOfStock",
+			from: stock.Counts{Available: 2},
+			reqs: []*stock.Request{deduct("k-1", 3), reserve("k-2", 3)},
+			want: []outcome{refused(stock.CodeOutOfStock), refused(stock.CodeOutOfStock)}, to: stock.Counts{Available: 2},
+		},
+		{
+			name: "NoHeadOfLine",
+			// A refusal does not block what fits after it.
+			from: stock.Counts{Available: 2},
+			reqs: []*stock.Request{deduct("k-1", 3), reserve("k-2", 1), deduct("k-3", 2), deduct("k-4", 1)},
+			want: []outcome{refused(stock.CodeOutOfStock), okay, refused(stock.CodeOutOfStock), okay},
+			to:   stock.Counts{Reserved: 1, Sold: 1}, ledger: []stock.OpKind{stock.OpReserve, stock.OpDeduct},
+		},
+		{
+			name: "ReplenishRefills",
+			from: stock.Counts{},
+			reqs: []*stock.Request{deduct("k-1", 1), replenish("k-2", 2), deduct("k-3", 2)},
+			want: []outcome{refused(stock.CodeOutOfStock), okay, okay},
+			to:   stock.Counts{Sold: 2}, ledger: []stock.OpKind{stock.OpReplenish, stock.OpDeduct},
+		},
+		{
+			name: "MaxPerOrder",
+			from: ten,
+			read: func(r *postgres.BatchRead) { r.SKU.MaxPerOrder = 2 },
+			reqs: []*stock.Request{deduct("k-1", 3), reserve("k-2", 3), deduct("k-3", 2), replenish("k-4", 3)},
+			want: []outcome{refused(stock.CodeQuantityAboveMaxPerOrder), refused(stock.CodeQuantityAboveMaxPerOrder), okay, okay},
+			to:   stock.Counts{Available: 11, Sold: 2}, ledger: []stock.OpKind{stock.OpDeduct, stock.OpReplenish},
+		},
+		{
+			name: "Paused",
+			from: ten,
+			read: func(r *postgres.BatchRead) { r.SKU.Status = stock.StatusPaused },
+			reqs: []*stock.Request{reserve("k-1", 1), deduct("k-2", 1), replenish("k-3", 2), adjust("k-4", 1)},
+			want: []outcome{refused(stock.CodeSKUPaused), refused(stock.CodeSKUPaused), okay, okay},
+			to:   stock.Counts{Available: 13}, ledger: []stock.OpKind{stock.OpReplenish, stock.OpAdjust},
+		},
+		{
+			name: "NilSKU",
+			from: ten,
+			read: func(r *postgres.BatchRead) { r.SKU = nil },
+			reqs: []*stock.Request{reserve("k-1", 1), deduct("k-2", 1), replenish("k-3", 2), adjust("k-4", 1)},
+			want: []outcome{refused(stock.CodeSKUNotFound), refused(stock.CodeSKUNotFound), refused(stock.CodeSKUNotFound), refused(stock.CodeSKUNotFound)},
+			to:   ten,
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				if !w.Empty() {
+					t.Errorf("plan(nil sku) write = %+v, want empty", w)
+				}
+			},
+		},
+		{
+			name: "Empty",
+			from: ten,
+			to:   ten,
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				if !w.Empty() {
+					t.Errorf("plan(no requests) write = %+v, want empty", w)
+				}
+			},
+		},
+	})
+}
+
+func TestPlan_Replay(t *testing.T) {
+	ten := stock.Counts{Available: 10}
+	recDeduct := recorded(deduct("k-1", 2))
+	recReserve := recorded(by("c-1", reserve("k-r", 3)))
+	recOther := recorded(&stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "other-sku"}, Quantity: 2, Key: "k-1", Source: stock.SourceAPI})
+	withOps := func(ops ...*stock.Operation) func(*postgres.BatchRead) {
+		return func(r *postgres.BatchRead) {
+			for _, op := range ops {
+				c := *op
+				r.Ops[op.IdempotencyKey] = &c
+			}
+		}
+	}
+	// The reservation recReserve made, held in the database.
+	recHold := &stock.Reservation{ID: recReserve.ReservationID, SKU: planShard.SKU, Shard: planShard.Index, Quantity: 3,
+		State: stock.ReservationHeld, ExpiresAt: recReserve.ReservationExpiresAt, CustomerRef: "c-1", IdempotencyKey: "k-r"}
+	heldOne := hold("k-h", 3, time.Hour, "")
+	sameOp := func(i, j int) func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+		return func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			if rs[i].Operation == nil || rs[i].Operation != rs[j].Operation {
+				t.Errorf("plan results %d, %d operations = %p, %p, want the same", i, j, rs[i].Operation, rs[j].Operation)
+			}
+			if rs[i].Reservation != rs[j].Reservation {
+				t.Errorf("plan results %d, %d reservations = %+v, %+v, want the same", i, j, rs[i].Reservation, rs[j].Reservation)
+			}
+		}
+	}
+	runPlan(t, []planCase{
+		{
+			name: "OK",
+			from: ten,
+			reqs: []*stock.Request{deduct("k-1", 2), deduct("k-1", 2)},
+			want: []outcome{okay, replay}, to: stock.Counts{Available: 8, Sold: 2}, ledger: []stock.OpKind{stock.OpDeduct},
+			check: sameOp(0, 1),
+		},
+		{
+			name: "SameKeyReserve",
+			from: ten,
+			reqs: []*stock.Request{reserve("k-1", 2), deduct("k-2", 1), reserve("k-1", 2)},
+			want: []outcome{okay, okay, replay}, to: stock.Counts{Available: 7, Reserved: 2, Sold: 1},
+			ledger: []stock.OpKind{stock.OpReserve, stock.OpDeduct},
+			check:  sameOp(0, 2),
+		},
+		{
+			name: "SameKeyOtherQuantity",
+			from: ten,
+			reqs: []*stock.Request{deduct("k-1", 2), deduct("k-1", 3)},
+			want: []outcome{okay, refused(stock.CodeIdempotencyKeyReused)}, to: stock.Counts{Available: 8, Sold: 2},
+			ledger: []stock.OpKind{stock.OpDeduct},
+		},
+		{
+			name: "SameKeyOtherKind",
+			from: ten,
+			reqs: []*stock.Request{deduct("k-1", 2), reserve("k-1", 2)},
+			want: []outcome{okay, refused(stock.CodeIdempotencyKeyReused)}, to: stock.Counts{Available: 8, Sold: 2},
+			ledger: []stock.OpKind{stock.OpDeduct},
+		},
+		{
+			name: "SameKeyOtherOrderRef",
+			from: ten,
+			reqs: []*stock.Request{deduct("k-1", 2), func() *stock.Request { r := deduct("k-1", 2); r.OrderRef = "o-2"; return r }()},
+			want: []outcome{okay, refused(stock.CodeIdempotencyKeyReused)}, to: stock.Counts{Available: 8, Sold: 2},
+			ledger: []stock.OpKind{stock.OpDeduct},
+		},
+		{
+			name: "SameKeyRefusedTwice",
+			from: stock.Counts{Available: 1},
+			reqs: []*stock.Request{deduct("k-1", 2), deduct("k-1", 2)},
+			want: []outcome{refused(stock.CodeOutOfStock), refused(stock.CodeOutOfStock)}, to: stock.Counts{Available: 1},
+		},
+		{
+			name: "SameKeyRetryAfterOutOfStock",
+			// A refusal for stock writes no operation, so the key stays
+			// free: applied one at a time, the retry after the release
+			// finds 3 units and succeeds. Refusing it is a false sold-out
+			// (invariant 3).
+			from: stock.Counts{Reserved: 3},
+			read: withReservations(heldOne),
+			reqs: []*stock.Request{reserve("k-1", 2), release(heldOne), reserve("k-1", 2)},
+			want: []outcome{refused(stock.CodeOutOfStock), okay, okay}, to: stock.Counts{Available: 1, Reserved: 2},
+			ledger: []stock.OpKind{stock.OpRelease, stock.OpReserve},
+		},
+		{
+			name: "Recorded",
+			from: ten,
+			read: withOps(recDeduct),
+			reqs: []*stock.Request{deduct("k-1", 2)},
+			want: []outcome{replay}, to: ten,
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				if op := rs[0].Operation; op == nil || op.Quantity != 2 || !op.CreatedAt.Equal(recDeduct.CreatedAt) {
+					t.Errorf("plan(replay) operation = %+v, want the recorded one %+v", op, recDeduct)
+				}
+				if !w.Empty() {
+					t.Errorf("plan(replay) write = %+v, want empty", w)
+				}
+			},
+		},
+		{
+			name: "RecordedSoldOut",
+			// A replay returns its first result even after the sell-out.
+			from: stock.Counts{Sold: 10},
+			read: withOps(recDeduct),
+			reqs: []*stock.Request{deduct("k-1", 2), deduct("k-2", 2)},
+			want: []outcome{replay, refused(stock.CodeOutOfStock)}, to: stock.Counts{Sold: 10},
+		},
+		{
+			name: "RecordedPaused",
+			from: ten,
+			read: func(r *postgres.BatchRead) { withOps(recDeduct)(r); r.SKU.Status = stock.StatusPaused },
+			reqs: []*stock.Request{deduct("k-1", 2)},
+			want: []outcome{replay}, to: ten,
+		},
+		{
+			name: "RecordedTwice",
+			from: ten,
+			read: withOps(recDeduct),
+			reqs: []*stock.Request{deduct("k-1", 2), deduct("k-1", 2)},
+			want: []outcome{replay, replay}, to: ten,
+		},
+		{
+			name: "RecordedReserve",
+			from: stock.Counts{Available: 7, Reserved: 3},
+			read: withOps(recReserve),
+			reqs: []*stock.Request{by("c-1", reserve("k-r", 3))},
+			want: []outcome{replay}, to: stock.Counts{Available: 7, Reserved: 3},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				res := rs[0].Reservation
+				if res == nil || res.ID != recReserve.ReservationID || res.State != stock.ReservationHeld || res.Quantity != 3 ||
+					!res.ExpiresAt.Equal(recReserve.ReservationExpiresAt) || res.CustomerRef != "c-1" {
+					t.Errorf("plan(replay reserve) reservation = %+v, want the recorded hold %s", res, recReserve.ReservationID)
+				}
+			},
+		},
+		{
+			name: "RecordedReserveCommittedInBatch",
+			// The replay reports the reservation as the batch left it.
+			from: stock.Counts{Available: 7, Reserved: 3},
+			read: func(r *postgres.BatchRead) { withOps(recReserve)(r); withReservations(recHold)(r) },
+			reqs: []*stock.Request{commit(recHold), by("c-1", reserve("k-r", 3))},
+			want: []outcome{okay, replay}, to: stock.Counts{Available: 7, Sold: 3}, ledger: []stock.OpKind{stock.OpCommit},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				if st := rs[1].Reservation.State; st != stock.ReservationCommitted {
+					t.Errorf("plan(commit, replay reserve) replayed state = %s, want committed", st)
+				}
+			},
+		},
+		{
+			name: "RecordedOtherSKU",
+			from: ten,
+			read: withOps(recOther),
+			reqs: []*stock.Request{deduct("k-1", 2)},
+			want: []outcome{refused(stock.CodeIdempotencyKeyReused)}, to: ten,
+		},
+		{
+			name: "RecordedOtherQuantity",
+			from: ten,
+			read: withOps(recDeduct),
+			reqs: []*stock.Request{deduct("k-1", 3)},
+			want: []outcome{refused(stock.CodeIdempotencyKeyReused)}, to: ten,
+		},
+		{
+			name: "RecordedOtherKind",
+			from: ten,
+			read: withOps(recDeduct),
+			reqs: []*stock.Request{reserve("k-1", 2)},
+			want: []outcome{refused(stock.CodeIdempotencyKeyReused)}, to: ten,
+		},
+		{
+			name: "RecordedReusedThenRetried",
+			// The key is recorded for 2: a request for 3 is refused as a
+			// reuse, and the retry with the recorded parameters is a replay
+			// of the recorded operation (invariant 2), whatever came before
+			// it in the batch.
+			from: ten,
+			read: withOps(recDeduct),
+			reqs: []*stock.Request{deduct("k-1", 3), deduct("k-1", 2)},
+			want: []outcome{refused(stock.CodeIdempotencyKeyReused), replay}, to: ten,
+		},
+	})
+}
+
+func TestPlan_ReservationEnds(t *testing.T) {
+	a := hold("k-a", 3, time.Hour, "")
+	b := hold("k-b", 3, time.Hour, "")
+	due := hold("k-due", 2, -time.Second, "")
+	now := hold("k-now", 2, 0, "") // expires at this very instant
+	committed := endedHold("k-com", 2, stock.ReservationCommitted)
+	released := endedHold("k-rel", 2, stock.ReservationReleased)
+	expired := endedHold("k-exp", 2, stock.ReservationExpired)
+	elsewhere := hold("k-else", 1, time.Hour, "")
+	elsewhere.Shard = planShard.Index + 1
+	unknown := hold("k-unknown", 1, time.Hour, "")
+
+	// from holds a, b and due (3 + 3 + 2); now is not among them.
+	from := stock.Counts{Available: 10, Reserved: 8}
+	read := withReservations(a, b, due, committed, released, expired, elsewhere)
+	state := func(i int, want stock.ReservationState) func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+		return func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			if rs[i].Reservation == nil || rs[i].Reservation.State != want {
+				t.Errorf("plan result %d reservation = %+v, want state %s", i, rs[i].Reservation, want)
+			}
+		}
+	}
+	runPlan(t, []planCase{
+		{
+			name: "OK",
+			from: from, read: read,
+			reqs: []*stock.Request{commit(a)},
+			want: []outcome{okay}, to: stock.Counts{Available: 10, Reserved: 5, Sold: 3}, ledger: []stock.OpKind{stock.OpCommit},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				state(0, stock.ReservationCommitted)(t, w, rs)
+				if e := w.Ledger[0]; e.ReservationID != a.ID || e.IdempotencyKey != "k-a" || e.Quantity != 3 {
+					t.Errorf("plan(commit) ledger entry = %+v, want reservation %s, key k-a, quantity 3", e, a.ID)
+				}
+			},
+		},
+		{
+			name: "Release",
+			from: from, read: read,
+			reqs: []*stock.Request{release(a)},
+			want: []outcome{okay}, to: stock.Counts{Available: 13, Reserved: 5}, ledger: []stock.OpKind{stock.OpRelease},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				state(0, stock.ReservationReleased)(t, w, rs)
+				if e := w.Ended[0]; e.ID != a.ID || e.Reason != "cancelled" {
+					t.Errorf("plan(release) ended = %+v, want %s for reason cancelled", e, a.ID)
+				}
+			},
+		},
+		{
+			name: "CommitThenRelease",
+			from: from, read: read,
+			reqs: []*stock.Request{commit(a), release(a)},
+			want: []outcome{okay, refused(stock.CodeReservationAlreadyCommitted)},
+			to:   stock.Counts{Available: 10, Reserved: 5, Sold: 3}, ledger: []stock.OpKind{stock.OpCommit},
+		},
+		{
+			name: "ReleaseThenCommit",
+			from: from, read: read,
+			reqs: []*stock.Request{release(a), commit(a)},
+			want: []outcome{okay, refused(stock.CodeReservationAlreadyReleased)},
+			to:   stock.Counts{Available: 13, Reserved: 5}, ledger: []stock.OpKind{stock.OpRelease},
+		},
+		{
+			name: "CommitTwice",
+			from: from, read: read,
+			reqs: []*stock.Request{commit(a), commit(a)},
+			want: []outcome{okay, replay},
+			to:   stock.Counts{Available: 10, Reserved: 5, Sold: 3}, ledger: []stock.OpKind{stock.OpCommit},
+			check: state(1, stock.ReservationCommitted),
+		},
+		{
+			name: "ReleaseTwice",
+			from: from, read: read,
+			reqs: []*stock.Request{release(a), release(a)},
+			want: []outcome{okay, replay},
+			to:   stock.Counts{Available: 13, Reserved: 5}, ledger: []stock.OpKind{stock.OpRelease},
+		},
+		{
+			name: "TwoReservations",
+			from: from, read: read,
+			reqs: []*stock.Request{release(a), commit(b), reserve("k-1", 13)},
+			want: []outcome{okay, okay, okay},
+			to:   stock.Counts{Reserved: 15, Sold: 3}, ledger: []stock.OpKind{stock.OpRelease, stock.OpCommit, stock.OpReserve},
+		},
+		{
+			name: "Committed",
+			from: from, read: read,
+			reqs: []*stock.Request{commit(committed), release(committed)},
+			want: []outcome{replay, refused(stock.CodeReservationAlreadyCommitted)}, to: from,
+		},
+		{
+			name: "Released",
+			from: from, read: read,
+			reqs: []*stock.Request{release(released), commit(released)},
+			want: []outcome{replay, refused(stock.CodeReservationAlreadyReleased)}, to: from,
+		},
+		{
+			name: "Expired",
+			from: from, read: read,
+			reqs: []*stock.Request{release(expired), commit(expired)},
+			want: []outcome{replay, refused(stock.CodeReservationExpired)}, to: from,
+		},
+		{
+			name: "CommitDue",
+			// Due but not yet swept: it expires first, in this batch, and
+			// the commit reports it.
+			from: from, read: read,
+			reqs: []*stock.Request{commit(due)},
+			want: []outcome{refused(stock.CodeReservationExpired)},
+			to:   stock.Counts{Available: 12, Reserved: 6}, ledger: []stock.OpKind{stock.OpExpire},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				if len(w.Ended) != 1 || w.Ended[0].ID != due.ID || w.Ended[0].State != stock.ReservationExpired {
+					t.Errorf("plan(commit due) ended = %+v, want %s expired", w.Ended, due.ID)
+				}
+			},
+		},
+		{
+			name: "CommitAtExpiry",
+			from: stock.Counts{Reserved: 2}, read: withReservations(now),
+			reqs: []*stock.Request{commit(now)},
+			want: []outcome{refused(stock.CodeReservationExpired)},
+			to:   stock.Counts{Available: 2}, ledger: []stock.OpKind{stock.OpExpire},
+		},
+		{
+			name: "ReleaseDue",
+			from: from, read: read,
+			reqs: []*stock.Request{release(due), commit(due)},
+			want: []outcome{replay, refused(stock.CodeReservationExpired)},
+			to:   stock.Counts{Available: 12, Reserved: 6}, ledger: []stock.OpKind{stock.OpExpire},
+			check: state(0, stock.ReservationExpired),
+		},
+		{
+			name: "NotFound",
+			from: from, read: read,
+			reqs: []*stock.Request{commit(unknown), release(unknown), commit(elsewhere)},
+			want: []outcome{refused(stock.CodeReservationNotFound), refused(stock.CodeReservationNotFound), refused(stock.CodeReservationNotFound)},
+			to:   from,
+		},
+	})
+}
+
+func TestPlan_Sweep(t *testing.T) {
+	d1 := hold("k-d1", 2, -time.Minute, "")
+	d2 := hold("k-d2", 3, -time.Second, "")
+	live := hold("k-live", 1, time.Hour, "")
+	from := stock.Counts{Available: 4, Reserved: 6}
+	read := func(r *postgres.BatchRead) {
+		withReservations(d1, d2, live)(r)
+		for _, d := range []*stock.Reservation{d1, d2} {
+			c := *d
+			r.Due = append(r.Due, &c)
+		}
+	}
+	sources := func(want ...string) func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+		return func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			got := make([]string, len(w.Ledger))
+			for i, e := range w.Ledger {
+				got[i] = e.Source
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("plan(sweep) ledger sources = %v, want %v", got, want)
+			}
+		}
+	}
+	runPlan(t, []planCase{
+		{
+			name: "OK",
+			from: from, read: read, sweep: true,
+			reqs: []*stock.Request{expireReq()},
+			want: []outcome{okay}, to: stock.Counts{Available: 9, Reserved: 1},
+			ledger: []stock.OpKind{stock.OpExpire, stock.OpExpire},
+			check:  sources(stock.SourceSweeper, stock.SourceSweeper),
+		},
+		{
+			name: "Off",
+			from: from, read: read,
+			reqs: []*stock.Request{expireReq()},
+			want: []outcome{okay}, to: from,
+		},
+		{
+			name: "ReleaseInBatch",
+			// The release finds d1 due and expires it; the sweep then
+			// expires only d2.
+			from: from, read: read, sweep: true,
+			reqs: []*stock.Request{release(d1), expireReq()},
+			want: []outcome{replay, okay}, to: stock.Counts{Available: 9, Reserved: 1},
+			ledger: []stock.OpKind{stock.OpExpire, stock.OpExpire},
+			check:  sources(stock.SourceAPI, stock.SourceSweeper),
+		},
+		{
+			name: "CommitInBatch",
+			from: from, read: read, sweep: true,
+			reqs: []*stock.Request{expireReq(), commit(d2), commit(live)},
+			want: []outcome{okay, refused(stock.CodeReservationExpired), okay}, to: stock.Counts{Available: 9, Sold: 1},
+			ledger: []stock.OpKind{stock.OpExpire, stock.OpCommit, stock.OpExpire},
+		},
+		{
+			name: "AndReserve",
+			// Requests are decided before the sweep: a reserve cannot use
+			// the units the sweep frees in the same batch, but is not
+			// refused for stock that is there.
+			from: from, read: read, sweep: true,
+			reqs: []*stock.Request{reserve("k-1", 4), expireReq(), reserve("k-2", 1)},
+			want: []outcome{okay, okay, refused(stock.CodeOutOfStock)}, to: stock.Counts{Available: 5, Reserved: 5},
+			ledger: []stock.OpKind{stock.OpReserve, stock.OpExpire, stock.OpExpire},
+		},
+	})
+}
+
+func TestPlan_CustomerLimit(t *testing.T) {
+	held := hold("k-h", 3, time.Hour, "c")
+	due := hold("k-due", 2, -time.Second, "c")
+	limit := func(n int64, usage map[string]int64, rs ...*stock.Reservation) func(*postgres.BatchRead) {
+		return func(r *postgres.BatchRead) {
+			r.SKU.CustomerLimit = n
+			maps.Copy(r.Usage, usage)
+			withReservations(rs...)(r)
+		}
+	}
+	usage := func(add, sub map[string]int64) func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+		return func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			if !maps.Equal(w.UsageAdd, add) || !maps.Equal(w.UsageSub, sub) {
+				t.Errorf("plan write usage add, sub = %v, %v, want %v, %v", w.UsageAdd, w.UsageSub, add, sub)
+			}
+		}
+	}
+	runPlan(t, []planCase{
+		{
+			name: "OK",
+			// c holds 3 of 5; a release gives 3 back within the batch.
+			from: stock.Counts{Available: 10, Reserved: 3},
+			read: limit(5, map[string]int64{"c": 3}, held),
+			reqs: []*stock.Request{
+				by("c", reserve("k-1", 2)), by("c", reserve("k-2", 1)), by("c", deduct("k-3", 1)),
+				release(held), by("c", deduct("k-4", 3)), by("d", reserve("k-5", 4)), reserve("k-6", 1),
+			},
+			want:   []outcome{okay, refused(stock.CodeCustomerLimitReached), refused(stock.CodeCustomerLimitReached), okay, okay, okay, okay},
+			to:     stock.Counts{Available: 3, Reserved: 7, Sold: 3},
+			ledger: []stock.OpKind{stock.OpReserve, stock.OpRelease, stock.OpDeduct, stock.OpReserve, stock.OpReserve},
+			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+				usage(map[string]int64{"c": 5, "d": 4}, map[string]int64{"c": 3})(t, w, rs)
+				if w.UsageLimit != 5 {
+					t.Errorf("plan write UsageLimit = %d, want 5", w.UsageLimit)
+				}
+			},
+		},
+		{
+			name: "CommitKeeps",
+			from: stock.Counts{Available: 10, Reserved: 3},
+			read: limit(5, map[string]int64{"c": 3}, held),
+			reqs: []*stock.Request{commit(held), by("c", reserve("k-1", 3)), by("c", reserve("k-2", 2))},
+			want: []outcome{okay, refused(stock.CodeCustomerLimitReached), okay},
+			to:   stock.Counts{Available: 8, Reserved: 2, Sold: 3}, ledger: []stock.OpKind{stock.OpCommit, stock.OpReserve},
+			check: usage(map[string]int64{"c": 2}, nil),
+		},
+		{
+			name: "ExpiryGivesBack",
+			from: stock.Counts{Available: 10, Reserved: 2},
+			read: limit(5, map[string]int64{"c": 5}, due),
+			reqs: []*stock.Request{by("c", reserve("k-1", 1)), release(due), by("c", reserve("k-2", 2))},
+			want: []outcome{refused(stock.CodeCustomerLimitReached), replay, okay},
+			to:   stock.Counts{Available: 10, Reserved: 2}, ledger: []stock.OpKind{stock.OpExpire, stock.OpReserve},
+			check: usage(map[string]int64{"c": 2}, map[string]int64{"c": 2}),
+		},
+		{
+			name: "ReplayNotCounted",
+			from: stock.Counts{Available: 10, Sold: 5},
+			read: func(r *postgres.BatchRead) {
+				limit(5, map[string]int64{"c": 5})(r)
+				r.Ops["k-1"] = recorded(by("c", deduct("k-1", 5)))
+			},
+			reqs:  []*stock.Request{by("c", deduct("k-1", 5)), by("c", deduct("k-2", 1))},
+			want:  []outcome{replay, refused(stock.CodeCustomerLimitReached)},
+			to:    stock.Counts{Available: 10, Sold: 5},
+			check: usage(nil, nil),
+		},
+		{
+			name: "NoLimit",
+			from: stock.Counts{Available: 10},
+			reqs: []*stock.Request{by("c", deduct("k-1", 9))},
+			want: []outcome{okay}, to: stock.Counts{Available: 1, Sold: 9}, ledger: []stock.OpKind{stock.OpDeduct},
+			check: usage(nil, nil),
+		},
+	})
+}
