@@ -1,4 +1,6 @@
-package rpc
+// Package api holds shardstock's Connect handlers: thin conversions
+// between the generated API and one domain call each.
+package api
 
 import (
 	"context"
@@ -7,6 +9,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -26,16 +29,16 @@ var _ shardstockv1connect.ShardServiceHandler = (*ShardHandler)(nil)
 func (h *ShardHandler) Execute(ctx context.Context, req *connect.Request[v1.ExecuteRequest]) (*connect.Response[v1.ExecuteResponse], error) {
 	ops := req.Msg.GetOps()
 	if len(ops) > executeOpsMax {
-		return nil, ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d ops per call", executeOpsMax))
+		return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d ops per call", executeOpsMax))
 	}
 	reqs := make([]*stock.Request, len(ops))
 	for i, op := range ops {
-		reqs[i] = RequestFromProto(op)
+		reqs[i] = rpc.RequestFromProto(op)
 	}
 	results := h.Server.DoAll(ctx, reqs)
 	out := &v1.ExecuteResponse{Results: make([]*v1.ShardResult, len(results))}
 	for i, r := range results {
-		out.Results[i] = ResultToProto(r)
+		out.Results[i] = rpc.ResultToProto(r)
 	}
 	return connect.NewResponse(out), nil
 }
@@ -43,16 +46,16 @@ func (h *ShardHandler) Execute(ctx context.Context, req *connect.Request[v1.Exec
 // GetShards answers shard counts.
 func (h *ShardHandler) GetShards(ctx context.Context, req *connect.Request[v1.GetShardsRequest]) (*connect.Response[v1.GetShardsResponse], error) {
 	if err := stock.ValidateSKU(req.Msg.GetSku()); err != nil {
-		return nil, ToConnect(err)
+		return nil, rpc.ToConnect(err)
 	}
 	if len(req.Msg.GetShards()) > stock.ShardsMax {
-		return nil, ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d shards", stock.ShardsMax))
+		return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d shards", stock.ShardsMax))
 	}
 	out := &v1.GetShardsResponse{}
 	for _, idx := range req.Msg.GetShards() {
 		c, err := h.Server.Counts(ctx, stock.ShardKey{SKU: req.Msg.GetSku(), Index: idx})
 		if err != nil {
-			return nil, ToConnect(err)
+			return nil, rpc.ToConnect(err)
 		}
 		out.Shards = append(out.Shards, &v1.ShardStock{Index: idx, ServerId: h.Server.ID(), Available: c.Available, Reserved: c.Reserved, Sold: c.Sold})
 	}

@@ -194,3 +194,16 @@ func TransferFromProto(t *v1.Transfer) *stock.Transfer {
 	}
 	return out
 }
+
+// LedgerEntryToProto converts a ledger entry.
+func LedgerEntryToProto(e *stock.LedgerEntry) *v1.LedgerEntry {
+	return &v1.LedgerEntry{
+		Id: e.ID, Sku: e.Shard.SKU, Shard: e.Shard.Index, Kind: string(e.Kind), Quantity: e.Quantity,
+		AvailableBefore: e.Before.Available, AvailableAfter: e.After.Available,
+		ReservedBefore: e.Before.Reserved, ReservedAfter: e.After.Reserved,
+		SoldBefore: e.Before.Sold, SoldAfter: e.After.Sold,
+		IdempotencyKey: e.IdempotencyKey, ReservationId: e.ReservationID, TransferId: e.TransferID, OrderRef: e.OrderRef,
+		Source: e.Source, Reason: e.Reason, Approver: e.Approver, ServerId: e.ServerID, Epoch: e.Epoch,
+		CreatedAt: timestamppb.New(e.CreatedAt),
+	}
+}

@@ -1,6 +1,7 @@
-// Package rpc holds shardstock's Connect handlers and clients: thin
-// conversions between the generated API and the domain, and the one table
-// that maps domain error codes to Connect codes.
+// Package rpc holds what shardstock's Connect servers and clients share:
+// proto and domain conversions, HTTP/2 servers and clients, and the one
+// table that maps domain error codes to Connect codes. The handlers are in
+// internal/api.
 package rpc
 
 import (

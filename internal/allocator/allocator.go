@@ -1,0 +1,278 @@
+// Package allocator is the public front door's logic: it routes each
+// idempotent request to a shard with stock, coalesces the requests bound for
+// one shard server into one call, sweeps every shard before it answers
+// OUT_OF_STOCK, and consolidates fragmented stock with transfers.
+package allocator
+
+import (
+	"context"
+	"hash/fnv"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// Bounds of routing.
+const (
+	// routeRoundsMax bounds the rounds of try-shards, sweep, consolidate
+	// that one request may take.
+	routeRoundsMax = 4
+	// skuCacheTTL is how long a SKU's configuration is trusted; the shard
+	// servers check status and limits in every batch regardless.
+	skuCacheTTL = 2 * time.Second
+	// inTransitWait is the pause before retrying when the stock a request
+	// needs is in transit.
+	inTransitWait = 50 * time.Millisecond
+)
+
+// Config configures an Allocator.
+type Config struct {
+	DB *postgres.DB
+	// Topology returns the current view of shard servers and owners.
+	Topology func() topology.View
+	// HTTPClient reaches the shard servers (cleartext HTTP/2).
+	HTTPClient *http.Client
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Allocator routes requests over the shard servers.
+type Allocator struct {
+	db   *postgres.DB
+	topo func() topology.View
+	hc   *http.Client
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	servers map[string]*serverClient // by id + "@" + addr
+	hints   map[stock.ShardKey]hint
+	skus    map[string]cachedSKU
+
+	sweeps   sweeper
+	inflight sync.Map // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
+	metrics  *metrics
+}
+
+type cachedSKU struct {
+	sku     *stock.SKU
+	fetched time.Time
+}
+
+// New returns an Allocator.
+func New(cfg Config) *Allocator {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = rpc.NewClient()
+	}
+	a := &Allocator{
+		db:      cfg.DB,
+		topo:    cfg.Topology,
+		hc:      hc,
+		log:     log,
+		servers: map[string]*serverClient{},
+		hints:   map[stock.ShardKey]hint{},
+		skus:    map[string]cachedSKU{},
+		metrics: newMetrics(cfg.Registerer),
+	}
+	a.sweeps.a = a
+	return a
+}
+
+// Close stops every shard-server client.
+func (a *Allocator) Close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, c := range a.servers {
+		c.close()
+		delete(a.servers, k)
+	}
+}
+
+// Ready reports whether every partition has a live owner.
+func (a *Allocator) Ready() bool { return a.topo().AllOwned() }
+
+// sku returns a SKU's configuration, cached for skuCacheTTL.
+func (a *Allocator) sku(ctx context.Context, name string) (*stock.SKU, error) {
+	a.mu.Lock()
+	c, ok := a.skus[name]
+	a.mu.Unlock()
+	if ok && time.Since(c.fetched) < skuCacheTTL {
+		return c.sku, nil
+	}
+	s, err := a.db.GetSKU(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	a.skus[name] = cachedSKU{sku: s, fetched: time.Now()}
+	a.mu.Unlock()
+	return s, nil
+}
+
+func (a *Allocator) forgetSKU(name string) {
+	a.mu.Lock()
+	delete(a.skus, name)
+	a.mu.Unlock()
+}
+
+// client returns the client of the server that owns shard k, or nil.
+func (a *Allocator) client(k stock.ShardKey) *serverClient {
+	srv, _, ok := a.topo().Owner(k.Partition())
+	if !ok {
+		return nil
+	}
+	id := srv.ID + "@" + srv.Addr
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.servers[id]
+	if c == nil {
+		c = newServerClient(srv.ID, srv.Addr, a.hc, func(name string, to gobreaker.State) {
+			a.log.Warn("shard server circuit breaker", "server", name, "state", to.String())
+			a.metrics.breaker.WithLabelValues(name, to.String()).Inc()
+		})
+		a.servers[id] = c
+	}
+	return c
+}
+
+// exec sends one request to its shard's owner and keeps the answer's hint.
+func (a *Allocator) exec(ctx context.Context, r *stock.Request) stock.Result {
+	c := a.client(r.Shard)
+	if c == nil {
+		return unavailable("no shard server owns %s right now; retry with the same key", r.Shard)
+	}
+	if c.open() {
+		return unavailable("shard server %s is failing; retry with the same key", c.id)
+	}
+	res := c.do(ctx, rpc.RequestToProto(r))
+	if res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
+		a.setHint(r.Shard, res.Available)
+	}
+	return res
+}
+
+func (a *Allocator) setHint(k stock.ShardKey, available int64) {
+	a.mu.Lock()
+	a.hints[k] = hint{available: available, known: true}
+	a.mu.Unlock()
+}
+
+// hintsOf returns the hints of a SKU's n shards.
+func (a *Allocator) hintsOf(sku string, n int32) []hint {
+	hs := make([]hint, n)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i := range hs {
+		hs[i] = a.hints[stock.ShardKey{SKU: sku, Index: int32(i)}]
+	}
+	return hs
+}
+
+// firstChoice is the key's stable first shard.
+func firstChoice(key string, n int32) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int32(h.Sum32() % uint32(n))
+}
+
+// skipper returns a predicate that skips shards whose server is unknown or
+// failing.
+func (a *Allocator) skipper(sku string) func(int32) bool {
+	return func(i int32) bool {
+		c := a.client(stock.ShardKey{SKU: sku, Index: i})
+		return c == nil || c.open()
+	}
+}
+
+// take routes a request that takes q available units (reserve, deduct, a
+// negative adjustment): try the shards that may have enough, then sweep
+// them all; answer OUT_OF_STOCK only when the sweep (counting stock in
+// transit) says the SKU holds less than q; consolidate when the stock is
+// there but split.
+func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) stock.Result {
+	q := r.Quantity
+	if r.Kind == stock.OpAdjust {
+		q = -r.Quantity
+	}
+	n := sku.Shards
+	first := firstChoice(r.Key, n)
+	asked := false
+	var last stock.Result
+	for round := 0; round < routeRoundsMax; round++ {
+		for _, idx := range candidates(n, first, a.hintsOf(sku.SKU, n), q, a.skipper(sku.SKU)) {
+			rr := *r
+			rr.Shard.Index = idx
+			res := a.exec(ctx, &rr)
+			if res.Err == nil {
+				return res
+			}
+			switch res.Err.Code {
+			case stock.CodeOutOfStock:
+				asked = true
+			case stock.CodeShardUnavailable:
+				last = res
+			default:
+				return res
+			}
+			if ctx.Err() != nil {
+				return unavailable("deadline passed while routing; retry with the same key")
+			}
+		}
+		sw := a.sweeps.sweep(ctx, sku)
+		if sw.err != nil {
+			return stock.Result{Err: sw.err}
+		}
+		switch {
+		case sw.available+sw.inTransit < q && sw.unknown == 0:
+			return a.outOfStock(ctx, r, asked)
+		case sw.available+sw.inTransit < q:
+			// Shards that did not answer may hold the stock: not a sold-out.
+			return unavailable("some shards of %s are unreachable; retry with the same key", sku.SKU)
+		case sw.maxShard >= q:
+			continue // a shard holds enough now: try again with fresh hints
+		case sw.available >= q:
+			if err := a.consolidate(ctx, sku, q); err != nil {
+				a.log.Debug("consolidation failed", "sku", sku.SKU, "err", err)
+			}
+		default: // enough only with what is in transit: let it land
+			time.Sleep(inTransitWait)
+		}
+	}
+	if last.Err != nil {
+		return last
+	}
+	return unavailable("could not place the request in %d rounds; retry with the same key", routeRoundsMax)
+}
+
+// outOfStock answers OUT_OF_STOCK, but only after checking that the key has
+// no recorded operation: a replay gets its first result even after the SKU
+// sold out. When a shard refused the request during this call it did that
+// check in its transaction already.
+func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, asked bool) stock.Result {
+	if !asked {
+		ops, err := a.db.LookupOperations(ctx, []string{r.Key})
+		if err != nil {
+			return unavailable("could not check the key; retry with the same key")
+		}
+		if op := ops[r.Key]; op != nil {
+			// Let the op's own shard answer the replay (or the reuse).
+			rr := *r
+			rr.Shard.Index = op.Shard
+			return a.exec(ctx, &rr)
+		}
+	}
+	return stock.Result{Err: stock.Errorf(stock.CodeOutOfStock, "not enough stock of %s", r.Shard.SKU)}
+}

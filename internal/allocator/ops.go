@@ -1,0 +1,240 @@
+package allocator
+
+import (
+	"context"
+
+	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// Take reserves or deducts: r.Kind is OpReserve or OpDeduct, r.Shard.SKU
+// names the SKU (the shard is chosen here).
+func (a *Allocator) Take(ctx context.Context, r *stock.Request) stock.Result {
+	r.Shard.Index = 0
+	if r.Source == "" {
+		r.Source = stock.SourceAPI
+	}
+	if err := stock.ValidateRequest(r); err != nil {
+		return errResult(err)
+	}
+	sku, err := a.sku(ctx, r.Shard.SKU)
+	if err != nil {
+		return errResult(err)
+	}
+	// Status and limits are left to the shard, which checks them after the
+	// replay lookup: a retry of a deduct that succeeded before the SKU was
+	// paused gets its first result, not SKU_PAUSED.
+	flight := r.Shard.SKU + "\x00" + r.Key
+	a.inflight.Store(flight, struct{}{})
+	defer a.inflight.Delete(flight)
+	return a.take(ctx, r, sku)
+}
+
+// End commits or releases a reservation: the reservation id names its
+// shard, so no lookup is needed.
+func (a *Allocator) End(ctx context.Context, r *stock.Request) stock.Result {
+	k, err := stock.ParseReservationID(r.ReservationID)
+	if err != nil {
+		return errResult(err)
+	}
+	r.Shard = k
+	if r.Source == "" {
+		r.Source = stock.SourceAPI
+	}
+	if err := stock.ValidateRequest(r); err != nil {
+		return errResult(err)
+	}
+	return a.exec(ctx, r)
+}
+
+// Give adds available stock: a replenish, or a positive adjustment. Any
+// shard will do; the key's first choice is tried first.
+func (a *Allocator) Give(ctx context.Context, r *stock.Request) stock.Result {
+	r.Shard.Index = 0
+	if r.Source == "" {
+		r.Source = stock.SourceAPI
+	}
+	if err := stock.ValidateRequest(r); err != nil {
+		return errResult(err)
+	}
+	sku, err := a.sku(ctx, r.Shard.SKU)
+	if err != nil {
+		return errResult(err)
+	}
+	if r.Kind == stock.OpAdjust && r.Quantity < 0 {
+		return a.take(ctx, r, sku)
+	}
+	first := firstChoice(r.Key, sku.Shards)
+	res := unavailable("no shard of %s is reachable; retry with the same key", sku.SKU)
+	for d := int32(0); d < sku.Shards; d++ {
+		rr := *r
+		rr.Shard.Index = (first + d) % sku.Shards
+		if res = a.exec(ctx, &rr); res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
+			return res
+		}
+	}
+	return res
+}
+
+// GetOperation returns the recorded operation of a key.
+func (a *Allocator) GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error) {
+	if err := stock.ValidateSKU(sku); err != nil {
+		return nil, err
+	}
+	if err := stock.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	op, err := a.db.GetOperation(ctx, sku, key)
+	if stock.CodeOf(err) == stock.CodeOperationNotFound {
+		if _, busy := a.inflight.Load(sku + "\x00" + key); busy {
+			return nil, stock.Errorf(stock.CodeOperationInProgress, "the operation with key %q is in progress; ask again", key)
+		}
+	}
+	return op, err
+}
+
+// Stock is a SKU's counts and its shards.
+type Stock struct {
+	SKU       *stock.SKU
+	Total     stock.Counts
+	InTransit int64
+	Shards    []ShardStock
+}
+
+// ShardStock is one shard's counts and owner.
+type ShardStock struct {
+	Index    int32
+	ServerID string
+	stock.Counts
+}
+
+// GetStock reads a SKU's counts as committed.
+func (a *Allocator) GetStock(ctx context.Context, name string) (*Stock, error) {
+	if err := stock.ValidateSKU(name); err != nil {
+		return nil, err
+	}
+	sku, err := a.db.GetSKU(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := a.db.Shards(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	inTransit, err := a.db.InTransit(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	view := a.topo()
+	st := &Stock{SKU: sku, InTransit: inTransit}
+	for _, r := range rows {
+		srv, _, _ := view.Owner(stock.PartitionOf(name, r.Index))
+		st.Shards = append(st.Shards, ShardStock{Index: r.Index, ServerID: srv.ID, Counts: r.Counts})
+		st.Total = st.Total.Add(r.Counts)
+	}
+	return st, nil
+}
+
+// CreateSKU creates a SKU with initial stock spread over its shards.
+func (a *Allocator) CreateSKU(ctx context.Context, s stock.SKU, initial int64) (*Stock, error) {
+	if err := stock.ValidateSKU(s.SKU); err != nil {
+		return nil, err
+	}
+	if s.Shards == 0 {
+		s.Shards = 1
+	}
+	if err := stock.ValidateShards(s.Shards); err != nil {
+		return nil, err
+	}
+	if initial < 0 || initial > stock.StockMax {
+		return nil, stock.Errorf(stock.CodeInvalidQuantity, "initial_stock must be between 0 and %d", int64(stock.StockMax))
+	}
+	if err := validateLimits(s.MaxPerOrder, s.CustomerLimit); err != nil {
+		return nil, err
+	}
+	if s.ReservationTTL == 0 {
+		s.ReservationTTL = stock.ReservationTTLDefault
+	}
+	if err := stock.ValidateTTL(s.ReservationTTL); err != nil {
+		return nil, err
+	}
+	s.Status = stock.StatusActive
+	if err := a.db.CreateSKU(ctx, s, initial); err != nil {
+		return nil, err
+	}
+	return a.GetStock(ctx, s.SKU)
+}
+
+func validateLimits(maxPerOrder, customerLimit int64) error {
+	if maxPerOrder < 0 || maxPerOrder > stock.QuantityMax {
+		return stock.Errorf(stock.CodeInvalidArgument, "max_per_order must be between 0 (no limit) and %d", stock.QuantityMax)
+	}
+	if customerLimit < 0 || customerLimit > stock.StockMax {
+		return stock.Errorf(stock.CodeInvalidArgument, "customer_limit must be between 0 (no limit) and %d", int64(stock.StockMax))
+	}
+	return nil
+}
+
+// UpdateSKU pauses or resumes a SKU or changes its limits.
+func (a *Allocator) UpdateSKU(ctx context.Context, name string, u postgres.SKUUpdate) (*stock.SKU, error) {
+	if err := stock.ValidateSKU(name); err != nil {
+		return nil, err
+	}
+	var mpo, cl int64
+	if u.MaxPerOrder != nil {
+		mpo = *u.MaxPerOrder
+	}
+	if u.CustomerLimit != nil {
+		cl = *u.CustomerLimit
+	}
+	if err := validateLimits(mpo, cl); err != nil {
+		return nil, err
+	}
+	defer a.forgetSKU(name)
+	return a.db.UpdateSKU(ctx, name, u)
+}
+
+// Topology returns the current view of servers and owners.
+func (a *Allocator) Topology() topology.View { return a.topo() }
+
+// ListLedger pages through a SKU's ledger.
+func (a *Allocator) ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error) {
+	if err := stock.ValidateSKU(sku); err != nil {
+		return nil, err
+	}
+	if _, err := a.db.GetSKU(ctx, sku); err != nil {
+		return nil, err
+	}
+	return a.db.ListLedger(ctx, sku, after, limit)
+}
+
+// ListTransfers pages through transfers.
+func (a *Allocator) ListTransfers(ctx context.Context, sku, after string, limit int) ([]*stock.Transfer, error) {
+	if sku != "" {
+		if err := stock.ValidateSKU(sku); err != nil {
+			return nil, err
+		}
+	}
+	return a.db.ListTransfers(ctx, sku, after, limit)
+}
+
+// Reconcile checks a SKU's books.
+func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]ledger.Discrepancy, error) {
+	if err := stock.ValidateSKU(sku); err != nil {
+		return nil, err
+	}
+	snap, err := a.db.Snapshot(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return ledger.Reconcile(snap), nil
+}
+
+func errResult(err error) stock.Result {
+	if e, ok := err.(*stock.Error); ok {
+		return stock.Result{Err: e}
+	}
+	return stock.Result{Err: stock.Errorf(stock.CodeShardUnavailable, "database unavailable; retry with the same key")}
+}

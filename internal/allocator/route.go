@@ -1,0 +1,79 @@
+package allocator
+
+import (
+	"cmp"
+	"slices"
+)
+
+// hint is what the allocator believes a shard has available: the shard's
+// answer to the last request or sweep. Unknown hints are tried.
+type hint struct {
+	available int64
+	known     bool
+}
+
+// candidates orders the shards to try for a request of quantity q: first the
+// key's stable first choice, then the others that may have enough, by most
+// available first (unknown ones before known ones, to learn them), ties
+// broken by distance from the first choice so that load spreads. Shards that
+// skip says to avoid, or known to have less than q, are left out. It is pure.
+func candidates(n int32, first int32, hints []hint, q int64, skip func(int32) bool) []int32 {
+	fits := func(i int32) bool {
+		return (skip == nil || !skip(i)) && (!hints[i].known || hints[i].available >= q)
+	}
+	out := make([]int32, 0, n)
+	if fits(first) {
+		out = append(out, first)
+	}
+	rest := make([]int32, 0, n)
+	for d := int32(1); d < n; d++ {
+		if i := (first + d) % n; fits(i) {
+			rest = append(rest, i)
+		}
+	}
+	rank := func(i int32) int64 {
+		if !hints[i].known {
+			return 1 << 62
+		}
+		return hints[i].available
+	}
+	slices.SortStableFunc(rest, func(a, b int32) int { return cmp.Compare(rank(b), rank(a)) })
+	return append(out, rest...)
+}
+
+// consolidation plans moving stock so that one shard holds q: the target is
+// the shard with the most available, and sources give what they have, most
+// first, until the target would hold q. It returns nil when the known
+// shards do not hold q in total. It is pure.
+func consolidation(hints []hint, q int64, skip func(int32) bool) (target int32, moves []move) {
+	var order []int32
+	for i := range hints {
+		if hints[i].known && hints[i].available > 0 && (skip == nil || !skip(int32(i))) {
+			order = append(order, int32(i))
+		}
+	}
+	if len(order) == 0 {
+		return -1, nil
+	}
+	slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(hints[b].available, hints[a].available) })
+	target = order[0]
+	need := q - hints[target].available
+	for _, i := range order[1:] {
+		if need <= 0 {
+			break
+		}
+		take := min(need, hints[i].available)
+		moves = append(moves, move{from: i, quantity: take})
+		need -= take
+	}
+	if need > 0 {
+		return -1, nil
+	}
+	return target, moves
+}
+
+// move is one transfer of a consolidation.
+type move struct {
+	from     int32
+	quantity int64
+}

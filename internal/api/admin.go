@@ -1,0 +1,216 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"strconv"
+	"strings"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Page sizes of the admin listings.
+const (
+	pageSizeDefault = 100
+	pageSizeMax     = 1000
+)
+
+// AdminHandler serves the AdminService over an Allocator.
+type AdminHandler struct {
+	Allocator *allocator.Allocator
+}
+
+var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)
+
+// BearerAuth returns an interceptor that admits a call only with
+// `Authorization: Bearer <token>`, compared in constant time. A missing or
+// wrong token is unauthenticated and reaches no handler.
+func BearerAuth(token string) connect.UnaryInterceptorFunc {
+	want := []byte(token)
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			got, ok := strings.CutPrefix(req.Header().Get("Authorization"), "Bearer ")
+			if !ok || len(want) == 0 || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+				return nil, rpc.ToConnect(stock.Errorf(stock.CodeUnauthenticated, "admin calls need Authorization: Bearer <admin token>"))
+			}
+			return next(ctx, req)
+		}
+	}
+}
+
+// CreateSku creates a SKU.
+func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {
+	m := req.Msg
+	st, err := h.Allocator.CreateSKU(ctx, stock.SKU{
+		SKU: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
+		ReservationTTL: rpc.DurationOf(m.GetReservationTtl()),
+	}, m.GetInitialStock())
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.CreateSkuResponse{Sku: skuToProto(st.SKU), Stock: StockToProto(st)}), nil
+}
+
+// UpdateSku pauses, resumes or changes limits.
+func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.UpdateSkuRequest]) (*connect.Response[v1.UpdateSkuResponse], error) {
+	m := req.Msg
+	s, err := h.Allocator.UpdateSKU(ctx, m.GetSku(), postgres.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit})
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.UpdateSkuResponse{Sku: skuToProto(s)}), nil
+}
+
+// AdjustStock adds or removes available stock, ledgered with its reason
+// and approver.
+func (h *AdminHandler) AdjustStock(ctx context.Context, req *connect.Request[v1.AdjustStockRequest]) (*connect.Response[v1.AdjustStockResponse], error) {
+	m := req.Msg
+	if strings.TrimSpace(m.GetReason()) == "" || strings.TrimSpace(m.GetApprover()) == "" {
+		return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "an adjustment needs a reason and an approver"))
+	}
+	res := h.Allocator.Give(ctx, &stock.Request{
+		Kind: stock.OpAdjust, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetDelta(), Key: m.GetIdempotencyKey(),
+		Reason: m.GetReason(), Approver: m.GetApprover(), Source: stock.SourceAdminPrefix + m.GetApprover(),
+	})
+	if res.Err != nil {
+		return nil, rpc.ToConnect(res.Err)
+	}
+	out := &v1.AdjustStockResponse{Operation: rpc.OperationToProto(res.Operation), Replayed: res.Replayed}
+	if st, err := h.Allocator.GetStock(ctx, m.GetSku()); err == nil {
+		out.Stock = StockToProto(st)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// SetShards is not built yet: it comes with the rebalancer.
+func (h *AdminHandler) SetShards(context.Context, *connect.Request[v1.SetShardsRequest]) (*connect.Response[v1.SetShardsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("SetShards comes with the rebalancer"))
+}
+
+// Rebalance is not built yet: it comes with the rebalancer.
+func (h *AdminHandler) Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("Rebalance comes with the rebalancer"))
+}
+
+// ListTransfers pages through transfers.
+func (h *AdminHandler) ListTransfers(ctx context.Context, req *connect.Request[v1.ListTransfersRequest]) (*connect.Response[v1.ListTransfersResponse], error) {
+	after, err := decodeToken(req.Msg.GetPageToken())
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	size := pageSize(req.Msg.GetPageSize())
+	ts, err := h.Allocator.ListTransfers(ctx, req.Msg.GetSku(), after, size)
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	out := &v1.ListTransfersResponse{}
+	for _, t := range ts {
+		out.Transfers = append(out.Transfers, rpc.TransferToProto(t))
+	}
+	if len(ts) == size {
+		out.NextPageToken = encodeToken(ts[len(ts)-1].ID)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// GetTopology lists servers and partition owners.
+func (h *AdminHandler) GetTopology(ctx context.Context, req *connect.Request[v1.GetTopologyRequest]) (*connect.Response[v1.GetTopologyResponse], error) {
+	view := h.Allocator.Topology()
+	out := &v1.GetTopologyResponse{Partitions: int32(view.Partitions())}
+	byServer := map[string]*v1.ShardServer{}
+	for _, s := range view.Servers() {
+		ss := &v1.ShardServer{ServerId: s.ID, Address: s.Addr}
+		byServer[s.ID] = ss
+		out.Servers = append(out.Servers, ss)
+	}
+	for p := int32(0); p < int32(view.Partitions()); p++ {
+		srv, epoch, ok := view.Owner(p)
+		if !ok {
+			continue
+		}
+		out.Owners = append(out.Owners, &v1.PartitionOwner{Partition: p, ServerId: srv.ID, Epoch: epoch})
+		if ss := byServer[srv.ID]; ss != nil {
+			ss.Partitions = append(ss.Partitions, p)
+		}
+	}
+	return connect.NewResponse(out), nil
+}
+
+// ListLedger pages through a SKU's ledger.
+func (h *AdminHandler) ListLedger(ctx context.Context, req *connect.Request[v1.ListLedgerRequest]) (*connect.Response[v1.ListLedgerResponse], error) {
+	tok, err := decodeToken(req.Msg.GetPageToken())
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	var after int64
+	if tok != "" {
+		if after, err = strconv.ParseInt(tok, 10, 64); err != nil || after < 0 {
+			return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "page_token is not one this API gave"))
+		}
+	}
+	size := pageSize(req.Msg.GetPageSize())
+	es, err := h.Allocator.ListLedger(ctx, req.Msg.GetSku(), after, size)
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	out := &v1.ListLedgerResponse{}
+	for _, e := range es {
+		out.Entries = append(out.Entries, rpc.LedgerEntryToProto(e))
+	}
+	if len(es) == size {
+		out.NextPageToken = encodeToken(strconv.FormatInt(es[len(es)-1].ID, 10))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// Reconcile checks a SKU's books.
+func (h *AdminHandler) Reconcile(ctx context.Context, req *connect.Request[v1.ReconcileRequest]) (*connect.Response[v1.ReconcileResponse], error) {
+	ds, err := h.Allocator.Reconcile(ctx, req.Msg.GetSku())
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	out := &v1.ReconcileResponse{Balanced: len(ds) == 0}
+	for _, d := range ds {
+		out.Discrepancies = append(out.Discrepancies, &v1.Discrepancy{Check: d.Check, Shard: d.Shard, Detail: d.Detail, Expected: d.Expected, Actual: d.Actual})
+	}
+	if st, err := h.Allocator.GetStock(ctx, req.Msg.GetSku()); err == nil {
+		out.Stock = StockToProto(st)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func skuToProto(s *stock.SKU) *v1.SkuConfig {
+	return &v1.SkuConfig{Sku: s.SKU, Status: skuStatuses[s.Status], Shards: s.Shards, MaxPerOrder: s.MaxPerOrder,
+		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL)}
+}
+
+func pageSize(n int32) int {
+	if n <= 0 {
+		return pageSizeDefault
+	}
+	return min(int(n), pageSizeMax)
+}
+
+// Page tokens are opaque to clients.
+func encodeToken(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+func decodeToken(tok string) (string, error) {
+	if tok == "" {
+		return "", nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || len(b) > stock.TransferIDLenMax {
+		return "", stock.Errorf(stock.CodeInvalidArgument, "page_token is not one this API gave")
+	}
+	return string(b), nil
+}

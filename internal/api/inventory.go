@@ -1,0 +1,112 @@
+package api
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// InventoryHandler serves the public InventoryService over an Allocator.
+type InventoryHandler struct {
+	Allocator *allocator.Allocator
+}
+
+var _ shardstockv1connect.InventoryServiceHandler = (*InventoryHandler)(nil)
+
+// Reserve holds stock.
+func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error) {
+	m := req.Msg
+	res := h.Allocator.Take(ctx, &stock.Request{
+		Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
+		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: rpc.DurationOf(m.GetTtl()),
+	})
+	if res.Err != nil {
+		return nil, rpc.ToConnect(res.Err)
+	}
+	return connect.NewResponse(&v1.ReserveResponse{Reservation: rpc.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
+}
+
+// Commit turns a reservation into a sale.
+func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
+	res := h.Allocator.End(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId()})
+	if res.Err != nil {
+		return nil, rpc.ToConnect(res.Err)
+	}
+	return connect.NewResponse(&v1.CommitResponse{Reservation: rpc.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
+}
+
+// Release gives a reservation's units back.
+func (h *InventoryHandler) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
+	res := h.Allocator.End(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: req.Msg.GetReservationId(), Reason: req.Msg.GetReason()})
+	if res.Err != nil {
+		return nil, rpc.ToConnect(res.Err)
+	}
+	return connect.NewResponse(&v1.ReleaseResponse{Reservation: rpc.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
+}
+
+// Deduct reserves and commits at once.
+func (h *InventoryHandler) Deduct(ctx context.Context, req *connect.Request[v1.DeductRequest]) (*connect.Response[v1.DeductResponse], error) {
+	m := req.Msg
+	res := h.Allocator.Take(ctx, &stock.Request{
+		Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
+		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(),
+	})
+	if res.Err != nil {
+		return nil, rpc.ToConnect(res.Err)
+	}
+	return connect.NewResponse(&v1.DeductResponse{Operation: rpc.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
+}
+
+// Replenish returns units to available stock.
+func (h *InventoryHandler) Replenish(ctx context.Context, req *connect.Request[v1.ReplenishRequest]) (*connect.Response[v1.ReplenishResponse], error) {
+	m := req.Msg
+	res := h.Allocator.Give(ctx, &stock.Request{
+		Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
+		OrderRef: m.GetOrderRef(), Reason: m.GetReason(),
+	})
+	if res.Err != nil {
+		return nil, rpc.ToConnect(res.Err)
+	}
+	return connect.NewResponse(&v1.ReplenishResponse{Operation: rpc.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
+}
+
+// GetOperation tells the state of a key.
+func (h *InventoryHandler) GetOperation(ctx context.Context, req *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error) {
+	op, err := h.Allocator.GetOperation(ctx, req.Msg.GetSku(), req.Msg.GetIdempotencyKey())
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.GetOperationResponse{Operation: rpc.OperationToProto(op)}), nil
+}
+
+// GetStock returns a SKU's counts.
+func (h *InventoryHandler) GetStock(ctx context.Context, req *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error) {
+	st, err := h.Allocator.GetStock(ctx, req.Msg.GetSku())
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.GetStockResponse{Stock: StockToProto(st)}), nil
+}
+
+var skuStatuses = map[stock.Status]v1.SkuStatus{
+	stock.StatusActive: v1.SkuStatus_SKU_STATUS_ACTIVE,
+	stock.StatusPaused: v1.SkuStatus_SKU_STATUS_PAUSED,
+}
+
+// StockToProto converts a SKU's stock.
+func StockToProto(st *allocator.Stock) *v1.Stock {
+	out := &v1.Stock{
+		Sku: st.SKU.SKU, Available: st.Total.Available, Reserved: st.Total.Reserved, Sold: st.Total.Sold,
+		InTransit: st.InTransit, Status: skuStatuses[st.SKU.Status],
+	}
+	for _, s := range st.Shards {
+		out.Shards = append(out.Shards, &v1.ShardStock{Index: s.Index, ServerId: s.ServerID, Available: s.Available, Reserved: s.Reserved, Sold: s.Sold})
+	}
+	return out
+}

@@ -1,0 +1,100 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+	"connectrpc.com/grpcreflect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// shutdownTimeout bounds a graceful stop.
+const shutdownTimeout = 10 * time.Second
+
+// MuxConfig says what a process serves besides its Connect handlers.
+type MuxConfig struct {
+	// Services are the fully-qualified names for health and reflection.
+	Services []string
+	// Ready reports readiness for /readyz and gRPC health; nil: always.
+	Ready    func() bool
+	Gatherer prometheus.Gatherer
+}
+
+// NewMux returns a mux with gRPC health, server reflection, /healthz,
+// /readyz and /metrics; the caller adds its handlers.
+func NewMux(cfg MuxConfig) *http.ServeMux {
+	mux := http.NewServeMux()
+	ready := cfg.Ready
+	if ready == nil {
+		ready = func() bool { return true }
+	}
+	mux.Handle(grpchealth.NewHandler(healthChecker{services: cfg.Services, ready: ready}))
+	reflector := grpcreflect.NewStaticReflector(cfg.Services...)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	if cfg.Gatherer != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
+	return mux
+}
+
+// healthChecker answers gRPC health from the readiness function.
+type healthChecker struct {
+	services []string
+	ready    func() bool
+}
+
+func (h healthChecker) Check(_ context.Context, req *grpchealth.CheckRequest) (*grpchealth.CheckResponse, error) {
+	known := req.Service == ""
+	for _, s := range h.services {
+		known = known || s == req.Service
+	}
+	if !known {
+		return nil, grpchealthNotFound(req.Service)
+	}
+	if h.ready() {
+		return &grpchealth.CheckResponse{Status: grpchealth.StatusServing}, nil
+	}
+	return &grpchealth.CheckResponse{Status: grpchealth.StatusNotServing}, nil
+}
+
+func grpchealthNotFound(service string) error {
+	return connect.NewError(connect.CodeNotFound, errors.New("unknown service "+service))
+}
+
+// Serve serves h on lis until ctx ends, then shuts down gracefully within
+// shutdownTimeout.
+func Serve(ctx context.Context, lis net.Listener, h http.Handler) error {
+	srv := NewServer(h)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
