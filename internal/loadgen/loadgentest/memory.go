@@ -1,0 +1,243 @@
+// Package loadgentest holds an in-process stock system for testing the load
+// generator itself: an exact counter behind one mutex, with knobs that break
+// it in the ways the correctness line must catch.
+package loadgentest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Memory is a loadgen.Target kept in memory. Its zero value is an exact,
+// idempotent stock system; the knobs make it wrong on purpose.
+type Memory struct {
+	// Oversell lets available fall to -Oversell.
+	Oversell int64
+	// IgnoreKeys applies every request, repeated keys included.
+	IgnoreKeys bool
+	// Hoard refuses as out of stock any request that would leave fewer than
+	// Hoard units available (a false sold-out).
+	Hoard int64
+	// DropLedger stops writing ledger entries, so the ledger no longer sums.
+	DropLedger bool
+	// Latency is added to every request.
+	Latency time.Duration
+
+	mu           sync.Mutex
+	skus         map[string]*memSKU
+	reservations map[string]*memReservation
+}
+
+var _ loadgen.Target = (*Memory)(nil)
+
+type memSKU struct {
+	initial, available, reserved, sold int64
+	ops                                map[string]memOp // by idempotency key
+	ledger                             []memEntry
+}
+
+type memOp struct {
+	kind          string
+	qty           int64
+	reservationID string
+}
+
+type memEntry struct {
+	kind                     string
+	key                      string
+	dAvail, dReserved, dSold int64
+}
+
+type memReservation struct {
+	sku   string
+	qty   int64
+	state string
+}
+
+// Name is "memory".
+func (m *Memory) Name() string { return "memory" }
+
+// Setup creates the SKUs.
+func (m *Memory) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.skus = make(map[string]*memSKU, len(skus))
+	m.reservations = map[string]*memReservation{}
+	for _, s := range skus {
+		m.skus[s.SKU] = &memSKU{initial: s.Stock, available: s.Stock, ops: map[string]memOp{}}
+	}
+	return nil
+}
+
+// wait sleeps for Latency, then tells the runner the request is sent.
+func (m *Memory) wait(ctx context.Context) {
+	if m.Latency > 0 {
+		t := time.NewTimer(m.Latency)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// answer returns o unless the client gave up meanwhile: like a server that
+// committed while the client stopped listening.
+func answer(ctx context.Context, o loadgen.Outcome) loadgen.Outcome {
+	loadgen.Sent(ctx)
+	if e, ok := loadgen.ErrorFromContext(ctx); ok {
+		return e
+	}
+	return o
+}
+
+// Deduct takes qty units.
+func (m *Memory) Deduct(ctx context.Context, sku, key string, qty int64) loadgen.Outcome {
+	_, o := m.take(ctx, "deduct", sku, key, qty)
+	return o
+}
+
+// Reserve holds qty units.
+func (m *Memory) Reserve(ctx context.Context, sku, key string, qty int64) (string, loadgen.Outcome) {
+	return m.take(ctx, "reserve", sku, key, qty)
+}
+
+func (m *Memory) take(ctx context.Context, kind, sku, key string, qty int64) (string, loadgen.Outcome) {
+	m.wait(ctx)
+	if e, ok := loadgen.ErrorFromContext(ctx); ok {
+		return "", e
+	}
+	m.mu.Lock()
+	s, ok := m.skus[sku]
+	if !ok {
+		m.mu.Unlock()
+		return "", loadgen.Error(string(stock.CodeSKUNotFound))
+	}
+	if op, ok := s.ops[key]; ok && !m.IgnoreKeys {
+		m.mu.Unlock()
+		if op.kind != kind || op.qty != qty {
+			return "", answer(ctx, loadgen.Error(string(stock.CodeIdempotencyKeyReused)))
+		}
+		return op.reservationID, answer(ctx, loadgen.Replayed)
+	}
+	if s.available-qty < m.Hoard-m.Oversell {
+		m.mu.Unlock()
+		return "", answer(ctx, loadgen.OutOfStock)
+	}
+	e := memEntry{kind: kind, key: key, dAvail: -qty}
+	op := memOp{kind: kind, qty: qty}
+	s.available -= qty
+	if kind == "deduct" {
+		s.sold += qty
+		e.dSold = qty
+	} else {
+		s.reserved += qty
+		e.dReserved = qty
+		op.reservationID = newID()
+		m.reservations[op.reservationID] = &memReservation{sku: sku, qty: qty, state: "held"}
+	}
+	s.ops[key] = op
+	if !m.DropLedger {
+		s.ledger = append(s.ledger, e)
+	}
+	m.mu.Unlock()
+	return op.reservationID, answer(ctx, loadgen.OK)
+}
+
+// Commit sells a held reservation.
+func (m *Memory) Commit(ctx context.Context, id string) loadgen.Outcome {
+	return m.end(ctx, id, "committed")
+}
+
+// Release returns a held reservation.
+func (m *Memory) Release(ctx context.Context, id string) loadgen.Outcome {
+	return m.end(ctx, id, "released")
+}
+
+func (m *Memory) end(ctx context.Context, id, state string) loadgen.Outcome {
+	m.wait(ctx)
+	if e, ok := loadgen.ErrorFromContext(ctx); ok {
+		return e
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.reservations[id]
+	switch {
+	case !ok:
+		return answer(ctx, loadgen.Error(string(stock.CodeReservationNotFound)))
+	case r.state == state:
+		return answer(ctx, loadgen.Replayed)
+	case r.state == "committed":
+		return answer(ctx, loadgen.Error(string(stock.CodeReservationAlreadyCommitted)))
+	case r.state == "released":
+		return answer(ctx, loadgen.Error(string(stock.CodeReservationAlreadyReleased)))
+	}
+	s := m.skus[r.sku]
+	r.state = state
+	e := memEntry{key: id, dReserved: -r.qty}
+	s.reserved -= r.qty
+	if state == "committed" {
+		e.kind, e.dSold = "commit", r.qty
+		s.sold += r.qty
+	} else {
+		e.kind, e.dAvail = "release", r.qty
+		s.available += r.qty
+	}
+	if !m.DropLedger {
+		s.ledger = append(s.ledger, e)
+	}
+	return answer(ctx, loadgen.OK)
+}
+
+// Verify reads the counts and checks the ledger against them.
+func (m *Memory) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.State, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := loadgen.State{SKUs: map[string]loadgen.SKUState{}}
+	for _, spec := range skus {
+		s, ok := m.skus[spec.SKU]
+		if !ok {
+			continue
+		}
+		out := loadgen.SKUState{Available: s.available, Reserved: s.reserved, Sold: s.sold, Ledger: map[string]int64{}}
+		keys := map[string]bool{}
+		var da, dr, ds int64
+		for _, e := range s.ledger {
+			out.Ledger[e.kind]++
+			da, dr, ds = da+e.dAvail, dr+e.dReserved, ds+e.dSold
+			if e.kind == "deduct" || e.kind == "reserve" {
+				out.Operations++
+				keys[e.key] = true
+			}
+		}
+		out.DistinctKeys = int64(len(keys))
+		for _, c := range []struct {
+			what      string
+			want, got int64
+		}{{"available", s.initial + da, s.available}, {"reserved", dr, s.reserved}, {"sold", ds, s.sold}} {
+			if c.want != c.got {
+				out.Discrepancies = append(out.Discrepancies, loadgen.Discrepancy{
+					Check: "ledger_balance", Detail: c.what + ": opening balance plus ledger against the counter",
+					Expected: c.want, Actual: c.got,
+				})
+			}
+		}
+		st.SKUs[spec.SKU] = out
+	}
+	return st, nil
+}
+
+// Close does nothing.
+func (m *Memory) Close() error { return nil }
+
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

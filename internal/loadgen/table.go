@@ -1,0 +1,170 @@
+package loadgen
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// RatioBase is the target that throughput ratios compare against: baseline
+// (2), one row with an atomic conditional UPDATE per request.
+const RatioBase = "onerow"
+
+// Columns of the table, in order.
+var Columns = []string{
+	"target", "requests", "ok", "out-of-stock", "replayed", "errors", "req/s",
+	"p50", "p95", "p99", "max", "oos-p99",
+	"oversold", "undersold", "duplicates", "recon-diffs", "verdict",
+}
+
+// Verdict is "ok" for a clean run, "FAIL" for a target that broke a
+// correctness rule, and "reported" for a baseline that did (a baseline may
+// oversell or duplicate: the table reports what it did).
+func (r *Result) Verdict() string {
+	switch {
+	case r.Correctness.Clean():
+		return "ok"
+	case r.Baseline:
+		return "reported"
+	}
+	return "FAIL"
+}
+
+// WriteTable writes the results as one table, then the errors by code, the
+// throughput ratios against RatioBase (when it ran beside others) and the
+// lines explaining every non-zero correctness number.
+func WriteTable(w io.Writer, results []*Result) error {
+	var b strings.Builder
+	if len(results) > 0 {
+		b.WriteString(describe(results[0]) + "\n")
+	}
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(Columns, "\t")+"\t")
+	for _, r := range results {
+		c := r.Correctness
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t\n",
+			r.Target, r.Requests, r.OK, r.OutOfStock, r.Replayed, r.Errors, r.Throughput(),
+			quantile(r.Latency, 50), quantile(r.Latency, 95), quantile(r.Latency, 99), maxLatency(r.Latency),
+			quantile(r.OutOfStockLatency, 99),
+			c.Oversold, c.Undersold, c.Duplicates, c.Reconciliation, r.Verdict())
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	b.WriteString("errors by code:\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "  %s: %s\n", r.Target, codes(r.ErrorsByCode))
+	}
+	if ratios := Ratios(results); ratios != "" {
+		fmt.Fprintf(&b, "throughput against %s (baseline 2): %s\n", RatioBase, ratios)
+	}
+	b.WriteString("correctness:\n")
+	for _, r := range results {
+		c := r.Correctness
+		fmt.Fprintf(&b, "  %s: oversold %d, undersold %d (%d false sold-outs), duplicates %d, reconciliation differences %d, unresolved %d: %s\n",
+			r.Target, c.Oversold, c.Undersold, c.FalseSoldOut, c.Duplicates, c.Reconciliation, c.Unresolved, verdictText(r))
+		for _, d := range c.Details {
+			fmt.Fprintf(&b, "    %s\n", d)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// describe is one line of a run's parameters.
+func describe(r *Result) string {
+	c := r.Config
+	stockText := fmt.Sprint(c.Stock)
+	if c.Model == ModelC {
+		stockText += fmt.Sprintf(" (hot SKU %d)", HotStock)
+	}
+	return fmt.Sprintf("model %s, %d SKUs, stock %s, shards %d, concurrency %d, duration %s, requests %s, qty %s, mix %s, dup-rate %g, abandon-rate %g, seed %d, run %s",
+		c.Model, len(r.SKUs), stockText, c.Shards, c.Concurrency, c.Duration, countOrNone(c.Requests),
+		c.Qty, c.Mix, c.DupRate, c.AbandonRate, c.Seed, c.RunID)
+}
+
+func verdictText(r *Result) string {
+	switch r.Verdict() {
+	case "ok":
+		return "all zero"
+	case "reported":
+		return "NOT zero (a baseline: reported as it is)"
+	}
+	return "NOT zero: FAIL"
+}
+
+// Ratios formats each target's throughput against RatioBase's, or returns ""
+// when RatioBase did not run beside another target.
+func Ratios(results []*Result) string {
+	var base *Result
+	for _, r := range results {
+		if r.Target == RatioBase {
+			base = r
+		}
+	}
+	if base == nil || len(results) < 2 || base.Throughput() == 0 {
+		return ""
+	}
+	var parts []string
+	for _, r := range results {
+		if r != base {
+			parts = append(parts, fmt.Sprintf("%s %.2fx", r.Target, r.Throughput()/base.Throughput()))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func codes(m map[string]int64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+func countOrNone(n int64) string {
+	if n == 0 {
+		return "unbounded"
+	}
+	return fmt.Sprint(n)
+}
+
+func quantile(h *hdrhistogram.Histogram, q float64) string {
+	if h == nil || h.TotalCount() == 0 {
+		return "-"
+	}
+	return formatMicros(h.ValueAtQuantile(q))
+}
+
+func maxLatency(h *hdrhistogram.Histogram) string {
+	if h == nil || h.TotalCount() == 0 {
+		return "-"
+	}
+	return formatMicros(h.Max())
+}
+
+// formatMicros formats a latency in microseconds: 850µs, 1.25ms, 2.10s.
+func formatMicros(us int64) string {
+	d := time.Duration(us) * time.Microsecond
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%dµs", us)
+	case d < time.Second:
+		return fmt.Sprintf("%.2fms", float64(us)/1e3)
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}
