@@ -166,6 +166,8 @@ type Operation struct {
 const (
 	SourceAPI         = "api"
 	SourceSweeper     = "sweeper"
+	SourceAllocator   = "allocator"
+	SourceRebalancer  = "rebalancer"
 	SourceAdminPrefix = "admin:"
 )
 
