@@ -1,0 +1,99 @@
+// Package allocatorcmd is the allocator command: flags and environment,
+// wiring, serving and shutdown. cmd/allocator and the dev stack run it.
+package allocatorcmd
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/api"
+	"github.com/shardstock/shardstock/internal/cli"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// Run runs the command until ctx ends; args are the command-line arguments
+// without the program name.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("allocator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", cli.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "listen address (env SHARDSTOCK_ADDR)")
+	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
+	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
+	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
+	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most")
+	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := cli.Logger(stderr, *level)
+	if err != nil {
+		return err
+	}
+	switch {
+	case *dbURL == "":
+		return errors.New("no database: set -database-url or DATABASE_URL")
+	case len(*token) < adminTokenLenMin:
+		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", adminTokenLenMin)
+	}
+
+	db, err := postgres.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	client, err := cli.Etcd(*etcd)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	lis, err := cli.Listen(ctx, *addr)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watcher := topology.NewWatcher(client, stock.Partitions)
+	watchDone := make(chan error, 1)
+	go func() { watchDone <- watcher.Run(ctx) }()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	alloc := allocator.New(allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg})
+	defer alloc.Close()
+
+	mux := rpc.NewMux(rpc.MuxConfig{
+		Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName},
+		Ready:    alloc.Ready,
+		Gatherer: reg,
+	})
+	metrics := rpc.NewMetrics(reg)
+	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Allocator: alloc},
+		connect.WithInterceptors(metrics)))
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Allocator: alloc},
+		connect.WithInterceptors(metrics, api.BearerAuth(*token))))
+	mux.Handle("/", api.Dashboard())
+
+	fmt.Fprintf(stdout, "allocator listening on http://%s\n", lis.Addr())
+	log.Info("allocator started", "addr", lis.Addr().String())
+	serveErr := rpc.Serve(ctx, lis, mux)
+	cancel()
+	<-watchDone
+	log.Info("allocator stopped")
+	return serveErr
+}
+
+// adminTokenLenMin keeps guessable tokens out.
+const adminTokenLenMin = 16

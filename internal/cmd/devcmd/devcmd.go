@@ -1,0 +1,231 @@
+// Package devcmd is `make run`: the whole stack on one machine in the
+// foreground. It starts Postgres (DATABASE_URL, else a throwaway cluster
+// from the local binaries) and etcd (ETCD_ENDPOINTS, else embedded), then
+// three shard servers and an allocator as child processes (the same binary,
+// re-executed with a role), creates a demo SKU and prints how to use it.
+// Ctrl-C or SIGTERM stops all of it and leaves no process behind.
+package devcmd
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/cli"
+	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
+	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
+	"github.com/shardstock/shardstock/internal/etcdtest"
+	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Bounds of the dev stack.
+const (
+	readyTimeout = 90 * time.Second
+	stopTimeout  = 15 * time.Second
+	demoSKU      = "demo-sku"
+	demoStock    = 1000
+	demoShards   = 8
+)
+
+// Run runs the dev stack, or one of its roles ("shard", "allocator") when
+// args start with one.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "shard":
+			return shardcmd.Run(ctx, args[1:], getenv, stdout, stderr)
+		case "allocator":
+			return allocatorcmd.Run(ctx, args[1:], getenv, stdout, stderr)
+		}
+	}
+	fs := flag.NewFlagSet("shardstock-dev", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", cli.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "allocator listen address (env SHARDSTOCK_ADDR)")
+	servers := fs.Int("shard-servers", 3, "shard servers to start")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	token := getenv("SHARDSTOCK_ADMIN_TOKEN")
+	if token == "" {
+		token = randomToken()
+	}
+
+	dbURL := getenv("DATABASE_URL")
+	if dbURL == "" {
+		fmt.Fprintln(stderr, "dev: DATABASE_URL is not set: starting a throwaway Postgres cluster")
+		c, err := pgtest.StartCluster(ctx, "")
+		if err != nil {
+			return fmt.Errorf("no Postgres: set DATABASE_URL, or install the PostgreSQL server (Debian: apt-get install postgresql): %w", err)
+		}
+		defer c.Stop()
+		dbURL = c.URL()
+	}
+	etcd := getenv("ETCD_ENDPOINTS")
+	if etcd == "" {
+		e, err := etcdtest.StartServer(ctx, "")
+		if err != nil {
+			return fmt.Errorf("embedded etcd: %w", err)
+		}
+		defer e.Close()
+		etcd = strings.Join(e.Endpoints(), ",")
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	env := append(os.Environ(), "DATABASE_URL="+dbURL, "ETCD_ENDPOINTS="+etcd, "SHARDSTOCK_ADMIN_TOKEN="+token)
+	var kids children
+	defer kids.stop(stderr)
+	for i := 1; i <= *servers; i++ {
+		id := fmt.Sprintf("shard-%d", i)
+		if err := kids.start(self, env, stderr, id, "shard", "-id", id, "-addr", "127.0.0.1:0"); err != nil {
+			return err
+		}
+	}
+	if err := kids.start(self, env, stderr, "allocator", "allocator", "-addr", *addr); err != nil {
+		return err
+	}
+
+	base := "http://" + *addr
+	if err := waitReady(ctx, base, &kids); err != nil {
+		return err
+	}
+	if err := createDemo(ctx, base, token); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, `shardstock is running at %[1]s (dashboard: %[1]s/)
+admin token: %[2]s
+try:
+  curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s","quantity":1,"idempotencyKey":"order-1"}' %[1]s/shardstock.v1.InventoryService/Deduct
+  curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s"}' %[1]s/shardstock.v1.InventoryService/GetStock
+Ctrl-C stops everything.
+`, base, token, demoSKU)
+
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(stderr, "dev: stopping")
+		return nil
+	case name := <-kids.exited:
+		return fmt.Errorf("%s exited", name)
+	}
+}
+
+func randomToken() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// children are the stack's processes.
+type children struct {
+	mu     sync.Mutex
+	cmds   []*exec.Cmd
+	done   []chan struct{}
+	exited chan string
+}
+
+// start starts one child whose output goes to w, each line prefixed by
+// its name. The child gets SIGKILL if this process dies.
+func (k *children) start(self string, env []string, w io.Writer, name string, args ...string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.exited == nil {
+		k.exited = make(chan string, 16)
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	done := make(chan struct{})
+	k.cmds, k.done = append(k.cmds, cmd), append(k.done, done)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			fmt.Fprintf(w, "[%s] %s\n", name, sc.Text())
+		}
+		cmd.Wait()
+		close(done)
+		k.exited <- name
+	}()
+	return nil
+}
+
+// stop sends SIGTERM to every child, waits up to stopTimeout, then kills
+// what is left.
+func (k *children) stop(w io.Writer) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, c := range k.cmds {
+		c.Process.Signal(syscall.SIGTERM)
+	}
+	deadline := time.After(stopTimeout)
+	for i, d := range k.done {
+		select {
+		case <-d:
+		case <-deadline:
+			fmt.Fprintf(w, "dev: killing pid %d\n", k.cmds[i].Process.Pid)
+			k.cmds[i].Process.Kill()
+			<-d
+		}
+	}
+}
+
+// waitReady polls /readyz until every partition is owned.
+func waitReady(ctx context.Context, base string, k *children) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the stack was not ready within %s", readyTimeout)
+		case name := <-k.exited:
+			return fmt.Errorf("%s exited during start-up", name)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// createDemo creates the demo SKU unless it exists.
+func createDemo(ctx context.Context, base, token string) error {
+	admin := shardstockv1connect.NewAdminServiceClient(rpc.NewClient(), base)
+	req := connect.NewRequest(&v1.CreateSkuRequest{Sku: demoSKU, InitialStock: demoStock, Shards: demoShards})
+	req.Header().Set("Authorization", "Bearer "+token)
+	_, err := admin.CreateSku(ctx, req)
+	if err != nil && rpc.Reason(err) != string(stock.CodeSKUExists) {
+		return fmt.Errorf("create demo sku: %w", err)
+	}
+	return nil
+}
+

@@ -1,0 +1,96 @@
+// Package shardcmd is the shard server command: flags and environment, wiring,
+// serving and shutdown. cmd/shard and the dev stack run it.
+package shardcmd
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/api"
+	"github.com/shardstock/shardstock/internal/cli"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/shard"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// Run runs the command until ctx ends; args are the command-line arguments
+// without the program name.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	host, _ := os.Hostname()
+	fs := flag.NewFlagSet("shard", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", cli.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:7001"), "listen address (env SHARDSTOCK_SHARD_ADDR)")
+	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "address allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
+	id := fs.String("id", cli.Env(getenv, "SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
+	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
+	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
+	leaseTTL := fs.Duration("lease-ttl", 5*time.Second, "etcd lease TTL: a dead server's partitions move after about this long")
+	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most")
+	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := cli.Logger(stderr, *level)
+	if err != nil {
+		return err
+	}
+	if *dbURL == "" {
+		return errors.New("no database: set -database-url or DATABASE_URL")
+	}
+	if *id == "" {
+		return errors.New("no server id: set -id or SHARDSTOCK_SERVER_ID")
+	}
+
+	db, err := postgres.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	client, err := cli.Etcd(*etcd)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	lis, err := cli.Listen(ctx, *addr)
+	if err != nil {
+		return err
+	}
+	if *advertise == "" {
+		*advertise = lis.Addr().String()
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := shard.New(shard.Config{ServerID: *id, DB: db, Logger: log, Registerer: reg})
+	member := topology.NewMember(topology.MemberConfig{Client: client, ServerID: *id, Addr: *advertise, LeaseTTL: *leaseTTL, Owner: srv, Logger: log})
+
+	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: reg})
+	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: srv}))
+
+	// Shut down in reverse: stop serving, leave the topology (others take
+	// the partitions at once), stop the writers, close the database.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	memberDone := make(chan error, 1)
+	go func() { memberDone <- member.Run(ctx) }()
+	sweepDone := make(chan error, 1)
+	go func() { sweepDone <- srv.Run(ctx) }()
+	fmt.Fprintf(stdout, "shard %s listening on %s\n", *id, lis.Addr())
+	log.Info("shard server started", "id", *id, "addr", lis.Addr().String(), "advertise", *advertise)
+	serveErr := rpc.Serve(ctx, lis, mux)
+	cancel()
+	merr := <-memberDone
+	<-sweepDone
+	log.Info("shard server stopped", "id", *id)
+	return errors.Join(serveErr, merr)
+}
