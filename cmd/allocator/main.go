@@ -21,4 +21,3 @@ func main() {
 		os.Exit(1)
 	}
 }
-

@@ -228,4 +228,3 @@ func createDemo(ctx context.Context, base, token string) error {
 	}
 	return nil
 }
-
