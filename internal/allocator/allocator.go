@@ -240,7 +240,9 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 			return a.outOfStock(ctx, r, asked)
 		case sw.available+sw.inTransit < q:
 			// Shards that did not answer may hold the stock: not a sold-out.
-			return unavailable("some shards of %s are unreachable; retry with the same key", sku.SKU)
+			// A partition changing hands answers again in moments.
+			last = unavailable("some shards of %s are unreachable; retry with the same key", sku.SKU)
+			time.Sleep(inTransitWait)
 		case sw.maxShard >= q:
 			continue // a shard holds enough now: try again with fresh hints
 		case sw.available >= q:

@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+)
+
+// TestE2E_SourceCase: the source document's case through the public API:
+// 100 units on 8 shards over 3 shard servers, 500 concurrent deducts with 50
+// duplicate keys.
+func TestE2E_SourceCase(t *testing.T) {
+	s := newStack(t, 3)
+	const sku = "case"
+	s.createSKU(sku, 100, 8)
+	keys := make([]string, 500)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("case-order-%03d", i)
+		if i >= 450 {
+			keys[i] = keys[i-450]
+		}
+	}
+	type answer struct {
+		resp *v1.DeductResponse
+		err  error
+	}
+	got := make([]answer, len(keys))
+	parallel(t, len(keys), 60*time.Second, func(i int) {
+		resp, err := s.deduct(context.Background(), sku, keys[i], 1)
+		got[i] = answer{resp, err}
+	})
+	firsts := map[string]int{}
+	oos := 0
+	for i, a := range got {
+		switch {
+		case a.err == nil && !a.resp.Replayed:
+			firsts[keys[i]]++
+		case a.err != nil && reason(a.err) == "OUT_OF_STOCK":
+			oos++
+		case a.err != nil:
+			t.Errorf("Deduct(%s) = %v, want success or OUT_OF_STOCK", keys[i], a.err)
+		}
+	}
+	if len(firsts) != 100 {
+		t.Errorf("distinct keys that succeeded = %d, want 100", len(firsts))
+	}
+	for k, n := range firsts {
+		if n != 1 {
+			t.Errorf("key %s succeeded %d times without replay", k, n)
+		}
+	}
+	for i := 450; i < 500; i++ {
+		a, b := got[i-450], got[i]
+		if (a.err == nil) != (b.err == nil) {
+			t.Errorf("key %s: %v / %v disagree", keys[i], a.err, b.err)
+			continue
+		}
+		if a.err == nil && a.resp.Replayed == b.resp.Replayed {
+			t.Errorf("key %s: replayed %v and %v, want exactly one replay", keys[i], a.resp.Replayed, b.resp.Replayed)
+		}
+		if a.err == nil && a.resp.Operation.Shard != b.resp.Operation.Shard {
+			t.Errorf("key %s: the replay names shard %d, the original %d", keys[i], b.resp.Operation.Shard, a.resp.Operation.Shard)
+		}
+	}
+	st := s.stock(sku)
+	if st.Available != 0 || st.Sold != 100 {
+		t.Errorf("stock = %v, want available 0, sold 100", st)
+	}
+	s.reconcile(sku)
+}
+
+// TestE2E_NoFalseSoldOut: stock spread thin over many shards still sells to
+// the last unit, and a request larger than any one shard succeeds.
+func TestE2E_NoFalseSoldOut(t *testing.T) {
+	s := newStack(t, 3)
+	ctx := context.Background()
+	t.Run("LastUnits", func(t *testing.T) {
+		s.createSKU("thin", 10, 8) // shards of 2, 2, 1, 1, 1, 1, 1, 1
+		for i := 0; i < 10; i++ {
+			if _, err := s.deduct(ctx, "thin", fmt.Sprintf("thin-%d", i), 1); err != nil {
+				t.Fatalf("Deduct #%d = %v, want success", i+1, err)
+			}
+		}
+		if _, err := s.deduct(ctx, "thin", "thin-10", 1); reason(err) != "OUT_OF_STOCK" {
+			t.Errorf("Deduct #11 = %v, want OUT_OF_STOCK", err)
+		}
+		s.reconcile("thin")
+	})
+	t.Run("LargerThanAnyShard", func(t *testing.T) {
+		s.createSKU("split", 3, 3) // 1 unit on each of 3 shards
+		resp, err := s.deduct(ctx, "split", "split-1", 3)
+		if err != nil {
+			t.Fatalf("Deduct(3) = %v, want success", err)
+		}
+		if resp.Replayed {
+			t.Errorf("Deduct(3) replayed = true, want a first success")
+		}
+		if st := s.stock("split"); st.Available != 0 || st.Sold != 3 || st.InTransit != 0 {
+			t.Errorf("stock = %v, want available 0, sold 3, nothing in transit", st)
+		}
+		s.reconcile("split")
+	})
+}

@@ -1,0 +1,307 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/etcdtest"
+	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// Bounds of the fixture.
+const (
+	startTimeout = 60 * time.Second
+	leaseTTL     = 2 * time.Second
+	adminToken   = "e2e-admin-token-0123456789"
+)
+
+// bin holds the binaries built once for the whole package.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "shardstock-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = dir
+	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/shard", "../../cmd/allocator")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: building the commands:", err)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(dir)
+	pgtest.Main(m)
+}
+
+// stack is one shardstock deployment of the test's own: a database, an
+// etcd, shard-server processes and an allocator process.
+type stack struct {
+	t         *testing.T
+	dbURL     string
+	etcd      string
+	shards    map[string]*proc
+	allocator *proc
+	base      string // http://host:port of the allocator
+	inv       shardstockv1connect.InventoryServiceClient
+	admin     shardstockv1connect.AdminServiceClient
+}
+
+// proc is one child process.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	mu   sync.Mutex
+	out  strings.Builder
+}
+
+func newStack(t *testing.T, shardServers int) *stack {
+	t.Helper()
+	e := etcdtest.Start(t)
+	s := &stack{t: t, dbURL: pgtest.NewDB(t), etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}}
+	for i := 1; i <= shardServers; i++ {
+		s.startShard(fmt.Sprintf("s%d", i))
+	}
+	s.allocator = s.start("allocator", filepath.Join(bin, "allocator"), "-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn")
+	line := s.allocator.waitLine(t, "allocator listening on ")
+	s.base = strings.TrimPrefix(line, "allocator listening on ")
+	hc := rpc.NewClient()
+	s.inv = shardstockv1connect.NewInventoryServiceClient(hc, s.base)
+	s.admin = shardstockv1connect.NewAdminServiceClient(hc, s.base)
+	s.waitStable(startTimeout)
+	return s
+}
+
+// waitStable waits until every partition is owned by the shard server
+// rendezvous hashing assigns it among the live ones: start-up hand-overs
+// are over.
+func (s *stack) waitStable(timeout time.Duration) time.Duration {
+	s.t.Helper()
+	start := time.Now()
+	for {
+		var ids []string
+		for id, p := range s.shards {
+			select {
+			case <-p.done:
+			default:
+				ids = append(ids, id)
+			}
+		}
+		want := topology.Assign(stock.Partitions, ids)
+		resp, err := s.admin.GetTopology(context.Background(), adminReq(&v1.GetTopologyRequest{}))
+		if err == nil && len(resp.Msg.Owners) == stock.Partitions {
+			ok := true
+			for _, o := range resp.Msg.Owners {
+				ok = ok && want[o.Partition] == o.ServerId
+			}
+			if ok && s.ready() {
+				return time.Since(start)
+			}
+		}
+		if time.Since(start) > timeout {
+			s.t.Fatalf("topology not stable within %s", timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// startShard starts (or restarts) shard server id.
+func (s *stack) startShard(id string) *proc {
+	p := s.start(id, filepath.Join(bin, "shard"), "-id", id, "-addr", "127.0.0.1:0", "-lease-ttl", leaseTTL.String(), "-log-level", "warn")
+	s.shards[id] = p
+	return p
+}
+
+func (s *stack) start(name, path string, args ...string) *proc {
+	s.t.Helper()
+	cmd := exec.Command(path, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+s.dbURL, "ETCD_ENDPOINTS="+s.etcd)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		io.Copy(lockedWriter{p}, out)
+		cmd.Wait()
+		close(p.done)
+	}()
+	s.t.Cleanup(func() {
+		p.stop(syscall.SIGTERM)
+		if s.t.Failed() {
+			s.t.Logf("%s output:\n%s", name, p.output())
+		}
+	})
+	return p
+}
+
+type lockedWriter struct{ p *proc }
+
+func (w lockedWriter) Write(b []byte) (int, error) {
+	w.p.mu.Lock()
+	defer w.p.mu.Unlock()
+	return w.p.out.Write(b)
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// waitLine waits for an output line with prefix and returns it.
+func (p *proc) waitLine(t *testing.T, prefix string) string {
+	t.Helper()
+	deadline := time.Now().Add(startTimeout)
+	for time.Now().Before(deadline) {
+		sc := bufio.NewScanner(strings.NewReader(p.output()))
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), prefix) {
+				return sc.Text()
+			}
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("process exited before printing %q:\n%s", prefix, p.output())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Fatalf("no line %q within %s:\n%s", prefix, startTimeout, p.output())
+	return ""
+}
+
+// stop signals the process and waits for it (SIGKILL after 15 s).
+func (p *proc) stop(sig syscall.Signal) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// ready reports whether the allocator says every partition is owned.
+func (s *stack) ready() bool {
+	resp, err := http.Get(s.base + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// waitReady waits until every partition is owned and returns how long it
+// took.
+func (s *stack) waitReady(timeout time.Duration) time.Duration {
+	s.t.Helper()
+	start := time.Now()
+	for !s.ready() {
+		if time.Since(start) > timeout {
+			s.t.Fatalf("not ready within %s", timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func adminReq[T any](msg *T) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	req.Header().Set("Authorization", "Bearer "+adminToken)
+	return req
+}
+
+// createSKU creates a SKU through the admin API.
+func (s *stack) createSKU(sku string, initial int64, shards int32, opts ...func(*v1.CreateSkuRequest)) {
+	s.t.Helper()
+	m := &v1.CreateSkuRequest{Sku: sku, InitialStock: initial, Shards: shards}
+	for _, o := range opts {
+		o(m)
+	}
+	if _, err := s.admin.CreateSku(context.Background(), adminReq(m)); err != nil {
+		s.t.Fatalf("CreateSku(%s) = %v", sku, err)
+	}
+}
+
+// stock returns a SKU's counts through the public API.
+func (s *stack) stock(sku string) *v1.Stock {
+	s.t.Helper()
+	resp, err := s.inv.GetStock(context.Background(), connect.NewRequest(&v1.GetStockRequest{Sku: sku}))
+	if err != nil {
+		s.t.Fatalf("GetStock(%s) = %v", sku, err)
+	}
+	return resp.Msg.Stock
+}
+
+// reconcile fails the test unless Reconcile says the books balance.
+func (s *stack) reconcile(sku string) {
+	s.t.Helper()
+	resp, err := s.admin.Reconcile(context.Background(), adminReq(&v1.ReconcileRequest{Sku: sku}))
+	if err != nil {
+		s.t.Fatalf("Reconcile(%s) = %v", sku, err)
+	}
+	if !resp.Msg.Balanced {
+		for _, d := range resp.Msg.Discrepancies {
+			s.t.Errorf("discrepancy: %v", d)
+		}
+		s.t.FailNow()
+	}
+}
+
+// deduct calls Deduct.
+func (s *stack) deduct(ctx context.Context, sku, key string, q int64) (*v1.DeductResponse, error) {
+	resp, err := s.inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: sku, Quantity: q, IdempotencyKey: key}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// reason returns an error's ErrorInfo reason.
+func reason(err error) string { return rpc.Reason(err) }
+
+// parallel runs f(i) for i in [0, n) concurrently, bounded by timeout.
+func parallel(t *testing.T, n int, timeout time.Duration, f func(i int)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(i) }()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		t.Fatalf("parallel(%d) did not finish within %s", n, timeout)
+	}
+}
