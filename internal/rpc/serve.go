@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"connectrpc.com/connect"
@@ -25,6 +26,9 @@ type MuxConfig struct {
 	// Ready reports readiness for /readyz and gRPC health; nil: always.
 	Ready    func() bool
 	Gatherer prometheus.Gatherer
+	// Pprof serves net/http/pprof under /debug/pprof/ (off by default:
+	// profiles show internals).
+	Pprof bool
 }
 
 // NewMux returns a mux with gRPC health, server reflection, /healthz,
@@ -47,6 +51,13 @@ func NewMux(cfg MuxConfig) *http.ServeMux {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	if cfg.Gatherer != nil {
 		mux.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
 	}

@@ -33,6 +33,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
 	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most")
+	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -78,6 +79,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName},
 		Ready:    alloc.Ready,
 		Gatherer: reg,
+		Pprof:    *pprofOn,
 	})
 	metrics := rpc.NewMetrics(reg)
 	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Allocator: alloc},

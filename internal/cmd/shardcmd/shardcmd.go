@@ -36,6 +36,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	leaseTTL := fs.Duration("lease-ttl", 5*time.Second, "etcd lease TTL: a dead server's partitions move after about this long")
 	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most")
+	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -74,7 +75,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	srv := shard.New(shard.Config{ServerID: *id, DB: db, Logger: log, Registerer: reg})
 	member := topology.NewMember(topology.MemberConfig{Client: client, ServerID: *id, Addr: *advertise, LeaseTTL: *leaseTTL, Owner: srv, Logger: log})
 
-	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: reg})
+	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: reg, Pprof: *pprofOn})
 	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: srv}))
 
 	// Shut down in reverse: stop serving, leave the topology (others take
