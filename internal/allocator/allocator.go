@@ -237,7 +237,7 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 		}
 		switch {
 		case sw.available+sw.inTransit < q && sw.unknown == 0:
-			return a.outOfStock(ctx, r, asked)
+			return a.outOfStock(ctx, r, asked, first)
 		case sw.available+sw.inTransit < q:
 			// Shards that did not answer may hold the stock: not a sold-out.
 			// A partition changing hands answers again in moments.
@@ -259,19 +259,24 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 	return unavailable("could not place the request in %d rounds; retry with the same key", routeRoundsMax)
 }
 
-// outOfStock answers OUT_OF_STOCK, but only after checking that the key has
-// no recorded operation: a replay gets its first result even after the SKU
-// sold out. When a shard refused the request during this call it did that
-// check in its transaction already.
-func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, asked bool) stock.Result {
+// outOfStock answers a request the sweep found no stock for. When no shard
+// refused it during this call, the key's first-choice shard decides it
+// anyway: the shard looks the key up first (a replay gets its first result
+// even after the SKU sold out) and applies the SKU's status and limits, so
+// the caller learns the most specific reason. Only if that shard cannot be
+// reached does the allocator look the key up itself.
+func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, asked bool, first int32) stock.Result {
 	if !asked {
+		rr := *r
+		rr.Shard.Index = first
+		if res := a.exec(ctx, &rr); res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
+			return res
+		}
 		ops, err := a.db.LookupOperations(ctx, []string{r.Key})
 		if err != nil {
 			return unavailable("could not check the key; retry with the same key")
 		}
 		if op := ops[r.Key]; op != nil {
-			// Let the op's own shard answer the replay (or the reuse).
-			rr := *r
 			rr.Shard.Index = op.Shard
 			return a.exec(ctx, &rr)
 		}

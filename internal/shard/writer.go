@@ -73,7 +73,13 @@ func newWriter(s *Server, key stock.ShardKey, epoch int64) *writer {
 func (w *writer) run() {
 	if err := w.load(); err != nil {
 		w.srv.remove(w)
-		w.drain(resultOf(err))
+		res := resultOf(err)
+		w.drainFunc(func(r *stock.Request) stock.Result {
+			if res.Err.Code == stock.CodeSKUNotFound && (r.Kind == stock.OpCommit || r.Kind == stock.OpRelease) {
+				return stock.Result{Err: stock.Errorf(stock.CodeReservationNotFound, "no reservation %s", quote(r.ReservationID))}
+			}
+			return res
+		})
 		return
 	}
 	idle := time.NewTimer(writerIdleMax)
@@ -263,12 +269,17 @@ func query(key stock.ShardKey, reqs []*stock.Request) (postgres.BatchQuery, bool
 	return q, sweep
 }
 
-// drain answers everything still queued.
+// drain answers everything still queued with r.
 func (w *writer) drain(r stock.Result) {
+	w.drainFunc(func(*stock.Request) stock.Result { return r })
+}
+
+// drainFunc answers everything still queued with answer(request).
+func (w *writer) drainFunc(answer func(*stock.Request) stock.Result) {
 	for {
 		select {
 		case p := <-w.queue:
-			p.done <- r
+			p.done <- answer(p.req)
 		default:
 			return
 		}
