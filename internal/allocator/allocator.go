@@ -245,6 +245,10 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 			time.Sleep(inTransitWait)
 		case sw.maxShard >= q:
 			continue // a shard holds enough now: try again with fresh hints
+		case refusable(r, sku):
+			// The SKU refuses this request whatever the stock: let a shard
+			// say why (after its replay lookup) rather than move stock.
+			return a.outOfStock(ctx, r, false, first)
 		case sw.available >= q:
 			if err := a.consolidate(ctx, sku, q); err != nil {
 				a.log.Debug("consolidation failed", "sku", sku.SKU, "err", err)
@@ -257,6 +261,18 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 		return last
 	}
 	return unavailable("could not place the request in %d rounds; retry with the same key", routeRoundsMax)
+}
+
+// refusable reports whether the SKU's configuration (as cached) refuses r
+// before stock is even looked at: paused, above max_per_order, above the
+// customer limit on its own.
+func refusable(r *stock.Request, sku *stock.SKU) bool {
+	if r.Kind != stock.OpReserve && r.Kind != stock.OpDeduct {
+		return false
+	}
+	return sku.Status == stock.StatusPaused ||
+		(sku.MaxPerOrder > 0 && r.Quantity > sku.MaxPerOrder) ||
+		(sku.CustomerLimit > 0 && r.CustomerRef != "" && r.Quantity > sku.CustomerLimit)
 }
 
 // outOfStock answers a request the sweep found no stock for. When no shard

@@ -81,7 +81,7 @@ func newStack(t *testing.T, shardServers int) *stack {
 	for i := 1; i <= shardServers; i++ {
 		s.startShard(fmt.Sprintf("s%d", i))
 	}
-	s.allocator = s.start("allocator", filepath.Join(bin, "allocator"), "-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn")
+	s.allocator = s.start("allocator", filepath.Join(bin, "allocator"), "-addr", "127.0.0.1:0", "-admin-token", adminToken, "-db-max-conns", "4", "-log-level", "warn")
 	line := s.allocator.waitLine(t, "allocator listening on ")
 	s.base = strings.TrimPrefix(line, "allocator listening on ")
 	hc := rpc.NewClient()
@@ -126,7 +126,7 @@ func (s *stack) waitStable(timeout time.Duration) time.Duration {
 
 // startShard starts (or restarts) shard server id.
 func (s *stack) startShard(id string) *proc {
-	p := s.start(id, filepath.Join(bin, "shard"), "-id", id, "-addr", "127.0.0.1:0", "-lease-ttl", leaseTTL.String(), "-log-level", "warn")
+	p := s.start(id, filepath.Join(bin, "shard"), "-id", id, "-addr", "127.0.0.1:0", "-lease-ttl", leaseTTL.String(), "-db-max-conns", "8", "-log-level", "warn")
 	s.shards[id] = p
 	return p
 }

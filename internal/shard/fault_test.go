@@ -116,8 +116,10 @@ func TestShard_BackendTerminated(t *testing.T) {
 	}
 	defer killer.Close(ctx)
 	stop := make(chan struct{})
+	killerDone := make(chan struct{})
 	var kills atomic.Int64
 	go func() {
+		defer close(killerDone)
 		for {
 			select {
 			case <-stop:
@@ -156,6 +158,7 @@ func TestShard_BackendTerminated(t *testing.T) {
 		}
 	})
 	close(stop)
+	<-killerDone
 	if kills.Load() == 0 {
 		t.Fatalf("no backend was terminated: the test tested nothing")
 	}

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 func openDB(tb testing.TB) (*postgres.DB, string) {
 	tb.Helper()
 	url := pgtest.NewDB(tb)
-	db, err := postgres.Open(context.Background(), url, postgres.Options{MaxConns: 40, ApplicationName: "shardtest"})
+	db, err := postgres.Open(context.Background(), url, postgres.Options{MaxConns: 12, ApplicationName: "shardtest"})
 	if err != nil {
 		tb.Fatalf("postgres.Open: %v", err)
 	}
