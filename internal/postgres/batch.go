@@ -150,17 +150,18 @@ func readBatch(ctx context.Context, conn *pgx.Conn, f Fence, q BatchQuery) (*Bat
 		b.Queue(sqlSelectOps, q.Keys)
 	}
 	if len(q.ReservationIDs) > 0 {
-		b.Queue(sqlSelectReservations+` WHERE id = ANY($1)`, q.ReservationIDs)
+		b.Queue(sqlSelectReservationsByID, q.ReservationIDs)
 	}
 	if q.SweepMax > 0 {
 		b.Queue(sqlSelectReservations+` WHERE sku = $1 AND shard = $2 AND state = 'held' AND expires_at <= now() ORDER BY expires_at LIMIT $3`,
 			q.Shard.SKU, q.Shard.Index, q.SweepMax)
 	}
 	if len(q.TransferIDs) > 0 {
-		b.Queue(sqlSelectTransfers+` WHERE id = ANY($1)`, q.TransferIDs)
+		b.Queue(`SELECT t.* FROM unnest($1::text[]) AS k(id) CROSS JOIN LATERAL (`+sqlSelectTransfers+` WHERE id = k.id) t`, q.TransferIDs)
 	}
 	if len(q.Customers) > 0 {
-		b.Queue(`SELECT customer_ref, quantity FROM customer_usage WHERE sku = $1 AND customer_ref = ANY($2)`, q.Shard.SKU, q.Customers)
+		b.Queue(`SELECT u.customer_ref, u.quantity FROM unnest($2::text[]) AS k(c)
+			CROSS JOIN LATERAL (SELECT customer_ref, quantity FROM customer_usage WHERE sku = $1 AND customer_ref = k.c) u`, q.Shard.SKU, q.Customers)
 	}
 	res := conn.SendBatch(ctx, b)
 	defer res.Close()

@@ -23,10 +23,17 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 }
 
 // sqlSelectOps reads operations by key, with their reservation's state.
+//
+// Lookups by a list of keys are written as a LATERAL probe per key rather
+// than "= ANY($1)": on a young table the planner prefers a sequential scan
+// that tests every row against every key (measured: 3 ms for 64 keys over
+// 1,800 rows), where one index probe per key costs microseconds whatever
+// the statistics say.
 const sqlSelectOps = `SELECT o.sku, o.idempotency_key, o.kind, o.params_hash, o.quantity, o.shard,
 	o.reservation_id, o.order_ref, o.customer_ref, o.created_at, coalesce(r.state, ''), coalesce(r.expires_at, o.created_at)
-	FROM operations o LEFT JOIN reservations r ON r.id = o.reservation_id AND o.reservation_id <> ''
-	WHERE o.idempotency_key = ANY($1)`
+	FROM unnest($1::text[]) AS k(key)
+	CROSS JOIN LATERAL (SELECT * FROM operations WHERE idempotency_key = k.key) o
+	LEFT JOIN LATERAL (SELECT state, expires_at FROM reservations WHERE id = o.reservation_id AND o.reservation_id <> '') r ON true`
 
 func scanOp(row pgx.Row) (*stock.Operation, error) {
 	var o stock.Operation
@@ -55,6 +62,8 @@ func scanOps(res pgx.BatchResults, into map[string]*stock.Operation) error {
 }
 
 const sqlSelectReservations = `SELECT id, sku, shard, idempotency_key, quantity, state, expires_at, order_ref, customer_ref FROM reservations`
+
+const sqlSelectReservationsByID = `SELECT r.* FROM unnest($1::text[]) AS k(id) CROSS JOIN LATERAL (` + sqlSelectReservations + ` WHERE id = k.id) r`
 
 func scanReservation(row pgx.Row) (*stock.Reservation, error) {
 	var r stock.Reservation

@@ -41,9 +41,8 @@ INSERT INTO partitions (partition) SELECT generate_series(0, 255);
 -- The first result of every keyed action. Keys are unique in the database
 -- (not only per SKU), so the same key on another SKU is detected as reused.
 CREATE TABLE operations (
-    id               bigserial PRIMARY KEY,
+    idempotency_key  text PRIMARY KEY,
     sku              text NOT NULL,
-    idempotency_key  text NOT NULL,
     kind             text NOT NULL CHECK (kind IN ('reserve', 'deduct', 'replenish', 'adjust')),
     params_hash      bytea NOT NULL,
     quantity         bigint NOT NULL,
@@ -52,10 +51,9 @@ CREATE TABLE operations (
     order_ref        text NOT NULL DEFAULT '',
     customer_ref     text NOT NULL DEFAULT '',
     result           text NOT NULL DEFAULT 'ok',
-    created_at       timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (idempotency_key)
+    created_at       timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX operations_sku ON operations (sku, id);
+CREATE INDEX operations_sku ON operations (sku);
 
 CREATE TABLE reservations (
     id               text PRIMARY KEY,
@@ -84,8 +82,10 @@ CREATE TABLE customer_usage (
 );
 
 -- The append-only record of every change to every shard.
+-- Its key is (sku, id): the one index every write maintains is the one
+-- that pages a SKU's ledger; id orders entries (per shard, the apply order).
 CREATE TABLE ledger (
-    id                bigserial PRIMARY KEY,
+    id                bigserial,
     sku               text NOT NULL,
     shard             int NOT NULL,
     kind              text NOT NULL,
@@ -105,9 +105,9 @@ CREATE TABLE ledger (
     approver          text NOT NULL DEFAULT '',
     server_id         text NOT NULL,
     epoch             bigint NOT NULL,
-    created_at        timestamptz NOT NULL DEFAULT now()
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (sku, id)
 );
-CREATE INDEX ledger_sku ON ledger (sku, id);
 
 -- +goose StatementBegin
 CREATE FUNCTION ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
