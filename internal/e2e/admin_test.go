@@ -1,0 +1,121 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+)
+
+// TestE2E_Admin: stock adjustments are idempotent and ledgered with their
+// reason and approver, the ledger pages, the topology lists every owner,
+// and health, readiness and metrics answer.
+func TestE2E_Admin(t *testing.T) {
+	s := newStack(t, 2)
+	ctx := context.Background()
+	const sku = "adm"
+	s.createSKU(sku, 40, 4)
+
+	t.Run("AdjustStock", func(t *testing.T) {
+		adj := func(delta int64, key string) (*v1.AdjustStockResponse, error) {
+			resp, err := s.admin.AdjustStock(ctx, adminReq(&v1.AdjustStockRequest{Sku: sku, Delta: delta, Reason: "recount", Approver: "alice", IdempotencyKey: key}))
+			if err != nil {
+				return nil, err
+			}
+			return resp.Msg, nil
+		}
+		if r, err := adj(5, "adj-1"); err != nil || r.Replayed || r.Stock.Available != 45 {
+			t.Fatalf("AdjustStock(+5) = %v, %v, want available 45", r, err)
+		}
+		if r, err := adj(5, "adj-1"); err != nil || !r.Replayed || r.Stock.Available != 45 {
+			t.Errorf("AdjustStock(+5) again = %v, %v, want a replay, available 45", r, err)
+		}
+		if r, err := adj(-15, "adj-2"); err != nil || r.Stock.Available != 30 {
+			t.Errorf("AdjustStock(-15), more than any one shard = %v, %v, want available 30", r, err)
+		}
+		if _, err := adj(-1000, "adj-3"); reason(err) != "OUT_OF_STOCK" {
+			t.Errorf("AdjustStock(-1000) = %v, want OUT_OF_STOCK", err)
+		}
+		for _, m := range []*v1.AdjustStockRequest{
+			{Sku: sku, Delta: 1, Approver: "alice", IdempotencyKey: "adj-4"},
+			{Sku: sku, Delta: 1, Reason: "recount", IdempotencyKey: "adj-4"},
+			{Sku: sku, Delta: 0, Reason: "recount", Approver: "alice", IdempotencyKey: "adj-4"},
+		} {
+			if _, err := s.admin.AdjustStock(ctx, adminReq(m)); connect.CodeOf(err) != connect.CodeInvalidArgument {
+				t.Errorf("AdjustStock(%v) = %v, want invalid_argument", m, err)
+			}
+		}
+		if st := s.stock(sku); st.Available != 30 {
+			t.Errorf("available = %d, want 30", st.Available)
+		}
+		s.reconcile(sku)
+	})
+	t.Run("ListLedger", func(t *testing.T) {
+		var all []*v1.LedgerEntry
+		token := ""
+		for page := 0; page < 20; page++ {
+			resp, err := s.admin.ListLedger(ctx, adminReq(&v1.ListLedgerRequest{Sku: sku, PageToken: token, PageSize: 2}))
+			if err != nil {
+				t.Fatalf("ListLedger = %v", err)
+			}
+			all = append(all, resp.Msg.Entries...)
+			if token = resp.Msg.NextPageToken; token == "" {
+				break
+			}
+		}
+		var adjusts int
+		for i, e := range all {
+			if i > 0 && e.Id <= all[i-1].Id {
+				t.Errorf("entry %d after %d: pages out of order", e.Id, all[i-1].Id)
+			}
+			if e.Kind == "adjust" {
+				adjusts++
+				if e.Reason != "recount" || e.Approver != "alice" || e.Source != "admin:alice" || e.ServerId == "" || e.Epoch == 0 {
+					t.Errorf("adjust entry %v lacks its reason, approver, source, server or epoch", e)
+				}
+			}
+		}
+		if adjusts < 2 {
+			t.Errorf("adjust entries = %d, want at least 2 (+5, and -15 over shards after a consolidation)", adjusts)
+		}
+		if _, err := s.admin.ListLedger(ctx, adminReq(&v1.ListLedgerRequest{Sku: sku, PageToken: "!!"})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("ListLedger with a bad token = %v, want invalid_argument", err)
+		}
+	})
+	t.Run("Topology", func(t *testing.T) {
+		resp, err := s.admin.GetTopology(ctx, adminReq(&v1.GetTopologyRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Msg.Partitions != 256 || len(resp.Msg.Owners) != 256 || len(resp.Msg.Servers) != 2 {
+			t.Errorf("topology: %d partitions, %d owners, %d servers; want 256, 256, 2", resp.Msg.Partitions, len(resp.Msg.Owners), len(resp.Msg.Servers))
+		}
+	})
+	t.Run("HealthReadyMetrics", func(t *testing.T) {
+		for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/metrics": "shardstock_rpc_calls_total"} {
+			resp, err := http.Get(s.base + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+				t.Errorf("GET %s = %d %.80q, want 200 with %q", path, resp.StatusCode, body, want)
+			}
+		}
+		resp, err := http.Post(s.base+"/grpc.health.v1.Health/Check", "application/json", strings.NewReader(`{"service":"shardstock.v1.InventoryService"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(body), "SERVING_STATUS_SERVING") {
+			t.Errorf("health check = %s, want SERVING", body)
+		}
+	})
+}
