@@ -1,0 +1,120 @@
+package shard_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/shard"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// TestShard_KeyRacesAcrossShards: one key sent at once to different shards,
+// owned by different servers: one shard's batch takes the key, the others
+// conflict on the unique index, rerun, and replay it. Stock moves once.
+func TestShard_KeyRacesAcrossShards(t *testing.T) {
+	db, url := openDB(t)
+	const sku = "keyrace"
+	createSKU(t, db, stock.SKU{SKU: sku, Shards: 4}, 4000)
+	a, b := newServer(t, db, "a"), newServer(t, db, "b")
+	acquire(t, a, sku, 1, 0, 2)
+	acquire(t, b, sku, 1, 1, 3)
+	servers := []*shard.Server{a, b, a, b}
+	ctx := context.Background()
+
+	// Hold the four partition rows so that every writer's first batch
+	// waits at its fence while the rest queue up; then let them all go at
+	// once, with the same keys in every shard's next batch.
+	lock, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close(ctx)
+	tx, err := lock.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for idx := int32(0); idx < 4; idx++ {
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM partitions WHERE partition = $1 FOR UPDATE", stock.PartitionOf(sku, idx)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() { time.Sleep(500 * time.Millisecond); tx.Rollback(ctx) }()
+
+	const keys = 100
+	results := make([][4]stock.Result, keys)
+	parallel(t, keys*4, 60*time.Second, func(i int) {
+		k, idx := i/4, int32(i%4)
+		results[k][idx] = servers[idx].Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: idx}, Quantity: 3, Key: key("race", k)})
+	})
+	for k, rs := range results {
+		firsts := 0
+		for idx, r := range rs {
+			if r.Err != nil {
+				t.Errorf("key %d on shard %d = %v", k, idx, r.Err)
+				continue
+			}
+			if !r.Replayed {
+				firsts++
+			}
+			if r.Operation.Shard != rs[0].Operation.Shard && rs[0].Err == nil {
+				t.Errorf("key %d: shard %d answers for shard %d, shard 0 for %d", k, idx, r.Operation.Shard, rs[0].Operation.Shard)
+			}
+		}
+		if firsts != 1 {
+			t.Errorf("key %d: %d first successes, want exactly 1", k, firsts)
+		}
+	}
+	if c := total(t, db, sku); c.Sold != 3*keys {
+		t.Errorf("sold = %d, want %d", c.Sold, 3*keys)
+	}
+	reconcile(t, db, sku)
+}
+
+// TestShard_CommitRacesRelease: a commit and a release of the same
+// reservation at once (on top of the sweeper): one wins, the other reports
+// it, stock moves once.
+func TestShard_CommitRacesRelease(t *testing.T) {
+	db, _ := openDB(t)
+	const sku = "endrace"
+	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 1000)
+	s := newServer(t, db, "a")
+	acquire(t, s, sku, 1, 0)
+	ctx := context.Background()
+	sh := stock.ShardKey{SKU: sku}
+	const n = 60
+	ids := make([]string, n)
+	for i := range ids {
+		res := s.Do(ctx, &stock.Request{Kind: stock.OpReserve, Shard: sh, Quantity: 2, Key: key("cr", i)})
+		if res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		ids[i] = res.Reservation.ID
+	}
+	got := make([]stock.Result, 2*n)
+	parallel(t, 2*n, 30*time.Second, func(i int) {
+		kind := stock.OpCommit
+		if i%2 == 1 {
+			kind = stock.OpRelease
+		}
+		got[i] = s.Do(ctx, &stock.Request{Kind: kind, Shard: sh, ReservationID: ids[i/2]})
+	})
+	var committed, released int64
+	for i := 0; i < n; i++ {
+		c, r := got[2*i], got[2*i+1]
+		switch {
+		case c.Err == nil && r.Err != nil && r.Err.Code == stock.CodeReservationAlreadyCommitted:
+			committed++
+		case r.Err == nil && c.Err != nil && c.Err.Code == stock.CodeReservationAlreadyReleased:
+			released++
+		default:
+			t.Errorf("reservation %d: commit %+v, release %+v: want exactly one to win", i, c, r)
+		}
+	}
+	if c := total(t, db, sku); c.Sold != 2*committed || c.Reserved != 0 || c.Available != 1000-2*committed {
+		t.Errorf("total = %+v after %d commits and %d releases", c, committed, released)
+	}
+	reconcile(t, db, sku)
+}
