@@ -5,10 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
-
-	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -20,7 +16,7 @@ type sweepResult struct {
 	available int64 // sum over the shards that answered
 	maxShard  int64 // the most any one shard holds
 	inTransit int64
-	unknown   int // shards that did not answer
+	unknown   int // shards with stock that cannot be reached now
 	err       *stock.Error
 }
 
@@ -96,47 +92,32 @@ func (s *sweeper) loop(sku *stock.SKU, st *sweepState) {
 	}
 }
 
-// sweepOnce asks every shard server of the SKU for its shards' counts (they
-// answer from memory) and the database for stock in transit.
+// sweepOnce reads every shard of the SKU and its stock in transit, as
+// committed, in one database snapshot. Asking the shard servers (they hold
+// the counts in memory) would be no cheaper, and their answers are not of
+// one instant: a transfer debited after its source answered and credited
+// after its destination answered would be counted nowhere, and a request
+// refused OUT_OF_STOCK while the stock exists.
 func (a *Allocator) sweepOnce(sku *stock.SKU) sweepResult {
 	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
 	defer cancel()
-	byServer := map[*serverClient][]int32{}
-	var res sweepResult
-	for i := int32(0); i < sku.Shards; i++ {
-		c := a.client(stock.ShardKey{SKU: sku.SKU, Index: i})
-		if c == nil {
+	rows, inTransit, err := a.db.Sweep(ctx, sku.SKU)
+	if err != nil {
+		a.log.Debug("sweep failed", "sku", sku.SKU, "err", err)
+		return sweepResult{err: stock.Errorf(stock.CodeShardUnavailable, "could not read the stock of %s; retry with the same key", sku.SKU)}
+	}
+	res := sweepResult{inTransit: inTransit, unknown: int(sku.Shards) - len(rows)}
+	skip := a.skipper(sku.SKU)
+	for _, r := range rows {
+		a.setHint(stock.ShardKey{SKU: sku.SKU, Index: r.Index}, r.Available)
+		if r.Available > 0 && skip(r.Index) {
+			// Its server is down or failing: the stock is there but cannot
+			// be sold right now, which is not a sold-out.
 			res.unknown++
 			continue
 		}
-		byServer[c] = append(byServer[c], i)
+		res.available += r.Available
+		res.maxShard = max(res.maxShard, r.Available)
 	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for c, idx := range byServer {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := c.client.GetShards(ctx, connect.NewRequest(&v1.GetShardsRequest{Sku: sku.SKU, Shards: idx}))
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				a.log.Debug("sweep: shard server did not answer", "server", c.id, "err", rpc.FromConnect(err))
-				res.unknown += len(idx)
-				return
-			}
-			for _, s := range resp.Msg.GetShards() {
-				a.setHint(stock.ShardKey{SKU: sku.SKU, Index: s.GetIndex()}, s.GetAvailable())
-				res.available += s.GetAvailable()
-				res.maxShard = max(res.maxShard, s.GetAvailable())
-			}
-		}()
-	}
-	wg.Wait()
-	n, err := a.db.InTransit(ctx, sku.SKU)
-	if err != nil {
-		res.err = stock.Errorf(stock.CodeShardUnavailable, "could not read stock in transit; retry with the same key")
-	}
-	res.inTransit = n
 	return res
 }

@@ -132,7 +132,7 @@ func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) (
 	}
 	committing, err := writeBatch(ctx, conn.Conn(), f, q.Shard, w)
 	if err != nil && committing {
-		return db.commitOutcome(ctx, xid, err)
+		return db.commitOutcome(ctx, xid, conn.Conn().PgConn().PID(), err)
 	}
 	return err
 }
@@ -285,6 +285,13 @@ func writeBatch(ctx context.Context, conn *pgx.Conn, f Fence, shard stock.ShardK
 
 	for i := 0; i < b.Len()-1; i++ {
 		if _, err := res.Exec(); err != nil {
+			// The server answering an error before COMMIT aborts the
+			// transaction. Anything else (the connection lost) leaves the
+			// COMMIT sent behind it in doubt: its outcome must be learnt.
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) {
+				return true, err
+			}
 			return false, classify(err, shard)
 		}
 	}
@@ -317,7 +324,13 @@ func classify(err error, shard stock.ShardKey) error {
 
 // commitOutcome learns whether a transaction whose COMMIT failed committed
 // after all, asking the database by transaction id on another connection.
-func (db *DB) commitOutcome(ctx context.Context, xid string, commitErr error) error {
+//
+// While the transaction is still in progress (its backend has not noticed
+// the lost connection, or a network partition hides it) the answer would
+// come too late: the writer must know before its next batch. So after the
+// first "in progress" the old backend is terminated, which forces an end:
+// aborted, unless the commit record was already written.
+func (db *DB) commitOutcome(ctx context.Context, xid string, pid uint32, commitErr error) error {
 	// An ERROR answer is the server refusing the commit (the transaction
 	// rolled back). A FATAL one (the backend was terminated) or a lost
 	// connection may have come after the commit record was written: ask.
@@ -343,7 +356,12 @@ func (db *DB) commitOutcome(ctx context.Context, xid string, commitErr error) er
 		case "aborted":
 			return fmt.Errorf("%w: commit lost: %v", ErrNotCommitted, commitErr)
 		}
-		// "in progress": the old backend has not finished yet; ask again.
+		// "in progress": end the old backend, then ask again.
+		if attempt == 0 {
+			qctx, cancel := context.WithTimeout(ctx, queryTimeout)
+			db.pool.Exec(qctx, `SELECT pg_terminate_backend($1)`, int32(pid))
+			cancel()
+		}
 	}
 	return fmt.Errorf("%w: %v", ErrOutcomeUnknown, commitErr)
 }

@@ -146,3 +146,25 @@ func (db *DB) GetReservation(ctx context.Context, id string) (*stock.Reservation
 	}
 	return r, err
 }
+
+// Sweep reads every shard of a SKU and its stock in transit in one
+// statement, so in one snapshot: a transfer is counted exactly once, on its
+// source, in transit or on its destination, however its steps interleave
+// with the read.
+func (db *DB) Sweep(ctx context.Context, sku string) ([]ShardRow, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	rows, err := db.pool.Query(ctx, `SELECT idx, available, reserved, sold,
+		(SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited')
+		FROM shards WHERE sku = $1 ORDER BY idx`, sku)
+	if err != nil {
+		return nil, 0, err
+	}
+	var inTransit int64
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ShardRow, error) {
+		var s ShardRow
+		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &inTransit)
+		return s, err
+	})
+	return out, inTransit, err
+}

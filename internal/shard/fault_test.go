@@ -129,7 +129,7 @@ func TestShard_BackendTerminated(t *testing.T) {
 			var n int64
 			// Terminate the shard server's busiest connections (not this one).
 			if err := killer.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE application_name = 'shardtest' AND pid <> pg_backend_pid() AND state <> 'idle'`).Scan(&n); err == nil {
+				WHERE application_name = 'shardtest' AND datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'`).Scan(&n); err == nil {
 				kills.Add(n)
 			}
 		}

@@ -2,6 +2,8 @@ package shard
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -16,7 +18,7 @@ import (
 // the same requests applied one at a time: a key seen twice in one batch is a
 // replay of its first occurrence, a reservation ended earlier in the batch is
 // ended for the requests after it.
-func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *postgres.BatchRead, sweep bool) (*postgres.BatchWrite, []stock.Result) {
+func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *postgres.BatchRead, sweep bool) (*postgres.BatchWrite, []stock.Result, error) {
 	p := &planner{
 		shard:   shard,
 		read:    read,
@@ -50,15 +52,19 @@ func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *
 	}
 	p.w.To = p.cur
 	if !p.cur.Valid() {
-		// plan never refuses to check stock, so this is a bug: fail loudly
-		// rather than write a negative count (the CHECK would refuse it too).
-		panic("shard: plan drove " + shard.String() + " negative")
+		// plan checks stock before every move, so this is a bug: refuse the
+		// batch and halt the shard rather than write a negative count (the
+		// CHECK constraints would refuse it too).
+		return nil, nil, fmt.Errorf("%w: plan drove %s to %+v", errInvariant, shard, p.cur)
 	}
 	for i := range p.results {
 		p.results[i].Available = p.cur.Available
 	}
-	return p.w, p.results
+	return p.w, p.results, nil
 }
+
+// errInvariant: a batch would break an invariant; its shard is halted.
+var errInvariant = errors.New("shard: INVARIANT violated")
 
 type planner struct {
 	shard   stock.ShardKey

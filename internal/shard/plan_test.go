@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -149,7 +150,10 @@ func runPlan(t *testing.T, tests []planCase) {
 				tt.read(read)
 			}
 			before := snapshotRead(read)
-			w, rs := plan(planShard, tt.from, tt.reqs, read, tt.sweep)
+			w, rs, err := plan(planShard, tt.from, tt.reqs, read, tt.sweep)
+			if err != nil {
+				t.Fatalf("plan(%s) = %v", tt.name, err)
+			}
 
 			if len(rs) != len(tt.reqs) {
 				t.Fatalf("plan(%s) = %d results, want %d", tt.name, len(rs), len(tt.reqs))
@@ -923,4 +927,18 @@ func TestPlan_CustomerLimit(t *testing.T) {
 			check: usage(nil, nil),
 		},
 	})
+}
+
+// TestPlan_Invariant: a batch that would drive a count negative is refused
+// with an error (the writer halts the shard), not written and not a panic.
+func TestPlan_Invariant(t *testing.T) {
+	read := newRead()
+	// A reservation the row does not account for: releasing it would take
+	// reserved below zero.
+	read.Reservations["r"] = &stock.Reservation{ID: "r", SKU: planShard.SKU, Shard: planShard.Index, Quantity: 5,
+		State: stock.ReservationHeld, ExpiresAt: read.Now.Add(time.Hour)}
+	_, _, err := plan(planShard, stock.Counts{Available: 10}, []*stock.Request{{Kind: stock.OpRelease, Shard: planShard, ReservationID: "r"}}, read, false)
+	if !errors.Is(err, errInvariant) {
+		t.Errorf("plan(release of an unaccounted hold) = %v, want errInvariant", err)
+	}
 }

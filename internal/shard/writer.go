@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -85,6 +86,13 @@ func (w *writer) run() {
 	idle := time.NewTimer(writerIdleMax)
 	defer idle.Stop()
 	for {
+		// A stop wins over queued work: Lose means no new batch.
+		select {
+		case <-w.stop:
+			w.drain(unavailable("shard server gave up the shard's partition"))
+			return
+		default:
+		}
 		var first *pending
 		select {
 		case first = <-w.queue:
@@ -161,9 +169,10 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, bool) {
 	var results []stock.Result
 	var write *postgres.BatchWrite
 	decide := func(read *postgres.BatchRead) (*postgres.BatchWrite, error) {
-		write, results = plan(w.key, w.counts, reqs, read, sweep)
+		var err error
+		write, results, err = plan(w.key, w.counts, reqs, read, sweep)
 		w.sku = read.SKU
-		return write, nil
+		return write, err
 	}
 	var err error
 	for attempt := 0; attempt < batchAttemptsMax; attempt++ {
@@ -183,7 +192,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, bool) {
 			w.srv.log.Warn("batch fenced: another server owns the partition", "shard", w.key.String(), "err", err)
 			w.srv.fenced(w)
 			return all(len(reqs), unavailable("shard moved to another server")), false
-		case errors.Is(err, postgres.ErrDiverged):
+		case errors.Is(err, postgres.ErrDiverged), errors.Is(err, errInvariant):
 			w.srv.log.Error("INVARIANT: shard row diverged from its only writer's copy; halting the shard", "shard", w.key.String(), "err", err)
 			w.srv.halt(w)
 			return all(len(reqs), unavailable("shard halted")), false
@@ -235,9 +244,11 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 		return nil, err
 	}
 	read := &postgres.BatchRead{SKU: w.sku, Ops: ops, Now: time.Now()}
-	write, results := plan(w.key, w.counts, reqs, read, false)
-	if len(write.Ops) > 0 || write.From != write.To {
-		panic("shard: a refusable batch planned a write")
+	write, results, err := plan(w.key, w.counts, reqs, read, false)
+	if err != nil || !write.Empty() {
+		// Cannot happen: every request asks for more than is available.
+		// Let the transactional path decide instead.
+		return nil, fmt.Errorf("shard: a refusable batch planned a write: %v", err)
 	}
 	return results, nil
 }
