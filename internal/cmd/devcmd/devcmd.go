@@ -14,7 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -33,6 +32,7 @@ import (
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
 )
 
 // Bounds of the dev stack.
@@ -91,7 +91,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	env := append(os.Environ(), "DATABASE_URL="+dbURL, "ETCD_ENDPOINTS="+etcd, "SHARDSTOCK_ADMIN_TOKEN="+token)
+	env := append(childEnv(os.Environ()), "DATABASE_URL="+dbURL, "ETCD_ENDPOINTS="+etcd, "SHARDSTOCK_ADMIN_TOKEN="+token)
 	var kids children
 	defer kids.stop(stderr)
 	for i := 1; i <= *servers; i++ {
@@ -105,7 +105,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	base := "http://" + *addr
-	if err := waitReady(ctx, base, &kids); err != nil {
+	if err := waitReady(ctx, base, token, *servers, &kids); err != nil {
 		return err
 	}
 	if err := createDemo(ctx, base, token); err != nil {
@@ -195,17 +195,19 @@ func (k *children) stop(w io.Writer) {
 	}
 }
 
-// waitReady polls /readyz until every partition is owned.
-func waitReady(ctx context.Context, base string, k *children) error {
+// waitReady waits until every shard server has registered and every
+// partition is owned, so that start-up hand-overs are over when the banner
+// says the stack is ready.
+func waitReady(ctx context.Context, base, token string, servers int, k *children) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
+	admin := shardstockv1connect.NewAdminServiceClient(rpc.NewClient(), base)
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+		req := connect.NewRequest(&v1.GetTopologyRequest{})
+		req.Header().Set("Authorization", "Bearer "+token)
+		if resp, err := admin.GetTopology(ctx, req); err == nil && len(resp.Msg.Servers) == servers &&
+			len(resp.Msg.Owners) == int(resp.Msg.Partitions) && ownedByAll(resp.Msg) {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
@@ -215,6 +217,37 @@ func waitReady(ctx context.Context, base string, k *children) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// ownedByAll reports whether every partition is owned by the server that
+// rendezvous hashing assigns it among the registered ones.
+func ownedByAll(t *v1.GetTopologyResponse) bool {
+	ids := make([]string, len(t.Servers))
+	for i, s := range t.Servers {
+		ids[i] = s.ServerId
+	}
+	want := topology.Assign(int(t.Partitions), ids)
+	for _, o := range t.Owners {
+		if want[o.Partition] != o.ServerId {
+			return false
+		}
+	}
+	return true
+}
+
+// childEnv is the environment without the per-process settings of a shard
+// server or allocator, which the dev stack sets itself.
+func childEnv(env []string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		switch name {
+		case "SHARDSTOCK_ADVERTISE", "SHARDSTOCK_SERVER_ID", "SHARDSTOCK_SHARD_ADDR", "SHARDSTOCK_ADDR":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 // createDemo creates the demo SKU unless it exists.
