@@ -58,6 +58,7 @@ type Allocator struct {
 	skus    map[string]cachedSKU
 
 	sweeps   sweeper
+	lookups  *lookups
 	inflight sync.Map // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
 	metrics  *metrics
 }
@@ -88,11 +89,13 @@ func New(cfg Config) *Allocator {
 		metrics: newMetrics(cfg.Registerer),
 	}
 	a.sweeps.a = a
+	a.lookups = newLookups(a)
 	return a
 }
 
 // Close stops every shard-server client.
 func (a *Allocator) Close() {
+	a.lookups.close()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, c := range a.servers {
@@ -237,7 +240,7 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 		}
 		switch {
 		case sw.available+sw.inTransit < q && sw.unknown == 0:
-			return a.outOfStock(ctx, r, asked, first)
+			return a.outOfStock(ctx, r, sku, asked)
 		case sw.available+sw.inTransit < q:
 			// Shards that did not answer may hold the stock: not a sold-out.
 			// A partition changing hands answers again in moments.
@@ -245,10 +248,10 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 			time.Sleep(inTransitWait)
 		case sw.maxShard >= q:
 			continue // a shard holds enough now: try again with fresh hints
-		case refusable(r, sku):
-			// The SKU refuses this request whatever the stock: let a shard
-			// say why (after its replay lookup) rather than move stock.
-			return a.outOfStock(ctx, r, false, first)
+		case refusalOf(r, sku):
+			// The SKU refuses this request whatever the stock: say why
+			// (after the replay lookup) rather than move stock.
+			return a.outOfStock(ctx, r, sku, false)
 		case sw.available >= q:
 			if err := a.consolidate(ctx, sku, q); err != nil {
 				a.log.Debug("consolidation failed", "sku", sku.SKU, "err", err)
@@ -263,38 +266,48 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 	return unavailable("could not place the request in %d rounds; retry with the same key", routeRoundsMax)
 }
 
-// refusable reports whether the SKU's configuration (as cached) refuses r
-// before stock is even looked at: paused, above max_per_order, above the
-// customer limit on its own.
-func refusable(r *stock.Request, sku *stock.SKU) bool {
-	if r.Kind != stock.OpReserve && r.Kind != stock.OpDeduct {
-		return false
-	}
-	return sku.Status == stock.StatusPaused ||
-		(sku.MaxPerOrder > 0 && r.Quantity > sku.MaxPerOrder) ||
-		(sku.CustomerLimit > 0 && r.CustomerRef != "" && r.Quantity > sku.CustomerLimit)
+func refusalOf(r *stock.Request, sku *stock.SKU) bool {
+	code, _ := refusal(r, sku)
+	return code != ""
 }
 
-// outOfStock answers a request the sweep found no stock for. When no shard
-// refused it during this call, the key's first-choice shard decides it
-// anyway: the shard looks the key up first (a replay gets its first result
-// even after the SKU sold out) and applies the SKU's status and limits, so
-// the caller learns the most specific reason. Only if that shard cannot be
-// reached does the allocator look the key up itself.
-func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, asked bool, first int32) stock.Result {
+// refusal returns why the SKU's configuration (as cached) refuses r before
+// stock is even looked at, or "": paused, above max_per_order, above the
+// customer limit on its own. The shards decide the same with fresh data.
+func refusal(r *stock.Request, sku *stock.SKU) (stock.Code, string) {
+	if r.Kind != stock.OpReserve && r.Kind != stock.OpDeduct {
+		return "", ""
+	}
+	switch {
+	case sku.Status == stock.StatusPaused:
+		return stock.CodeSKUPaused, "sku " + sku.SKU + " is paused"
+	case sku.MaxPerOrder > 0 && r.Quantity > sku.MaxPerOrder:
+		return stock.CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order"
+	case sku.CustomerLimit > 0 && r.CustomerRef != "" && r.Quantity > sku.CustomerLimit:
+		return stock.CodeCustomerLimitReached, "quantity is above the sku's customer_limit"
+	}
+	return "", ""
+}
+
+// outOfStock answers a request the sweep found no stock for. When a shard
+// refused it during this call, that shard looked the key up in its
+// transaction already. Otherwise the key is looked up here (coalesced with
+// the other sold-out answers of the moment): a replay goes to the shard that
+// recorded it and gets its first result even after the SKU sold out; a new
+// key gets the SKU's most specific refusal.
+func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, sku *stock.SKU, asked bool) stock.Result {
 	if !asked {
-		rr := *r
-		rr.Shard.Index = first
-		if res := a.exec(ctx, &rr); res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
-			return res
-		}
-		ops, err := a.db.LookupOperations(ctx, []string{r.Key})
+		op, err := a.lookups.find(ctx, r.Key)
 		if err != nil {
-			return unavailable("could not check the key; retry with the same key")
+			return errResult(err)
 		}
-		if op := ops[r.Key]; op != nil {
+		if op != nil {
+			rr := *r
 			rr.Shard.Index = op.Shard
 			return a.exec(ctx, &rr)
+		}
+		if code, msg := refusal(r, sku); code != "" {
+			return stock.Result{Err: stock.Errorf(code, "%s", msg)}
 		}
 	}
 	return stock.Result{Err: stock.Errorf(stock.CodeOutOfStock, "not enough stock of %s", r.Shard.SKU)}

@@ -87,6 +87,16 @@ func TestE2E_NoFalseSoldOut(t *testing.T) {
 		if _, err := s.deduct(ctx, "thin", "thin-10", 1); reason(err) != "OUT_OF_STOCK" {
 			t.Errorf("Deduct #11 = %v, want OUT_OF_STOCK", err)
 		}
+		// After the sell-out a retry still gets its first result.
+		for i := 0; i < 10; i++ {
+			resp, err := s.deduct(ctx, "thin", fmt.Sprintf("thin-%d", i), 1)
+			if err != nil || !resp.Replayed {
+				t.Errorf("retry of Deduct #%d after the sell-out = %v, %v, want a replay", i+1, resp, err)
+			}
+		}
+		if _, err := s.deduct(ctx, "thin", "thin-0", 2); reason(err) != "IDEMPOTENCY_KEY_REUSED" {
+			t.Errorf("reuse of a key after the sell-out = %v, want IDEMPOTENCY_KEY_REUSED", err)
+		}
 		s.reconcile("thin")
 	})
 	t.Run("LargerThanAnyShard", func(t *testing.T) {
