@@ -19,7 +19,7 @@ import (
 const (
 	// rpcsInFlightMax: each server gets this many Execute calls at once;
 	// what queues meanwhile rides the next call (smart batching again).
-	rpcsInFlightMax = 4
+	rpcsInFlightMax = 16
 	// opsPerRPCMax caps the ops coalesced into one Execute call.
 	opsPerRPCMax = 512
 	// clientQueueLenMax bounds the ops waiting for a server.
@@ -51,7 +51,7 @@ func newServerClient(id, addr string, hc *http.Client, onState func(id string, t
 	c := &serverClient{
 		id:     id,
 		addr:   addr,
-		client: shardstockv1connect.NewShardServiceClient(hc, "http://"+addr),
+		client: shardstockv1connect.NewShardServiceClient(hc, "http://"+addr, rpc.InternalClientOptions()...),
 		queue:  make(chan *call, clientQueueLenMax),
 		stop:   make(chan struct{}),
 	}

@@ -83,9 +83,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	})
 	metrics := rpc.NewMetrics(reg)
 	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Allocator: alloc},
-		connect.WithInterceptors(metrics)))
+		append(rpc.HandlerOptions(), connect.WithInterceptors(metrics))...))
 	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Allocator: alloc},
-		connect.WithInterceptors(metrics, api.BearerAuth(*token))))
+		append(rpc.HandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())
 
 	fmt.Fprintf(stdout, "allocator listening on http://%s\n", lis.Addr())

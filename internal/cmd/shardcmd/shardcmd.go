@@ -76,7 +76,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	member := topology.NewMember(topology.MemberConfig{Client: client, ServerID: *id, Addr: *advertise, LeaseTTL: *leaseTTL, Owner: srv, Logger: log})
 
 	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: reg, Pprof: *pprofOn})
-	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: srv}))
+	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: srv}, rpc.HandlerOptions()...))
 
 	// Shut down in reverse: stop serving, leave the topology (others take
 	// the partitions at once), stop the writers, close the database.
