@@ -39,8 +39,8 @@ checkgenerate: generate ## fail if gen/ differs from what is committed
 	@untracked="$$(git ls-files --others --exclude-standard -- gen)"; if [ -n "$$untracked" ]; then \
 		echo "untracked files under gen/:"; echo "$$untracked"; exit 1; fi
 
-bench: ## run the shard benchmarks (placeholder)
-	go test -run '^$$' -bench . -benchtime 2s ./internal/shard/...
+bench: ## load-test shardstock and the five baselines on model C and the source case, print the table (under 3 min)
+	scripts/bench/run.sh
 
 soak: ## run the soak test (placeholder)
 	@echo "soak: not written yet"

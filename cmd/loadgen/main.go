@@ -7,6 +7,12 @@
 //
 //	loadgen -target all-baselines -model C -concurrency 64 -duration 10s
 //	loadgen -target shardstock,onerow -model case -report report.html
+//	loadgen -stack bin/shardstock-dev -target all -model C,case -duration 5s
+//
+// With -stack it starts the dev stack itself (on a free port, with a new
+// admin token and a database of its own) and stops it with SIGTERM at the
+// end; -paced reruns a target at a share of the rate it reached, to measure
+// latency below the peak.
 package main
 
 import (
@@ -17,7 +23,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -75,6 +84,16 @@ var groups = map[string][]string{
 	"all":           {"naive", "onerow", "subrows", "redis", "redis-fsync", "shardstock"},
 }
 
+// Bounds of the command.
+const (
+	modelsMax = 8 // models of one invocation
+	pacedMin  = 0.01
+	pacedMax  = 1.0
+	// pacedRateMax is the runner's own bound on -rate.
+	pacedRateMax = 1_000_000
+	cpuProfile   = "loadgen" // name of the client's own CPU profile in -server-profile
+)
+
 // parseTargets expands a comma-separated list of targets and groups.
 func parseTargets(s string) ([]string, error) {
 	var names []string
@@ -96,32 +115,80 @@ func parseTargets(s string) ([]string, error) {
 	return names, nil
 }
 
+// shardCountsMax bounds the -shards list.
+const shardCountsMax = 8
+
+// parseShards parses a comma-separated list of shard counts, 1 to 256 each.
+func parseShards(s string) ([]int32, error) {
+	var out []int32
+	for _, part := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil || n < 1 || n > 256 {
+			return nil, fmt.Errorf("-shards %q: want counts of 1 to 256, comma-separated", s)
+		}
+		if !slices.Contains(out, int32(n)) {
+			out = append(out, int32(n))
+		}
+	}
+	if len(out) > shardCountsMax {
+		return nil, fmt.Errorf("-shards: at most %d counts", shardCountsMax)
+	}
+	return out, nil
+}
+
+// parseModels parses a comma-separated list of models.
+func parseModels(s string) ([]loadgen.Model, error) {
+	var ms []loadgen.Model
+	for _, part := range strings.Split(s, ",") {
+		m, err := loadgen.ParseModel(strings.TrimSpace(part))
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(ms, m) {
+			ms = append(ms, m)
+		}
+	}
+	if len(ms) > modelsMax {
+		return nil, fmt.Errorf("-model: at most %d models", modelsMax)
+	}
+	return ms, nil
+}
+
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		targetList  = fs.String("target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync; or all-baselines, all")
-		addr        = fs.String("addr", shardstock.AddrDefault, "shardstock allocator base URL (cleartext HTTP/2)")
-		adminToken  = fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
-		databaseURL = fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL)")
-		redisAddr   = fs.String("redis-addr", "127.0.0.1:6379", "Redis address of the Redis baselines")
-		model       = fs.String("model", "A", "traffic model: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), case (100 units, 500 deducts, 50 reused keys)")
-		duration    = fs.Duration("duration", 10*time.Second, "load time per target (at most 1h); the run stops at -duration or -requests, whichever comes first")
-		requests    = fs.Int64("requests", 0, "client operations per target (0: until -duration; at most 10,000,000)")
-		concurrency = fs.Int("concurrency", 64, "concurrent clients")
-		shards      = fs.Int("shards", 8, "shards per SKU (shardstock) and rows per SKU (subrows)")
-		stockPerSKU = fs.Int64("stock", 1_000_000, "stock per SKU (the hot SKU of model C and the case have 100)")
-		skus        = fs.Int("skus", 1000, "number of SKUs (models A, B, C)")
-		qty         = fs.String("qty", "1", "quantity per request: N, or 1..K for uniform")
-		mix         = fs.String("mix", "deduct=100", "flows: deduct=N,commit=N,release=N (reserve then commit, reserve then release)")
-		dupRate     = fs.Float64("dup-rate", 0, "share of requests sent twice at once with the same key")
-		abandonRate = fs.Float64("abandon-rate", 0, "share of requests abandoned right after sending, then retried with the same key until a definite answer")
-		timeout     = fs.Duration("request-timeout", 10*time.Second, "deadline of each request")
-		seed        = fs.Uint64("seed", 1, "seed of every random choice")
-		pgConns     = fs.Int("pg-conns", 50, "connection pool size of each Postgres baseline")
-		redisPool   = fs.Int("redis-pool", 128, "connection pool size of each Redis baseline")
-		reportPath  = fs.String("report", "", "write an HTML report to this path")
-		progress    = fs.Bool("progress", true, "show a progress bar on stderr")
+		targetList   = fs.String("target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync; or all-baselines, all")
+		addr         = fs.String("addr", shardstock.AddrDefault, "shardstock allocator base URL (cleartext HTTP/2)")
+		adminToken   = fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
+		databaseURL  = fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")
+		redisAddr    = fs.String("redis-addr", "127.0.0.1:6379", "Redis address of the Redis baselines")
+		modelList    = fs.String("model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), case (100 units, 500 deducts, 50 reused keys)")
+		duration     = fs.Duration("duration", 10*time.Second, "load time per target (at most 1h); the run stops at -duration or -requests, whichever comes first")
+		requests     = fs.Int64("requests", 0, "client operations per target (0: until -duration; at most 10,000,000)")
+		concurrency  = fs.Int("concurrency", 64, "concurrent clients")
+		rate         = fs.Float64("rate", 0, "client operations started per second over all clients (a deduct, or a reserve with its commit or release); 0: unpaced")
+		paced        = fs.Float64("paced", 0, "after each unpaced run of a -paced-targets target, run it again at this share (0.01 to 1) of the operations per second it reached; 0: off")
+		pacedTargets = fs.String("paced-targets", "shardstock", "comma-separated targets that -paced reruns")
+		shardList    = fs.String("shards", "8", "shards per SKU (shardstock) and rows per SKU (subrows); a comma-separated list runs every target once per count, its rows labelled target/count")
+		stockPerSKU  = fs.Int64("stock", 1_000_000, "stock per SKU (the hot SKU of model C and the case have 100)")
+		skus         = fs.Int("skus", 1000, "number of SKUs (models A, B, C)")
+		qty          = fs.String("qty", "1", "quantity per request: N, or 1..K for uniform")
+		mix          = fs.String("mix", "deduct=100", "flows: deduct=N,commit=N,release=N (reserve then commit, reserve then release)")
+		dupRate      = fs.Float64("dup-rate", 0, "share of requests sent twice at once with the same key")
+		abandonRate  = fs.Float64("abandon-rate", 0, "share of requests abandoned right after sending, then retried with the same key until a definite answer")
+		retry        = fs.Bool("retry", true, "retry a request whose answer left its fate unknown (timeout, SHARD_UNAVAILABLE, ...) with the same key, up to 20 times, as the API asks of clients")
+		timeout      = fs.Duration("request-timeout", 10*time.Second, "deadline of each request")
+		seed         = fs.Uint64("seed", 1, "seed of every random choice")
+		pgConns      = fs.Int("pg-conns", 50, "connection pool size of each Postgres baseline")
+		redisPool    = fs.Int("redis-pool", 128, "connection pool size of each Redis baseline")
+		reportPath   = fs.String("report", "", "write an HTML report to this path (with several models, one per model: path-MODEL.html)")
+		progress     = fs.Bool("progress", true, "show a progress bar on stderr")
+		stackBin     = fs.String("stack", "", "start this shardstock-dev binary on 127.0.0.1 (free port, new admin token, a database of its own) for the run, and stop it with SIGTERM after; -addr and -admin-token are then ignored")
+		databaseNote = fs.String("database-note", "", "with -stack and -database-url, how the tables name that server (e.g. \"private durable Postgres 15\")")
+		stackLog     = fs.String("stack-log", "", "with -stack, write the stack's output here (default: a file in the temporary directory)")
+		serverProf   = fs.String("server-profile", "", "with -stack, write CPU profiles of the allocator and every shard server over each shardstock load, and of loadgen itself, into this directory")
+		cpuProf      = fs.String("cpuprofile", "", "write loadgen's own CPU profile (the whole invocation) to this file")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -133,7 +200,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	m, err := loadgen.ParseModel(*model)
+	var pacedNames []string
+	if *paced != 0 {
+		if !(*paced >= pacedMin && *paced <= pacedMax) {
+			return fmt.Errorf("-paced %g: want %g to %g, or 0", *paced, pacedMin, pacedMax)
+		}
+		if pacedNames, err = parseTargets(*pacedTargets); err != nil {
+			return err
+		}
+	}
+	models, err := parseModels(*modelList)
 	if err != nil {
 		return err
 	}
@@ -145,72 +221,229 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	if *shards < 1 || *shards > 256 || *pgConns < 1 || *pgConns > 1000 || *redisPool < 1 || *redisPool > 10_000 {
-		return fmt.Errorf("-shards (1 to 256), -pg-conns (1 to 1000) or -redis-pool (1 to 10000) out of range")
+	shards, err := parseShards(*shardList)
+	if err != nil {
+		return err
+	}
+	if *pgConns < 1 || *pgConns > 1000 || *redisPool < 1 || *redisPool > 10_000 {
+		return fmt.Errorf("-pg-conns (1 to 1000) or -redis-pool (1 to 10000) out of range")
 	}
 	// The runner reads zero as "default": refuse it here.
 	if *duration <= 0 || *concurrency < 1 || *skus < 1 || *stockPerSKU < 1 || *requests < 0 || *timeout <= 0 {
 		return fmt.Errorf("-duration, -concurrency, -skus, -stock and -request-timeout must be positive, -requests not negative")
 	}
-	cfg := loadgen.Config{
-		Model: m, SKUs: *skus, Stock: *stockPerSKU, Shards: int32(*shards),
-		Duration: *duration, Requests: *requests, Concurrency: *concurrency,
-		Qty: q, Mix: mx, DupRate: *dupRate, AbandonRate: *abandonRate,
+	if *serverProf != "" && *stackBin == "" {
+		return errors.New("-server-profile needs -stack: only a stack loadgen starts serves its profiles")
+	}
+	base := loadgen.Config{
+		SKUs: *skus, Stock: *stockPerSKU, Shards: shards[0],
+		Duration: *duration, Requests: *requests, Concurrency: *concurrency, Rate: *rate,
+		Qty: q, Mix: mx, DupRate: *dupRate, AbandonRate: *abandonRate, Retry: *retry,
 		RequestTimeout: *timeout, Seed: *seed,
 	}
 	if *progress {
-		cfg.Progress = stderr
+		base.Progress = stderr
 	}
-	runner, err := loadgen.NewRunner(cfg)
-	if err != nil {
-		return err
+	// Check every configuration before starting anything.
+	for _, m := range models {
+		for _, n := range shards {
+			c := base
+			c.Model, c.Shards = m, n
+			if _, err := loadgen.NewRunner(c); err != nil {
+				return err
+			}
+		}
 	}
+
+	if *cpuProf != "" {
+		stopProf, err := startCPUProfile(*cpuProf)
+		if err != nil {
+			return err
+		}
+		defer stopProf()
+	}
+
 	opts := options{
 		addr: *addr, adminToken: *adminToken, databaseURL: *databaseURL, redisAddr: *redisAddr,
 		pgConns: int32(*pgConns), redisPool: *redisPool,
 	}
-
-	var results []*loadgen.Result
 	var errs []error
-	for _, name := range names {
-		if ctx.Err() != nil {
-			errs = append(errs, fmt.Errorf("%s: not run: %w", name, ctx.Err()))
-			continue
-		}
-		fmt.Fprintf(stderr, "loadgen: %s: model %s, %d clients\n", name, m, *concurrency)
-		t := targets[name](opts)
-		res, err := runner.Run(ctx, t)
-		if cerr := t.Close(); cerr != nil {
-			errs = append(errs, fmt.Errorf("%s: close: %w", name, cerr))
-		}
+	var st *stack
+	if *stackBin != "" {
+		st, err = startStack(ctx, stackConfig{
+			Bin: *stackBin, ServerURL: *databaseURL, ServerNote: *databaseNote, BaselineConns: *pgConns, LogPath: *stackLog,
+			Pprof: *serverProf != "", Stderr: stderr,
+		})
 		if err != nil {
-			fmt.Fprintf(stderr, "loadgen: %s: %v\n", name, err)
-			errs = append(errs, err)
-			continue
+			return fmt.Errorf("stack: %w", err)
 		}
-		results = append(results, res)
+		defer func() {
+			if err := st.stop(); err != nil {
+				fmt.Fprintf(stderr, "loadgen: stack: %v\n", err)
+			}
+		}()
+		opts.addr, opts.adminToken, opts.databaseURL = st.baseURL, st.token, st.databaseURL
+		fmt.Fprintf(stderr, "loadgen: stack: %s, admin token %s, %s; log %s\n", st.baseURL, st.token, st.dbNote, st.logPath)
+		if *serverProf != "" {
+			if err := os.MkdirAll(*serverProf, 0o755); err != nil {
+				return err
+			}
+			if *cpuProf == "" {
+				stopProf, err := startCPUProfile(filepath.Join(*serverProf, cpuProfile+".pprof"))
+				if err != nil {
+					return err
+				}
+				defer stopProf()
+			}
+		}
 	}
 
-	if len(results) > 0 {
+	for _, m := range models {
+		cfg := base
+		cfg.Model = m
+		mr := modelRun{cfg: cfg, names: names, shards: shards, paced: *paced, pacedNames: pacedNames, opts: opts, stack: st,
+			profileDir: *serverProf, stderr: stderr}
+		results, merrs := mr.run(ctx)
+		errs = append(errs, merrs...)
+		if len(results) == 0 {
+			continue
+		}
+		if st != nil {
+			fmt.Fprintf(stdout, "stack: %s\n", st.dbNote)
+		}
 		if err := loadgen.WriteTable(stdout, results); err != nil {
 			return err
 		}
-	}
-	if *reportPath != "" && len(results) > 0 {
-		if err := writeReport(*reportPath, results); err != nil {
-			errs = append(errs, err)
-		} else {
-			fmt.Fprintf(stderr, "loadgen: report written to %s\n", *reportPath)
+		fmt.Fprintln(stdout)
+		if *reportPath != "" {
+			path := *reportPath
+			if len(models) > 1 {
+				path = strings.TrimSuffix(path, ".html") + "-" + string(m) + ".html"
+			}
+			if err := writeReport(path, results); err != nil {
+				errs = append(errs, err)
+			} else {
+				fmt.Fprintf(stderr, "loadgen: report written to %s\n", path)
+			}
 		}
-	}
-	for _, r := range results {
-		if r.Failed() {
-			c := r.Correctness
-			errs = append(errs, fmt.Errorf("%s: correctness not zero: oversold %d, undersold %d, duplicates %d, reconciliation differences %d",
-				r.Target, c.Oversold, c.Undersold, c.Duplicates, c.Reconciliation))
+		for _, r := range results {
+			if r.Failed() {
+				c := r.Correctness
+				errs = append(errs, fmt.Errorf("%s (model %s): correctness not zero: oversold %d, undersold %d, duplicates %d, reconciliation differences %d",
+					r.Target, m, c.Oversold, c.Undersold, c.Duplicates, c.Reconciliation))
+			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// modelRun runs every target on one model.
+type modelRun struct {
+	cfg        loadgen.Config
+	names      []string
+	shards     []int32
+	paced      float64
+	pacedNames []string
+	opts       options
+	stack      *stack
+	profileDir string
+	stderr     io.Writer
+}
+
+func (mr *modelRun) run(ctx context.Context) ([]*loadgen.Result, []error) {
+	var results []*loadgen.Result
+	var errs []error
+	for _, name := range mr.names {
+		for _, n := range mr.shards {
+			cfg := mr.cfg
+			cfg.Shards = n
+			label := name
+			if len(mr.shards) > 1 {
+				label = fmt.Sprintf("%s/%d", name, n)
+			}
+			res, err := mr.one(ctx, name, cfg, label)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			results = append(results, res)
+			if mr.paced == 0 || !slices.Contains(mr.pacedNames, name) || cfg.Rate > 0 {
+				continue
+			}
+			// The case model is a fixed 500 requests, over before it is paced.
+			if cfg.Model == loadgen.ModelCase || res.FlowRate() <= 0 {
+				continue
+			}
+			cfg.Rate = min(mr.paced*res.FlowRate(), pacedRateMax)
+			pres, err := mr.one(ctx, name, cfg, fmt.Sprintf("%s@%.0f%%", label, mr.paced*100))
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			results = append(results, pres)
+		}
+	}
+	return results, errs
+}
+
+// one runs one target once; label names its row.
+func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, label string) (*loadgen.Result, error) {
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%s: not run: %w", label, ctx.Err())
+	}
+	if mr.stack != nil {
+		if err := mr.stack.alive(); err != nil {
+			return nil, fmt.Errorf("%s: not run: %w", label, err)
+		}
+	}
+	var prof *serverProfiles
+	if mr.profileDir != "" && name == "shardstock" {
+		prof = &serverProfiles{dir: mr.profileDir, prefix: fmt.Sprintf("%s-%s", cfg.Model, strings.ReplaceAll(label, "%", "pct")),
+			seconds: int(cfg.Duration.Round(time.Second) / time.Second), stack: mr.stack, stderr: mr.stderr}
+		cfg.LoadStarted = prof.start
+	}
+	runner, err := loadgen.NewRunner(cfg)
+	if err != nil {
+		return nil, err
+	}
+	rate := ""
+	if cfg.Rate > 0 {
+		rate = fmt.Sprintf(", paced at %.0f ops/s", cfg.Rate)
+	}
+	fmt.Fprintf(mr.stderr, "loadgen: %s: model %s, %d clients%s\n", label, cfg.Model, cfg.Concurrency, rate)
+	t := targets[name](mr.opts)
+	res, err := runner.Run(ctx, t)
+	if cerr := t.Close(); cerr != nil {
+		fmt.Fprintf(mr.stderr, "loadgen: %s: close: %v\n", label, cerr)
+	}
+	if prof != nil {
+		prof.wait()
+	}
+	if err != nil {
+		fmt.Fprintf(mr.stderr, "loadgen: %s: %v\n", label, err)
+		return nil, err
+	}
+	res.Target = label
+	fmt.Fprintf(mr.stderr, "loadgen: %s: setup %s, load %s, verify %s\n", label,
+		res.SetupTime.Round(time.Millisecond), res.Elapsed.Round(time.Millisecond), res.VerifyTime.Round(time.Millisecond))
+	return res, nil
+}
+
+// startCPUProfile profiles this process into path until the returned func
+// is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 func writeReport(path string, results []*loadgen.Result) error {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,8 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/loadgen"
 	"github.com/shardstock/shardstock/internal/loadgen/loadgentest"
+	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
 	"github.com/shardstock/shardstock/internal/pgtest"
 )
 
@@ -123,6 +129,11 @@ func TestRun_Flags(t *testing.T) {
 		{"-concurrency", "0"},
 		{"-dup-rate", "2"},
 		{"-shards", "0"},
+		{"-shards", "1,x"},
+		{"-rate", "-1"},
+		{"-paced", "2"},
+		{"-model", "C,D"},
+		{"-server-profile", "prof"}, // needs -stack
 		{"extra"},
 	} {
 		if _, _, err := runArgs(t, env(nil), append([]string{"-target", "memory"}, args...)...); err == nil {
@@ -131,6 +142,26 @@ func TestRun_Flags(t *testing.T) {
 	}
 	if _, _, err := runArgs(t, env(nil), "-h"); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("run(-h) = %v, want flag.ErrHelp", err)
+	}
+}
+
+// TestRun_Lists runs two models and two shard counts: a table per model,
+// a row per target and count, and a paced rerun.
+func TestRun_Lists(t *testing.T) {
+	out, _, err := runArgs(t, env(nil), "-target", "memory", "-model", "case,A", "-shards", "1,2", "-requests", "300",
+		"-skus", "10", "-paced", "0.5", "-paced-targets", "memory")
+	if err != nil {
+		t.Fatalf("run() = %v\n%s", err, out)
+	}
+	for _, want := range []string{"model case,", "model A,", "shards 1,2,", " memory/1 ", " memory/2 ", " memory/1@50% ", "paced: memory/2@50% started at most "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// Two paced runs, each in a row, an errors line, a paced line and a
+	// correctness line; none of the case.
+	if n := strings.Count(out, "@50%"); n != 8 {
+		t.Errorf("%d mentions of a paced run, want 8:\n%s", n, out)
 	}
 }
 
@@ -145,6 +176,116 @@ func TestRun_Baselines(t *testing.T) {
 	for _, want := range []string{"onerow", "redis", "throughput against onerow (baseline 2): redis ", "all zero"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestRun_Stack builds the dev stack, lets loadgen start it on a database
+// of its own and runs the source document's case against it, with faults:
+// the shardstock target against the real API, end to end.
+func TestRun_Stack(t *testing.T) {
+	bin := buildStack(t)
+	getenv := env(map[string]string{"DATABASE_URL": pgtest.NewDB(t)})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"-progress=false", "-stack", bin, "-stack-log", filepath.Join(t.TempDir(), "stack.log"),
+		"-target", "shardstock", "-model", "case", "-shards", "4", "-dup-rate", "0.2", "-abandon-rate", "0.2"}, getenv, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run(-stack) = %v\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
+	}
+	for _, want := range []string{"shardstock", "  shardstock: oversold 0, undersold 0 (0 false sold-outs), duplicates 0, reconciliation differences 0, unresolved 0: all zero"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, &stdout)
+		}
+	}
+}
+
+// buildStack builds cmd/shardstock-dev into the test's directory and
+// returns its path; it skips the test under -short.
+func buildStack(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and starts the dev stack")
+	}
+	bin := filepath.Join(t.TempDir(), "shardstock-dev")
+	build := exec.Command("go", "build", "-o", bin, "github.com/shardstock/shardstock/cmd/shardstock-dev")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestStack_Verify checks the shardstock target's Verify against the real
+// API: replenishments and adjustments count as stock added, reservations
+// held, committed and released are where the ledger says, and nothing is
+// reported.
+func TestStack_Verify(t *testing.T) {
+	bin := buildStack(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stderr bytes.Buffer
+	st, err := startStack(ctx, stackConfig{Bin: bin, ServerURL: pgtest.NewDB(t), BaselineConns: 1,
+		LogPath: filepath.Join(t.TempDir(), "stack.log"), Stderr: &stderr})
+	if err != nil {
+		t.Fatalf("startStack() = %v\n%s", err, &stderr)
+	}
+	defer func() {
+		if err := st.stop(); err != nil {
+			t.Errorf("stop() = %v", err)
+		}
+	}()
+
+	target := shardstock.New(shardstock.Config{Addr: st.baseURL, AdminToken: st.token})
+	defer target.Close()
+	skus := []loadgen.SKUSpec{{SKU: "verify-" + randomHex(4), Stock: 20, Shards: 4}}
+	sku := skus[0].SKU
+	if err := target.Setup(ctx, skus); err != nil {
+		t.Fatal(err)
+	}
+	want := func(what string, o loadgen.Outcome) {
+		t.Helper()
+		if o.Status != loadgen.StatusOK {
+			t.Fatalf("%s = %v, want ok", what, o)
+		}
+	}
+	want("Deduct(3)", target.Deduct(ctx, sku, "d1", 3))
+	id1, o := target.Reserve(ctx, sku, "r1", 2)
+	want("Reserve(2)", o)
+	want("Commit", target.Commit(ctx, id1))
+	id2, o := target.Reserve(ctx, sku, "r2", 4)
+	want("Reserve(4)", o)
+	want("Release", target.Release(ctx, id2))
+	_, o = target.Reserve(ctx, sku, "r3", 1) // held
+	want("Reserve(1)", o)
+
+	inv := shardstockv1connect.NewInventoryServiceClient(http.DefaultClient, st.baseURL)
+	if _, err := inv.Replenish(ctx, connect.NewRequest(&shardstockv1.ReplenishRequest{Sku: sku, Quantity: 5, IdempotencyKey: "p1", Reason: "refund"})); err != nil {
+		t.Fatalf("Replenish(5) = %v", err)
+	}
+	admin := shardstockv1connect.NewAdminServiceClient(http.DefaultClient, st.baseURL)
+	adj := connect.NewRequest(&shardstockv1.AdjustStockRequest{Sku: sku, Delta: -2, Reason: "count", Approver: "test", IdempotencyKey: "a1"})
+	adj.Header().Set("Authorization", "Bearer "+st.token)
+	if _, err := admin.AdjustStock(ctx, adj); err != nil {
+		t.Fatalf("AdjustStock(-2) = %v", err)
+	}
+
+	state, err := target.Verify(ctx, skus)
+	if err != nil {
+		t.Fatalf("Verify() = %v", err)
+	}
+	s := state.SKUs[sku]
+	// 20 + 5 - 2 = 23: sold 3 + 2, reserved 1, available 17.
+	if s.Replenished != 3 || s.Sold != 5 || s.Reserved != 1 || s.Available != 17 || s.InTransit != 0 {
+		t.Errorf("Verify() = %+v, want replenished 3, sold 5, reserved 1, available 17, none in transit", s)
+	}
+	if s.Operations != 4 || s.DistinctKeys != 4 || s.ExtraEnds != 0 || len(s.Discrepancies) != 0 {
+		t.Errorf("Verify() = %d operations of %d keys, %d extra ends, discrepancies %+v; want 4 of 4, 0, none",
+			s.Operations, s.DistinctKeys, s.ExtraEnds, s.Discrepancies)
+	}
+	for kind, n := range map[string]int64{"deduct": 1, "reserve": 3, "commit": 1, "release": 1, "replenish": 1, "adjust": 1} {
+		if s.Ledger[kind] != n {
+			t.Errorf("Verify() ledger %v: %s = %d, want %d", s.Ledger, kind, s.Ledger[kind], n)
 		}
 	}
 }

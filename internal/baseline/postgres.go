@@ -94,6 +94,7 @@ type pgQueries struct {
 	endReservation, selectReservation, reservationState        string
 	commitStock, releaseStock                                  string
 	verifyCounts, verifyLedger, verifyKeys, verifyRowBalance   string
+	verifyEnds                                                 string
 	verifyHolds, verifyOpsWithoutLedger, verifyLedgerWithoutOp string
 }
 
@@ -129,6 +130,8 @@ func newPGQueries(schema string) pgQueries {
 		verifyLedger: q(`SELECT sku, kind, count(*) FROM S.ledger GROUP BY sku, kind`),
 		verifyKeys: q(`SELECT sku, count(*), count(DISTINCT idempotency_key) FROM S.ledger
 			WHERE kind IN ('deduct', 'reserve') GROUP BY sku`),
+		verifyEnds: q(`SELECT sku, count(*) - count(DISTINCT reservation_id) FROM S.ledger
+			WHERE kind IN ('commit', 'release', 'expire') GROUP BY sku`),
 		verifyRowBalance: q(`SELECT s.sku, s.idx, s.initial + coalesce(l.da, 0), s.available, coalesce(l.dr, 0), s.reserved, coalesce(l.ds, 0), s.sold
 			FROM S.stock s LEFT JOIN (
 				SELECT sku, idx, sum(d_available)::bigint AS da, sum(d_reserved)::bigint AS dr, sum(d_sold)::bigint AS ds
@@ -375,6 +378,17 @@ func (p *Postgres) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.
 			st.SKUs[sku] = s
 			return nil
 		}},
+		{p.q.verifyEnds, func(r pgx.Rows) error {
+			var sku string
+			var extra int64
+			if err := r.Scan(&sku, &extra); err != nil {
+				return err
+			}
+			s := get(sku)
+			s.ExtraEnds = extra
+			st.SKUs[sku] = s
+			return nil
+		}},
 		{p.q.verifyRowBalance, func(r pgx.Rows) error {
 			var sku string
 			var idx int32
@@ -584,9 +598,9 @@ func outcomeOf(ctx context.Context, err error) loadgen.Outcome {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return loadgen.Error("PG_" + pgErr.Code)
+		return loadgen.Outcome{Status: loadgen.StatusError, Code: "PG_" + pgErr.Code, Detail: pgErr.Message}
 	}
-	return loadgen.Error(loadgen.CodeUnavailable)
+	return loadgen.Outcome{Status: loadgen.StatusError, Code: loadgen.CodeUnavailable, Detail: err.Error()}
 }
 
 func keyHash(key string) uint32 {

@@ -357,13 +357,15 @@ func redisOutcome(ctx context.Context, err error) loadgen.Outcome {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return loadgen.Error(loadgen.CodeDeadlineExceeded)
 	}
-	return loadgen.Error(loadgen.CodeUnavailable)
+	return loadgen.Outcome{Status: loadgen.StatusError, Code: loadgen.CodeUnavailable, Detail: err.Error()}
 }
 
 // ledgerSums are one SKU's ledger totals.
 type ledgerSums struct {
 	da, dr, ds int64
 	keys       map[string]bool
+	ends       map[string]bool // reservations with an end entry
+	endEntries int64
 }
 
 // Verify reads the counters, sums the ledger stream per SKU against them,
@@ -416,7 +418,7 @@ func (r *Redis) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.Sta
 			s.Ledger[kind]++
 			l := sums[sku]
 			if l == nil {
-				l = &ledgerSums{keys: map[string]bool{}}
+				l = &ledgerSums{keys: map[string]bool{}, ends: map[string]bool{}}
 				sums[sku] = l
 			}
 			l.da += streamInt(m.Values["da"])
@@ -426,6 +428,11 @@ func (r *Redis) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.Sta
 				s.Operations++
 				key, _ := m.Values["key"].(string)
 				l.keys[key] = true
+			}
+			if kind == string(stock.OpCommit) || kind == string(stock.OpRelease) || kind == string(stock.OpExpire) {
+				res, _ := m.Values["res"].(string)
+				l.ends[res] = true
+				l.endEntries++
 			}
 			st.SKUs[sku] = s
 		}
@@ -476,6 +483,7 @@ func (r *Redis) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.Sta
 			l = &ledgerSums{}
 		}
 		s.DistinctKeys = int64(len(l.keys))
+		s.ExtraEnds = l.endEntries - int64(len(l.ends))
 		add := func(check, detail string, want, got int64) {
 			if want != got {
 				s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{Check: check, Detail: detail, Expected: want, Actual: got})

@@ -22,7 +22,8 @@ type Correctness struct {
 	// Duplicates: extra applications of one key (or one reservation's
 	// commit or release): answers that succeeded more than once as
 	// non-replays, or the system's own records holding more operations
-	// than distinct keys, whichever is larger.
+	// than distinct keys plus more ends than reservations, whichever is
+	// larger.
 	Duplicates int64
 	// Reconciliation counts differences: the system's own (ledger against
 	// rows), conservation (available + reserved + sold + in transit =
@@ -152,10 +153,10 @@ func assessSKU(c *Correctness, spec SKUSpec, v *skuView, s SKUState) {
 	}
 
 	// Duplicates.
-	if dup := max(v.duplicates, s.Operations-s.DistinctKeys); dup > 0 {
+	if dup := max(v.duplicates, s.Operations-s.DistinctKeys+s.ExtraEnds); dup > 0 {
 		c.Duplicates += dup
-		c.detail("%s: %d duplicate applications: clients saw %d repeated successes; the system holds %d operations for %d distinct keys",
-			spec.SKU, dup, v.duplicates, s.Operations, s.DistinctKeys)
+		c.detail("%s: %d duplicate applications: clients saw %d repeated successes; the system holds %d operations for %d distinct keys and %d extra reservation ends",
+			spec.SKU, dup, v.duplicates, s.Operations, s.DistinctKeys, s.ExtraEnds)
 	}
 
 	// Reconciliation.

@@ -76,7 +76,7 @@ type reportData struct {
 func WriteReport(w io.Writer, results []*Result) error {
 	d := reportData{Generated: time.Now().UTC().Format(time.RFC3339), Ratios: Ratios(results)}
 	if len(results) > 0 {
-		d.Header = describe(results[0])
+		d.Header = describe(results)
 	}
 	for _, r := range results {
 		t := reportTarget{

@@ -18,19 +18,20 @@ import (
 
 // Limits of a run. Every load loop is bounded by a count and by time.
 const (
-	requestsMax       = 10_000_000 // client operations per run, whatever -requests says
-	durationMax       = time.Hour  // load time per run, whatever -duration says
-	concurrencyMax    = 4096
-	skusMax           = 100_000
-	drainGrace        = 10 * time.Second // for flows in flight when load stops: commit steps and retries
-	abandonRetriesMax = 20               // retries of an abandoned request until a definite answer
-	abandonDelayMin   = 50 * time.Microsecond
-	abandonDelayMax   = 100 * time.Millisecond
-	retryBackoffMin   = time.Millisecond
-	retryBackoffMax   = 100 * time.Millisecond
-	setupTimeout      = 5 * time.Minute
-	verifyTimeout     = 5 * time.Minute
-	progressInterval  = 200 * time.Millisecond
+	requestsMax      = 10_000_000 // client operations per run, whatever -requests says
+	durationMax      = time.Hour  // load time per run, whatever -duration says
+	concurrencyMax   = 4096
+	rateMax          = 1_000_000 // client operations started per second
+	skusMax          = 100_000
+	drainGrace       = 10 * time.Second // for flows in flight when load stops: commit steps and retries
+	retriesMax       = 20               // retries of a request until a definite answer
+	abandonDelayMin  = 50 * time.Microsecond
+	abandonDelayMax  = 100 * time.Millisecond
+	retryBackoffMin  = time.Millisecond
+	retryBackoffMax  = 100 * time.Millisecond
+	setupTimeout     = 5 * time.Minute
+	verifyTimeout    = 5 * time.Minute
+	progressInterval = 200 * time.Millisecond
 
 	requestTimeoutDefault = 10 * time.Second
 )
@@ -49,20 +50,36 @@ type Config struct {
 	// stops at whichever comes first. The case model always has 500.
 	Duration    time.Duration
 	Requests    int64
-	Concurrency int     // clients; default 64
-	Qty         QtyDist // default 1
-	Mix         Mix     // default deduct only
+	Concurrency int // clients; default 64
+	// Rate, when positive, bounds how many client operations start per
+	// second, over all clients (a deduct, or a reserve with its commit or
+	// release, is one): to measure latency below the peak. 0: each client
+	// starts its next operation as soon as the last one ended.
+	Rate float64
+	Qty  QtyDist // default 1
+	Mix  Mix     // default deduct only
 	// DupRate is the share of requests sent twice at once with the same key.
 	DupRate float64
 	// AbandonRate is the share of requests whose client cancels right after
 	// sending and retries with the same key until a definite answer.
-	AbandonRate    float64
+	AbandonRate float64
+	// Retry makes every client do what the API asks of one: a request whose
+	// answer left its fate unknown (a timeout, SHARD_UNAVAILABLE, INTERNAL)
+	// or that was refused for now (RATE_LIMITED) is sent again with the
+	// same key, with backoff, until a definite answer or retriesMax
+	// retries. Abandoned requests are retried that way whether or not Retry
+	// is set. Without Retry, an unknown fate leaves its SKU out of the
+	// client-against-system check.
+	Retry          bool
 	RequestTimeout time.Duration // per attempt; default 10 s
 	Seed           uint64        // of every random choice; default 1
 	// RunID makes SKU names and keys unique; random when empty.
 	RunID string
 	// Progress, when set, receives a progress bar (stderr in the command).
 	Progress io.Writer
+	// LoadStarted, when set, is called as the load begins, after Setup: to
+	// start server-side profiles over the load alone.
+	LoadStarted func()
 }
 
 func (c Config) withDefaults() Config {
@@ -124,6 +141,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("loadgen: requests %d: want at most %d", c.Requests, requestsMax)
 	case c.Concurrency < 1 || c.Concurrency > concurrencyMax:
 		return fmt.Errorf("loadgen: concurrency %d: want 1 to %d", c.Concurrency, concurrencyMax)
+	case !(c.Rate >= 0 && c.Rate <= rateMax): // NaN too
+		return fmt.Errorf("loadgen: rate %g: want 0 (unpaced) to %d operations per second", c.Rate, rateMax)
 	case c.DupRate < 0 || c.DupRate > 1:
 		return fmt.Errorf("loadgen: dup rate %g: want 0 to 1", c.DupRate)
 	case c.AbandonRate < 0 || c.AbandonRate > 1:
@@ -166,8 +185,9 @@ type Result struct {
 	Config   Config
 	SKUs     []SKUSpec
 	Started  time.Time
-	// Elapsed is the load time, from the first request to the last answer.
-	Elapsed time.Duration
+	// Elapsed is the load time, from the first request to the last answer;
+	// SetupTime and VerifyTime are the times of Setup and Verify.
+	Elapsed, SetupTime, VerifyTime time.Duration
 	// Flows counts client operations; Requests counts every request sent,
 	// duplicates and retries included. Requests = OK + Replayed +
 	// OutOfStock + Errors.
@@ -175,6 +195,7 @@ type Result struct {
 	Requests, OK, Replayed, OutOfStock int64
 	Errors                             int64
 	ErrorsByCode                       map[string]int64
+	ErrorSamples                       map[string]string // a message of each code, when the target gave one
 	RequestsByOp                       map[string]int64
 	// Latency holds every answer but abandoned ones, in microseconds;
 	// OutOfStockLatency only the out-of-stock answers.
@@ -192,6 +213,15 @@ func (r *Result) Throughput() float64 {
 	return float64(r.Requests) / r.Elapsed.Seconds()
 }
 
+// FlowRate is client operations finished per second of load: the unit of
+// Config.Rate.
+func (r *Result) FlowRate() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Flows) / r.Elapsed.Seconds()
+}
+
 // Failed reports whether the run broke a correctness rule and is not a
 // baseline (a baseline may oversell or duplicate: it is reported as it is).
 func (r *Result) Failed() bool { return !r.Baseline && !r.Correctness.Clean() }
@@ -200,13 +230,15 @@ func (r *Result) Failed() bool { return !r.Baseline && !r.Correctness.Clean() }
 // happened. It does not close t. A cancelled ctx stops the load early; the
 // final state is still read.
 func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
+	setupStart := time.Now()
 	setupCtx, cancel := context.WithTimeout(ctx, setupTimeout)
 	err := t.Setup(setupCtx, r.SKUs())
 	cancel()
+	setupTime := time.Since(setupStart)
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: %s: setup: %w", t.Name(), err)
 	}
-	ru := &run{cfg: r.cfg, plan: r.plan, target: t}
+	ru := &run{cfg: r.cfg, plan: r.plan, target: t, pace: newPacer(r.cfg.Rate)}
 	ru.limit = r.cfg.Requests
 	if ru.limit == 0 {
 		ru.limit = requestsMax
@@ -216,9 +248,11 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 	}
 	total := ru.load(ctx)
 
+	verifyStart := time.Now()
 	verifyCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)
 	state, err := t.Verify(verifyCtx, r.SKUs())
 	cancel()
+	verifyTime := time.Since(verifyStart)
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: %s: verify: %w", t.Name(), err)
 	}
@@ -229,6 +263,8 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 		SKUs:              r.SKUs(),
 		Started:           ru.start,
 		Elapsed:           ru.elapsed,
+		SetupTime:         setupTime,
+		VerifyTime:        verifyTime,
 		Flows:             ru.done.Load(),
 		Requests:          total.requests,
 		OK:                total.ok,
@@ -236,6 +272,7 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 		OutOfStock:        total.oos,
 		Errors:            total.errors,
 		ErrorsByCode:      total.errorsByCode,
+		ErrorSamples:      total.errorSamples,
 		RequestsByOp:      map[string]int64{},
 		Latency:           total.latency,
 		OutOfStockLatency: total.oosLatency,
@@ -256,6 +293,7 @@ type run struct {
 	cfg     Config
 	plan    plan
 	target  Target
+	pace    *pacer // nil: unpaced
 	limit   int64
 	next    atomic.Int64 // client operations started
 	done    atomic.Int64 // client operations finished
@@ -266,6 +304,9 @@ type run struct {
 // load drives the target until the count or the time runs out and returns
 // the merged tallies of all clients.
 func (ru *run) load(ctx context.Context) *tally {
+	if ru.cfg.LoadStarted != nil {
+		ru.cfg.LoadStarted()
+	}
 	ru.start = time.Now()
 	// loadCtx bounds when a client may start a new operation; drainCtx lets
 	// operations in flight finish their commit step and retries.
@@ -343,6 +384,9 @@ func (ru *run) progress() (stop func()) {
 // work is one client: it runs operations one after the other.
 func (ru *run) work(loadCtx, drainCtx context.Context, w *worker) {
 	for loadCtx.Err() == nil {
+		if !ru.pace.wait(loadCtx) {
+			return
+		}
 		n := ru.next.Add(1) - 1
 		if n >= ru.limit {
 			return
@@ -350,6 +394,44 @@ func (ru *run) work(loadCtx, drainCtx context.Context, w *worker) {
 		ru.do(drainCtx, w, ru.flowAt(n, w.rng))
 		ru.done.Add(1)
 	}
+}
+
+// pacer spaces the starts of client operations 1/rate apart over all
+// clients: a token bucket one token deep. A client that finds its slot
+// already passed starts at once, so no backlog builds up (and no burst
+// follows) while the target is slower than the rate.
+type pacer struct {
+	mu       sync.Mutex
+	interval time.Duration
+	next     time.Time
+}
+
+// newPacer returns a pacer of rate operations per second, or nil for 0.
+func newPacer(rate float64) *pacer {
+	if rate <= 0 {
+		return nil
+	}
+	return &pacer{interval: max(time.Duration(float64(time.Second)/rate), 1)}
+}
+
+// wait blocks until the caller's slot, and reports false if ctx ended
+// first. A nil pacer lets every caller through.
+func (p *pacer) wait(ctx context.Context) bool {
+	if p == nil {
+		return ctx.Err() == nil
+	}
+	p.mu.Lock()
+	slot := time.Now()
+	if p.next.After(slot) {
+		slot = p.next
+	}
+	p.next = slot.Add(p.interval)
+	p.mu.Unlock()
+	d := time.Until(slot)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	return sleep(ctx, d)
 }
 
 func (ru *run) flowAt(n int64, r *mrand.Rand) flow {
@@ -419,7 +501,8 @@ func (s *sent) add(a answer) {
 
 // send performs one request with the faults drawn for it: maybe a duplicate
 // sent at the same time with the same key, maybe abandoned right after
-// sending and retried with the same key until a definite answer.
+// sending and retried with the same key until a definite answer (with
+// Retry, so is any request whose answer left its fate unknown).
 func (ru *run) send(ctx context.Context, w *worker, op opKind, f flow, call func(context.Context) (string, Outcome)) sent {
 	abandon := ru.cfg.AbandonRate > 0 && w.rng.Float64() < ru.cfg.AbandonRate
 	dup := ru.cfg.DupRate > 0 && w.rng.Float64() < ru.cfg.DupRate
@@ -447,7 +530,7 @@ func (ru *run) send(ctx context.Context, w *worker, op opKind, f flow, call func
 		record(<-dupAnswer)
 	}
 	backoff := retryBackoffMin
-	for i := 0; abandon && !s.settled && i < abandonRetriesMax; i++ {
+	for i := 0; (abandon || ru.cfg.Retry) && !s.settled && i < retriesMax; i++ {
 		if !sleep(ctx, backoff) {
 			break
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardstock/shardstock/internal/loadgen"
 	"github.com/shardstock/shardstock/internal/loadgen/loadgentest"
+	"github.com/shardstock/shardstock/internal/stock"
 )
 
 // run drives target with cfg, bounded by count and by time.
@@ -191,6 +192,33 @@ func TestRunner_Bounded(t *testing.T) {
 		res := run(t, &loadgentest.Memory{}, loadgen.Config{Model: loadgen.ModelA, SKUs: 5, Concurrency: 7, Requests: 123})
 		if res.Flows != 123 || res.Requests != 123 {
 			t.Errorf("flows %d, requests %d, want 123", res.Flows, res.Requests)
+		}
+	})
+	t.Run("Paced", func(t *testing.T) {
+		// 200 operations a second over 16 clients for a second: about 200,
+		// whatever the clients could do unpaced.
+		res := run(t, &loadgentest.Memory{}, loadgen.Config{Model: loadgen.ModelA, SKUs: 5, Concurrency: 16, Duration: time.Second, Rate: 200})
+		if res.Flows < 150 || res.Flows > 230 {
+			t.Errorf("flows %d in %s at rate 200/s, want about 200", res.Flows, res.Elapsed)
+		}
+	})
+	t.Run("Retry", func(t *testing.T) {
+		cfg := loadgen.Config{Model: loadgen.ModelA, SKUs: 5, Stock: 1000, Concurrency: 8, Requests: 200, Retry: true}
+		res := run(t, &loadgentest.Memory{Flaky: true}, cfg)
+		if res.OK != 200 || res.ErrorsByCode[string(stock.CodeShardUnavailable)] != 200 || res.Correctness.Unresolved != 0 {
+			t.Errorf("ok %d, errors %v, unresolved %d: want 200 ok after 200 retried SHARD_UNAVAILABLE, none unresolved",
+				res.OK, res.ErrorsByCode, res.Correctness.Unresolved)
+		}
+		cfg.Retry = false
+		res = run(t, &loadgentest.Memory{Flaky: true}, cfg)
+		if res.OK != 0 || res.Correctness.Unresolved != 200 || !res.Correctness.Clean() {
+			t.Errorf("without retry: ok %d, unresolved %d, correctness %+v: want none ok, 200 unresolved, clean",
+				res.OK, res.Correctness.Unresolved, res.Correctness)
+		}
+	})
+	t.Run("BadRate", func(t *testing.T) {
+		if _, err := loadgen.NewRunner(loadgen.Config{Rate: -1}); err == nil {
+			t.Errorf("NewRunner(rate -1) = nil, want an error")
 		}
 	})
 	t.Run("Cancelled", func(t *testing.T) {

@@ -100,6 +100,7 @@ type tally struct {
 	requests, ok, replayed, oos, errors int64
 	byOp                                [opKinds]int64
 	errorsByCode                        map[string]int64
+	errorSamples                        map[string]string // code -> a message
 	latency, oosLatency                 *hdrhistogram.Histogram
 	seconds                             []Second
 	keys                                map[keyID]*keyObs
@@ -111,6 +112,7 @@ type tally struct {
 func newTally() *tally {
 	return &tally{
 		errorsByCode: map[string]int64{},
+		errorSamples: map[string]string{},
 		latency:      newHistogram(),
 		oosLatency:   newHistogram(),
 		keys:         map[keyID]*keyObs{},
@@ -159,6 +161,9 @@ func (t *tally) attempt(op opKind, sku int32, qty int64, a answer) {
 			code = CodeUnknown
 		}
 		t.errorsByCode[code]++
+		if _, ok := t.errorSamples[code]; !ok && a.o.Detail != "" {
+			t.errorSamples[code] = a.o.Detail
+		}
 	}
 	// An abandoned attempt's latency is the client's choice, not the target's.
 	if !a.abandoned {
@@ -178,6 +183,11 @@ func (t *tally) merge(o *tally) {
 	}
 	for c, n := range o.errorsByCode {
 		t.errorsByCode[c] += n
+	}
+	for c, d := range o.errorSamples {
+		if _, ok := t.errorSamples[c]; !ok {
+			t.errorSamples[c] = d
+		}
 	}
 	t.latency.Merge(o.latency)
 	t.oosLatency.Merge(o.oosLatency)

@@ -41,7 +41,7 @@ func (r *Result) Verdict() string {
 func WriteTable(w io.Writer, results []*Result) error {
 	var b strings.Builder
 	if len(results) > 0 {
-		b.WriteString(describe(results[0]) + "\n")
+		b.WriteString(describe(results) + "\n")
 	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, strings.Join(Columns, "\t")+"\t")
@@ -60,6 +60,14 @@ func WriteTable(w io.Writer, results []*Result) error {
 	b.WriteString("errors by code:\n")
 	for _, r := range results {
 		fmt.Fprintf(&b, "  %s: %s\n", r.Target, codes(r.ErrorsByCode))
+		for _, c := range sortedKeys(r.ErrorSamples) {
+			fmt.Fprintf(&b, "    %s: %q\n", c, r.ErrorSamples[c])
+		}
+	}
+	for _, r := range results {
+		if r.Config.Rate > 0 {
+			fmt.Fprintf(&b, "paced: %s started at most %s (it reached %.0f ops/s)\n", r.Target, rateText(r.Config.Rate), r.FlowRate())
+		}
 	}
 	if ratios := Ratios(results); ratios != "" {
 		fmt.Fprintf(&b, "throughput against %s (baseline 2): %s\n", RatioBase, ratios)
@@ -77,16 +85,33 @@ func WriteTable(w io.Writer, results []*Result) error {
 	return err
 }
 
-// describe is one line of a run's parameters.
-func describe(r *Result) string {
+// describe is one line of the parameters of a table's runs: the first's,
+// with every shard count used when they differ.
+func describe(results []*Result) string {
+	r := results[0]
 	c := r.Config
+	shards := fmt.Sprint(c.Shards)
+	seen := map[int32]bool{c.Shards: true}
+	for _, o := range results[1:] {
+		if !seen[o.Config.Shards] {
+			seen[o.Config.Shards] = true
+			shards += fmt.Sprintf(",%d", o.Config.Shards)
+		}
+	}
 	stockText := fmt.Sprint(c.Stock)
 	if c.Model == ModelC {
 		stockText += fmt.Sprintf(" (hot SKU %d)", HotStock)
 	}
-	return fmt.Sprintf("model %s, %d SKUs, stock %s, shards %d, concurrency %d, duration %s, requests %s, qty %s, mix %s, dup-rate %g, abandon-rate %g, seed %d, run %s",
-		c.Model, len(r.SKUs), stockText, c.Shards, c.Concurrency, c.Duration, countOrNone(c.Requests),
-		c.Qty, c.Mix, c.DupRate, c.AbandonRate, c.Seed, c.RunID)
+	return fmt.Sprintf("model %s, %d SKUs, stock %s, shards %s, concurrency %d, duration %s, requests %s, rate %s, qty %s, mix %s, dup-rate %g, abandon-rate %g, retry %t, seed %d, run %s",
+		c.Model, len(r.SKUs), stockText, shards, c.Concurrency, c.Duration, countOrNone(c.Requests), rateText(c.Rate),
+		c.Qty, c.Mix, c.DupRate, c.AbandonRate, c.Retry, c.Seed, c.RunID)
+}
+
+func rateText(rate float64) string {
+	if rate <= 0 {
+		return "unpaced"
+	}
+	return fmt.Sprintf("%.0f ops/s", rate)
 }
 
 func verdictText(r *Result) string {
@@ -99,12 +124,13 @@ func verdictText(r *Result) string {
 	return "NOT zero: FAIL"
 }
 
-// Ratios formats each target's throughput against RatioBase's, or returns ""
-// when RatioBase did not run beside another target.
+// Ratios formats each unpaced target's throughput against RatioBase's
+// (unpaced too), or returns "" when RatioBase did not run beside another
+// target. A paced run measures latency below the peak, not the peak.
 func Ratios(results []*Result) string {
 	var base *Result
 	for _, r := range results {
-		if r.Target == RatioBase {
+		if r.Target == RatioBase && r.Config.Rate == 0 {
 			base = r
 		}
 	}
@@ -113,7 +139,7 @@ func Ratios(results []*Result) string {
 	}
 	var parts []string
 	for _, r := range results {
-		if r != base {
+		if r != base && r.Config.Rate == 0 {
 			parts = append(parts, fmt.Sprintf("%s %.2fx", r.Target, r.Throughput()/base.Throughput()))
 		}
 	}
@@ -124,16 +150,21 @@ func codes(m map[string]int64) string {
 	if len(m) == 0 {
 		return "none"
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := sortedKeys(m)
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
 	}
 	return strings.Join(parts, " ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 func countOrNone(n int64) string {

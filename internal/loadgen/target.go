@@ -92,6 +92,9 @@ type Outcome struct {
 	// internal/stock (e.g. RESERVATION_ALREADY_RELEASED) or a transport code
 	// such as CANCELED or DEADLINE_EXCEEDED.
 	Code string
+	// Detail is the error's message, if the target has one: the table
+	// shows one per code, to tell why.
+	Detail string
 }
 
 // The outcomes without a code.
@@ -195,6 +198,9 @@ type SKUState struct {
 	// DistinctKeys counts the distinct idempotency keys with a successful
 	// deduct or reserve in the system's own records.
 	DistinctKeys int64
+	// ExtraEnds counts end records (commit, release, expire) beyond one per
+	// reservation in the system's own records: a reservation ended twice.
+	ExtraEnds int64
 	// Discrepancies are the system's own reconciliation differences
 	// (shardstock: AdminService.Reconcile; baselines: ledger against rows).
 	Discrepancies []Discrepancy

@@ -26,12 +26,16 @@ type Memory struct {
 	Hoard int64
 	// DropLedger stops writing ledger entries, so the ledger no longer sums.
 	DropLedger bool
+	// Flaky answers SHARD_UNAVAILABLE, changing nothing, to the first
+	// attempt of every deduct and reserve key: a client must retry.
+	Flaky bool
 	// Latency is added to every request.
 	Latency time.Duration
 
 	mu           sync.Mutex
 	skus         map[string]*memSKU
 	reservations map[string]*memReservation
+	tried        map[string]bool // keys seen, for Flaky
 }
 
 var _ loadgen.Target = (*Memory)(nil)
@@ -69,6 +73,7 @@ func (m *Memory) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
 	defer m.mu.Unlock()
 	m.skus = make(map[string]*memSKU, len(skus))
 	m.reservations = map[string]*memReservation{}
+	m.tried = map[string]bool{}
 	for _, s := range skus {
 		m.skus[s.SKU] = &memSKU{initial: s.Stock, available: s.Stock, ops: map[string]memOp{}}
 	}
@@ -118,6 +123,11 @@ func (m *Memory) take(ctx context.Context, kind, sku, key string, qty int64) (st
 	if !ok {
 		m.mu.Unlock()
 		return "", loadgen.Error(string(stock.CodeSKUNotFound))
+	}
+	if m.Flaky && !m.tried[sku+"|"+key] {
+		m.tried[sku+"|"+key] = true
+		m.mu.Unlock()
+		return "", answer(ctx, loadgen.Error(string(stock.CodeShardUnavailable)))
 	}
 	if op, ok := s.ops[key]; ok && !m.IgnoreKeys {
 		m.mu.Unlock()
@@ -206,17 +216,22 @@ func (m *Memory) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.St
 			continue
 		}
 		out := loadgen.SKUState{Available: s.available, Reserved: s.reserved, Sold: s.sold, Ledger: map[string]int64{}}
-		keys := map[string]bool{}
-		var da, dr, ds int64
+		keys, ends := map[string]bool{}, map[string]bool{}
+		var da, dr, ds, endEntries int64
 		for _, e := range s.ledger {
 			out.Ledger[e.kind]++
 			da, dr, ds = da+e.dAvail, dr+e.dReserved, ds+e.dSold
-			if e.kind == "deduct" || e.kind == "reserve" {
+			switch e.kind {
+			case "deduct", "reserve":
 				out.Operations++
 				keys[e.key] = true
+			case "commit", "release":
+				endEntries++
+				ends[e.key] = true // an end entry's key is the reservation id
 			}
 		}
 		out.DistinctKeys = int64(len(keys))
+		out.ExtraEnds = endEntries - int64(len(ends))
 		for _, c := range []struct {
 			what      string
 			want, got int64

@@ -25,13 +25,14 @@ import (
 
 // Limits of the target.
 const (
-	AddrDefault      = "http://127.0.0.1:8080"
-	setupParallelMax = 8 // CreateSku calls in flight
-	ledgerPageSize   = 1000
-	ledgerPagesMax   = 100_000
-	dialTimeout      = 5 * time.Second
-	idleConnTimeout  = 2 * time.Minute
-	idleConnsMax     = 64
+	AddrDefault       = "http://127.0.0.1:8080"
+	setupParallelMax  = 8 // CreateSku calls in flight
+	verifyParallelMax = 8 // SKUs verified at once
+	ledgerPageSize    = 1000
+	ledgerPagesMax    = 100_000
+	dialTimeout       = 5 * time.Second
+	idleConnTimeout   = 2 * time.Minute
+	idleConnsMax      = 64
 )
 
 // Config configures the target.
@@ -185,9 +186,9 @@ func outcomeOf(ctx context.Context, err error) loadgen.Outcome {
 		if r == string(stock.CodeOutOfStock) {
 			return loadgen.OutOfStock
 		}
-		return loadgen.Error(r)
+		return loadgen.Outcome{Status: loadgen.StatusError, Code: r, Detail: ce.Message()}
 	}
-	return loadgen.Error(strings.ToUpper(ce.Code().String()))
+	return loadgen.Outcome{Status: loadgen.StatusError, Code: strings.ToUpper(ce.Code().String()), Detail: ce.Message()}
 }
 
 // reason returns the google.rpc.ErrorInfo reason of a Connect error, or "".
@@ -204,27 +205,51 @@ func reason(ce *connect.Error) string {
 	return ""
 }
 
-// Verify asks AdminService.Reconcile for each SKU's counts and
-// discrepancies, and pages through its ledger (AdminService.ListLedger) to
-// count entries per kind and the distinct keys of deducts and reserves.
+// Verify asks AdminService.Reconcile for each SKU's counts (in transit
+// included) and discrepancies, and pages through its ledger
+// (AdminService.ListLedger) to count entries per kind, the deduct and
+// reserve entries against their distinct keys, the end entries (commit,
+// release, expire) against their distinct reservations, and the net stock
+// replenished or adjusted. It also checks the ledger on its own: the SKU's
+// opening stock plus every entry's change must give the counts Reconcile
+// returned. SKUs are verified verifyParallelMax at a time.
 func (t *Target) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.State, error) {
+	states := make([]loadgen.SKUState, len(skus))
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(verifyParallelMax)
+	for i, spec := range skus {
+		g.Go(func() error {
+			s, err := t.verifySKU(ctx, spec)
+			states[i] = s
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return loadgen.State{}, err
+	}
 	st := loadgen.State{SKUs: make(map[string]loadgen.SKUState, len(skus))}
-	for _, spec := range skus {
-		s, err := t.verifySKU(ctx, spec.SKU)
-		if err != nil {
-			return loadgen.State{}, err
-		}
-		st.SKUs[spec.SKU] = s
+	for i, spec := range skus {
+		st.SKUs[spec.SKU] = states[i]
 	}
 	return st, nil
 }
 
-func (t *Target) verifySKU(ctx context.Context, sku string) (loadgen.SKUState, error) {
+// Checks that Verify itself adds to the discrepancies Reconcile lists.
+const (
+	checkLedgerSum = "loadgen_ledger_sum" // opening stock + ledger changes against the counts
+	checkLedgerKey = "loadgen_ledger_key" // an entry without the key or reservation id it needs
+)
+
+func (t *Target) verifySKU(ctx context.Context, spec loadgen.SKUSpec) (loadgen.SKUState, error) {
+	sku := spec.SKU
 	rec, err := t.admin.Reconcile(ctx, connect.NewRequest(&shardstockv1.ReconcileRequest{Sku: sku}))
 	if err != nil {
 		return loadgen.SKUState{}, fmt.Errorf("shardstock: Reconcile %s: %w", sku, err)
 	}
 	stk := rec.Msg.GetStock()
+	if stk == nil {
+		return loadgen.SKUState{}, fmt.Errorf("shardstock: Reconcile %s: no stock in the answer", sku)
+	}
 	s := loadgen.SKUState{
 		Available: stk.GetAvailable(),
 		Reserved:  stk.GetReserved(),
@@ -238,13 +263,16 @@ func (t *Target) verifySKU(ctx context.Context, sku string) (loadgen.SKUState, e
 		})
 	}
 	if !rec.Msg.GetBalanced() && len(s.Discrepancies) == 0 {
-		s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{Check: "reconcile", Detail: "not balanced, no discrepancy listed"})
+		s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{Check: "reconcile", Shard: -1, Detail: "not balanced, no discrepancy listed"})
 	}
 
-	// A request split over shards leaves one entry per shard with the same
-	// key: it counts as one operation. Two entries of one key on one shard
-	// are two applications.
-	perKey := map[string]map[int32]int64{}
+	// shardstock places each deduct or reserve on one shard: one entry per
+	// key, wherever it landed. Two entries of one key, on one shard or on
+	// two, are two applications; so are two end entries of one reservation.
+	keys := map[string]struct{}{}
+	ends := map[string]struct{}{}
+	var endEntries, missing int64
+	var sum stock.Counts
 	token := ""
 	for page := 0; ; page++ {
 		if page == ledgerPagesMax {
@@ -259,29 +287,58 @@ func (t *Target) verifySKU(ctx context.Context, sku string) (loadgen.SKUState, e
 		for _, e := range resp.Msg.GetEntries() {
 			kind := e.GetKind()
 			s.Ledger[kind]++
-			switch kind {
-			case string(stock.OpDeduct), string(stock.OpReserve):
-				k := perKey[e.GetIdempotencyKey()]
-				if k == nil {
-					k = map[int32]int64{}
-					perKey[e.GetIdempotencyKey()] = k
+			sum.Available += e.GetAvailableAfter() - e.GetAvailableBefore()
+			sum.Reserved += e.GetReservedAfter() - e.GetReservedBefore()
+			sum.Sold += e.GetSoldAfter() - e.GetSoldBefore()
+			switch stock.OpKind(kind) {
+			case stock.OpDeduct, stock.OpReserve:
+				if e.GetIdempotencyKey() == "" {
+					missing++
+					continue
 				}
-				k[e.GetShard()]++
-			case string(stock.OpReplenish), string(stock.OpAdjust):
+				s.Operations++
+				keys[e.GetIdempotencyKey()] = struct{}{}
+			case stock.OpCommit, stock.OpRelease, stock.OpExpire:
+				if e.GetReservationId() == "" {
+					missing++
+					continue
+				}
+				endEntries++
+				ends[e.GetReservationId()] = struct{}{}
+			case stock.OpReplenish, stock.OpAdjust:
 				s.Replenished += e.GetAvailableAfter() - e.GetAvailableBefore()
 			}
 		}
-		if token = resp.Msg.GetNextPageToken(); token == "" {
+		next := resp.Msg.GetNextPageToken()
+		if next == "" {
 			break
 		}
-	}
-	s.DistinctKeys = int64(len(perKey))
-	for _, shards := range perKey {
-		var most int64
-		for _, n := range shards {
-			most = max(most, n)
+		if next == token {
+			return loadgen.SKUState{}, fmt.Errorf("shardstock: ListLedger %s: the next page token repeats the last one", sku)
 		}
-		s.Operations += most
+		token = next
+	}
+	s.DistinctKeys = int64(len(keys))
+	s.ExtraEnds = endEntries - int64(len(ends))
+
+	if missing > 0 {
+		s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{Check: checkLedgerKey, Shard: -1,
+			Detail: "ledger entries without the idempotency key or reservation id their kind needs", Actual: missing})
+	}
+	// Transfers move stock between shards: an entry that left a shard and
+	// has not landed is in transit, counted apart from available.
+	for _, c := range []struct {
+		what      string
+		want, got int64
+	}{
+		{"available", spec.Stock + sum.Available, s.Available},
+		{"reserved", sum.Reserved, s.Reserved},
+		{"sold", sum.Sold, s.Sold},
+	} {
+		if c.want != c.got {
+			s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{Check: checkLedgerSum, Shard: -1,
+				Detail: c.what + ": opening stock + ListLedger changes against Reconcile's count", Expected: c.want, Actual: c.got})
+		}
 	}
 	return s, nil
 }

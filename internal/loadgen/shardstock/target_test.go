@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/proto"
 
 	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
@@ -295,11 +296,95 @@ func TestTarget_Setup(t *testing.T) {
 	t.Run("Errors", func(t *testing.T) {
 		target := shardstock.New(shardstock.Config{Addr: url, AdminToken: token})
 		ctx := context.Background()
-		if o := target.Deduct(ctx, "missing", "k", 1); o != loadgen.Error(string(stock.CodeSKUNotFound)) {
+		if o := target.Deduct(ctx, "missing", "k", 1); o.Status != loadgen.StatusError || o.Code != string(stock.CodeSKUNotFound) {
 			t.Errorf("Deduct(missing SKU) = %v, want SKU_NOT_FOUND", o)
 		}
-		if o := target.Commit(ctx, "nope"); o != loadgen.Error(string(stock.CodeReservationNotFound)) {
+		if o := target.Commit(ctx, "nope"); o.Status != loadgen.StatusError || o.Code != string(stock.CodeReservationNotFound) {
 			t.Errorf("Commit(nope) = %v, want RESERVATION_NOT_FOUND", o)
+		}
+	})
+}
+
+// TestTarget_Verify checks what Verify reads from the ledger: one deduct or
+// reserve entry per key wherever it landed, one end entry per reservation,
+// and opening stock plus every entry's change against the counts.
+func TestTarget_Verify(t *testing.T) {
+	setup := func(t *testing.T) (*fakeAllocator, *shardstock.Target, []loadgen.SKUSpec) {
+		t.Helper()
+		f := newFake()
+		target := shardstock.New(shardstock.Config{Addr: serve(t, f), AdminToken: token})
+		skus := []loadgen.SKUSpec{{SKU: "v", Stock: 10, Shards: 2}}
+		ctx := context.Background()
+		if err := target.Setup(ctx, skus); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if o := target.Deduct(ctx, "v", "k"+strconv.Itoa(i), 1); o.Status != loadgen.StatusOK {
+				t.Fatalf("Deduct(k%d) = %v, want ok", i, o)
+			}
+		}
+		id, o := target.Reserve(ctx, "v", "r", 2)
+		if o.Status != loadgen.StatusOK {
+			t.Fatalf("Reserve(r) = %v, want ok", o)
+		}
+		if o := target.Commit(ctx, id); o.Status != loadgen.StatusOK {
+			t.Fatalf("Commit(%s) = %v, want ok", id, o)
+		}
+		return f, target, skus
+	}
+	verify := func(t *testing.T, target *shardstock.Target, skus []loadgen.SKUSpec) loadgen.SKUState {
+		t.Helper()
+		st, err := target.Verify(context.Background(), skus)
+		if err != nil {
+			t.Fatalf("Verify() = %v", err)
+		}
+		return st.SKUs["v"]
+	}
+	// again appends a copy of the ledger's entry i, on shard and with the
+	// counts moved as the copy says, as a system applying it twice would.
+	again := func(f *fakeAllocator, i int, shard int32) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		e := proto.Clone(f.ledger[i]).(*shardstockv1.LedgerEntry)
+		e.Id, e.Shard = int64(len(f.ledger)+1), shard
+		f.ledger = append(f.ledger, e)
+	}
+
+	t.Run("OK", func(t *testing.T) {
+		_, target, skus := setup(t)
+		s := verify(t, target, skus)
+		if s.Operations != 4 || s.DistinctKeys != 4 || s.ExtraEnds != 0 || len(s.Discrepancies) != 0 {
+			t.Errorf("Verify() = %+v, want 4 operations of 4 keys, no extra end, no discrepancy", s)
+		}
+		if s.Ledger["deduct"] != 3 || s.Ledger["reserve"] != 1 || s.Ledger["commit"] != 1 {
+			t.Errorf("Verify() ledger = %v, want deduct=3 reserve=1 commit=1", s.Ledger)
+		}
+	})
+	t.Run("KeyOnAnotherShard", func(t *testing.T) {
+		f, target, skus := setup(t)
+		again(f, 0, 1) // deduct k0, again, on shard 1
+		s := verify(t, target, skus)
+		if s.Operations-s.DistinctKeys != 1 {
+			t.Errorf("Verify() = %d operations of %d keys, want one more operation than keys", s.Operations, s.DistinctKeys)
+		}
+	})
+	t.Run("EndedTwice", func(t *testing.T) {
+		f, target, skus := setup(t)
+		again(f, 4, 0) // the commit
+		if s := verify(t, target, skus); s.ExtraEnds != 1 {
+			t.Errorf("Verify() ExtraEnds = %d, want 1", s.ExtraEnds)
+		}
+	})
+	t.Run("LedgerSum", func(t *testing.T) {
+		f, target, skus := setup(t)
+		again(f, 1, 0) // an entry that moved counts the rows never saw
+		s := verify(t, target, skus)
+		var found bool
+		for _, d := range s.Discrepancies {
+			found = found || d.Check == "loadgen_ledger_sum"
+		}
+		if !found {
+			t.Errorf("Verify() discrepancies = %+v, want a loadgen_ledger_sum one", s.Discrepancies)
 		}
 	})
 }

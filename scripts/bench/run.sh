@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# run.sh: `make bench`. Builds the dev stack and loadgen, picks a Postgres,
+# and runs loadgen against a stack it starts itself: every target
+# (shardstock and the five baselines) on the hot-SKU model C with 64 clients,
+# shardstock again at 80% of the rate it reached (latency below the peak),
+# then the source document's case. It prints a table per model with the
+# ratios against baseline (2), stops the stack with SIGTERM, and exits
+# non-zero if shardstock's correctness line is not all zero.
+#
+# Postgres, in order: $DATABASE_URL; 127.0.0.1:5432 if it answers with
+# enough free connections for the stack and the baselines; else a private,
+# durable cluster (scripts/bench/postgres.sh) in a temporary directory.
+#
+# BENCH_DURATION (default 5s) is the load time of each target; the whole run
+# is bounded by BENCH_TIMEOUT (default 170s). The stack's output is kept in
+# BENCH_STACK_LOG (default tmp/bench-stack.log, ignored by git).
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+readonly duration=${BENCH_DURATION:-5s}
+readonly timeout=${BENCH_TIMEOUT:-170s}
+readonly stack_log=${BENCH_STACK_LOG:-tmp/bench-stack.log}
+readonly local_url='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'
+# The dev stack's pools (3 shard servers x 32 + allocator 16), one baseline
+# pool of 50 and a few to spare.
+readonly conns_needed=$((3 * 32 + 16 + 50 + 10))
+
+start_s=$SECONDS
+tmp=$(mktemp -d)
+chmod 755 "$tmp" # the postgres OS user must reach its data directory
+pg_dir=""
+cleanup() {
+	local rc=$?
+	if [[ -n $pg_dir ]]; then scripts/bench/postgres.sh stop "$pg_dir" || true; fi
+	rm -rf "$tmp"
+	echo "bench: wall time $((SECONDS - start_s))s, exit status $rc" >&2
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+mkdir -p "$(dirname "$stack_log")"
+go build -o bin/shardstock-dev ./cmd/shardstock-dev
+go build -o bin/loadgen ./cmd/loadgen
+
+free_local_conns() {
+	command -v psql >/dev/null 2>&1 || return 1
+	psql "$local_url" -XAtq -c "SELECT current_setting('max_connections')::int
+		- current_setting('superuser_reserved_connections')::int
+		- (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int" 2>/dev/null
+}
+
+if [[ -n ${DATABASE_URL:-} ]]; then
+	url=$DATABASE_URL
+	note="Postgres from DATABASE_URL"
+elif free=$(free_local_conns) && ((free >= conns_needed)); then
+	url=$local_url
+	note="Postgres on 127.0.0.1:5432"
+else
+	echo "bench: 127.0.0.1:5432 ${free:+has $free free connections, }not enough for the stack and the baselines ($conns_needed): starting a private durable Postgres" >&2
+	pg_dir=$tmp/pg
+	url=$(scripts/bench/postgres.sh start "$pg_dir")
+	note="a private durable Postgres (fsync on) on ${url#*@}"
+	note=${note%%/*}
+fi
+echo "bench: $note" >&2
+echo "bench: load $duration per target; machine load: $(uptime)" >&2
+
+# loadgen stops the stack itself (SIGTERM) on every path, a signal included;
+# timeout bounds the whole run and gives loadgen time to stop it.
+timeout --signal=TERM --kill-after=45s "$timeout" \
+	bin/loadgen -stack bin/shardstock-dev -database-url "$url" -database-note "$note" -stack-log "$stack_log" \
+	-target shardstock,naive,onerow,subrows,redis,redis-fsync -model C,case \
+	-concurrency 64 -duration "$duration" -paced 0.8 -progress=false
