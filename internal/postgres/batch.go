@@ -97,11 +97,37 @@ func (w *BatchWrite) Empty() bool {
 // transaction and must be pure: it may run again on a retry.
 type Decide func(*BatchRead) (*BatchWrite, error)
 
-// Batch runs one batch transaction for one shard in two round trips: BEGIN
-// with every read (fence check, lookups), then decide in memory, then every
-// write with COMMIT. It returns nil only when the batch committed (or had
-// nothing to write).
-func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) (err error) {
+// Unit is one shard's batch within a group transaction: its writer's
+// fence, what it must read, and how it decides. Err is set for a unit that
+// was left out of the group's writes (fenced).
+type Unit struct {
+	Fence  Fence
+	Query  BatchQuery
+	Decide Decide
+	Err    error
+}
+
+// Batch runs one shard's batch: a group of one.
+func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) error {
+	u := &Unit{Fence: f, Query: q, Decide: decide}
+	if err := db.Group(ctx, []*Unit{u}); err != nil {
+		return err
+	}
+	return u.Err
+}
+
+// Group runs the batches of many shards (of this server, each from its own
+// writer) in one transaction of two round trips: BEGIN with every read
+// (fences, lookups), then each unit decides in memory, then every write with
+// COMMIT. The statements are the same whatever the number of units (each
+// reads or writes the rows of all units at once), so a group costs Postgres
+// about what one batch costs, and concurrent writers share one commit.
+//
+// A unit whose fence fails gets Err = ErrFenced and writes nothing; the
+// others go on. Any other failure is the group's: Group returns it and no
+// unit committed (ErrConflict, ErrDiverged, ErrNotCommitted, or an error of
+// a Decide), except ErrOutcomeUnknown, after which none is known.
+func (db *DB) Group(ctx context.Context, units []*Unit) (err error) {
 	conn, err := db.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: acquire: %v", ErrNotCommitted, err)
@@ -119,107 +145,166 @@ func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) (
 		conn.Release()
 	}()
 
-	read, xid, err := readBatch(ctx, conn.Conn(), f, q)
+	reads, xid, err := readGroup(ctx, conn.Conn(), units)
 	if err != nil {
 		return err
 	}
-	w, err := decide(read)
-	if err != nil {
-		return err
+	var writes []unitWrite
+	for i, u := range units {
+		if u.Err != nil {
+			continue
+		}
+		w, err := u.Decide(reads[i])
+		if err != nil {
+			return err
+		}
+		if !w.Empty() {
+			writes = append(writes, unitWrite{u: u, w: w})
+		}
 	}
-	if w.Empty() {
+	if len(writes) == 0 {
 		return nil // nothing to write: the deferred rollback ends it
 	}
-	committing, err := writeBatch(ctx, conn.Conn(), f, q.Shard, w)
+	committing, err := writeGroup(ctx, conn.Conn(), writes)
 	if err != nil && committing {
 		return db.commitOutcome(ctx, xid, conn.Conn().PgConn().PID(), err)
 	}
 	return err
 }
 
-// readBatch is the batch's first round trip: BEGIN; the fence (FOR SHARE, so
-// that a takeover waits for this batch and a batch after the takeover sees
-// the new epoch); the transaction id (to learn the outcome of a lost commit);
-// the SKU; the existing operations, reservations and customer usage.
-func readBatch(ctx context.Context, conn *pgx.Conn, f Fence, q BatchQuery) (*BatchRead, string, error) {
+// unitWrite is what one unit decided to write.
+type unitWrite struct {
+	u *Unit
+	w *BatchWrite
+}
+
+// readGroup is the group's first round trip: BEGIN; the fences of every
+// unit's partition (FOR SHARE, so that a takeover waits for this batch and a
+// batch after the takeover sees the new epoch), with the transaction id (to
+// learn the outcome of a lost commit) and the database clock; the SKUs; the
+// existing operations, reservations, transfers and customer usage of every
+// unit; the due holds of the units that sweep.
+func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead, string, error) {
+	var parts []int32
+	var skus, keys, rids, tids, usageSKUs, usageCustomers []string
+	var sweeps []*Unit
+	for _, u := range units {
+		parts = append(parts, u.Fence.Partition)
+		skus = append(skus, u.Query.Shard.SKU)
+		keys = append(keys, u.Query.Keys...)
+		rids = append(rids, u.Query.ReservationIDs...)
+		tids = append(tids, u.Query.TransferIDs...)
+		for _, c := range u.Query.Customers {
+			usageSKUs, usageCustomers = append(usageSKUs, u.Query.Shard.SKU), append(usageCustomers, c)
+		}
+		if u.Query.SweepMax > 0 {
+			sweeps = append(sweeps, u)
+		}
+	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(`SELECT owner, epoch, pg_current_xact_id()::text, now() FROM partitions WHERE partition = $1 FOR SHARE`, f.Partition)
-	b.Queue(sqlSelectSKU, q.Shard.SKU)
-	if len(q.Keys) > 0 {
-		b.Queue(sqlSelectOps, q.Keys)
+	b.Queue(`SELECT partition, owner, epoch, pg_current_xact_id()::text, now() FROM partitions
+		WHERE partition = ANY($1::int[]) ORDER BY partition FOR SHARE`, parts)
+	b.Queue(`SELECT s.* FROM unnest($1::text[]) AS k(sku) CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, skus)
+	if len(keys) > 0 {
+		b.Queue(sqlSelectOps, keys)
 	}
-	if len(q.ReservationIDs) > 0 {
-		b.Queue(sqlSelectReservationsByID, q.ReservationIDs)
+	if len(rids) > 0 {
+		b.Queue(sqlSelectReservationsByID, rids)
 	}
-	if q.SweepMax > 0 {
+	for _, u := range sweeps {
 		b.Queue(sqlSelectReservations+` WHERE sku = $1 AND shard = $2 AND state = 'held' AND expires_at <= now() ORDER BY expires_at LIMIT $3`,
-			q.Shard.SKU, q.Shard.Index, q.SweepMax)
+			u.Query.Shard.SKU, u.Query.Shard.Index, u.Query.SweepMax)
 	}
-	if len(q.TransferIDs) > 0 {
-		b.Queue(`SELECT t.* FROM unnest($1::text[]) AS k(id) CROSS JOIN LATERAL (`+sqlSelectTransfers+` WHERE id = k.id) t`, q.TransferIDs)
+	if len(tids) > 0 {
+		b.Queue(`SELECT t.* FROM unnest($1::text[]) AS k(id) CROSS JOIN LATERAL (`+sqlSelectTransfers+` WHERE id = k.id) t`, tids)
 	}
-	if len(q.Customers) > 0 {
-		b.Queue(`SELECT u.customer_ref, u.quantity FROM unnest($2::text[]) AS k(c)
-			CROSS JOIN LATERAL (SELECT customer_ref, quantity FROM customer_usage WHERE sku = $1 AND customer_ref = k.c) u`, q.Shard.SKU, q.Customers)
+	if len(usageCustomers) > 0 {
+		b.Queue(`SELECT u.sku, u.customer_ref, u.quantity FROM unnest($1::text[], $2::text[]) AS k(sku, c)
+			CROSS JOIN LATERAL (SELECT sku, customer_ref, quantity FROM customer_usage WHERE sku = k.sku AND customer_ref = k.c) u`,
+			usageSKUs, usageCustomers)
 	}
 	res := conn.SendBatch(ctx, b)
 	defer res.Close()
 
-	read := &BatchRead{Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{},
-		Usage: map[string]int64{}, Transfers: map[string]*stock.Transfer{}}
 	if _, err := res.Exec(); err != nil {
 		return nil, "", notCommitted("begin", err)
 	}
-	var owner, xid string
-	var epoch int64
-	if err := res.QueryRow().Scan(&owner, &epoch, &xid, &read.Now); err != nil {
+	type fence struct {
+		owner string
+		epoch int64
+	}
+	fences := map[int32]fence{}
+	var xid string
+	var now time.Time
+	rows, err := res.Query()
+	if err != nil {
 		return nil, "", notCommitted("fence", err)
 	}
-	if owner != f.ServerID || epoch != f.Epoch {
-		return nil, "", fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", ErrFenced, f.Partition, owner, epoch, f.ServerID, f.Epoch)
+	var p int32
+	var f fence
+	if _, err := pgx.ForEachRow(rows, []any{&p, &f.owner, &f.epoch, &xid, &now}, func() error { fences[p] = f; return nil }); err != nil {
+		return nil, "", notCommitted("fence", err)
 	}
-	sku, err := scanSKU(res.QueryRow())
-	if err != nil && !isNoRows(err) {
+	rows, err = res.Query()
+	if err != nil {
 		return nil, "", notCommitted("sku", err)
 	}
-	read.SKU = sku
-	if len(q.Keys) > 0 {
-		if err := scanOps(res, read.Ops); err != nil {
+	skuRows, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.SKU, error) { return scanSKU(r) })
+	if err != nil {
+		return nil, "", notCommitted("sku", err)
+	}
+	bySKU := map[string]*stock.SKU{}
+	for _, s := range skuRows {
+		bySKU[s.SKU] = s
+	}
+	ops := map[string]*stock.Operation{}
+	if len(keys) > 0 {
+		if err := scanOps(res, ops); err != nil {
 			return nil, "", notCommitted("operations", err)
 		}
 	}
-	if len(q.ReservationIDs) > 0 {
+	reservations := map[string]*stock.Reservation{}
+	if len(rids) > 0 {
 		rs, err := scanReservations(res)
 		if err != nil {
 			return nil, "", notCommitted("reservations", err)
 		}
 		for _, r := range rs {
-			read.Reservations[r.ID] = r
+			reservations[r.ID] = r
 		}
 	}
-	if q.SweepMax > 0 {
-		if read.Due, err = scanReservations(res); err != nil {
+	due := map[*Unit][]*stock.Reservation{}
+	for _, u := range sweeps {
+		if due[u], err = scanReservations(res); err != nil {
 			return nil, "", notCommitted("due reservations", err)
 		}
 	}
-	if len(q.TransferIDs) > 0 {
+	transfers := map[string]*stock.Transfer{}
+	if len(tids) > 0 {
 		ts, err := scanTransfers(res)
 		if err != nil {
 			return nil, "", notCommitted("transfers", err)
 		}
 		for _, t := range ts {
-			read.Transfers[t.ID] = t
+			transfers[t.ID] = t
 		}
 	}
-	if len(q.Customers) > 0 {
+	usage := map[string]map[string]int64{} // sku -> customer -> units
+	if len(usageCustomers) > 0 {
 		rows, err := res.Query()
 		if err != nil {
 			return nil, "", notCommitted("usage", err)
 		}
-		var c string
+		var sku, c string
 		var n int64
-		_, err = pgx.ForEachRow(rows, []any{&c, &n}, func() error { read.Usage[c] = n; return nil })
+		_, err = pgx.ForEachRow(rows, []any{&sku, &c, &n}, func() error {
+			if usage[sku] == nil {
+				usage[sku] = map[string]int64{}
+			}
+			usage[sku][c] = n
+			return nil
+		})
 		if err != nil {
 			return nil, "", notCommitted("usage", err)
 		}
@@ -227,7 +312,24 @@ func readBatch(ctx context.Context, conn *pgx.Conn, f Fence, q BatchQuery) (*Bat
 	if err := res.Close(); err != nil {
 		return nil, "", notCommitted("read", err)
 	}
-	return read, xid, nil
+
+	reads := make([]*BatchRead, len(units))
+	for i, u := range units {
+		got, ok := fences[u.Fence.Partition]
+		if !ok || got.owner != u.Fence.ServerID || got.epoch != u.Fence.Epoch {
+			u.Err = fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", ErrFenced, u.Fence.Partition, got.owner, got.epoch, u.Fence.ServerID, u.Fence.Epoch)
+			continue
+		}
+		// Every unit sees every lookup: a key or a reservation of another
+		// unit is refused by the planner's own checks (SKU, shard).
+		read := &BatchRead{SKU: bySKU[u.Query.Shard.SKU], Ops: ops, Reservations: reservations, Due: due[u],
+			Usage: usage[u.Query.Shard.SKU], Transfers: transfers, Now: now}
+		if read.Usage == nil {
+			read.Usage = map[string]int64{}
+		}
+		reads[i] = read
+	}
+	return reads, xid, nil
 }
 
 // Error codes raised by shardstock_expect inside a write statement.
@@ -237,47 +339,68 @@ const (
 	sqlstateUnique   = "23505"
 )
 
-// writeBatch is the batch's second round trip, ending in COMMIT. Operations
+// writeGroup is the group's second round trip, ending in COMMIT. Operations
 // are inserted with ON CONFLICT DO NOTHING in key order (so two batches never
 // deadlock on the unique index); a key that conflicts was taken by another
 // shard meanwhile, and the statement's own row count check aborts the
 // transaction, so that the batch is rerun (the rerun's lookup then sees the
-// key as a replay) rather than counted a success. The shard row is updated
-// once, compare-and-set against the writer's copy.
+// key as a replay) rather than counted a success. Each shard row is updated
+// once, compare-and-set against its writer's copy.
 //
 // committing is true when the error may have come from the COMMIT itself,
 // whose outcome must then be learnt.
-func writeBatch(ctx context.Context, conn *pgx.Conn, f Fence, shard stock.ShardKey, w *BatchWrite) (committing bool, err error) {
+func writeGroup(ctx context.Context, conn *pgx.Conn, writes []unitWrite) (committing bool, err error) {
+	var all BatchWrite
+	var shards []shardMove
+	var usageAdd, usageSub []usageDelta
+	epochs := make([]int64, 0)
+	for _, uw := range writes {
+		w := uw.w
+		all.Ops = append(all.Ops, w.Ops...)
+		all.NewReservations = append(all.NewReservations, w.NewReservations...)
+		all.Ended = append(all.Ended, w.Ended...)
+		all.Steps = append(all.Steps, w.Steps...)
+		all.Ledger = append(all.Ledger, w.Ledger...)
+		for range w.Ledger {
+			epochs = append(epochs, uw.u.Fence.Epoch)
+		}
+		sku := uw.u.Query.Shard.SKU
+		for c, q := range w.UsageAdd {
+			usageAdd = addUsage(usageAdd, usageDelta{sku: sku, customer: c, quantity: q, limit: w.UsageLimit})
+		}
+		for c, q := range w.UsageSub {
+			usageSub = addUsage(usageSub, usageDelta{sku: sku, customer: c, quantity: q})
+		}
+		if w.From != w.To {
+			shards = append(shards, shardMove{shard: uw.u.Query.Shard, from: w.From, to: w.To})
+		}
+	}
 	b := &pgx.Batch{}
-	ops := slices.Clone(w.Ops)
-	slices.SortFunc(ops, func(a, b *stock.Operation) int { return compareStrings(a.IdempotencyKey, b.IdempotencyKey) })
-	if len(ops) > 0 {
-		queueInsertOps(b, ops)
+	slices.SortFunc(all.Ops, func(a, b *stock.Operation) int { return compareStrings(a.IdempotencyKey, b.IdempotencyKey) })
+	if len(all.Ops) > 0 {
+		queueInsertOps(b, all.Ops)
 	}
 	// Give units back before taking more, as the planner counted them.
-	if len(w.UsageSub) > 0 {
-		queueUsageSub(b, shard.SKU, w.UsageSub)
+	if len(usageSub) > 0 {
+		queueUsageSub(b, usageSub)
 	}
-	if len(w.UsageAdd) > 0 {
-		queueUsageAdd(b, shard.SKU, w.UsageAdd, w.UsageLimit)
+	if len(usageAdd) > 0 {
+		queueUsageAdd(b, usageAdd)
 	}
-	if len(w.NewReservations) > 0 {
-		queueInsertReservations(b, w.NewReservations)
+	if len(all.NewReservations) > 0 {
+		queueInsertReservations(b, all.NewReservations)
 	}
-	if len(w.Ended) > 0 {
-		queueEndReservations(b, w.Ended)
+	if len(all.Ended) > 0 {
+		queueEndReservations(b, all.Ended)
 	}
-	if len(w.Steps) > 0 {
-		queueStepTransfers(b, w.Steps)
+	if len(all.Steps) > 0 {
+		queueStepTransfers(b, all.Steps)
 	}
-	if w.From != w.To {
-		b.Queue(`WITH u AS (UPDATE shards SET available = $3, reserved = $4, sold = $5, updated_at = now()
-			WHERE sku = $1 AND idx = $2 AND available = $6 AND reserved = $7 AND sold = $8 RETURNING 1)
-			SELECT shardstock_expect(count(*), 1, 'shard row', 'SS002') FROM u`,
-			shard.SKU, shard.Index, w.To.Available, w.To.Reserved, w.To.Sold, w.From.Available, w.From.Reserved, w.From.Sold)
+	if len(shards) > 0 {
+		queueMoveShards(b, shards)
 	}
-	if len(w.Ledger) > 0 {
-		queueInsertLedger(b, f, w.Ledger)
+	if len(all.Ledger) > 0 {
+		queueInsertLedger(b, writes[0].u.Fence.ServerID, epochs, all.Ledger)
 	}
 	b.Queue("COMMIT")
 	res := conn.SendBatch(ctx, b)
@@ -292,7 +415,7 @@ func writeBatch(ctx context.Context, conn *pgx.Conn, f Fence, shard stock.ShardK
 			if !errors.As(err, &pgErr) {
 				return true, err
 			}
-			return false, classify(err, shard)
+			return false, classify(err)
 		}
 	}
 	if _, err := res.Exec(); err != nil {
@@ -308,15 +431,39 @@ func writeBatch(ctx context.Context, conn *pgx.Conn, f Fence, shard stock.ShardK
 	return false, nil
 }
 
+// shardMove is one shard row's compare-and-set.
+type shardMove struct {
+	shard    stock.ShardKey
+	from, to stock.Counts
+}
+
+// usageDelta is one customer's change of usage of one SKU.
+type usageDelta struct {
+	sku, customer   string
+	quantity, limit int64
+}
+
+// addUsage adds d to ds, summing with an entry of the same SKU and customer
+// (two shards of one SKU in one group): one statement may touch a row once.
+func addUsage(ds []usageDelta, d usageDelta) []usageDelta {
+	for i := range ds {
+		if ds[i].sku == d.sku && ds[i].customer == d.customer {
+			ds[i].quantity += d.quantity
+			return ds
+		}
+	}
+	return append(ds, d)
+}
+
 // classify maps a write statement's error to a batch error.
-func classify(err error, shard stock.ShardKey) error {
+func classify(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case sqlstateConflict, sqlstateUnique:
 			return fmt.Errorf("%w: %s", ErrConflict, pgErr.Message)
 		case sqlstateDiverged:
-			return fmt.Errorf("%w: %s: %s", ErrDiverged, shard, pgErr.Message)
+			return fmt.Errorf("%w: %s", ErrDiverged, pgErr.Message)
 		}
 	}
 	return notCommitted("write", err)

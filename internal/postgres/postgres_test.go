@@ -588,3 +588,76 @@ func TestDB_Batch(t *testing.T) {
 		}
 	})
 }
+
+// TestDB_Group: many shards' batches in one transaction. A unit with a stale
+// fence is left out and the others commit; a key taken twice in one group is
+// a conflict of the whole group, which writes nothing.
+func TestDB_Group(t *testing.T) {
+	ctx := context.Background()
+	setup := func(t *testing.T) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []postgres.Fence) {
+		t.Helper()
+		db, url := mustOpen(t)
+		createSKU(t, db, stock.SKU{SKU: "g-sku", Shards: 3}, 30)
+		var ks []stock.ShardKey
+		var fs []postgres.Fence
+		for i := int32(0); i < 3; i++ {
+			k := stock.ShardKey{SKU: "g-sku", Index: i}
+			f := postgres.Fence{Partition: k.Partition(), Epoch: 7, ServerID: "srv"}
+			if err := db.TakeOver(ctx, f.Partition, f.ServerID, f.Epoch); err != nil {
+				t.Fatalf("TakeOver = %v", err)
+			}
+			ks, fs = append(ks, k), append(fs, f)
+		}
+		return db, connect(t, url), ks, fs
+	}
+	deduct := func(k stock.ShardKey, key string) postgres.Decide {
+		return func(read *postgres.BatchRead) (*postgres.BatchWrite, error) {
+			from := stock.Counts{Available: 10}
+			to := from.Add(stock.OpDeduct.Delta(1))
+			return &postgres.BatchWrite{
+				Ops:    []*stock.Operation{{SKU: k.SKU, IdempotencyKey: key, Kind: stock.OpDeduct, Quantity: 1, Shard: k.Index, ParamsHash: []byte{1}}},
+				Ledger: []*stock.LedgerEntry{{Shard: k, Kind: stock.OpDeduct, Quantity: 1, IdempotencyKey: key, Before: from, After: to, Source: "api"}},
+				From:   from, To: to,
+			}, nil
+		}
+	}
+
+	t.Run("OK", func(t *testing.T) {
+		db, conn, ks, fs := setup(t)
+		stale := fs[1]
+		stale.Epoch = 6
+		units := []*postgres.Unit{
+			{Fence: fs[0], Query: postgres.BatchQuery{Shard: ks[0], Keys: []string{"k0"}}, Decide: deduct(ks[0], "k0")},
+			{Fence: stale, Query: postgres.BatchQuery{Shard: ks[1], Keys: []string{"k1"}}, Decide: deduct(ks[1], "k1")},
+			{Fence: fs[2], Query: postgres.BatchQuery{Shard: ks[2], Keys: []string{"k2"}}, Decide: deduct(ks[2], "k2")},
+		}
+		if err := db.Group(ctx, units); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		if !errors.Is(units[1].Err, postgres.ErrFenced) || units[0].Err != nil || units[2].Err != nil {
+			t.Errorf("unit errors = %v, %v, %v; want nil, ErrFenced, nil", units[0].Err, units[1].Err, units[2].Err)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM operations`); n != 2 {
+			t.Errorf("operations = %d, want 2 (the fenced unit wrote nothing)", n)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM ledger WHERE epoch = 7 AND server_id = 'srv'`); n != 2 {
+			t.Errorf("ledger entries at epoch 7 = %d, want 2", n)
+		}
+		if n := count(t, conn, `SELECT available FROM shards WHERE sku = 'g-sku' AND idx = 1`); n != 10 {
+			t.Errorf("fenced shard available = %d, want 10", n)
+		}
+	})
+	t.Run("SameKeyTwice", func(t *testing.T) {
+		db, conn, ks, fs := setup(t)
+		units := []*postgres.Unit{
+			{Fence: fs[0], Query: postgres.BatchQuery{Shard: ks[0], Keys: []string{"dup"}}, Decide: deduct(ks[0], "dup")},
+			{Fence: fs[2], Query: postgres.BatchQuery{Shard: ks[2], Keys: []string{"dup"}}, Decide: deduct(ks[2], "dup")},
+		}
+		if err := db.Group(ctx, units); !errors.Is(err, postgres.ErrConflict) {
+			t.Errorf("Group with one key on two shards = %v, want ErrConflict", err)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM operations`); n != 0 {
+			t.Errorf("operations = %d, want 0", n)
+		}
+	})
+}

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -8,7 +9,7 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-const sqlSelectSKU = `SELECT sku, status, shards, max_per_order, customer_limit, reservation_ttl_ms FROM skus WHERE sku = $1`
+const sqlSelectSKU = `SELECT sku, status, shards, max_per_order, customer_limit, reservation_ttl_ms FROM skus WHERE sku`
 
 func scanSKU(row pgx.Row) (*stock.SKU, error) {
 	var s stock.SKU
@@ -109,33 +110,49 @@ func queueInsertOps(b *pgx.Batch, ops []*stock.Operation) {
 
 // queueUsageAdd adds units to customers' usage; the WHERE guard refuses an
 // update past the limit, which a concurrent batch on another shard may have
-// reached: the caller counts rows and reruns the batch when one is missing.
-func queueUsageAdd(b *pgx.Batch, sku string, add map[string]int64, limit int64) {
-	cs, qs := splitUsage(add)
+// reached: the row count check then aborts the group, which is rerun.
+func queueUsageAdd(b *pgx.Batch, ds []usageDelta) {
+	slices.SortFunc(ds, func(a, b usageDelta) int { return compareStrings(a.sku+"\x00"+a.customer, b.sku+"\x00"+b.customer) })
+	sku, c, q, limit := make([]string, len(ds)), make([]string, len(ds)), make([]int64, len(ds)), make([]int64, len(ds))
+	for i, d := range ds {
+		sku[i], c[i], q[i], limit[i] = d.sku, d.customer, d.quantity, d.limit
+	}
 	b.Queue(`WITH up AS (INSERT INTO customer_usage (sku, customer_ref, quantity)
-		SELECT $1, c, q FROM unnest($2::text[], $3::bigint[]) AS u(c, q)
+		SELECT s, c, q FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS u(s, c, q, l)
 		ON CONFLICT (sku, customer_ref) DO UPDATE SET quantity = customer_usage.quantity + excluded.quantity
-		WHERE customer_usage.quantity + excluded.quantity <= $4 RETURNING 1)
-		SELECT shardstock_expect(count(*), $5, 'customer usage', 'SS001') FROM up`, sku, cs, qs, limit, len(cs))
+		WHERE customer_usage.quantity + excluded.quantity <= (SELECT l FROM unnest($1::text[], $2::text[], $4::bigint[]) AS v(s, c, l)
+			WHERE v.s = excluded.sku AND v.c = excluded.customer_ref)
+		RETURNING 1)
+		SELECT shardstock_expect(count(*), $5, 'customer usage', 'SS001') FROM up`, sku, c, q, limit, len(ds))
 }
 
-func queueUsageSub(b *pgx.Batch, sku string, sub map[string]int64) {
-	cs, qs := splitUsage(sub)
+func queueUsageSub(b *pgx.Batch, ds []usageDelta) {
+	slices.SortFunc(ds, func(a, b usageDelta) int { return compareStrings(a.sku+"\x00"+a.customer, b.sku+"\x00"+b.customer) })
+	sku, c, q := make([]string, len(ds)), make([]string, len(ds)), make([]int64, len(ds))
+	for i, d := range ds {
+		sku[i], c[i], q[i] = d.sku, d.customer, d.quantity
+	}
 	b.Queue(`UPDATE customer_usage u SET quantity = greatest(u.quantity - d.q, 0)
-		FROM unnest($2::text[], $3::bigint[]) AS d(c, q) WHERE u.sku = $1 AND u.customer_ref = d.c`, sku, cs, qs)
+		FROM unnest($1::text[], $2::text[], $3::bigint[]) AS d(s, c, q) WHERE u.sku = d.s AND u.customer_ref = d.c`, sku, c, q)
 }
 
-func splitUsage(m map[string]int64) ([]string, []int64) {
-	cs := make([]string, 0, len(m))
-	for c := range m {
-		cs = append(cs, c)
+// queueMoveShards updates every moved shard row, each compare-and-set
+// against its writer's copy: a row that is not what its only writer
+// believes is a divergence (SS002), and aborts the group.
+func queueMoveShards(b *pgx.Batch, ms []shardMove) {
+	n := len(ms)
+	sku := make([]string, n)
+	idx := make([]int32, n)
+	ta, tr, ts, fa, fr, fs := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, m := range ms {
+		sku[i], idx[i] = m.shard.SKU, m.shard.Index
+		ta[i], tr[i], ts[i], fa[i], fr[i], fs[i] = m.to.Available, m.to.Reserved, m.to.Sold, m.from.Available, m.from.Reserved, m.from.Sold
 	}
-	sortStrings(cs)
-	qs := make([]int64, len(cs))
-	for i, c := range cs {
-		qs[i] = m[c]
-	}
-	return cs, qs
+	b.Queue(`WITH u AS (UPDATE shards s SET available = m.ta, reserved = m.tr, sold = m.ts, updated_at = now()
+		FROM unnest($1::text[], $2::int[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[])
+			AS m(sku, idx, ta, tr, ts, fa, fr, fs)
+		WHERE s.sku = m.sku AND s.idx = m.idx AND s.available = m.fa AND s.reserved = m.fr AND s.sold = m.fs RETURNING 1)
+		SELECT shardstock_expect(count(*), $9, 'shard rows', 'SS002') FROM u`, sku, idx, ta, tr, ts, fa, fr, fs, n)
 }
 
 func queueInsertReservations(b *pgx.Batch, rs []*stock.Reservation) {
@@ -169,7 +186,7 @@ func queueEndReservations(b *pgx.Batch, ends []ReservationEnd) {
 		SELECT shardstock_expect(count(*), $4, 'held reservations', 'SS002') FROM e`, id, state, reason, n)
 }
 
-func queueInsertLedger(b *pgx.Batch, f Fence, es []*stock.LedgerEntry) {
+func queueInsertLedger(b *pgx.Batch, server string, epochs []int64, es []*stock.LedgerEntry) {
 	n := len(es)
 	sku, kind, key, rid, tid, oref, src, reason, appr := make([]string, n), make([]string, n), make([]string, n),
 		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -182,8 +199,9 @@ func queueInsertLedger(b *pgx.Batch, f Fence, es []*stock.LedgerEntry) {
 		key[i], rid[i], tid[i], oref[i], src[i], reason[i], appr[i] = e.IdempotencyKey, e.ReservationID, e.TransferID, e.OrderRef, e.Source, e.Reason, e.Approver
 	}
 	b.Queue(`INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after, reserved_before, reserved_after,
-		sold_before, sold_after, idempotency_key, reservation_id, transfer_id, order_ref, source, reason, approver, server_id, epoch)
-		SELECT u.*, $18, $19 FROM unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
-		$8::bigint[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[]) AS u`,
-		sku, shard, kind, qty, ab, aa, rb, ra, sb, sa, key, rid, tid, oref, src, reason, appr, f.ServerID, f.Epoch)
+		sold_before, sold_after, idempotency_key, reservation_id, transfer_id, order_ref, source, reason, approver, epoch, server_id)
+		SELECT u.*, $19 FROM unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
+		$8::bigint[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[],
+		$18::bigint[]) AS u`,
+		sku, shard, kind, qty, ab, aa, rb, ra, sb, sa, key, rid, tid, oref, src, reason, appr, epochs, server)
 }

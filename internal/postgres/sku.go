@@ -49,7 +49,7 @@ func (db *DB) CreateSKU(ctx context.Context, s stock.SKU, initial int64) error {
 func (db *DB) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	s, err := scanSKU(db.pool.QueryRow(ctx, sqlSelectSKU, sku))
+	s, err := scanSKU(db.pool.QueryRow(ctx, sqlSelectSKU+` = $1`, sku))
 	if isNoRows(err) {
 		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
 	}

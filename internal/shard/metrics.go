@@ -10,6 +10,8 @@ import (
 
 type metrics struct {
 	batchSize     prometheus.Histogram
+	groupSize     prometheus.Histogram
+	groupDuration prometheus.Histogram
 	batchDuration prometheus.Histogram
 	results       *prometheus.CounterVec
 	rejected      prometheus.Counter
@@ -21,6 +23,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "shardstock_shard_batch_size", Help: "Requests per batch transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		groupSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "shardstock_shard_group_batches", Help: "Shard batches per group transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 8),
+		}),
+		groupDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "shardstock_shard_group_seconds", Help: "Time of one group transaction (both round trips and the commit).",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
 		}),
 		batchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "shardstock_shard_batch_seconds", Help: "Time to decide and commit one batch.",
@@ -37,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.batchSize, m.batchDuration, m.results, m.rejected, m.halted)
+		reg.MustRegister(m.batchSize, m.groupSize, m.groupDuration, m.batchDuration, m.results, m.rejected, m.halted)
 	}
 	return m
 }

@@ -42,12 +42,13 @@ type Config struct {
 
 // Server is one shard server. It implements topology.Owner.
 type Server struct {
-	id       string
-	db       *postgres.DB
-	log      *slog.Logger
-	metrics  *metrics
-	batchMax int
-	staleAge time.Duration
+	id        string
+	db        *postgres.DB
+	log       *slog.Logger
+	metrics   *metrics
+	batchMax  int
+	committer *committer
+	staleAge  time.Duration
 
 	mu      sync.Mutex
 	owned   map[int32]int64 // partition -> epoch
@@ -71,6 +72,7 @@ func New(cfg Config) *Server {
 		writers:  map[stock.ShardKey]*writer{},
 		halted:   map[stock.ShardKey]bool{},
 	}
+	s.committer = newCommitter(s)
 	s.staleAge = transferStaleAge
 	if cfg.TransferStaleAge > 0 {
 		s.staleAge = cfg.TransferStaleAge
@@ -240,6 +242,7 @@ func (s *Server) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			s.stopAll()
+			s.committer.close()
 			return nil
 		case <-t.C:
 			s.sweep(ctx)

@@ -180,7 +180,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, bool) {
 			time.Sleep(retryBackoff * time.Duration(attempt))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-		err = w.srv.db.Batch(ctx, w.fence, q, decide)
+		err = w.srv.committer.commit(ctx, w.fence, q, decide)
 		cancel()
 		switch {
 		case err == nil:
