@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -12,19 +13,43 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/pgtest"
 )
 
 // TestE2E_MakeRun starts `make run` as a user would (a process, real
 // ports), waits for its banner, runs the curl example it prints, then sends
 // SIGTERM to its process group, as Ctrl-C would, and checks that no process
 // is left behind.
+//
+// It runs twice on one database: a second start, with a new embedded etcd
+// whose revisions (the epochs) start again from 1, must own every partition
+// again although the database keeps the first run's higher epochs.
 func TestE2E_MakeRun(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("curl is not installed")
 	}
+	db := pgtest.NewDB(t)
+	t.Run("First", func(t *testing.T) { makeRun(t, db) })
+	// As if the first run's etcd had lived long: epochs far above what a
+	// new etcd's revisions reach by retrying claims.
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(context.Background(), "UPDATE partitions SET epoch = 1000000000"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(context.Background())
+	t.Run("Again", func(t *testing.T) { makeRun(t, db) })
+}
+
+func makeRun(t *testing.T, db string) {
 	addr := freeAddr(t)
 	cmd := exec.Command("make", "-C", "../..", "run")
-	cmd.Env = append(os.Environ(), "SHARDSTOCK_ADDR="+addr, "SHARDSTOCK_ADMIN_TOKEN="+adminToken)
+	cmd.Env = append(os.Environ(), "SHARDSTOCK_ADDR="+addr, "SHARDSTOCK_ADMIN_TOKEN="+adminToken, "DATABASE_URL="+db)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {

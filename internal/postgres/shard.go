@@ -168,3 +168,15 @@ func (db *DB) Sweep(ctx context.Context, sku string) ([]ShardRow, int64, error) 
 	})
 	return out, inTransit, err
 }
+
+// ResetFences forgets every partition's owner and epoch. Epochs are etcd
+// revisions, so a new etcd cluster starts them again from 1, below the
+// epochs a database kept from the last one, and no takeover could pass. Only
+// for a database that no shard server is using: the dev stack calls it when
+// it starts its own embedded etcd on a database it may have used before.
+func (db *DB) ResetFences(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	_, err := db.pool.Exec(ctx, `UPDATE partitions SET owner = '', epoch = 0, updated_at = now() WHERE epoch <> 0`)
+	return err
+}

@@ -30,6 +30,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -42,6 +43,10 @@ const (
 	demoSKU      = "demo-sku"
 	demoStock    = 1000
 	demoShards   = 8
+	// Pool sizes that fit the stack (3 x 16 + 8) in a default Postgres
+	// (max_connections = 100) with room to spare.
+	devShardConns     = "16"
+	devAllocatorConns = "8"
 )
 
 // Run runs the dev stack, or one of its roles ("shard", "allocator") when
@@ -85,6 +90,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		defer e.Close()
 		etcd = strings.Join(e.Endpoints(), ",")
+		// A new etcd counts revisions, and so epochs, from 1 again.
+		if err := resetFences(ctx, dbURL); err != nil {
+			return err
+		}
 	}
 
 	self, err := os.Executable()
@@ -96,11 +105,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer kids.stop(stderr)
 	for i := 1; i <= *servers; i++ {
 		id := fmt.Sprintf("shard-%d", i)
-		if err := kids.start(self, env, stderr, id, "shard", "-id", id, "-addr", "127.0.0.1:0"); err != nil {
+		if err := kids.start(self, env, stderr, id, "shard", "-id", id, "-addr", "127.0.0.1:0", "-db-max-conns", devShardConns); err != nil {
 			return err
 		}
 	}
-	if err := kids.start(self, env, stderr, "allocator", "allocator", "-addr", *addr); err != nil {
+	if err := kids.start(self, env, stderr, "allocator", "allocator", "-addr", *addr, "-db-max-conns", devAllocatorConns); err != nil {
 		return err
 	}
 
@@ -126,6 +135,17 @@ Ctrl-C stops everything.
 	case name := <-kids.exited:
 		return fmt.Errorf("%s exited", name)
 	}
+}
+
+// resetFences clears the partitions' epochs of the stack's database (it
+// migrates it first if it is new).
+func resetFences(ctx context.Context, url string) error {
+	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 1, ApplicationName: "shardstock-dev"})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.ResetFences(ctx)
 }
 
 func randomToken() string {
