@@ -12,14 +12,7 @@ import (
 // Take reserves or deducts: r.Kind is OpReserve or OpDeduct, r.Shard.SKU
 // names the SKU (the shard is chosen here).
 func (a *Allocator) Take(ctx context.Context, r *stock.Request) stock.Result {
-	r.Shard.Index = 0
-	if r.Source == "" {
-		r.Source = stock.SourceAPI
-	}
-	if err := stock.ValidateRequest(r); err != nil {
-		return errResult(err)
-	}
-	sku, err := a.sku(ctx, r.Shard.SKU)
+	sku, err := a.prepare(ctx, r)
 	if err != nil {
 		return errResult(err)
 	}
@@ -30,6 +23,19 @@ func (a *Allocator) Take(ctx context.Context, r *stock.Request) stock.Result {
 	a.inflight.Store(flight, struct{}{})
 	defer a.inflight.Delete(flight)
 	return a.take(ctx, r, sku)
+}
+
+// prepare validates a keyed request whose shard the allocator chooses and
+// returns its SKU.
+func (a *Allocator) prepare(ctx context.Context, r *stock.Request) (*stock.SKU, error) {
+	r.Shard.Index = 0
+	if r.Source == "" {
+		r.Source = stock.SourceAPI
+	}
+	if err := stock.ValidateRequest(r); err != nil {
+		return nil, err
+	}
+	return a.sku(ctx, r.Shard.SKU)
 }
 
 // End commits or releases a reservation: the reservation id names its
@@ -52,14 +58,7 @@ func (a *Allocator) End(ctx context.Context, r *stock.Request) stock.Result {
 // Give adds available stock: a replenish, or a positive adjustment. Any
 // shard will do; the key's first choice is tried first.
 func (a *Allocator) Give(ctx context.Context, r *stock.Request) stock.Result {
-	r.Shard.Index = 0
-	if r.Source == "" {
-		r.Source = stock.SourceAPI
-	}
-	if err := stock.ValidateRequest(r); err != nil {
-		return errResult(err)
-	}
-	sku, err := a.sku(ctx, r.Shard.SKU)
+	sku, err := a.prepare(ctx, r)
 	if err != nil {
 		return errResult(err)
 	}

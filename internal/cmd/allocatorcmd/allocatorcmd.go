@@ -10,8 +10,6 @@ import (
 	"io"
 
 	"connectrpc.com/connect"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
@@ -49,20 +47,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", adminTokenLenMin)
 	}
 
-	db, err := postgres.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"})
+	proc, err := cli.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, *etcd, *addr)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	client, err := cli.Etcd(*etcd)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	lis, err := cli.Listen(ctx, *addr)
-	if err != nil {
-		return err
-	}
+	defer proc.Close()
+	db, client, lis, reg := proc.DB, proc.Etcd, proc.Listener, proc.Registry
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -70,8 +60,6 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	watchDone := make(chan error, 1)
 	go func() { watchDone <- watcher.Run(ctx) }()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	alloc := allocator.New(allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg})
 	defer alloc.Close()
 

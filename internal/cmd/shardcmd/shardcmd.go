@@ -11,9 +11,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/cli"
@@ -52,26 +49,16 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errors.New("no server id: set -id or SHARDSTOCK_SERVER_ID")
 	}
 
-	db, err := postgres.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id})
+	proc, err := cli.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id}, *etcd, *addr)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	client, err := cli.Etcd(*etcd)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	lis, err := cli.Listen(ctx, *addr)
-	if err != nil {
-		return err
-	}
+	defer proc.Close()
+	db, client, lis, reg := proc.DB, proc.Etcd, proc.Listener, proc.Registry
 	if *advertise == "" {
 		*advertise = lis.Addr().String()
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv := shard.New(shard.Config{ServerID: *id, DB: db, Logger: log, Registerer: reg})
 	member := topology.NewMember(topology.MemberConfig{Client: client, ServerID: *id, Addr: *advertise, LeaseTTL: *leaseTTL, Owner: srv, Logger: log})
 
