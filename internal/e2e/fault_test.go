@@ -12,7 +12,8 @@ import (
 )
 
 // TestE2E_KillShardServer kills one of three shard-server processes under
-// deduct load. Every request succeeds once or fails retryably; after retries
+// deduct load, then starts it again (a join under load). Every request
+// succeeds once or fails retryably; after retries
 // with the same keys, successes + available = initial, the books balance,
 // and every partition is owned again within the lease TTL plus a few
 // seconds.
@@ -30,6 +31,9 @@ func TestE2E_KillShardServer(t *testing.T) {
 	go func() {
 		time.Sleep(700 * time.Millisecond)
 		s.shards["s2"].stop(syscall.SIGKILL)
+		// Then a server joins under the same load and takes its share back.
+		time.Sleep(3 * time.Second)
+		s.startShard("s2")
 		close(killed)
 	}()
 	parallel(t, clients, 120*time.Second, func(g int) {
