@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -179,4 +180,25 @@ func (db *DB) ResetFences(ctx context.Context) error {
 	defer cancel()
 	_, err := db.pool.Exec(ctx, `UPDATE partitions SET owner = '', epoch = 0, updated_at = now() WHERE epoch <> 0`)
 	return err
+}
+
+// LoadShardAndSKU reads one shard's counts and its SKU in one round trip:
+// what a writer needs to start. A missing shard (or SKU) is SKU_NOT_FOUND.
+func (db *DB) LoadShardAndSKU(ctx context.Context, k stock.ShardKey) (stock.Counts, *stock.SKU, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var c stock.Counts
+	var s stock.SKU
+	var status string
+	var ttlMS int64
+	err := db.pool.QueryRow(ctx, `SELECT sh.available, sh.reserved, sh.sold,
+		k.sku, k.status, k.shards, k.max_per_order, k.customer_limit, k.reservation_ttl_ms
+		FROM shards sh JOIN skus k ON k.sku = sh.sku WHERE sh.sku = $1 AND sh.idx = $2`, k.SKU, k.Index).
+		Scan(&c.Available, &c.Reserved, &c.Sold, &s.SKU, &status, &s.Shards, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS)
+	if isNoRows(err) {
+		return c, nil, stock.Errorf(stock.CodeSKUNotFound, "sku %q has no shard %d", k.SKU, k.Index)
+	}
+	s.Status = stock.Status(status)
+	s.ReservationTTL = time.Duration(ttlMS) * time.Millisecond
+	return c, &s, err
 }

@@ -130,11 +130,7 @@ func (w *writer) run() {
 func (w *writer) load() error {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
-	counts, err := w.srv.db.LoadShard(ctx, w.key)
-	if err != nil {
-		return err
-	}
-	sku, err := w.srv.db.GetSKU(ctx, w.key.SKU)
+	counts, sku, err := w.srv.db.LoadShardAndSKU(ctx, w.key)
 	if err != nil {
 		return err
 	}
