@@ -15,6 +15,8 @@ help: ## list the targets with a one-line description each
 run: ## run the local development stack (cmd/shardstock-dev)
 	go run ./cmd/shardstock-dev
 
+# -p 1: one test binary at a time, so that the packages that start whole
+# stacks do not together exhaust a default Postgres's 100 connections.
 test: ## build everything, then run all tests (Postgres on 127.0.0.1:5432 if it answers)
 	go build ./...
 	@if [ -z "$${DATABASE_URL:-}" ] && command -v pg_isready >/dev/null 2>&1 \
@@ -22,8 +24,8 @@ test: ## build everything, then run all tests (Postgres on 127.0.0.1:5432 if it 
 		export DATABASE_URL='$(LOCAL_DATABASE_URL)'; \
 	fi; \
 	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
-	echo go test -count=1 -timeout 15m ./...; \
-	go test -count=1 -timeout 15m ./...
+	echo go test -count=1 -p 1 -timeout 15m ./...; \
+	go test -count=1 -p 1 -timeout 15m ./...
 
 lint: ## check gofmt, go vet and buf lint
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then \

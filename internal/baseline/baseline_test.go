@@ -24,7 +24,7 @@ type newTarget func(t *testing.T) loadgen.Target
 
 func postgres(ctor func(baseline.PostgresConfig) *baseline.Postgres) newTarget {
 	return func(t *testing.T) loadgen.Target {
-		return ctor(baseline.PostgresConfig{DatabaseURL: pgtest.NewDB(t), MaxConns: 32})
+		return ctor(baseline.PostgresConfig{DatabaseURL: pgtest.NewDB(t), MaxConns: 16})
 	}
 }
 
