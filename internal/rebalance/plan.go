@@ -1,0 +1,108 @@
+// Package rebalance plans the movement of leftover available stock between
+// a SKU's shards. Plan is pure: it returns moves from a snapshot, and an
+// executor (the allocator's consolidation today, the rebalancer under an
+// etcd lock per SKU later) carries each out as a two-phase, ledgered
+// transfer.
+package rebalance
+
+import (
+	"cmp"
+	"slices"
+)
+
+// Shard is one shard as the planner sees it.
+type Shard struct {
+	Index     int32
+	Available int64
+	// Demand is the shard's recent demand (units asked of it); shards
+	// with more demand get more stock. All zero: spread evenly.
+	Demand int64
+}
+
+// Move is one transfer of available units from one shard to another.
+type Move struct {
+	From, To int32
+	Quantity int64
+}
+
+// Options bound a plan.
+type Options struct {
+	// MovesMax caps the moves of one plan.
+	MovesMax int
+	// MoveMin is the smallest move worth a transfer.
+	MoveMin int64
+}
+
+// Plan returns moves that bring each shard's available stock toward its
+// share of the total, in proportion to demand (evenly without demand): the
+// shards furthest above their share give to those furthest below, largest
+// gaps first, at most opts.MovesMax moves of at least opts.MoveMin units.
+// The total is unchanged and no shard is asked for more than it holds.
+func Plan(shards []Shard, opts Options) []Move {
+	targets := shares(shards)
+	type gap struct {
+		index int32
+		delta int64 // > 0: surplus to give; < 0: deficit to fill
+	}
+	var surplus, deficit []gap
+	for i, s := range shards {
+		switch d := s.Available - targets[i]; {
+		case d > 0:
+			surplus = append(surplus, gap{s.Index, d})
+		case d < 0:
+			deficit = append(deficit, gap{s.Index, -d})
+		}
+	}
+	bySize := func(a, b gap) int {
+		if c := cmp.Compare(b.delta, a.delta); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.index, b.index)
+	}
+	slices.SortFunc(surplus, bySize)
+	slices.SortFunc(deficit, bySize)
+	var moves []Move
+	for i, j := 0, 0; i < len(surplus) && j < len(deficit) && len(moves) < opts.MovesMax; {
+		q := min(surplus[i].delta, deficit[j].delta)
+		if q >= max(opts.MoveMin, 1) {
+			moves = append(moves, Move{From: surplus[i].index, To: deficit[j].index, Quantity: q})
+		}
+		surplus[i].delta -= q
+		deficit[j].delta -= q
+		if surplus[i].delta == 0 {
+			i++
+		}
+		if deficit[j].delta == 0 {
+			j++
+		}
+	}
+	return moves
+}
+
+// shares splits the total available over the shards in proportion to
+// demand (evenly when there is none); remainders go to the first shards.
+func shares(shards []Shard) []int64 {
+	var total, demand int64
+	for _, s := range shards {
+		total += s.Available
+		demand += s.Demand
+	}
+	out := make([]int64, len(shards))
+	if len(shards) == 0 {
+		return out
+	}
+	var given int64
+	for i, s := range shards {
+		if demand > 0 {
+			out[i] = total * s.Demand / demand
+		} else {
+			out[i] = total / int64(len(shards))
+		}
+		given += out[i]
+	}
+	for i := 0; given < total; i = (i + 1) % len(shards) {
+		out[i]++
+		given++
+	}
+	return out
+}
