@@ -20,6 +20,10 @@ cd "$(dirname "$0")/../.."
 readonly duration=${BENCH_DURATION:-5s}
 readonly timeout=${BENCH_TIMEOUT:-170s}
 readonly stack_log=${BENCH_STACK_LOG:-tmp/bench-stack.log}
+# make soak sets these: one target, other models, faults (see the Makefile).
+readonly targets=${BENCH_TARGETS:-shardstock,naive,onerow,subrows,redis,redis-fsync}
+readonly models=${BENCH_MODELS:-C,case}
+read -r -a extra <<<"${BENCH_EXTRA:--paced 0.8}"
 readonly local_url='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'
 # The dev stack's pools (3 shard servers x 32 + allocator 16), one baseline
 # pool of 50 and a few to spare.
@@ -70,5 +74,5 @@ echo "bench: load $duration per target; machine load: $(uptime)" >&2
 # timeout bounds the whole run and gives loadgen time to stop it.
 timeout --signal=TERM --kill-after=45s "$timeout" \
 	bin/loadgen -stack bin/shardstock-dev -database-url "$url" -database-note "$note" -stack-log "$stack_log" \
-	-target shardstock,naive,onerow,subrows,redis,redis-fsync -model C,case \
-	-concurrency 64 -duration "$duration" -paced 0.8 -progress=false
+	-target "$targets" -model "$models" \
+	-concurrency 64 -duration "$duration" -progress=false "${extra[@]}"
