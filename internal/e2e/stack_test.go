@@ -43,7 +43,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = dir
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/shard", "../../cmd/allocator")
+	args := []string{"build", "-o", dir + "/"}
+	if os.Getenv("SHARDSTOCK_E2E_RACE") == "1" {
+		args = append(args, "-race") // the processes report data races; cleanup fails the test on one
+	}
+	build := exec.Command("go", append(args, "../../cmd/shard", "../../cmd/allocator")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: building the commands:", err)
@@ -152,6 +156,9 @@ func (s *stack) start(name, path string, args ...string) *proc {
 	}()
 	s.t.Cleanup(func() {
 		p.stop(syscall.SIGTERM)
+		if strings.Contains(p.output(), "WARNING: DATA RACE") {
+			s.t.Errorf("%s reported a data race", name)
+		}
 		if s.t.Failed() {
 			s.t.Logf("%s output:\n%s", name, p.output())
 		}
