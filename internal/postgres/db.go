@@ -23,6 +23,9 @@ var migrations embed.FS
 const (
 	migrateTimeout = 60 * time.Second
 	queryTimeout   = 10 * time.Second
+	// idleInTransactionTimeout ends a transaction whose client stopped
+	// answering (see Open).
+	idleInTransactionTimeout = "3s"
 )
 
 // DB is a pool of connections to one shardstock database.
@@ -65,6 +68,11 @@ func Open(ctx context.Context, url string, opt Options) (*DB, error) {
 	// plans), 0.1 to 0.45 ms each, over a millisecond per batch. The plans
 	// do not depend on the values: an index probe per key either way.
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	// A shard server paused mid-batch (SIGSTOP, a long GC, a partition
+	// from the database) holds its partition row FOR SHARE, and the new
+	// owner's takeover would wait for it forever. Our transactions are never
+	// idle between their round trips for more than moments: end any that is.
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = idleInTransactionTimeout
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: connect: %w", err)
