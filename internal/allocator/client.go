@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -28,6 +29,9 @@ const (
 	// it lets a probe through after breakerOpenTimeout.
 	breakerFailuresMax = 5
 	breakerOpenTimeout = 2 * time.Second
+	// breakerSlowCallMin: a call that ran out of deadline sooner than this
+	// does not count against its server (see send).
+	breakerSlowCallMin = 50 * time.Millisecond
 )
 
 // call is one op waiting for its shard server.
@@ -68,7 +72,8 @@ func newServerClient(id, addr string, hc *http.Client, onState func(id string, t
 		// Only transport failures count: a shard answering "out of stock"
 		// or a caller giving up is not the server failing.
 		IsSuccessful: func(err error) bool {
-			return err == nil || errors.Is(err, context.Canceled) || connect.CodeOf(err) == connect.CodeCanceled
+			return err == nil || errors.Is(err, context.Canceled) || connect.CodeOf(err) == connect.CodeCanceled ||
+				errors.Is(err, errLateCaller)
 		},
 	})
 	for range rpcsInFlightMax {
@@ -147,8 +152,15 @@ func (c *serverClient) send(calls []*call) {
 	for i, k := range live {
 		req.Ops[i] = k.op
 	}
+	start := time.Now()
 	resp, err := c.breaker.Execute(func() (*connect.Response[v1.ExecuteResponse], error) {
-		return c.client.Execute(ctx, connect.NewRequest(req))
+		resp, err := c.client.Execute(ctx, connect.NewRequest(req))
+		if err != nil && connect.CodeOf(err) == connect.CodeDeadlineExceeded && time.Since(start) < breakerSlowCallMin {
+			// The callers' deadline ran out almost at once: they spent
+			// it elsewhere, and it says nothing of this server.
+			return resp, fmt.Errorf("%w: %w", errLateCaller, err)
+		}
+		return resp, err
 	})
 	if err == nil && len(resp.Msg.GetResults()) != len(live) {
 		err = errors.New("shard server answered the wrong number of results")
@@ -161,6 +173,10 @@ func (c *serverClient) send(calls []*call) {
 		k.done <- rpc.ResultFromProto(resp.Msg.GetResults()[i])
 	}
 }
+
+// errLateCaller marks a call whose deadline ran out before the server could
+// have answered: not a failure of the server.
+var errLateCaller = errors.New("allocator: the callers' deadline had almost passed")
 
 // asConnect turns breaker errors into Connect errors.
 func asConnect(err error) error {
