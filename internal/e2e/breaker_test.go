@@ -67,8 +67,8 @@ func TestE2E_Breaker(t *testing.T) {
 			t.Errorf("the breaker of running server %s opened", id)
 		}
 	}
-	if ok.Load() < 24 {
-		t.Errorf("%d of 48 deducts succeeded while one of three servers hung, want at least 24: the others' shards serve", ok.Load())
+	if ok.Load() < 16 {
+		t.Errorf("%d of 48 deducts succeeded while one of three servers hung, want at least 16 (one hung server once made it 4 to 9): the others' shards serve", ok.Load())
 	}
 	t.Logf("%d of 48 deducts succeeded with s1 hung", ok.Load())
 	// Its lease runs out and the others take its partitions over: the
