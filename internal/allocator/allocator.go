@@ -248,7 +248,7 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 			time.Sleep(inTransitWait)
 		case sw.maxShard >= q:
 			continue // a shard holds enough now: try again with fresh hints
-		case refusalOf(r, sku):
+		case refused(r, sku):
 			// The SKU refuses this request whatever the stock: say why
 			// (after the replay lookup) rather than move stock.
 			return a.outOfStock(ctx, r, sku, false)
@@ -266,27 +266,11 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 	return unavailable("could not place the request in %d rounds; retry with the same key", routeRoundsMax)
 }
 
-func refusalOf(r *stock.Request, sku *stock.SKU) bool {
-	code, _ := refusal(r, sku)
+// refused reports whether the SKU's configuration (as cached) refuses r
+// whatever the stock; the shards decide the same with fresh data.
+func refused(r *stock.Request, sku *stock.SKU) bool {
+	code, _ := sku.Refuse(r, 0)
 	return code != ""
-}
-
-// refusal returns why the SKU's configuration (as cached) refuses r before
-// stock is even looked at, or "": paused, above max_per_order, above the
-// customer limit on its own. The shards decide the same with fresh data.
-func refusal(r *stock.Request, sku *stock.SKU) (stock.Code, string) {
-	if r.Kind != stock.OpReserve && r.Kind != stock.OpDeduct {
-		return "", ""
-	}
-	switch {
-	case sku.Status == stock.StatusPaused:
-		return stock.CodeSKUPaused, "sku " + sku.SKU + " is paused"
-	case sku.MaxPerOrder > 0 && r.Quantity > sku.MaxPerOrder:
-		return stock.CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order"
-	case sku.CustomerLimit > 0 && r.CustomerRef != "" && r.Quantity > sku.CustomerLimit:
-		return stock.CodeCustomerLimitReached, "quantity is above the sku's customer_limit"
-	}
-	return "", ""
 }
 
 // outOfStock answers a request the sweep found no stock for. When a shard
@@ -306,7 +290,7 @@ func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, sku *stock
 			rr.Shard.Index = op.Shard
 			return a.exec(ctx, &rr)
 		}
-		if code, msg := refusal(r, sku); code != "" {
+		if code, msg := sku.Refuse(r, 0); code != "" {
 			return stock.Result{Err: stock.Errorf(code, "%s", msg)}
 		}
 	}

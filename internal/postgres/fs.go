@@ -1,9 +1,6 @@
 package postgres
 
-import (
-	"io/fs"
-	"slices"
-)
+import "io/fs"
 
 func mustSub(f fs.FS, dir string) fs.FS {
 	sub, err := fs.Sub(f, dir)
@@ -12,5 +9,3 @@ func mustSub(f fs.FS, dir string) fs.FS {
 	}
 	return sub
 }
-
-func sortStrings(s []string) { slices.Sort(s) }

@@ -137,17 +137,6 @@ func (db *DB) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 	return o, nil
 }
 
-// GetReservation reads one reservation by id.
-func (db *DB) GetReservation(ctx context.Context, id string) (*stock.Reservation, error) {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	r, err := scanReservation(db.pool.QueryRow(ctx, sqlSelectReservations+` WHERE id = $1`, id))
-	if isNoRows(err) {
-		return nil, stock.Errorf(stock.CodeReservationNotFound, "no reservation %q", id)
-	}
-	return r, err
-}
-
 // Sweep reads every shard of a SKU and its stock in transit in one
 // statement, so in one snapshot: a transfer is counted exactly once, on its
 // source, in transit or on its destination, however its steps interleave

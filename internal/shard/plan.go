@@ -151,14 +151,10 @@ func (p *planner) refuse(r *stock.Request) (stock.Code, string) {
 		}
 		return "", ""
 	}
-	switch {
-	case sku.Status == stock.StatusPaused:
-		return stock.CodeSKUPaused, "sku " + quote(sku.SKU) + " is paused"
-	case sku.MaxPerOrder > 0 && r.Quantity > sku.MaxPerOrder:
-		return stock.CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order"
-	case p.limited(r) && p.usage(r.CustomerRef)+r.Quantity > sku.CustomerLimit:
-		return stock.CodeCustomerLimitReached, "customer " + quote(r.CustomerRef) + " reached the sku's customer_limit"
-	case p.cur.Available < r.Quantity:
+	if code, msg := sku.Refuse(r, p.usage(r.CustomerRef)); code != "" {
+		return code, msg
+	}
+	if p.cur.Available < r.Quantity {
 		return stock.CodeOutOfStock, "not enough available stock"
 	}
 	return "", ""

@@ -239,3 +239,22 @@ type Transfer struct {
 	Reason     string
 	CreatedAt  time.Time
 }
+
+// Refuse returns why the SKU refuses a reserve or deduct before its stock is
+// looked at, or "": paused, above max_per_order, or taking the customer
+// (who holds usage units already) past customer_limit. The shard planner
+// and the allocator's sold-out answers both decide by it.
+func (s *SKU) Refuse(r *Request, usage int64) (Code, string) {
+	if r.Kind != OpReserve && r.Kind != OpDeduct {
+		return "", ""
+	}
+	switch {
+	case s.Status == StatusPaused:
+		return CodeSKUPaused, "sku \"" + s.SKU + "\" is paused"
+	case s.MaxPerOrder > 0 && r.Quantity > s.MaxPerOrder:
+		return CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order"
+	case s.CustomerLimit > 0 && r.CustomerRef != "" && usage+r.Quantity > s.CustomerLimit:
+		return CodeCustomerLimitReached, "customer \"" + r.CustomerRef + "\" reached the sku's customer_limit"
+	}
+	return "", ""
+}
