@@ -26,6 +26,7 @@ import (
 
 	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/loadgen"
 	"github.com/shardstock/shardstock/internal/pgtest"
 )
 
@@ -246,20 +247,9 @@ func (s *stack) settle(ctx context.Context, stderr io.Writer) error {
 		if err := s.alive(); err != nil {
 			return err
 		}
-		if !sleepCtx(ctx, settlePoll) {
+		if !loadgen.Sleep(ctx, settlePoll) {
 			return ctx.Err()
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

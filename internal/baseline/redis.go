@@ -187,7 +187,7 @@ func (r *Redis) enableFsync(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("baseline: redis: append-only file not ready after %s", aofWaitMax)
 		}
-		if !sleepCtx(ctx, aofPollInterval) {
+		if !loadgen.Sleep(ctx, aofPollInterval) {
 			return ctx.Err()
 		}
 	}
@@ -503,15 +503,4 @@ func streamInt(v any) int64 {
 	s, _ := v.(string)
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return n
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

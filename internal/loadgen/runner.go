@@ -18,20 +18,23 @@ import (
 
 // Limits of a run. Every load loop is bounded by a count and by time.
 const (
-	requestsMax      = 10_000_000 // client operations per run, whatever -requests says
-	durationMax      = time.Hour  // load time per run, whatever -duration says
-	concurrencyMax   = 4096
-	rateMax          = 1_000_000 // client operations started per second
-	skusMax          = 100_000
-	drainGrace       = 10 * time.Second // for flows in flight when load stops: commit steps and retries
-	retriesMax       = 20               // retries of a request until a definite answer
-	abandonDelayMin  = 50 * time.Microsecond
-	abandonDelayMax  = 100 * time.Millisecond
-	retryBackoffMin  = time.Millisecond
-	retryBackoffMax  = 100 * time.Millisecond
-	setupTimeout     = 5 * time.Minute
-	verifyTimeout    = 5 * time.Minute
-	progressInterval = 200 * time.Millisecond
+	requestsMax     = 10_000_000 // client operations per run, whatever -requests says
+	durationMax     = time.Hour  // load time per run, whatever -duration says
+	concurrencyMax  = 4096
+	rateMax         = 1_000_000 // client operations started per second
+	skusMax         = 100_000
+	drainGrace      = 10 * time.Second // for flows in flight when load stops: commit steps and retries
+	retriesMax      = 20               // retries of a request until a definite answer
+	abandonDelayMin = 50 * time.Microsecond
+	abandonDelayMax = 100 * time.Millisecond
+	// abandonRetryDelay is the pause before the first retry of an abandoned
+	// request (see send).
+	abandonRetryDelay = 20 * time.Millisecond
+	retryBackoffMin   = time.Millisecond
+	retryBackoffMax   = 100 * time.Millisecond
+	setupTimeout      = 5 * time.Minute
+	verifyTimeout     = 5 * time.Minute
+	progressInterval  = 200 * time.Millisecond
 
 	requestTimeoutDefault = 10 * time.Second
 )
@@ -431,7 +434,7 @@ func (p *pacer) wait(ctx context.Context) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
-	return sleep(ctx, d)
+	return Sleep(ctx, d)
 }
 
 func (ru *run) flowAt(n int64, r *mrand.Rand) flow {
@@ -530,8 +533,15 @@ func (ru *run) send(ctx context.Context, w *worker, op opKind, f flow, call func
 		record(<-dupAnswer)
 	}
 	backoff := retryBackoffMin
+	if abandon {
+		// Give the abandoned request time to reach the system before its
+		// retry: a target may send it on after the client stopped
+		// listening (the Redis baselines do), and a retry that overtook it
+		// could be refused while the original then applies unseen.
+		backoff = abandonRetryDelay
+	}
 	for i := 0; (abandon || ru.cfg.Retry) && !s.settled && i < retriesMax; i++ {
-		if !sleep(ctx, backoff) {
+		if !Sleep(ctx, backoff) {
 			break
 		}
 		backoff = min(2*backoff, retryBackoffMax)
@@ -560,7 +570,8 @@ func (ru *run) attempt(ctx context.Context, call func(context.Context) (string, 
 	return a
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
+// Sleep waits d or until ctx ends; it reports whether d passed.
+func Sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
