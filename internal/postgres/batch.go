@@ -48,6 +48,9 @@ type BatchQuery struct {
 	Customers      []string // customer refs of reserves and deducts
 	SweepMax       int      // >0: also read up to this many due holds
 	TransferIDs    []string // transfers stepped
+	// LoadShard: also read the shard's row, for a writer that has no copy
+	// of it yet (a cold shard's first batch costs no query of its own).
+	LoadShard bool
 }
 
 // BatchRead is what the batch read, inside its transaction.
@@ -59,6 +62,9 @@ type BatchRead struct {
 	Usage        map[string]int64     // customer ref -> units held or bought
 	Transfers    map[string]*stock.Transfer
 	Now          time.Time // the database clock
+	// Counts is the shard's row as read under the fence, when the query
+	// asked (LoadShard); nil then means the shard does not exist.
+	Counts *stock.Counts
 }
 
 // BatchWrite is what the batch decided to write.
@@ -182,13 +188,18 @@ type unitWrite struct {
 // unit's partition (FOR SHARE, so that a takeover waits for this batch and a
 // batch after the takeover sees the new epoch), with the transaction id (to
 // learn the outcome of a lost commit) and the database clock; the SKUs; the
-// existing operations, reservations, transfers and customer usage of every
+// shard rows of the units that ask (LoadShard); the existing operations, reservations, transfers and customer usage of every
 // unit; the due holds of the units that sweep.
 func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead, string, error) {
 	var parts []int32
 	var skus, keys, rids, tids, usageSKUs, usageCustomers []string
 	var sweeps []*Unit
+	var loadSKUs []string
+	var loadIdx []int32
 	for _, u := range units {
+		if u.Query.LoadShard {
+			loadSKUs, loadIdx = append(loadSKUs, u.Query.Shard.SKU), append(loadIdx, u.Query.Shard.Index)
+		}
 		parts = append(parts, u.Fence.Partition)
 		skus = append(skus, u.Query.Shard.SKU)
 		keys = append(keys, u.Query.Keys...)
@@ -206,6 +217,11 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 	b.Queue(`SELECT partition, owner, epoch, pg_current_xact_id()::text, now() FROM partitions
 		WHERE partition = ANY($1::int[]) ORDER BY partition FOR SHARE`, parts)
 	b.Queue(`SELECT s.* FROM unnest($1::text[]) AS k(sku) CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, skus)
+	if len(loadSKUs) > 0 {
+		b.Queue(`SELECT sh.sku, sh.idx, sh.available, sh.reserved, sh.sold FROM unnest($1::text[], $2::int[]) AS k(sku, idx)
+			CROSS JOIN LATERAL (SELECT sku, idx, available, reserved, sold FROM shards WHERE sku = k.sku AND idx = k.idx) sh`,
+			loadSKUs, loadIdx)
+	}
 	if len(keys) > 0 {
 		b.Queue(sqlSelectOps, keys)
 	}
@@ -257,6 +273,23 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 	bySKU := map[string]*stock.SKU{}
 	for _, s := range skuRows {
 		bySKU[s.SKU] = s
+	}
+	loaded := map[stock.ShardKey]*stock.Counts{}
+	if len(loadSKUs) > 0 {
+		rows, err := res.Query()
+		if err != nil {
+			return nil, "", notCommitted("shards", err)
+		}
+		var k stock.ShardKey
+		var c stock.Counts
+		_, err = pgx.ForEachRow(rows, []any{&k.SKU, &k.Index, &c.Available, &c.Reserved, &c.Sold}, func() error {
+			cc := c
+			loaded[k] = &cc
+			return nil
+		})
+		if err != nil {
+			return nil, "", notCommitted("shards", err)
+		}
 	}
 	ops := map[string]*stock.Operation{}
 	if len(keys) > 0 {
@@ -324,6 +357,9 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 		// unit is refused by the planner's own checks (SKU, shard).
 		read := &BatchRead{SKU: bySKU[u.Query.Shard.SKU], Ops: ops, Reservations: reservations, Due: due[u],
 			Usage: usage[u.Query.Shard.SKU], Transfers: transfers, Now: now}
+		if u.Query.LoadShard {
+			read.Counts = loaded[u.Query.Shard]
+		}
 		if read.Usage == nil {
 			read.Usage = map[string]int64{}
 		}

@@ -125,6 +125,24 @@ func TestShard_InvalidInput(t *testing.T) {
 		if res.Err == nil || res.Err.Code != stock.CodeSKUNotFound {
 			t.Errorf("Do = %+v, want SKU_NOT_FOUND", res)
 		}
+		res = s.Do(context.Background(), &stock.Request{Kind: stock.OpCommit, Shard: stock.ShardKey{SKU: "no-such-sku"}, ReservationID: "r-1"})
+		if res.Err == nil || res.Err.Code != stock.CodeReservationNotFound {
+			t.Errorf("Commit on an unknown SKU = %+v, want RESERVATION_NOT_FOUND", res)
+		}
+		// A writer that found no shard row is gone: once the SKU exists,
+		// its shard serves (the first batch reads the row it creates).
+		createSKU(t, db, stock.SKU{SKU: "no-such-sku", Shards: 1}, 2)
+		res = s.Do(context.Background(), &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "no-such-sku"}, Quantity: 2, Key: "late-k"})
+		if res.Err != nil || res.Available != 0 {
+			t.Errorf("Do after CreateSKU = %+v, want a deduct leaving 0", res)
+		}
+	})
+	t.Run("ShardBeyondTheSKU", func(t *testing.T) {
+		acquire(t, s, sku, 2, 7)
+		res := s.Do(context.Background(), &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: 7}, Quantity: 1, Key: "k"})
+		if res.Err == nil || res.Err.Code != stock.CodeSKUNotFound {
+			t.Errorf("Do on shard 7 = %+v, want SKU_NOT_FOUND", res)
+		}
 	})
 	t.Run("KeyStaysFreeAfterRefusal", func(t *testing.T) {
 		res := s.Do(context.Background(), deduct(1, "k"))

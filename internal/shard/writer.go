@@ -43,11 +43,14 @@ type pending struct {
 // writer is the only writer of one shard: it owns the in-memory copy of the
 // row and drains its queue in batches, one transaction per batch.
 type writer struct {
-	srv    *Server
-	key    stock.ShardKey
-	fence  postgres.Fence
-	queue  chan *pending
-	stop   chan struct{} // closed: stop after the current batch
+	srv   *Server
+	key   stock.ShardKey
+	fence postgres.Fence
+	queue chan *pending
+	stop  chan struct{} // closed: stop after the current batch
+	// loaded: counts is the row as of the last commit. A new writer has no
+	// copy: its first batch reads the row inside its own transaction.
+	loaded bool
 	counts stock.Counts
 	sku    *stock.SKU // as of the last batch; for the read-only path
 	// committed is counts as of the last commit, for readers on other
@@ -56,6 +59,7 @@ type writer struct {
 }
 
 func (w *writer) setCounts(c stock.Counts) {
+	w.loaded = true
 	w.counts = c
 	w.committed.Store(&c)
 }
@@ -70,19 +74,9 @@ func newWriter(s *Server, key stock.ShardKey, epoch int64) *writer {
 	}
 }
 
-// run loads the row, then serves batches until stopped or idle.
+// run serves batches until stopped, idle, or its shard turns out not to
+// exist. The first batch reads the row (LoadShard) in its transaction.
 func (w *writer) run() {
-	if err := w.load(); err != nil {
-		w.srv.remove(w)
-		res := resultOf(err)
-		w.drainFunc(func(r *stock.Request) stock.Result {
-			if res.Err.Code == stock.CodeSKUNotFound && (r.Kind == stock.OpCommit || r.Kind == stock.OpRelease) {
-				return stock.Result{Err: stock.Errorf(stock.CodeReservationNotFound, "no reservation %s", quote(r.ReservationID))}
-			}
-			return res
-		})
-		return
-	}
 	idle := time.NewTimer(writerIdleMax)
 	defer idle.Stop()
 	for {
@@ -117,31 +111,40 @@ func (w *writer) run() {
 				break fill
 			}
 		}
-		if !w.apply(batch) {
+		switch w.apply(batch) {
+		case writerStop:
 			w.srv.remove(w)
 			w.drain(unavailable("shard writer stopped"))
+			return
+		case writerNoShard:
+			w.srv.remove(w)
+			w.drainFunc(w.noShard)
 			return
 		}
 		idle.Reset(writerIdleMax)
 	}
 }
 
-// load reads the shard's row and SKU: the writer's memory from now on.
-func (w *writer) load() error {
-	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-	defer cancel()
-	counts, sku, err := w.srv.db.LoadShardAndSKU(ctx, w.key)
-	if err != nil {
-		return err
+// noShard answers a request for a shard that does not exist.
+func (w *writer) noShard(r *stock.Request) stock.Result {
+	if r.Kind == stock.OpCommit || r.Kind == stock.OpRelease {
+		return stock.Result{Err: stock.Errorf(stock.CodeReservationNotFound, "no reservation %s", quote(r.ReservationID))}
 	}
-	w.setCounts(counts)
-	w.sku = sku
-	return nil
+	return stock.Result{Err: stock.Errorf(stock.CodeSKUNotFound, "sku %q has no shard %d", w.key.SKU, w.key.Index)}
 }
 
-// apply runs one batch and answers every request in it. It returns false
-// when the writer must stop (fenced, diverged).
-func (w *writer) apply(batch []*pending) bool {
+// What a writer does after a batch.
+type writerNext uint8
+
+const (
+	writerGoOn    writerNext = iota
+	writerStop               // fenced, halted or broken: stop
+	writerNoShard            // the shard does not exist: stop, answer the rest so
+)
+
+// apply runs one batch and answers every request in it, and says whether
+// the writer goes on.
+func (w *writer) apply(batch []*pending) writerNext {
 	start := time.Now()
 	reqs := make([]*stock.Request, len(batch))
 	for i, p := range batch {
@@ -155,18 +158,33 @@ func (w *writer) apply(batch []*pending) bool {
 	return keep
 }
 
-func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, bool) {
+func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 	if w.refusable(reqs) {
 		if results, err := w.readOnly(reqs); err == nil {
-			return results, true
+			return results, writerGoOn
 		}
 	}
 	q, sweep := query(w.key, reqs)
+	q.LoadShard = !w.loaded
 	var results []stock.Result
 	var write *postgres.BatchWrite
+	missing := false
 	decide := func(read *postgres.BatchRead) (*postgres.BatchWrite, error) {
+		counts := w.counts
+		missing = false
+		if q.LoadShard {
+			if read.Counts == nil {
+				missing = true
+				write, results = &postgres.BatchWrite{}, make([]stock.Result, len(reqs))
+				for i, r := range reqs {
+					results[i] = w.noShard(r)
+				}
+				return write, nil
+			}
+			counts = *read.Counts
+		}
 		var err error
-		write, results, err = plan(w.key, w.counts, reqs, read, sweep)
+		write, results, err = plan(w.key, counts, reqs, read, sweep)
 		w.sku = read.SKU
 		return write, err
 	}
@@ -179,46 +197,45 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, bool) {
 		err = w.srv.committer.commit(ctx, w.fence, q, decide)
 		cancel()
 		switch {
+		case err == nil && missing:
+			return results, writerNoShard
 		case err == nil:
 			w.setCounts(write.To)
-			return results, true
+			return results, writerGoOn
 		case errors.Is(err, postgres.ErrConflict):
 			continue // a concurrent batch took a key or a quota: the rerun sees it
 		case errors.Is(err, postgres.ErrFenced):
 			w.srv.log.Warn("batch fenced: another server owns the partition", "shard", w.key.String(), "err", err)
 			w.srv.fenced(w)
-			return all(len(reqs), unavailable("shard moved to another server")), false
+			return all(len(reqs), unavailable("shard moved to another server")), writerStop
 		case errors.Is(err, postgres.ErrDiverged), errors.Is(err, errInvariant):
 			w.srv.log.Error("INVARIANT: shard row diverged from its only writer's copy; halting the shard", "shard", w.key.String(), "err", err)
 			w.srv.halt(w)
-			return all(len(reqs), unavailable("shard halted")), false
+			return all(len(reqs), unavailable("shard halted")), writerStop
 		case errors.Is(err, postgres.ErrOutcomeUnknown):
 			// Whether the batch committed is not known: reload the row and
 			// tell everyone to retry with the same key, which is safe.
 			w.srv.log.Warn("batch outcome unknown", "shard", w.key.String(), "err", err)
-			if w.load() != nil {
-				return all(len(reqs), unavailable("shard row could not be reloaded")), false
-			}
-			return all(len(reqs), unavailable("database connection lost; retry with the same key")), true
+			w.loaded = false // the next batch reads the row again
+			return all(len(reqs), unavailable("database connection lost; retry with the same key")), writerGoOn
 		case errors.Is(err, postgres.ErrNotCommitted):
 			w.srv.log.Debug("batch not committed; rerunning", "shard", w.key.String(), "attempt", attempt, "err", err)
-			if w.load() != nil {
-				return all(len(reqs), unavailable("shard row could not be reloaded")), false
-			}
+			w.loaded = false // the rerun reads the row again
+			q.LoadShard = true
 		default:
 			w.srv.log.Error("batch failed", "shard", w.key.String(), "err", err)
-			return all(len(reqs), unavailable("batch failed")), true
+			return all(len(reqs), unavailable("batch failed")), writerGoOn
 		}
 	}
 	w.srv.log.Warn("batch gave up", "shard", w.key.String(), "err", err)
-	return all(len(reqs), unavailable("database unavailable; retry with the same key")), true
+	return all(len(reqs), unavailable("database unavailable; retry with the same key")), writerGoOn
 }
 
 // refusable reports whether no request of the batch can change the shard:
 // all are reserves or deducts larger than what is available. Such a batch
 // needs no transaction, only the read that tells replays apart.
 func (w *writer) refusable(reqs []*stock.Request) bool {
-	if w.sku == nil {
+	if w.sku == nil || !w.loaded {
 		return false
 	}
 	for _, r := range reqs {
