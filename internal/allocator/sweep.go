@@ -8,8 +8,15 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// sweepTimeout bounds one sweep of a SKU's shards.
-const sweepTimeout = 3 * time.Second
+// Bounds of a sweep.
+const (
+	// sweepTimeout bounds one sweep of a SKU's shards.
+	sweepTimeout = 3 * time.Second
+	// sweepKeysMax bounds the keys one sweep looks up; a request whose key
+	// did not fit is answered SHARD_UNAVAILABLE (retry) rather than
+	// refused unchecked.
+	sweepKeysMax = 4096
+)
 
 // sweepResult is what one sweep saw of a SKU.
 type sweepResult struct {
@@ -17,14 +24,20 @@ type sweepResult struct {
 	maxShard  int64 // the most any one shard holds
 	inTransit int64
 	unknown   int // shards with stock that cannot be reached now
-	err       *stock.Error
+	// ops are the operations recorded for the keys of the requests that
+	// joined the sweep (read in its round trip): a sold-out answer replays
+	// them. nil: the caller's key was not looked up.
+	ops map[string]*stock.Operation
+	err *stock.Error
 }
 
 // sweeper runs sweeps single-flight per SKU. A request joins only a sweep
 // that starts after it arrived: the one queued behind the sweep in flight,
 // or a new one. So every answer it gets was read during the request, which
 // is what "no false sold-out" needs; and a sell-out storm costs one sweep
-// in flight and one queued per SKU, whatever the request rate.
+// in flight and one queued per SKU, whatever the request rate. Each sweep
+// also looks up the keys of the requests that joined it, so a sold-out
+// answer costs no second query.
 type sweeper struct {
 	a     *Allocator
 	mu    sync.Mutex
@@ -36,11 +49,14 @@ type sweepState struct {
 }
 
 type sweepRun struct {
+	keys []string // of the requests that joined; guarded by sweeper.mu until it starts
 	done chan struct{}
 	res  sweepResult
 }
 
-func (s *sweeper) sweep(ctx context.Context, sku *stock.SKU) sweepResult {
+// sweep returns a sweep of sku that started after the call, with the
+// operation recorded for key, if any, in its ops.
+func (s *sweeper) sweep(ctx context.Context, sku *stock.SKU, key string) sweepResult {
 	s.mu.Lock()
 	if s.bySKU == nil {
 		s.bySKU = map[string]*sweepState{}
@@ -62,10 +78,18 @@ func (s *sweeper) sweep(ctx context.Context, sku *stock.SKU) sweepResult {
 	default:
 		run = st.next
 	}
+	included := key != "" && len(run.keys) < sweepKeysMax
+	if included {
+		run.keys = append(run.keys, key)
+	}
 	s.mu.Unlock()
 	select {
 	case <-run.done:
-		return run.res
+		res := run.res
+		if !included {
+			res.ops = nil // not looked up
+		}
+		return res
 	case <-ctx.Done():
 		return sweepResult{err: stock.Errorf(stock.CodeShardUnavailable, "deadline passed during the stock sweep; retry with the same key")}
 	}
@@ -77,8 +101,9 @@ func (s *sweeper) loop(sku *stock.SKU, st *sweepState) {
 	for {
 		s.mu.Lock()
 		run := st.running
+		keys := run.keys
 		s.mu.Unlock()
-		run.res = s.a.sweepOnce(sku)
+		run.res = s.a.sweepOnce(sku, keys)
 		s.a.metrics.sweeps.Inc()
 		close(run.done)
 		s.mu.Lock()
@@ -98,15 +123,15 @@ func (s *sweeper) loop(sku *stock.SKU, st *sweepState) {
 // one instant: a transfer debited after its source answered and credited
 // after its destination answered would be counted nowhere, and a request
 // refused OUT_OF_STOCK while the stock exists.
-func (a *Allocator) sweepOnce(sku *stock.SKU) sweepResult {
+func (a *Allocator) sweepOnce(sku *stock.SKU, keys []string) sweepResult {
 	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
 	defer cancel()
-	rows, inTransit, err := a.db.Sweep(ctx, sku.SKU)
+	rows, inTransit, ops, err := a.db.Sweep(ctx, sku.SKU, keys)
 	if err != nil {
 		a.log.Debug("sweep failed", "sku", sku.SKU, "err", err)
 		return sweepResult{err: stock.Errorf(stock.CodeShardUnavailable, "could not read the stock of %s; retry with the same key", sku.SKU)}
 	}
-	res := sweepResult{inTransit: inTransit, unknown: int(sku.Shards) - len(rows)}
+	res := sweepResult{inTransit: inTransit, unknown: int(sku.Shards) - len(rows), ops: ops}
 	skip := a.skipper(sku.SKU)
 	for _, r := range rows {
 		a.setHint(stock.ShardKey{SKU: sku.SKU, Index: r.Index}, r.Available)

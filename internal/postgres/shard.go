@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -140,15 +139,23 @@ func (db *DB) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 // Sweep reads every shard of a SKU and its stock in transit in one
 // statement, so in one snapshot: a transfer is counted exactly once, on its
 // source, in transit or on its destination, however its steps interleave
-// with the read.
-func (db *DB) Sweep(ctx context.Context, sku string) ([]ShardRow, int64, error) {
+// with the read. In the same round trip it looks keys up (the operations a
+// sold-out answer must replay), as LookupOperations does.
+func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]ShardRow, int64, map[string]*stock.Operation, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT idx, available, reserved, sold,
+	b := &pgx.Batch{}
+	b.Queue(`SELECT idx, available, reserved, sold,
 		(SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited')
 		FROM shards WHERE sku = $1 ORDER BY idx`, sku)
+	if len(keys) > 0 {
+		b.Queue(sqlSelectOps, keys)
+	}
+	res := db.pool.SendBatch(ctx, b)
+	defer res.Close()
+	rows, err := res.Query()
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
 	var inTransit int64
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ShardRow, error) {
@@ -156,7 +163,16 @@ func (db *DB) Sweep(ctx context.Context, sku string) ([]ShardRow, int64, error) 
 		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &inTransit)
 		return s, err
 	})
-	return out, inTransit, err
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	ops := map[string]*stock.Operation{}
+	if len(keys) > 0 {
+		if err := scanOps(res, ops); err != nil {
+			return nil, 0, nil, err
+		}
+	}
+	return out, inTransit, ops, res.Close()
 }
 
 // ResetFences forgets every partition's owner and epoch. Epochs are etcd
@@ -169,25 +185,4 @@ func (db *DB) ResetFences(ctx context.Context) error {
 	defer cancel()
 	_, err := db.pool.Exec(ctx, `UPDATE partitions SET owner = '', epoch = 0, updated_at = now() WHERE epoch <> 0`)
 	return err
-}
-
-// LoadShardAndSKU reads one shard's counts and its SKU in one round trip:
-// what a writer needs to start. A missing shard (or SKU) is SKU_NOT_FOUND.
-func (db *DB) LoadShardAndSKU(ctx context.Context, k stock.ShardKey) (stock.Counts, *stock.SKU, error) {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	var c stock.Counts
-	var s stock.SKU
-	var status string
-	var ttlMS int64
-	err := db.pool.QueryRow(ctx, `SELECT sh.available, sh.reserved, sh.sold,
-		k.sku, k.status, k.shards, k.max_per_order, k.customer_limit, k.reservation_ttl_ms
-		FROM shards sh JOIN skus k ON k.sku = sh.sku WHERE sh.sku = $1 AND sh.idx = $2`, k.SKU, k.Index).
-		Scan(&c.Available, &c.Reserved, &c.Sold, &s.SKU, &status, &s.Shards, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS)
-	if isNoRows(err) {
-		return c, nil, stock.Errorf(stock.CodeSKUNotFound, "sku %q has no shard %d", k.SKU, k.Index)
-	}
-	s.Status = stock.Status(status)
-	s.ReservationTTL = time.Duration(ttlMS) * time.Millisecond
-	return c, &s, err
 }
