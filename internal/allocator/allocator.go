@@ -47,14 +47,28 @@ type Config struct {
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Local, when set, is a shard server running in this process under
+	// the id LocalID: requests for the partitions it owns are handed to it
+	// directly instead of over RPC (the same writers, fences and batches;
+	// no HTTP/2 hop, no protobuf, no second process to wake).
+	Local   LocalServer
+	LocalID string
+}
+
+// LocalServer is a shard server in the allocator's own process
+// (shard.Server).
+type LocalServer interface {
+	Do(ctx context.Context, r *stock.Request) stock.Result
 }
 
 // Allocator routes requests over the shard servers.
 type Allocator struct {
-	db   *postgres.DB
-	topo func() topology.View
-	hc   *http.Client
-	log  *slog.Logger
+	db      *postgres.DB
+	topo    func() topology.View
+	hc      *http.Client
+	log     *slog.Logger
+	local   LocalServer
+	localID string
 
 	mu      sync.Mutex
 	servers map[string]*serverClient // by id + "@" + addr
@@ -84,6 +98,8 @@ func New(cfg Config) *Allocator {
 	a := &Allocator{
 		db:      cfg.DB,
 		topo:    cfg.Topology,
+		local:   cfg.Local,
+		localID: cfg.LocalID,
 		hc:      hc,
 		log:     log,
 		servers: map[string]*serverClient{},
@@ -132,12 +148,21 @@ func (a *Allocator) forgetSKU(name string) {
 	a.mu.Unlock()
 }
 
-// client returns the client of the server that owns shard k, or nil.
-func (a *Allocator) client(k stock.ShardKey) *serverClient {
+// client returns the client of the server that owns shard k, or nil; local
+// is true when that server is the one in this process.
+func (a *Allocator) client(k stock.ShardKey) (c *serverClient, local bool) {
 	srv, _, ok := a.topo().Owner(k.Partition())
 	if !ok {
-		return nil
+		return nil, false
 	}
+	if a.local != nil && srv.ID == a.localID {
+		return nil, true
+	}
+	return a.remote(srv), false
+}
+
+// remote returns the RPC client of a shard server, made on first use.
+func (a *Allocator) remote(srv topology.Server) *serverClient {
 	id := srv.ID + "@" + srv.Addr
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -154,14 +179,18 @@ func (a *Allocator) client(k stock.ShardKey) *serverClient {
 
 // exec sends one request to its shard's owner and keeps the answer's hint.
 func (a *Allocator) exec(ctx context.Context, r *stock.Request) stock.Result {
-	c := a.client(r.Shard)
-	if c == nil {
+	c, local := a.client(r.Shard)
+	var res stock.Result
+	switch {
+	case local:
+		res = a.local.Do(ctx, r)
+	case c == nil:
 		return unavailable("no shard server owns %s right now; retry with the same key", r.Shard)
-	}
-	if c.open() {
+	case c.open():
 		return unavailable("shard server %s is failing; retry with the same key", c.id)
+	default:
+		res = c.do(ctx, rpc.RequestToProto(r))
 	}
-	res := c.do(ctx, rpc.RequestToProto(r))
 	if res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
 		a.setHint(r.Shard, res.Available)
 	}
@@ -196,8 +225,8 @@ func firstChoice(key string, n int32) int32 {
 // failing.
 func (a *Allocator) skipper(sku string) func(int32) bool {
 	return func(i int32) bool {
-		c := a.client(stock.ShardKey{SKU: sku, Index: i})
-		return c == nil || c.open()
+		c, local := a.client(stock.ShardKey{SKU: sku, Index: i})
+		return !local && (c == nil || c.open())
 	}
 }
 

@@ -65,6 +65,7 @@ type stack struct {
 	etcd      string
 	shards    map[string]*proc
 	allocator *proc
+	localID   string // the allocator's own shard server (-shard-id), if any
 	base      string // http://host:port of the allocator
 	inv       shardstockv1connect.InventoryServiceClient
 	admin     shardstockv1connect.AdminServiceClient
@@ -80,12 +81,23 @@ type proc struct {
 
 func newStack(t *testing.T, shardServers int) *stack {
 	t.Helper()
+	return newStackWith(t, shardServers, "")
+}
+
+// newStackWith starts a stack whose allocator also runs a shard server of
+// id localID in its own process (-shard-id), unless localID is "".
+func newStackWith(t *testing.T, shardServers int, localID string) *stack {
+	t.Helper()
 	e := etcdtest.Start(t)
-	s := &stack{t: t, dbURL: pgtest.NewDB(t), etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}}
+	s := &stack{t: t, dbURL: pgtest.NewDB(t), etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}, localID: localID}
 	for i := 1; i <= shardServers; i++ {
 		s.startShard(fmt.Sprintf("s%d", i))
 	}
-	s.allocator = s.start("allocator", filepath.Join(bin, "allocator"), "-addr", "127.0.0.1:0", "-admin-token", adminToken, "-db-max-conns", "4", "-log-level", "warn")
+	args := []string{"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-db-max-conns", "4", "-log-level", "warn"}
+	if localID != "" {
+		args = append(args, "-shard-id", localID, "-lease-ttl", leaseTTL.String(), "-db-max-conns", "8")
+	}
+	s.allocator = s.start("allocator", filepath.Join(bin, "allocator"), args...)
 	line := s.allocator.waitLine(t, "allocator listening on ")
 	s.base = strings.TrimPrefix(line, "allocator listening on ")
 	hc := rpc.NewClient()
@@ -103,6 +115,9 @@ func (s *stack) waitStable(timeout time.Duration) time.Duration {
 	start := time.Now()
 	for {
 		var ids []string
+		if s.localID != "" {
+			ids = append(ids, s.localID)
+		}
 		for id, p := range s.shards {
 			select {
 			case <-p.done:

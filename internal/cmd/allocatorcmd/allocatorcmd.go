@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/cli"
+	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -30,7 +32,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
-	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most")
+	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most (with -shard-id, shared with the shard server)")
+	shardID := fs.String("shard-id", getenv("SHARDSTOCK_LOCAL_SHARD_ID"), "also run a shard server with this id in this process: it takes its share of the partitions, serves other allocators on this port, and this allocator calls it without RPC (env SHARDSTOCK_LOCAL_SHARD_ID)")
+	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "with -shard-id, the address other allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
+	leaseTTL := fs.Duration("lease-ttl", 5*time.Second, "with -shard-id, the etcd lease TTL of its shard server")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -60,11 +65,23 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	watchDone := make(chan error, 1)
 	go func() { watchDone <- watcher.Run(ctx) }()
 
-	alloc := allocator.New(allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg})
+	services := []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}
+	acfg := allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg}
+	var node *shardcmd.Node
+	if *shardID != "" {
+		if *advertise == "" {
+			*advertise = lis.Addr().String()
+		}
+		node = shardcmd.NewNode(shardcmd.NodeConfig{ID: *shardID, Advertise: *advertise, DB: db, Etcd: client,
+			LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
+		acfg.Local, acfg.LocalID = node.Server, *shardID
+		services = append(services, shardstockv1connect.ShardServiceName)
+	}
+	alloc := allocator.New(acfg)
 	defer alloc.Close()
 
 	mux := rpc.NewMux(rpc.MuxConfig{
-		Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName},
+		Services: services,
 		Ready:    alloc.Ready,
 		Gatherer: reg,
 		Pprof:    *pprofOn,
@@ -75,14 +92,24 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Allocator: alloc},
 		append(rpc.HandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())
+	nodeDone := make(chan error, 1)
+	if node != nil {
+		node.Handle(mux)
+		go func() { nodeDone <- node.Run(ctx) }()
+		fmt.Fprintf(stdout, "shard %s listening on %s\n", *shardID, lis.Addr())
+		log.Info("shard server started", "id", *shardID, "addr", lis.Addr().String(), "advertise", *advertise, "in", "allocator")
+	} else {
+		nodeDone <- nil
+	}
 
 	fmt.Fprintf(stdout, "allocator listening on http://%s\n", lis.Addr())
 	log.Info("allocator started", "addr", lis.Addr().String())
 	serveErr := rpc.Serve(ctx, lis, mux)
 	cancel()
+	nerr := <-nodeDone
 	<-watchDone
 	log.Info("allocator stopped")
-	return serveErr
+	return errors.Join(serveErr, nerr)
 }
 
 // adminTokenLenMin keeps guessable tokens out.

@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -45,7 +46,9 @@ const (
 	demoShards   = 8
 	// Pool sizes that fit the stack (3 x 16 + 8) in a default Postgres
 	// (max_connections = 100) with room to spare.
-	devShardConns     = "16"
+	devShardConns = "16"
+	// localShardID is the id of -allocator-shard's shard server.
+	localShardID      = "allocator-shard"
 	devAllocatorConns = "8"
 )
 
@@ -63,9 +66,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs := flag.NewFlagSet("shardstock-dev", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", cli.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "allocator listen address (env SHARDSTOCK_ADDR)")
-	servers := fs.Int("shard-servers", 3, "shard servers to start")
+	servers := fs.Int("shard-servers", 3, "shard servers to start, each a process of its own")
+	local := fs.Bool("allocator-shard", false, "also run a shard server (id "+localShardID+") inside the allocator's process, called without RPC; with -shard-servers 0 it owns every partition")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *servers < 0 || (*servers == 0 && !*local) {
+		return errors.New("-shard-servers: at least 1, or 0 with -allocator-shard")
 	}
 	token := getenv("SHARDSTOCK_ADMIN_TOKEN")
 	if token == "" {
@@ -109,12 +116,18 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 	}
-	if err := kids.start(self, env, stderr, "allocator", "allocator", "-addr", *addr, "-db-max-conns", devAllocatorConns); err != nil {
+	allocArgs := []string{"allocator", "-addr", *addr, "-db-max-conns", devAllocatorConns}
+	members := *servers
+	if *local {
+		allocArgs = []string{"allocator", "-addr", *addr, "-db-max-conns", devShardConns, "-shard-id", localShardID}
+		members++
+	}
+	if err := kids.start(self, env, stderr, "allocator", allocArgs...); err != nil {
 		return err
 	}
 
 	base := "http://" + *addr
-	if err := waitReady(ctx, base, token, *servers, &kids); err != nil {
+	if err := waitReady(ctx, base, token, members, &kids); err != nil {
 		return err
 	}
 	if err := createDemo(ctx, base, token); err != nil {

@@ -12,12 +12,9 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
-	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/cli"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
-	"github.com/shardstock/shardstock/internal/shard"
-	"github.com/shardstock/shardstock/internal/topology"
 )
 
 // Run runs the command until ctx ends; args are the command-line arguments
@@ -59,26 +56,21 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		*advertise = lis.Addr().String()
 	}
 
-	srv := shard.New(shard.Config{ServerID: *id, DB: db, Logger: log, Registerer: reg})
-	member := topology.NewMember(topology.MemberConfig{Client: client, ServerID: *id, Addr: *advertise, LeaseTTL: *leaseTTL, Owner: srv, Logger: log})
-
+	node := NewNode(NodeConfig{ID: *id, Advertise: *advertise, DB: db, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
 	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: reg, Pprof: *pprofOn})
-	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: srv}, rpc.HandlerOptions()...))
+	node.Handle(mux)
 
 	// Shut down in reverse: stop serving, leave the topology (others take
 	// the partitions at once), stop the writers, close the database.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	memberDone := make(chan error, 1)
-	go func() { memberDone <- member.Run(ctx) }()
-	sweepDone := make(chan error, 1)
-	go func() { sweepDone <- srv.Run(ctx) }()
+	nodeDone := make(chan error, 1)
+	go func() { nodeDone <- node.Run(ctx) }()
 	fmt.Fprintf(stdout, "shard %s listening on %s\n", *id, lis.Addr())
 	log.Info("shard server started", "id", *id, "addr", lis.Addr().String(), "advertise", *advertise)
 	serveErr := rpc.Serve(ctx, lis, mux)
 	cancel()
-	merr := <-memberDone
-	<-sweepDone
+	merr := <-nodeDone
 	log.Info("shard server stopped", "id", *id)
 	return errors.Join(serveErr, merr)
 }

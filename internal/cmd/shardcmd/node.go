@@ -1,0 +1,63 @@
+package shardcmd
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/api"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/shard"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// NodeConfig configures a Node.
+type NodeConfig struct {
+	ID        string // unique among shard servers
+	Advertise string // the address allocators dial
+	DB        *postgres.DB
+	Etcd      *clientv3.Client
+	LeaseTTL  time.Duration
+	Logger    *slog.Logger
+	Registry  prometheus.Registerer
+}
+
+// Node is a shard server wired into a process: the server, its member of
+// the topology and its ShardService handler. cmd/shard runs one on its own;
+// an allocator started with -shard-id runs one beside itself.
+type Node struct {
+	Server *shard.Server
+	member *topology.Member
+}
+
+// NewNode returns a node; Run starts it.
+func NewNode(cfg NodeConfig) *Node {
+	srv := shard.New(shard.Config{ServerID: cfg.ID, DB: cfg.DB, Logger: cfg.Logger, Registerer: cfg.Registry})
+	return &Node{
+		Server: srv,
+		member: topology.NewMember(topology.MemberConfig{Client: cfg.Etcd, ServerID: cfg.ID, Addr: cfg.Advertise,
+			LeaseTTL: cfg.LeaseTTL, Owner: srv, Logger: cfg.Logger}),
+	}
+}
+
+// Handle adds the ShardService handler to mux.
+func (n *Node) Handle(mux *http.ServeMux) {
+	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, rpc.HandlerOptions()...))
+}
+
+// Run takes part in the topology and sweeps expiries until ctx ends, then
+// leaves the topology (others take the partitions at once) and stops the
+// writers.
+func (n *Node) Run(ctx context.Context) error {
+	sweepDone := make(chan error, 1)
+	go func() { sweepDone <- n.Server.Run(ctx) }()
+	err := n.member.Run(ctx)
+	<-sweepDone
+	return err
+}
