@@ -12,7 +12,10 @@
 // With -stack it starts the dev stack itself (on a free port, with a new
 // admin token and a database of its own) and stops it with SIGTERM at the
 // end; -paced reruns a target at a share of the rate it reached, to measure
-// latency below the peak.
+// latency below the peak. -target memory measures the ceiling of the public
+// API over Connect: an in-memory server (internal/loadgen/memory) that
+// loadgen runs as a child process of itself (`loadgen serve-memory`) and
+// drives with the shardstock client.
 package main
 
 import (
@@ -38,7 +41,12 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == serveMemoryArg {
+		err = serveMemory(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
+	} else {
+		err = run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	}
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -76,6 +84,7 @@ var targets = map[string]func(options) loadgen.Target{
 	"redis-fsync": func(o options) loadgen.Target {
 		return baseline.NewRedis(baseline.RedisConfig{Addr: o.redisAddr, PoolSize: o.redisPool, Fsync: true})
 	},
+	"memory": newMemoryTarget,
 }
 
 // groups name several targets at once, in the order they run.
@@ -102,7 +111,7 @@ func parseTargets(s string) ([]string, error) {
 		members, ok := groups[n]
 		if !ok {
 			if _, ok := targets[n]; !ok {
-				return nil, fmt.Errorf("unknown target %q (want shardstock, naive, onerow, subrows, redis, redis-fsync, all-baselines or all)", n)
+				return nil, fmt.Errorf("unknown target %q (want shardstock, naive, onerow, subrows, redis, redis-fsync, memory, all-baselines or all)", n)
 			}
 			members = []string{n}
 		}
@@ -158,7 +167,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		targetList   = fs.String("target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync; or all-baselines, all")
+		targetList   = fs.String("target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync, memory (the API's ceiling: an in-memory server in a process of its own, driven like shardstock; in no group); or all-baselines, all")
 		addr         = fs.String("addr", shardstock.AddrDefault, "shardstock allocator base URL (cleartext HTTP/2)")
 		adminToken   = fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
 		databaseURL  = fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")

@@ -35,14 +35,19 @@ type broken struct{ *loadgentest.Memory }
 func (broken) Name() string { return "broken" }
 
 func init() {
-	targets["memory"] = func(options) loadgen.Target { return &loadgentest.Memory{} }
+	targets["fake"] = func(options) loadgen.Target { return &loadgentest.Memory{} }
 	targets["broken"] = func(options) loadgen.Target { return broken{&loadgentest.Memory{Oversell: 5}} }
 	targets["broken-baseline"] = func(options) loadgen.Target { return brokenBaseline{&loadgentest.Memory{Oversell: 5}} }
 }
 
 // TestMain runs main itself when asked to, so that a test can check the
-// process's exit status.
+// process's exit status, and serves the memory target when the memory
+// target starts this binary as its server.
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == serveMemoryArg {
+		main()
+		os.Exit(0)
+	}
 	if args := os.Getenv("LOADGEN_TEST_MAIN"); args != "" {
 		os.Args = append([]string{"loadgen"}, strings.Fields(args)...)
 		main()
@@ -66,7 +71,7 @@ func runArgs(t *testing.T, getenv func(string) string, args ...string) (string, 
 
 func TestRun_Table(t *testing.T) {
 	report := filepath.Join(t.TempDir(), "report.html")
-	out, _, err := runArgs(t, env(nil), "-target", "memory,broken-baseline", "-model", "case", "-concurrency", "16", "-report", report)
+	out, _, err := runArgs(t, env(nil), "-target", "fake,broken-baseline", "-model", "case", "-concurrency", "16", "-report", report)
 	if err != nil {
 		t.Fatalf("run() = %v, want nil (a broken baseline is reported, not failed)\n%s", err, out)
 	}
@@ -74,7 +79,7 @@ func TestRun_Table(t *testing.T) {
 	if strings.Join(header, " ") != strings.Join(loadgen.Columns, " ") {
 		t.Errorf("table header = %q, want %q\n%s", header, loadgen.Columns, out)
 	}
-	for _, want := range []string{"memory", "broken-baseline", "reported", "oversold 5", "errors by code:", "correctness:"} {
+	for _, want := range []string{"fake", "broken-baseline", "reported", "oversold 5", "errors by code:", "correctness:"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -101,7 +106,7 @@ func TestRun_ExitStatus(t *testing.T) {
 	for _, tc := range []struct {
 		target string
 		code   int
-	}{{"memory", 0}, {"broken", 1}, {"broken-baseline", 0}} {
+	}{{"fake", 0}, {"broken", 1}, {"broken-baseline", 0}} {
 		t.Run("Process/"+tc.target, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(), "LOADGEN_TEST_MAIN=-progress=false -model case -target "+tc.target)
@@ -136,7 +141,7 @@ func TestRun_Flags(t *testing.T) {
 		{"-server-profile", "prof"}, // needs -stack
 		{"extra"},
 	} {
-		if _, _, err := runArgs(t, env(nil), append([]string{"-target", "memory"}, args...)...); err == nil {
+		if _, _, err := runArgs(t, env(nil), append([]string{"-target", "fake"}, args...)...); err == nil {
 			t.Errorf("run(%q) = nil, want an error", args)
 		}
 	}
@@ -148,12 +153,12 @@ func TestRun_Flags(t *testing.T) {
 // TestRun_Lists runs two models and two shard counts: a table per model,
 // a row per target and count, and a paced rerun.
 func TestRun_Lists(t *testing.T) {
-	out, _, err := runArgs(t, env(nil), "-target", "memory", "-model", "case,A", "-shards", "1,2", "-requests", "300",
-		"-skus", "10", "-paced", "0.5", "-paced-targets", "memory")
+	out, _, err := runArgs(t, env(nil), "-target", "fake", "-model", "case,A", "-shards", "1,2", "-requests", "300",
+		"-skus", "10", "-paced", "0.5", "-paced-targets", "fake")
 	if err != nil {
 		t.Fatalf("run() = %v\n%s", err, out)
 	}
-	for _, want := range []string{"model case,", "model A,", "shards 1,2,", " memory/1 ", " memory/2 ", " memory/1@50% ", "paced: memory/2@50% started at most "} {
+	for _, want := range []string{"model case,", "model A,", "shards 1,2,", " fake/1 ", " fake/2 ", " fake/1@50% ", "paced: fake/2@50% started at most "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

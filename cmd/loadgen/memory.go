@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/internal/loadgen/memory"
+	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
+)
+
+// serveMemoryArg, as loadgen's first argument, makes the process the
+// memory target's server (internal/loadgen/memory) instead of the load
+// generator: `loadgen serve-memory -addr 127.0.0.1:0`. It is how the memory
+// target starts its own process.
+const serveMemoryArg = "serve-memory"
+
+// Bounds of the memory target's process.
+const (
+	memoryStartTimeout = 10 * time.Second
+	// memoryStopTimeout is what the server gets to stop after SIGTERM
+	// before it is killed: its graceful shutdown takes at most 10 s.
+	memoryStopTimeout = 15 * time.Second
+	memoryListening   = "memory listening on "
+)
+
+// serveMemory serves the memory target's API on -addr, prints the address
+// it listens on as "memory listening on HOST:PORT" and serves until ctx
+// ends (SIGINT, SIGTERM) or stdin closes, so that it stops when the
+// process that started it dies.
+func serveMemory(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("loadgen "+serveMemoryArg, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address (port 0 picks one)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected arguments %q", serveMemoryArg, fs.Args())
+	}
+	l, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("%s: %w", serveMemoryArg, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_, _ = io.Copy(io.Discard, stdin)
+		cancel()
+	}()
+	fmt.Fprintf(stdout, "%s%s\n", memoryListening, l.Addr())
+	return memory.Serve(ctx, l)
+}
+
+// memoryTarget is the memory target: the shardstock client driving a
+// memory server in a child process of its own (this executable, run as
+// `serve-memory`), started by the first Setup and stopped by Close. It is
+// the ceiling of the public API over Connect on the machine, measured as
+// a baseline.
+type memoryTarget struct {
+	*shardstock.Target // nil until Setup started the server
+	server             *memoryProcess
+}
+
+var _ loadgen.Target = (*memoryTarget)(nil)
+
+func newMemoryTarget(options) loadgen.Target { return &memoryTarget{} }
+
+// Name is "memory".
+func (t *memoryTarget) Name() string { return "memory" }
+
+// Baseline is true: the memory target is measured for comparison.
+func (t *memoryTarget) Baseline() bool { return true }
+
+// Setup starts the server on first use, then creates the SKUs through it.
+func (t *memoryTarget) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
+	if t.server == nil {
+		p, err := startMemory(ctx)
+		if err != nil {
+			return fmt.Errorf("memory: %w", err)
+		}
+		t.server = p
+		t.Target = shardstock.New(shardstock.Config{Addr: p.baseURL})
+	}
+	return t.Target.Setup(ctx, skus)
+}
+
+// Close closes the client's connections and stops the server.
+func (t *memoryTarget) Close() error {
+	var errs []error
+	if t.Target != nil {
+		errs = append(errs, t.Target.Close())
+	}
+	if t.server != nil {
+		errs = append(errs, t.server.stop())
+		t.server = nil
+	}
+	return errors.Join(errs...)
+}
+
+// memoryProcess is a running `loadgen serve-memory`.
+type memoryProcess struct {
+	baseURL string
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	exited  chan struct{}
+	waitErr error
+}
+
+// startMemory starts this executable as a memory server on a port the
+// kernel picks and returns once it printed the address it listens on. The
+// server writes to this process's stderr.
+func startMemory(ctx context.Context) (p *memoryProcess, err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	p = &memoryProcess{exited: make(chan struct{})}
+	// Not exec.CommandContext: the server outlives Setup's context, until
+	// Close.
+	p.cmd = exec.Command(exe, serveMemoryArg, "-addr", "127.0.0.1:0")
+	p.cmd.Stderr = os.Stderr
+	// A group of its own: a Ctrl-C in the terminal stops loadgen's load,
+	// which still verifies through the server before Close stops it.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The server stops when its stdin closes: when this process dies, too.
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s %s: %w", exe, serveMemoryArg, err)
+	}
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), memoryListening); ok {
+				select {
+				case addrc <- a:
+				default:
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+
+	t := time.NewTimer(memoryStartTimeout)
+	defer t.Stop()
+	select {
+	case a := <-addrc:
+		p.baseURL = "http://" + a
+		return p, nil
+	case <-p.exited:
+		p.stdin.Close()
+		return nil, fmt.Errorf("the server exited during start-up: %v", p.waitErr)
+	case <-t.C:
+		err = fmt.Errorf("the server did not listen within %s", memoryStartTimeout)
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	return nil, errors.Join(err, p.stop())
+}
+
+// stop sends SIGTERM, waits up to memoryStopTimeout and kills the server
+// if it is still there.
+func (p *memoryProcess) stop() error {
+	defer p.stdin.Close()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	t := time.NewTimer(memoryStopTimeout)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+		if p.waitErr != nil {
+			return fmt.Errorf("memory server: %w", p.waitErr)
+		}
+		return nil
+	case <-t.C:
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		return fmt.Errorf("the memory server ignored SIGTERM for %s: killed", memoryStopTimeout)
+	}
+}

@@ -1,0 +1,141 @@
+// Package memory is the load generator's ceiling: a correct, minimal
+// implementation of shardstock's public Connect API (InventoryService and
+// AdminService) that keeps everything in one process's memory. There is no
+// durability, no database and no distribution; what is left is the cost of
+// Connect over cleartext HTTP/2 and of exact bookkeeping, so its throughput
+// is what any implementation of this API can reach on the machine.
+//
+// The calls it serves have shardstock's semantics: Deduct, Reserve, Commit,
+// Release, GetStock, CreateSku, Reconcile and ListLedger, with the same
+// validation (internal/stock), the same refusals (stock.SKU.Refuse, then
+// OUT_OF_STOCK, which records nothing against the key), idempotency keys
+// global across SKUs, the same error reasons (internal/rpc.ToConnect), a
+// ledger entry per change and the same reconciliation (internal/ledger).
+// Where it differs:
+//   - a SKU is one row: shards is accepted and echoed, every entry is on
+//     shard 0;
+//   - reservations never expire: expires_at is reported, not enforced;
+//   - admin calls need no token (the Authorization header is accepted and
+//     ignored);
+//   - ledger entry ids count from 1 per SKU;
+//   - the other calls answer unimplemented.
+package memory
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Limits of the server.
+const (
+	// entriesMax bounds the ledger entries the server holds over all SKUs
+	// (a few hundred bytes each): past it every change is refused.
+	entriesMax = 20_000_000
+	// ServerID names the process in ledger entries and GetStock's shard.
+	ServerID = "memory"
+)
+
+// Server serves the public API from memory. Its zero value is not usable:
+// call New.
+type Server struct {
+	shardstockv1connect.UnimplementedInventoryServiceHandler
+	shardstockv1connect.UnimplementedAdminServiceHandler
+
+	mu   sync.RWMutex
+	skus map[string]*sku
+
+	// keysMu guards keys. Lock order: a SKU's mu, then keysMu (never the
+	// other way round): a keyed request holds both from the key's lookup
+	// to its insertion, so the same key sent to two SKUs at once is
+	// applied once and refused once.
+	keysMu sync.Mutex
+	keys   map[string]*stock.Operation // by idempotency key, over all SKUs
+
+	entries atomic.Int64 // ledger entries over all SKUs
+}
+
+var (
+	_ shardstockv1connect.InventoryServiceHandler = (*Server)(nil)
+	_ shardstockv1connect.AdminServiceHandler     = (*Server)(nil)
+)
+
+// sku is one SKU's books, guarded by mu.
+type sku struct {
+	mu           sync.Mutex
+	cfg          stock.SKU
+	opening      int64 // initial stock
+	counts       stock.Counts
+	reservations map[string]*stock.Reservation
+	opKeys       []string         // keys of the SKU's operations, for Reconcile
+	usage        map[string]int64 // units held or bought per customer, with a customer limit
+	ledger       []*stock.LedgerEntry
+	// halted is set when a change would break an invariant (a bug): the
+	// SKU refuses every later change.
+	halted bool
+}
+
+// New returns an empty server.
+func New() *Server {
+	return &Server{skus: map[string]*sku{}, keys: map[string]*stock.Operation{}}
+}
+
+// Handler returns the InventoryService and AdminService, with gRPC health,
+// reflection and /healthz, built with shardstock's handler options.
+func (s *Server) Handler() http.Handler {
+	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}})
+	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(s, rpc.HandlerOptions()...))
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(s, rpc.HandlerOptions()...))
+	return mux
+}
+
+// Serve serves a new Server on l over HTTP/1.1 and cleartext HTTP/2 until
+// ctx ends, then shuts down gracefully.
+func Serve(ctx context.Context, l net.Listener) error {
+	return rpc.Serve(ctx, l, New().Handler())
+}
+
+// lookup returns the SKU, or SKU_NOT_FOUND.
+func (s *Server) lookup(name string) (*sku, error) {
+	s.mu.RLock()
+	k := s.skus[name]
+	s.mu.RUnlock()
+	if k == nil {
+		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", name)
+	}
+	return k, nil
+}
+
+// apply moves k's counts by e's kind and quantity and appends e to its
+// ledger; k.mu is held. It changes nothing and answers INTERNAL when the
+// move would make a count negative (callers check stock first, so that is
+// a bug: the SKU halts) or the ledger is full.
+func (s *Server) apply(k *sku, e *stock.LedgerEntry) *stock.Error {
+	if k.halted {
+		return stock.Errorf(stock.CodeInternal, "sku %q is halted after an invariant violation", k.cfg.SKU)
+	}
+	next := k.counts.Add(e.Kind.Delta(e.Quantity))
+	if !next.Valid() {
+		k.halted = true
+		return stock.Errorf(stock.CodeInternal, "INVARIANT: %s of %d would take sku %q to %+v", e.Kind, e.Quantity, k.cfg.SKU, next)
+	}
+	if s.entries.Add(1) > entriesMax {
+		s.entries.Add(-1)
+		return stock.Errorf(stock.CodeInternal, "the memory target holds %d ledger entries, its bound", entriesMax)
+	}
+	e.ID = int64(len(k.ledger)) + 1
+	e.Shard = stock.ShardKey{SKU: k.cfg.SKU}
+	e.Before, e.After = k.counts, next
+	e.ServerID = ServerID
+	e.CreatedAt = time.Now()
+	k.counts = next
+	k.ledger = append(k.ledger, e)
+	return nil
+}
