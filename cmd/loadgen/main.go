@@ -196,6 +196,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		stackBin     = fs.String("stack", "", "start this shardstock-dev binary on 127.0.0.1 (free port, new admin token, a database of its own) for the run, and stop it with SIGTERM after; -addr and -admin-token are then ignored")
 		databaseNote = fs.String("database-note", "", "with -stack and -database-url, how the tables name that server (e.g. \"private durable Postgres 15\")")
 		stackLog     = fs.String("stack-log", "", "with -stack, write the stack's output here (default: a file in the temporary directory)")
+		stackArgs    = fs.String("stack-args", "", "with -stack, the stack's own flags, space-separated (e.g. \"-shard-servers 0 -allocator-shard\": one process owning every partition)")
 		serverProf   = fs.String("server-profile", "", "with -stack, write CPU profiles of the allocator and every shard server over each shardstock load, and of loadgen itself, into this directory")
 		cpuProf      = fs.String("cpuprofile", "", "write loadgen's own CPU profile (the whole invocation) to this file")
 	)
@@ -241,6 +242,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if *duration <= 0 || *concurrency < 1 || *skus < 1 || *stockPerSKU < 1 || *requests < 0 || *timeout <= 0 {
 		return fmt.Errorf("-duration, -concurrency, -skus, -stock and -request-timeout must be positive, -requests not negative")
 	}
+	if *stackArgs != "" && *stackBin == "" {
+		return errors.New("-stack-args needs -stack")
+	}
 	if *serverProf != "" && *stackBin == "" {
 		return errors.New("-server-profile needs -stack: only a stack loadgen starts serves its profiles")
 	}
@@ -281,6 +285,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if *stackBin != "" {
 		st, err = startStack(ctx, stackConfig{
 			Bin: *stackBin, ServerURL: *databaseURL, ServerNote: *databaseNote, BaselineConns: *pgConns, LogPath: *stackLog,
+			Args:  strings.Fields(*stackArgs),
 			Pprof: *serverProf != "", Stderr: stderr,
 		})
 		if err != nil {
@@ -318,7 +323,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			continue
 		}
 		if st != nil {
-			fmt.Fprintf(stdout, "stack: %s\n", st.dbNote)
+			fmt.Fprintf(stdout, "stack: %s%s\n", st.dbNote, argsNote(*stackArgs))
 		}
 		if err := loadgen.WriteTable(stdout, results); err != nil {
 			return err
@@ -468,4 +473,12 @@ func writeReport(path string, results []*loadgen.Result) error {
 		return fmt.Errorf("report: %w", err)
 	}
 	return nil
+}
+
+// argsNote names the stack's own flags in the table's stack line.
+func argsNote(args string) string {
+	if args = strings.Join(strings.Fields(args), " "); args != "" {
+		return ", stack flags " + args
+	}
+	return ""
 }

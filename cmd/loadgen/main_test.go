@@ -139,6 +139,7 @@ func TestRun_Flags(t *testing.T) {
 		{"-paced", "2"},
 		{"-model", "C,D"},
 		{"-server-profile", "prof"}, // needs -stack
+		{"-stack-args", "-shard-servers 0"},
 		{"extra"},
 	} {
 		if _, _, err := runArgs(t, env(nil), append([]string{"-target", "fake"}, args...)...); err == nil {
@@ -187,7 +188,9 @@ func TestRun_Baselines(t *testing.T) {
 
 // TestRun_Stack builds the dev stack, lets loadgen start it on a database
 // of its own and runs the source document's case against it, with faults:
-// the shardstock target against the real API, end to end.
+// the shardstock target against the real API, end to end. The stack runs
+// one shard server of its own and one in the allocator's process
+// (-stack-args), so both the RPC and the in-process paths serve.
 func TestRun_Stack(t *testing.T) {
 	bin := buildStack(t)
 	getenv := env(map[string]string{"DATABASE_URL": pgtest.NewDB(t)})
@@ -195,11 +198,12 @@ func TestRun_Stack(t *testing.T) {
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	err := run(ctx, []string{"-progress=false", "-stack", bin, "-stack-log", filepath.Join(t.TempDir(), "stack.log"),
+		"-stack-args", "-shard-servers 1 -allocator-shard",
 		"-target", "shardstock", "-model", "case", "-shards", "4", "-dup-rate", "0.2", "-abandon-rate", "0.2"}, getenv, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run(-stack) = %v\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
 	}
-	for _, want := range []string{"shardstock", "  shardstock: oversold 0, undersold 0 (0 false sold-outs), duplicates 0, reconciliation differences 0, unresolved 0: all zero"} {
+	for _, want := range []string{"shardstock", "stack flags -shard-servers 1 -allocator-shard", "  shardstock: oversold 0, undersold 0 (0 false sold-outs), duplicates 0, reconciliation differences 0, unresolved 0: all zero"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, &stdout)
 		}

@@ -38,7 +38,8 @@ const (
 	stackStopTimeout = 30 * time.Second
 	pgTimeout        = 10 * time.Second // each administrative statement
 	// stackConnsMax is how many Postgres connections the dev stack's pools
-	// may open: three shard servers of 32 and an allocator of 16.
+	// may open by default: three shard servers of 32 and an allocator of 16
+	// (fewer with -stack-args such as -shard-servers 0 -allocator-shard).
 	stackConnsMax = 3*32 + 16
 	connsSpare    = 10
 	// localServerURL is a Postgres with trust auth on the usual port.
@@ -48,12 +49,9 @@ const (
 	// The banner comes once every partition has an owner, which may be
 	// while partitions still move to the shard servers that joined last:
 	// the run starts once the owners stayed put for settleQuiet.
-	settleQuiet = 2 * time.Second
-	// stackShardServers is how many shard servers the dev stack starts by
-	// default (its -shard-servers flag, which loadgen does not pass).
-	stackShardServers = 3
-	settleTimeout     = 30 * time.Second
-	settlePoll        = 200 * time.Millisecond
+	settleQuiet   = 2 * time.Second
+	settleTimeout = 30 * time.Second
+	settlePoll    = 200 * time.Millisecond
 )
 
 // shardListening matches the dev stack's line naming a shard server's
@@ -72,7 +70,8 @@ type stackConfig struct {
 	ServerNote    string
 	BaselineConns int // connections the Postgres baselines will open
 	LogPath       string
-	Pprof         bool // serve /debug/pprof on every process of the stack
+	Pprof         bool     // serve /debug/pprof on every process of the stack
+	Args          []string // the stack's own flags, e.g. -shard-servers 0 -allocator-shard
 	Stderr        io.Writer
 }
 
@@ -133,7 +132,7 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 	if cfg.Pprof {
 		pprofOn = "1"
 	}
-	s.cmd = exec.Command(bin)
+	s.cmd = exec.Command(bin, cfg.Args...)
 	// Later entries win: the stack gets its own address, token, database
 	// and an embedded etcd whatever this process's environment says.
 	s.cmd.Env = append(os.Environ(),
@@ -231,7 +230,9 @@ func (s *stack) settle(ctx context.Context, stderr io.Writer) error {
 					serving++
 				}
 			}
-			complete := serving >= stackShardServers && len(resp.Msg.GetOwners()) == int(resp.Msg.GetPartitions())
+			// The banner came once every registered server owned its
+			// rendezvous share; what is left is to see it hold still.
+			complete := serving >= 1 && len(resp.Msg.GetOwners()) == int(resp.Msg.GetPartitions())
 			if now := b.String(); now != last || !complete {
 				last, stableSince = now, time.Now()
 			} else if time.Since(stableSince) >= settleQuiet {
