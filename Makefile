@@ -41,10 +41,10 @@ checkgenerate: generate ## fail if gen/ differs from what is committed
 	@untracked="$$(git ls-files --others --exclude-standard -- gen)"; if [ -n "$$untracked" ]; then \
 		echo "untracked files under gen/:"; echo "$$untracked"; exit 1; fi
 
-bench: ## load-test shardstock and the five baselines on model C and the source case, print the table (under 3 min)
+bench: ## load-test shardstock, the in-memory ceiling and the five baselines on model C and the source case, print the table (under 3 min)
 	scripts/bench/run.sh
 
 soak: ## 4 minutes of shardstock under every flow, duplicates and abandoned requests; non-zero exit unless correctness is all zero
 	BENCH_DURATION=2m BENCH_TIMEOUT=6m BENCH_TARGETS=shardstock BENCH_MODELS=B,C \
 	BENCH_EXTRA="-mix deduct=40,commit=30,release=30 -qty 1..3 -dup-rate 0.1 -abandon-rate 0.1" \
-	BENCH_STACK_LOG=tmp/soak-stack.log scripts/bench/run.sh
+	BENCH_STACK_ARGS="-shard-servers 2 -allocator-shard" BENCH_STACK_LOG=tmp/soak-stack.log scripts/bench/run.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh: `make bench`. Builds the dev stack and loadgen, picks a Postgres,
-# and runs loadgen against a stack it starts itself: every target
-# (shardstock and the five baselines) on the hot-SKU model C with 64 clients,
+# and runs loadgen against a stack it starts itself: every target (the
+# in-memory ceiling, shardstock and the five baselines) on the hot-SKU
+# model C with 64 clients,
 # shardstock again at 80% of the rate it reached (latency below the peak),
 # then the source document's case. It prints a table per model with the
 # ratios against baseline (2), stops the stack with SIGTERM, and exits
@@ -10,6 +11,11 @@
 # Postgres, in order: $DATABASE_URL; 127.0.0.1:5432 if it answers with
 # enough free connections for the stack and the baselines; else a private,
 # durable cluster (scripts/bench/postgres.sh) in a temporary directory.
+#
+# The stack is one allocator with its own shard server owning every
+# partition (BENCH_STACK_ARGS, default "-shard-servers 0 -allocator-shard":
+# the fastest deployment on a 2-core machine; "" for make run's three shard
+# servers).
 #
 # BENCH_DURATION (default 5s) is the load time of each target; the whole run
 # is bounded by BENCH_TIMEOUT (default 170s). The stack's output is kept in
@@ -21,7 +27,8 @@ readonly duration=${BENCH_DURATION:-5s}
 readonly timeout=${BENCH_TIMEOUT:-170s}
 readonly stack_log=${BENCH_STACK_LOG:-tmp/bench-stack.log}
 # make soak sets these: one target, other models, faults (see the Makefile).
-readonly targets=${BENCH_TARGETS:-shardstock,naive,onerow,subrows,redis,redis-fsync}
+readonly targets=${BENCH_TARGETS:-memory,shardstock,naive,onerow,subrows,redis,redis-fsync}
+readonly stack_args=${BENCH_STACK_ARGS--shard-servers 0 -allocator-shard}
 readonly models=${BENCH_MODELS:-C,case}
 read -r -a extra <<<"${BENCH_EXTRA:--paced 0.8}"
 readonly local_url='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'
@@ -73,6 +80,6 @@ echo "bench: load $duration per target; machine load: $(uptime)" >&2
 # loadgen stops the stack itself (SIGTERM) on every path, a signal included;
 # timeout bounds the whole run and gives loadgen time to stop it.
 timeout --signal=TERM --kill-after=45s "$timeout" \
-	bin/loadgen -stack bin/shardstock-dev -database-url "$url" -database-note "$note" -stack-log "$stack_log" \
+	bin/loadgen -stack bin/shardstock-dev -stack-args "$stack_args" -database-url "$url" -database-note "$note" -stack-log "$stack_log" \
 	-target "$targets" -model "$models" \
 	-concurrency 64 -duration "$duration" -progress=false "${extra[@]}"
