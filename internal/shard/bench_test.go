@@ -23,7 +23,7 @@ func BenchmarkHotShard(b *testing.B) {
 		batchMax int
 	}{{"per-request", 1}, {"batched", 0}} {
 		b.Run(bc.name, func(b *testing.B) {
-			sku := fmt.Sprintf("bench-%s-%d", bc.name, b.N)
+			sku := fmt.Sprintf("bench-%s-%d", bc.name, benchRuns.Add(1)) // -count reruns share a database
 			createSKU(b, db, stock.SKU{SKU: sku, Shards: 1}, 1_000_000_000)
 			reg := prometheus.NewRegistry()
 			s := newServer(b, db, sku, func(c *shard.Config) { c.BatchSizeMax = bc.batchMax; c.Registerer = reg })
@@ -49,6 +49,9 @@ func BenchmarkHotShard(b *testing.B) {
 		})
 	}
 }
+
+// benchRuns numbers the benchmark's runs: each gets a SKU of its own.
+var benchRuns atomic.Int64
 
 // reportBatches reports the mean batch size and batch time.
 func reportBatches(b *testing.B, reg *prometheus.Registry) {
