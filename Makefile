@@ -44,7 +44,7 @@ checkgenerate: generate ## fail if gen/ differs from what is committed
 bench: ## load-test shardstock, the in-memory ceiling and the five baselines on model C and the source case, print the table (under 3 min)
 	scripts/bench/run.sh
 
-soak: ## 4 minutes of shardstock under every flow, duplicates and abandoned requests; non-zero exit unless correctness is all zero
-	BENCH_DURATION=2m BENCH_TIMEOUT=6m BENCH_TARGETS=shardstock BENCH_MODELS=B,C \
+soak: ## 4 minutes of load (7 in all) of shardstock under every flow, duplicates and abandoned requests; non-zero exit unless correctness is all zero
+	BENCH_DURATION=2m BENCH_TIMEOUT=10m BENCH_TARGETS=shardstock BENCH_MODELS=B,C \
 	BENCH_EXTRA="-mix deduct=40,commit=30,release=30 -qty 1..3 -dup-rate 0.1 -abandon-rate 0.1" \
 	BENCH_STACK_ARGS="-shard-servers 2 -allocator-shard" BENCH_STACK_LOG=tmp/soak-stack.log scripts/bench/run.sh
