@@ -275,7 +275,7 @@ func childEnv(env []string) []string {
 	for _, kv := range env {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
-		case "SHARDSTOCK_ADVERTISE", "SHARDSTOCK_SERVER_ID", "SHARDSTOCK_SHARD_ADDR", "SHARDSTOCK_ADDR":
+		case "SHARDSTOCK_ADVERTISE", "SHARDSTOCK_SERVER_ID", "SHARDSTOCK_SHARD_ADDR", "SHARDSTOCK_ADDR", "SHARDSTOCK_LOCAL_SHARD_ID":
 			continue
 		}
 		out = append(out, kv)
