@@ -138,42 +138,13 @@ func (a *Allocator) GetStock(ctx context.Context, name string) (*Stock, error) {
 
 // CreateSKU creates a SKU with initial stock spread over its shards.
 func (a *Allocator) CreateSKU(ctx context.Context, s stock.SKU, initial int64) (*Stock, error) {
-	if err := stock.ValidateSKU(s.SKU); err != nil {
+	if err := stock.PrepareNewSKU(&s, initial); err != nil {
 		return nil, err
 	}
-	if s.Shards == 0 {
-		s.Shards = 1
-	}
-	if err := stock.ValidateShards(s.Shards); err != nil {
-		return nil, err
-	}
-	if initial < 0 || initial > stock.StockMax {
-		return nil, stock.Errorf(stock.CodeInvalidQuantity, "initial_stock must be between 0 and %d", int64(stock.StockMax))
-	}
-	if err := validateLimits(s.MaxPerOrder, s.CustomerLimit); err != nil {
-		return nil, err
-	}
-	if s.ReservationTTL == 0 {
-		s.ReservationTTL = stock.ReservationTTLDefault
-	}
-	if err := stock.ValidateTTL(s.ReservationTTL); err != nil {
-		return nil, err
-	}
-	s.Status = stock.StatusActive
 	if err := a.db.CreateSKU(ctx, s, initial); err != nil {
 		return nil, err
 	}
 	return a.GetStock(ctx, s.SKU)
-}
-
-func validateLimits(maxPerOrder, customerLimit int64) error {
-	if maxPerOrder < 0 || maxPerOrder > stock.QuantityMax {
-		return stock.Errorf(stock.CodeInvalidArgument, "max_per_order must be between 0 (no limit) and %d", stock.QuantityMax)
-	}
-	if customerLimit < 0 || customerLimit > stock.StockMax {
-		return stock.Errorf(stock.CodeInvalidArgument, "customer_limit must be between 0 (no limit) and %d", int64(stock.StockMax))
-	}
-	return nil
 }
 
 // UpdateSKU pauses or resumes a SKU or changes its limits.
@@ -188,7 +159,7 @@ func (a *Allocator) UpdateSKU(ctx context.Context, name string, u postgres.SKUUp
 	if u.CustomerLimit != nil {
 		cl = *u.CustomerLimit
 	}
-	if err := validateLimits(mpo, cl); err != nil {
+	if err := stock.ValidateLimits(mpo, cl); err != nil {
 		return nil, err
 	}
 	defer a.forgetSKU(name)

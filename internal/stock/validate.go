@@ -161,3 +161,45 @@ func ValidateDelta(d int64) error {
 	}
 	return nil
 }
+
+// PrepareNewSKU completes a new SKU's configuration with the defaults (one
+// shard, the default reservation TTL, active) and validates it with its
+// initial stock. The allocator and the load generator's in-memory ceiling
+// both create SKUs through it.
+func PrepareNewSKU(s *SKU, initial int64) error {
+	if err := ValidateSKU(s.SKU); err != nil {
+		return err
+	}
+	if s.Shards == 0 {
+		s.Shards = 1
+	}
+	if err := ValidateShards(s.Shards); err != nil {
+		return err
+	}
+	if initial < 0 || initial > StockMax {
+		return Errorf(CodeInvalidQuantity, "initial_stock must be between 0 and %d", int64(StockMax))
+	}
+	if err := ValidateLimits(s.MaxPerOrder, s.CustomerLimit); err != nil {
+		return err
+	}
+	if s.ReservationTTL == 0 {
+		s.ReservationTTL = ReservationTTLDefault
+	}
+	if err := ValidateTTL(s.ReservationTTL); err != nil {
+		return err
+	}
+	s.Status = StatusActive
+	return nil
+}
+
+// ValidateLimits checks a SKU's max_per_order and customer_limit (0: no
+// limit).
+func ValidateLimits(maxPerOrder, customerLimit int64) error {
+	if maxPerOrder < 0 || maxPerOrder > QuantityMax {
+		return Errorf(CodeInvalidArgument, "max_per_order must be between 0 (no limit) and %d", QuantityMax)
+	}
+	if customerLimit < 0 || customerLimit > StockMax {
+		return Errorf(CodeInvalidArgument, "customer_limit must be between 0 (no limit) and %d", int64(StockMax))
+	}
+	return nil
+}
