@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/base64"
-	"errors"
 	"strconv"
 	"strings"
 
@@ -14,9 +13,11 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
 )
 
 // Page sizes of the admin listings.
@@ -25,9 +26,25 @@ const (
 	pageSizeMax     = 1000
 )
 
-// AdminHandler serves the AdminService over an Allocator.
+// Admin is what the AdminService serves: the allocator, or the load
+// generator's in-memory ceiling.
+type Admin interface {
+	Inventory
+	CreateSKU(ctx context.Context, s stock.SKU, initial int64) (*allocator.Stock, error)
+	UpdateSKU(ctx context.Context, name string, u postgres.SKUUpdate) (*stock.SKU, error)
+	// ListLedger returns up to limit entries of a SKU with ids above after.
+	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
+	// ListTransfers returns up to limit transfers of a SKU with ids above after.
+	ListTransfers(ctx context.Context, sku, after string, limit int) ([]*stock.Transfer, error)
+	Topology() topology.View
+	Reconcile(ctx context.Context, sku string) ([]ledger.Discrepancy, error)
+}
+
+var _ Admin = (*allocator.Allocator)(nil)
+
+// AdminHandler serves the AdminService.
 type AdminHandler struct {
-	Allocator *allocator.Allocator
+	Admin Admin
 }
 
 var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)
@@ -51,7 +68,7 @@ func BearerAuth(token string) connect.UnaryInterceptorFunc {
 // CreateSku creates a SKU.
 func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {
 	m := req.Msg
-	st, err := h.Allocator.CreateSKU(ctx, stock.SKU{
+	st, err := h.Admin.CreateSKU(ctx, stock.SKU{
 		SKU: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
 		ReservationTTL: rpc.DurationOf(m.GetReservationTtl()),
 	}, m.GetInitialStock())
@@ -64,7 +81,7 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 // UpdateSku pauses, resumes or changes limits.
 func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.UpdateSkuRequest]) (*connect.Response[v1.UpdateSkuResponse], error) {
 	m := req.Msg
-	s, err := h.Allocator.UpdateSKU(ctx, m.GetSku(), postgres.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit})
+	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), postgres.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit})
 	if err != nil {
 		return nil, rpc.ToConnect(err)
 	}
@@ -78,7 +95,7 @@ func (h *AdminHandler) AdjustStock(ctx context.Context, req *connect.Request[v1.
 	if strings.TrimSpace(m.GetReason()) == "" || strings.TrimSpace(m.GetApprover()) == "" {
 		return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "an adjustment needs a reason and an approver"))
 	}
-	res := h.Allocator.Give(ctx, &stock.Request{
+	res := h.Admin.Give(ctx, &stock.Request{
 		Kind: stock.OpAdjust, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetDelta(), Key: m.GetIdempotencyKey(),
 		Reason: m.GetReason(), Approver: m.GetApprover(), Source: stock.SourceAdminPrefix + m.GetApprover(),
 	})
@@ -86,7 +103,7 @@ func (h *AdminHandler) AdjustStock(ctx context.Context, req *connect.Request[v1.
 		return nil, rpc.ToConnect(res.Err)
 	}
 	out := &v1.AdjustStockResponse{Operation: rpc.OperationToProto(res.Operation), Replayed: res.Replayed}
-	if st, err := h.Allocator.GetStock(ctx, m.GetSku()); err == nil {
+	if st, err := h.Admin.GetStock(ctx, m.GetSku()); err == nil {
 		out.Stock = StockToProto(st)
 	}
 	return connect.NewResponse(out), nil
@@ -94,12 +111,12 @@ func (h *AdminHandler) AdjustStock(ctx context.Context, req *connect.Request[v1.
 
 // SetShards is not built yet: it comes with the rebalancer.
 func (h *AdminHandler) SetShards(context.Context, *connect.Request[v1.SetShardsRequest]) (*connect.Response[v1.SetShardsResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("SetShards comes with the rebalancer"))
+	return nil, rpc.ToConnect(stock.Errorf(stock.CodeUnimplemented, "SetShards comes with the rebalancer"))
 }
 
 // Rebalance is not built yet: it comes with the rebalancer.
 func (h *AdminHandler) Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("Rebalance comes with the rebalancer"))
+	return nil, rpc.ToConnect(stock.Errorf(stock.CodeUnimplemented, "Rebalance comes with the rebalancer"))
 }
 
 // ListTransfers pages through transfers.
@@ -109,7 +126,7 @@ func (h *AdminHandler) ListTransfers(ctx context.Context, req *connect.Request[v
 		return nil, rpc.ToConnect(err)
 	}
 	size := pageSize(req.Msg.GetPageSize())
-	ts, err := h.Allocator.ListTransfers(ctx, req.Msg.GetSku(), after, size)
+	ts, err := h.Admin.ListTransfers(ctx, req.Msg.GetSku(), after, size)
 	if err != nil {
 		return nil, rpc.ToConnect(err)
 	}
@@ -125,7 +142,7 @@ func (h *AdminHandler) ListTransfers(ctx context.Context, req *connect.Request[v
 
 // GetTopology lists servers and partition owners.
 func (h *AdminHandler) GetTopology(ctx context.Context, req *connect.Request[v1.GetTopologyRequest]) (*connect.Response[v1.GetTopologyResponse], error) {
-	view := h.Allocator.Topology()
+	view := h.Admin.Topology()
 	out := &v1.GetTopologyResponse{Partitions: int32(view.Partitions())}
 	byServer := map[string]*v1.ShardServer{}
 	for _, s := range view.Servers() {
@@ -159,7 +176,7 @@ func (h *AdminHandler) ListLedger(ctx context.Context, req *connect.Request[v1.L
 		}
 	}
 	size := pageSize(req.Msg.GetPageSize())
-	es, err := h.Allocator.ListLedger(ctx, req.Msg.GetSku(), after, size)
+	es, err := h.Admin.ListLedger(ctx, req.Msg.GetSku(), after, size)
 	if err != nil {
 		return nil, rpc.ToConnect(err)
 	}
@@ -175,7 +192,7 @@ func (h *AdminHandler) ListLedger(ctx context.Context, req *connect.Request[v1.L
 
 // Reconcile checks a SKU's books.
 func (h *AdminHandler) Reconcile(ctx context.Context, req *connect.Request[v1.ReconcileRequest]) (*connect.Response[v1.ReconcileResponse], error) {
-	ds, err := h.Allocator.Reconcile(ctx, req.Msg.GetSku())
+	ds, err := h.Admin.Reconcile(ctx, req.Msg.GetSku())
 	if err != nil {
 		return nil, rpc.ToConnect(err)
 	}
@@ -183,7 +200,7 @@ func (h *AdminHandler) Reconcile(ctx context.Context, req *connect.Request[v1.Re
 	for _, d := range ds {
 		out.Discrepancies = append(out.Discrepancies, &v1.Discrepancy{Check: d.Check, Shard: d.Shard, Detail: d.Detail, Expected: d.Expected, Actual: d.Actual})
 	}
-	if st, err := h.Allocator.GetStock(ctx, req.Msg.GetSku()); err == nil {
+	if st, err := h.Admin.GetStock(ctx, req.Msg.GetSku()); err == nil {
 		out.Stock = StockToProto(st)
 	}
 	return connect.NewResponse(out), nil

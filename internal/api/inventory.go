@@ -12,9 +12,25 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// InventoryHandler serves the public InventoryService over an Allocator.
+// Inventory is what the InventoryService serves: the allocator, or the
+// load generator's in-memory ceiling (internal/loadgen/memory), which so
+// goes through the same handlers.
+type Inventory interface {
+	// Take reserves or deducts (r.Kind), choosing the shard.
+	Take(ctx context.Context, r *stock.Request) stock.Result
+	// End commits or releases a reservation.
+	End(ctx context.Context, r *stock.Request) stock.Result
+	// Give replenishes or adjusts (r.Kind).
+	Give(ctx context.Context, r *stock.Request) stock.Result
+	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
+	GetStock(ctx context.Context, sku string) (*allocator.Stock, error)
+}
+
+var _ Inventory = (*allocator.Allocator)(nil)
+
+// InventoryHandler serves the public InventoryService.
 type InventoryHandler struct {
-	Allocator *allocator.Allocator
+	Inventory Inventory
 }
 
 var _ shardstockv1connect.InventoryServiceHandler = (*InventoryHandler)(nil)
@@ -22,7 +38,7 @@ var _ shardstockv1connect.InventoryServiceHandler = (*InventoryHandler)(nil)
 // Reserve holds stock.
 func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error) {
 	m := req.Msg
-	res := h.Allocator.Take(ctx, &stock.Request{
+	res := h.Inventory.Take(ctx, &stock.Request{
 		Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
 		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: rpc.DurationOf(m.GetTtl()),
 	})
@@ -34,7 +50,7 @@ func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.
 
 // Commit turns a reservation into a sale.
 func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
-	res := h.Allocator.End(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId()})
+	res := h.Inventory.End(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId()})
 	if res.Err != nil {
 		return nil, rpc.ToConnect(res.Err)
 	}
@@ -43,7 +59,7 @@ func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.C
 
 // Release gives a reservation's units back.
 func (h *InventoryHandler) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
-	res := h.Allocator.End(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: req.Msg.GetReservationId(), Reason: req.Msg.GetReason()})
+	res := h.Inventory.End(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: req.Msg.GetReservationId(), Reason: req.Msg.GetReason()})
 	if res.Err != nil {
 		return nil, rpc.ToConnect(res.Err)
 	}
@@ -53,7 +69,7 @@ func (h *InventoryHandler) Release(ctx context.Context, req *connect.Request[v1.
 // Deduct reserves and commits at once.
 func (h *InventoryHandler) Deduct(ctx context.Context, req *connect.Request[v1.DeductRequest]) (*connect.Response[v1.DeductResponse], error) {
 	m := req.Msg
-	res := h.Allocator.Take(ctx, &stock.Request{
+	res := h.Inventory.Take(ctx, &stock.Request{
 		Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
 		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(),
 	})
@@ -66,7 +82,7 @@ func (h *InventoryHandler) Deduct(ctx context.Context, req *connect.Request[v1.D
 // Replenish returns units to available stock.
 func (h *InventoryHandler) Replenish(ctx context.Context, req *connect.Request[v1.ReplenishRequest]) (*connect.Response[v1.ReplenishResponse], error) {
 	m := req.Msg
-	res := h.Allocator.Give(ctx, &stock.Request{
+	res := h.Inventory.Give(ctx, &stock.Request{
 		Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
 		OrderRef: m.GetOrderRef(), Reason: m.GetReason(),
 	})
@@ -78,7 +94,7 @@ func (h *InventoryHandler) Replenish(ctx context.Context, req *connect.Request[v
 
 // GetOperation tells the state of a key.
 func (h *InventoryHandler) GetOperation(ctx context.Context, req *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error) {
-	op, err := h.Allocator.GetOperation(ctx, req.Msg.GetSku(), req.Msg.GetIdempotencyKey())
+	op, err := h.Inventory.GetOperation(ctx, req.Msg.GetSku(), req.Msg.GetIdempotencyKey())
 	if err != nil {
 		return nil, rpc.ToConnect(err)
 	}
@@ -87,7 +103,7 @@ func (h *InventoryHandler) GetOperation(ctx context.Context, req *connect.Reques
 
 // GetStock returns a SKU's counts.
 func (h *InventoryHandler) GetStock(ctx context.Context, req *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error) {
-	st, err := h.Allocator.GetStock(ctx, req.Msg.GetSku())
+	st, err := h.Inventory.GetStock(ctx, req.Msg.GetSku())
 	if err != nil {
 		return nil, rpc.ToConnect(err)
 	}

@@ -55,6 +55,16 @@ func TestE2E_Admin(t *testing.T) {
 		}
 		s.reconcile(sku)
 	})
+	t.Run("NotBuiltYet", func(t *testing.T) {
+		_, err := s.admin.SetShards(ctx, adminReq(&v1.SetShardsRequest{Sku: sku, Shards: 8}))
+		if connect.CodeOf(err) != connect.CodeUnimplemented || reason(err) != "UNIMPLEMENTED" {
+			t.Errorf("SetShards = %v (reason %q), want unimplemented, UNIMPLEMENTED", err, reason(err))
+		}
+		_, err = s.admin.Rebalance(ctx, adminReq(&v1.RebalanceRequest{Sku: sku}))
+		if connect.CodeOf(err) != connect.CodeUnimplemented || reason(err) != "UNIMPLEMENTED" {
+			t.Errorf("Rebalance = %v (reason %q), want unimplemented, UNIMPLEMENTED", err, reason(err))
+		}
+	})
 	t.Run("ListLedger", func(t *testing.T) {
 		var all []*v1.LedgerEntry
 		token := ""

@@ -41,6 +41,7 @@ var connectCodes = map[stock.Code]connect.Code{
 	stock.CodeUnauthenticated:             connect.CodeUnauthenticated,
 	stock.CodePermissionDenied:            connect.CodePermissionDenied,
 	stock.CodeInternal:                    connect.CodeInternal,
+	stock.CodeUnimplemented:               connect.CodeUnimplemented,
 }
 
 // ConnectCode returns the Connect code of a domain code.

@@ -42,6 +42,8 @@ const (
 	CodePermissionDenied Code = "PERMISSION_DENIED"
 	// internal: a bug or an invariant violation; never leaks details
 	CodeInternal Code = "INTERNAL"
+	// unimplemented: a call this server does not serve (yet)
+	CodeUnimplemented Code = "UNIMPLEMENTED"
 )
 
 // Error is a domain error with a code and a message safe to show a client.

@@ -87,9 +87,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Pprof:    *pprofOn,
 	})
 	metrics := rpc.NewMetrics(reg)
-	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Allocator: alloc},
+	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: alloc},
 		append(rpc.HandlerOptions(), connect.WithInterceptors(metrics))...))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Allocator: alloc},
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc},
 		append(rpc.HandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())
 	nodeDone := make(chan error, 1)
