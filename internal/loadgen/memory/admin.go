@@ -2,77 +2,35 @@ package memory
 
 import (
 	"context"
-	"encoding/base64"
-	"strconv"
 
-	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
-
-	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/ledger"
-	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
 )
 
-// Page sizes of ListLedger, as shardstock's.
-const (
-	pageSizeDefault = 100
-	pageSizeMax     = 1000
-)
-
-// CreateSku creates a SKU with its initial stock, validated as shardstock
-// validates it. Shards is checked and echoed; the SKU is one row.
-func (s *Server) CreateSku(_ context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {
-	m := req.Msg
-	cfg := stock.SKU{
-		SKU: m.GetSku(), Status: stock.StatusActive, Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(),
-		CustomerLimit: m.GetCustomerLimit(), ReservationTTL: rpc.DurationOf(m.GetReservationTtl()),
+// CreateSKU creates a SKU with its initial stock, completed and validated
+// as shardstock's are. The shard count is checked and kept; the SKU is one
+// row.
+func (s *Server) CreateSKU(_ context.Context, cfg stock.SKU, initial int64) (*allocator.Stock, error) {
+	if err := stock.PrepareNewSKU(&cfg, initial); err != nil {
+		return nil, err
 	}
-	if cfg.Shards == 0 {
-		cfg.Shards = 1
-	}
-	if cfg.ReservationTTL == 0 {
-		cfg.ReservationTTL = stock.ReservationTTLDefault
-	}
-	if err := validateSKU(cfg, m.GetInitialStock()); err != nil {
-		return nil, rpc.ToConnect(err)
-	}
-	k := &sku{cfg: cfg, opening: m.GetInitialStock(), counts: stock.Counts{Available: m.GetInitialStock()},
+	k := &sku{cfg: cfg, opening: initial, counts: stock.Counts{Available: initial},
 		reservations: map[string]*stock.Reservation{}, usage: map[string]int64{}}
 	s.mu.Lock()
-	_, exists := s.skus[cfg.SKU]
-	if !exists {
-		s.skus[cfg.SKU] = k
+	defer s.mu.Unlock()
+	if s.skus[cfg.SKU] != nil {
+		return nil, stock.Errorf(stock.CodeSKUExists, "sku %q already exists", cfg.SKU)
 	}
-	s.mu.Unlock()
-	if exists {
-		return nil, rpc.ToConnect(stock.Errorf(stock.CodeSKUExists, "sku %q already exists", cfg.SKU))
-	}
-	return connect.NewResponse(&v1.CreateSkuResponse{
-		Sku: &v1.SkuConfig{Sku: cfg.SKU, Status: v1.SkuStatus_SKU_STATUS_ACTIVE, Shards: cfg.Shards, MaxPerOrder: cfg.MaxPerOrder,
-			CustomerLimit: cfg.CustomerLimit, ReservationTtl: durationpb.New(cfg.ReservationTTL)},
-		Stock: stockToProto(cfg.SKU, k.counts),
-	}), nil
+	s.skus[cfg.SKU] = k
+	return k.stock(), nil // k is not shared yet
 }
 
-// validateSKU checks a new SKU's configuration with shardstock's bounds.
-func validateSKU(cfg stock.SKU, initial int64) error {
-	if err := stock.ValidateSKU(cfg.SKU); err != nil {
-		return err
-	}
-	if err := stock.ValidateShards(cfg.Shards); err != nil {
-		return err
-	}
-	if initial < 0 || initial > stock.StockMax {
-		return stock.Errorf(stock.CodeInvalidQuantity, "initial_stock must be between 0 and %d", int64(stock.StockMax))
-	}
-	if cfg.MaxPerOrder < 0 || cfg.MaxPerOrder > stock.QuantityMax {
-		return stock.Errorf(stock.CodeInvalidArgument, "max_per_order must be between 0 (no limit) and %d", stock.QuantityMax)
-	}
-	if cfg.CustomerLimit < 0 || cfg.CustomerLimit > stock.StockMax {
-		return stock.Errorf(stock.CodeInvalidArgument, "customer_limit must be between 0 (no limit) and %d", int64(stock.StockMax))
-	}
-	return stock.ValidateTTL(cfg.ReservationTTL)
+// UpdateSKU is not served.
+func (s *Server) UpdateSKU(context.Context, string, postgres.SKUUpdate) (*stock.SKU, error) {
+	return nil, unimplemented("SKU updates")
 }
 
 // Reconcile checks a SKU's books with shardstock's own check
@@ -80,24 +38,18 @@ func validateSKU(cfg stock.SKU, initial int64) error {
 // counts, each kind's entries against their quantities, the chain of
 // before and after, held reservations against reserved, one ledger entry
 // per operation and one end entry per ended reservation.
-func (s *Server) Reconcile(_ context.Context, req *connect.Request[v1.ReconcileRequest]) (*connect.Response[v1.ReconcileResponse], error) {
-	if err := stock.ValidateSKU(req.Msg.GetSku()); err != nil {
-		return nil, rpc.ToConnect(err)
+func (s *Server) Reconcile(_ context.Context, name string) ([]ledger.Discrepancy, error) {
+	if err := stock.ValidateSKU(name); err != nil {
+		return nil, err
 	}
-	k, err := s.lookup(req.Msg.GetSku())
+	k, err := s.lookup(name)
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, err
 	}
 	k.mu.Lock()
-	snap, c := k.snapshot(), k.counts
+	snap := k.snapshot()
 	k.mu.Unlock()
-
-	ds := ledger.Reconcile(snap)
-	out := &v1.ReconcileResponse{Balanced: len(ds) == 0, Stock: stockToProto(k.cfg.SKU, c)}
-	for _, d := range ds {
-		out.Discrepancies = append(out.Discrepancies, &v1.Discrepancy{Check: d.Check, Shard: d.Shard, Detail: d.Detail, Expected: d.Expected, Actual: d.Actual})
-	}
-	return connect.NewResponse(out), nil
+	return ledger.Reconcile(snap), nil
 }
 
 // snapshot is what ledger.Reconcile needs of k; k.mu is held.
@@ -151,61 +103,32 @@ func (k *sku) snapshot() ledger.Snapshot {
 	return snap
 }
 
-// ListLedger pages through a SKU's ledger in id order. The page token is
-// opaque (the last id given, encoded); the last page has none.
-func (s *Server) ListLedger(_ context.Context, req *connect.Request[v1.ListLedgerRequest]) (*connect.Response[v1.ListLedgerResponse], error) {
-	m := req.Msg
-	if err := stock.ValidateSKU(m.GetSku()); err != nil {
-		return nil, rpc.ToConnect(err)
+// ListLedger returns up to limit entries of a SKU with ids above after.
+// Entries are never changed once appended and ids are positions plus one:
+// the page is a slice of the ledger.
+func (s *Server) ListLedger(_ context.Context, name string, after int64, limit int) ([]*stock.LedgerEntry, error) {
+	if err := stock.ValidateSKU(name); err != nil {
+		return nil, err
 	}
-	after, err := decodeToken(m.GetPageToken())
+	k, err := s.lookup(name)
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, err
 	}
-	k, err := s.lookup(m.GetSku())
-	if err != nil {
-		return nil, rpc.ToConnect(err)
-	}
-	size := int64(pageSizeDefault)
-	if n := m.GetPageSize(); n > 0 {
-		size = int64(min(n, pageSizeMax))
-	}
-	// Entries are never changed once appended and ids are positions plus
-	// one: the page is a slice of the ledger, converted without the lock.
 	k.mu.Lock()
+	defer k.mu.Unlock()
 	total := int64(len(k.ledger))
 	from := min(after, total)
-	to := min(from+size, total)
-	page := k.ledger[from:to]
-	k.mu.Unlock()
-
-	out := &v1.ListLedgerResponse{Entries: make([]*v1.LedgerEntry, 0, len(page))}
-	for _, e := range page {
-		out.Entries = append(out.Entries, rpc.LedgerEntryToProto(e))
-	}
-	if to < total {
-		out.NextPageToken = encodeToken(to)
-	}
-	return connect.NewResponse(out), nil
+	return k.ledger[from:min(from+int64(limit), total)], nil
 }
 
-// Page tokens are opaque to clients: the last id given, in base64.
-func encodeToken(after int64) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(after, 10)))
+// ListTransfers: the memory target moves no stock between shards.
+func (s *Server) ListTransfers(_ context.Context, name, _ string, _ int) ([]*stock.Transfer, error) {
+	if err := stock.ValidateSKU(name); err != nil {
+		return nil, err
+	}
+	_, err := s.lookup(name)
+	return nil, err
 }
 
-func decodeToken(tok string) (int64, error) {
-	if tok == "" {
-		return 0, nil
-	}
-	bad := stock.Errorf(stock.CodeInvalidArgument, "page_token is not one this API gave")
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil {
-		return 0, bad
-	}
-	after, err := strconv.ParseInt(string(b), 10, 64)
-	if err != nil || after < 0 {
-		return 0, bad
-	}
-	return after, nil
-}
+// Topology: the memory target has no shard servers.
+func (s *Server) Topology() topology.View { return topology.View{} }

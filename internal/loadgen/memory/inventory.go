@@ -5,70 +5,62 @@ import (
 	"context"
 	"time"
 
-	"connectrpc.com/connect"
-
-	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
-	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// Deduct reserves and commits at once.
-func (s *Server) Deduct(_ context.Context, req *connect.Request[v1.DeductRequest]) (*connect.Response[v1.DeductResponse], error) {
-	m := req.Msg
-	res := s.take(&stock.Request{
-		Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
-		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(),
-	})
-	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
-	}
-	return connect.NewResponse(&v1.DeductResponse{Operation: rpc.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
+// Take reserves or deducts.
+func (s *Server) Take(_ context.Context, r *stock.Request) stock.Result { return s.take(r) }
+
+// End commits or releases a reservation.
+func (s *Server) End(_ context.Context, r *stock.Request) stock.Result { return s.end(r) }
+
+// Give (Replenish, AdjustStock) is not served.
+func (s *Server) Give(context.Context, *stock.Request) stock.Result {
+	return errResult(unimplemented("stock given back"))
 }
 
-// Reserve holds stock.
-func (s *Server) Reserve(_ context.Context, req *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error) {
-	m := req.Msg
-	res := s.take(&stock.Request{
-		Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
-		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: rpc.DurationOf(m.GetTtl()),
-	})
-	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
+// GetOperation returns the operation recorded for a SKU's key.
+func (s *Server) GetOperation(_ context.Context, sku, key string) (*stock.Operation, error) {
+	if err := stock.ValidateSKU(sku); err != nil {
+		return nil, err
 	}
-	return connect.NewResponse(&v1.ReserveResponse{Reservation: rpc.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
+	if err := stock.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	s.keysMu.Lock()
+	op := s.keys[key]
+	s.keysMu.Unlock()
+	if op == nil || op.SKU != sku {
+		return nil, stock.Errorf(stock.CodeOperationNotFound, "no operation with key %q", key)
+	}
+	return op, nil
 }
 
-// Commit turns a reservation into a sale.
-func (s *Server) Commit(_ context.Context, req *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
-	res := s.end(&stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId()})
-	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
+// GetStock returns a SKU's counts: one row, shard 0.
+func (s *Server) GetStock(_ context.Context, name string) (*allocator.Stock, error) {
+	if err := stock.ValidateSKU(name); err != nil {
+		return nil, err
 	}
-	return connect.NewResponse(&v1.CommitResponse{Reservation: rpc.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
-}
-
-// Release gives a reservation's units back.
-func (s *Server) Release(_ context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
-	res := s.end(&stock.Request{Kind: stock.OpRelease, ReservationID: req.Msg.GetReservationId(), Reason: req.Msg.GetReason()})
-	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
-	}
-	return connect.NewResponse(&v1.ReleaseResponse{Reservation: rpc.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
-}
-
-// GetStock returns a SKU's counts.
-func (s *Server) GetStock(_ context.Context, req *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error) {
-	if err := stock.ValidateSKU(req.Msg.GetSku()); err != nil {
-		return nil, rpc.ToConnect(err)
-	}
-	k, err := s.lookup(req.Msg.GetSku())
+	k, err := s.lookup(name)
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, err
 	}
 	k.mu.Lock()
-	c := k.counts
-	k.mu.Unlock()
-	return connect.NewResponse(&v1.GetStockResponse{Stock: stockToProto(k.cfg.SKU, c)}), nil
+	defer k.mu.Unlock()
+	return k.stock(), nil
+}
+
+// stock is k's stock; k.mu is held.
+func (k *sku) stock() *allocator.Stock {
+	cfg := k.cfg
+	return &allocator.Stock{SKU: &cfg, Total: k.counts,
+		Shards: []allocator.ShardStock{{ServerID: ServerID, Counts: k.counts}}}
+}
+
+// unimplemented is the error of the calls the server does not serve.
+func unimplemented(what string) *stock.Error {
+	return stock.Errorf(stock.CodeUnimplemented, "the memory target serves no %s", what)
 }
 
 // take decides a reserve or deduct, in shardstock's order: validation, the
@@ -195,14 +187,6 @@ func (s *Server) end(r *stock.Request) stock.Result {
 		}
 	}
 	return stock.Result{Reservation: copyReservation(res), Replayed: true}
-}
-
-// stockToProto is a SKU's stock: one row, shard 0.
-func stockToProto(name string, c stock.Counts) *v1.Stock {
-	return &v1.Stock{
-		Sku: name, Available: c.Available, Reserved: c.Reserved, Sold: c.Sold, Status: v1.SkuStatus_SKU_STATUS_ACTIVE,
-		Shards: []*v1.ShardStock{{ServerId: ServerID, Available: c.Available, Reserved: c.Reserved, Sold: c.Sold}},
-	}
 }
 
 func errResult(err error) stock.Result {

@@ -5,20 +5,23 @@
 // Connect over cleartext HTTP/2 and of exact bookkeeping, so its throughput
 // is what any implementation of this API can reach on the machine.
 //
-// The calls it serves have shardstock's semantics: Deduct, Reserve, Commit,
-// Release, GetStock, CreateSku, Reconcile and ListLedger, with the same
-// validation (internal/stock), the same refusals (stock.SKU.Refuse, then
-// OUT_OF_STOCK, which records nothing against the key), idempotency keys
-// global across SKUs, the same error reasons (internal/rpc.ToConnect), a
-// ledger entry per change and the same reconciliation (internal/ledger).
-// Where it differs:
+// Server implements api.Inventory and api.Admin, so the requests go through
+// shardstock's own handlers (internal/api: conversions, error reasons, page
+// tokens); only what is behind them differs. The calls it serves have
+// shardstock's semantics: Deduct, Reserve, Commit, Release, GetOperation,
+// GetStock, CreateSku, Reconcile and ListLedger, with the same validation
+// (internal/stock), the same refusals (stock.SKU.Refuse, then OUT_OF_STOCK,
+// which records nothing against the key), idempotency keys global across
+// SKUs, a ledger entry per change and the same reconciliation
+// (internal/ledger). Where it differs:
 //   - a SKU is one row: shards is accepted and echoed, every entry is on
 //     shard 0;
 //   - reservations never expire: expires_at is reported, not enforced;
 //   - admin calls need no token (the Authorization header is accepted and
 //     ignored);
 //   - ledger entry ids count from 1 per SKU;
-//   - the other calls answer unimplemented.
+//   - Replenish, AdjustStock and UpdateSku answer unimplemented, and there
+//     are no transfers and no topology.
 package memory
 
 import (
@@ -30,6 +33,7 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -46,9 +50,6 @@ const (
 // Server serves the public API from memory. Its zero value is not usable:
 // call New.
 type Server struct {
-	shardstockv1connect.UnimplementedInventoryServiceHandler
-	shardstockv1connect.UnimplementedAdminServiceHandler
-
 	mu   sync.RWMutex
 	skus map[string]*sku
 
@@ -62,10 +63,7 @@ type Server struct {
 	entries atomic.Int64 // ledger entries over all SKUs
 }
 
-var (
-	_ shardstockv1connect.InventoryServiceHandler = (*Server)(nil)
-	_ shardstockv1connect.AdminServiceHandler     = (*Server)(nil)
-)
+var _ api.Admin = (*Server)(nil)
 
 // sku is one SKU's books, guarded by mu.
 type sku struct {
@@ -91,8 +89,8 @@ func New() *Server {
 // reflection and /healthz, built with shardstock's handler options.
 func (s *Server) Handler() http.Handler {
 	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}})
-	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(s, rpc.HandlerOptions()...))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(s, rpc.HandlerOptions()...))
+	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: s}, rpc.HandlerOptions()...))
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: s}, rpc.HandlerOptions()...))
 	return mux
 }
 
