@@ -12,6 +12,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/batch"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -109,17 +110,7 @@ func (c *serverClient) loop() {
 		case <-c.stop:
 			return
 		}
-		calls := []*call{first}
-	fill:
-		for len(calls) < opsPerRPCMax {
-			select {
-			case k := <-c.queue:
-				calls = append(calls, k)
-			default:
-				break fill
-			}
-		}
-		c.send(calls)
+		c.send(batch.Fill(first, c.queue, opsPerRPCMax))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/shardstock/shardstock/internal/batch"
 	"github.com/shardstock/shardstock/internal/postgres"
 )
 
@@ -31,7 +32,6 @@ type committer struct {
 }
 
 type groupItem struct {
-	ctx  context.Context
 	unit *postgres.Unit
 	done chan error // buffered 1
 }
@@ -47,7 +47,7 @@ func newCommitter(s *Server) *committer {
 // commit runs one shard's batch within some group and returns its outcome,
 // as postgres.Batch would.
 func (c *committer) commit(ctx context.Context, f postgres.Fence, q postgres.BatchQuery, decide postgres.Decide) error {
-	it := &groupItem{ctx: ctx, unit: &postgres.Unit{Fence: f, Query: q, Decide: decide}, done: make(chan error, 1)}
+	it := &groupItem{unit: &postgres.Unit{Fence: f, Query: q, Decide: decide}, done: make(chan error, 1)}
 	select {
 	case c.queue <- it:
 	case <-ctx.Done():
@@ -64,17 +64,7 @@ func (c *committer) lane() {
 		case <-c.stop:
 			return
 		}
-		items := []*groupItem{first}
-	fill:
-		for len(items) < groupUnitsMax {
-			select {
-			case it := <-c.queue:
-				items = append(items, it)
-			default:
-				break fill
-			}
-		}
-		c.run(items)
+		c.run(batch.Fill(first, c.queue, groupUnitsMax))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shardstock/shardstock/internal/batch"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -101,17 +102,7 @@ func (w *writer) run() {
 			idle.Reset(writerIdleMax)
 			continue
 		}
-		batch := []*pending{first}
-	fill:
-		for len(batch) < w.srv.batchMax {
-			select {
-			case p := <-w.queue:
-				batch = append(batch, p)
-			default:
-				break fill
-			}
-		}
-		switch w.apply(batch) {
+		switch w.apply(batch.Fill(first, w.queue, w.srv.batchMax)) {
 		case writerStop:
 			w.srv.remove(w)
 			w.drain(unavailable("shard writer stopped"))
