@@ -242,20 +242,6 @@ func (s *stack) ready() bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// waitReady waits until every partition is owned and returns how long it
-// took.
-func (s *stack) waitReady(timeout time.Duration) time.Duration {
-	s.t.Helper()
-	start := time.Now()
-	for !s.ready() {
-		if time.Since(start) > timeout {
-			s.t.Fatalf("not ready within %s", timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 func adminReq[T any](msg *T) *connect.Request[T] {
 	req := connect.NewRequest(msg)
 	req.Header().Set("Authorization", "Bearer "+adminToken)

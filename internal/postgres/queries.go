@@ -112,7 +112,7 @@ func queueInsertOps(b *pgx.Batch, ops []*stock.Operation) {
 // update past the limit, which a concurrent batch on another shard may have
 // reached: the row count check then aborts the group, which is rerun.
 func queueUsageAdd(b *pgx.Batch, ds []usageDelta) {
-	slices.SortFunc(ds, func(a, b usageDelta) int { return compareStrings(a.sku+"\x00"+a.customer, b.sku+"\x00"+b.customer) })
+	sortUsage(ds)
 	sku, c, q, limit := make([]string, len(ds)), make([]string, len(ds)), make([]int64, len(ds)), make([]int64, len(ds))
 	for i, d := range ds {
 		sku[i], c[i], q[i], limit[i] = d.sku, d.customer, d.quantity, d.limit
@@ -126,8 +126,14 @@ func queueUsageAdd(b *pgx.Batch, ds []usageDelta) {
 		SELECT shardstock_expect(count(*), $5, 'customer usage', 'SS001') FROM up`, sku, c, q, limit, len(ds))
 }
 
-func queueUsageSub(b *pgx.Batch, ds []usageDelta) {
+// sortUsage orders deltas by SKU and customer: every batch touches usage
+// rows in the same order, so two never deadlock.
+func sortUsage(ds []usageDelta) {
 	slices.SortFunc(ds, func(a, b usageDelta) int { return compareStrings(a.sku+"\x00"+a.customer, b.sku+"\x00"+b.customer) })
+}
+
+func queueUsageSub(b *pgx.Batch, ds []usageDelta) {
+	sortUsage(ds)
 	sku, c, q := make([]string, len(ds)), make([]string, len(ds)), make([]int64, len(ds))
 	for i, d := range ds {
 		sku[i], c[i], q[i] = d.sku, d.customer, d.quantity
