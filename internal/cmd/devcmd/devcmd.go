@@ -45,11 +45,12 @@ const (
 	demoStock    = 1000
 	demoShards   = 8
 	// Pool sizes that fit the stack (3 x 16 + 8) in a default Postgres
-	// (max_connections = 100) with room to spare.
-	devShardConns = "16"
-	// localShardID is the id of -allocator-shard's shard server.
-	localShardID      = "allocator-shard"
+	// (max_connections = 100) with room to spare. An allocator with its own
+	// shard server gets a shard server's pool.
+	devShardConns     = "16"
 	devAllocatorConns = "8"
+	// localShardID is the id of -allocator-shard's shard server.
+	localShardID = "allocator-shard"
 )
 
 // Run runs the dev stack, or one of its roles ("shard", "allocator") when
@@ -116,12 +117,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 	}
-	allocArgs := []string{"allocator", "-addr", *addr, "-db-max-conns", devAllocatorConns}
-	members := *servers
+	conns, members := devAllocatorConns, *servers
+	var own []string
 	if *local {
-		allocArgs = []string{"allocator", "-addr", *addr, "-db-max-conns", devShardConns, "-shard-id", localShardID}
+		conns, own = devShardConns, []string{"-shard-id", localShardID}
 		members++
 	}
+	allocArgs := append([]string{"allocator", "-addr", *addr, "-db-max-conns", conns}, own...)
 	if err := kids.start(self, env, stderr, "allocator", allocArgs...); err != nil {
 		return err
 	}
