@@ -181,20 +181,11 @@ func startMemory(ctx context.Context) (p *memoryProcess, err error) {
 // if it is still there.
 func (p *memoryProcess) stop() error {
 	defer p.stdin.Close()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return err
+	if err := terminate(p.cmd.Process, p.exited, memoryStopTimeout); err != nil {
+		return fmt.Errorf("the memory server: %w", err)
 	}
-	t := time.NewTimer(memoryStopTimeout)
-	defer t.Stop()
-	select {
-	case <-p.exited:
-		if p.waitErr != nil {
-			return fmt.Errorf("memory server: %w", p.waitErr)
-		}
-		return nil
-	case <-t.C:
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		return fmt.Errorf("the memory server ignored SIGTERM for %s: killed", memoryStopTimeout)
+	if p.waitErr != nil {
+		return fmt.Errorf("memory server: %w", p.waitErr)
 	}
+	return nil
 }

@@ -331,18 +331,9 @@ func (s *stack) shards() map[string]string {
 func (s *stack) stop() error {
 	var errs []error
 	if s.cmd != nil && s.cmd.Process != nil {
-		if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-			errs = append(errs, err)
+		if err := terminate(s.cmd.Process, s.exited, stackStopTimeout); err != nil {
+			errs = append(errs, fmt.Errorf("the stack: %w", err))
 		}
-		t := time.NewTimer(stackStopTimeout)
-		select {
-		case <-s.exited:
-		case <-t.C:
-			errs = append(errs, fmt.Errorf("the stack ignored SIGTERM for %s: killed", stackStopTimeout))
-			_ = s.cmd.Process.Kill()
-			<-s.exited
-		}
-		t.Stop()
 		s.cmd = nil
 	}
 	for i := len(s.cleanups) - 1; i >= 0; i-- {
@@ -471,4 +462,22 @@ func fetchProfile(base string, seconds int, path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// terminate sends p SIGTERM and waits for exited (closed once p was
+// waited for) up to timeout, then kills p and waits.
+func terminate(p *os.Process, exited <-chan struct{}, timeout time.Duration) error {
+	if err := p.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-exited:
+		return nil
+	case <-t.C:
+		_ = p.Kill()
+		<-exited
+		return fmt.Errorf("ignored SIGTERM for %s: killed", timeout)
+	}
 }
