@@ -116,13 +116,11 @@ func Reconcile(s Snapshot) []Discrepancy {
 		for _, kind := range sortedKinds(sh.Kinds) {
 			k := sh.Kinds[kind]
 			sum = sum.Add(k.Delta)
-			want := kind.Delta(k.Quantity)
-			if kind == stock.OpAdjust {
-				want = stock.Counts{Available: k.Delta.Available} // an adjustment's quantity is signed
+			if kind == stock.OpAdjust { // an adjustment's quantity is signed
 				if k.Delta.Available != k.Quantity || k.Delta.Reserved != 0 || k.Delta.Sold != 0 {
 					add(CheckEntryDelta, sh.Index, k.Quantity, k.Delta.Available, "adjust entries move %+v for quantity %d", k.Delta, k.Quantity)
 				}
-			} else if k.Delta != want {
+			} else if want := kind.Delta(k.Quantity); k.Delta != want {
 				add(CheckEntryDelta, sh.Index, 0, 0, "%s entries move %+v, want %+v", kind, k.Delta, want)
 			}
 			if kind == stock.OpReplenish || kind == stock.OpAdjust {
