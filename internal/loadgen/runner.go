@@ -83,6 +83,10 @@ type Config struct {
 	// LoadStarted, when set, is called as the load begins, after Setup: to
 	// start server-side profiles over the load alone.
 	LoadStarted func()
+	// LatencyGoal, when positive, keeps every answer slower than it in
+	// Result.Slow (up to slowMax of them), so that they can be matched
+	// against what else happened meanwhile (Result.MatchSlow).
+	LatencyGoal time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -152,6 +156,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("loadgen: abandon rate %g: want 0 to 1", c.AbandonRate)
 	case c.RequestTimeout < 0:
 		return fmt.Errorf("loadgen: request timeout %s: want > 0", c.RequestTimeout)
+	case c.LatencyGoal < 0:
+		return fmt.Errorf("loadgen: latency goal %s: want > 0, or 0 for none", c.LatencyGoal)
 	}
 	if err := c.Qty.validate(); err != nil {
 		return err
@@ -204,8 +210,14 @@ type Result struct {
 	// OutOfStockLatency only the out-of-stock answers.
 	Latency, OutOfStockLatency *hdrhistogram.Histogram
 	Seconds                    []Second
-	State                      State
-	Correctness                Correctness
+	// Slow are the answers over Config.LatencyGoal (abandoned ones aside),
+	// by start; SlowDropped counts those past slowMax, not kept.
+	Slow        []Span
+	SlowDropped int64
+	// Disk is what a disk probe saw during the run, when one ran.
+	Disk        *Disk
+	State       State
+	Correctness Correctness
 }
 
 // Throughput is requests answered per second of load.
@@ -280,6 +292,8 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 		Latency:           total.latency,
 		OutOfStockLatency: total.oosLatency,
 		Seconds:           total.seconds,
+		Slow:              total.slow,
+		SlowDropped:       total.slowDropped,
 		State:             state,
 		Correctness:       assess(r.plan.skus, total, state),
 	}
@@ -322,7 +336,7 @@ func (ru *run) load(ctx context.Context) *tally {
 	workers := make([]*worker, ru.cfg.Concurrency)
 	var wg sync.WaitGroup
 	for i := range workers {
-		w := &worker{rng: mrand.New(mrand.NewPCG(ru.cfg.Seed, uint64(i)+1)), t: newTally()}
+		w := &worker{rng: mrand.New(mrand.NewPCG(ru.cfg.Seed, uint64(i)+1)), t: newTally(ru.cfg.LatencyGoal, slowMax/ru.cfg.Concurrency)}
 		workers[i] = w
 		wg.Go(func() { ru.work(loadCtx, drainCtx, w) })
 	}
@@ -330,7 +344,7 @@ func (ru *run) load(ctx context.Context) *tally {
 	ru.elapsed = time.Since(ru.start)
 	stopProgress()
 
-	total := newTally()
+	total := newTally(ru.cfg.LatencyGoal, slowMax)
 	for _, w := range workers {
 		total.merge(w.t)
 	}

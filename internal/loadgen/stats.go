@@ -107,10 +107,18 @@ type tally struct {
 	reservations                        map[string]*resObs
 	oosEvents                           []oosEvent
 	releases                            []releaseEvent
+	slowAfter                           time.Duration // 0: keep none
+	slowMax                             int
+	slow                                []Span
+	slowDropped                         int64
 }
 
-func newTally() *tally {
+// newTally returns an empty tally that keeps up to slowMax answers slower
+// than slowAfter.
+func newTally(slowAfter time.Duration, slowMax int) *tally {
 	return &tally{
+		slowAfter:    slowAfter,
+		slowMax:      slowMax,
 		errorsByCode: map[string]int64{},
 		errorSamples: map[string]string{},
 		latency:      newHistogram(),
@@ -168,6 +176,9 @@ func (t *tally) attempt(op opKind, sku int32, qty int64, a answer) {
 	// An abandoned attempt's latency is the client's choice, not the target's.
 	if !a.abandoned {
 		recordLatency(t.latency, a.end-a.start)
+		if t.slowAfter > 0 && a.end-a.start > t.slowAfter {
+			t.keepSlow(Span{Start: a.start, End: a.end})
+		}
 	}
 }
 
@@ -191,6 +202,10 @@ func (t *tally) merge(o *tally) {
 	}
 	t.latency.Merge(o.latency)
 	t.oosLatency.Merge(o.oosLatency)
+	for _, sp := range o.slow {
+		t.keepSlow(sp)
+	}
+	t.slowDropped += o.slowDropped
 	for len(t.seconds) < len(o.seconds) {
 		t.seconds = append(t.seconds, Second{})
 	}

@@ -72,6 +72,7 @@ func WriteTable(w io.Writer, results []*Result) error {
 	if ratios := Ratios(results); ratios != "" {
 		fmt.Fprintf(&b, "throughput against %s (baseline 2): %s\n", RatioBase, ratios)
 	}
+	writeDisk(&b, results)
 	b.WriteString("correctness:\n")
 	for _, r := range results {
 		c := r.Correctness
@@ -83,6 +84,35 @@ func WriteTable(w io.Writer, results []*Result) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeDisk writes what the disk probe saw in each run that had one, and how
+// the run's answers over its latency goal fell against the disk's stalls.
+func writeDisk(b *strings.Builder, results []*Result) {
+	header := false
+	for _, r := range results {
+		d := r.Disk
+		if d == nil {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(b, "disk (a write of 8 KiB and an fdatasync every few ms in %s; a stall is a sync of %s or more):\n", d.Dir, d.Threshold)
+			header = true
+		}
+		fmt.Fprintf(b, "  %s: %d syncs, p50 %s, p99 %s, max %s; %d stalls, %s in all",
+			r.Target, d.Syncs, d.P50, d.P99, d.Max, len(d.Stalls), d.StallTime().Round(time.Millisecond))
+		if d.Err != nil {
+			fmt.Fprintf(b, " (probe stopped: %v)", d.Err)
+		}
+		if r.Config.LatencyGoal > 0 {
+			m := r.MatchSlow(d.Stalls)
+			fmt.Fprintf(b, "; answers over %s: %d, %d of them awaited across a stall", r.Config.LatencyGoal, m.Slow, m.InWindows)
+			if m.Exact {
+				fmt.Fprintf(b, "; p99 of the %d answers outside stalls %s", m.Outside, m.P99Outside.Round(10*time.Microsecond))
+			}
+		}
+		b.WriteString("\n")
+	}
 }
 
 // describe is one line of the parameters of a table's runs: the first's,
