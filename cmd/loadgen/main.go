@@ -36,6 +36,7 @@ import (
 
 	"github.com/shardstock/shardstock/internal/baseline"
 	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/internal/loadgen/diskprobe"
 	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
 )
 
@@ -199,6 +200,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		stackArgs    = fs.String("stack-args", "", "with -stack, the stack's own flags, space-separated (e.g. \"-shard-servers 0 -allocator-shard\": one process owning every partition)")
 		serverProf   = fs.String("server-profile", "", "with -stack, write CPU profiles of the allocator and every shard server over each shardstock load, and of loadgen itself, into this directory")
 		cpuProf      = fs.String("cpuprofile", "", "write loadgen's own CPU profile (the whole invocation) to this file")
+		latencyGoal  = fs.Duration("latency-goal", 25*time.Millisecond, "answers slower than this are kept and, with -disk-probe, matched against the disk's stalls (a sync this slow is a stall); 0: off")
+		diskProbe    = fs.String("disk-probe", "", "during each run, time an 8 KiB write and fdatasync every 5 ms in this directory (put it on the database's disk), and report the disk's stalls beside the answers they delayed")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -252,7 +255,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		SKUs: *skus, Stock: *stockPerSKU, Shards: shards[0],
 		Duration: *duration, Requests: *requests, Concurrency: *concurrency, Rate: *rate,
 		Qty: q, Mix: mx, DupRate: *dupRate, AbandonRate: *abandonRate, Retry: *retry,
-		RequestTimeout: *timeout, Seed: *seed,
+		RequestTimeout: *timeout, Seed: *seed, LatencyGoal: *latencyGoal,
+	}
+	if *diskProbe != "" && *latencyGoal <= 0 {
+		return errors.New("-disk-probe needs a positive -latency-goal: it is the probe's stall threshold")
 	}
 	if *progress {
 		base.Progress = stderr
@@ -316,7 +322,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		cfg := base
 		cfg.Model = m
 		mr := modelRun{cfg: cfg, names: names, shards: shards, paced: *paced, pacedNames: pacedNames, opts: opts, stack: st,
-			profileDir: *serverProf, stderr: stderr}
+			profileDir: *serverProf, diskDir: *diskProbe, stderr: stderr}
 		results, merrs := mr.run(ctx)
 		errs = append(errs, merrs...)
 		if len(results) == 0 {
@@ -361,6 +367,7 @@ type modelRun struct {
 	opts       options
 	stack      *stack
 	profileDir string
+	diskDir    string // "": no disk probe
 	stderr     io.Writer
 }
 
@@ -426,7 +433,20 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 	}
 	fmt.Fprintf(mr.stderr, "loadgen: %s: model %s, %d clients%s\n", label, cfg.Model, cfg.Concurrency, rate)
 	t := targets[name](mr.opts)
+	var probe *diskprobe.Probe
+	if mr.diskDir != "" {
+		if probe, err = diskprobe.Start(mr.diskDir, 0, cfg.LatencyGoal); err != nil {
+			_ = t.Close() // nothing ran on it
+			return nil, err
+		}
+	}
 	res, err := runner.Run(ctx, t)
+	if probe != nil {
+		d := diskResult(probe.Stop())
+		if res != nil {
+			res.Disk = d
+		}
+	}
 	if cerr := t.Close(); cerr != nil {
 		fmt.Fprintf(mr.stderr, "loadgen: %s: close: %v\n", label, cerr)
 	}
@@ -441,6 +461,19 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 	fmt.Fprintf(mr.stderr, "loadgen: %s: setup %s, load %s, verify %s\n", label,
 		res.SetupTime.Round(time.Millisecond), res.Elapsed.Round(time.Millisecond), res.VerifyTime.Round(time.Millisecond))
 	return res, nil
+}
+
+// diskResult is the probe's record in the table's terms.
+func diskResult(p *diskprobe.Result) *loadgen.Disk {
+	d := &loadgen.Disk{Dir: p.Dir, Syncs: p.Syncs, Threshold: p.Threshold, Err: p.Err}
+	if p.Syncs > 0 {
+		us := func(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
+		d.P50, d.P99, d.Max = us(p.Latency.ValueAtQuantile(50)), us(p.Latency.ValueAtQuantile(99)), us(p.Latency.Max())
+	}
+	for _, s := range p.Stalls {
+		d.Stalls = append(d.Stalls, loadgen.Window{Start: s.Start, End: s.End()})
+	}
+	return d
 }
 
 // startCPUProfile profiles this process into path until the returned func

@@ -93,6 +93,24 @@ func TestRun_Table(t *testing.T) {
 	}
 }
 
+// TestRun_DiskProbe probes a directory during the run and reports the disk
+// beside the table.
+func TestRun_DiskProbe(t *testing.T) {
+	dir := t.TempDir()
+	out, _, err := runArgs(t, env(nil), "-target", "fake", "-model", "case", "-disk-probe", dir)
+	if err != nil {
+		t.Fatalf("run() = %v\n%s", err, out)
+	}
+	for _, want := range []string{"disk (a write of 8 KiB and an fdatasync every few ms in " + dir, "  fake: ", " syncs, p50 ", "answers over 25ms: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+		t.Errorf("the probe left %q behind", left)
+	}
+}
+
 func TestRun_ExitStatus(t *testing.T) {
 	t.Run("Run", func(t *testing.T) {
 		out, _, err := runArgs(t, env(nil), "-target", "broken", "-model", "case")
@@ -140,6 +158,8 @@ func TestRun_Flags(t *testing.T) {
 		{"-model", "C,D"},
 		{"-server-profile", "prof"}, // needs -stack
 		{"-stack-args", "-shard-servers 0"},
+		{"-disk-probe", ".", "-latency-goal", "0"},
+		{"-latency-goal", "-1ms"},
 		{"extra"},
 	} {
 		if _, _, err := runArgs(t, env(nil), append([]string{"-target", "fake"}, args...)...); err == nil {

@@ -74,6 +74,10 @@ else
 	note="a private durable Postgres (fsync on) on ${url#*@}"
 	note=${note%%/*}
 fi
+# The disk probe times small durable writes beside the load (loadgen
+# -disk-probe): in the private cluster's directory when there is one, else
+# in the temporary directory (the same disk on a one-disk machine).
+probe_dir=${pg_dir:-$tmp}
 echo "bench: $note" >&2
 echo "bench: load $duration per target; machine load: $(uptime)" >&2
 
@@ -82,4 +86,4 @@ echo "bench: load $duration per target; machine load: $(uptime)" >&2
 timeout --signal=TERM --kill-after=45s "$timeout" \
 	bin/loadgen -stack bin/shardstock-dev -stack-args "$stack_args" -database-url "$url" -database-note "$note" -stack-log "$stack_log" \
 	-target "$targets" -model "$models" \
-	-concurrency 64 -duration "$duration" -progress=false "${extra[@]}"
+	-concurrency 64 -duration "$duration" -progress=false -disk-probe "$probe_dir" "${extra[@]}"
