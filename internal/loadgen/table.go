@@ -100,7 +100,7 @@ func writeDisk(b *strings.Builder, results []*Result) {
 			header = true
 		}
 		fmt.Fprintf(b, "  %s: %d syncs, p50 %s, p99 %s, max %s; %d stalls, %s in all",
-			r.Target, d.Syncs, d.P50, d.P99, d.Max, len(d.Stalls), d.StallTime().Round(time.Millisecond))
+			r.Target, d.Syncs, formatDuration(d.P50), formatDuration(d.P99), formatDuration(d.Max), len(d.Stalls), formatDuration(d.StallTime()))
 		if d.Err != nil {
 			fmt.Fprintf(b, " (probe stopped: %v)", d.Err)
 		}
@@ -108,7 +108,7 @@ func writeDisk(b *strings.Builder, results []*Result) {
 			m := r.MatchSlow(d.Stalls)
 			fmt.Fprintf(b, "; answers over %s: %d, %d of them awaited across a stall", r.Config.LatencyGoal, m.Slow, m.InWindows)
 			if m.Exact {
-				fmt.Fprintf(b, "; p99 of the %d answers outside stalls %s", m.Outside, m.P99Outside.Round(10*time.Microsecond))
+				fmt.Fprintf(b, "; p99 of the %d answers outside stalls %s", m.Outside, formatDuration(m.P99Outside))
 			}
 		}
 		b.WriteString("\n")
@@ -217,6 +217,8 @@ func maxLatency(h *hdrhistogram.Histogram) string {
 	}
 	return formatMicros(h.Max())
 }
+
+func formatDuration(d time.Duration) string { return formatMicros(d.Microseconds()) }
 
 // formatMicros formats a latency in microseconds: 850µs, 1.25ms, 2.10s.
 func formatMicros(us int64) string {
