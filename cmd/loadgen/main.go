@@ -465,7 +465,7 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 
 // diskResult is the probe's record in the table's terms.
 func diskResult(p *diskprobe.Result) *loadgen.Disk {
-	d := &loadgen.Disk{Dir: p.Dir, Syncs: p.Syncs, Threshold: p.Threshold, Err: p.Err}
+	d := &loadgen.Disk{Dir: p.Dir, Syncs: p.Syncs, Threshold: p.Threshold, StallsDropped: p.StallsDropped, Err: p.Err}
 	if p.Syncs > 0 {
 		us := func(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
 		d.P50, d.P99, d.Max = us(p.Latency.ValueAtQuantile(50)), us(p.Latency.ValueAtQuantile(99)), us(p.Latency.Max())

@@ -90,8 +90,11 @@ type Disk struct {
 	P50, P99, Max time.Duration
 	// Threshold is the sync time from which a sync is a stall.
 	Threshold time.Duration
-	Stalls    []Window
-	Err       error // the probe stopped early
+	// Stalls are the syncs of Threshold or more; StallsDropped those the
+	// probe counted but did not keep.
+	Stalls        []Window
+	StallsDropped int64
+	Err           error // the probe stopped early
 }
 
 // StallTime is the stalls' total duration.

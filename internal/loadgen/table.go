@@ -99,8 +99,13 @@ func writeDisk(b *strings.Builder, results []*Result) {
 			fmt.Fprintf(b, "disk (a write of 8 KiB and an fdatasync every few ms in %s; a stall is a sync of %s or more):\n", d.Dir, d.Threshold)
 			header = true
 		}
-		fmt.Fprintf(b, "  %s: %d syncs, p50 %s, p99 %s, max %s; %d stalls, %s in all",
-			r.Target, d.Syncs, formatDuration(d.P50), formatDuration(d.P99), formatDuration(d.Max), len(d.Stalls), formatDuration(d.StallTime()))
+		kept := ""
+		if d.StallsDropped > 0 {
+			kept = fmt.Sprintf(" (%d kept)", len(d.Stalls))
+		}
+		fmt.Fprintf(b, "  %s: %d syncs, p50 %s, p99 %s, max %s; %d stalls%s, %s in all",
+			r.Target, d.Syncs, formatDuration(d.P50), formatDuration(d.P99), formatDuration(d.Max),
+			int64(len(d.Stalls))+d.StallsDropped, kept, formatDuration(d.StallTime()))
 		if d.Err != nil {
 			fmt.Fprintf(b, " (probe stopped: %v)", d.Err)
 		}

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -23,10 +22,12 @@ const (
 	// every stall that matters to a latency goal of milliseconds, and light
 	// beside a database's own commits.
 	IntervalDefault = 5 * time.Millisecond
-	writeSize       = 8 << 10 // one Postgres WAL page
-	fileSize        = 1 << 20 // the probe rewrites one MiB, in turn
+	writeBytes      = 8 << 10 // one Postgres WAL page
+	fileBytes       = 1 << 20 // the probe rewrites one MiB, in turn
 	// syncMaxMicros bounds the latency histogram (longer syncs count at it).
 	syncMaxMicros = int64(10 * time.Minute / time.Microsecond)
+	// stallsMax bounds the stalls kept; later ones are only counted.
+	stallsMax = 100_000
 )
 
 // Stall is one sync that took at least a probe's threshold.
@@ -47,8 +48,10 @@ type Result struct {
 	// time in microseconds.
 	Syncs   int64
 	Latency *hdrhistogram.Histogram
-	// Stalls are the syncs that took Threshold or more, in order.
-	Stalls []Stall
+	// Stalls are the syncs that took Threshold or more, in order, up to
+	// stallsMax; StallsDropped counts those past it.
+	Stalls        []Stall
+	StallsDropped int64
 	// Err is the write or sync error that stopped the probe early, if any.
 	Err error
 }
@@ -58,8 +61,7 @@ type Probe struct {
 	f    *os.File
 	stop chan struct{}
 	done chan struct{}
-	mu   sync.Mutex
-	res  Result
+	res  Result // the loop's until done is closed
 }
 
 // Start begins probing a new file in dir every interval (IntervalDefault if
@@ -84,7 +86,7 @@ func Start(dir string, interval, threshold time.Duration) (*Probe, error) {
 
 func (p *Probe) loop() {
 	defer close(p.done)
-	buf := make([]byte, writeSize)
+	buf := make([]byte, writeBytes)
 	for i := range buf {
 		buf[i] = byte(i)
 	}
@@ -95,19 +97,20 @@ func (p *Probe) loop() {
 		start := time.Now()
 		err := p.sync(buf, off)
 		took := time.Since(start)
-		off = (off + writeSize) % fileSize
-		p.mu.Lock()
+		off = (off + writeBytes) % fileBytes
 		if err != nil {
 			p.res.Err = err
-			p.mu.Unlock()
 			return
 		}
 		p.res.Syncs++
 		_ = p.res.Latency.RecordValue(min(max(took.Microseconds(), 1), syncMaxMicros)) // in range by construction
-		if took >= p.res.Threshold {
+		switch {
+		case took < p.res.Threshold:
+		case len(p.res.Stalls) < stallsMax:
 			p.res.Stalls = append(p.res.Stalls, Stall{Start: start, Took: took})
+		default:
+			p.res.StallsDropped++
 		}
-		p.mu.Unlock()
 		select {
 		case <-p.stop:
 			return
@@ -134,8 +137,6 @@ func (p *Probe) Stop() *Result {
 	name := p.f.Name()
 	cerr := p.f.Close()
 	rerr := os.Remove(name)
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	res := p.res
 	if res.Err == nil {
 		res.Err = errors.Join(cerr, rerr)

@@ -1,7 +1,6 @@
 package diskprobe_test
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -9,20 +8,19 @@ import (
 	"github.com/shardstock/shardstock/internal/loadgen/diskprobe"
 )
 
-func TestProbe(t *testing.T) {
+func TestProbe_Stalls(t *testing.T) {
 	dir := t.TempDir()
 	// A threshold of 1ns makes every sync a stall: each one is recorded.
 	p, err := diskprobe.Start(dir, time.Millisecond, time.Nanosecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
 	time.Sleep(50 * time.Millisecond)
 	res := p.Stop()
 	if res.Err != nil {
 		t.Fatalf("probe error: %v", res.Err)
 	}
-	if res.Syncs < 2 || time.Now().After(deadline) {
+	if res.Syncs < 2 {
 		t.Fatalf("%d syncs in 50ms, want at least 2", res.Syncs)
 	}
 	if got := res.Latency.TotalCount(); got != res.Syncs {
@@ -58,8 +56,5 @@ func TestStart_Refuses(t *testing.T) {
 	}
 	if _, err := diskprobe.Start(t.TempDir(), 0, 0); err == nil {
 		t.Error("Start(threshold 0) = nil error")
-	}
-	if _, err := os.Stat(t.TempDir()); err != nil {
-		t.Fatal(err)
 	}
 }
