@@ -60,6 +60,8 @@ type reportTarget struct {
 	Ledger    []string
 	Latency   chart
 	PerSecond chart
+	Disk      string // what the disk probe saw; "" without one
+	Slow      chart  // answers over the latency goal, and the disk's stalls, over time
 }
 
 type reportData struct {
@@ -90,6 +92,8 @@ func WriteReport(w io.Writer, results []*Result) error {
 			Codes:     codes(r.ErrorsByCode),
 			Latency:   latencyChart(r),
 			PerSecond: perSecondChart(r),
+			Disk:      diskText(r),
+			Slow:      slowChart(r),
 		}
 		for i, s := range r.SKUs {
 			if i == 3 {
@@ -201,6 +205,59 @@ func perSecondChart(r *Result) chart {
 		if len(r.Seconds) <= 30 || i%5 == 0 {
 			c.Texts = append(c.Texts, svgText{X: chartLeft + (float64(i)+0.5)*w, Y: y0 + 18, Anchor: "middle", Text: fmt.Sprint(i)})
 		}
+	}
+	return c
+}
+
+// Bins of the slow-answer chart: at least slowBinMin wide, at most
+// slowBinsMax of them.
+const (
+	slowBinMin  = 100 * time.Millisecond
+	slowBinsMax = 300
+)
+
+// slowChart counts the answers over the latency goal by when they started,
+// over the disk's stalls drawn as shaded spans: a slow answer that a stall
+// held up starts just before or during one.
+func slowChart(r *Result) chart {
+	c := newChart()
+	if r.Config.LatencyGoal <= 0 || (len(r.Slow) == 0 && r.Disk == nil) || r.Elapsed <= 0 {
+		return c
+	}
+	bin := max(slowBinMin, r.Elapsed/slowBinsMax)
+	bins := make([]int64, int(r.Elapsed/bin)+1)
+	for _, sp := range r.Slow {
+		bins[min(max(int(sp.Start/bin), 0), len(bins)-1)]++
+	}
+	top := int64(1)
+	for _, n := range bins {
+		top = max(top, n)
+	}
+	c.axes(float64(top), "")
+	span := float64(len(bins)) * float64(bin)
+	x := func(d time.Duration) float64 { return chartLeft + plotWidth()*min(max(float64(d)/span, 0), 1) }
+	y0 := float64(chartTop) + plotHeight()
+	if r.Disk != nil {
+		for _, w := range r.Disk.Stalls {
+			from, to := w.Start.Sub(r.Started), w.End.Sub(r.Started)
+			if to < 0 || from > time.Duration(span) {
+				continue // a stall during setup or verification
+			}
+			c.Rects = append(c.Rects, svgRect{X: x(from), Y: chartTop, W: math.Max(x(to)-x(from), 1), H: plotHeight(), Class: "stall",
+				Title: fmt.Sprintf("disk stall at %s: %s", from.Round(time.Millisecond), formatDuration(to-from))})
+		}
+	}
+	w := plotWidth() / float64(len(bins))
+	for i, n := range bins {
+		if n == 0 {
+			continue
+		}
+		hgt := plotHeight() * float64(n) / float64(top)
+		c.Rects = append(c.Rects, svgRect{X: chartLeft + float64(i)*w, Y: y0 - hgt, W: math.Max(w-1, 1), H: hgt, Class: "slow",
+			Title: fmt.Sprintf("%s: %d answers over %s", (time.Duration(i) * bin).Round(time.Millisecond), n, r.Config.LatencyGoal)})
+	}
+	for s := 0; time.Duration(s)*time.Second <= time.Duration(span); s += max(1, int(time.Duration(span)/time.Second/10)) {
+		c.Texts = append(c.Texts, svgText{X: x(time.Duration(s) * time.Second), Y: y0 + 18, Anchor: "middle", Text: fmt.Sprintf("%ds", s)})
 	}
 	return c
 }

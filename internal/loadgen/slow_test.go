@@ -81,6 +81,16 @@ func TestResult_Slow(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", w, b.String())
 		}
 	}
+	// So does the report, with the slow answers over the stall in a chart.
+	b.Reset()
+	if err := loadgen.WriteReport(&b, []*loadgen.Result{res}); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"<h3>The disk</h3>", "10 syncs", `class="stall"`, `class="slow"`, "disk stall at 0s"} {
+		if !strings.Contains(b.String(), w) {
+			t.Errorf("report lacks %q", w)
+		}
+	}
 }
 
 func TestResult_SlowOff(t *testing.T) {

@@ -99,25 +99,35 @@ func writeDisk(b *strings.Builder, results []*Result) {
 			fmt.Fprintf(b, "disk (a write of 8 KiB and an fdatasync every few ms in %s; a stall is a sync of %s or more):\n", d.Dir, d.Threshold)
 			header = true
 		}
-		kept := ""
-		if d.StallsDropped > 0 {
-			kept = fmt.Sprintf(" (%d kept)", len(d.Stalls))
-		}
-		fmt.Fprintf(b, "  %s: %d syncs, p50 %s, p99 %s, max %s; %d stalls%s, %s in all",
-			r.Target, d.Syncs, formatDuration(d.P50), formatDuration(d.P99), formatDuration(d.Max),
-			int64(len(d.Stalls))+d.StallsDropped, kept, formatDuration(d.StallTime()))
-		if d.Err != nil {
-			fmt.Fprintf(b, " (probe stopped: %v)", d.Err)
-		}
-		if r.Config.LatencyGoal > 0 {
-			m := r.MatchSlow(d.Stalls)
-			fmt.Fprintf(b, "; answers over %s: %d, %d of them awaited across a stall", r.Config.LatencyGoal, m.Slow, m.InWindows)
-			if m.Exact {
-				fmt.Fprintf(b, "; p99 of the %d answers outside stalls %s", m.Outside, formatDuration(m.P99Outside))
-			}
-		}
-		b.WriteString("\n")
+		fmt.Fprintf(b, "  %s: %s\n", r.Target, diskText(r))
 	}
+}
+
+// diskText is one line of what the disk probe saw during r; "" without one.
+func diskText(r *Result) string {
+	d := r.Disk
+	if d == nil {
+		return ""
+	}
+	var b strings.Builder
+	kept := ""
+	if d.StallsDropped > 0 {
+		kept = fmt.Sprintf(" (%d kept)", len(d.Stalls))
+	}
+	fmt.Fprintf(&b, "%d syncs, p50 %s, p99 %s, max %s; %d stalls%s, %s in all",
+		d.Syncs, formatDuration(d.P50), formatDuration(d.P99), formatDuration(d.Max),
+		int64(len(d.Stalls))+d.StallsDropped, kept, formatDuration(d.StallTime()))
+	if d.Err != nil {
+		fmt.Fprintf(&b, " (probe stopped: %v)", d.Err)
+	}
+	if r.Config.LatencyGoal > 0 {
+		m := r.MatchSlow(d.Stalls)
+		fmt.Fprintf(&b, "; answers over %s: %d, %d of them awaited across a stall", r.Config.LatencyGoal, m.Slow, m.InWindows)
+		if m.Exact {
+			fmt.Fprintf(&b, "; p99 of the %d answers outside stalls %s", m.Outside, formatDuration(m.P99Outside))
+		}
+	}
+	return b.String()
 }
 
 // describe is one line of the parameters of a table's runs: the first's,
