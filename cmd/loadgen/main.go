@@ -257,8 +257,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Qty: q, Mix: mx, DupRate: *dupRate, AbandonRate: *abandonRate, Retry: *retry,
 		RequestTimeout: *timeout, Seed: *seed, LatencyGoal: *latencyGoal,
 	}
-	if *diskProbe != "" && *latencyGoal <= 0 {
-		return errors.New("-disk-probe needs a positive -latency-goal: it is the probe's stall threshold")
+	if *diskProbe != "" {
+		if *latencyGoal <= 0 {
+			return errors.New("-disk-probe needs a positive -latency-goal: it is the probe's stall threshold")
+		}
+		if fi, err := os.Stat(*diskProbe); err != nil || !fi.IsDir() {
+			return fmt.Errorf("-disk-probe %s: want an existing directory", *diskProbe)
+		}
 	}
 	if *progress {
 		base.Progress = stderr

@@ -159,6 +159,7 @@ func TestRun_Flags(t *testing.T) {
 		{"-server-profile", "prof"}, // needs -stack
 		{"-stack-args", "-shard-servers 0"},
 		{"-disk-probe", ".", "-latency-goal", "0"},
+		{"-disk-probe", "/nonexistent-shardstock-dir"},
 		{"-latency-goal", "-1ms"},
 		{"extra"},
 	} {

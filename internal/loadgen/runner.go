@@ -211,7 +211,8 @@ type Result struct {
 	Latency, OutOfStockLatency *hdrhistogram.Histogram
 	Seconds                    []Second
 	// Slow are the answers over Config.LatencyGoal (abandoned ones aside),
-	// by start; SlowDropped counts those past slowMax, not kept.
+	// in no particular order; SlowDropped counts those past slowMax, not
+	// kept.
 	Slow        []Span
 	SlowDropped int64
 	// Disk is what a disk probe saw during the run, when one ran.
