@@ -81,11 +81,12 @@ type Config struct {
 	// Progress, when set, receives a progress bar (stderr in the command).
 	Progress io.Writer
 	// LoadStarted, when set, is called as the load begins, after Setup: to
-	// start server-side profiles over the load alone.
-	LoadStarted func()
-	// LatencyGoal, when positive, keeps every answer slower than it in
-	// Result.Slow (up to slowMax of them), so that they can be matched
-	// against what else happened meanwhile (Result.MatchSlow).
+	// start server-side profiles over the load alone; LoadEnded as it
+	// ends, before Verify.
+	LoadStarted, LoadEnded func()
+	// LatencyGoal, when positive, keeps the answers slower than it in
+	// Result.Slow (up to slowMax/Concurrency per client), so that they can
+	// be matched against what else happened meanwhile (Result.MatchSlow).
 	LatencyGoal time.Duration
 }
 
@@ -211,8 +212,8 @@ type Result struct {
 	Latency, OutOfStockLatency *hdrhistogram.Histogram
 	Seconds                    []Second
 	// Slow are the answers over Config.LatencyGoal (abandoned ones aside),
-	// in no particular order; SlowDropped counts those past slowMax, not
-	// kept.
+	// in no particular order; SlowDropped counts those past a client's
+	// share of slowMax, not kept.
 	Slow        []Span
 	SlowDropped int64
 	// Disk is what a disk probe saw during the run, when one ran.
@@ -263,6 +264,9 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 		ru.limit = int64(len(r.plan.fixed))
 	}
 	total := ru.load(ctx)
+	if r.cfg.LoadEnded != nil {
+		r.cfg.LoadEnded()
+	}
 
 	verifyStart := time.Now()
 	verifyCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)

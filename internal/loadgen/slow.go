@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"math"
 	"slices"
 	"time"
 )
@@ -37,48 +36,53 @@ type Window struct {
 type SlowMatch struct {
 	Slow      int64 // answers over the goal (those kept)
 	InWindows int64 // of which were awaited across a window
-	// Outside counts the answers that overlapped no window; SlowOutside
-	// those of them over the goal.
-	Outside, SlowOutside int64
-	// P99Outside is the 99th percentile latency of the answers that
-	// overlapped no window; Exact is false when it could not be computed
-	// (slow answers were dropped, or no goal was set).
-	P99Outside time.Duration
-	Exact      bool
+	// Rest counts the answers left when those InWindows are set aside
+	// (answers within the goal that overlapped a window stay: only the
+	// slow ones are kept with their times); SlowRest those of them over
+	// the goal.
+	Rest, SlowRest int64
+	// P99Rest is the 99th percentile latency of the Rest: what the run's
+	// p99 would have been without the slow answers the windows account
+	// for. Exact is false when it could not be computed (slow answers
+	// were dropped, or no goal was set); it is exact to the histogram's
+	// precision (3 digits) when it falls within the goal.
+	P99Rest time.Duration
+	Exact   bool
 }
 
 // MatchSlow matches r's slow answers against ws: an answer overlaps a
 // window when it was awaited during any part of it.
 func (r *Result) MatchSlow(ws []Window) SlowMatch {
 	m := SlowMatch{Slow: int64(len(r.Slow))}
-	var outside []time.Duration
+	var rest []time.Duration
 	for _, sp := range r.Slow {
 		start, end := r.Started.Add(sp.Start), r.Started.Add(sp.End)
 		if slices.ContainsFunc(ws, func(w Window) bool { return start.Before(w.End) && w.Start.Before(end) }) {
 			m.InWindows++
 			continue
 		}
-		outside = append(outside, sp.Latency())
+		rest = append(rest, sp.Latency())
 	}
 	total := r.Latency.TotalCount()
-	m.Outside = total - m.InWindows
-	m.SlowOutside = int64(len(outside))
-	if r.Config.LatencyGoal <= 0 || r.SlowDropped > 0 || m.Outside <= 0 {
+	m.Rest = total - m.InWindows
+	m.SlowRest = int64(len(rest))
+	if r.Config.LatencyGoal <= 0 || r.SlowDropped > 0 || m.Rest <= 0 {
 		return m
 	}
-	// The answers over the goal are all kept, so the rank of the 99th
-	// percentile among the answers outside the windows is either among the
-	// answers within the goal (which no window removed: the histogram's own
-	// ranks) or among the kept slow ones outside the windows.
-	rank := int64(math.Ceil(0.99 * float64(m.Outside)))
+	// Every answer over the goal is kept, so the percentile's rank among
+	// the rest is either among the answers within the goal (which nothing
+	// set aside: the histogram's own ranks) or among the kept slow ones
+	// left. The rank is the histogram's own convention (ValueAtQuantile),
+	// so that with no windows this is the run's p99.
+	rank := max(int64(0.99*float64(m.Rest)+0.5), 1)
 	fast := total - m.Slow
 	m.Exact = true
 	if rank <= fast {
-		m.P99Outside = time.Duration(r.Latency.ValueAtQuantile(100*float64(rank)/float64(total))) * time.Microsecond
+		m.P99Rest = time.Duration(r.Latency.ValueAtQuantile(100*float64(rank)/float64(total))) * time.Microsecond
 		return m
 	}
-	slices.Sort(outside)
-	m.P99Outside = outside[rank-fast-1]
+	slices.Sort(rest)
+	m.P99Rest = rest[rank-fast-1]
 	return m
 }
 

@@ -44,28 +44,28 @@ func TestResult_Slow(t *testing.T) {
 	// No windows: every answer is outside them, and the 99th percentile is
 	// the run's own (a tenth of the answers paused, so it is a slow one).
 	m := res.MatchSlow(nil)
-	if m.InWindows != 0 || m.Outside != total || m.SlowOutside != int64(len(res.Slow)) || !m.Exact {
-		t.Errorf("MatchSlow(nil) = %+v, want none in windows, all %d outside, exact", m, total)
+	if m.InWindows != 0 || m.Rest != total || m.SlowRest != int64(len(res.Slow)) || !m.Exact {
+		t.Errorf("MatchSlow(nil) = %+v, want none in windows, all %d left, exact", m, total)
 	}
 	want := time.Duration(res.Latency.ValueAtQuantile(99)) * time.Microsecond
-	if diff := m.P99Outside - want; m.P99Outside < slowPause || diff < -want/100 || diff > want/100 {
-		t.Errorf("p99 outside no window = %v, want the run's p99 %v (at least the pause %v)", m.P99Outside, want, slowPause)
+	if diff := m.P99Rest - want; m.P99Rest < slowPause || diff < -want/100 || diff > want/100 {
+		t.Errorf("p99 with no window = %v, want the run's p99 %v (at least the pause %v)", m.P99Rest, want, slowPause)
 	}
 
 	// One window over the whole run: every slow answer was awaited across
 	// it, and what is left is the fast answers' 99th percentile.
 	all := []loadgen.Window{{Start: res.Started, End: res.Started.Add(res.Elapsed + time.Second)}}
 	m = res.MatchSlow(all)
-	if m.InWindows != int64(len(res.Slow)) || m.SlowOutside != 0 || m.Outside != total-m.InWindows || !m.Exact {
+	if m.InWindows != int64(len(res.Slow)) || m.SlowRest != 0 || m.Rest != total-m.InWindows || !m.Exact {
 		t.Errorf("MatchSlow(whole run) = %+v, want every slow answer in it", m)
 	}
-	if m.P99Outside <= 0 || m.P99Outside > goal {
-		t.Errorf("p99 outside the window = %v, want a fast answer's (0 to %v)", m.P99Outside, goal)
+	if m.P99Rest <= 0 || m.P99Rest > goal {
+		t.Errorf("p99 without the window's = %v, want a fast answer's (0 to %v)", m.P99Rest, goal)
 	}
 
 	// A window before the run touches no answer.
 	before := []loadgen.Window{{Start: res.Started.Add(-time.Hour), End: res.Started.Add(-time.Minute)}}
-	if got := res.MatchSlow(before); got.InWindows != 0 || got.P99Outside != res.MatchSlow(nil).P99Outside {
+	if got := res.MatchSlow(before); got.InWindows != 0 || got.P99Rest != res.MatchSlow(nil).P99Rest {
 		t.Errorf("MatchSlow(before the run) = %+v, want nothing matched", got)
 	}
 
@@ -76,7 +76,7 @@ func TestResult_Slow(t *testing.T) {
 	if err := loadgen.WriteTable(&b, []*loadgen.Result{res}); err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"disk (", "in /data;", "10 syncs", "1 stalls", "awaited across a stall", "answers outside stalls"} {
+	for _, w := range []string{"disk (", "in /data;", "10 syncs", "1 stalls", "awaited across a stall", "; p99 without those "} {
 		if !strings.Contains(b.String(), w) {
 			t.Errorf("table lacks %q:\n%s", w, b.String())
 		}
@@ -104,4 +104,43 @@ func TestResult_SlowOff(t *testing.T) {
 	if _, err := loadgen.NewRunner(loadgen.Config{LatencyGoal: -time.Second}); err == nil {
 		t.Error("NewRunner(negative latency goal) = nil error")
 	}
+}
+
+// verifyAfter records, at Verify, whether the load had ended.
+type verifyAfter struct {
+	*loadgentest.Memory
+	ended          *atomic.Bool
+	endedAtVerify  bool
+	startedAtSetup bool
+	started        *atomic.Bool
+}
+
+func (v *verifyAfter) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
+	v.startedAtSetup = v.started.Load()
+	return v.Memory.Setup(ctx, skus)
+}
+
+func (v *verifyAfter) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.State, error) {
+	v.endedAtVerify = v.ended.Load()
+	return v.Memory.Verify(ctx, skus)
+}
+
+// TestRunner_LoadHooks checks that LoadStarted and LoadEnded bracket the
+// load: after Setup, before Verify.
+func TestRunner_LoadHooks(t *testing.T) {
+	var started, ended atomic.Bool
+	v := &verifyAfter{Memory: &loadgentest.Memory{}, ended: &ended, started: &started}
+	res := run(t, v, loadgen.Config{Model: loadgen.ModelCase, Concurrency: 8,
+		LoadStarted: func() { started.Store(true) },
+		LoadEnded: func() {
+			if !started.Load() {
+				t.Error("LoadEnded before LoadStarted")
+			}
+			ended.Store(true)
+		}})
+	if v.startedAtSetup || !v.endedAtVerify || !ended.Load() {
+		t.Errorf("LoadStarted before Setup %v, LoadEnded before Verify %v, called %v: want false, true, true",
+			v.startedAtSetup, v.endedAtVerify, ended.Load())
+	}
+	checkCounts(t, res)
 }
