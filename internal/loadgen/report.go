@@ -209,11 +209,11 @@ func perSecondChart(r *Result) chart {
 	return c
 }
 
-// Bins of the slow-answer chart: at least slowBinMin wide, at most
+// Bins of the slow-answer chart: at least slowBinWidthMin wide, at most
 // slowBinsMax of them.
 const (
-	slowBinMin  = 100 * time.Millisecond
-	slowBinsMax = 300
+	slowBinWidthMin = 100 * time.Millisecond
+	slowBinsMax     = 300
 )
 
 // slowChart counts the answers over the latency goal by when they started,
@@ -224,7 +224,7 @@ func slowChart(r *Result) chart {
 	if r.Config.LatencyGoal <= 0 || (len(r.Slow) == 0 && r.Disk == nil) || r.Elapsed <= 0 {
 		return c
 	}
-	bin := max(slowBinMin, r.Elapsed/slowBinsMax)
+	bin := max(slowBinWidthMin, r.Elapsed/slowBinsMax)
 	bins := make([]int64, int(r.Elapsed/bin)+1)
 	for _, sp := range r.Slow {
 		bins[min(max(int(sp.Start/bin), 0), len(bins)-1)]++
@@ -233,6 +233,7 @@ func slowChart(r *Result) chart {
 	for _, n := range bins {
 		top = max(top, n)
 	}
+	top = (top + 3) / 4 * 4 // the axis has four steps: whole counts
 	c.axes(float64(top), "")
 	span := float64(len(bins)) * float64(bin)
 	x := func(d time.Duration) float64 { return chartLeft + plotWidth()*min(max(float64(d)/span, 0), 1) }

@@ -24,8 +24,8 @@ const (
 	IntervalDefault = 5 * time.Millisecond
 	writeBytes      = 8 << 10 // one Postgres WAL page
 	fileBytes       = 1 << 20 // the probe rewrites one MiB, in turn
-	// syncMaxMicros bounds the latency histogram (longer syncs count at it).
-	syncMaxMicros = int64(10 * time.Minute / time.Microsecond)
+	// syncMicrosMax bounds the latency histogram (longer syncs count at it).
+	syncMicrosMax = int64(10 * time.Minute / time.Microsecond)
 	// stallsMax bounds the stalls kept; later ones are only counted.
 	stallsMax = 100_000
 )
@@ -52,7 +52,8 @@ type Result struct {
 	// stallsMax; StallsDropped counts those past it.
 	Stalls        []Stall
 	StallsDropped int64
-	// Err is the write or sync error that stopped the probe early, if any.
+	// Err is the write or sync error that stopped the probe early, or a
+	// failure to close or remove its file, if any.
 	Err error
 }
 
@@ -78,7 +79,7 @@ func Start(dir string, interval, threshold time.Duration) (*Probe, error) {
 		return nil, fmt.Errorf("diskprobe: %w", err)
 	}
 	p := &Probe{f: f, stop: make(chan struct{}), done: make(chan struct{}), res: Result{
-		Dir: dir, Interval: interval, Threshold: threshold, Latency: hdrhistogram.New(1, syncMaxMicros, 3),
+		Dir: dir, Interval: interval, Threshold: threshold, Latency: hdrhistogram.New(1, syncMicrosMax, 3),
 	}}
 	go p.loop()
 	return p, nil
@@ -103,7 +104,7 @@ func (p *Probe) loop() {
 			return
 		}
 		p.res.Syncs++
-		_ = p.res.Latency.RecordValue(min(max(took.Microseconds(), 1), syncMaxMicros)) // in range by construction
+		_ = p.res.Latency.RecordValue(min(max(took.Microseconds(), 1), syncMicrosMax)) // in range by construction
 		switch {
 		case took < p.res.Threshold:
 		case len(p.res.Stalls) < stallsMax:
@@ -130,7 +131,8 @@ func (p *Probe) sync(buf []byte, off int64) error {
 }
 
 // Stop ends the probe, removes its file and returns what it saw. A sync in
-// progress is waited for: a stall is recorded whole.
+// progress is waited for, so that a stall is recorded whole: Stop returns
+// no sooner than the disk does.
 func (p *Probe) Stop() *Result {
 	close(p.stop)
 	<-p.done
@@ -138,8 +140,6 @@ func (p *Probe) Stop() *Result {
 	cerr := p.f.Close()
 	rerr := os.Remove(name)
 	res := p.res
-	if res.Err == nil {
-		res.Err = errors.Join(cerr, rerr)
-	}
+	res.Err = errors.Join(res.Err, cerr, rerr)
 	return &res
 }
