@@ -201,7 +201,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		serverProf   = fs.String("server-profile", "", "with -stack, write CPU profiles of the allocator and every shard server over each shardstock load, and of loadgen itself, into this directory")
 		cpuProf      = fs.String("cpuprofile", "", "write loadgen's own CPU profile (the whole invocation) to this file")
 		latencyGoal  = fs.Duration("latency-goal", 25*time.Millisecond, "answers slower than this are kept and, with -disk-probe, matched against the disk's stalls (a sync this slow is a stall); 0: off")
-		diskProbe    = fs.String("disk-probe", "", "during each run, time an 8 KiB write and fdatasync every 5 ms in this directory (put it on the database's disk), and report the disk's stalls beside the answers they delayed")
+		diskProbe    = fs.String("disk-probe", "", "during each run's load, time an 8 KiB write and fdatasync every 5 ms in this directory (put it on the database's disk), and report the disk's stalls beside the answers they delayed")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -428,6 +428,26 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 			seconds: int(cfg.Duration.Round(time.Second) / time.Second), stack: mr.stack, stderr: mr.stderr}
 		cfg.LoadStarted = prof.start
 	}
+	// The disk probe covers the load alone, not Setup's or Verify's writes.
+	var disk *loadgen.Disk
+	if mr.diskDir != "" {
+		var probe *diskprobe.Probe
+		started := cfg.LoadStarted
+		cfg.LoadStarted = func() {
+			if started != nil {
+				started()
+			}
+			var err error
+			if probe, err = diskprobe.Start(mr.diskDir, 0, cfg.LatencyGoal); err != nil {
+				disk = &loadgen.Disk{Dir: mr.diskDir, Threshold: cfg.LatencyGoal, Err: err}
+			}
+		}
+		cfg.LoadEnded = func() {
+			if probe != nil {
+				disk = diskResult(probe.Stop())
+			}
+		}
+	}
 	runner, err := loadgen.NewRunner(cfg)
 	if err != nil {
 		return nil, err
@@ -438,19 +458,9 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 	}
 	fmt.Fprintf(mr.stderr, "loadgen: %s: model %s, %d clients%s\n", label, cfg.Model, cfg.Concurrency, rate)
 	t := targets[name](mr.opts)
-	var probe *diskprobe.Probe
-	if mr.diskDir != "" {
-		if probe, err = diskprobe.Start(mr.diskDir, 0, cfg.LatencyGoal); err != nil {
-			_ = t.Close() // nothing ran on it
-			return nil, err
-		}
-	}
 	res, err := runner.Run(ctx, t)
-	if probe != nil {
-		d := diskResult(probe.Stop())
-		if res != nil {
-			res.Disk = d
-		}
+	if res != nil {
+		res.Disk = disk
 	}
 	if cerr := t.Close(); cerr != nil {
 		fmt.Fprintf(mr.stderr, "loadgen: %s: close: %v\n", label, cerr)

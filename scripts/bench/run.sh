@@ -76,7 +76,8 @@ else
 fi
 # The disk probe times small durable writes beside the load (loadgen
 # -disk-probe): in the private cluster's directory when there is one, else
-# in the temporary directory (the same disk on a one-disk machine).
+# in the temporary directory, which is the database's disk only on a
+# one-disk machine (as here) and not if it is a tmpfs.
 probe_dir=${pg_dir:-$tmp}
 echo "bench: $note" >&2
 echo "bench: load $duration per target; machine load: $(uptime)" >&2
