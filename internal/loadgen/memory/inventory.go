@@ -39,9 +39,6 @@ func (s *Server) GetOperation(_ context.Context, sku, key string) (*stock.Operat
 
 // GetStock returns a SKU's counts: one row, shard 0.
 func (s *Server) GetStock(_ context.Context, name string) (*allocator.Stock, error) {
-	if err := stock.ValidateSKU(name); err != nil {
-		return nil, err
-	}
 	k, err := s.lookup(name)
 	if err != nil {
 		return nil, err

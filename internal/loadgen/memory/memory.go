@@ -100,8 +100,12 @@ func Serve(ctx context.Context, l net.Listener) error {
 	return rpc.Serve(ctx, l, New().Handler())
 }
 
-// lookup returns the SKU, or SKU_NOT_FOUND.
+// lookup returns the SKU, or INVALID_ARGUMENT for a malformed name and
+// SKU_NOT_FOUND for an unknown one.
 func (s *Server) lookup(name string) (*sku, error) {
+	if err := stock.ValidateSKU(name); err != nil {
+		return nil, err
+	}
 	s.mu.RLock()
 	k := s.skus[name]
 	s.mu.RUnlock()
