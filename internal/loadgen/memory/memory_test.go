@@ -232,53 +232,41 @@ func TestServer_Reservation(t *testing.T) {
 		}
 		wantCounts(t, verify(t, c, spec), 1, 4, 0)
 	})
-	t.Run("CommitTwice", func(t *testing.T) {
-		spec := newSKU(t, c, 5)
-		id := reserve(t, spec.SKU, "r-commit", 2)
-		for _, step := range []struct {
-			name string
-			call func(context.Context, string) loadgen.Outcome
-			want loadgen.Outcome
-		}{
-			{"Commit", c.Commit, loadgen.OK},
-			{"Commit", c.Commit, loadgen.Replayed},
-			{"Release", c.Release, errOf(stock.CodeReservationAlreadyCommitted)},
-		} {
-			if o := step.call(ctx, id); !same(o, step.want) {
-				t.Errorf("%s = %v, want %v", step.name, o, step.want)
+	// A reservation ends once: the same end again replays, the other end
+	// is refused, and the stock moves once.
+	for _, tc := range []struct {
+		name                 string
+		end, other           func(context.Context, string) loadgen.Outcome
+		refused              stock.Code
+		available, sold      int64
+		endEntry, otherEntry string
+	}{
+		{"CommitTwice", c.Commit, c.Release, stock.CodeReservationAlreadyCommitted, 3, 2, "commit", "release"},
+		{"ReleaseTwice", c.Release, c.Commit, stock.CodeReservationAlreadyReleased, 5, 0, "release", "commit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := newSKU(t, c, 5)
+			key := "r-" + tc.name
+			id := reserve(t, spec.SKU, key, 2)
+			if o := tc.end(ctx, id); !same(o, loadgen.OK) {
+				t.Errorf("first %s = %v, want ok", tc.endEntry, o)
 			}
-		}
-		if _, o := c.Reserve(ctx, spec.SKU, "r-commit", 2); !same(o, loadgen.Replayed) {
-			t.Errorf("Reserve(same key) after commit = %v, want replayed", o)
-		}
-		s := verify(t, c, spec)
-		wantCounts(t, s, 3, 0, 2)
-		if s.Ledger["reserve"] != 1 || s.Ledger["commit"] != 1 || s.Ledger["release"] != 0 {
-			t.Errorf("ledger %v, want one reserve and one commit entry", s.Ledger)
-		}
-	})
-	t.Run("ReleaseTwice", func(t *testing.T) {
-		spec := newSKU(t, c, 5)
-		id := reserve(t, spec.SKU, "r-release", 2)
-		for _, step := range []struct {
-			name string
-			call func(context.Context, string) loadgen.Outcome
-			want loadgen.Outcome
-		}{
-			{"Release", c.Release, loadgen.OK},
-			{"Release", c.Release, loadgen.Replayed},
-			{"Commit", c.Commit, errOf(stock.CodeReservationAlreadyReleased)},
-		} {
-			if o := step.call(ctx, id); !same(o, step.want) {
-				t.Errorf("%s = %v, want %v", step.name, o, step.want)
+			if o := tc.end(ctx, id); !same(o, loadgen.Replayed) {
+				t.Errorf("second %s = %v, want replayed", tc.endEntry, o)
 			}
-		}
-		s := verify(t, c, spec)
-		wantCounts(t, s, 5, 0, 0)
-		if s.Ledger["reserve"] != 1 || s.Ledger["release"] != 1 || s.Ledger["commit"] != 0 {
-			t.Errorf("ledger %v, want one reserve and one release entry", s.Ledger)
-		}
-	})
+			if o := tc.other(ctx, id); !same(o, errOf(tc.refused)) {
+				t.Errorf("%s after %s = %v, want %s", tc.otherEntry, tc.endEntry, o, tc.refused)
+			}
+			if _, o := c.Reserve(ctx, spec.SKU, key, 2); !same(o, loadgen.Replayed) {
+				t.Errorf("Reserve(same key) after %s = %v, want replayed", tc.endEntry, o)
+			}
+			s := verify(t, c, spec)
+			wantCounts(t, s, tc.available, 0, tc.sold)
+			if s.Ledger["reserve"] != 1 || s.Ledger[tc.endEntry] != 1 || s.Ledger[tc.otherEntry] != 0 {
+				t.Errorf("ledger %v, want one reserve and one %s entry", s.Ledger, tc.endEntry)
+			}
+		})
+	}
 	t.Run("NotFound", func(t *testing.T) {
 		spec := newSKU(t, c, 5)
 		notFound := errOf(stock.CodeReservationNotFound)
@@ -339,6 +327,10 @@ func TestServer_Errors(t *testing.T) {
 			_, err := inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: "no-such-sku"}))
 			return err
 		}, connect.CodeNotFound, stock.CodeSKUNotFound},
+		{"GetStockBadName", func() error {
+			_, err := inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: "bad name"}))
+			return err
+		}, connect.CodeInvalidArgument, stock.CodeInvalidSKU},
 		{"CreateSkuExists", func() error {
 			_, err := admin.CreateSku(ctx, connect.NewRequest(&v1.CreateSkuRequest{Sku: spec.SKU, InitialStock: 1}))
 			return err
@@ -359,6 +351,10 @@ func TestServer_Errors(t *testing.T) {
 			_, err := admin.Reconcile(ctx, connect.NewRequest(&v1.ReconcileRequest{Sku: "no-such-sku"}))
 			return err
 		}, connect.CodeNotFound, stock.CodeSKUNotFound},
+		{"ReconcileBadName", func() error {
+			_, err := admin.Reconcile(ctx, connect.NewRequest(&v1.ReconcileRequest{Sku: ""}))
+			return err
+		}, connect.CodeInvalidArgument, stock.CodeInvalidSKU},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()
