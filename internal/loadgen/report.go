@@ -42,6 +42,7 @@ type svgLine struct {
 }
 
 type chart struct {
+	Label         string // what it shows, for screen readers
 	Width, Height int
 	Rects         []svgRect
 	Texts         []svgText
@@ -110,7 +111,7 @@ func WriteReport(w io.Writer, results []*Result) error {
 	return reportTemplate.Execute(w, d)
 }
 
-func newChart() chart { return chart{Width: chartWidth, Height: chartHeight} }
+func newChart(label string) chart { return chart{Label: label, Width: chartWidth, Height: chartHeight} }
 
 func plotWidth() float64  { return chartWidth - chartLeft - chartRight }
 func plotHeight() float64 { return chartHeight - chartTop - chartBottom }
@@ -129,7 +130,7 @@ func (c *chart) axes(top float64, unit string) {
 // latencyChart is a histogram of latency over logarithmic bins, ten per
 // decade of microseconds.
 func latencyChart(r *Result) chart {
-	c := newChart()
+	c := newChart("latency histogram")
 	h := r.Latency
 	if h == nil || h.TotalCount() == 0 {
 		return c
@@ -174,7 +175,7 @@ func latencyChart(r *Result) chart {
 
 // perSecondChart stacks, for every second of the run, the answers by kind.
 func perSecondChart(r *Result) chart {
-	c := newChart()
+	c := newChart("answers per second")
 	if len(r.Seconds) == 0 {
 		return c
 	}
@@ -220,7 +221,7 @@ const (
 // over the disk's stalls drawn as shaded spans: a slow answer that a stall
 // held up starts just before or during one.
 func slowChart(r *Result) chart {
-	c := newChart()
+	c := newChart("slow answers and disk stalls over time")
 	if r.Config.LatencyGoal <= 0 || (len(r.Slow) == 0 && r.Disk == nil) || r.Elapsed <= 0 {
 		return c
 	}
@@ -265,7 +266,7 @@ func slowChart(r *Result) chart {
 
 // compareChart is one bar of throughput per target.
 func compareChart(results []*Result) chart {
-	c := newChart()
+	c := newChart("throughput by target")
 	if len(results) < 2 {
 		return c
 	}
