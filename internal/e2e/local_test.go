@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -56,6 +60,12 @@ func TestE2E_AllocatorShard(t *testing.T) {
 	})
 	if ok.Load() != units || oos.Load() != requests-units {
 		t.Fatalf("%d successes and %d out of stock, want %d and %d", ok.Load(), oos.Load(), units, requests-units)
+	}
+	// The ShardService (no authentication) is not on the public port.
+	shardSvc := shardstockv1connect.NewShardServiceClient(rpc.NewClient(), s.base)
+	_, err := shardSvc.Execute(ctx, connect.NewRequest(&v1.ExecuteRequest{}))
+	if connect.CodeOf(err) != connect.CodeUnimplemented {
+		t.Errorf("ShardService.Execute on the allocator's public port = %v, want unimplemented (not served)", err)
 	}
 	replays := func(when string) {
 		t.Helper()

@@ -93,10 +93,13 @@ func newStackWith(t *testing.T, shardServers int, localID string) *stack {
 	for i := 1; i <= shardServers; i++ {
 		s.startShard(fmt.Sprintf("s%d", i))
 	}
-	args := []string{"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-db-max-conns", "4", "-log-level", "warn"}
+	conns := "4"
+	args := []string{"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn"}
 	if localID != "" {
-		args = append(args, "-shard-id", localID, "-lease-ttl", leaseTTL.String(), "-db-max-conns", "8")
+		conns = "8" // shared with its shard server
+		args = append(args, "-shard-id", localID, "-lease-ttl", leaseTTL.String())
 	}
+	args = append(args, "-db-max-conns", conns)
 	s.allocator = s.start("allocator", filepath.Join(bin, "allocator"), args...)
 	line := s.allocator.waitLine(t, "allocator listening on ")
 	s.base = strings.TrimPrefix(line, "allocator listening on ")

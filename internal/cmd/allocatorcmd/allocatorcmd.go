@@ -8,7 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"time"
+	"net"
 
 	"connectrpc.com/connect"
 
@@ -33,9 +33,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
 	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most (with -shard-id, shared with the shard server)")
-	shardID := fs.String("shard-id", getenv("SHARDSTOCK_LOCAL_SHARD_ID"), "also run a shard server with this id in this process: it takes its share of the partitions, serves other allocators on this port, and this allocator calls it without RPC (env SHARDSTOCK_LOCAL_SHARD_ID)")
-	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "with -shard-id, the address other allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
-	leaseTTL := fs.Duration("lease-ttl", 5*time.Second, "with -shard-id, the etcd lease TTL of its shard server")
+	shardID := fs.String("shard-id", getenv("SHARDSTOCK_LOCAL_SHARD_ID"), "also run a shard server with this id in this process: it takes its share of the partitions, serves other allocators on -shard-addr, and this allocator calls it without RPC (env SHARDSTOCK_LOCAL_SHARD_ID)")
+	shardAddr := fs.String("shard-addr", cli.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:0"), "with -shard-id, the internal listen address of its ShardService, which has no authentication and must not be the public one; port 0 picks one (env SHARDSTOCK_SHARD_ADDR)")
+	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "with -shard-id, the address other allocators dial; default: the -shard-addr listener's address (env SHARDSTOCK_ADVERTISE)")
+	leaseTTL := fs.Duration("lease-ttl", shardcmd.LeaseTTLDefault, "with -shard-id, the etcd lease TTL of its shard server")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -68,14 +69,20 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	services := []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}
 	acfg := allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg}
 	var node *shardcmd.Node
+	var shardLis net.Listener
 	if *shardID != "" {
+		// The ShardService answers any caller: it gets a listener of its
+		// own, as cmd/shard's, never the public port.
+		if shardLis, err = net.Listen("tcp", *shardAddr); err != nil {
+			return fmt.Errorf("-shard-addr: %w", err)
+		}
+		defer shardLis.Close()
 		if *advertise == "" {
-			*advertise = lis.Addr().String()
+			*advertise = shardLis.Addr().String()
 		}
 		node = shardcmd.NewNode(shardcmd.NodeConfig{ID: *shardID, Advertise: *advertise, DB: db, Etcd: client,
 			LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
 		acfg.Local, acfg.LocalID = node.Server, *shardID
-		services = append(services, shardstockv1connect.ShardServiceName)
 	}
 	alloc := allocator.New(acfg)
 	defer alloc.Close()
@@ -92,24 +99,31 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc},
 		append(rpc.HandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())
-	nodeDone := make(chan error, 1)
+	nodeDone, shardDone := make(chan error, 1), make(chan error, 1)
 	if node != nil {
-		node.Handle(mux)
 		go func() { nodeDone <- node.Run(ctx) }()
-		fmt.Fprintf(stdout, "shard %s listening on %s\n", *shardID, lis.Addr())
-		log.Info("shard server started", "id", *shardID, "addr", lis.Addr().String(), "advertise", *advertise, "in", "allocator")
+		go func() {
+			err := rpc.Serve(ctx, shardLis, node.Handler(nil, false))
+			if err != nil {
+				cancel() // a member others cannot reach must not stay one
+			}
+			shardDone <- err
+		}()
+		fmt.Fprintf(stdout, "shard %s listening on %s\n", *shardID, shardLis.Addr())
+		log.Info("shard server started", "id", *shardID, "addr", shardLis.Addr().String(), "advertise", *advertise, "in", "allocator")
 	} else {
 		nodeDone <- nil
+		shardDone <- nil
 	}
 
 	fmt.Fprintf(stdout, "allocator listening on http://%s\n", lis.Addr())
 	log.Info("allocator started", "addr", lis.Addr().String())
 	serveErr := rpc.Serve(ctx, lis, mux)
 	cancel()
-	nerr := <-nodeDone
+	serr, nerr := <-shardDone, <-nodeDone
 	<-watchDone
 	log.Info("allocator stopped")
-	return errors.Join(serveErr, nerr)
+	return errors.Join(serveErr, serr, nerr)
 }
 
 // adminTokenLenMin keeps guessable tokens out.

@@ -17,6 +17,10 @@ import (
 	"github.com/shardstock/shardstock/internal/topology"
 )
 
+// LeaseTTLDefault is a shard server's etcd lease TTL unless set: a dead
+// server's partitions move after about this long.
+const LeaseTTLDefault = 5 * time.Second
+
 // NodeConfig configures a Node.
 type NodeConfig struct {
 	ID        string // unique among shard servers
@@ -46,9 +50,14 @@ func NewNode(cfg NodeConfig) *Node {
 	}
 }
 
-// Handle adds the ShardService handler to mux.
-func (n *Node) Handle(mux *http.ServeMux) {
+// Handler returns the ShardService with health, reflection and /metrics
+// (of gatherer, if set) and, with pprof, /debug/pprof/. It has no
+// authentication: serve it on a port that only shardstock's own processes
+// reach, never beside the public API.
+func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool) http.Handler {
+	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: gatherer, Pprof: pprof})
 	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, rpc.HandlerOptions()...))
+	return mux
 }
 
 // Run takes part in the topology and sweeps expiries until ctx ends, then

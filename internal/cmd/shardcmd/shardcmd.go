@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
-	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/cli"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
@@ -28,7 +26,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	id := fs.String("id", cli.Env(getenv, "SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
-	leaseTTL := fs.Duration("lease-ttl", 5*time.Second, "etcd lease TTL: a dead server's partitions move after about this long")
+	leaseTTL := fs.Duration("lease-ttl", LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long")
 	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
@@ -57,8 +55,6 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	node := NewNode(NodeConfig{ID: *id, Advertise: *advertise, DB: db, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
-	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: reg, Pprof: *pprofOn})
-	node.Handle(mux)
 
 	// Shut down in reverse: stop serving, leave the topology (others take
 	// the partitions at once), stop the writers, close the database.
@@ -68,7 +64,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	go func() { nodeDone <- node.Run(ctx) }()
 	fmt.Fprintf(stdout, "shard %s listening on %s\n", *id, lis.Addr())
 	log.Info("shard server started", "id", *id, "addr", lis.Addr().String(), "advertise", *advertise)
-	serveErr := rpc.Serve(ctx, lis, mux)
+	serveErr := rpc.Serve(ctx, lis, node.Handler(reg, *pprofOn))
 	cancel()
 	merr := <-nodeDone
 	log.Info("shard server stopped", "id", *id)
