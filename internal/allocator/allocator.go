@@ -183,12 +183,14 @@ func (a *Allocator) exec(ctx context.Context, r *stock.Request) stock.Result {
 	var res stock.Result
 	switch {
 	case local:
+		a.metrics.local.Inc()
 		res = a.local.Do(ctx, r)
 	case c == nil:
 		return unavailable("no shard server owns %s right now; retry with the same key", r.Shard)
 	case c.open():
 		return unavailable("shard server %s is failing; retry with the same key", c.id)
 	default:
+		a.metrics.remote.Inc()
 		res = c.do(ctx, rpc.RequestToProto(r))
 	}
 	if res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {

@@ -7,13 +7,21 @@ import (
 )
 
 type metrics struct {
+	// local and remote count the requests handed to the allocator's own
+	// shard server and those sent to shard servers over RPC.
+	local, remote  prometheus.Counter
 	sweeps         prometheus.Counter
 	consolidations prometheus.Counter
 	breaker        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	paths := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shardstock_allocator_shard_requests_total", Help: "Requests sent to shard servers, by path: local (this process's own shard server, no RPC) or rpc.",
+	}, []string{"path"})
 	m := &metrics{
+		local:  paths.WithLabelValues("local"),
+		remote: paths.WithLabelValues("rpc"),
 		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardstock_allocator_sweeps_total", Help: "Sweeps of all of a SKU's shards before an OUT_OF_STOCK.",
 		}),
@@ -25,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"server", "state"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sweeps, m.consolidations, m.breaker)
+		reg.MustRegister(paths, m.sweeps, m.consolidations, m.breaker)
 	}
 	return m
 }

@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -61,6 +65,12 @@ func TestE2E_AllocatorShard(t *testing.T) {
 	if ok.Load() != units || oos.Load() != requests-units {
 		t.Fatalf("%d successes and %d out of stock, want %d and %d", ok.Load(), oos.Load(), units, requests-units)
 	}
+	// Both paths carried requests: the in-process one for the allocator's
+	// own partitions, RPC for the others.
+	if local, remote := s.counter(`shardstock_allocator_shard_requests_total{path="local"}`),
+		s.counter(`shardstock_allocator_shard_requests_total{path="rpc"}`); local == 0 || remote == 0 {
+		t.Errorf("requests to shard servers: %v local, %v over RPC; want both", local, remote)
+	}
 	// The ShardService (no authentication) is not on the public port.
 	shardSvc := shardstockv1connect.NewShardServiceClient(rpc.NewClient(), s.base)
 	_, err := shardSvc.Execute(ctx, connect.NewRequest(&v1.ExecuteRequest{}))
@@ -107,6 +117,28 @@ func TestE2E_AllocatorShard(t *testing.T) {
 		}
 	}
 	s.reconcile(sku + "-b")
+}
+
+// counter returns the value of one sample in the allocator's /metrics
+// (0 if absent).
+func (s *stack) counter(sample string) float64 {
+	s.t.Helper()
+	resp, err := http.Get(s.base + "/metrics")
+	if err != nil {
+		s.t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), sample+" "); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				s.t.Fatalf("metric %s: %v", sample, err)
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 // owners returns the owner of every partition.
