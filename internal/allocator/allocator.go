@@ -281,9 +281,20 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 		case sw.maxShard >= q:
 			continue // a shard holds enough now: try again with fresh hints
 		case refused(r, sku):
-			// The SKU refuses this request whatever the stock: say why
-			// (after the replay lookup) rather than move stock.
-			return a.outOfStock(ctx, r, sku, false, sw)
+			// The cached SKU refuses this request whatever the stock. The
+			// copy may be up to skuCacheTTL old (a SKU resumed through
+			// another allocator), and here it decides, not only words, the
+			// answer: read it again before refusing rather than moving
+			// stock. Rare: only a request larger than any one shard.
+			a.forgetSKU(sku.SKU)
+			fresh, err := a.sku(ctx, sku.SKU)
+			if err != nil {
+				return unavailable("could not read %s; retry with the same key", sku.SKU)
+			}
+			if refused(r, fresh) {
+				return a.outOfStock(ctx, r, fresh, false, sw)
+			}
+			sku = fresh
 		case sw.available >= q:
 			if err := a.consolidate(ctx, sku, q); err != nil {
 				a.log.Debug("consolidation failed", "sku", sku.SKU, "err", err)

@@ -1,0 +1,53 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// TestE2E_StaleSKUCache: the allocator caches a SKU's configuration, and
+// another allocator may change it meanwhile (here: the database directly).
+// A request larger than any one shard is refused on the SKU's configuration
+// only after a fresh read: a SKU resumed elsewhere consolidates and sells,
+// rather than answering SKU_PAUSED from the cached copy.
+func TestE2E_StaleSKUCache(t *testing.T) {
+	s := newStack(t, 1)
+	ctx := context.Background()
+	const sku = "stale-cache"
+	s.createSKU(sku, 8, 8) // one unit on each shard
+
+	paused := true
+	if _, err := s.admin.UpdateSku(ctx, adminReq(&v1.UpdateSkuRequest{Sku: sku, Paused: &paused})); err != nil {
+		t.Fatal(err)
+	}
+	// The allocator reads the SKU again, now paused, and keeps it.
+	if _, err := s.deduct(ctx, sku, "while-paused", 1); reason(err) != string(stock.CodeSKUPaused) {
+		t.Fatalf("deduct on a paused SKU = %v, want SKU_PAUSED", err)
+	}
+	// Resumed behind the allocator's back, as through another allocator.
+	conn, err := pgx.Connect(ctx, s.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `UPDATE skus SET status = 'active' WHERE sku = $1`, sku); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.deduct(ctx, sku, "fragmented", 2)
+	if err != nil {
+		t.Fatalf("deduct 2 (more than any one shard) after the resume = %v (reason %q, code %v), want ok", err, reason(err), connect.CodeOf(err))
+	}
+	if resp.Replayed {
+		t.Errorf("deduct 2 = replayed, want a first success")
+	}
+	if st := s.stock(sku); st.Sold != 2 || st.Available+st.InTransit != 6 {
+		t.Errorf("stock %v, want 2 sold and 6 left", st)
+	}
+	s.reconcile(sku)
+}
