@@ -202,9 +202,8 @@ func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]ledger.Discrep
 	return ledger.Reconcile(snap), nil
 }
 
+// errResult answers a request that failed with err: the database failing
+// is a reason to retry.
 func errResult(err error) stock.Result {
-	if e, ok := err.(*stock.Error); ok {
-		return stock.Result{Err: e}
-	}
-	return stock.Result{Err: stock.Errorf(stock.CodeShardUnavailable, "database unavailable; retry with the same key")}
+	return stock.ErrResult(err, stock.Errorf(stock.CodeShardUnavailable, "database unavailable; retry with the same key"))
 }

@@ -300,7 +300,7 @@ func (s *Server) DoAll(ctx context.Context, reqs []*stock.Request) []stock.Resul
 	waits := make([]*pending, len(reqs))
 	for i, r := range reqs {
 		if err := stock.ValidateRequest(r); err != nil {
-			results[i] = resultOf(err)
+			results[i] = stock.ErrResult(err, stock.Errorf(stock.CodeInternal, "invalid request"))
 			continue
 		}
 		if r.Source == "" {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -303,15 +302,6 @@ func (w *writer) drainFunc(answer func(*stock.Request) stock.Result) {
 
 func unavailable(msg string) stock.Result {
 	return stock.Result{Err: stock.Errorf(stock.CodeShardUnavailable, "%s", msg)}
-}
-
-func resultOf(err error) stock.Result {
-	var e *stock.Error
-	if errors.As(err, &e) {
-		return stock.Result{Err: e}
-	}
-	slog.Default().Debug("shard load failed", "err", err)
-	return unavailable("shard could not be loaded")
 }
 
 func all(n int, r stock.Result) []stock.Result {

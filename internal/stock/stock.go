@@ -4,6 +4,7 @@
 package stock
 
 import (
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"time"
@@ -197,6 +198,16 @@ type Result struct {
 	// Available is the shard's available stock after the batch: a hint for
 	// routing.
 	Available int64
+}
+
+// ErrResult is the answer of a request that failed with err: err itself
+// when it is an *Error, else fallback (what the caller may tell a client of
+// a failure it cannot name: a retry, or an internal error).
+func ErrResult(err error, fallback *Error) Result {
+	if e, ok := errors.AsType[*Error](err); ok {
+		return Result{Err: e}
+	}
+	return Result{Err: fallback}
 }
 
 // LedgerEntry is one change to one shard's counts.

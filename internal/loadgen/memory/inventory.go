@@ -187,11 +187,7 @@ func (s *Server) end(r *stock.Request) stock.Result {
 }
 
 func errResult(err error) stock.Result {
-	e, ok := err.(*stock.Error)
-	if !ok {
-		e = stock.Errorf(stock.CodeInternal, "internal error")
-	}
-	return stock.Result{Err: e}
+	return stock.ErrResult(err, stock.Errorf(stock.CodeInternal, "internal error"))
 }
 
 // copyReservation copies r (nil: nil), so that an answer is converted
