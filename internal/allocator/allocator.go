@@ -266,7 +266,13 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 				return unavailable("deadline passed while routing; retry with the same key")
 			}
 		}
-		sw := a.sweeps.sweep(ctx, sku, r.Key)
+		// A shard that refused the request in this call looked its key up
+		// in its own transaction: the sweep need not look it up again.
+		key := r.Key
+		if asked {
+			key = ""
+		}
+		sw := a.sweeps.sweep(ctx, sku, key)
 		if sw.err != nil {
 			return stock.Result{Err: sw.err}
 		}
