@@ -107,7 +107,7 @@ func New(cfg Config) *Allocator {
 		skus:    map[string]cachedSKU{},
 		metrics: newMetrics(cfg.Registerer),
 	}
-	a.sweeps.a = a
+	a.sweeps.a, a.sweeps.keysMax = a, sweepKeysMax
 	return a
 }
 

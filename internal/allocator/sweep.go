@@ -39,9 +39,10 @@ type sweepResult struct {
 // also looks up the keys of the requests that joined it, so a sold-out
 // answer costs no second query.
 type sweeper struct {
-	a     *Allocator
-	mu    sync.Mutex
-	bySKU map[string]*sweepState
+	a       *Allocator
+	keysMax int // sweepKeysMax; smaller in tests
+	mu      sync.Mutex
+	bySKU   map[string]*sweepState
 }
 
 type sweepState struct {
@@ -78,7 +79,7 @@ func (s *sweeper) sweep(ctx context.Context, sku *stock.SKU, key string) sweepRe
 	default:
 		run = st.next
 	}
-	included := key != "" && len(run.keys) < sweepKeysMax
+	included := key != "" && len(run.keys) < s.keysMax
 	if included {
 		run.keys = append(run.keys, key)
 	}
