@@ -63,6 +63,15 @@ func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *
 	return p.w, p.results, nil
 }
 
+// Plan is plan for implementations that keep the same books elsewhere than
+// in Postgres (the load generator's in-memory ceiling, internal/loadgen/
+// memory): one decision procedure, so that they apply shardstock's rules
+// and not a copy of them. It does not sweep due reservations. A non-nil
+// error wraps errInvariant.
+func Plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *postgres.BatchRead) (*postgres.BatchWrite, []stock.Result, error) {
+	return plan(shard, from, reqs, read, false)
+}
+
 // errInvariant: a batch would break an invariant; its shard is halted.
 var errInvariant = errors.New("shard: INVARIANT violated")
 

@@ -1,11 +1,12 @@
 package memory
 
 import (
-	"bytes"
 	"context"
 	"time"
 
 	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -60,9 +61,7 @@ func unimplemented(what string) *stock.Error {
 	return stock.Errorf(stock.CodeUnimplemented, "the memory target serves no %s", what)
 }
 
-// take decides a reserve or deduct, in shardstock's order: validation, the
-// SKU, the key (a replay or IDEMPOTENCY_KEY_REUSED), the SKU's refusals,
-// then stock. A refusal records nothing: the key stays free.
+// take decides a reserve or deduct.
 func (s *Server) take(r *stock.Request) stock.Result {
 	r.Source = stock.SourceAPI
 	if err := stock.ValidateRequest(r); err != nil {
@@ -72,70 +71,20 @@ func (s *Server) take(r *stock.Request) stock.Result {
 	if err != nil {
 		return errResult(err)
 	}
-	hash := stock.ParamsHash(r)
-
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	// keysMu is held from the key's lookup to its binding, so that the same
+	// key sent to two SKUs at once is applied once.
 	s.keysMu.Lock()
 	defer s.keysMu.Unlock()
-
+	read := k.read()
 	if op := s.keys[r.Key]; op != nil {
-		if op.SKU != r.Shard.SKU || op.Kind != r.Kind || !bytes.Equal(op.ParamsHash, hash) {
-			return errResult(stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key %q was used with other parameters", r.Key))
-		}
-		// The parameters match, so op is this SKU's: k.mu guards its
-		// reservation.
-		res := stock.Result{Operation: op, Replayed: true}
-		if op.Kind == stock.OpReserve {
-			res.Reservation = copyReservation(k.reservations[op.ReservationID])
-		}
-		return res
+		read.Ops[r.Key] = k.current(op)
 	}
-	if code, msg := k.cfg.Refuse(r, k.usage[r.CustomerRef]); code != "" {
-		return errResult(stock.Errorf(code, "%s", msg))
-	}
-	if k.counts.Available < r.Quantity {
-		return errResult(stock.Errorf(stock.CodeOutOfStock, "not enough available stock"))
-	}
-
-	now := time.Now()
-	op := &stock.Operation{
-		SKU: r.Shard.SKU, IdempotencyKey: r.Key, Kind: r.Kind, Quantity: r.Quantity, ParamsHash: hash,
-		OrderRef: r.OrderRef, CustomerRef: r.CustomerRef, CreatedAt: now,
-	}
-	entry := &stock.LedgerEntry{Kind: r.Kind, Quantity: r.Quantity, IdempotencyKey: r.Key, OrderRef: r.OrderRef, Source: r.Source}
-	var held *stock.Reservation
-	if r.Kind == stock.OpReserve {
-		ttl := r.TTL
-		if ttl == 0 {
-			ttl = k.cfg.ReservationTTL
-		}
-		held = &stock.Reservation{
-			ID: stock.NewReservationID(stock.ShardKey{SKU: r.Shard.SKU}), SKU: r.Shard.SKU, Quantity: r.Quantity,
-			State: stock.ReservationHeld, ExpiresAt: now.Add(ttl), OrderRef: r.OrderRef, CustomerRef: r.CustomerRef,
-			IdempotencyKey: r.Key,
-		}
-		op.ReservationID, op.ReservationState, op.ReservationExpiresAt = held.ID, held.State, held.ExpiresAt
-		entry.ReservationID = held.ID
-	}
-	if err := s.apply(k, entry); err != nil {
-		return errResult(err)
-	}
-	// Only an applied operation binds the key.
-	s.keys[r.Key] = op
-	k.opKeys = append(k.opKeys, r.Key)
-	if held != nil {
-		k.reservations[held.ID] = held
-	}
-	if k.cfg.CustomerLimit > 0 && r.CustomerRef != "" {
-		k.usage[r.CustomerRef] += r.Quantity
-	}
-	return stock.Result{Operation: op, Reservation: copyReservation(held)}
+	return s.decide(k, r, read)
 }
 
-// end decides a commit or a release. A reservation ends once: the second
-// of the same kind is a replay, the other kind is refused with the state
-// the reservation is in.
+// end decides a commit or a release.
 func (s *Server) end(r *stock.Request) stock.Result {
 	key, err := stock.ParseReservationID(r.ReservationID)
 	if err != nil {
@@ -145,45 +94,73 @@ func (s *Server) end(r *stock.Request) stock.Result {
 	if err := stock.ValidateRequest(r); err != nil {
 		return errResult(err)
 	}
-	notFound := stock.Errorf(stock.CodeReservationNotFound, "no reservation %q", r.ReservationID)
 	k, err := s.lookup(key.SKU)
 	if err != nil {
-		return errResult(notFound)
+		return errResult(stock.Errorf(stock.CodeReservationNotFound, "no reservation %q", r.ReservationID))
 	}
-
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	res := k.reservations[r.ReservationID]
-	if res == nil {
-		return errResult(notFound)
+	read := k.read()
+	if res := k.reservations[r.ReservationID]; res != nil {
+		read.Reservations[res.ID] = res
 	}
-	commit := r.Kind == stock.OpCommit
-	switch res.State {
-	case stock.ReservationHeld:
-		entry := &stock.LedgerEntry{Kind: r.Kind, Quantity: res.Quantity, IdempotencyKey: res.IdempotencyKey,
-			ReservationID: res.ID, OrderRef: res.OrderRef, Source: r.Source, Reason: r.Reason}
-		if err := s.apply(k, entry); err != nil {
-			return errResult(err)
-		}
-		if commit {
-			res.State = stock.ReservationCommitted
-		} else {
-			res.State = stock.ReservationReleased
-			if k.cfg.CustomerLimit > 0 && res.CustomerRef != "" {
-				k.usage[res.CustomerRef] -= res.Quantity
-			}
-		}
-		return stock.Result{Reservation: copyReservation(res)}
-	case stock.ReservationCommitted:
-		if !commit {
-			return errResult(stock.Errorf(stock.CodeReservationAlreadyCommitted, "reservation is already committed"))
-		}
-	case stock.ReservationReleased:
-		if commit {
-			return errResult(stock.Errorf(stock.CodeReservationAlreadyReleased, "reservation was released"))
-		}
+	return s.decide(k, r, read)
+}
+
+// read is what shardstock's batch transaction would read of k for one
+// request, without the request's own lookups; k.mu is held.
+func (k *sku) read() *postgres.BatchRead {
+	cfg := k.cfg
+	return &postgres.BatchRead{SKU: &cfg, Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{},
+		Usage: k.usage, Now: time.Now()}
+}
+
+// current is op with its reservation's state as it is now, as shardstock's
+// lookup joins it; k.mu is held (op is k's, or of another SKU, which the
+// planner refuses as a reused key).
+func (k *sku) current(op *stock.Operation) *stock.Operation {
+	c := *op
+	if res := k.reservations[op.ReservationID]; res != nil && op.SKU == k.cfg.SKU {
+		c.ReservationState, c.ReservationExpiresAt = res.State, res.ExpiresAt
 	}
-	return stock.Result{Reservation: copyReservation(res), Replayed: true}
+	return &c
+}
+
+// decide runs shardstock's own planner (shard.Plan) over k's counts for r,
+// then applies what it decided to write: the ledger entries, the counts,
+// the operation that binds the key, the reservations and the customer
+// usage. k.mu is held, and keysMu for a keyed request.
+func (s *Server) decide(k *sku, r *stock.Request, read *postgres.BatchRead) stock.Result {
+	if k.halted {
+		return errResult(stock.Errorf(stock.CodeInternal, "sku %q is halted after an invariant violation", k.cfg.SKU))
+	}
+	w, results, err := shard.Plan(stock.ShardKey{SKU: k.cfg.SKU}, k.counts, []*stock.Request{r}, read)
+	if err != nil {
+		k.halted = true
+		return errResult(stock.Errorf(stock.CodeInternal, "%v", err))
+	}
+	if err := s.record(k, w.Ledger); err != nil {
+		return errResult(err)
+	}
+	for _, op := range w.Ops {
+		s.keys[op.IdempotencyKey] = op
+		k.opKeys = append(k.opKeys, op.IdempotencyKey)
+	}
+	for _, res := range w.NewReservations {
+		k.reservations[res.ID] = copyReservation(res)
+	}
+	for _, e := range w.Ended {
+		k.reservations[e.ID].State = e.State
+	}
+	for c, q := range w.UsageAdd {
+		k.usage[c] += q
+	}
+	for c, q := range w.UsageSub {
+		k.usage[c] = max(k.usage[c]-q, 0)
+	}
+	res := results[0]
+	res.Reservation = copyReservation(res.Reservation)
+	return res
 }
 
 func errResult(err error) stock.Result {

@@ -10,13 +10,14 @@
 // tokens); only what is behind them differs. The calls it serves have
 // shardstock's semantics: Deduct, Reserve, Commit, Release, GetOperation,
 // GetStock, CreateSku, Reconcile and ListLedger, with the same validation
-// (internal/stock), the same refusals (stock.SKU.Refuse, then OUT_OF_STOCK,
-// which records nothing against the key), idempotency keys global across
-// SKUs, a ledger entry per change and the same reconciliation
-// (internal/ledger). Where it differs:
+// (internal/stock), the same decisions (shardstock's own planner,
+// shard.Plan: replays, refusals, stock, reservation ends), idempotency keys
+// global across SKUs, a ledger entry per change and the same
+// reconciliation (internal/ledger). Where it differs:
 //   - a SKU is one row: shards is accepted and echoed, every entry is on
 //     shard 0;
-//   - reservations never expire: expires_at is reported, not enforced;
+//   - no sweeper: a held reservation expires only when a commit or a
+//     release finds it due;
 //   - admin calls need no token (the Authorization header is accepted and
 //     ignored);
 //   - ledger entry ids count from 1 per SKU;
@@ -115,29 +116,30 @@ func (s *Server) lookup(name string) (*sku, error) {
 	return k, nil
 }
 
-// apply moves k's counts by e's kind and quantity and appends e to its
-// ledger; k.mu is held. It changes nothing and answers INTERNAL when the
-// move would make a count negative (callers check stock first, so that is
-// a bug: the SKU halts) or the ledger is full.
-func (s *Server) apply(k *sku, e *stock.LedgerEntry) *stock.Error {
-	if k.halted {
-		return stock.Errorf(stock.CodeInternal, "sku %q is halted after an invariant violation", k.cfg.SKU)
+// record appends the planner's ledger entries to k's ledger and moves k's
+// counts to the last entry's; k.mu is held. It changes nothing and answers
+// INTERNAL when the entries do not chain from k's counts (a bug: the SKU
+// halts) or the ledger would pass entriesMax.
+func (s *Server) record(k *sku, es []*stock.LedgerEntry) *stock.Error {
+	at := k.counts
+	for _, e := range es {
+		if e.Before != at || !e.After.Valid() {
+			k.halted = true
+			return stock.Errorf(stock.CodeInternal, "INVARIANT: %s of %d would take sku %q from %+v to %+v", e.Kind, e.Quantity, k.cfg.SKU, e.Before, e.After)
+		}
+		at = e.After
 	}
-	next := k.counts.Add(e.Kind.Delta(e.Quantity))
-	if !next.Valid() {
-		k.halted = true
-		return stock.Errorf(stock.CodeInternal, "INVARIANT: %s of %d would take sku %q to %+v", e.Kind, e.Quantity, k.cfg.SKU, next)
-	}
-	if s.entries.Add(1) > entriesMax {
-		s.entries.Add(-1)
+	if s.entries.Add(int64(len(es))) > entriesMax {
+		s.entries.Add(-int64(len(es)))
 		return stock.Errorf(stock.CodeInternal, "the memory target holds %d ledger entries, its bound", entriesMax)
 	}
-	e.ID = int64(len(k.ledger)) + 1
-	e.Shard = stock.ShardKey{SKU: k.cfg.SKU}
-	e.Before, e.After = k.counts, next
-	e.ServerID = ServerID
-	e.CreatedAt = time.Now()
-	k.counts = next
-	k.ledger = append(k.ledger, e)
+	now := time.Now()
+	for _, e := range es {
+		e.ID = int64(len(k.ledger)) + 1
+		e.ServerID = ServerID
+		e.CreatedAt = now
+		k.ledger = append(k.ledger, e)
+	}
+	k.counts = at
 	return nil
 }

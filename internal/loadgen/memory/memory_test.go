@@ -606,3 +606,66 @@ func TestServer_Load(t *testing.T) {
 		}
 	})
 }
+
+// TestServer_Halt: a change the planner finds would break an invariant
+// (here: counts corrupted behind its back) halts the SKU: that change and
+// every later one are refused INTERNAL, and nothing is written.
+func TestServer_Halt(t *testing.T) {
+	ctx := context.Background()
+	srv := New()
+	c := client(t, startServer(t, srv))
+	spec := newSKU(t, c, 10)
+	k, err := srv.lookup(spec.SKU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.mu.Lock()
+	k.counts.Reserved = -1 // no reservation can account for it
+	entries := len(k.ledger)
+	k.mu.Unlock()
+	for i := range 2 {
+		res := srv.Take(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: spec.SKU}, Quantity: 1, Key: fmt.Sprintf("halt-%d", i)})
+		if res.Err == nil || res.Err.Code != stock.CodeInternal {
+			t.Errorf("deduct #%d on a corrupted SKU = %+v, want INTERNAL", i, res)
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.halted || len(k.ledger) != entries || k.counts.Available != 10 || srv.keys["halt-0"] != nil {
+		t.Errorf("halted %v, %d entries (want %d), available %d, key bound %v: want halted and nothing written",
+			k.halted, len(k.ledger), entries, k.counts.Available, srv.keys["halt-0"] != nil)
+	}
+}
+
+// TestServer_ExpiredOnEnd: a held reservation found due by a commit or a
+// release expires first, as shardstock's planner has it (the memory target
+// has no sweeper): the commit is refused RESERVATION_EXPIRED, a release
+// replays, and the units are back once.
+func TestServer_ExpiredOnEnd(t *testing.T) {
+	ctx := context.Background()
+	srv := New()
+	c := client(t, startServer(t, srv))
+	spec := newSKU(t, c, 10)
+	id, o := c.Reserve(ctx, spec.SKU, "due-1", 4)
+	if !same(o, loadgen.OK) {
+		t.Fatalf("Reserve(4) = %v", o)
+	}
+	k, err := srv.lookup(spec.SKU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.mu.Lock()
+	k.reservations[id].ExpiresAt = time.Now().Add(-time.Second)
+	k.mu.Unlock()
+	if o := c.Commit(ctx, id); !same(o, errOf(stock.CodeReservationExpired)) {
+		t.Errorf("Commit(due) = %v, want RESERVATION_EXPIRED", o)
+	}
+	if o := c.Release(ctx, id); !same(o, loadgen.Replayed) {
+		t.Errorf("Release(expired) = %v, want replayed", o)
+	}
+	s := verify(t, c, spec)
+	wantCounts(t, s, 10, 0, 0)
+	if s.Ledger["expire"] != 1 || s.Ledger["commit"] != 0 || s.Ledger["release"] != 0 {
+		t.Errorf("ledger %v, want one expire entry and no other end", s.Ledger)
+	}
+}
