@@ -53,7 +53,7 @@ func (s *Server) GetStock(_ context.Context, name string) (*allocator.Stock, err
 func (k *sku) stock() *allocator.Stock {
 	cfg := k.cfg
 	return &allocator.Stock{SKU: &cfg, Total: k.counts,
-		Shards: []allocator.ShardStock{{ServerID: ServerID, Counts: k.counts}}}
+		Shards: []allocator.ShardStock{{ServerID: serverID, Counts: k.counts}}}
 }
 
 // unimplemented is the error of the calls the server does not serve.

@@ -44,9 +44,10 @@ const (
 	// entriesMax bounds the ledger entries the server holds over all SKUs
 	// (a few hundred bytes each): past it every change is refused.
 	entriesMax = 20_000_000
-	// ServerID names the process in ledger entries and GetStock's shard.
-	ServerID = "memory"
 )
+
+// serverID names the process in ledger entries and GetStock's shard.
+const serverID = "memory"
 
 // Server serves the public API from memory. Its zero value is not usable:
 // call New.
@@ -136,7 +137,7 @@ func (s *Server) record(k *sku, es []*stock.LedgerEntry) *stock.Error {
 	now := time.Now()
 	for _, e := range es {
 		e.ID = int64(len(k.ledger)) + 1
-		e.ServerID = ServerID
+		e.ServerID = serverID
 		e.CreatedAt = now
 		k.ledger = append(k.ledger, e)
 	}

@@ -275,6 +275,7 @@ func TestServer_Reservation(t *testing.T) {
 			want     loadgen.Outcome
 		}{
 			{"Unknown", stock.NewReservationID(stock.ShardKey{SKU: spec.SKU}), notFound},
+			// Well formed, of a shard the one-row target never makes: parsed, then not found.
 			{"OtherShard", stock.NewReservationID(stock.ShardKey{SKU: spec.SKU, Index: 1}), notFound},
 			{"UnknownSKU", stock.NewReservationID(stock.ShardKey{SKU: "no-such-sku"}), notFound},
 			{"Malformed", "not-a-reservation", notFound},
