@@ -45,6 +45,7 @@ const (
 // listening on 127.0.0.1 on a port of its own with trust authentication.
 type Cluster struct {
 	url       string
+	port      int
 	dir       string
 	removeDir bool
 	cmd       *exec.Cmd
@@ -110,19 +111,23 @@ func (c *Cluster) start(ctx context.Context, binDir string) error {
 		return err
 	}
 	for attempt := 1; ; attempt++ {
-		err := c.launch(ctx, binDir, dataDir, cred)
+		err := c.launch(ctx, binDir, dataDir, cred, 0)
 		if err == nil || attempt == portAttemptsMax || ctx.Err() != nil {
 			return err
 		}
 	}
 }
 
-// launch starts postgres on a free port and waits until it answers.
-func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *syscall.Credential) error {
-	port, err := freePort()
-	if err != nil {
-		return err
+// launch starts postgres on port (0: a free one) and waits until it answers.
+func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *syscall.Credential, port int) error {
+	if port == 0 {
+		p, err := freePort()
+		if err != nil {
+			return err
+		}
+		port = p
 	}
+	c.port = port
 	logPath := filepath.Join(c.dir, "postgres.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

@@ -1,0 +1,57 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// crashTimeout bounds the wait for the server to exit after SIGQUIT.
+const crashTimeout = 30 * time.Second
+
+// Crash stops the server the way a crash does: SIGQUIT to the postmaster,
+// which is what `pg_ctl stop -m immediate` sends. Every backend exits at
+// once without a checkpoint; the next start replays the WAL (crash
+// recovery), so only commits whose WAL record reached the log survive, and
+// transaction ids that never reached it are handed out again.
+func (c *Cluster) Crash() error {
+	if c.cmd == nil || c.exited == nil {
+		return errors.New("pgtest: crash: server not running")
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("pgtest: crash postgres: %w", err)
+	}
+	select {
+	case <-c.exited:
+		return nil
+	case <-time.After(crashTimeout):
+		c.cmd.Process.Kill()
+		<-c.exited
+		return fmt.Errorf("pgtest: postgres ignored SIGQUIT for %v; killed", crashTimeout)
+	}
+}
+
+// Restart starts the server again on its data directory and port, after
+// Crash (crash recovery) or a stop, and returns once it answers.
+func (c *Cluster) Restart(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	select {
+	case <-c.exited:
+	default:
+		return errors.New("pgtest: restart: server still running")
+	}
+	binDir, err := findBinDir()
+	if err != nil {
+		return err
+	}
+	cred, err := serverCredential()
+	if err != nil {
+		return err
+	}
+	return c.launch(ctx, binDir, filepath.Join(c.dir, "data"), cred, c.port)
+}
