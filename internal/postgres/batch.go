@@ -151,7 +151,7 @@ func (db *DB) Group(ctx context.Context, units []*Unit) (err error) {
 		conn.Release()
 	}()
 
-	reads, xid, err := readGroup(ctx, conn.Conn(), units)
+	reads, err := readGroup(ctx, conn.Conn(), units)
 	if err != nil {
 		return err
 	}
@@ -171,9 +171,10 @@ func (db *DB) Group(ctx context.Context, units []*Unit) (err error) {
 	if len(writes) == 0 {
 		return nil // nothing to write: the deferred rollback ends it
 	}
-	committing, err := writeGroup(ctx, conn.Conn(), writes)
+	mark := newCommitMark(writes[0].u.Fence.ServerID)
+	committing, err := writeGroup(ctx, conn.Conn(), mark, writes)
 	if err != nil && committing {
-		return db.commitOutcome(ctx, xid, conn.Conn().PgConn().PID(), err)
+		return db.commitOutcome(ctx, mark, err)
 	}
 	return err
 }
@@ -186,11 +187,10 @@ type unitWrite struct {
 
 // readGroup is the group's first round trip: BEGIN; the fences of every
 // unit's partition (FOR SHARE, so that a takeover waits for this batch and a
-// batch after the takeover sees the new epoch), with the transaction id (to
-// learn the outcome of a lost commit) and the database clock; the SKUs; the
+// batch after the takeover sees the new epoch), with the database clock; the SKUs; the
 // shard rows of the units that ask (LoadShard); the existing operations, reservations, transfers and customer usage of every
 // unit; the due holds of the units that sweep.
-func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead, string, error) {
+func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead, error) {
 	var parts []int32
 	var skus, keys, rids, tids, usageSKUs, usageCustomers []string
 	var sweeps []*Unit
@@ -214,7 +214,7 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(`SELECT partition, owner, epoch, pg_current_xact_id()::text, now() FROM partitions
+	b.Queue(`SELECT partition, owner, epoch, now() FROM partitions
 		WHERE partition = ANY($1::int[]) ORDER BY partition FOR SHARE`, parts)
 	b.Queue(`SELECT s.* FROM unnest($1::text[]) AS k(sku) CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, skus)
 	if len(loadSKUs) > 0 {
@@ -244,31 +244,30 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 	defer res.Close()
 
 	if _, err := res.Exec(); err != nil {
-		return nil, "", notCommitted("begin", err)
+		return nil, notCommitted("begin", err)
 	}
 	type fence struct {
 		owner string
 		epoch int64
 	}
 	fences := map[int32]fence{}
-	var xid string
 	var now time.Time
 	rows, err := res.Query()
 	if err != nil {
-		return nil, "", notCommitted("fence", err)
+		return nil, notCommitted("fence", err)
 	}
 	var p int32
 	var f fence
-	if _, err := pgx.ForEachRow(rows, []any{&p, &f.owner, &f.epoch, &xid, &now}, func() error { fences[p] = f; return nil }); err != nil {
-		return nil, "", notCommitted("fence", err)
+	if _, err := pgx.ForEachRow(rows, []any{&p, &f.owner, &f.epoch, &now}, func() error { fences[p] = f; return nil }); err != nil {
+		return nil, notCommitted("fence", err)
 	}
 	rows, err = res.Query()
 	if err != nil {
-		return nil, "", notCommitted("sku", err)
+		return nil, notCommitted("sku", err)
 	}
 	skuRows, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.SKU, error) { return scanSKU(r) })
 	if err != nil {
-		return nil, "", notCommitted("sku", err)
+		return nil, notCommitted("sku", err)
 	}
 	bySKU := map[string]*stock.SKU{}
 	for _, s := range skuRows {
@@ -278,7 +277,7 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 	if len(loadSKUs) > 0 {
 		rows, err := res.Query()
 		if err != nil {
-			return nil, "", notCommitted("shards", err)
+			return nil, notCommitted("shards", err)
 		}
 		var k stock.ShardKey
 		var c stock.Counts
@@ -288,20 +287,20 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 			return nil
 		})
 		if err != nil {
-			return nil, "", notCommitted("shards", err)
+			return nil, notCommitted("shards", err)
 		}
 	}
 	ops := map[string]*stock.Operation{}
 	if len(keys) > 0 {
 		if err := scanOps(res, ops); err != nil {
-			return nil, "", notCommitted("operations", err)
+			return nil, notCommitted("operations", err)
 		}
 	}
 	reservations := map[string]*stock.Reservation{}
 	if len(rids) > 0 {
 		rs, err := scanReservations(res)
 		if err != nil {
-			return nil, "", notCommitted("reservations", err)
+			return nil, notCommitted("reservations", err)
 		}
 		for _, r := range rs {
 			reservations[r.ID] = r
@@ -310,14 +309,14 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 	due := map[*Unit][]*stock.Reservation{}
 	for _, u := range sweeps {
 		if due[u], err = scanReservations(res); err != nil {
-			return nil, "", notCommitted("due reservations", err)
+			return nil, notCommitted("due reservations", err)
 		}
 	}
 	transfers := map[string]*stock.Transfer{}
 	if len(tids) > 0 {
 		ts, err := scanTransfers(res)
 		if err != nil {
-			return nil, "", notCommitted("transfers", err)
+			return nil, notCommitted("transfers", err)
 		}
 		for _, t := range ts {
 			transfers[t.ID] = t
@@ -327,7 +326,7 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 	if len(usageCustomers) > 0 {
 		rows, err := res.Query()
 		if err != nil {
-			return nil, "", notCommitted("usage", err)
+			return nil, notCommitted("usage", err)
 		}
 		var sku, c string
 		var n int64
@@ -339,11 +338,11 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 			return nil
 		})
 		if err != nil {
-			return nil, "", notCommitted("usage", err)
+			return nil, notCommitted("usage", err)
 		}
 	}
 	if err := res.Close(); err != nil {
-		return nil, "", notCommitted("read", err)
+		return nil, notCommitted("read", err)
 	}
 
 	reads := make([]*BatchRead, len(units))
@@ -365,7 +364,7 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 		}
 		reads[i] = read
 	}
-	return reads, xid, nil
+	return reads, nil
 }
 
 // Error codes raised by shardstock_expect inside a write statement.
@@ -383,9 +382,13 @@ const (
 // key as a replay) rather than counted a success. Each shard row is updated
 // once, compare-and-set against its writer's copy.
 //
+// The group's commit mark goes first: it is how a lost COMMIT's outcome is
+// learnt (commitOutcome), and a void of it that got in first (the outcome
+// was asked while this transaction still ran) then aborts it at once.
+//
 // committing is true when the error may have come from the COMMIT itself,
 // whose outcome must then be learnt.
-func writeGroup(ctx context.Context, conn *pgx.Conn, writes []unitWrite) (committing bool, err error) {
+func writeGroup(ctx context.Context, conn *pgx.Conn, mark commitMark, writes []unitWrite) (committing bool, err error) {
 	var all BatchWrite
 	var shards []shardMove
 	var usageAdd, usageSub []usageDelta
@@ -412,6 +415,7 @@ func writeGroup(ctx context.Context, conn *pgx.Conn, writes []unitWrite) (commit
 		}
 	}
 	b := &pgx.Batch{}
+	queueInsertMark(b, mark)
 	slices.SortFunc(all.Ops, func(a, b *stock.Operation) int { return compareStrings(a.IdempotencyKey, b.IdempotencyKey) })
 	if len(all.Ops) > 0 {
 		queueInsertOps(b, all.Ops)
@@ -504,56 +508,6 @@ func classify(err error) error {
 	}
 	return notCommitted("write", err)
 }
-
-// commitOutcome learns whether a transaction whose COMMIT failed committed
-// after all, asking the database by transaction id on another connection.
-//
-// While the transaction is still in progress (its backend has not noticed
-// the lost connection, or a network partition hides it) the answer would
-// come too late: the writer must know before its next batch. So after the
-// first "in progress" the old backend is terminated, which forces an end:
-// aborted, unless the commit record was already written.
-func (db *DB) commitOutcome(ctx context.Context, xid string, pid uint32, commitErr error) error {
-	// An ERROR answer is the server refusing the commit (the transaction
-	// rolled back). A FATAL one (the backend was terminated) or a lost
-	// connection may have come after the commit record was written: ask.
-	var pgErr *pgconn.PgError
-	if errors.As(commitErr, &pgErr) && pgErr.Severity == "ERROR" {
-		return fmt.Errorf("%w: commit: %v", ErrNotCommitted, commitErr)
-	}
-	ctx = context.WithoutCancel(ctx)
-	for attempt := 0; attempt < outcomeAttemptsMax; attempt++ {
-		if attempt > 0 {
-			time.Sleep(outcomeBackoff * time.Duration(attempt))
-		}
-		qctx, cancel := context.WithTimeout(ctx, queryTimeout)
-		var status *string
-		err := db.pool.QueryRow(qctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status)
-		cancel()
-		if err != nil || status == nil {
-			continue
-		}
-		switch *status {
-		case "committed":
-			return nil
-		case "aborted":
-			return fmt.Errorf("%w: commit lost: %v", ErrNotCommitted, commitErr)
-		}
-		// "in progress": end the old backend, then ask again.
-		if attempt == 0 {
-			qctx, cancel := context.WithTimeout(ctx, queryTimeout)
-			db.pool.Exec(qctx, `SELECT pg_terminate_backend($1)`, int32(pid))
-			cancel()
-		}
-	}
-	return fmt.Errorf("%w: %v", ErrOutcomeUnknown, commitErr)
-}
-
-// Bounds on learning a lost commit's outcome.
-const (
-	outcomeAttemptsMax = 10
-	outcomeBackoff     = 50 * time.Millisecond
-)
 
 func notCommitted(step string, err error) error {
 	return fmt.Errorf("%w: %s: %v", ErrNotCommitted, step, err)

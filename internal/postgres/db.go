@@ -7,6 +7,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,8 @@ const (
 // DB is a pool of connections to one shardstock database.
 type DB struct {
 	pool *pgxpool.Pool
+	// lost counts the lost commits whose outcome was asked, by answer.
+	lost struct{ committed, voided, unknown atomic.Int64 }
 }
 
 // Options tune Open.

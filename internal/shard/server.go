@@ -23,6 +23,9 @@ const (
 	// transferStaleAge is how long a transfer may sit half-way before the
 	// sweep finishes it.
 	transferStaleAge = 5 * time.Second
+	// pruneInterval is how often the server deletes old commit marks
+	// (postgres.PruneCommitMarks bounds each pass).
+	pruneInterval = time.Minute
 )
 
 // Config configures a Server.
@@ -238,6 +241,8 @@ func (s *Server) Counts(ctx context.Context, key stock.ShardKey) (stock.Counts, 
 func (s *Server) Run(ctx context.Context) error {
 	t := time.NewTicker(sweepInterval)
 	defer t.Stop()
+	prune := time.NewTicker(pruneInterval)
+	defer prune.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -246,6 +251,10 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			s.sweep(ctx)
+		case <-prune.C:
+			if _, err := s.db.PruneCommitMarks(ctx); err != nil {
+				s.log.Warn("pruning commit marks", "err", err)
+			}
 		}
 	}
 }

@@ -1,0 +1,194 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Bounds on learning a lost commit's outcome.
+const (
+	// outcomeWaitMax bounds how long a writer waits to learn a lost
+	// commit's outcome: a database restart (crash recovery included) fits
+	// in it. Past it the batch's requests are answered SHARD_UNAVAILABLE
+	// (retry with the same key) and the writer reloads its row before its
+	// next batch.
+	outcomeWaitMax = 15 * time.Second
+	// outcomeBackoff is the first pause between attempts; it doubles up to
+	// outcomeBackoffMax.
+	outcomeBackoff    = 50 * time.Millisecond
+	outcomeBackoffMax = time.Second
+	// outcomeQueryTimeout bounds one attempt (connect, void, read).
+	outcomeQueryTimeout = 5 * time.Second
+	// blockerGrace is how long the void may wait on the old transaction
+	// before that transaction's backend is ended: a backend whose client
+	// vanished without a FIN would otherwise hold it until
+	// idle_in_transaction_session_timeout.
+	blockerGrace = 200 * time.Millisecond
+	// markAgeMin is how old a commit mark must be before it is pruned: far
+	// longer than outcomeWaitMax, the only time anyone reads it.
+	markAgeMin = 10 * time.Minute
+	// markPruneMax bounds the marks one prune deletes.
+	markPruneMax = 10_000
+)
+
+// commitMark identifies one group transaction in commit_marks: the time it
+// was made, in milliseconds, then random bits.
+type commitMark struct {
+	id     [16]byte
+	server string
+}
+
+func newCommitMark(server string) commitMark {
+	return commitMark{id: markID(time.Now()), server: server}
+}
+
+// markID returns an id whose first 8 bytes are t in milliseconds
+// (big-endian, so the primary key orders marks by age) and whose last 8 are
+// random.
+func markID(t time.Time) [16]byte {
+	var id [16]byte
+	binary.BigEndian.PutUint64(id[:8], uint64(t.UnixMilli()))
+	rand.Read(id[8:])
+	return id
+}
+
+func (m commitMark) uuid() pgtype.UUID { return pgtype.UUID{Bytes: m.id, Valid: true} }
+
+func (m commitMark) String() string { return m.uuid().String() }
+
+func queueInsertMark(b *pgx.Batch, m commitMark) {
+	b.Queue(`INSERT INTO commit_marks (id, server_id) VALUES ($1, $2)`, m.uuid(), m.server)
+}
+
+// commitOutcome learns whether a group whose COMMIT went unanswered
+// committed, from its commit mark, on a new connection: nil if it did,
+// ErrNotCommitted if it did not (and now never will), ErrOutcomeUnknown if
+// the database did not answer within outcomeWaitMax.
+func (db *DB) commitOutcome(ctx context.Context, mark commitMark, commitErr error) error {
+	// An ERROR answer is the server refusing the commit (the transaction
+	// rolled back). A FATAL one (the backend was terminated) or a lost
+	// connection may have come after the commit record was written: ask.
+	var pgErr *pgconn.PgError
+	if errors.As(commitErr, &pgErr) && pgErr.Severity == "ERROR" {
+		return fmt.Errorf("%w: commit: %v", ErrNotCommitted, commitErr)
+	}
+	// The caller's deadline was for the batch; learning its outcome has
+	// its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeWaitMax)
+	defer cancel()
+	backoff := outcomeBackoff
+	var err error
+	for {
+		var committed bool
+		committed, err = db.settleMark(ctx, mark)
+		switch {
+		case err == nil && committed:
+			db.lost.committed.Add(1)
+			return nil
+		case err == nil:
+			db.lost.voided.Add(1)
+			return fmt.Errorf("%w: commit lost (mark %s voided): %v", ErrNotCommitted, mark, commitErr)
+		}
+		select {
+		case <-ctx.Done():
+			db.lost.unknown.Add(1)
+			return fmt.Errorf("%w: mark %s: %v (last attempt: %v)", ErrOutcomeUnknown, mark, commitErr, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, outcomeBackoffMax)
+	}
+}
+
+// settleMark inserts mark's id as a void and reports whether the batch
+// committed. The insert waits while the batch's transaction runs (the
+// unique index holds its mark); if the batch committed it conflicts and the
+// mark reads as not voided; if not, the void commits, and the batch's own
+// insert of the mark could only ever conflict with it. A void of an earlier
+// attempt, whose answer was lost, reads as voided: not committed.
+func (db *DB) settleMark(ctx context.Context, mark commitMark) (committed bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, outcomeQueryTimeout)
+	defer cancel()
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Release()
+	waiter := conn.Conn().PgConn().PID()
+	waiting := make(chan struct{})
+	ended := make(chan struct{})
+	go func() { defer close(ended); db.endBlockers(ctx, waiter, waiting) }()
+	tag, err := conn.Exec(ctx, `INSERT INTO commit_marks (id, server_id, voided) VALUES ($1, $2, true) ON CONFLICT (id) DO NOTHING`,
+		mark.uuid(), mark.server)
+	close(waiting)
+	<-ended
+	if err != nil {
+		return false, err
+	}
+	if tag.RowsAffected() == 1 {
+		return false, nil
+	}
+	// A new statement, so a new snapshot: it sees the row the insert
+	// waited for.
+	var voided bool
+	if err := conn.QueryRow(ctx, `SELECT voided FROM commit_marks WHERE id = $1`, mark.uuid()).Scan(&voided); err != nil {
+		return false, err
+	}
+	return !voided, nil
+}
+
+// endBlockers ends, every blockerGrace until waiting closes, the backends
+// that block the void inserted by backend waiter. Only the batch's own
+// transaction can block it (it alone holds that mark's id), so only the
+// lost batch's backend is ended: it then commits or aborts at once (a
+// commit record already being written is not interrupted).
+func (db *DB) endBlockers(ctx context.Context, waiter uint32, waiting <-chan struct{}) {
+	t := time.NewTicker(blockerGrace)
+	defer t.Stop()
+	for {
+		select {
+		case <-waiting:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		db.pool.Exec(ctx, `SELECT pg_terminate_backend(b) FROM unnest(pg_blocking_pids($1)) AS b`, int32(waiter))
+	}
+}
+
+// LostCommits counts the commits whose answer was lost, by what their
+// outcome turned out to be.
+type LostCommits struct {
+	Committed int64 // the batch had committed
+	Voided    int64 // it had not, and its mark was voided
+	Unknown   int64 // the database did not answer within outcomeWaitMax
+}
+
+// LostCommits returns the counts since Open.
+func (db *DB) LostCommits() LostCommits {
+	return LostCommits{Committed: db.lost.committed.Load(), Voided: db.lost.voided.Load(), Unknown: db.lost.unknown.Load()}
+}
+
+// PruneCommitMarks deletes up to markPruneMax commit marks older than
+// markAgeMin (by the id's clock, and by the database's, against a server
+// whose clock runs ahead), and returns how many it deleted.
+func (db *DB) PruneCommitMarks(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	bound := pgtype.UUID{Bytes: markID(time.Now().Add(-markAgeMin)), Valid: true}
+	tag, err := db.pool.Exec(ctx, `DELETE FROM commit_marks WHERE id IN (
+		SELECT id FROM commit_marks WHERE id < $1 AND created_at < now() - make_interval(secs => $2) ORDER BY id LIMIT $3)`,
+		bound, markAgeMin.Seconds(), markPruneMax)
+	if err != nil {
+		return 0, fmt.Errorf("postgres: prune commit marks: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
