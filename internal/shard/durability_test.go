@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	neturl "net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/shardstock/shardstock/internal/faultproxy"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/shard"
@@ -30,16 +32,20 @@ const (
 // durableStack is several shard servers, each with its own pool, writing
 // the shards of a few SKUs to one database.
 type durableStack struct {
-	db      *postgres.DB // for the checks
+	db      *postgres.DB   // for the checks
+	dbs     []*postgres.DB // the servers' own
 	servers []*shard.Server
 	owner   map[stock.ShardKey]*shard.Server
 	skus    []string
 	shards  int32
 }
 
-func newDurableStack(t *testing.T, url string, servers, skus int, shards int32) *durableStack {
+// newDurableStack starts servers shard servers on serverURL and creates skus
+// SKUs of shards shards each through checkURL (the same database, perhaps
+// by another path).
+func newDurableStack(t *testing.T, checkURL, serverURL string, servers, skus int, shards int32) *durableStack {
 	t.Helper()
-	open := func(name string) *postgres.DB {
+	open := func(name, url string) *postgres.DB {
 		db, err := postgres.Open(context.Background(), url, postgres.Options{MaxConns: 8, ApplicationName: name})
 		if err != nil {
 			t.Fatalf("postgres.Open: %v", err)
@@ -47,10 +53,12 @@ func newDurableStack(t *testing.T, url string, servers, skus int, shards int32) 
 		t.Cleanup(db.Close)
 		return db
 	}
-	st := &durableStack{db: open("durability-check"), owner: map[stock.ShardKey]*shard.Server{}, shards: shards}
+	st := &durableStack{db: open("durability-check", checkURL), owner: map[stock.ShardKey]*shard.Server{}, shards: shards}
 	for i := range servers {
 		id := fmt.Sprintf("s%d", i)
-		st.servers = append(st.servers, newServer(t, open(id), id))
+		db := open(id, serverURL)
+		st.dbs = append(st.dbs, db)
+		st.servers = append(st.servers, newServer(t, db, id))
 	}
 	acquired := map[int32]bool{}
 	for i := range skus {
@@ -116,6 +124,18 @@ func (st *durableStack) load(t *testing.T, stop <-chan struct{}) (map[string]ack
 		}
 	})
 	return acked, retries.Load()
+}
+
+// lostCommits sums the servers' lost commits by outcome.
+func (st *durableStack) lostCommits() postgres.LostCommits {
+	var sum postgres.LostCommits
+	for _, db := range st.dbs {
+		l := db.LostCommits()
+		sum.Committed += l.Committed
+		sum.Voided += l.Voided
+		sum.Unknown += l.Unknown
+	}
+	return sum
 }
 
 // check verifies the books after the load: every acknowledged deduct is in
@@ -214,7 +234,7 @@ func TestShard_PostgresCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cluster.Stop() })
-	st := newDurableStack(t, cluster.URL(), 3, 4, 8)
+	st := newDurableStack(t, cluster.URL(), cluster.URL(), 3, 4, 8)
 
 	stop := make(chan struct{})
 	var acked map[string]ack
@@ -235,9 +255,66 @@ func TestShard_PostgresCrash(t *testing.T) {
 	time.Sleep(700 * time.Millisecond)
 	close(stop)
 	<-loaded
-	t.Logf("%d crashes, %d deducts acknowledged, %d retryable answers retried", crashes, len(acked), retries)
-	if retries == 0 {
-		t.Fatal("no request was answered retryable: the crashes did not land on the load")
+	lost := st.lostCommits()
+	t.Logf("%d crashes, %d deducts acknowledged, %d retryable answers retried; lost commits: %+v", crashes, len(acked), retries, lost)
+	if lost.Committed+lost.Voided == 0 {
+		t.Fatal("no commit's answer was lost: the crashes did not land on a commit")
+	}
+	st.check(t, acked)
+}
+
+// TestShard_CommitAnswerLost cuts shard servers' connections to Postgres
+// in a fault-injecting proxy, half the time after forwarding a COMMIT
+// (the batch commits, its answer is lost) and half the time instead of
+// forwarding it (the batch never commits), and checks that every deduct a
+// client was told of is in the books exactly once.
+func TestShard_CommitAnswerLost(t *testing.T) {
+	const cutsEach = 8
+	url := pgtest.NewDB(t)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	// exec mode sends every statement's text (no cached statements), so
+	// the proxy sees each COMMIT.
+	pu := *u
+	pu.Host = proxy.Addr()
+	q := pu.Query()
+	q.Set("default_query_exec_mode", "exec")
+	pu.RawQuery = q.Encode()
+	st := newDurableStack(t, url, pu.String(), 2, 2, 4)
+
+	stop := make(chan struct{})
+	var acked map[string]ack
+	loaded := make(chan struct{})
+	go func() { acked, _ = st.load(t, stop); close(loaded) }()
+	commit := []byte("\x00COMMIT\x00") // a Parse message of the unnamed statement
+	for i := range 2 * cutsEach {
+		cut := faultproxy.CutReply
+		if i%2 == 1 {
+			cut = faultproxy.CutRequest
+		}
+		proxy.Arm(commit, cut)
+		deadline := time.Now().Add(10 * time.Second)
+		for proxy.Armed() && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(stop)
+	<-loaded
+	lost := st.lostCommits()
+	t.Logf("%d cuts, %d deducts acknowledged; lost commits: %+v", proxy.Cuts(), len(acked), lost)
+	if proxy.Cuts() != 2*cutsEach {
+		t.Errorf("%d cuts fired, want %d", proxy.Cuts(), 2*cutsEach)
+	}
+	if lost.Committed == 0 || lost.Voided == 0 {
+		t.Errorf("lost commits %+v: want both a committed one (answer cut) and a voided one (COMMIT cut)", lost)
 	}
 	st.check(t, acked)
 }

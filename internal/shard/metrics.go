@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -18,7 +19,7 @@ type metrics struct {
 	halted        prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, db *postgres.DB) *metrics {
 	m := &metrics{
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "shardstock_shard_batch_size", Help: "Requests per batch transaction.",
@@ -48,6 +49,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.batchSize, m.groupSize, m.groupDuration, m.batchDuration, m.results, m.rejected, m.halted)
+		lost := func(outcome string, get func(postgres.LostCommits) int64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name:        "shardstock_shard_lost_commits_total",
+				Help:        "Group commits whose answer was lost, by what their commit mark showed: committed, voided (not committed), unknown (no answer in time).",
+				ConstLabels: prometheus.Labels{"outcome": outcome},
+			}, func() float64 { return float64(get(db.LostCommits())) })
+		}
+		reg.MustRegister(
+			lost("committed", func(l postgres.LostCommits) int64 { return l.Committed }),
+			lost("voided", func(l postgres.LostCommits) int64 { return l.Voided }),
+			lost("unknown", func(l postgres.LostCommits) int64 { return l.Unknown }))
 	}
 	return m
 }

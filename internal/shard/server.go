@@ -69,7 +69,7 @@ func New(cfg Config) *Server {
 		id:       cfg.ServerID,
 		db:       cfg.DB,
 		log:      log.With("server", cfg.ServerID),
-		metrics:  newMetrics(cfg.Registerer),
+		metrics:  newMetrics(cfg.Registerer, cfg.DB),
 		batchMax: batchSizeMax,
 		owned:    map[int32]int64{},
 		writers:  map[stock.ShardKey]*writer{},

@@ -1,0 +1,191 @@
+// Package faultproxy is a TCP proxy for fault tests: it forwards bytes
+// between clients and one target, and on request cuts a connection at a
+// chosen point of its traffic, before or after the target saw a given
+// message, so that a test can lose a request or only its answer.
+package faultproxy
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// readBufLen is the size of one read; a pattern split across two reads is
+// not seen (the cut waits for a later message).
+const readBufLen = 64 << 10
+
+// Cut says where an armed cut lands, relative to the first client message
+// that holds the pattern.
+type Cut uint8
+
+const (
+	// CutRequest drops the message and closes both sides: the target
+	// never sees it.
+	CutRequest Cut = iota + 1
+	// CutReply forwards the message, then drops the target's next answer
+	// and closes both sides: the target acted, the client never hears.
+	CutReply
+)
+
+// Proxy listens on 127.0.0.1 and forwards every connection to its target.
+type Proxy struct {
+	lis    net.Listener
+	target string
+
+	mu      sync.Mutex
+	armed   Cut
+	pattern []byte
+	conns   map[*link]bool
+	closed  bool
+
+	cuts atomic.Int64
+	wg   sync.WaitGroup
+}
+
+// Start listens on a free port of 127.0.0.1 and forwards to target.
+func Start(target string) (*Proxy, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{lis: lis, target: target, conns: map[*link]bool{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.lis.Addr().String() }
+
+// Arm makes the next client message holding pattern, on any connection,
+// trigger cut. It replaces a cut armed before and not yet fired.
+func (p *Proxy) Arm(pattern []byte, cut Cut) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed, p.pattern = cut, bytes.Clone(pattern)
+}
+
+// Armed reports whether a cut waits to fire.
+func (p *Proxy) Armed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.armed != 0
+}
+
+// Cuts returns how many cuts have fired.
+func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
+
+// Close stops listening, closes every connection and waits for them.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	for l := range p.conns {
+		l.close()
+	}
+	p.mu.Unlock()
+	err := p.lis.Close()
+	p.wg.Wait()
+	return err
+}
+
+// fire returns the cut to apply to a client message, disarming it.
+func (p *Proxy) fire(msg []byte) Cut {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.armed == 0 || !bytes.Contains(msg, p.pattern) {
+		return 0
+	}
+	cut := p.armed
+	p.armed = 0
+	p.cuts.Add(1)
+	return cut
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.lis.Accept()
+		if err != nil {
+			return
+		}
+		t, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		l := &link{client: c, target: t}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			l.close()
+			continue
+		}
+		p.conns[l] = true
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); p.forward(l) }()
+		go func() { defer p.wg.Done(); p.answer(l) }()
+	}
+}
+
+// link is one proxied connection.
+type link struct {
+	client, target net.Conn
+	dropReply      atomic.Bool
+	once           sync.Once
+}
+
+func (l *link) close() {
+	l.once.Do(func() { l.client.Close(); l.target.Close() })
+}
+
+func (p *Proxy) forget(l *link) {
+	l.close()
+	p.mu.Lock()
+	delete(p.conns, l)
+	p.mu.Unlock()
+}
+
+// forward copies client to target, applying a cut that fires.
+func (p *Proxy) forward(l *link) {
+	defer p.forget(l)
+	buf := make([]byte, readBufLen)
+	for {
+		n, err := l.client.Read(buf)
+		if n > 0 {
+			switch p.fire(buf[:n]) {
+			case CutRequest:
+				return
+			case CutReply:
+				l.dropReply.Store(true)
+			}
+			if _, werr := l.target.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return // EOF or a closed side: close both
+		}
+	}
+}
+
+// answer copies target to client, unless a cut drops the answer.
+func (p *Proxy) answer(l *link) {
+	defer p.forget(l)
+	buf := make([]byte, readBufLen)
+	for {
+		n, err := l.target.Read(buf)
+		if n > 0 {
+			if l.dropReply.Load() {
+				return
+			}
+			if _, werr := l.client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
