@@ -354,8 +354,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		for _, r := range results {
 			if r.Failed() {
 				c := r.Correctness
-				errs = append(errs, fmt.Errorf("%s (model %s): correctness not zero: oversold %d, undersold %d, duplicates %d, reconciliation differences %d",
-					r.Target, m, c.Oversold, c.Undersold, c.Duplicates, c.Reconciliation))
+				errs = append(errs, fmt.Errorf("%s (model %s): correctness not zero: oversold %d, undersold %d, duplicates %d, lost acknowledged %d, reconciliation differences %d",
+					r.Target, m, c.Oversold, c.Undersold, c.Duplicates, c.Lost, c.Reconciliation))
 			}
 		}
 	}

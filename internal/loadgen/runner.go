@@ -612,13 +612,16 @@ func (t *tally) keyed(f flow, op opKind, s sent) {
 	k.ok += s.ok
 	k.replayed += s.replayed
 	k.unresolved = k.unresolved || !s.settled
+	if k.id == "" {
+		k.id = s.id
+	}
 }
 
 // ended records what became of a commit or release of reservation id.
 func (t *tally) ended(f flow, id string, op opKind, s sent) {
 	r, ok := t.reservations[id]
 	if !ok {
-		r = &resObs{sku: f.sku, qty: f.qty}
+		r = &resObs{sku: f.sku, key: f.key, qty: f.qty}
 		t.reservations[id] = r
 	}
 	if op == opCommit {

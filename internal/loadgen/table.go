@@ -19,7 +19,7 @@ const RatioBase = "onerow"
 var Columns = []string{
 	"target", "requests", "ok", "out-of-stock", "replayed", "errors", "req/s",
 	"p50", "p95", "p99", "max", "oos-p99",
-	"oversold", "undersold", "duplicates", "recon-diffs", "verdict",
+	"oversold", "undersold", "duplicates", "lost", "recon-diffs", "verdict",
 }
 
 // Verdict is "ok" for a clean run, "FAIL" for a target that broke a
@@ -47,11 +47,11 @@ func WriteTable(w io.Writer, results []*Result) error {
 	fmt.Fprintln(tw, strings.Join(Columns, "\t")+"\t")
 	for _, r := range results {
 		c := r.Correctness
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t\n",
 			r.Target, r.Requests, r.OK, r.OutOfStock, r.Replayed, r.Errors, r.Throughput(),
 			quantile(r.Latency, 50), quantile(r.Latency, 95), quantile(r.Latency, 99), maxLatency(r.Latency),
 			quantile(r.OutOfStockLatency, 99),
-			c.Oversold, c.Undersold, c.Duplicates, c.Reconciliation, r.Verdict())
+			c.Oversold, c.Undersold, c.Duplicates, c.Lost, c.Reconciliation, r.Verdict())
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -76,8 +76,8 @@ func WriteTable(w io.Writer, results []*Result) error {
 	b.WriteString("correctness:\n")
 	for _, r := range results {
 		c := r.Correctness
-		fmt.Fprintf(&b, "  %s: oversold %d, undersold %d (%d false sold-outs), duplicates %d, reconciliation differences %d, unresolved %d: %s\n",
-			r.Target, c.Oversold, c.Undersold, c.FalseSoldOut, c.Duplicates, c.Reconciliation, c.Unresolved, verdictText(r))
+		fmt.Fprintf(&b, "  %s: oversold %d, undersold %d (%d false sold-outs), duplicates %d, lost acknowledged %d, reconciliation differences %d, unresolved %d: %s\n",
+			r.Target, c.Oversold, c.Undersold, c.FalseSoldOut, c.Duplicates, c.Lost, c.Reconciliation, c.Unresolved, verdictText(r))
 		for _, d := range c.Details {
 			fmt.Fprintf(&b, "    %s\n", d)
 		}
