@@ -36,8 +36,11 @@ const (
 	// CountMax bounds the crashes of one loop.
 	CountMax = 100
 	// EveryMin keeps crashes far enough apart for Postgres to recover
-	// (crash recovery plus start take about a second here).
+	// (crash recovery plus start take 1 to 4 s here under load).
 	EveryMin = time.Second
+	// uptimeMin is the least time Postgres answers between two crashes,
+	// whatever the schedule: the clients must get work done between them.
+	uptimeMin = time.Second
 	// sharedPort is the machine's shared Postgres, which other engineers
 	// use: never crash it.
 	sharedPort = 5432
@@ -63,7 +66,8 @@ type Config struct {
 	// cluster's, and Postgres is asked SELECT 1 on it after each start.
 	URL string
 	// Every is the time from the loop's start to the first crash, and
-	// between crashes; Count is how many crashes (1 to CountMax).
+	// from one crash's start to the next (at least uptimeMin after
+	// Postgres answered again); Count is how many crashes (1 to CountMax).
 	Every time.Duration
 	Count int
 	// Log, when set, receives a line per crash.
@@ -152,13 +156,14 @@ func (l *Loop) Stop() Result {
 
 func (l *Loop) run(ctx context.Context) {
 	defer close(l.done)
-	tick := time.NewTicker(l.cfg.Every)
-	defer tick.Stop()
+	next := time.Now().Add(l.cfg.Every)
 	for i := 1; i <= l.cfg.Count; i++ {
+		t := time.NewTimer(time.Until(next))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
-		case <-tick.C:
+		case <-t.C:
 		}
 		// A crash once begun is carried to its end (Postgres answering
 		// again) even if the loop is stopped meanwhile: what runs after
@@ -178,9 +183,12 @@ func (l *Loop) run(ctx context.Context) {
 		if c.Err != nil {
 			return // a cluster that did not come back is not crashed again
 		}
-		// Skip ticks that passed during a slow recovery: crashes stay at
-		// least Every apart.
-		tick.Reset(l.cfg.Every)
+		// On schedule, Every after this crash began, unless the recovery
+		// took so long that Postgres would not answer for uptimeMin first.
+		next = c.At.Add(l.cfg.Every)
+		if earliest := time.Now().Add(uptimeMin); next.Before(earliest) {
+			next = earliest
+		}
 	}
 }
 
