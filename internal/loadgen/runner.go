@@ -217,7 +217,10 @@ type Result struct {
 	Slow        []Span
 	SlowDropped int64
 	// Disk is what a disk probe saw during the run, when one ran.
-	Disk        *Disk
+	Disk *Disk
+	// Crashes is what a database crash loop did during the load, when one
+	// ran.
+	Crashes     *Crashes
 	State       State
 	Correctness Correctness
 }

@@ -73,6 +73,7 @@ func WriteTable(w io.Writer, results []*Result) error {
 		fmt.Fprintf(&b, "throughput against %s (baseline 2): %s\n", RatioBase, ratios)
 	}
 	writeDisk(&b, results)
+	writeCrashes(&b, results)
 	b.WriteString("correctness:\n")
 	for _, r := range results {
 		c := r.Correctness
@@ -246,4 +247,46 @@ func formatMicros(us int64) string {
 		return fmt.Sprintf("%.2fms", float64(us)/1e3)
 	}
 	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+// Crashes is what a database crash loop did during a run's load: how many
+// crash-restarts it planned and made, and how long the database took to
+// answer again after each.
+type Crashes struct {
+	What             string // how the database was crashed, for the table
+	Every            time.Duration
+	Planned, Done    int
+	DownMin, DownMax time.Duration // from a crash to the database answering again
+	Errors           []string      // crash-restarts that failed
+}
+
+// Short reports whether fewer crash-restarts happened than were planned: a
+// run under fewer faults than it claims.
+func (c *Crashes) Short() bool { return c != nil && c.Done < c.Planned }
+
+// writeCrashes writes, for each run under a crash loop, how many crashes it
+// actually had: a run without its faults must not read as one with them.
+func writeCrashes(b *strings.Builder, results []*Result) {
+	header := false
+	for _, r := range results {
+		c := r.Crashes
+		if c == nil {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(b, "database crash-restarts during the load (%s):\n", c.What)
+			header = true
+		}
+		fmt.Fprintf(b, "  %s: %d of %d planned, every %s", r.Target, c.Done, c.Planned, c.Every)
+		if c.Done > 0 {
+			fmt.Fprintf(b, "; answered again %s to %s after each crash", c.DownMin.Round(time.Millisecond), c.DownMax.Round(time.Millisecond))
+		}
+		if c.Short() {
+			b.WriteString(": FEWER THAN PLANNED")
+		}
+		b.WriteString("\n")
+		for _, e := range c.Errors {
+			fmt.Fprintf(b, "    %s\n", e)
+		}
+	}
 }
