@@ -7,7 +7,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate bench soak
+.PHONY: help run test lint generate checkgenerate bench soak soak-crash
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -48,3 +48,8 @@ soak: ## 4 minutes of load (7 in all) of shardstock under every flow, duplicates
 	BENCH_DURATION=2m BENCH_TIMEOUT=10m BENCH_TARGETS=shardstock BENCH_MODELS=B,C \
 	BENCH_EXTRA="-mix deduct=40,commit=30,release=30 -qty 1..3 -dup-rate 0.1 -abandon-rate 0.1" \
 	BENCH_STACK_ARGS="-shard-servers 2 -allocator-shard" BENCH_STACK_LOG=tmp/soak-stack.log scripts/bench/run.sh
+
+soak-crash: ## make soak's load (60 s per model) while its private Postgres is crash-restarted every 5 s, 8 times per model; non-zero exit unless correctness is all zero and every crash happened
+	BENCH_DURATION=60s BENCH_TIMEOUT=8m BENCH_TARGETS=shardstock BENCH_MODELS=B,C BENCH_PG_CRASH="5s 8" \
+	BENCH_EXTRA="-mix deduct=40,commit=30,release=30 -qty 1..3 -dup-rate 0.1 -abandon-rate 0.1" \
+	BENCH_STACK_ARGS="-shard-servers 2 -allocator-shard" BENCH_STACK_LOG=tmp/soak-crash-stack.log scripts/bench/run.sh

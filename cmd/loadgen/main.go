@@ -202,6 +202,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		cpuProf      = fs.String("cpuprofile", "", "write loadgen's own CPU profile (the whole invocation) to this file")
 		latencyGoal  = fs.Duration("latency-goal", 25*time.Millisecond, "answers slower than this are kept and, with -disk-probe, matched against the disk's stalls (a sync this slow is a stall); 0: off")
 		diskProbe    = fs.String("disk-probe", "", "during each run's load, time an 8 KiB write and fdatasync every 5 ms in this directory (put it on the database's disk), and report the disk's stalls beside the answers they delayed")
+		pgData       = fs.String("pg-data", "", "with -pg-crash-count, the data directory of the private Postgres that -database-url names, to crash-restart during each shardstock load (never the shared server on port 5432)")
+		pgCrashEvery = fs.Duration("pg-crash-every", 5*time.Second, "with -pg-crash-count, the time from the load's start to the first Postgres crash-restart and from one to the next (at least 1s; and at least 1s after Postgres answered again)")
+		pgCrashCount = fs.Int("pg-crash-count", 0, "crash-restart the Postgres of -pg-data this many times during each shardstock load (pg_ctl stop -m immediate, then start on the same port), every -pg-crash-every; fewer crashes than this fail the command; 0: off")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -265,6 +268,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return fmt.Errorf("-disk-probe %s: want an existing directory", *diskProbe)
 		}
 	}
+	var crash *crashPlan
+	if *pgCrashCount != 0 {
+		if crash, err = newCrashPlan(*pgData, *databaseURL, *pgCrashEvery, *pgCrashCount, *duration, models, names); err != nil {
+			return err
+		}
+	} else if *pgData != "" {
+		return errors.New("-pg-data needs -pg-crash-count")
+	}
 	if *progress {
 		base.Progress = stderr
 	}
@@ -327,7 +338,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		cfg := base
 		cfg.Model = m
 		mr := modelRun{cfg: cfg, names: names, shards: shards, paced: *paced, pacedNames: pacedNames, opts: opts, stack: st,
-			profileDir: *serverProf, diskDir: *diskProbe, stderr: stderr}
+			profileDir: *serverProf, diskDir: *diskProbe, crash: crash, stderr: stderr}
 		results, merrs := mr.run(ctx)
 		errs = append(errs, merrs...)
 		if len(results) == 0 {
@@ -354,8 +365,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		for _, r := range results {
 			if r.Failed() {
 				c := r.Correctness
-				errs = append(errs, fmt.Errorf("%s (model %s): correctness not zero: oversold %d, undersold %d, duplicates %d, reconciliation differences %d",
-					r.Target, m, c.Oversold, c.Undersold, c.Duplicates, c.Reconciliation))
+				errs = append(errs, fmt.Errorf("%s (model %s): correctness not zero: oversold %d, undersold %d, duplicates %d, lost acknowledged %d, reconciliation differences %d",
+					r.Target, m, c.Oversold, c.Undersold, c.Duplicates, c.Lost, c.Reconciliation))
+			}
+			if r.Crashes.Short() {
+				errs = append(errs, fmt.Errorf("%s (model %s): %d of %d planned Postgres crash-restarts happened: not the run under faults it was asked to be",
+					r.Target, m, r.Crashes.Done, r.Crashes.Planned))
 			}
 		}
 	}
@@ -372,7 +387,8 @@ type modelRun struct {
 	opts       options
 	stack      *stack
 	profileDir string
-	diskDir    string // "": no disk probe
+	diskDir    string     // "": no disk probe
+	crash      *crashPlan // nil: no crash loop
 	stderr     io.Writer
 }
 
@@ -448,6 +464,10 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 			}
 		}
 	}
+	var crashes *loadgen.Crashes
+	if mr.crash != nil && name == "shardstock" {
+		cfg.LoadStarted, cfg.LoadEnded = mr.crash.hooks(ctx, cfg.LoadStarted, cfg.LoadEnded, &crashes, mr.stderr)
+	}
 	runner, err := loadgen.NewRunner(cfg)
 	if err != nil {
 		return nil, err
@@ -460,7 +480,7 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 	t := targets[name](mr.opts)
 	res, err := runner.Run(ctx, t)
 	if res != nil {
-		res.Disk = disk
+		res.Disk, res.Crashes = disk, crashes
 	}
 	if cerr := t.Close(); cerr != nil {
 		fmt.Fprintf(mr.stderr, "loadgen: %s: close: %v\n", label, cerr)

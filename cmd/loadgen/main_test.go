@@ -224,7 +224,7 @@ func TestRun_Stack(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run(-stack) = %v\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
 	}
-	for _, want := range []string{"shardstock", "stack flags -shard-servers 1 -allocator-shard", "  shardstock: oversold 0, undersold 0 (0 false sold-outs), duplicates 0, reconciliation differences 0, unresolved 0: all zero"} {
+	for _, want := range []string{"shardstock", "stack flags -shard-servers 1 -allocator-shard", "  shardstock: oversold 0, undersold 0 (0 false sold-outs), duplicates 0, lost acknowledged 0, reconciliation differences 0, unresolved 0: all zero"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, &stdout)
 		}

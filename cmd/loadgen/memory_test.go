@@ -105,7 +105,7 @@ func TestRun_Memory(t *testing.T) {
 	if verdict != "ok" {
 		t.Errorf("the memory row's verdict = %q, want ok:\n%s", verdict, out)
 	}
-	want := "  memory: oversold 0, undersold 0 (0 false sold-outs), duplicates 0, reconciliation differences 0, unresolved 0: all zero"
+	want := "  memory: oversold 0, undersold 0 (0 false sold-outs), duplicates 0, lost acknowledged 0, reconciliation differences 0, unresolved 0: all zero"
 	if !strings.Contains(out, want) {
 		t.Errorf("output lacks %q:\n%s", want, out)
 	}

@@ -3,6 +3,7 @@ package loadgen
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // Correctness is the source document's correctness line (section 八.3),
@@ -31,8 +32,17 @@ type Correctness struct {
 	// successful keys as the clients saw them, for SKUs where every client
 	// operation got a definite answer).
 	Reconciliation int64
+	// Lost counts acknowledged operations that the system does not hold,
+	// each looked up in the system's own records (State's Keys and
+	// Reservations) by its idempotency key or reservation id: a deduct or
+	// reserve answered as a success whose key was never applied (or
+	// applied as another reservation than the one answered), a commit
+	// answered as a success whose reservation is not committed, a release
+	// whose reservation is not released. Checked for every acknowledged
+	// operation, unresolved ones beside it or not.
+	Lost int64
 	// Unresolved counts client operations that never got a definite answer;
-	// their SKUs skip the client-against-system check.
+	// their SKUs skip the client-against-system check of the totals.
 	Unresolved int64
 	// Details explain the non-zero numbers, a line each (at most 20).
 	Details []string
@@ -40,7 +50,7 @@ type Correctness struct {
 
 // Clean reports whether every correctness number is zero.
 func (c Correctness) Clean() bool {
-	return c.Oversold == 0 && c.Undersold == 0 && c.Duplicates == 0 && c.Reconciliation == 0
+	return c.Oversold == 0 && c.Undersold == 0 && c.Duplicates == 0 && c.Lost == 0 && c.Reconciliation == 0
 }
 
 func (c *Correctness) detail(format string, args ...any) {
@@ -60,6 +70,8 @@ type skuView struct {
 	unresolved         int64
 	oos                []oosEvent
 	releases           []releaseEvent
+	keys               map[string]*keyObs // by idempotency key
+	reservations       map[string]*resObs // by reservation id
 }
 
 // applied is how many times the clients saw an operation take effect: each
@@ -75,8 +87,12 @@ func applied(ok, replayed int32) int64 {
 // assess computes the correctness line.
 func assess(skus []SKUSpec, t *tally, st State) Correctness {
 	views := make([]skuView, len(skus))
+	for i := range views {
+		views[i].keys, views[i].reservations = map[string]*keyObs{}, map[string]*resObs{}
+	}
 	for id, k := range t.keys {
 		v := &views[id.sku]
+		v.keys[id.key] = k
 		if k.unresolved {
 			v.unresolved++
 		}
@@ -91,8 +107,9 @@ func assess(skus []SKUSpec, t *tally, st State) Correctness {
 			v.reserved += n * k.qty
 		}
 	}
-	for _, r := range t.reservations {
+	for id, r := range t.reservations {
 		v := &views[r.sku]
+		v.reservations[id] = r
 		if r.unresolved {
 			v.unresolved++
 		}
@@ -152,8 +169,14 @@ func assessSKU(c *Correctness, spec SKUSpec, v *skuView, s SKUState) {
 		}
 	}
 
+	// Every acknowledged operation, looked up in the system's records.
+	var keyDup int64
+	if s.Keys != nil || s.Reservations != nil {
+		keyDup = checkAcks(c, spec.SKU, v, s)
+	}
+
 	// Duplicates.
-	if dup := max(v.duplicates, s.Operations-s.DistinctKeys+s.ExtraEnds); dup > 0 {
+	if dup := max(v.duplicates, s.Operations-s.DistinctKeys+s.ExtraEnds, keyDup); dup > 0 {
 		c.Duplicates += dup
 		c.detail("%s: %d duplicate applications: clients saw %d repeated successes; the system holds %d operations for %d distinct keys and %d extra reservation ends",
 			spec.SKU, dup, v.duplicates, s.Operations, s.DistinctKeys, s.ExtraEnds)
@@ -204,4 +227,121 @@ func falseRefusals(v *skuView, final, extra int64) int64 {
 		}
 	}
 	return n
+}
+
+// Kinds of violation that checkAcks finds, as its detail lines name them.
+const (
+	lostDeduct       = "acknowledged deducts not in the system"
+	lostReserve      = "acknowledged reserves not in the system"
+	lostReservation  = "acknowledged reserves whose key holds another reservation"
+	lostCommit       = "acknowledged commits whose reservation is not committed"
+	lostRelease      = "acknowledged releases whose reservation is not released"
+	dupKey           = "keys applied more than once"
+	dupEnd           = "reservations ended more than once"
+	phantomRefused   = "keys answered with a refusal but applied"
+	phantomUnsent    = "keys applied that no client sent"
+	ackExamplesMax   = 3 // keys or ids named per kind and SKU
+	ackDetailKindMax = 9 // kinds above
+)
+
+// ackFindings gathers checkAcks's violations of one SKU by kind, in order of
+// first appearance, with up to ackExamplesMax examples each.
+type ackFindings struct {
+	kinds    []string
+	n        map[string]int64
+	examples map[string][]string
+}
+
+func (f *ackFindings) add(kind, example string, n int64) {
+	if f.n == nil {
+		f.n, f.examples = make(map[string]int64, ackDetailKindMax), make(map[string][]string, ackDetailKindMax)
+	}
+	if _, ok := f.n[kind]; !ok {
+		f.kinds = append(f.kinds, kind)
+	}
+	f.n[kind] += n
+	if len(f.examples[kind]) < ackExamplesMax {
+		f.examples[kind] = append(f.examples[kind], example)
+	}
+}
+
+// checkAcks looks every operation the clients saw acknowledged up in the
+// system's own records, by key or reservation id, and adds what is missing
+// to c.Lost, and keys applied without a success to c.Reconciliation. It
+// returns the extra applications it found (keys applied, reservations
+// ended more than once), which the caller counts as duplicates.
+//
+// Unlike the check of totals it needs no SKU free of unresolved operations:
+// an acknowledged operation must be in the system whatever else happened.
+func checkAcks(c *Correctness, sku string, v *skuView, s SKUState) (dup int64) {
+	var f ackFindings
+	keys := sortedMapKeys(v.keys)
+	for _, key := range keys {
+		k := v.keys[key]
+		rec, held := s.Keys[key]
+		held = held && rec.Applied > 0
+		switch {
+		case applied(k.ok, k.replayed) == 0:
+			// Refused for certain, yet applied: a client was told no and
+			// charged. An unresolved key may or may not be applied.
+			if held && !k.unresolved {
+				f.add(phantomRefused, key, 1)
+			}
+		case k.op == opDeduct && (!held || rec.Kind != opDeduct.String()):
+			f.add(lostDeduct, key, 1)
+		case k.op == opReserve && (!held || rec.Kind != opReserve.String()):
+			f.add(lostReserve, key, 1)
+		case k.op == opReserve && k.id != "" && rec.ReservationID != k.id:
+			f.add(lostReservation, fmt.Sprintf("%s: answered %s, holds %s", key, k.id, rec.ReservationID), 1)
+		}
+	}
+	for _, key := range sortedMapKeys(s.Keys) {
+		rec := s.Keys[key]
+		if rec.Applied > 1 {
+			f.add(dupKey, fmt.Sprintf("%s x%d", key, rec.Applied), rec.Applied-1)
+			dup += rec.Applied - 1
+		}
+		if _, sent := v.keys[key]; !sent && rec.Applied > 0 {
+			f.add(phantomUnsent, key, 1)
+		}
+	}
+	for _, id := range sortedMapKeys(v.reservations) {
+		r := v.reservations[id]
+		rec := s.Reservations[id]
+		if applied(r.commitOK, r.commitRepl) > 0 && rec.Committed == 0 {
+			f.add(lostCommit, fmt.Sprintf("%s (key %s)", id, r.key), 1)
+		}
+		if applied(r.releaseOK, r.releaseRpl) > 0 && rec.Released == 0 {
+			f.add(lostRelease, fmt.Sprintf("%s (key %s)", id, r.key), 1)
+		}
+	}
+	for _, id := range sortedMapKeys(s.Reservations) {
+		if n := s.Reservations[id].Ends(); n > 1 {
+			f.add(dupEnd, fmt.Sprintf("%s x%d", id, n), n-1)
+			dup += n - 1
+		}
+	}
+
+	for _, kind := range f.kinds {
+		n := f.n[kind]
+		switch kind {
+		case lostDeduct, lostReserve, lostReservation, lostCommit, lostRelease:
+			c.Lost += n
+		case phantomRefused, phantomUnsent:
+			c.Reconciliation += n
+		}
+		c.detail("%s: client against system, by key: %d %s (e.g. %s)", sku, n, kind, strings.Join(f.examples[kind], ", "))
+	}
+	return dup
+}
+
+// sortedMapKeys returns m's keys in order, so that detail lines do not
+// depend on map order.
+func sortedMapKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }

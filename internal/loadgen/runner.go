@@ -217,7 +217,10 @@ type Result struct {
 	Slow        []Span
 	SlowDropped int64
 	// Disk is what a disk probe saw during the run, when one ran.
-	Disk        *Disk
+	Disk *Disk
+	// Crashes is what a database crash loop did during the load, when one
+	// ran.
+	Crashes     *Crashes
 	State       State
 	Correctness Correctness
 }
@@ -612,13 +615,16 @@ func (t *tally) keyed(f flow, op opKind, s sent) {
 	k.ok += s.ok
 	k.replayed += s.replayed
 	k.unresolved = k.unresolved || !s.settled
+	if k.id == "" {
+		k.id = s.id
+	}
 }
 
 // ended records what became of a commit or release of reservation id.
 func (t *tally) ended(f flow, id string, op opKind, s sent) {
 	r, ok := t.reservations[id]
 	if !ok {
-		r = &resObs{sku: f.sku, qty: f.qty}
+		r = &resObs{sku: f.sku, key: f.key, qty: f.qty}
 		t.reservations[id] = r
 	}
 	if op == opCommit {

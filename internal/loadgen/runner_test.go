@@ -161,6 +161,16 @@ func TestRunner_Faults(t *testing.T) {
 			t.Errorf("correctness = %+v, want clean", c)
 		}
 	})
+	t.Run("LostAcknowledged", func(t *testing.T) {
+		// Every 50th deduct, reserve or commit is answered as a success and
+		// not applied.
+		cfg := base
+		cfg.Mix = loadgen.Mix{Deduct: 1, Commit: 1, Release: 1}
+		res := run(t, &loadgentest.Memory{LoseEvery: 50}, cfg)
+		if c := res.Correctness; c.Lost == 0 || !res.Failed() {
+			t.Errorf("correctness = %+v, want lost acknowledged operations", c)
+		}
+	})
 	t.Run("ReleasesAfterSellOut", func(t *testing.T) {
 		// The hot SKU sells out while releases keep returning stock: refusals
 		// then are true sold-outs, not undersold.

@@ -68,11 +68,13 @@ type keyObs struct {
 	qty          int64
 	ok, replayed int32
 	unresolved   bool
+	id           string // the reservation id a reserve's answer gave
 }
 
 // resObs is what clients saw of one reservation after it was granted.
 type resObs struct {
 	sku                   int32
+	key                   string // the reserve's idempotency key
 	qty                   int64
 	commitOK, commitRepl  int32
 	releaseOK, releaseRpl int32
@@ -222,6 +224,9 @@ func (t *tally) merge(o *tally) {
 			m.ok += k.ok
 			m.replayed += k.replayed
 			m.unresolved = m.unresolved || k.unresolved
+			if m.id == "" {
+				m.id = k.id
+			}
 		} else {
 			t.keys[id] = k
 		}

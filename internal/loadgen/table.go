@@ -19,7 +19,7 @@ const RatioBase = "onerow"
 var Columns = []string{
 	"target", "requests", "ok", "out-of-stock", "replayed", "errors", "req/s",
 	"p50", "p95", "p99", "max", "oos-p99",
-	"oversold", "undersold", "duplicates", "recon-diffs", "verdict",
+	"oversold", "undersold", "duplicates", "lost", "recon-diffs", "verdict",
 }
 
 // Verdict is "ok" for a clean run, "FAIL" for a target that broke a
@@ -47,11 +47,11 @@ func WriteTable(w io.Writer, results []*Result) error {
 	fmt.Fprintln(tw, strings.Join(Columns, "\t")+"\t")
 	for _, r := range results {
 		c := r.Correctness
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t\n",
 			r.Target, r.Requests, r.OK, r.OutOfStock, r.Replayed, r.Errors, r.Throughput(),
 			quantile(r.Latency, 50), quantile(r.Latency, 95), quantile(r.Latency, 99), maxLatency(r.Latency),
 			quantile(r.OutOfStockLatency, 99),
-			c.Oversold, c.Undersold, c.Duplicates, c.Reconciliation, r.Verdict())
+			c.Oversold, c.Undersold, c.Duplicates, c.Lost, c.Reconciliation, r.Verdict())
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -73,11 +73,12 @@ func WriteTable(w io.Writer, results []*Result) error {
 		fmt.Fprintf(&b, "throughput against %s (baseline 2): %s\n", RatioBase, ratios)
 	}
 	writeDisk(&b, results)
+	writeCrashes(&b, results)
 	b.WriteString("correctness:\n")
 	for _, r := range results {
 		c := r.Correctness
-		fmt.Fprintf(&b, "  %s: oversold %d, undersold %d (%d false sold-outs), duplicates %d, reconciliation differences %d, unresolved %d: %s\n",
-			r.Target, c.Oversold, c.Undersold, c.FalseSoldOut, c.Duplicates, c.Reconciliation, c.Unresolved, verdictText(r))
+		fmt.Fprintf(&b, "  %s: oversold %d, undersold %d (%d false sold-outs), duplicates %d, lost acknowledged %d, reconciliation differences %d, unresolved %d: %s\n",
+			r.Target, c.Oversold, c.Undersold, c.FalseSoldOut, c.Duplicates, c.Lost, c.Reconciliation, c.Unresolved, verdictText(r))
 		for _, d := range c.Details {
 			fmt.Fprintf(&b, "    %s\n", d)
 		}
@@ -246,4 +247,46 @@ func formatMicros(us int64) string {
 		return fmt.Sprintf("%.2fms", float64(us)/1e3)
 	}
 	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+// Crashes is what a database crash loop did during a run's load: how many
+// crash-restarts it planned and made, and how long the database took to
+// answer again after each.
+type Crashes struct {
+	What             string // how the database was crashed, for the table
+	Every            time.Duration
+	Planned, Done    int
+	DownMin, DownMax time.Duration // from a crash to the database answering again
+	Errors           []string      // crash-restarts that failed
+}
+
+// Short reports whether fewer crash-restarts happened than were planned: a
+// run under fewer faults than it claims.
+func (c *Crashes) Short() bool { return c != nil && c.Done < c.Planned }
+
+// writeCrashes writes, for each run under a crash loop, how many crashes it
+// actually had: a run without its faults must not read as one with them.
+func writeCrashes(b *strings.Builder, results []*Result) {
+	header := false
+	for _, r := range results {
+		c := r.Crashes
+		if c == nil {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(b, "database crash-restarts during the load (%s):\n", c.What)
+			header = true
+		}
+		fmt.Fprintf(b, "  %s: %d of %d planned, every %s", r.Target, c.Done, c.Planned, c.Every)
+		if c.Done > 0 {
+			fmt.Fprintf(b, "; answered again %s to %s after each crash", c.DownMin.Round(time.Millisecond), c.DownMax.Round(time.Millisecond))
+		}
+		if c.Short() {
+			b.WriteString(": FEWER THAN PLANNED")
+		}
+		b.WriteString("\n")
+		for _, e := range c.Errors {
+			fmt.Fprintf(b, "    %s\n", e)
+		}
+	}
 }

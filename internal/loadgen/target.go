@@ -204,7 +204,33 @@ type SKUState struct {
 	// Discrepancies are the system's own reconciliation differences
 	// (shardstock: AdminService.Reconcile; baselines: ledger against rows).
 	Discrepancies []Discrepancy
+	// Keys is the system's own record of the SKU's deducts and reserves, by
+	// idempotency key, and Reservations of its reservations, by id: what
+	// the per-operation check of acknowledged answers looks each one up
+	// in. Both nil: the target cannot tell (the baselines), and that check
+	// is skipped.
+	Keys         map[string]KeyRecord
+	Reservations map[string]ReservationRecord
 }
+
+// KeyRecord is what the system recorded of one idempotency key.
+type KeyRecord struct {
+	Kind string // "deduct" or "reserve" (stock.OpDeduct, stock.OpReserve)
+	// Applied counts the key's applications (ledger entries): exactly one
+	// for a key that succeeded.
+	Applied int64
+	// ReservationID is the reservation a reserve key created.
+	ReservationID string
+}
+
+// ReservationRecord is what the system recorded of one reservation: how
+// many times each end applied to it. None: it is still held.
+type ReservationRecord struct {
+	Committed, Released, Expired int64
+}
+
+// Ends counts the reservation's end records.
+func (r ReservationRecord) Ends() int64 { return r.Committed + r.Released + r.Expired }
 
 // Discrepancy is one reconciliation difference.
 type Discrepancy struct {

@@ -20,6 +20,11 @@
 # BENCH_DURATION (default 5s) is the load time of each target; the whole run
 # is bounded by BENCH_TIMEOUT (default 170s). The stack's output is kept in
 # BENCH_STACK_LOG (default tmp/bench-stack.log, ignored by git).
+#
+# BENCH_PG_CRASH="EVERY COUNT" (make soak-crash: "5s 8") crash-restarts
+# Postgres COUNT times, EVERY apart, during each shardstock load (loadgen
+# -pg-crash-every, -pg-crash-count, -pg-data). It always uses a private
+# cluster of its own, whatever DATABASE_URL says: never a shared server.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -31,6 +36,7 @@ readonly targets=${BENCH_TARGETS:-memory,shardstock,naive,onerow,subrows,redis,r
 readonly stack_args=${BENCH_STACK_ARGS--shard-servers 0 -allocator-shard}
 readonly models=${BENCH_MODELS:-C,case}
 read -r -a extra <<<"${BENCH_EXTRA:--paced 0.8}"
+read -r crash_every crash_count <<<"${BENCH_PG_CRASH:-}"
 readonly local_url='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'
 # The dev stack's pools (3 shard servers x 32 + allocator 16), one baseline
 # pool of 50 and a few to spare.
@@ -61,14 +67,21 @@ free_local_conns() {
 		- (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int" 2>/dev/null
 }
 
-if [[ -n ${DATABASE_URL:-} ]]; then
+if [[ -n ${crash_count:-} ]]; then
+	: # a crash soak crashes its own cluster only: the private one below
+elif [[ -n ${DATABASE_URL:-} ]]; then
 	url=$DATABASE_URL
 	note="Postgres from DATABASE_URL"
 elif free=$(free_local_conns) && ((free >= conns_needed)); then
 	url=$local_url
 	note="Postgres on 127.0.0.1:5432"
-else
-	echo "bench: 127.0.0.1:5432 ${free:+has $free free connections, }not enough for the stack and the baselines ($conns_needed): starting a private durable Postgres" >&2
+fi
+if [[ -z ${url:-} ]]; then
+	if [[ -n ${crash_count:-} ]]; then
+		echo "bench: Postgres crash-restarts: starting a private durable Postgres to crash" >&2
+	else
+		echo "bench: 127.0.0.1:5432 ${free:+has $free free connections, }not enough for the stack and the baselines ($conns_needed): starting a private durable Postgres" >&2
+	fi
 	pg_dir=$tmp/pg
 	url=$(scripts/bench/postgres.sh start "$pg_dir")
 	note="a private durable Postgres (fsync on) on ${url#*@}"
@@ -79,6 +92,9 @@ fi
 # in the temporary directory, which is the database's disk only on a
 # one-disk machine (as here) and not if it is a tmpfs.
 probe_dir=${pg_dir:-$tmp}
+if [[ -n ${crash_count:-} ]]; then
+	extra+=(-pg-crash-every "$crash_every" -pg-crash-count "$crash_count" -pg-data "$pg_dir/data")
+fi
 echo "bench: $note" >&2
 echo "bench: load $duration per target; machine load: $(uptime)" >&2
 

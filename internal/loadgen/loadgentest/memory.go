@@ -31,11 +31,24 @@ type Memory struct {
 	Flaky bool
 	// Latency is added to every request.
 	Latency time.Duration
+	// LoseEvery, when positive, answers every LoseEvery-th deduct, reserve
+	// and commit that would apply as a success without applying it: an
+	// acknowledged operation the system then lacks, as when a database
+	// loses a commit it had confirmed.
+	LoseEvery int64
 
 	mu           sync.Mutex
 	skus         map[string]*memSKU
 	reservations map[string]*memReservation
 	tried        map[string]bool // keys seen, for Flaky
+	applied      int64           // applications so far, for LoseEvery
+}
+
+// lose reports whether to answer this application as a success without
+// making it (LoseEvery). m.mu is held.
+func (m *Memory) lose() bool {
+	m.applied++
+	return m.LoseEvery > 0 && m.applied%m.LoseEvery == 0
 }
 
 var _ loadgen.Target = (*Memory)(nil)
@@ -54,7 +67,8 @@ type memOp struct {
 
 type memEntry struct {
 	kind                     string
-	key                      string
+	key                      string // the operation's key; an end entry's reservation id
+	reservationID            string // a reserve's
 	dAvail, dReserved, dSold int64
 }
 
@@ -140,6 +154,14 @@ func (m *Memory) take(ctx context.Context, kind, sku, key string, qty int64) (st
 		m.mu.Unlock()
 		return "", answer(ctx, loadgen.OutOfStock)
 	}
+	if m.lose() {
+		m.mu.Unlock()
+		id := ""
+		if kind == "reserve" {
+			id = newID()
+		}
+		return id, answer(ctx, loadgen.OK)
+	}
 	e := memEntry{kind: kind, key: key, dAvail: -qty}
 	op := memOp{kind: kind, qty: qty}
 	s.available -= qty
@@ -150,6 +172,7 @@ func (m *Memory) take(ctx context.Context, kind, sku, key string, qty int64) (st
 		s.reserved += qty
 		e.dReserved = qty
 		op.reservationID = newID()
+		e.reservationID = op.reservationID
 		m.reservations[op.reservationID] = &memReservation{sku: sku, qty: qty, state: "held"}
 	}
 	s.ops[key] = op
@@ -188,6 +211,9 @@ func (m *Memory) end(ctx context.Context, id, state string) loadgen.Outcome {
 	case r.state == "released":
 		return answer(ctx, loadgen.Error(string(stock.CodeReservationAlreadyReleased)))
 	}
+	if state == "committed" && m.lose() {
+		return answer(ctx, loadgen.OK)
+	}
 	s := m.skus[r.sku]
 	r.state = state
 	e := memEntry{key: id, dReserved: -r.qty}
@@ -215,7 +241,8 @@ func (m *Memory) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.St
 		if !ok {
 			continue
 		}
-		out := loadgen.SKUState{Available: s.available, Reserved: s.reserved, Sold: s.sold, Ledger: map[string]int64{}}
+		out := loadgen.SKUState{Available: s.available, Reserved: s.reserved, Sold: s.sold, Ledger: map[string]int64{},
+			Keys: map[string]loadgen.KeyRecord{}, Reservations: map[string]loadgen.ReservationRecord{}}
 		keys, ends := map[string]bool{}, map[string]bool{}
 		var da, dr, ds, endEntries int64
 		for _, e := range s.ledger {
@@ -225,9 +252,23 @@ func (m *Memory) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.St
 			case "deduct", "reserve":
 				out.Operations++
 				keys[e.key] = true
+				k := out.Keys[e.key]
+				k.Kind, k.ReservationID = e.kind, e.reservationID
+				k.Applied++
+				out.Keys[e.key] = k
+				if e.kind == "reserve" {
+					out.Reservations[e.reservationID] = out.Reservations[e.reservationID]
+				}
 			case "commit", "release":
 				endEntries++
 				ends[e.key] = true // an end entry's key is the reservation id
+				r := out.Reservations[e.key]
+				if e.kind == "commit" {
+					r.Committed++
+				} else {
+					r.Released++
+				}
+				out.Reservations[e.key] = r
 			}
 		}
 		out.DistinctKeys = int64(len(keys))

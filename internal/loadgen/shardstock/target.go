@@ -256,6 +256,12 @@ func (t *Target) verifySKU(ctx context.Context, spec loadgen.SKUSpec) (loadgen.S
 		Sold:      stk.GetSold(),
 		InTransit: stk.GetInTransit(),
 		Ledger:    map[string]int64{},
+		// The per-operation records come from the same ledger pages: each
+		// deduct or reserve entry names its key (a reserve also its
+		// reservation), each end entry its reservation. A batch's entries
+		// commit with its operation rows, so a lost commit loses both.
+		Keys:         map[string]loadgen.KeyRecord{},
+		Reservations: map[string]loadgen.ReservationRecord{},
 	}
 	for _, d := range rec.Msg.GetDiscrepancies() {
 		s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{
@@ -298,6 +304,15 @@ func (t *Target) verifySKU(ctx context.Context, spec loadgen.SKUSpec) (loadgen.S
 				}
 				s.Operations++
 				keys[e.GetIdempotencyKey()] = struct{}{}
+				k := s.Keys[e.GetIdempotencyKey()]
+				k.Kind = kind
+				k.Applied++
+				if stock.OpKind(kind) == stock.OpReserve {
+					k.ReservationID = e.GetReservationId()
+					r := s.Reservations[k.ReservationID]
+					s.Reservations[k.ReservationID] = r // held until an end entry says otherwise
+				}
+				s.Keys[e.GetIdempotencyKey()] = k
 			case stock.OpCommit, stock.OpRelease, stock.OpExpire:
 				if e.GetReservationId() == "" {
 					missing++
@@ -305,6 +320,16 @@ func (t *Target) verifySKU(ctx context.Context, spec loadgen.SKUSpec) (loadgen.S
 				}
 				endEntries++
 				ends[e.GetReservationId()] = struct{}{}
+				r := s.Reservations[e.GetReservationId()]
+				switch stock.OpKind(kind) {
+				case stock.OpCommit:
+					r.Committed++
+				case stock.OpRelease:
+					r.Released++
+				default:
+					r.Expired++
+				}
+				s.Reservations[e.GetReservationId()] = r
 			case stock.OpReplenish, stock.OpAdjust:
 				s.Replenished += e.GetAvailableAfter() - e.GetAvailableBefore()
 			}

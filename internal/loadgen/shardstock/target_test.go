@@ -359,6 +359,14 @@ func TestTarget_Verify(t *testing.T) {
 		if s.Ledger["deduct"] != 3 || s.Ledger["reserve"] != 1 || s.Ledger["commit"] != 1 {
 			t.Errorf("Verify() ledger = %v, want deduct=3 reserve=1 commit=1", s.Ledger)
 		}
+		if k := s.Keys["k0"]; k != (loadgen.KeyRecord{Kind: "deduct", Applied: 1}) || len(s.Keys) != 4 {
+			t.Errorf("Verify() keys = %+v, want k0 deducted once among 4 keys", s.Keys)
+		}
+		r := s.Keys["r"]
+		if r.Kind != "reserve" || r.Applied != 1 || r.ReservationID == "" ||
+			s.Reservations[r.ReservationID] != (loadgen.ReservationRecord{Committed: 1}) {
+			t.Errorf("Verify() key r = %+v, reservations %+v, want one reserve, committed once", r, s.Reservations)
+		}
 	})
 	t.Run("KeyOnAnotherShard", func(t *testing.T) {
 		f, target, skus := setup(t)
@@ -367,12 +375,19 @@ func TestTarget_Verify(t *testing.T) {
 		if s.Operations-s.DistinctKeys != 1 {
 			t.Errorf("Verify() = %d operations of %d keys, want one more operation than keys", s.Operations, s.DistinctKeys)
 		}
+		if s.Keys["k0"].Applied != 2 {
+			t.Errorf("Verify() key k0 = %+v, want applied twice", s.Keys["k0"])
+		}
 	})
 	t.Run("EndedTwice", func(t *testing.T) {
 		f, target, skus := setup(t)
 		again(f, 4, 0) // the commit
-		if s := verify(t, target, skus); s.ExtraEnds != 1 {
+		s := verify(t, target, skus)
+		if s.ExtraEnds != 1 {
 			t.Errorf("Verify() ExtraEnds = %d, want 1", s.ExtraEnds)
+		}
+		if r := s.Reservations[s.Keys["r"].ReservationID]; r.Committed != 2 {
+			t.Errorf("Verify() reservation of r = %+v, want committed twice", r)
 		}
 	})
 	t.Run("LedgerSum", func(t *testing.T) {
