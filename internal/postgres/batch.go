@@ -65,6 +65,9 @@ type BatchRead struct {
 	// Counts is the shard's row as read under the fence, when the query
 	// asked (LoadShard); nil then means the shard does not exist.
 	Counts *stock.Counts
+	// HaltReason is why the loaded shard is halted ("" if it is not): its
+	// writer must refuse every write (see CheckShard).
+	HaltReason string
 }
 
 // BatchWrite is what the batch decided to write.
@@ -218,8 +221,8 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 		WHERE partition = ANY($1::int[]) ORDER BY partition FOR SHARE`, parts)
 	b.Queue(`SELECT s.* FROM unnest($1::text[]) AS k(sku) CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, skus)
 	if len(loadSKUs) > 0 {
-		b.Queue(`SELECT sh.sku, sh.idx, sh.available, sh.reserved, sh.sold FROM unnest($1::text[], $2::int[]) AS k(sku, idx)
-			CROSS JOIN LATERAL (SELECT sku, idx, available, reserved, sold FROM shards WHERE sku = k.sku AND idx = k.idx) sh`,
+		b.Queue(`SELECT sh.sku, sh.idx, sh.available, sh.reserved, sh.sold, sh.halted_reason FROM unnest($1::text[], $2::int[]) AS k(sku, idx)
+			CROSS JOIN LATERAL (SELECT sku, idx, available, reserved, sold, halted_reason FROM shards WHERE sku = k.sku AND idx = k.idx) sh`,
 			loadSKUs, loadIdx)
 	}
 	if len(keys) > 0 {
@@ -273,17 +276,21 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 	for _, s := range skuRows {
 		bySKU[s.SKU] = s
 	}
-	loaded := map[stock.ShardKey]*stock.Counts{}
+	type loadedShard struct {
+		counts stock.Counts
+		halt   string
+	}
+	loaded := map[stock.ShardKey]*loadedShard{}
 	if len(loadSKUs) > 0 {
 		rows, err := res.Query()
 		if err != nil {
 			return nil, notCommitted("shards", err)
 		}
 		var k stock.ShardKey
-		var c stock.Counts
-		_, err = pgx.ForEachRow(rows, []any{&k.SKU, &k.Index, &c.Available, &c.Reserved, &c.Sold}, func() error {
-			cc := c
-			loaded[k] = &cc
+		var l loadedShard
+		_, err = pgx.ForEachRow(rows, []any{&k.SKU, &k.Index, &l.counts.Available, &l.counts.Reserved, &l.counts.Sold, &l.halt}, func() error {
+			ll := l
+			loaded[k] = &ll
 			return nil
 		})
 		if err != nil {
@@ -356,8 +363,8 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 		// unit is refused by the planner's own checks (SKU, shard).
 		read := &BatchRead{SKU: bySKU[u.Query.Shard.SKU], Ops: ops, Reservations: reservations, Due: due[u],
 			Usage: usage[u.Query.Shard.SKU], Transfers: transfers, Now: now}
-		if u.Query.LoadShard {
-			read.Counts = loaded[u.Query.Shard]
+		if l := loaded[u.Query.Shard]; u.Query.LoadShard && l != nil {
+			read.Counts, read.HaltReason = &l.counts, l.halt
 		}
 		if read.Usage == nil {
 			read.Usage = map[string]int64{}

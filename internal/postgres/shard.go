@@ -67,19 +67,21 @@ func (db *DB) LoadShard(ctx context.Context, k stock.ShardKey) (stock.Counts, er
 type ShardRow struct {
 	Index int32
 	stock.Counts
+	// HaltReason is why the shard is halted; "" if it is not.
+	HaltReason string
 }
 
 // Shards reads every shard of a SKU, by index.
 func (db *DB) Shards(ctx context.Context, sku string) ([]ShardRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT idx, available, reserved, sold FROM shards WHERE sku = $1 ORDER BY idx`, sku)
+	rows, err := db.pool.Query(ctx, `SELECT idx, available, reserved, sold, halted_reason FROM shards WHERE sku = $1 ORDER BY idx`, sku)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ShardRow, error) {
 		var s ShardRow
-		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold)
+		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &s.HaltReason)
 		return s, err
 	})
 }

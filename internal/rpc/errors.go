@@ -35,6 +35,7 @@ var connectCodes = map[stock.Code]connect.Code{
 	stock.CodeReservationAlreadyReleased:  connect.CodeFailedPrecondition,
 	stock.CodeCustomerLimitReached:        connect.CodeFailedPrecondition,
 	stock.CodeSKUExists:                   connect.CodeAlreadyExists,
+	stock.CodeShardNotHalted:              connect.CodeFailedPrecondition,
 	stock.CodeOperationInProgress:         connect.CodeAborted,
 	stock.CodeShardUnavailable:            connect.CodeUnavailable,
 	stock.CodeRateLimited:                 connect.CodeResourceExhausted,

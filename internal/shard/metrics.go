@@ -17,6 +17,8 @@ type metrics struct {
 	results       *prometheus.CounterVec
 	rejected      prometheus.Counter
 	halted        prometheus.Counter
+	divergences   *prometheus.CounterVec
+	haltedShards  *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer, db *postgres.DB) *metrics {
@@ -46,9 +48,18 @@ func newMetrics(reg prometheus.Registerer, db *postgres.DB) *metrics {
 		halted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardstock_shard_halted_total", Help: "Shards halted after an invariant violation.",
 		}),
+		divergences: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_shard_divergences_total",
+			Help: "Shard rows found not to be their writer's copy, by outcome: recovered (reloaded; the ledger accounts for the row) or halted.",
+		}, []string{"outcome"}),
+		haltedShards: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shardstock_shard_halted",
+			Help: "1 for each shard this server refuses as halted; GetStock shows the reason, AdminService.ResumeShard resumes it.",
+		}, []string{"sku", "shard"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.batchSize, m.groupSize, m.groupDuration, m.batchDuration, m.results, m.rejected, m.halted)
+		reg.MustRegister(m.batchSize, m.groupSize, m.groupDuration, m.batchDuration, m.results, m.rejected, m.halted,
+			m.divergences, m.haltedShards)
 		lost := func(outcome string, get func(postgres.LostCommits) int64) prometheus.Collector {
 			return prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name:        "shardstock_shard_lost_commits_total",

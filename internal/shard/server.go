@@ -7,6 +7,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -26,6 +27,10 @@ const (
 	// pruneInterval is how often the server deletes old commit marks
 	// (postgres.PruneCommitMarks bounds each pass).
 	pruneInterval = time.Minute
+	// haltRecheckInterval is how long a halted shard is refused from
+	// memory before a writer reads its row again (at most one read per
+	// halted shard per interval).
+	haltRecheckInterval = time.Second
 )
 
 // Config configures a Server.
@@ -56,7 +61,15 @@ type Server struct {
 	mu      sync.Mutex
 	owned   map[int32]int64 // partition -> epoch
 	writers map[stock.ShardKey]*writer
-	halted  map[stock.ShardKey]bool
+	halted  map[stock.ShardKey]halt
+}
+
+// halt is why a shard was found halted, and when: the reason is on its
+// row, and a writer reads it again after haltRecheckInterval, so that a
+// shard an operator resumed serves again without a word to this server.
+type halt struct {
+	reason string
+	at     time.Time
 }
 
 // New returns a Server that owns no partition yet.
@@ -73,7 +86,7 @@ func New(cfg Config) *Server {
 		batchMax: batchSizeMax,
 		owned:    map[int32]int64{},
 		writers:  map[stock.ShardKey]*writer{},
-		halted:   map[stock.ShardKey]bool{},
+		halted:   map[stock.ShardKey]halt{},
 	}
 	s.committer = newCommitter(s)
 	s.staleAge = transferStaleAge
@@ -155,8 +168,11 @@ func (s *Server) enqueue(r *stock.Request) (*pending, stock.Result) {
 	if !ok {
 		return nil, unavailable("shard server " + s.id + " does not own this shard")
 	}
-	if s.halted[key] {
-		return nil, unavailable("shard halted after an invariant violation")
+	if h, ok := s.halted[key]; ok {
+		if time.Since(h.at) < haltRecheckInterval {
+			return nil, haltedResult(key)
+		}
+		delete(s.halted, key) // the next writer reads the row, and its halt, again
 	}
 	w := s.writers[key]
 	if w == nil {
@@ -207,16 +223,46 @@ func (s *Server) fenced(w *writer) {
 	delete(s.writers, w.key)
 }
 
-// halt refuses further writes to w's shard until its partition is acquired
-// again (and so reloaded).
-func (s *Server) halt(w *writer) {
+// halt refuses further writes to w's shard, for reason. record: the halt is
+// new, and is written on the shard's row (under the writer's fence), where
+// it stays until an operator resumes the shard; a halt read from the row is
+// not recorded again.
+func (s *Server) halt(w *writer, reason string, record bool) {
+	if record {
+		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		err := s.db.HaltShard(ctx, w.fence, w.key, reason)
+		cancel()
+		if err != nil {
+			// Halted in memory regardless; the next writer finds the row
+			// wrong again and records it then.
+			s.log.Error("recording a shard's halt failed", "shard", w.key.String(), "err", err)
+		}
+		s.metrics.halted.Inc()
+		s.metrics.divergences.WithLabelValues("halted").Inc()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.halted[w.key] = true
-	s.metrics.halted.Inc()
+	s.halted[w.key] = halt{reason: reason, at: time.Now()}
+	s.metrics.haltedShards.WithLabelValues(w.key.SKU, strconv.Itoa(int(w.key.Index))).Set(1)
 	if s.writers[w.key] == w {
 		delete(s.writers, w.key)
 	}
+}
+
+// running notes that a writer loaded k's row and found it not halted.
+func (s *Server) running(k stock.ShardKey) {
+	s.metrics.haltedShards.DeleteLabelValues(k.SKU, strconv.Itoa(int(k.Index)))
+}
+
+// Halted returns the shards this server refuses as halted, with why.
+func (s *Server) Halted() map[stock.ShardKey]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[stock.ShardKey]string, len(s.halted))
+	for k, h := range s.halted {
+		out[k] = h.reason
+	}
+	return out
 }
 
 // Counts returns a shard's counts: from its writer's memory when it has one

@@ -56,6 +56,10 @@ type writer struct {
 	// committed is counts as of the last commit, for readers on other
 	// goroutines (GetShards answers from memory).
 	committed atomic.Pointer[stock.Counts]
+	// suspect: the row turned out not to be what this writer held, and
+	// the check against the ledger could not be made yet: make it before
+	// the next batch.
+	suspect bool
 }
 
 func (w *writer) setCounts(c stock.Counts) {
@@ -149,6 +153,13 @@ func (w *writer) apply(batch []*pending) writerNext {
 }
 
 func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
+	if w.suspect {
+		if next, r := w.recheck(nil); next != writerGoOn {
+			return all(len(reqs), r), next
+		} else if w.suspect {
+			return all(len(reqs), r), writerGoOn
+		}
+	}
 	if w.refusable(reqs) {
 		if results, err := w.readOnly(reqs); err == nil {
 			return results, writerGoOn
@@ -158,10 +169,10 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 	q.LoadShard = !w.loaded
 	var results []stock.Result
 	var write *postgres.BatchWrite
-	missing := false
+	missing, halted := false, ""
 	decide := func(read *postgres.BatchRead) (*postgres.BatchWrite, error) {
 		counts := w.counts
-		missing = false
+		missing, halted = false, ""
 		if q.LoadShard {
 			if read.Counts == nil {
 				missing = true
@@ -169,6 +180,11 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 				for i, r := range reqs {
 					results[i] = w.noShard(r)
 				}
+				return write, nil
+			}
+			if read.HaltReason != "" {
+				halted = read.HaltReason
+				write, results = &postgres.BatchWrite{}, all(len(reqs), haltedResult(w.key))
 				return write, nil
 			}
 			counts = *read.Counts
@@ -179,18 +195,26 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 		return write, err
 	}
 	var err error
+	rechecked := false
 	for attempt := 0; attempt < batchAttemptsMax; attempt++ {
 		if attempt > 0 {
 			time.Sleep(retryBackoff * time.Duration(attempt))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		loading := q.LoadShard
 		err = w.srv.committer.commit(ctx, w.fence, q, decide)
 		cancel()
 		switch {
 		case err == nil && missing:
 			return results, writerNoShard
+		case err == nil && halted != "":
+			w.srv.halt(w, halted, false)
+			return results, writerStop
 		case err == nil:
 			w.setCounts(write.To)
+			if loading {
+				w.srv.running(w.key)
+			}
 			return results, writerGoOn
 		case errors.Is(err, postgres.ErrConflict):
 			continue // a concurrent batch took a key or a quota: the rerun sees it
@@ -199,9 +223,24 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 			w.srv.fenced(w)
 			return all(len(reqs), unavailable("shard moved to another server")), writerStop
 		case errors.Is(err, postgres.ErrDiverged), errors.Is(err, errInvariant):
-			w.srv.log.Error("INVARIANT: shard row diverged from its only writer's copy; halting the shard", "shard", w.key.String(), "err", err)
-			w.srv.halt(w)
-			return all(len(reqs), unavailable("shard halted")), writerStop
+			// The row is not what this writer held (a lost commit's outcome
+			// misjudged, a second writer, a bug). Once per batch: reload it
+			// under the fence and, if the ledger accounts for it, go on from
+			// it; else, or if it happens again at once, halt the shard.
+			if !rechecked {
+				rechecked = true
+				w.srv.log.Warn("shard row is not the writer's copy; checking it against the ledger", "shard", w.key.String(), "err", err)
+				next, r := w.recheck(err)
+				if next != writerGoOn || w.suspect {
+					return all(len(reqs), r), next
+				}
+				q.LoadShard = false
+				continue
+			}
+			reason := fmt.Sprintf("the row diverged again right after it was reloaded and checked against the ledger: %v", err)
+			w.srv.log.Error("INVARIANT: halting the shard", "shard", w.key.String(), "reason", reason)
+			w.srv.halt(w, reason, true)
+			return all(len(reqs), haltedResult(w.key)), writerStop
 		case errors.Is(err, postgres.ErrOutcomeUnknown):
 			// Whether the batch committed is not known: reload the row and
 			// tell everyone to retry with the same key, which is safe.
@@ -219,6 +258,49 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 	}
 	w.srv.log.Warn("batch gave up", "shard", w.key.String(), "err", err)
 	return all(len(reqs), unavailable("database unavailable; retry with the same key")), writerGoOn
+}
+
+// recheck reloads the shard's row under the writer's fence and checks it
+// against the ledger (opening balance plus every entry's deltas), after
+// cause showed that the writer's copy was wrong. When the ledger accounts
+// for the row, the row becomes the writer's copy and the writer goes on
+// (writerGoOn, suspect cleared). When it does not, the shard is halted: a
+// write that is not in the ledger is a bug that a person must look at.
+// When the check cannot be made (the database is down), the writer stays
+// suspect and makes it before its next batch.
+func (w *writer) recheck(cause error) (writerNext, stock.Result) {
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	c, err := w.srv.db.CheckShard(ctx, w.fence, w.key)
+	switch {
+	case errors.Is(err, postgres.ErrFenced):
+		w.srv.fenced(w)
+		return writerStop, unavailable("shard moved to another server")
+	case stock.CodeOf(err) == stock.CodeSKUNotFound:
+		return writerNoShard, unavailable("shard no longer exists")
+	case err != nil:
+		w.srv.log.Warn("shard check against the ledger failed; retrying before the next batch", "shard", w.key.String(), "err", err)
+		w.suspect, w.loaded = true, false
+		return writerGoOn, unavailable("database unavailable; retry with the same key")
+	case c.HaltReason != "":
+		w.srv.halt(w, c.HaltReason, false)
+		return writerStop, haltedResult(w.key)
+	case !c.Consistent():
+		reason := fmt.Sprintf("row %+v is not its opening balance plus its ledger %+v (found after: %v)", c.Row, c.Ledger, cause)
+		w.srv.log.Error("INVARIANT: shard row disagrees with its ledger; halting the shard", "shard", w.key.String(), "reason", reason)
+		w.srv.halt(w, reason, true)
+		return writerStop, haltedResult(w.key)
+	}
+	w.srv.log.Warn("shard row reloaded; its ledger accounts for it: resuming", "shard", w.key.String(), "was", w.counts, "row", c.Row)
+	w.srv.metrics.divergences.WithLabelValues("recovered").Inc()
+	w.suspect = false
+	w.setCounts(c.Row)
+	return writerGoOn, stock.Result{}
+}
+
+// haltedResult answers a request for a halted shard.
+func haltedResult(k stock.ShardKey) stock.Result {
+	return unavailable("shard " + k.String() + " is halted until an operator resumes it (GetStock shows why)")
 }
 
 // refusable reports whether no request of the batch can change the shard:

@@ -31,6 +31,7 @@ const (
 	CodeReservationAlreadyReleased  Code = "RESERVATION_ALREADY_RELEASED"
 	CodeCustomerLimitReached        Code = "CUSTOMER_LIMIT_REACHED"
 	CodeSKUExists                   Code = "SKU_ALREADY_EXISTS"
+	CodeShardNotHalted              Code = "SHARD_NOT_HALTED"
 	// aborted
 	CodeOperationInProgress Code = "OPERATION_IN_PROGRESS"
 	// unavailable: retry with the same key is safe

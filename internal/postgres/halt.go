@@ -1,0 +1,110 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// ShardCheck is a shard's row beside what its ledger says the row must be:
+// the opening balance plus the sum of every entry's deltas.
+type ShardCheck struct {
+	Row    stock.Counts
+	Ledger stock.Counts
+	// HaltReason is why the shard is halted; "" if it is not.
+	HaltReason string
+}
+
+// Consistent reports whether the row is what the ledger sums to.
+func (c ShardCheck) Consistent() bool { return c.Row == c.Ledger }
+
+// CheckShard reads a shard's row and sums its ledger in one transaction,
+// under f's fence (ErrFenced if another server owns the partition now): the
+// check a writer makes when its copy of the row turned out wrong.
+func (db *DB) CheckShard(ctx context.Context, f Fence, k stock.ShardKey) (ShardCheck, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var c ShardCheck
+	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return c, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := checkFence(ctx, tx, f); err != nil {
+		return c, err
+	}
+	var opening int64
+	err = tx.QueryRow(ctx, `SELECT available, reserved, sold, opening_available, halted_reason FROM shards WHERE sku = $1 AND idx = $2`,
+		k.SKU, k.Index).Scan(&c.Row.Available, &c.Row.Reserved, &c.Row.Sold, &opening, &c.HaltReason)
+	if isNoRows(err) {
+		return c, stock.Errorf(stock.CodeSKUNotFound, "sku %q has no shard %d", k.SKU, k.Index)
+	}
+	if err != nil {
+		return c, err
+	}
+	err = tx.QueryRow(ctx, `SELECT coalesce(sum(available_after - available_before), 0), coalesce(sum(reserved_after - reserved_before), 0),
+		coalesce(sum(sold_after - sold_before), 0) FROM ledger WHERE sku = $1 AND shard = $2`, k.SKU, k.Index).
+		Scan(&c.Ledger.Available, &c.Ledger.Reserved, &c.Ledger.Sold)
+	if err != nil {
+		return c, err
+	}
+	c.Ledger.Available += opening
+	return c, tx.Commit(ctx)
+}
+
+// HaltShard records why a shard is halted, under f's fence.
+func (db *DB) HaltShard(ctx context.Context, f Fence, k stock.ShardKey, reason string) error {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := checkFence(ctx, tx, f); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE shards SET halted_reason = $3, updated_at = now() WHERE sku = $1 AND idx = $2`, k.SKU, k.Index, reason); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// ResumeShard clears a shard's halt and returns the reason it had. A shard
+// that was not halted is FAILED_PRECONDITION (SHARD_NOT_HALTED).
+func (db *DB) ResumeShard(ctx context.Context, k stock.ShardKey) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var was string
+	err := db.pool.QueryRow(ctx, `UPDATE shards s SET halted_reason = '', updated_at = now()
+		FROM (SELECT halted_reason FROM shards WHERE sku = $1 AND idx = $2 FOR UPDATE) old
+		WHERE s.sku = $1 AND s.idx = $2 RETURNING old.halted_reason`, k.SKU, k.Index).Scan(&was)
+	if isNoRows(err) {
+		return "", stock.Errorf(stock.CodeSKUNotFound, "sku %q has no shard %d", k.SKU, k.Index)
+	}
+	if err != nil {
+		return "", err
+	}
+	if was == "" {
+		return "", stock.Errorf(stock.CodeShardNotHalted, "shard %d of sku %q is not halted", k.Index, k.SKU)
+	}
+	return was, nil
+}
+
+// checkFence locks f's partition row FOR SHARE (a takeover waits for this
+// transaction) and fails with ErrFenced unless f still owns it.
+func checkFence(ctx context.Context, tx pgx.Tx, f Fence) error {
+	var owner string
+	var epoch int64
+	err := tx.QueryRow(ctx, `SELECT owner, epoch FROM partitions WHERE partition = $1 FOR SHARE`, f.Partition).Scan(&owner, &epoch)
+	if err != nil {
+		return err
+	}
+	if owner != f.ServerID || epoch != f.Epoch {
+		return fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", ErrFenced, f.Partition, owner, epoch, f.ServerID, f.Epoch)
+	}
+	return nil
+}
