@@ -12,8 +12,13 @@ BUF := go tool -modfile=tools/go.mod buf
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-run: ## run the local development stack (cmd/shardstock-dev)
-	go run ./cmd/shardstock-dev
+# The stack runs as make's own child (the shell execs it): make passes
+# SIGTERM on to it and a terminal's Ctrl-C reaches it, and it stops its
+# children. `go run` would die of SIGTERM without passing it on, and leave
+# the stack running.
+run: ## build cmd/shardstock-dev into bin/ and run the local development stack (flags: RUN_ARGS='-allocator-shard')
+	go build -o bin/shardstock-dev ./cmd/shardstock-dev
+	exec bin/shardstock-dev $(RUN_ARGS)
 
 # -p 1: one test binary at a time, so that the packages that start whole
 # stacks do not together exhaust a default Postgres's 100 connections.
