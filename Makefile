@@ -2,7 +2,9 @@
 
 # Used by `make test` when a Postgres with trust auth answers on 127.0.0.1:5432
 # and DATABASE_URL is not already set; otherwise internal/pgtest starts a
-# throwaway cluster per test binary.
+# throwaway cluster per test binary. internal/pgtest also starts one when the
+# server in DATABASE_URL has fewer free connections than a test binary may
+# use (serverConnsMin), as a server shared with other clients may.
 LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BUF := go tool -modfile=tools/go.mod buf
 
@@ -22,7 +24,7 @@ run: ## build cmd/shardstock-dev into bin/ and run the local development stack (
 
 # -p 1: one test binary at a time, so that the packages that start whole
 # stacks do not together exhaust a default Postgres's 100 connections.
-test: ## build everything, then run all tests (Postgres on 127.0.0.1:5432 if it answers)
+test: ## build everything, then run all tests (Postgres on 127.0.0.1:5432 if it answers and has room)
 	go build ./...
 	@if [ -z "$${DATABASE_URL:-}" ] && command -v pg_isready >/dev/null 2>&1 \
 		&& pg_isready -q -h 127.0.0.1 -p 5432; then \
