@@ -239,8 +239,10 @@ func (m *makeRun) devPID(t *testing.T) int {
 // makeRunGoneTimeout, and that the port no longer answers.
 func (m *makeRun) checkStopped(t *testing.T, tree []osProc) {
 	t.Helper()
+	start := time.Now()
 	select {
 	case <-m.exited:
+		t.Logf("make exited %s after the signal: %v", time.Since(start).Round(time.Millisecond), m.cmd.ProcessState)
 	case <-time.After(makeRunStopTimeout):
 		t.Fatalf("make did not exit within %s; processes:\n%s", makeRunStopTimeout, formatProcs(m.tree()))
 	}
