@@ -2,7 +2,9 @@
 
 # Used by `make test` when a Postgres with trust auth answers on 127.0.0.1:5432
 # and DATABASE_URL is not already set; otherwise internal/pgtest starts a
-# throwaway cluster per test binary.
+# throwaway cluster per test binary. internal/pgtest also starts one when the
+# server in DATABASE_URL has fewer free connections than a test binary may
+# use (serverConnsMin), as a server shared with other clients may.
 LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BUF := go tool -modfile=tools/go.mod buf
 
@@ -12,12 +14,17 @@ BUF := go tool -modfile=tools/go.mod buf
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-run: ## run the local development stack (cmd/shardstock-dev)
-	go run ./cmd/shardstock-dev
+# The stack runs as make's own child (the shell execs it): make passes
+# SIGTERM on to it and a terminal's Ctrl-C reaches it, and it stops its
+# children. `go run` would die of SIGTERM without passing it on, and leave
+# the stack running.
+run: ## build cmd/shardstock-dev into bin/ and run the local development stack (flags: RUN_ARGS='-allocator-shard')
+	go build -o bin/shardstock-dev ./cmd/shardstock-dev
+	exec bin/shardstock-dev $(RUN_ARGS)
 
 # -p 1: one test binary at a time, so that the packages that start whole
 # stacks do not together exhaust a default Postgres's 100 connections.
-test: ## build everything, then run all tests (Postgres on 127.0.0.1:5432 if it answers)
+test: ## build everything, then run all tests (Postgres on 127.0.0.1:5432 if it answers and has room)
 	go build ./...
 	@if [ -z "$${DATABASE_URL:-}" ] && command -v pg_isready >/dev/null 2>&1 \
 		&& pg_isready -q -h 127.0.0.1 -p 5432; then \

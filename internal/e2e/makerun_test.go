@@ -1,15 +1,19 @@
 package e2e
 
 import (
-	"bufio"
+	"bytes"
 	"context"
-	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,10 +23,31 @@ import (
 	"github.com/shardstock/shardstock/internal/pgtest"
 )
 
+// Bounds of the `make run` tests.
+const (
+	// makeRunReadyTimeout includes building cmd/shardstock-dev.
+	makeRunReadyTimeout = 4 * time.Minute
+	// makeRunStopTimeout is how long make may take to exit once stopped:
+	// the dev stack gives its children 15 s (devcmd's stopTimeout) before
+	// it kills them, plus room for a loaded machine.
+	makeRunStopTimeout = 30 * time.Second
+	// makeRunGoneTimeout is how long the stack's processes may outlive
+	// make (the kernel delivers parent-death signals at once; this is
+	// slack for their exit).
+	makeRunGoneTimeout = 10 * time.Second
+	// makeRunWaitDelay bounds how long Wait waits for make's output pipes
+	// after make exited: a process left behind would hold them open.
+	makeRunWaitDelay = 5 * time.Second
+	// makeRunOutputMax is how much of the stack's output a test keeps
+	// (the last bytes) to print when it fails.
+	makeRunOutputMax = 256 << 10
+	// devComm is the name of the dev stack's processes in /proc/PID/comm.
+	devComm = "shardstock-dev"
+)
+
 // TestE2E_MakeRun starts `make run` as a user would (a process, real
 // ports), waits for its banner, runs the curl example it prints, then sends
-// SIGTERM to its process group, as Ctrl-C would, and checks that no process
-// is left behind.
+// SIGTERM to its process group and checks that no process is left behind.
 //
 // It runs twice on one database: a second start, with a new embedded etcd
 // whose revisions (the epochs) start again from 1, must own every partition
@@ -32,7 +57,7 @@ func TestE2E_MakeRun(t *testing.T) {
 		t.Skip("curl is not installed")
 	}
 	db := pgtest.NewDB(t)
-	t.Run("First", func(t *testing.T) { makeRun(t, db) })
+	t.Run("First", func(t *testing.T) { makeRunExamples(t, db) })
 	// As if the first run's etcd had lived long: epochs far above what a
 	// new etcd's revisions reach by retrying claims.
 	conn, err := pgx.Connect(context.Background(), db)
@@ -43,49 +68,49 @@ func TestE2E_MakeRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close(context.Background())
-	t.Run("Again", func(t *testing.T) { makeRun(t, db) })
+	t.Run("Again", func(t *testing.T) { makeRunExamples(t, db) })
 }
 
-func makeRun(t *testing.T, db string) {
-	addr := freeAddr(t)
-	cmd := exec.Command("make", "-C", "../..", "run")
-	cmd.Env = append(os.Environ(), "SHARDSTOCK_ADDR="+addr, "SHARDSTOCK_ADMIN_TOKEN="+adminToken, "DATABASE_URL="+db)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+// TestE2E_MakeRunStop stops `make run` in each way a user or a process
+// manager does, and checks that all of it stops: make, the dev stack, its
+// shard servers and allocator, and the port.
+func TestE2E_MakeRunStop(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc: cannot list the stack's processes")
 	}
-	cmd.Stderr = nil // the children's logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pgid := cmd.Process.Pid
-	t.Cleanup(func() { syscall.Kill(-pgid, syscall.SIGKILL) })
-
-	lines := make(chan string, 64)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	var banner []string
-	deadline := time.After(4 * time.Minute) // includes compiling
-	for done := false; !done; {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("make run ended before it was ready; printed:\n%s", strings.Join(banner, "\n"))
+	for _, tc := range []struct {
+		name string
+		stop func(t *testing.T, m *makeRun)
+	}{
+		// A terminal's Ctrl-C: SIGINT to the foreground process group.
+		{"Interrupt", func(t *testing.T, m *makeRun) { m.signal(t, -m.pgid, syscall.SIGINT) }},
+		// A process manager that knows only the PID it started.
+		{"TermMake", func(t *testing.T, m *makeRun) { m.signal(t, m.pgid, syscall.SIGTERM) }},
+		// A process manager that stops the whole group (systemd, kill -TERM -PGID).
+		{"TermGroup", func(t *testing.T, m *makeRun) { m.signal(t, -m.pgid, syscall.SIGTERM) }},
+		// The dev stack dies without a chance to stop its children.
+		{"KillDev", func(t *testing.T, m *makeRun) { m.signal(t, m.devPID(t), syscall.SIGKILL) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := startMakeRun(t, pgtest.NewDB(t))
+			m.waitBanner(t)
+			if err := dial(m.addr); err != nil {
+				t.Fatalf("the banner is printed but %s does not answer: %v", m.addr, err)
 			}
-			banner = append(banner, l)
-			done = strings.HasPrefix(l, "Ctrl-C stops everything")
-		case <-deadline:
-			t.Fatalf("make run not ready in time; printed:\n%s", strings.Join(banner, "\n"))
-		}
+			tree := m.tree()
+			tc.stop(t, m)
+			m.checkStopped(t, tree)
+		})
 	}
+}
+
+// makeRunExamples runs the curl examples of the banner, then stops the
+// stack with SIGTERM to its process group.
+func makeRunExamples(t *testing.T, db string) {
+	m := startMakeRun(t, db)
+	banner := m.waitBanner(t)
 	text := strings.Join(banner, "\n")
-	if !strings.Contains(text, "http://"+addr) || !strings.Contains(text, adminToken) {
+	if !strings.Contains(text, "http://"+m.addr) || !strings.Contains(text, adminToken) {
 		t.Errorf("banner lacks the URL or the admin token:\n%s", text)
 	}
 	var ran int
@@ -103,31 +128,220 @@ func makeRun(t *testing.T, db string) {
 	if ran < 2 {
 		t.Errorf("banner printed %d curl examples, want 2:\n%s", ran, text)
 	}
+	tree := m.tree()
+	m.signal(t, -m.pgid, syscall.SIGTERM)
+	m.checkStopped(t, tree)
+}
 
-	syscall.Kill(-pgid, syscall.SIGTERM)
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-	select {
-	case <-waited:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("make run did not stop within 30 s of SIGTERM")
+// makeRun is one `make run` in a process group of its own (make is the
+// group's leader), on a free port.
+type makeRun struct {
+	cmd    *exec.Cmd
+	pgid   int
+	addr   string
+	stdout *tailBuffer // make's standard output: the banner
+	all    *tailBuffer // standard output and error: the banner and every log
+	exited chan struct{}
+}
+
+func startMakeRun(t *testing.T, db string) *makeRun {
+	t.Helper()
+	m := &makeRun{
+		addr:   freeAddr(t),
+		stdout: &tailBuffer{max: makeRunOutputMax},
+		all:    &tailBuffer{max: makeRunOutputMax},
+		exited: make(chan struct{}),
 	}
-	// Every process of the group (make, the dev stack, its shard servers,
-	// allocator and throwaway Postgres) must be gone.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		err := syscall.Kill(-pgid, 0)
-		if errors.Is(err, syscall.ESRCH) {
-			break
+	m.cmd = exec.Command("make", "-C", "../..", "run")
+	m.cmd.Env = append(os.Environ(), "SHARDSTOCK_ADDR="+m.addr, "SHARDSTOCK_ADMIN_TOKEN="+adminToken, "DATABASE_URL="+db)
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	m.cmd.Stdout = io.MultiWriter(m.stdout, m.all)
+	m.cmd.Stderr = m.all
+	m.cmd.WaitDelay = makeRunWaitDelay
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	m.pgid = m.cmd.Process.Pid
+	go func() {
+		m.cmd.Wait()
+		close(m.exited)
+	}()
+	t.Cleanup(func() {
+		syscall.Kill(-m.pgid, syscall.SIGKILL)
+		if t.Failed() {
+			t.Logf("make run output (the last %d bytes at most):\n%s", makeRunOutputMax, m.all.String())
+		}
+	})
+	return m
+}
+
+// waitBanner waits until the stack prints its banner, and returns the
+// banner's lines.
+func (m *makeRun) waitBanner(t *testing.T) []string {
+	t.Helper()
+	deadline := time.Now().Add(makeRunReadyTimeout)
+	for {
+		lines := strings.Split(m.stdout.String(), "\n")
+		if i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "Ctrl-C stops everything") }); i >= 0 {
+			return lines[:i+1]
+		}
+		select {
+		case <-m.exited:
+			t.Fatalf("make run ended before it was ready: %v", m.cmd.ProcessState)
+		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			ps, _ := exec.Command("ps", "-o", "pid,pgid,args", "-g", strconv.Itoa(pgid)).CombinedOutput()
-			t.Fatalf("processes left behind after SIGTERM:\n%s", ps)
+			t.Fatalf("make run not ready within %s", makeRunReadyTimeout)
 		}
 	}
-	if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-		conn.Close()
-		t.Errorf("something still listens on %s", addr)
+}
+
+func (m *makeRun) signal(t *testing.T, pid int, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(pid, sig); err != nil {
+		t.Fatalf("kill(%d, %v) = %v", pid, sig, err)
 	}
+}
+
+// tree returns make and its descendants.
+func (m *makeRun) tree() []osProc {
+	ps := processes()
+	var out []osProc
+	for _, p := range ps {
+		for q, ok := p, true; ok; q, ok = ps[q.ppid] {
+			if q.pid == m.pgid {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b osProc) int { return a.pid - b.pid })
+	return out
+}
+
+// devPID returns the dev stack's own process: the shardstock-dev whose
+// parent is not one (its children are shardstock-dev too).
+func (m *makeRun) devPID(t *testing.T) int {
+	t.Helper()
+	ps := processes()
+	for _, p := range m.tree() {
+		if p.comm == devComm && ps[p.ppid].comm != devComm {
+			return p.pid
+		}
+	}
+	t.Fatalf("no %s process under make:\n%s", devComm, formatProcs(m.tree()))
+	return 0
+}
+
+// checkStopped checks that make exits within makeRunStopTimeout, that
+// then every process of tree (make and its descendants when the signal
+// was sent) and of make's process group is gone within
+// makeRunGoneTimeout, and that the port no longer answers.
+func (m *makeRun) checkStopped(t *testing.T, tree []osProc) {
+	t.Helper()
+	start := time.Now()
+	select {
+	case <-m.exited:
+		t.Logf("make exited %s after the signal: %v", time.Since(start).Round(time.Millisecond), m.cmd.ProcessState)
+	case <-time.After(makeRunStopTimeout):
+		t.Fatalf("make did not exit within %s; processes:\n%s", makeRunStopTimeout, formatProcs(m.tree()))
+	}
+	var left []osProc
+	for deadline := time.Now().Add(makeRunGoneTimeout); ; time.Sleep(100 * time.Millisecond) {
+		left = left[:0]
+		ps := processes()
+		for _, p := range ps {
+			if p.pgrp == m.pgid || slices.ContainsFunc(tree, func(q osProc) bool { return q.pid == p.pid && q.comm == p.comm }) {
+				left = append(left, p)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("processes left %s after make exited (of these before the signal:\n%s):\n%s",
+			makeRunGoneTimeout, formatProcs(tree), formatProcs(left))
+	}
+	if err := dial(m.addr); err == nil {
+		t.Errorf("%s still answers after make run stopped", m.addr)
+	}
+}
+
+// osProc is one live process, from /proc/PID/stat.
+type osProc struct {
+	pid, ppid, pgrp int
+	comm            string
+}
+
+// processes returns the live processes by pid; zombies (exited, not yet
+// reaped) count as gone.
+func processes() map[int]osProc {
+	out := map[int]osProc{}
+	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range dirs {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+		s := string(b)
+		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || closing < open {
+			continue
+		}
+		f := strings.Fields(s[closing+1:])
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(s[:open]))
+		ppid, _ := strconv.Atoi(f[1])
+		pgrp, _ := strconv.Atoi(f[2])
+		out[pid] = osProc{pid: pid, ppid: ppid, pgrp: pgrp, comm: s[open+1 : closing]}
+	}
+	return out
+}
+
+func formatProcs(ps []osProc) string {
+	var b strings.Builder
+	for _, p := range ps {
+		args, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
+		fmt.Fprintf(&b, "  pid %d ppid %d pgrp %d %s: %s\n", p.pid, p.ppid, p.pgrp, p.comm, bytes.ReplaceAll(bytes.TrimRight(args, "\x00"), []byte{0}, []byte{' '}))
+	}
+	return b.String()
+}
+
+// dial reports whether something accepts a TCP connection on addr.
+func dial(addr string) error {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// tailBuffer keeps the last max bytes written to it; safe for concurrent
+// use.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (w *tailBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b = append(w.b, p...)
+	if over := len(w.b) - w.max; over > 0 {
+		w.b = append(w.b[:0], w.b[over:]...)
+	}
+	return len(p), nil
+}
+
+func (w *tailBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.b)
 }
 
 func freeAddr(t *testing.T) string {

@@ -44,6 +44,7 @@ const (
 // Cluster is a throwaway Postgres server run from the local binaries,
 // listening on 127.0.0.1 on a port of its own with trust authentication.
 type Cluster struct {
+	maxConns  int // the server's max_connections
 	url       string
 	port      int
 	dir       string
@@ -62,13 +63,18 @@ type Cluster struct {
 // development, never for data you want to keep. The caller must call Stop;
 // if the calling process dies first, the server gets SIGINT from the kernel.
 func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
+	return startClusterConns(ctx, dir, maxConnections)
+}
+
+// startClusterConns is StartCluster with max_connections set to maxConns.
+func startClusterConns(ctx context.Context, dir string, maxConns int) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	binDir, err := findBinDir()
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir}
+	c := &Cluster{dir: dir, maxConns: maxConns}
 	if c.dir == "" {
 		if c.dir, err = os.MkdirTemp("", "pgtest-"); err != nil {
 			return nil, fmt.Errorf("pgtest: %w", err)
@@ -140,7 +146,7 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 		"-k", c.dir, // own socket dir: a system server may own /var/run/postgresql
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "fsync=off",
-		"-c", "max_connections="+strconv.Itoa(maxConnections),
+		"-c", "max_connections="+strconv.Itoa(c.maxConns),
 	)
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	c.cmd.SysProcAttr = serverSysProcAttr(cred)

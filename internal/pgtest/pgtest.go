@@ -1,7 +1,8 @@
 // Package pgtest gives each test a brand-new, empty Postgres database.
 //
 // With DATABASE_URL set (CI: postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable,
-// trust auth) databases are created on that server. Otherwise the first
+// trust auth) databases are created on that server, if it has room for a
+// test binary's connections (serverConnsMin free ones). Otherwise the first
 // NewDB in a test binary starts one throwaway cluster from the local
 // Postgres binaries (apt-get install postgresql), shared by the whole binary.
 //
@@ -14,6 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -23,6 +25,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 const (
@@ -32,6 +35,14 @@ const (
 	queryTimeout = 30 * time.Second
 	// dbNamePrefix marks databases made here, so leftovers are easy to spot.
 	dbNamePrefix = "pgtest"
+	// serverConnsMin is how many free connections DATABASE_URL's server
+	// must have for a test binary to use it. The most one binary holds at
+	// once is internal/e2e's `make run`: 3 shard servers with 16 each and
+	// an allocator with 8 (internal/cmd/devcmd), 56, plus the test's own
+	// and pgtest's; the rest is slack for backends that are still exiting.
+	serverConnsMin = 64
+	// sqlState of Postgres's "sorry, too many clients already".
+	tooManyConnections = "53300"
 )
 
 var (
@@ -45,6 +56,12 @@ var (
 		once    sync.Once
 		cluster *Cluster
 		err     error
+	}
+	// checked holds, by DATABASE_URL, whether its server had room when
+	// this binary first looked: one look (and one note) per binary.
+	checked struct {
+		mu   sync.Mutex
+		room map[string]bool
 	}
 )
 
@@ -76,12 +93,46 @@ func NewDB(tb testing.TB) string {
 	return newDB(tb, server)
 }
 
-// serverURL returns DATABASE_URL if set, else the shared cluster's URL,
-// starting the cluster on first use.
+// serverURL returns DATABASE_URL if set and its server has room (see
+// hasRoom), else the shared cluster's URL, starting the cluster on first
+// use. Without a cluster (no local binaries), a server short of room is
+// used anyway: the tests may still fit.
 func serverURL() (string, error) {
-	if u := os.Getenv(envURL); u != "" {
+	u := os.Getenv(envURL)
+	if u == "" {
+		return clusterURL()
+	}
+	checked.mu.Lock()
+	defer checked.mu.Unlock()
+	room, ok := checked.room[u]
+	if !ok {
+		var why string
+		var err error
+		room, why, err = hasRoom(u, serverConnsMin)
+		if err != nil {
+			return "", err
+		}
+		if !room {
+			fmt.Fprintf(os.Stderr, "pgtest: %s: using a throwaway cluster instead\n", why)
+		}
+		if checked.room == nil {
+			checked.room = map[string]bool{}
+		}
+		checked.room[u] = room
+	}
+	if room {
 		return u, nil
 	}
+	c, err := clusterURL()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: no throwaway cluster (%v): using %s, short of connections, anyway\n", err, envURL)
+		return u, nil
+	}
+	return c, nil
+}
+
+// clusterURL returns the shared cluster's URL, starting it on first use.
+func clusterURL() (string, error) {
 	shared.once.Do(func() {
 		shared.cluster, shared.err = StartCluster(context.Background(), "")
 	})
@@ -89,6 +140,47 @@ func serverURL() (string, error) {
 		return "", shared.err
 	}
 	return shared.cluster.URL(), nil
+}
+
+// hasRoom reports whether the server at serverURL has at least min free
+// connections, and if not, why, in a phrase. Free means what a role
+// without superuser's reserve can still open: max_connections, less
+// superuser_reserved_connections, less the client backends other than
+// this check's own (as scripts/bench/run.sh counts). A server that refuses
+// the check for too many clients has none free; one that cannot be
+// reached at all is an error, as it was before this check.
+func hasRoom(serverURL string, min int) (bool, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+	defer cancel()
+	where := envURL + " (" + hostOf(serverURL) + ")"
+	conn, err := pgx.Connect(ctx, serverURL)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == tooManyConnections {
+		return false, fmt.Sprintf("%s refuses connections: %s", where, pgErr.Message), nil
+	}
+	if err != nil {
+		return false, "", fmt.Errorf("pgtest: %s: %w", where, err)
+	}
+	defer conn.Close(ctx)
+	var free int
+	err = conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int
+		- current_setting('superuser_reserved_connections')::int
+		- (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid())::int`).Scan(&free)
+	if err != nil {
+		return false, "", fmt.Errorf("pgtest: %s: count free connections: %w", where, err)
+	}
+	if free < min {
+		return false, fmt.Sprintf("%s has %d free connections, fewer than the %d a test binary may use", where, free, min), nil
+	}
+	return true, "", nil
+}
+
+// hostOf returns the host and port of a URL, never its password.
+func hostOf(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "an unparsable URL"
+	}
+	return u.Host
 }
 
 // newDB creates a database on the server at serverURL, schedules its drop

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -138,6 +139,54 @@ func TestStartCluster(t *testing.T) {
 			t.Fatalf("to_regclass('kept') after restart = %q, want %q", kept, "kept")
 		}
 	})
+}
+
+// TestServerURL_Room checks that DATABASE_URL's server is used only while
+// it has room for a test binary's connections, on a cluster of few
+// connections whose free ones the test takes one by one.
+func TestServerURL_Room(t *testing.T) {
+	const maxConns = 10
+	ctx := context.Background()
+	c, err := startClusterConns(ctx, "", maxConns)
+	if err != nil {
+		t.Fatalf("startClusterConns(max_connections %d) = %v", maxConns, err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	var reserved int
+	scanOne(t, connect(t, c.URL()), &reserved, "SELECT current_setting('superuser_reserved_connections')::int")
+	free := maxConns - reserved - 1 // less the connection above
+
+	if ok, why, err := hasRoom(c.URL(), free); !ok || err != nil {
+		t.Fatalf("hasRoom(%d free, want %d) = %v, %q, %v; want true", free, free, ok, why, err)
+	}
+	connect(t, c.URL())
+	ok, why, err := hasRoom(c.URL(), free)
+	if want := fmt.Sprintf("has %d free connections, fewer than the %d", free-1, free); ok || err != nil || !strings.Contains(why, want) {
+		t.Fatalf("hasRoom(%d free, want %d) = %v, %q, %v; want false, %q", free-1, free, ok, why, err, want)
+	}
+	// The superuser may take the reserved connections too: take them all.
+	for range maxConns - 2 {
+		connect(t, c.URL())
+	}
+	ok, why, err = hasRoom(c.URL(), 1)
+	if want := "too many clients"; ok || err != nil || !strings.Contains(why, want) {
+		t.Fatalf("hasRoom(full server) = %v, %q, %v; want false, %q", ok, why, err, want)
+	}
+
+	// NewDB's choice: a server short of room gives way to the throwaway
+	// cluster.
+	t.Setenv(envURL, c.URL())
+	got, err := serverURL()
+	if err != nil {
+		t.Fatalf("serverURL() = %v", err)
+	}
+	want, err := clusterURL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("serverURL() with %s on a full server = %s, want the throwaway cluster %s", envURL, got, want)
+	}
 }
 
 func TestWithDatabase(t *testing.T) {

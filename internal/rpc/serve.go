@@ -21,7 +21,8 @@ const shutdownTimeout = 10 * time.Second
 
 // MuxConfig says what a process serves besides its Connect handlers.
 type MuxConfig struct {
-	// Services are the fully-qualified names for health and reflection.
+	// Services are the fully-qualified names for health and reflection
+	// (which lists grpc.health.v1.Health besides them).
 	Services []string
 	// Ready reports readiness for /readyz and gRPC health; nil: always.
 	Ready    func() bool
@@ -40,7 +41,10 @@ func NewMux(cfg MuxConfig) *http.ServeMux {
 		ready = func() bool { return true }
 	}
 	mux.Handle(grpchealth.NewHandler(healthChecker{services: cfg.Services, ready: ready}))
-	reflector := grpcreflect.NewStaticReflector(cfg.Services...)
+	// Reflection lists the health service too, so that grpcurl lists it
+	// and can call it by name.
+	listed := append([]string{grpchealth.HealthV1ServiceName}, cfg.Services...)
+	reflector := grpcreflect.NewStaticReflector(listed...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })

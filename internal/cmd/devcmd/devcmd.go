@@ -3,11 +3,12 @@
 // from the local binaries) and etcd (ETCD_ENDPOINTS, else embedded), then
 // three shard servers and an allocator as child processes (the same binary,
 // re-executed with a role), creates a demo SKU and prints how to use it.
-// Ctrl-C or SIGTERM stops all of it and leaves no process behind.
+// Ctrl-C or SIGTERM stops all of it and leaves no process behind; so does
+// SIGKILL on Linux, where the children have a parent-death signal.
 package devcmd
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -40,10 +41,17 @@ import (
 // Bounds of the dev stack.
 const (
 	readyTimeout = 90 * time.Second
-	stopTimeout  = 15 * time.Second
-	demoSKU      = "demo-sku"
-	demoStock    = 1000
-	demoShards   = 8
+	// stopTimeout is how long a child may take to stop after SIGTERM
+	// before it gets SIGKILL: a shard server's graceful stop is bounded
+	// by its HTTP shutdown (10 s) and its writers' drain.
+	stopTimeout = 15 * time.Second
+	// signalGrace is how long a child's exit waits for this process's own
+	// signal before it counts as a failure (a signal to the process group
+	// reaches every process at once).
+	signalGrace = time.Second
+	demoSKU     = "demo-sku"
+	demoStock   = 1000
+	demoShards  = 8
 	// Pool sizes that fit the stack (3 x 16 + 8) in a default Postgres
 	// (max_connections = 100) with room to spare. An allocator with its own
 	// shard server gets a shard server's pool.
@@ -109,8 +117,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	env := append(childEnv(os.Environ()), "DATABASE_URL="+dbURL, "ETCD_ENDPOINTS="+etcd, "SHARDSTOCK_ADMIN_TOKEN="+token)
-	var kids children
-	defer kids.stop(stderr)
+	kids := newChildren(ctx, *servers+1)
+	defer kids.stop()
 	for i := 1; i <= *servers; i++ {
 		id := fmt.Sprintf("shard-%d", i)
 		if err := kids.start(self, env, stderr, id, "shard", "-id", id, "-addr", "127.0.0.1:0", "-db-max-conns", devShardConns); err != nil {
@@ -129,7 +137,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	base := "http://" + *addr
-	if err := waitReady(ctx, base, token, members, &kids); err != nil {
+	if err := waitReady(ctx, base, token, members, kids); err != nil {
+		if ctx.Err() != nil { // stopped during start-up
+			fmt.Fprintln(stderr, "dev: stopping")
+			return nil
+		}
 		return err
 	}
 	if err := createDemo(ctx, base, token); err != nil {
@@ -145,11 +157,17 @@ Ctrl-C stops everything.
 
 	select {
 	case <-ctx.Done():
-		fmt.Fprintln(stderr, "dev: stopping")
-		return nil
 	case name := <-kids.exited:
-		return fmt.Errorf("%s exited", name)
+		// A terminal's Ctrl-C reaches the children too, and one may exit
+		// before this process has seen its own SIGINT.
+		select {
+		case <-ctx.Done():
+		case <-time.After(signalGrace):
+			return fmt.Errorf("%s exited", name)
+		}
 	}
+	fmt.Fprintln(stderr, "dev: stopping")
+	return nil
 }
 
 // resetFences clears the partitions' epochs of the stack's database (it
@@ -169,64 +187,100 @@ func randomToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// children are the stack's processes.
+// children are the stack's processes. They stop when the context they
+// were started under ends, or at stop: each gets SIGTERM, and SIGKILL if
+// it has not exited within stopTimeout (exec.Cmd's Cancel and WaitDelay).
+// On Linux each also gets SIGKILL from the kernel if this process dies
+// first (childSysProcAttr), so that no way of ending the stack, SIGKILL
+// included, leaves a server holding the port.
 type children struct {
-	mu     sync.Mutex
-	cmds   []*exec.Cmd
-	done   []chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// exited receives each child's name when it exits; its capacity is
+	// the number of children, so that no child's wait blocks on it.
 	exited chan string
 }
 
+// newChildren returns room for n children that stop when ctx ends.
+func newChildren(ctx context.Context, n int) *children {
+	ctx, cancel := context.WithCancel(ctx)
+	return &children{ctx: ctx, cancel: cancel, exited: make(chan string, n)}
+}
+
 // start starts one child whose output goes to w, each line prefixed by
-// its name. The child gets SIGKILL if this process dies.
+// its name.
 func (k *children) start(self string, env []string, w io.Writer, name string, args ...string) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.exited == nil {
-		k.exited = make(chan string, 16)
-	}
-	cmd := exec.Command(self, args...)
+	cmd := exec.CommandContext(k.ctx, self, args...)
 	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	cmd.Stderr = cmd.Stdout
+	cmd.SysProcAttr = childSysProcAttr()
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = stopTimeout
+	out := &prefixWriter{w: w, prefix: "[" + name + "] "}
+	// One writer for both: exec copies them in one goroutine.
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
-	done := make(chan struct{})
-	k.cmds, k.done = append(k.cmds, cmd), append(k.done, done)
+	k.wg.Add(1)
 	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			fmt.Fprintf(w, "[%s] %s\n", name, sc.Text())
-		}
+		defer k.wg.Done()
 		cmd.Wait()
-		close(done)
+		out.flush()
+		if st := cmd.ProcessState; st != nil && k.ctx.Err() != nil {
+			if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+				fmt.Fprintf(w, "dev: %s did not stop within %s of SIGTERM: killed\n", name, stopTimeout)
+			}
+		}
 		k.exited <- name
 	}()
 	return nil
 }
 
-// stop sends SIGTERM to every child, waits up to stopTimeout, then kills
-// what is left.
-func (k *children) stop(w io.Writer) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, c := range k.cmds {
-		c.Process.Signal(syscall.SIGTERM)
-	}
-	deadline := time.After(stopTimeout)
-	for i, d := range k.done {
-		select {
-		case <-d:
-		case <-deadline:
-			fmt.Fprintf(w, "dev: killing pid %d\n", k.cmds[i].Process.Pid)
-			k.cmds[i].Process.Kill()
-			<-d
+// stop stops every child and waits for them: at most stopTimeout, and
+// the time SIGKILL takes.
+func (k *children) stop() {
+	k.cancel()
+	k.wg.Wait()
+}
+
+// prefixWriter writes each complete line to w, prefixed, in one Write so
+// that the lines of concurrent children do not interleave. It is not safe
+// for concurrent use: exec copies a child's output in one goroutine.
+type prefixWriter struct {
+	w       io.Writer
+	prefix  string
+	partial []byte // the last line, not yet ended
+}
+
+// prefixLineMax bounds a line kept waiting for its end; longer lines are
+// written in pieces.
+const prefixLineMax = 64 << 10
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			p.partial = append(p.partial, b...)
+			if len(p.partial) >= prefixLineMax {
+				p.flush()
+			}
+			break
 		}
+		line := append(append([]byte(p.prefix), p.partial...), b[:i+1]...)
+		p.partial = p.partial[:0]
+		p.w.Write(line)
+		b = b[i+1:]
+	}
+	return n, nil
+}
+
+// flush writes an unended last line.
+func (p *prefixWriter) flush() {
+	if len(p.partial) > 0 {
+		p.w.Write(append(append([]byte(p.prefix), p.partial...), '\n'))
+		p.partial = p.partial[:0]
 	}
 }
 
