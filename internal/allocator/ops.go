@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"strings"
 
 	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/postgres"
@@ -107,6 +108,8 @@ type ShardStock struct {
 	Index    int32
 	ServerID string
 	stock.Counts
+	// HaltReason is why the shard is halted; "" while it serves.
+	HaltReason string
 }
 
 // GetStock reads a SKU's counts as committed.
@@ -130,7 +133,7 @@ func (a *Allocator) GetStock(ctx context.Context, name string) (*Stock, error) {
 	st := &Stock{SKU: sku, InTransit: inTransit}
 	for _, r := range rows {
 		srv, _, _ := view.Owner(stock.PartitionOf(name, r.Index))
-		st.Shards = append(st.Shards, ShardStock{Index: r.Index, ServerID: srv.ID, Counts: r.Counts})
+		st.Shards = append(st.Shards, ShardStock{Index: r.Index, ServerID: srv.ID, Counts: r.Counts, HaltReason: r.HaltReason})
 		st.Total = st.Total.Add(r.Counts)
 	}
 	return st, nil
@@ -206,4 +209,31 @@ func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]ledger.Discrep
 // is a reason to retry.
 func errResult(err error) stock.Result {
 	return stock.ErrResult(err, stock.Errorf(stock.CodeShardUnavailable, "database unavailable; retry with the same key"))
+}
+
+// ResumeShard lets a halted shard take writes again, its row taken as it
+// is, after a person (approver) has looked, and returns why it had halted.
+// Its owner reads the row again within a second of it.
+func (a *Allocator) ResumeShard(ctx context.Context, k stock.ShardKey, approver, reason string) (string, error) {
+	if err := stock.ValidateSKU(k.SKU); err != nil {
+		return "", err
+	}
+	if k.Index < 0 || k.Index >= stock.ShardsMax {
+		return "", stock.Errorf(stock.CodeInvalidArgument, "index must be between 0 and %d, got %d", stock.ShardsMax-1, k.Index)
+	}
+	if strings.TrimSpace(approver) == "" || strings.TrimSpace(reason) == "" {
+		return "", stock.Errorf(stock.CodeInvalidArgument, "resuming a shard needs a reason and an approver")
+	}
+	if err := stock.ValidateText("approver", approver, stock.ApproverLenMax); err != nil {
+		return "", err
+	}
+	if err := stock.ValidateText("reason", reason, stock.ReasonLenMax); err != nil {
+		return "", err
+	}
+	was, err := a.db.ResumeShard(ctx, k)
+	if err != nil {
+		return "", err
+	}
+	a.log.Warn("halted shard resumed by an operator", "shard", k.String(), "approver", approver, "reason", reason, "halted_reason", was)
+	return was, nil
 }

@@ -38,6 +38,8 @@ type Admin interface {
 	ListTransfers(ctx context.Context, sku, after string, limit int) ([]*stock.Transfer, error)
 	Topology() topology.View
 	Reconcile(ctx context.Context, sku string) ([]ledger.Discrepancy, error)
+	// ResumeShard clears a shard's halt and returns why it had halted.
+	ResumeShard(ctx context.Context, k stock.ShardKey, approver, reason string) (string, error)
 }
 
 var _ Admin = (*allocator.Allocator)(nil)
@@ -201,6 +203,20 @@ func (h *AdminHandler) Reconcile(ctx context.Context, req *connect.Request[v1.Re
 		out.Discrepancies = append(out.Discrepancies, &v1.Discrepancy{Check: d.Check, Shard: d.Shard, Detail: d.Detail, Expected: d.Expected, Actual: d.Actual})
 	}
 	if st, err := h.Admin.GetStock(ctx, req.Msg.GetSku()); err == nil {
+		out.Stock = StockToProto(st)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// ResumeShard lets a halted shard take writes again.
+func (h *AdminHandler) ResumeShard(ctx context.Context, req *connect.Request[v1.ResumeShardRequest]) (*connect.Response[v1.ResumeShardResponse], error) {
+	m := req.Msg
+	was, err := h.Admin.ResumeShard(ctx, stock.ShardKey{SKU: m.GetSku(), Index: m.GetIndex()}, m.GetApprover(), m.GetReason())
+	if err != nil {
+		return nil, rpc.ToConnect(err)
+	}
+	out := &v1.ResumeShardResponse{HaltedReason: was}
+	if st, err := h.Admin.GetStock(ctx, m.GetSku()); err == nil {
 		out.Stock = StockToProto(st)
 	}
 	return connect.NewResponse(out), nil

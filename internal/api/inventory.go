@@ -122,7 +122,8 @@ func StockToProto(st *allocator.Stock) *v1.Stock {
 		InTransit: st.InTransit, Status: skuStatuses[st.SKU.Status],
 	}
 	for _, s := range st.Shards {
-		out.Shards = append(out.Shards, &v1.ShardStock{Index: s.Index, ServerId: s.ServerID, Available: s.Available, Reserved: s.Reserved, Sold: s.Sold})
+		out.Shards = append(out.Shards, &v1.ShardStock{Index: s.Index, ServerId: s.ServerID, Available: s.Available, Reserved: s.Reserved,
+			Sold: s.Sold, HaltedReason: s.HaltReason})
 	}
 	return out
 }

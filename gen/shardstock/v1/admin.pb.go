@@ -1502,6 +1502,128 @@ func (x *ReconcileResponse) GetStock() *Stock {
 	return nil
 }
 
+type ResumeShardRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sku   string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	Index int32                  `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// Who looked and decided; logged with the reason.
+	Approver      string `protobuf:"bytes,3,opt,name=approver,proto3" json:"approver,omitempty"`
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeShardRequest) Reset() {
+	*x = ResumeShardRequest{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeShardRequest) ProtoMessage() {}
+
+func (x *ResumeShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeShardRequest.ProtoReflect.Descriptor instead.
+func (*ResumeShardRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ResumeShardRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *ResumeShardRequest) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ResumeShardRequest) GetApprover() string {
+	if x != nil {
+		return x.Approver
+	}
+	return ""
+}
+
+func (x *ResumeShardRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ResumeShardResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why the shard had halted.
+	HaltedReason  string `protobuf:"bytes,1,opt,name=halted_reason,json=haltedReason,proto3" json:"halted_reason,omitempty"`
+	Stock         *Stock `protobuf:"bytes,2,opt,name=stock,proto3" json:"stock,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeShardResponse) Reset() {
+	*x = ResumeShardResponse{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeShardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeShardResponse) ProtoMessage() {}
+
+func (x *ResumeShardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeShardResponse.ProtoReflect.Descriptor instead.
+func (*ResumeShardResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ResumeShardResponse) GetHaltedReason() string {
+	if x != nil {
+		return x.HaltedReason
+	}
+	return ""
+}
+
+func (x *ResumeShardResponse) GetStock() *Stock {
+	if x != nil {
+		return x.Stock
+	}
+	return nil
+}
+
 var File_shardstock_v1_admin_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_admin_proto_rawDesc = "" +
@@ -1624,7 +1746,15 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x11ReconcileResponse\x12\x1a\n" +
 	"\bbalanced\x18\x01 \x01(\bR\bbalanced\x12@\n" +
 	"\rdiscrepancies\x18\x02 \x03(\v2\x1a.shardstock.v1.DiscrepancyR\rdiscrepancies\x12*\n" +
-	"\x05stock\x18\x03 \x01(\v2\x14.shardstock.v1.StockR\x05stock2\x97\x06\n" +
+	"\x05stock\x18\x03 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"p\n" +
+	"\x12ResumeShardRequest\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x05R\x05index\x12\x1a\n" +
+	"\bapprover\x18\x03 \x01(\tR\bapprover\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"f\n" +
+	"\x13ResumeShardResponse\x12#\n" +
+	"\rhalted_reason\x18\x01 \x01(\tR\fhaltedReason\x12*\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock2\xef\x06\n" +
 	"\fAdminService\x12P\n" +
 	"\tCreateSku\x12\x1f.shardstock.v1.CreateSkuRequest\x1a .shardstock.v1.CreateSkuResponse\"\x00\x12P\n" +
 	"\tUpdateSku\x12\x1f.shardstock.v1.UpdateSkuRequest\x1a .shardstock.v1.UpdateSkuResponse\"\x00\x12V\n" +
@@ -1635,7 +1765,8 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\vGetTopology\x12!.shardstock.v1.GetTopologyRequest\x1a\".shardstock.v1.GetTopologyResponse\"\x03\x90\x02\x01\x12V\n" +
 	"\n" +
 	"ListLedger\x12 .shardstock.v1.ListLedgerRequest\x1a!.shardstock.v1.ListLedgerResponse\"\x03\x90\x02\x01\x12S\n" +
-	"\tReconcile\x12\x1f.shardstock.v1.ReconcileRequest\x1a .shardstock.v1.ReconcileResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\tReconcile\x12\x1f.shardstock.v1.ReconcileRequest\x1a .shardstock.v1.ReconcileResponse\"\x03\x90\x02\x01\x12V\n" +
+	"\vResumeShard\x12!.shardstock.v1.ResumeShardRequest\x1a\".shardstock.v1.ResumeShardResponse\"\x00BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_admin_proto_rawDescOnce sync.Once
@@ -1649,7 +1780,7 @@ func file_shardstock_v1_admin_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_admin_proto_rawDescData
 }
 
-var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*SkuConfig)(nil),             // 0: shardstock.v1.SkuConfig
 	(*CreateSkuRequest)(nil),      // 1: shardstock.v1.CreateSkuRequest
@@ -1674,54 +1805,59 @@ var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*ReconcileRequest)(nil),      // 20: shardstock.v1.ReconcileRequest
 	(*Discrepancy)(nil),           // 21: shardstock.v1.Discrepancy
 	(*ReconcileResponse)(nil),     // 22: shardstock.v1.ReconcileResponse
-	(SkuStatus)(0),                // 23: shardstock.v1.SkuStatus
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*Stock)(nil),                 // 25: shardstock.v1.Stock
-	(*Operation)(nil),             // 26: shardstock.v1.Operation
-	(*Transfer)(nil),              // 27: shardstock.v1.Transfer
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(*ResumeShardRequest)(nil),    // 23: shardstock.v1.ResumeShardRequest
+	(*ResumeShardResponse)(nil),   // 24: shardstock.v1.ResumeShardResponse
+	(SkuStatus)(0),                // 25: shardstock.v1.SkuStatus
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*Stock)(nil),                 // 27: shardstock.v1.Stock
+	(*Operation)(nil),             // 28: shardstock.v1.Operation
+	(*Transfer)(nil),              // 29: shardstock.v1.Transfer
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
 }
 var file_shardstock_v1_admin_proto_depIdxs = []int32{
-	23, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
-	24, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
-	24, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
+	25, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
+	26, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
+	26, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
 	0,  // 3: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	25, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
+	27, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 5: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	26, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
-	25, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
+	28, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
+	27, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 8: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	27, // 9: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	27, // 10: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	29, // 9: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	29, // 10: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
 	14, // 11: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
 	15, // 12: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	28, // 13: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	30, // 13: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
 	18, // 14: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
 	21, // 15: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	25, // 16: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	1,  // 17: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	3,  // 18: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	5,  // 19: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	7,  // 20: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	9,  // 21: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	11, // 22: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	13, // 23: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	17, // 24: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	20, // 25: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	2,  // 26: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	4,  // 27: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	6,  // 28: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	8,  // 29: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	10, // 30: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	12, // 31: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	16, // 32: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	19, // 33: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	22, // 34: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	27, // 16: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	27, // 17: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
+	1,  // 18: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 19: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 20: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 21: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 22: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 23: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 24: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	17, // 25: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	20, // 26: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	23, // 27: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
+	2,  // 28: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 29: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 30: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 31: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 32: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 33: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 34: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	19, // 35: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	22, // 36: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	24, // 37: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
+	28, // [28:38] is the sub-list for method output_type
+	18, // [18:28] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }
@@ -1737,7 +1873,7 @@ func file_shardstock_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_admin_proto_rawDesc), len(file_shardstock_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -474,12 +474,15 @@ func (x *Operation) GetReservationState() ReservationState {
 
 // ShardStock is one shard's counts.
 type ShardStock struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	ServerId      string                 `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
-	Available     int64                  `protobuf:"varint,3,opt,name=available,proto3" json:"available,omitempty"`
-	Reserved      int64                  `protobuf:"varint,4,opt,name=reserved,proto3" json:"reserved,omitempty"`
-	Sold          int64                  `protobuf:"varint,5,opt,name=sold,proto3" json:"sold,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Index     int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	ServerId  string                 `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	Available int64                  `protobuf:"varint,3,opt,name=available,proto3" json:"available,omitempty"`
+	Reserved  int64                  `protobuf:"varint,4,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	Sold      int64                  `protobuf:"varint,5,opt,name=sold,proto3" json:"sold,omitempty"`
+	// Why the shard is halted (its row disagreed with its ledger): it takes
+	// no writes until AdminService.ResumeShard. Empty while it serves.
+	HaltedReason  string `protobuf:"bytes,6,opt,name=halted_reason,json=haltedReason,proto3" json:"halted_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -547,6 +550,13 @@ func (x *ShardStock) GetSold() int64 {
 		return x.Sold
 	}
 	return 0
+}
+
+func (x *ShardStock) GetHaltedReason() string {
+	if x != nil {
+		return x.HaltedReason
+	}
+	return ""
 }
 
 // Stock is a SKU's counts: the sum of its shards plus stock in transit.
@@ -762,14 +772,15 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12L\n" +
 	"\x11reservation_state\x18\n" +
-	" \x01(\x0e2\x1f.shardstock.v1.ReservationStateR\x10reservationState\"\x8d\x01\n" +
+	" \x01(\x0e2\x1f.shardstock.v1.ReservationStateR\x10reservationState\"\xb2\x01\n" +
 	"\n" +
 	"ShardStock\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x1c\n" +
 	"\tavailable\x18\x03 \x01(\x03R\tavailable\x12\x1a\n" +
 	"\breserved\x18\x04 \x01(\x03R\breserved\x12\x12\n" +
-	"\x04sold\x18\x05 \x01(\x03R\x04sold\"\xeb\x01\n" +
+	"\x04sold\x18\x05 \x01(\x03R\x04sold\x12#\n" +
+	"\rhalted_reason\x18\x06 \x01(\tR\fhaltedReason\"\xeb\x01\n" +
 	"\x05Stock\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\x03R\tavailable\x12\x1a\n" +

@@ -123,3 +123,12 @@ func (s *Server) ListTransfers(_ context.Context, name, _ string, _ int) ([]*sto
 
 // Topology: the memory target has no shard servers.
 func (s *Server) Topology() topology.View { return topology.View{} }
+
+// ResumeShard answers as for a shard that is not halted: a SKU here halts
+// as a whole, for good (a bug in the ceiling), and has no operator.
+func (s *Server) ResumeShard(_ context.Context, k stock.ShardKey, _, _ string) (string, error) {
+	if _, err := s.lookup(k.SKU); err != nil {
+		return "", err
+	}
+	return "", stock.Errorf(stock.CodeShardNotHalted, "shard %d of sku %q is not halted", k.Index, k.SKU)
+}

@@ -54,6 +54,9 @@ const (
 	AdminServiceListLedgerProcedure = "/shardstock.v1.AdminService/ListLedger"
 	// AdminServiceReconcileProcedure is the fully-qualified name of the AdminService's Reconcile RPC.
 	AdminServiceReconcileProcedure = "/shardstock.v1.AdminService/Reconcile"
+	// AdminServiceResumeShardProcedure is the fully-qualified name of the AdminService's ResumeShard
+	// RPC.
+	AdminServiceResumeShardProcedure = "/shardstock.v1.AdminService/ResumeShard"
 )
 
 // AdminServiceClient is a client for the shardstock.v1.AdminService service.
@@ -77,6 +80,11 @@ type AdminServiceClient interface {
 	ListLedger(context.Context, *connect.Request[v1.ListLedgerRequest]) (*connect.Response[v1.ListLedgerResponse], error)
 	// Reconcile proves a SKU's books balance, or lists every discrepancy.
 	Reconcile(context.Context, *connect.Request[v1.ReconcileRequest]) (*connect.Response[v1.ReconcileResponse], error)
+	// ResumeShard lets a halted shard take writes again, its row taken as it
+	// is, after a person has looked at why it halted (GetStock shows the
+	// reason, Reconcile the books). A shard that is not halted is
+	// failed_precondition, reason SHARD_NOT_HALTED.
+	ResumeShard(context.Context, *connect.Request[v1.ResumeShardRequest]) (*connect.Response[v1.ResumeShardResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the shardstock.v1.AdminService service. By default,
@@ -148,6 +156,12 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		resumeShard: connect.NewClient[v1.ResumeShardRequest, v1.ResumeShardResponse](
+			httpClient,
+			baseURL+AdminServiceResumeShardProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ResumeShard")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -162,6 +176,7 @@ type adminServiceClient struct {
 	getTopology   *connect.Client[v1.GetTopologyRequest, v1.GetTopologyResponse]
 	listLedger    *connect.Client[v1.ListLedgerRequest, v1.ListLedgerResponse]
 	reconcile     *connect.Client[v1.ReconcileRequest, v1.ReconcileResponse]
+	resumeShard   *connect.Client[v1.ResumeShardRequest, v1.ResumeShardResponse]
 }
 
 // CreateSku calls shardstock.v1.AdminService.CreateSku.
@@ -209,6 +224,11 @@ func (c *adminServiceClient) Reconcile(ctx context.Context, req *connect.Request
 	return c.reconcile.CallUnary(ctx, req)
 }
 
+// ResumeShard calls shardstock.v1.AdminService.ResumeShard.
+func (c *adminServiceClient) ResumeShard(ctx context.Context, req *connect.Request[v1.ResumeShardRequest]) (*connect.Response[v1.ResumeShardResponse], error) {
+	return c.resumeShard.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the shardstock.v1.AdminService service.
 type AdminServiceHandler interface {
 	// CreateSku creates a SKU with initial_stock spread over its shards.
@@ -230,6 +250,11 @@ type AdminServiceHandler interface {
 	ListLedger(context.Context, *connect.Request[v1.ListLedgerRequest]) (*connect.Response[v1.ListLedgerResponse], error)
 	// Reconcile proves a SKU's books balance, or lists every discrepancy.
 	Reconcile(context.Context, *connect.Request[v1.ReconcileRequest]) (*connect.Response[v1.ReconcileResponse], error)
+	// ResumeShard lets a halted shard take writes again, its row taken as it
+	// is, after a person has looked at why it halted (GetStock shows the
+	// reason, Reconcile the books). A shard that is not halted is
+	// failed_precondition, reason SHARD_NOT_HALTED.
+	ResumeShard(context.Context, *connect.Request[v1.ResumeShardRequest]) (*connect.Response[v1.ResumeShardResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -297,6 +322,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceResumeShardHandler := connect.NewUnaryHandler(
+		AdminServiceResumeShardProcedure,
+		svc.ResumeShard,
+		connect.WithSchema(adminServiceMethods.ByName("ResumeShard")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceCreateSkuProcedure:
@@ -317,6 +348,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceListLedgerHandler.ServeHTTP(w, r)
 		case AdminServiceReconcileProcedure:
 			adminServiceReconcileHandler.ServeHTTP(w, r)
+		case AdminServiceResumeShardProcedure:
+			adminServiceResumeShardHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -360,4 +393,8 @@ func (UnimplementedAdminServiceHandler) ListLedger(context.Context, *connect.Req
 
 func (UnimplementedAdminServiceHandler) Reconcile(context.Context, *connect.Request[v1.ReconcileRequest]) (*connect.Response[v1.ReconcileResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.Reconcile is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ResumeShard(context.Context, *connect.Request[v1.ResumeShardRequest]) (*connect.Response[v1.ResumeShardResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.ResumeShard is not implemented"))
 }
