@@ -39,6 +39,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	leaseTTL := fs.Duration("lease-ttl", shardcmd.LeaseTTLDefault, "with -shard-id, the etcd lease TTL of its shard server")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
+	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardcmd.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -71,6 +72,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	var node *shardcmd.Node
 	var shardLis net.Listener
 	if *shardID != "" {
+		if err := shardcmd.CheckDurability(ctx, db, *requireSync, log); err != nil {
+			return err
+		}
 		// The ShardService answers any caller: it gets a listener of its
 		// own, as cmd/shard's, never the public port.
 		if shardLis, err = net.Listen("tcp", *shardAddr); err != nil {

@@ -30,6 +30,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
+	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -50,6 +51,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer proc.Close()
 	db, client, lis, reg := proc.DB, proc.Etcd, proc.Listener, proc.Registry
+	if err := CheckDurability(ctx, db, *requireSync, log); err != nil {
+		return err
+	}
 	if *advertise == "" {
 		*advertise = lis.Addr().String()
 	}
