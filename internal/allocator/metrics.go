@@ -13,6 +13,9 @@ type metrics struct {
 	sweeps         prometheus.Counter
 	consolidations prometheus.Counter
 	breaker        *prometheus.CounterVec
+	// abandoned counts, by shard server, the calls its callers stopped
+	// waiting for because their partition got a new owner.
+	abandoned *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -31,9 +34,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		breaker: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_breaker_transitions_total", Help: "Circuit breaker state changes by shard server.",
 		}, []string{"server", "state"}),
+		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_allocator_abandoned_calls_total", Help: "Calls to a shard server abandoned because their partition got a new owner (then sent to it).",
+		}, []string{"server"}),
 	}
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.consolidations, m.breaker)
+		reg.MustRegister(paths, m.sweeps, m.consolidations, m.breaker, m.abandoned)
 	}
 	return m
 }
