@@ -48,7 +48,8 @@ type Config struct {
 	DB *postgres.DB
 	// Topology returns the current view of shard servers and owners.
 	Topology func() topology.View
-	// HTTPClient reaches the shard servers (cleartext HTTP/2).
+	// HTTPClient reaches the shard servers (cleartext HTTP/2); the default
+	// sends keep-alive pings (rpc.NewInternalClient).
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -100,7 +101,7 @@ func New(cfg Config) *Allocator {
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
-		hc = rpc.NewClient()
+		hc = rpc.NewInternalClient()
 	}
 	a := &Allocator{
 		db:       cfg.DB,
