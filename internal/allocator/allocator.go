@@ -181,11 +181,10 @@ func (a *Allocator) remote(srv topology.Server) *serverClient {
 	defer a.mu.Unlock()
 	c := a.servers[id]
 	if c == nil {
-		abandoned := a.metrics.abandoned.WithLabelValues(srv.ID)
 		c = newServerClient(srv.ID, srv.Addr, a.hc, a.topo, func(name string, to gobreaker.State) {
 			a.log.Warn("shard server circuit breaker", "server", name, "state", to.String())
 			a.metrics.breaker.WithLabelValues(name, to.String()).Inc()
-		}, abandoned.Inc)
+		}, a.metrics.server(srv.ID))
 		a.servers[id] = c
 	}
 	return c

@@ -67,24 +67,23 @@ type serverClient struct {
 	queue    chan *call
 	stop     chan struct{}
 	// topo is the allocator's current topology view.
-	topo func() topology.View
-	// onAbandon counts abandoned calls.
-	onAbandon func()
+	topo    func() topology.View
+	metrics serverMetrics
 
 	mu      sync.Mutex
 	pending map[*call]struct{} // queued or in flight, until their caller stops waiting
 }
 
-func newServerClient(id, addr string, hc *http.Client, topo func() topology.View, onState func(id string, to gobreaker.State), onAbandon func()) *serverClient {
+func newServerClient(id, addr string, hc *http.Client, topo func() topology.View, onState func(id string, to gobreaker.State), m serverMetrics) *serverClient {
 	c := &serverClient{
-		id:        id,
-		addr:      addr,
-		client:    shardstockv1connect.NewShardServiceClient(hc, "http://"+addr, rpc.InternalClientOptions()...),
-		queue:     make(chan *call, clientQueueLenMax),
-		stop:      make(chan struct{}),
-		topo:      topo,
-		onAbandon: onAbandon,
-		pending:   map[*call]struct{}{},
+		id:      id,
+		addr:    addr,
+		client:  shardstockv1connect.NewShardServiceClient(hc, "http://"+addr, rpc.InternalClientOptions()...),
+		queue:   make(chan *call, clientQueueLenMax),
+		stop:    make(chan struct{}),
+		topo:    topo,
+		metrics: m,
+		pending: map[*call]struct{}{},
 	}
 	c.breaker = gobreaker.NewCircuitBreaker[*connect.Response[v1.ExecuteResponse]](gobreaker.Settings{
 		Name:        id,
@@ -193,9 +192,7 @@ func (c *serverClient) abandonLocked(k *call) {
 	k.abandoned = true
 	close(k.moved)
 	delete(c.pending, k)
-	if c.onAbandon != nil {
-		c.onAbandon()
-	}
+	c.metrics.abandoned.Inc()
 	if f := k.flight; f != nil {
 		if f.live--; f.live == 0 {
 			f.cancel(errAbandoned)
@@ -258,6 +255,7 @@ func (c *serverClient) send(calls []*call) {
 	}
 	start := time.Now()
 	resp, err := c.breaker.Execute(func() (*connect.Response[v1.ExecuteResponse], error) {
+		c.metrics.calls.Inc()
 		resp, err := c.client.Execute(ctx, connect.NewRequest(req))
 		if err != nil && connect.CodeOf(err) == connect.CodeDeadlineExceeded && time.Since(start) < breakerSlowCallMin {
 			// The callers' deadline ran out almost at once: they spent
@@ -269,6 +267,9 @@ func (c *serverClient) send(calls []*call) {
 		}
 		return resp, err
 	})
+	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+		c.metrics.refused.Inc()
+	}
 	if err == nil && len(resp.Msg.GetResults()) != len(live) {
 		err = errors.New("shard server answered the wrong number of results")
 	}
