@@ -23,13 +23,19 @@ import (
 
 // Bounds of TestE2E_StoppedShardServer.
 const (
-	// stopRecoveryBound is what the time from the stop to the first request
-	// served on the stopped server's partitions may take beyond the lease
-	// TTL (issue 10's goal: the TTL plus one second). It covers etcd's
-	// lease expiry check (every 500 ms), the new owner's claim and
-	// takeover, the allocator's watch event, and one batch on the new
-	// owner; measured at 0.2 to 0.5 s on the 2-core machine.
+	// stopRecoveryBound is what serving again after the stop may take
+	// beyond the lease TTL (issue 10's goal: the TTL plus one second). It
+	// covers etcd's lease expiry check (every 500 ms), the watch events,
+	// the new owner's claim and takeover, and one batch; measured at 0.2
+	// to 0.6 s on the 2-core machine, up to 1.0 s with two CPU hogs.
 	stopRecoveryBound = time.Second
+	// stoppedTxHold is how long a server stopped inside a transaction
+	// keeps its partitions' fence rows locked FOR SHARE: Postgres ends the
+	// session after idle_in_transaction_session_timeout (internal/postgres,
+	// 3 s). The new owner's takeover waits for it, so the stopped server's
+	// partitions serve again after the longer of it and the lease TTL
+	// (2 s here; the default 5 s lease is the longer one).
+	stoppedTxHold = 3 * time.Second
 	// stoppedFor is how long the server stays stopped: longer than the
 	// callers' deadline, as in the issue, so that a caller that waits for
 	// the stopped server instead of its partitions' new owner shows.
@@ -51,9 +57,11 @@ type ack struct {
 // TestE2E_StoppedShardServer stops (SIGSTOP) one of three shard-server
 // processes under closed-loop deducts for longer than the callers'
 // deadline. Its lease runs out and the others take its partitions over;
-// the allocator must stop waiting for the stopped server and serve those
-// partitions on their new owners within the lease TTL plus
-// stopRecoveryBound. Then the server is continued: the zombie is fenced
+// the allocator must stop waiting for the stopped server: requests are
+// served again within the lease TTL plus stopRecoveryBound, and the stopped
+// server's partitions on their new owners within the longer of the TTL and
+// stoppedTxHold, plus stopRecoveryBound. Then the server is continued: the
+// zombie is fenced
 // (nothing it writes at its old epochs lands after the new owner's first
 // write of the partition), and every acknowledged deduct is in the ledger
 // exactly once.
@@ -221,10 +229,25 @@ func TestE2E_StoppedShardServer(t *testing.T) {
 			recovered = a.at.Sub(stopAt)
 		}
 	}
-	t.Logf("lease TTL %s: first deduct served on a stopped server's partition %s after the stop (bound %s); longest time without any success while it was stopped %s; %d DEADLINE_EXCEEDED and %d UNAVAILABLE answers; %d deducts acknowledged",
-		leaseTTL, recovered, leaseTTL+stopRecoveryBound, stall, deadlines.Load(), unavailables.Load(), len(acks))
-	if recovered == 0 || recovered > leaseTTL+stopRecoveryBound {
-		t.Errorf("first deduct served on a stopped server's partition after %s (0: none while stopped), want within %s", recovered, leaseTTL+stopRecoveryBound)
+	// When the new owners first wrote each of the victim's partitions,
+	// on the database's clock (the same machine's).
+	var firstWrites []string
+	seen := map[int32]bool{}
+	for _, e := range entries {
+		p := stock.PartitionOf(sku, e.Shard)
+		if old, ok := oldEpoch[p]; ok && e.Epoch > old && !seen[p] && e.CreatedAt.AsTime().After(stopAt) {
+			seen[p] = true
+			firstWrites = append(firstWrites, fmt.Sprintf("%d:%s", p, e.CreatedAt.AsTime().Sub(stopAt).Round(time.Millisecond)))
+		}
+	}
+	recoveryMax := max(leaseTTL, stoppedTxHold) + stopRecoveryBound
+	t.Logf("lease TTL %s: first deduct served on a stopped server's partition %s after the stop (bound %s); longest time without any success while it was stopped %s (bound %s); first write of each of its partitions by the new owner after %v; %d DEADLINE_EXCEEDED and %d UNAVAILABLE answers; %d deducts acknowledged",
+		leaseTTL, recovered, recoveryMax, stall, leaseTTL+stopRecoveryBound, firstWrites, deadlines.Load(), unavailables.Load(), len(acks))
+	if recovered == 0 || recovered > recoveryMax {
+		t.Errorf("first deduct served on a stopped server's partition after %s (0: none while stopped), want within %s", recovered, recoveryMax)
+	}
+	if stall > leaseTTL+stopRecoveryBound {
+		t.Errorf("no deduct succeeded for %s while a shard server was stopped, want at most %s", stall, leaseTTL+stopRecoveryBound)
 	}
 
 	// The race happened: the allocator had calls in flight to the victim
@@ -314,12 +337,13 @@ func (s *stack) ledger(sku string) []*v1.LedgerEntry {
 }
 
 // allocatorCounter returns the value of one sample of the allocator's
-// /metrics, 0 if it is absent.
+// /metrics, 0 if it is absent. It may be called from any goroutine.
 func (s *stack) allocatorCounter(sample string) int64 {
 	s.t.Helper()
 	resp, err := http.Get(s.base + "/metrics")
 	if err != nil {
-		s.t.Fatalf("GET /metrics: %v", err)
+		s.t.Errorf("GET /metrics: %v", err)
+		return 0
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
