@@ -147,10 +147,19 @@ func (c *serverClient) do(ctx context.Context, op *v1.ShardOp, partition int32) 
 	}
 }
 
-// owns reports whether v names this server as partition p's live owner.
+// owns reports whether a call for partition p should wait for this server
+// under view v: v names it p's live owner, or names none while the server
+// is still registered. The latter is a hand-over between a release and the
+// next claim, in which the old owner finishes the batches it has (Lose
+// comes before the release) and its answers are worth waiting for. A
+// server whose registration is gone has lost its lease: nothing it still
+// answers may be waited for.
 func (c *serverClient) owns(v topology.View, p int32) bool {
-	srv, _, ok := v.Owner(p)
-	return ok && srv.ID == c.id && srv.Addr == c.addr
+	if srv, _, ok := v.Owner(p); ok {
+		return srv.ID == c.id && srv.Addr == c.addr
+	}
+	srv, ok := v.Server(c.id)
+	return ok && srv.Addr == c.addr
 }
 
 // forget drops k from the pending calls once its caller stopped waiting.
@@ -160,15 +169,16 @@ func (c *serverClient) forget(k *call) {
 	c.mu.Unlock()
 }
 
-// abandonMoved abandons every pending call whose partition v no longer
-// names this server the owner of: the partition has a new owner (its lease
-// ran out or it was handed over) or none yet. Their callers stop waiting at
-// once and send them again to the current owner with the same keys. That
-// is safe whether or not this server still applies them: a new owner has
-// bumped the partition's fence in Postgres before it writes, after which
-// this server can no longer commit to it, and a key is recorded at most
-// once in the database, so a retry that finds it recorded is a replay.
-// An Execute call all of whose ops are abandoned is canceled.
+// abandonMoved abandons every pending call whose partition v gives to
+// another server, or whose server's lease v shows gone (owns). Their
+// callers stop waiting at once and send them again, with the same keys, to
+// the partition's current owner (or, with none yet, a reserve or deduct
+// to another shard). That is safe whether or not this server still
+// applies them: a new owner bumps the partition's fence in Postgres before
+// it writes, after which this server can no longer commit to it, and a key
+// is recorded at most once in the database, so a retry that finds it
+// recorded is a replay. An Execute call all of whose ops are abandoned is
+// canceled.
 func (c *serverClient) abandonMoved(v topology.View) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
