@@ -26,8 +26,9 @@ const (
 	// stopRecoveryBound is what serving again after the stop may take
 	// beyond the lease TTL (issue 10's goal: the TTL plus one second). It
 	// covers etcd's lease expiry check (every 500 ms), the watch events,
-	// the new owner's claim and takeover, and one batch; measured at 0.2
-	// to 0.6 s on the 2-core machine, up to 1.0 s with two CPU hogs.
+	// the new owner's claim and takeover, and one batch: measured 0.4 to
+	// 0.5 s on the 2-core machine, up to 0.7 s with two CPU hogs beside
+	// it (docs/architecture.md).
 	stopRecoveryBound = time.Second
 	// stoppedTxHold is how long a server stopped inside a transaction
 	// keeps its partitions' fence rows locked FOR SHARE: Postgres ends the
