@@ -36,6 +36,11 @@ const (
 	// inTransitWait is the pause before retrying when the stock a request
 	// needs is in transit.
 	inTransitWait = 50 * time.Millisecond
+	// ownerMovesMax bounds how often one request follows its partition to
+	// a new owner (abandonMoved). Each move is an ownership change seen in
+	// etcd; more than this within one request means the topology is
+	// churning, and the caller gets SHARD_UNAVAILABLE (retry, same key).
+	ownerMovesMax = 3
 )
 
 // Config configures an Allocator.
@@ -43,7 +48,8 @@ type Config struct {
 	DB *postgres.DB
 	// Topology returns the current view of shard servers and owners.
 	Topology func() topology.View
-	// HTTPClient reaches the shard servers (cleartext HTTP/2).
+	// HTTPClient reaches the shard servers (cleartext HTTP/2); the default
+	// sends keep-alive pings (rpc.NewInternalClient).
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -78,6 +84,8 @@ type Allocator struct {
 	sweeps   sweeper
 	inflight sync.Map // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
 	metrics  *metrics
+	stop     chan struct{} // closed by Close: ends followTopology
+	followed chan struct{} // closed when followTopology has returned
 }
 
 type cachedSKU struct {
@@ -93,26 +101,31 @@ func New(cfg Config) *Allocator {
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
-		hc = rpc.NewClient()
+		hc = rpc.NewInternalClient()
 	}
 	a := &Allocator{
-		db:      cfg.DB,
-		topo:    cfg.Topology,
-		local:   cfg.Local,
-		localID: cfg.LocalID,
-		hc:      hc,
-		log:     log,
-		servers: map[string]*serverClient{},
-		hints:   map[stock.ShardKey]hint{},
-		skus:    map[string]cachedSKU{},
-		metrics: newMetrics(cfg.Registerer),
+		db:       cfg.DB,
+		topo:     cfg.Topology,
+		local:    cfg.Local,
+		localID:  cfg.LocalID,
+		hc:       hc,
+		log:      log,
+		servers:  map[string]*serverClient{},
+		hints:    map[stock.ShardKey]hint{},
+		skus:     map[string]cachedSKU{},
+		metrics:  newMetrics(cfg.Registerer),
+		stop:     make(chan struct{}),
+		followed: make(chan struct{}),
 	}
 	a.sweeps.a, a.sweeps.keysMax = a, sweepKeysMax
+	go a.followTopology()
 	return a
 }
 
-// Close stops every shard-server client.
+// Close stops every shard-server client. Call it once.
 func (a *Allocator) Close() {
+	close(a.stop)
+	<-a.followed
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, c := range a.servers {
@@ -168,30 +181,69 @@ func (a *Allocator) remote(srv topology.Server) *serverClient {
 	defer a.mu.Unlock()
 	c := a.servers[id]
 	if c == nil {
-		c = newServerClient(srv.ID, srv.Addr, a.hc, func(name string, to gobreaker.State) {
+		c = newServerClient(srv.ID, srv.Addr, a.hc, a.topo, func(name string, to gobreaker.State) {
 			a.log.Warn("shard server circuit breaker", "server", name, "state", to.String())
 			a.metrics.breaker.WithLabelValues(name, to.String()).Inc()
-		})
+		}, a.metrics.server(srv.ID))
 		a.servers[id] = c
 	}
 	return c
 }
 
+// followTopology abandons the calls to a partition's old owner whenever
+// the topology changes (serverClient.abandonMoved), until Close.
+func (a *Allocator) followTopology() {
+	defer close(a.followed)
+	if a.topo == nil {
+		return
+	}
+	for {
+		// Take the view before looking, so that a change made while we
+		// look closes its Changed and is looked at again.
+		v := a.topo()
+		a.mu.Lock()
+		clients := make([]*serverClient, 0, len(a.servers))
+		for _, c := range a.servers {
+			clients = append(clients, c)
+		}
+		a.mu.Unlock()
+		for _, c := range clients {
+			c.abandonMoved(v)
+		}
+		select {
+		case <-v.Changed():
+		case <-a.stop:
+			return
+		}
+	}
+}
+
 // exec sends one request to its shard's owner and keeps the answer's hint.
+// When the partition gets a new owner while the request waits for the old
+// one, it is sent again to the new owner (at most ownerMovesMax times).
 func (a *Allocator) exec(ctx context.Context, r *stock.Request) stock.Result {
-	c, local := a.client(r.Shard)
 	var res stock.Result
-	switch {
-	case local:
-		a.metrics.local.Inc()
-		res = a.local.Do(ctx, r)
-	case c == nil:
-		return unavailable("no shard server owns %s right now; retry with the same key", r.Shard)
-	case c.open():
-		return unavailable("shard server %s is failing; retry with the same key", c.id)
-	default:
-		a.metrics.remote.Inc()
-		res = c.do(ctx, rpc.RequestToProto(r))
+	for moves := 0; ; moves++ {
+		c, local := a.client(r.Shard)
+		var moved bool
+		switch {
+		case local:
+			a.metrics.local.Inc()
+			res = a.local.Do(ctx, r)
+		case c == nil:
+			return unavailable("no shard server owns %s right now; retry with the same key", r.Shard)
+		case c.open():
+			return unavailable("shard server %s is failing; retry with the same key", c.id)
+		default:
+			a.metrics.remote.Inc()
+			res, moved = c.do(ctx, rpc.RequestToProto(r), r.Shard.Partition())
+		}
+		if !moved {
+			break
+		}
+		if moves+1 >= ownerMovesMax {
+			return unavailable("the owner of %s changed %d times during the request; retry with the same key", r.Shard, ownerMovesMax)
+		}
 	}
 	if res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
 		a.setHint(r.Shard, res.Available)

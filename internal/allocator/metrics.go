@@ -13,6 +13,25 @@ type metrics struct {
 	sweeps         prometheus.Counter
 	consolidations prometheus.Counter
 	breaker        *prometheus.CounterVec
+	// abandoned counts, by shard server, the calls its callers stopped
+	// waiting for because their partition got a new owner.
+	abandoned *prometheus.CounterVec
+	// calls and refused count, by shard server, the Execute calls its
+	// breaker let through and those it refused.
+	calls, refused *prometheus.CounterVec
+}
+
+// serverMetrics are the counters of one shard server's client.
+type serverMetrics struct {
+	abandoned, calls, refused prometheus.Counter
+}
+
+func (m *metrics) server(id string) serverMetrics {
+	return serverMetrics{
+		abandoned: m.abandoned.WithLabelValues(id),
+		calls:     m.calls.WithLabelValues(id),
+		refused:   m.refused.WithLabelValues(id),
+	}
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -31,9 +50,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		breaker: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_breaker_transitions_total", Help: "Circuit breaker state changes by shard server.",
 		}, []string{"server", "state"}),
+		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_allocator_abandoned_calls_total", Help: "Calls to a shard server abandoned because their partition got a new owner (then sent to it).",
+		}, []string{"server"}),
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_allocator_execute_calls_total", Help: "Execute calls sent to shard servers (let through by their circuit breaker).",
+		}, []string{"server"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_allocator_execute_refused_total", Help: "Execute calls refused by a shard server's open or half-open circuit breaker.",
+		}, []string{"server"}),
 	}
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.consolidations, m.breaker)
+		reg.MustRegister(paths, m.sweeps, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused)
 	}
 	return m
 }

@@ -66,6 +66,7 @@ type stack struct {
 	shards    map[string]*proc
 	allocator *proc
 	localID   string // the allocator's own shard server (-shard-id), if any
+	leaseTTL  time.Duration
 	base      string // http://host:port of the allocator
 	inv       shardstockv1connect.InventoryServiceClient
 	admin     shardstockv1connect.AdminServiceClient
@@ -88,8 +89,15 @@ func newStack(t *testing.T, shardServers int) *stack {
 // id localID in its own process (-shard-id), unless localID is "".
 func newStackWith(t *testing.T, shardServers int, localID string) *stack {
 	t.Helper()
+	return newStackLease(t, shardServers, localID, leaseTTL)
+}
+
+// newStackLease is newStackWith with the shard servers' lease TTL ttl
+// instead of leaseTTL.
+func newStackLease(t *testing.T, shardServers int, localID string, ttl time.Duration) *stack {
+	t.Helper()
 	e := etcdtest.Start(t)
-	s := &stack{t: t, dbURL: pgtest.NewDB(t), etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}, localID: localID}
+	s := &stack{t: t, dbURL: pgtest.NewDB(t), etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}, localID: localID, leaseTTL: ttl}
 	for i := 1; i <= shardServers; i++ {
 		s.startShard(fmt.Sprintf("s%d", i))
 	}
@@ -97,7 +105,7 @@ func newStackWith(t *testing.T, shardServers int, localID string) *stack {
 	args := []string{"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn"}
 	if localID != "" {
 		conns = "8" // shared with its shard server
-		args = append(args, "-shard-id", localID, "-lease-ttl", leaseTTL.String())
+		args = append(args, "-shard-id", localID, "-lease-ttl", ttl.String())
 	}
 	args = append(args, "-db-max-conns", conns)
 	s.allocator = s.start("allocator", filepath.Join(bin, "allocator"), args...)
@@ -148,7 +156,7 @@ func (s *stack) waitStable(timeout time.Duration) time.Duration {
 
 // startShard starts (or restarts) shard server id.
 func (s *stack) startShard(id string) *proc {
-	p := s.start(id, filepath.Join(bin, "shard"), "-id", id, "-addr", "127.0.0.1:0", "-lease-ttl", leaseTTL.String(), "-db-max-conns", "8", "-log-level", "warn")
+	p := s.start(id, filepath.Join(bin, "shard"), "-id", id, "-addr", "127.0.0.1:0", "-lease-ttl", s.leaseTTL.String(), "-db-max-conns", "8", "-log-level", "warn")
 	s.shards[id] = p
 	return p
 }

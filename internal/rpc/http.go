@@ -42,6 +42,40 @@ func NewClient() *http.Client {
 	return &http.Client{Transport: t}
 }
 
+// HTTP/2 keep-alive pings between shardstock's own processes
+// (NewInternalClient). A peer that is stopped (SIGSTOP), hung or cut off
+// keeps its TCP connection open and answers nothing; without pings every
+// call on the connection waits for its whole deadline (10 s), and so do
+// the callers whose ops it carries.
+const (
+	// pingIdleTimeout: a connection that has received no frame for this
+	// long sends a ping. Under load frames arrive every few milliseconds
+	// and no ping is sent; an idle connection costs one small frame a
+	// second.
+	pingIdleTimeout = time.Second
+	// pingTimeout: a ping unanswered for this long closes the connection,
+	// failing its calls (SHARD_UNAVAILABLE, retry with the same key) and
+	// counting against the peer's circuit breaker. A Go HTTP/2 server
+	// answers pings from its connection's read loop, not its handlers, so
+	// a live server busy with slow handlers still answers within
+	// milliseconds; 2 s is far beyond the scheduling delays of a loaded
+	// 2-core machine, so a live peer is not cut off, while a stopped one
+	// is found within pingIdleTimeout + pingTimeout = 3 s of its last
+	// frame, before the default 5 s lease hands its partitions over.
+	pingTimeout = 2 * time.Second
+)
+
+// NewInternalClient is NewClient with HTTP/2 keep-alive pings, for calls
+// between shardstock's own processes (the allocator to shard servers).
+func NewInternalClient() *http.Client {
+	c := NewClient()
+	c.Transport.(*http.Transport).HTTP2 = &http.HTTP2Config{
+		SendPingTimeout: pingIdleTimeout,
+		PingTimeout:     pingTimeout,
+	}
+	return c
+}
+
 // Message bounds of every handler.
 const (
 	// compressMinBytes: smaller messages go uncompressed. Compressing every
