@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Bounds on learning a lost commit's outcome.
@@ -27,10 +28,11 @@ const (
 	outcomeBackoffMax = time.Second
 	// outcomeQueryTimeout bounds one attempt (connect, void, read).
 	outcomeQueryTimeout = 5 * time.Second
-	// blockerGrace is how long the void may wait on the old transaction
-	// before that transaction's backend is ended: a backend whose client
-	// vanished without a FIN would otherwise hold it until
-	// idle_in_transaction_session_timeout.
+	// blockerGrace is how long a void or a takeover may wait on an old
+	// transaction before that transaction's backend is ended: a backend
+	// whose client vanished without a FIN, or was stopped, would otherwise
+	// hold it until idle_in_transaction_session_timeout (3 s), longer than
+	// a short lease.
 	blockerGrace = 200 * time.Millisecond
 	// markAgeMin is how old a commit mark must be before it is pruned: far
 	// longer than outcomeWaitMax, the only time anyone reads it.
@@ -121,14 +123,8 @@ func (db *DB) settleMark(ctx context.Context, mark commitMark) (committed bool, 
 		return false, err
 	}
 	defer conn.Release()
-	waiter := conn.Conn().PgConn().PID()
-	waiting := make(chan struct{})
-	ended := make(chan struct{})
-	go func() { defer close(ended); db.endBlockers(ctx, waiter, waiting) }()
-	tag, err := conn.Exec(ctx, `INSERT INTO commit_marks (id, server_id, voided) VALUES ($1, $2, true) ON CONFLICT (id) DO NOTHING`,
+	tag, err := db.execEndingBlockers(ctx, conn, `INSERT INTO commit_marks (id, server_id, voided) VALUES ($1, $2, true) ON CONFLICT (id) DO NOTHING`,
 		mark.uuid(), mark.server)
-	close(waiting)
-	<-ended
 	if err != nil {
 		return false, err
 	}
@@ -144,11 +140,25 @@ func (db *DB) settleMark(ctx context.Context, mark commitMark) (committed bool, 
 	return !voided, nil
 }
 
+// execEndingBlockers runs sql on conn and, every blockerGrace while it
+// waits for a lock, ends the backends that hold the lock. The callers wait
+// only on transactions that must end anyway: the void of a commit mark on
+// the lost batch's own transaction (it alone holds that mark's id), a
+// takeover on the previous owner's batches (they hold the partition's row
+// FOR SHARE). An ended transaction commits or aborts at once; a commit
+// record already being written is not interrupted.
+func (db *DB) execEndingBlockers(ctx context.Context, conn *pgxpool.Conn, sql string, args ...any) (pgconn.CommandTag, error) {
+	waiting := make(chan struct{})
+	ended := make(chan struct{})
+	go func() { defer close(ended); db.endBlockers(ctx, conn.Conn().PgConn().PID(), waiting) }()
+	tag, err := conn.Exec(ctx, sql, args...)
+	close(waiting)
+	<-ended
+	return tag, err
+}
+
 // endBlockers ends, every blockerGrace until waiting closes, the backends
-// that block the void inserted by backend waiter. Only the batch's own
-// transaction can block it (it alone holds that mark's id), so only the
-// lost batch's backend is ended: it then commits or aborts at once (a
-// commit record already being written is not interrupted).
+// that block backend waiter.
 func (db *DB) endBlockers(ctx context.Context, waiter uint32, waiting <-chan struct{}) {
 	t := time.NewTicker(blockerGrace)
 	defer t.Stop()

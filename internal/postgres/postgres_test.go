@@ -518,7 +518,7 @@ func TestDB_TakeOver(t *testing.T) {
 		select {
 		case err := <-done:
 			t.Fatalf("TakeOver(%d, new, 2) = %v while a batch held the partition FOR SHARE, want it to wait", p, err)
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond): // under blockerGrace
 		}
 		// The old owner's batch still sees itself as the owner and commits.
 		if err := tx.Commit(ctx); err != nil {
@@ -533,6 +533,36 @@ func TestDB_TakeOver(t *testing.T) {
 			t.Fatalf("TakeOver(%d, new, 2) did not return within 5s of the batch's commit", p)
 		}
 		owner(t, db, p, "new", 2)
+	})
+
+	// A batch whose server stopped mid-transaction (SIGSTOP, a partition)
+	// holds the row FOR SHARE until Postgres ends its session: the takeover
+	// ends it instead, and the batch can no longer commit.
+	t.Run("EndsAStoppedBatch", func(t *testing.T) {
+		db, url := mustOpen(t)
+		const p = 12
+		if err := db.TakeOver(ctx, p, "old", 1); err != nil {
+			t.Fatalf("TakeOver(%d, old, 1) = %v, want nil", p, err)
+		}
+		conn := connect(t, url)
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatalf("Begin = %v", err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT epoch FROM partitions WHERE partition = $1 FOR SHARE`, p); err != nil {
+			t.Fatalf("SELECT ... FOR SHARE = %v", err)
+		}
+		start := time.Now()
+		if err := db.TakeOver(ctx, p, "new", 2); err != nil {
+			t.Fatalf("TakeOver(%d, new, 2) = %v, want nil", p, err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("TakeOver took %v behind a stopped batch, want it to end the batch at once", d)
+		}
+		owner(t, db, p, "new", 2)
+		if err := tx.Commit(ctx); err == nil {
+			t.Errorf("the stopped batch committed after the takeover, want its session ended")
+		}
 	})
 }
 

@@ -15,11 +15,19 @@ var ErrStaleEpoch = errors.New("postgres: partition owned at a newer epoch")
 
 // TakeOver makes server the owner of partition at epoch. It waits for every
 // batch of the previous owner that holds the partition row FOR SHARE, so
-// once it returns no batch at an older epoch can commit.
+// once it returns no batch at an older epoch can commit. A batch that holds
+// it past blockerGrace (its server stopped or cut off mid-transaction) is
+// ended: its server lost the partition in etcd already, and learns its
+// batch's outcome from the commit mark when it wakes.
 func (db *DB) TakeOver(ctx context.Context, partition int32, server string, epoch int64) error {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	tag, err := db.pool.Exec(ctx, `UPDATE partitions SET owner = $2, epoch = $3, updated_at = now()
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: take over partition %d: %w", partition, err)
+	}
+	defer conn.Release()
+	tag, err := db.execEndingBlockers(ctx, conn, `UPDATE partitions SET owner = $2, epoch = $3, updated_at = now()
 		WHERE partition = $1 AND epoch < $3`, partition, server, epoch)
 	if err != nil {
 		return fmt.Errorf("postgres: take over partition %d: %w", partition, err)
@@ -29,7 +37,7 @@ func (db *DB) TakeOver(ctx context.Context, partition int32, server string, epoc
 	}
 	var owner string
 	var cur int64
-	if err := db.pool.QueryRow(ctx, `SELECT owner, epoch FROM partitions WHERE partition = $1`, partition).Scan(&owner, &cur); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT owner, epoch FROM partitions WHERE partition = $1`, partition).Scan(&owner, &cur); err != nil {
 		return fmt.Errorf("postgres: take over partition %d: %w", partition, err)
 	}
 	if owner == server && cur == epoch {
