@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -26,22 +28,30 @@ func tamper(t *testing.T, url, sql string, args ...any) {
 	}
 }
 
+// servedShard creates sku with one shard of 100 units, served by server
+// "a", whose writer has its copy of the row after one deduct (key k1).
+func servedShard(t *testing.T, sku string) (*postgres.DB, string, *shard.Server) {
+	t.Helper()
+	db, url := openDB(t)
+	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 100)
+	s := newServer(t, db, "a")
+	acquire(t, s, sku, 1, 0)
+	if res := s.Do(context.Background(), &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku}, Quantity: 1, Key: "k1"}); res.Err != nil {
+		t.Fatalf("Deduct(k1) = %v", res.Err)
+	}
+	return db, url, s
+}
+
 // TestShard_DivergenceRecovered: the row changes behind the writer, with a
 // ledger entry that accounts for it (a write whose answer the writer
 // misjudged). The writer's next batch finds its copy wrong, reloads the row,
 // checks it against the ledger and goes on from it: the batch succeeds and
 // nothing is halted.
 func TestShard_DivergenceRecovered(t *testing.T) {
-	db, url := openDB(t)
 	const sku = "diverge-ok"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 100)
-	s := newServer(t, db, "a")
-	acquire(t, s, sku, 1, 0)
+	db, url, s := servedShard(t, sku)
 	sh := stock.ShardKey{SKU: sku}
 	ctx := context.Background()
-	if res := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: sh, Quantity: 1, Key: "k1"}); res.Err != nil {
-		t.Fatalf("Deduct(k1) = %v", res.Err)
-	}
 	tamper(t, url, `WITH o AS (INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard)
 			VALUES ($1, 'elsewhere', 'deduct', '\x00', 5, 0)),
 		l AS (INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after, reserved_before,
@@ -67,16 +77,10 @@ func TestShard_DivergenceRecovered(t *testing.T) {
 // server refuses it, GetStock's rows show why, a new owner of the partition
 // refuses it too, and once an operator resumes it the shard serves again.
 func TestShard_HaltedUntilResumed(t *testing.T) {
-	db, url := openDB(t)
 	const sku = "diverge-halt"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 100)
-	a := newServer(t, db, "a")
-	acquire(t, a, sku, 1, 0)
+	db, url, a := servedShard(t, sku)
 	sh := stock.ShardKey{SKU: sku}
 	ctx := context.Background()
-	if res := a.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: sh, Quantity: 1, Key: "k1"}); res.Err != nil {
-		t.Fatalf("Deduct(k1) = %v", res.Err)
-	}
 	tamper(t, url, `UPDATE shards SET available = available - 5 WHERE sku = $1 AND idx = 0`, sku)
 
 	res := a.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: sh, Quantity: 1, Key: "k2"})
