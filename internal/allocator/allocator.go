@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
@@ -41,6 +42,16 @@ const (
 	// etcd; more than this within one request means the topology is
 	// churning, and the caller gets SHARD_UNAVAILABLE (retry, same key).
 	ownerMovesMax = 3
+	// skuCacheLenMax bounds the SKUs whose configuration is cached; the
+	// least recently used is evicted first. A SKU cached costs a few hundred
+	// bytes, so this is tens of MB at most; a SKU evicted costs one query
+	// when it is next asked for, as after its TTL.
+	skuCacheLenMax = 1 << 16
+	// hintsLenMax bounds the shards whose hint is kept (skuCacheLenMax SKUs
+	// of 4 shards each); the least recently used is evicted first. A shard
+	// without a hint is tried as unknown, which costs at most one call that
+	// refuses.
+	hintsLenMax = 1 << 18
 )
 
 // Config configures an Allocator.
@@ -78,8 +89,12 @@ type Allocator struct {
 
 	mu      sync.Mutex
 	servers map[string]*serverClient // by id + "@" + addr
-	hints   map[stock.ShardKey]hint
-	skus    map[string]cachedSKU
+	// hints and skus lock themselves; they are bounded (hintsLenMax,
+	// skuCacheLenMax) so that a million SKUs do not grow them without end.
+	hints *lru.Cache[stock.ShardKey, hint]
+	skus  *lru.Cache[string, cachedSKU]
+	// transitWait is inTransitWait; longer in tests.
+	transitWait time.Duration
 
 	sweeps   sweeper
 	inflight sync.Map // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
@@ -104,22 +119,33 @@ func New(cfg Config) *Allocator {
 		hc = rpc.NewInternalClient()
 	}
 	a := &Allocator{
-		db:       cfg.DB,
-		topo:     cfg.Topology,
-		local:    cfg.Local,
-		localID:  cfg.LocalID,
-		hc:       hc,
-		log:      log,
-		servers:  map[string]*serverClient{},
-		hints:    map[stock.ShardKey]hint{},
-		skus:     map[string]cachedSKU{},
-		metrics:  newMetrics(cfg.Registerer),
-		stop:     make(chan struct{}),
-		followed: make(chan struct{}),
+		db:          cfg.DB,
+		topo:        cfg.Topology,
+		local:       cfg.Local,
+		localID:     cfg.LocalID,
+		hc:          hc,
+		log:         log,
+		servers:     map[string]*serverClient{},
+		hints:       mustLRU[stock.ShardKey, hint](hintsLenMax),
+		skus:        mustLRU[string, cachedSKU](skuCacheLenMax),
+		transitWait: inTransitWait,
+		metrics:     newMetrics(cfg.Registerer),
+		stop:        make(chan struct{}),
+		followed:    make(chan struct{}),
 	}
 	a.sweeps.a, a.sweeps.keysMax = a, sweepKeysMax
 	go a.followTopology()
 	return a
+}
+
+// mustLRU returns an LRU cache of size entries at most; lru.New fails only
+// for a size below 1, which the constants rule out.
+func mustLRU[K comparable, V any](size int) *lru.Cache[K, V] {
+	c, err := lru.New[K, V](size)
+	if err != nil {
+		panic(err)
+	}
+	return c
 }
 
 // Close stops every shard-server client. Call it once.
@@ -139,27 +165,18 @@ func (a *Allocator) Ready() bool { return a.topo().AllOwned() }
 
 // sku returns a SKU's configuration, cached for skuCacheTTL.
 func (a *Allocator) sku(ctx context.Context, name string) (*stock.SKU, error) {
-	a.mu.Lock()
-	c, ok := a.skus[name]
-	a.mu.Unlock()
-	if ok && time.Since(c.fetched) < skuCacheTTL {
+	if c, ok := a.skus.Get(name); ok && time.Since(c.fetched) < skuCacheTTL {
 		return c.sku, nil
 	}
 	s, err := a.db.GetSKU(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	a.mu.Lock()
-	a.skus[name] = cachedSKU{sku: s, fetched: time.Now()}
-	a.mu.Unlock()
+	a.skus.Add(name, cachedSKU{sku: s, fetched: time.Now()})
 	return s, nil
 }
 
-func (a *Allocator) forgetSKU(name string) {
-	a.mu.Lock()
-	delete(a.skus, name)
-	a.mu.Unlock()
-}
+func (a *Allocator) forgetSKU(name string) { a.skus.Remove(name) }
 
 // client returns the client of the server that owns shard k, or nil; local
 // is true when that server is the one in this process.
@@ -252,18 +269,14 @@ func (a *Allocator) exec(ctx context.Context, r *stock.Request) stock.Result {
 }
 
 func (a *Allocator) setHint(k stock.ShardKey, available int64) {
-	a.mu.Lock()
-	a.hints[k] = hint{available: available, known: true}
-	a.mu.Unlock()
+	a.hints.Add(k, hint{available: available, known: true})
 }
 
-// hintsOf returns the hints of a SKU's n shards.
+// hintsOf returns the hints of a SKU's n shards; an evicted one is unknown.
 func (a *Allocator) hintsOf(sku string, n int32) []hint {
 	hs := make([]hint, n)
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	for i := range hs {
-		hs[i] = a.hints[stock.ShardKey{SKU: sku, Index: int32(i)}]
+		hs[i], _ = a.hints.Get(stock.ShardKey{SKU: sku, Index: int32(i)})
 	}
 	return hs
 }
@@ -335,7 +348,9 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 			// Shards that did not answer may hold the stock: not a sold-out.
 			// A partition changing hands answers again in moments.
 			last = unavailable("some shards of %s are unreachable; retry with the same key", sku.SKU)
-			time.Sleep(inTransitWait)
+			if !sleep(ctx, a.transitWait) {
+				return unavailable("deadline passed while shards of %s were unreachable; retry with the same key", sku.SKU)
+			}
 		case sw.maxShard >= q:
 			continue // a shard holds enough now: try again with fresh hints
 		case refused(r, sku):
@@ -358,13 +373,28 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 				a.log.Debug("consolidation failed", "sku", sku.SKU, "err", err)
 			}
 		default: // enough only with what is in transit: let it land
-			time.Sleep(inTransitWait)
+			if !sleep(ctx, a.transitWait) {
+				return unavailable("deadline passed while stock of %s was in transit; retry with the same key", sku.SKU)
+			}
 		}
 	}
 	if last.Err != nil {
 		return last
 	}
 	return unavailable("could not place the request in %d rounds; retry with the same key", routeRoundsMax)
+}
+
+// sleep pauses for d, or less if ctx ends first; it reports whether all of d
+// passed. A request's retries so end with its deadline, not a pause later.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // refused reports whether the SKU's configuration (as cached) refuses r

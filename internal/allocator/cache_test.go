@@ -1,0 +1,111 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// openDB returns a migrated database of the test's own.
+func openDB(t *testing.T) *postgres.DB {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), pgtest.NewDB(t), postgres.Options{MaxConns: 4, ApplicationName: "allocatortest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
+}
+
+// TestAllocator_CacheBounds: the hints and the SKU cache hold at most
+// hintsLenMax and skuCacheLenMax entries; the least recently used goes
+// first.
+func TestAllocator_CacheBounds(t *testing.T) {
+	t.Run("Hints", func(t *testing.T) {
+		a := New(Config{Topology: func() topology.View { return topology.View{} }})
+		defer a.Close()
+		key := func(i int) stock.ShardKey { return stock.ShardKey{SKU: fmt.Sprint("h", i/256), Index: int32(i % 256)} }
+		for i := range hintsLenMax + 1 {
+			a.setHint(key(i), int64(i))
+		}
+		if n := a.hints.Len(); n != hintsLenMax {
+			t.Errorf("hints.Len() = %d after %d hints, want %d", n, hintsLenMax+1, hintsLenMax)
+		}
+		if h := a.hintsOf(key(0).SKU, 1)[0]; h.known {
+			t.Errorf("hintsOf(%v) = %+v, want it evicted (unknown)", key(0), h)
+		}
+		last := key(hintsLenMax)
+		if h := a.hintsOf(last.SKU, last.Index+1)[last.Index]; !h.known || h.available != hintsLenMax {
+			t.Errorf("hintsOf(%v) = %+v, want the newest hint kept", last, h)
+		}
+	})
+	t.Run("SKUs", func(t *testing.T) {
+		db := openDB(t)
+		ctx := context.Background()
+		s := stock.SKU{SKU: "cached", Status: stock.StatusActive, Shards: 1, ReservationTTL: stock.ReservationTTLDefault}
+		if err := db.CreateSKU(ctx, s, 0); err != nil {
+			t.Fatal(err)
+		}
+		a := New(Config{DB: db, Topology: func() topology.View { return topology.View{} }})
+		defer a.Close()
+		for i := range skuCacheLenMax {
+			a.skus.Add(fmt.Sprint("filler-", i), cachedSKU{sku: &stock.SKU{}, fetched: time.Now()})
+		}
+		if _, err := a.sku(ctx, s.SKU); err != nil {
+			t.Fatalf("sku(%s) = %v", s.SKU, err)
+		}
+		if n := a.skus.Len(); n != skuCacheLenMax {
+			t.Errorf("skus.Len() = %d, want %d", n, skuCacheLenMax)
+		}
+		if a.skus.Contains("filler-0") {
+			t.Errorf("skus holds filler-0, the least recently used, want it evicted")
+		}
+		if !a.skus.Contains(s.SKU) {
+			t.Errorf("skus does not hold %s, just read", s.SKU)
+		}
+	})
+}
+
+// TestAllocator_RetryWaitEndsWithContext: a request that waits for
+// unreachable shards between rounds returns as soon as its context ends,
+// not when the wait is over.
+func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
+	db := openDB(t)
+	ctx := context.Background()
+	s := stock.SKU{SKU: "unreachable", Status: stock.StatusActive, Shards: 2, ReservationTTL: stock.ReservationTTLDefault}
+	if err := db.CreateSKU(ctx, s, 10); err != nil {
+		t.Fatal(err)
+	}
+	// No shard server owns anything: the stock exists but cannot be
+	// reached, which is not a sold-out, so the request waits and retries.
+	a := New(Config{DB: db, Topology: func() topology.View { return topology.View{} }})
+	defer a.Close()
+	a.transitWait = time.Hour
+
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan stock.Result, 1)
+	start := time.Now()
+	go func() {
+		done <- a.Take(rctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: s.SKU}, Quantity: 1, Key: "k"})
+	}()
+	// The request reaches the wait: its first sweep has run.
+	waitFor(t, func() bool { return a.hints.Len() == int(s.Shards) })
+	cancel()
+	select {
+	case res := <-done:
+		if res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
+			t.Errorf("Take after its context ended = %+v, want SHARD_UNAVAILABLE", res)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("Take returned %s after it started, want at once when its context ended", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Take still waits 10s after its context ended")
+	}
+}
