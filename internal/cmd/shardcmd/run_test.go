@@ -1,0 +1,99 @@
+package shardcmd_test
+
+import (
+	"context"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
+	"github.com/shardstock/shardstock/internal/etcdtest"
+	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// Bounds of the start and stop of a command in a test.
+const (
+	startTimeout = 30 * time.Second
+	// stopTimeout is rpc's shutdownTimeout (10 s) with room to spare; a
+	// server with nothing in flight stops far sooner.
+	stopTimeout = 15 * time.Second
+)
+
+// lines is an io.Writer that keeps what a command prints.
+type lines struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lines) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(b)
+}
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// TestRun_StartStop: a shard server started for real registers in etcd,
+// takes every partition as the only server, and on its context's end stops
+// within a bound, leaving the topology.
+func TestRun_StartStop(t *testing.T) {
+	url := pgtest.NewDB(t)
+	e := etcdtest.Start(t)
+	w := topology.NewWatcher(e.Client(), stock.Partitions)
+	wctx, wcancel := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() { defer close(watched); w.Run(wctx) }()
+	defer func() { wcancel(); <-watched }()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout lines
+	args := []string{"-addr", "127.0.0.1:0", "-id", "run1", "-database-url", url,
+		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-lease-ttl", "30s", "-log-level", "error"}
+	done := make(chan error, 1)
+	go func() { done <- shardcmd.Run(ctx, args, func(string) string { return "" }, &stdout, io.Discard) }()
+
+	registered := func() bool { _, ok := w.Snapshot().Server("run1"); return ok }
+	deadline := time.Now().Add(startTimeout)
+	for !(registered() && w.Snapshot().AllOwned()) {
+		select {
+		case err := <-done:
+			t.Fatalf("Run(%v) = %v before it registered", args, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Run(%v) did not register and own every partition within %s", args, startTimeout)
+		}
+	}
+	srv, _ := w.Snapshot().Server("run1")
+	if !strings.Contains(stdout.String(), "shard run1 listening on "+srv.Addr) {
+		t.Errorf("Run printed %q, want the address it registered (%s)", stdout.String(), srv.Addr)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run after its context ended = %v, want nil", err)
+		}
+	case <-time.After(stopTimeout):
+		t.Fatalf("Run still running %s after its context ended", stopTimeout)
+	}
+	// It left the topology: its registration is gone at once, not with
+	// its lease (30 s).
+	deadline = time.Now().Add(5 * time.Second)
+	for registered() {
+		if time.Now().After(deadline) {
+			t.Fatal("run1 still registered 5s after Run returned")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
