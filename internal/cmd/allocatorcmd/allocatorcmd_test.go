@@ -1,0 +1,193 @@
+package allocatorcmd_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
+	"github.com/shardstock/shardstock/internal/etcdtest"
+	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// Bounds of the start and stop of the command in a test.
+const (
+	startTimeout = 30 * time.Second
+	// stopTimeout is rpc's shutdownTimeout (10 s) with room to spare; an
+	// allocator with nothing in flight stops far sooner.
+	stopTimeout = 15 * time.Second
+	token       = "allocatorcmd-test-token"
+)
+
+// lines is an io.Writer that keeps what a command prints.
+type lines struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lines) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(b)
+}
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// start runs the command until the test ends and returns its base URL and
+// a function that stops it and returns its error, failing the test if it
+// takes longer than stopTimeout.
+func start(t *testing.T, extra ...string) (base string, stop func() error) {
+	t.Helper()
+	url := pgtest.NewDB(t)
+	e := etcdtest.Start(t)
+	args := append([]string{"-addr", "127.0.0.1:0", "-database-url", url, "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
+		"-admin-token", token, "-db-max-conns", "4", "-log-level", "error"}, extra...)
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout lines
+	done := make(chan error, 1)
+	go func() { done <- allocatorcmd.Run(ctx, args, func(string) string { return "" }, &stdout, io.Discard) }()
+	stopped := false
+	stop = func() error {
+		t.Helper()
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(stopTimeout):
+			t.Fatalf("Run(%v) still running %s after its context ended", args, stopTimeout)
+			return nil
+		}
+	}
+	t.Cleanup(func() { stop() })
+	deadline := time.Now().Add(startTimeout)
+	for {
+		for _, l := range strings.Split(stdout.String(), "\n") {
+			if a, ok := strings.CutPrefix(l, "allocator listening on "); ok {
+				return a, stop
+			}
+		}
+		select {
+		case err := <-done:
+			stopped = true
+			t.Fatalf("Run(%v) = %v before it listened", args, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Run(%v) printed no address within %s: %q", args, startTimeout, stdout.String())
+		}
+	}
+}
+
+// ready polls /readyz until it answers 200 or the bound passes.
+func ready(base string, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(base + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return true
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+func adminReq[T any](msg *T) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	req.Header().Set("Authorization", "Bearer "+token)
+	return req
+}
+
+// TestRun_Allocator: the command serves the public API on 127.0.0.1:0
+// until its context ends, then stops within a bound; alone it is never
+// ready (no shard server), with -shard-id it runs its own and sells.
+func TestRun_Allocator(t *testing.T) {
+	ctx := context.Background()
+	t.Run("Alone", func(t *testing.T) {
+		base, stop := start(t)
+		inv := shardstockv1connect.NewInventoryServiceClient(rpc.NewClient(), base)
+		_, err := inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: "nosuch"}))
+		if rpc.Reason(err) != string(stock.CodeSKUNotFound) {
+			t.Errorf("GetStock(nosuch) = %v, want SKU_NOT_FOUND", err)
+		}
+		admin := shardstockv1connect.NewAdminServiceClient(rpc.NewClient(), base)
+		if _, err := admin.CreateSku(ctx, connect.NewRequest(&v1.CreateSkuRequest{Sku: "x", Shards: 1})); connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Errorf("CreateSku without the token = %v, want unauthenticated", err)
+		}
+		if ready(base, 500*time.Millisecond) {
+			t.Errorf("/readyz = 200 with no shard server, want not ready")
+		}
+		if err := stop(); err != nil {
+			t.Errorf("Run after its context ended = %v, want nil", err)
+		}
+		if _, err := http.Get(base + "/healthz"); err == nil {
+			t.Errorf("GET /healthz after Run returned succeeded, want the port closed")
+		}
+	})
+	t.Run("WithShard", func(t *testing.T) {
+		base, stop := start(t, "-shard-id", "own", "-lease-ttl", "2s")
+		if !ready(base, startTimeout) {
+			t.Fatalf("/readyz not 200 within %s with its own shard server", startTimeout)
+		}
+		admin := shardstockv1connect.NewAdminServiceClient(rpc.NewClient(), base)
+		if _, err := admin.CreateSku(ctx, adminReq(&v1.CreateSkuRequest{Sku: "own-sku", InitialStock: 5, Shards: 2})); err != nil {
+			t.Fatalf("CreateSku = %v", err)
+		}
+		inv := shardstockv1connect.NewInventoryServiceClient(rpc.NewClient(), base)
+		if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "own-sku", Quantity: 5, IdempotencyKey: "all"})); err != nil {
+			t.Errorf("Deduct(5 of 5) = %v, want success", err)
+		}
+		if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "own-sku", Quantity: 1, IdempotencyKey: "one-more"})); rpc.Reason(err) != string(stock.CodeOutOfStock) {
+			t.Errorf("Deduct(1) after selling out = %v, want OUT_OF_STOCK", err)
+		}
+		if err := stop(); err != nil {
+			t.Errorf("Run after its context ended = %v, want nil", err)
+		}
+	})
+}
+
+// TestRun_Refuses: bad configuration ends Run at once with a reason.
+func TestRun_Refuses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"NoDatabase", []string{"-admin-token", token}, "no database"},
+		{"ShortToken", []string{"-database-url", "postgres://nowhere", "-admin-token", "short"}, "admin token"},
+		{"BadFlag", []string{"-no-such-flag"}, "no-such-flag"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := allocatorcmd.Run(ctx, append([]string{"-addr", "127.0.0.1:0"}, tc.args...), func(string) string { return "" }, io.Discard, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Run(%v) = %v, want an error naming %q", tc.args, err, tc.want)
+			}
+			if ctx.Err() != nil {
+				t.Errorf("Run(%v) returned only when its context ended", tc.args)
+			}
+		})
+	}
+}
