@@ -27,7 +27,7 @@ import (
 	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/pgcluster"
 )
 
 // Bounds of a stack that loadgen starts.
@@ -278,7 +278,7 @@ func (s *stack) database(ctx context.Context, cfg stackConfig) error {
 				free, stackConnsMax, cfg.BaselineConns)
 		}
 		fmt.Fprintln(cfg.Stderr, "loadgen: stack: starting a throwaway Postgres cluster")
-		c, err := pgtest.StartCluster(ctx, "")
+		c, err := pgcluster.Start(ctx, "")
 		if err != nil {
 			return err
 		}

@@ -31,7 +31,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
 	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
 	"github.com/shardstock/shardstock/internal/etcdtest"
-	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -91,7 +91,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	dbURL := getenv("DATABASE_URL")
 	if dbURL == "" {
 		fmt.Fprintln(stderr, "dev: DATABASE_URL is not set: starting a throwaway Postgres cluster")
-		c, err := pgtest.StartCluster(ctx, "")
+		c, err := pgcluster.Start(ctx, "")
 		if err != nil {
 			return fmt.Errorf("no Postgres: set DATABASE_URL, or install the PostgreSQL server (Debian: apt-get install postgresql): %w", err)
 		}

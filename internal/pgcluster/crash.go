@@ -1,4 +1,4 @@
-package pgtest
+package pgcluster
 
 import (
 	"context"
@@ -20,10 +20,10 @@ const crashTimeout = 30 * time.Second
 // transaction ids that never reached it are handed out again.
 func (c *Cluster) Crash() error {
 	if c.cmd == nil || c.exited == nil {
-		return errors.New("pgtest: crash: server not running")
+		return errors.New("pgcluster: crash: server not running")
 	}
 	if err := c.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgtest: crash postgres: %w", err)
+		return fmt.Errorf("pgcluster: crash postgres: %w", err)
 	}
 	select {
 	case <-c.exited:
@@ -31,7 +31,7 @@ func (c *Cluster) Crash() error {
 	case <-time.After(crashTimeout):
 		c.cmd.Process.Kill()
 		<-c.exited
-		return fmt.Errorf("pgtest: postgres ignored SIGQUIT for %v; killed", crashTimeout)
+		return fmt.Errorf("pgcluster: postgres ignored SIGQUIT for %v; killed", crashTimeout)
 	}
 }
 
@@ -43,7 +43,7 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	select {
 	case <-c.exited:
 	default:
-		return errors.New("pgtest: restart: server still running")
+		return errors.New("pgcluster: restart: server still running")
 	}
 	binDir, err := findBinDir()
 	if err != nil {

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package pgtest
+package pgcluster
 
 import "syscall"
 

@@ -1,4 +1,8 @@
-package pgtest
+// Package pgcluster runs a throwaway Postgres server from the local
+// binaries (apt-get install postgresql): for tests (internal/pgtest starts
+// one per test binary) and for local development (`make run`, the load
+// generator). It imports no testing code, so that commands may link it.
+package pgcluster
 
 import (
 	"context"
@@ -28,8 +32,9 @@ const (
 	superuser = "postgres"
 	// osUser runs the server when we are root: postgres refuses to run as root.
 	osUser = "postgres"
-	// maxConnections leaves room for many parallel tests, each with a pool.
-	maxConnections = 300
+	// MaxConnsDefault is Start's max_connections: room for many parallel
+	// tests, each with a pool.
+	MaxConnsDefault = 300
 	// portAttemptsMax bounds retries when another process takes the free
 	// port between our probe and the server's bind.
 	portAttemptsMax = 3
@@ -56,18 +61,19 @@ type Cluster struct {
 	stopErr   error
 }
 
-// StartCluster initialises a cluster in dir/data (unless dir already holds
-// one, which is reused) and starts it; it returns once the server accepts
+// Start initialises a cluster in dir/data (unless dir already holds one,
+// which is reused) and starts it; it returns once the server accepts
 // connections or ctx ends. An empty dir means a new temporary directory,
 // removed by Stop. The server runs with fsync=off: fine for tests and local
 // development, never for data you want to keep. The caller must call Stop;
-// if the calling process dies first, the server gets SIGINT from the kernel.
-func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
-	return startClusterConns(ctx, dir, maxConnections)
+// if the calling process dies first, the server gets SIGINT from the kernel
+// (on Linux).
+func Start(ctx context.Context, dir string) (*Cluster, error) {
+	return StartMaxConns(ctx, dir, MaxConnsDefault)
 }
 
-// startClusterConns is StartCluster with max_connections set to maxConns.
-func startClusterConns(ctx context.Context, dir string, maxConns int) (*Cluster, error) {
+// StartMaxConns is Start with max_connections set to maxConns.
+func StartMaxConns(ctx context.Context, dir string, maxConns int) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	binDir, err := findBinDir()
@@ -76,8 +82,8 @@ func startClusterConns(ctx context.Context, dir string, maxConns int) (*Cluster,
 	}
 	c := &Cluster{dir: dir, maxConns: maxConns}
 	if c.dir == "" {
-		if c.dir, err = os.MkdirTemp("", "pgtest-"); err != nil {
-			return nil, fmt.Errorf("pgtest: %w", err)
+		if c.dir, err = os.MkdirTemp("", "pgcluster-"); err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
 		}
 		c.removeDir = true
 	}
@@ -92,7 +98,7 @@ func startClusterConns(ctx context.Context, dir string, maxConns int) (*Cluster,
 func (c *Cluster) URL() string { return c.url }
 
 // Stop shuts the server down (fast shutdown, SIGKILL after stopTimeout) and
-// removes the directory if StartCluster created it. It is safe to call more
+// removes the directory if Start created it. It is safe to call more
 // than once; later calls return the first call's result.
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
@@ -137,7 +143,7 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 	logPath := filepath.Join(c.dir, "postgres.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgcluster: %w", err)
 	}
 	defer logFile.Close() // the child keeps its own copy of the descriptor
 	c.cmd = exec.Command(filepath.Join(binDir, "postgres"),
@@ -151,7 +157,7 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	c.cmd.SysProcAttr = serverSysProcAttr(cred)
 	if err := c.cmd.Start(); err != nil {
-		return fmt.Errorf("pgtest: start postgres: %w", err)
+		return fmt.Errorf("pgcluster: start postgres: %w", err)
 	}
 	c.exited = make(chan struct{})
 	go func() {
@@ -176,9 +182,9 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-c.exited:
-			return fmt.Errorf("pgtest: postgres exited during start: %v", c.waitErr)
+			return fmt.Errorf("pgcluster: postgres exited during start: %v", c.waitErr)
 		case <-ctx.Done():
-			return fmt.Errorf("pgtest: postgres not ready: %w (last error: %v)", ctx.Err(), err)
+			return fmt.Errorf("pgcluster: postgres not ready: %w (last error: %v)", ctx.Err(), err)
 		case <-time.After(readyPollInterval):
 		}
 	}
@@ -191,7 +197,7 @@ func (c *Cluster) stopServer() error {
 		return nil
 	}
 	if err := c.cmd.Process.Signal(os.Interrupt); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgtest: stop postgres: %w", err)
+		return fmt.Errorf("pgcluster: stop postgres: %w", err)
 	}
 	select {
 	case <-c.exited:
@@ -199,11 +205,11 @@ func (c *Cluster) stopServer() error {
 	case <-time.After(stopTimeout):
 		c.cmd.Process.Kill()
 		<-c.exited
-		return fmt.Errorf("pgtest: postgres ignored SIGINT for %v; killed", stopTimeout)
+		return fmt.Errorf("pgcluster: postgres ignored SIGINT for %v; killed", stopTimeout)
 	}
 }
 
-// cleanDir removes the directory if StartCluster created it.
+// cleanDir removes the directory if Start created it.
 func (c *Cluster) cleanDir() {
 	if c.removeDir {
 		os.RemoveAll(c.dir)
@@ -231,7 +237,7 @@ func findBinDir() (string, error) {
 	if initdb, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(initdb), nil
 	}
-	return "", fmt.Errorf("pgtest: no Postgres server binaries (initdb, postgres) under %s/*/bin or on PATH; "+
+	return "", fmt.Errorf("pgcluster: no Postgres server binaries (initdb, postgres) under %s/*/bin or on PATH; "+
 		"install them with: %s (or set DATABASE_URL to a server with trust auth)", pgLibDir, installHint)
 }
 
@@ -249,13 +255,13 @@ func serverCredential() (*syscall.Credential, error) {
 	}
 	u, err := user.Lookup(osUser)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: running as root needs OS user %q to run postgres (%s creates it): %w",
+		return nil, fmt.Errorf("pgcluster: running as root needs OS user %q to run postgres (%s creates it): %w",
 			osUser, installHint, err)
 	}
 	uid, errU := strconv.ParseUint(u.Uid, 10, 32)
 	gid, errG := strconv.ParseUint(u.Gid, 10, 32)
 	if errU != nil || errG != nil {
-		return nil, fmt.Errorf("pgtest: user %q has non-numeric uid %q or gid %q", osUser, u.Uid, u.Gid)
+		return nil, fmt.Errorf("pgcluster: user %q has non-numeric uid %q or gid %q", osUser, u.Uid, u.Gid)
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
 }
@@ -265,13 +271,13 @@ func serverCredential() (*syscall.Credential, error) {
 // server its socket in it.
 func ownDir(dir string, cred *syscall.Credential) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgcluster: %w", err)
 	}
 	if cred == nil {
 		return nil
 	}
 	if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgcluster: %w", err)
 	}
 	return nil
 }
@@ -291,7 +297,7 @@ func initDB(ctx context.Context, binDir, dataDir string, cred *syscall.Credentia
 			hint = fmt.Sprintf("(initdb runs as OS user %s, which needs search permission on every parent of %s)\n",
 				osUser, dataDir)
 		}
-		return fmt.Errorf("pgtest: initdb %s: %w\n%s%s", dataDir, err, hint, out)
+		return fmt.Errorf("pgcluster: initdb %s: %w\n%s%s", dataDir, err, hint, out)
 	}
 	return nil
 }
@@ -301,7 +307,7 @@ func initDB(ctx context.Context, binDir, dataDir string, cred *syscall.Credentia
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, fmt.Errorf("pgtest: pick a port: %w", err)
+		return 0, fmt.Errorf("pgcluster: pick a port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
