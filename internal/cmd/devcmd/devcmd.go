@@ -30,7 +30,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cli"
 	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
 	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
-	"github.com/shardstock/shardstock/internal/etcdtest"
+	"github.com/shardstock/shardstock/internal/etcdembed"
 	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
@@ -100,7 +100,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	etcd := getenv("ETCD_ENDPOINTS")
 	if etcd == "" {
-		e, err := etcdtest.StartServer(ctx, "")
+		e, err := etcdembed.Start(ctx, "")
 		if err != nil {
 			return fmt.Errorf("embedded etcd: %w", err)
 		}
