@@ -6,7 +6,6 @@ package pgcluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -20,6 +19,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/proc"
 )
 
 const (
@@ -42,7 +43,8 @@ const (
 	readyPollInterval = 50 * time.Millisecond
 	// startTimeout bounds initdb plus server start (about 1.5 s normally).
 	startTimeout = 60 * time.Second
-	// stopTimeout bounds a fast shutdown (SIGINT) before we SIGKILL.
+	// stopTimeout bounds a fast shutdown (SIGINT), or an immediate one
+	// (SIGQUIT, Crash), before we SIGKILL.
 	stopTimeout = 30 * time.Second
 )
 
@@ -54,7 +56,7 @@ type Cluster struct {
 	port      int
 	dir       string
 	removeDir bool
-	cmd       *exec.Cmd
+	cmd       *proc.Cmd
 	exited    chan struct{} // closed once the server process has exited
 	waitErr   error         // valid after exited is closed
 	stopOnce  sync.Once
@@ -146,7 +148,7 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 		return fmt.Errorf("pgcluster: %w", err)
 	}
 	defer logFile.Close() // the child keeps its own copy of the descriptor
-	c.cmd = exec.Command(filepath.Join(binDir, "postgres"),
+	c.cmd = proc.Command(context.Background(), os.Interrupt, stopTimeout, filepath.Join(binDir, "postgres"),
 		"-D", dataDir,
 		"-p", strconv.Itoa(port),
 		"-k", c.dir, // own socket dir: a system server may own /var/run/postgresql
@@ -155,7 +157,12 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 		"-c", "max_connections="+strconv.Itoa(c.maxConns),
 	)
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
-	c.cmd.SysProcAttr = serverSysProcAttr(cred)
+	// Its own process group, so that a terminal's Ctrl-C reaches only our
+	// process (which then calls Stop); SIGINT if we die first, so that a
+	// parent that crashes, or is killed by a test timeout, does not leave
+	// the server running.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	c.cmd.DieWithParent(syscall.SIGINT)
 	if err := c.cmd.Start(); err != nil {
 		return fmt.Errorf("pgcluster: start postgres: %w", err)
 	}
@@ -192,21 +199,21 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 
 // stopServer sends SIGINT (fast shutdown: abort sessions, then exit
 // cleanly) and waits, falling back to SIGKILL after stopTimeout.
-func (c *Cluster) stopServer() error {
+func (c *Cluster) stopServer() error { return c.stopWith(os.Interrupt) }
+
+// stopWith sends the server sig and waits for it to exit, killing it after
+// stopTimeout. A server that had exited already is no error; one that had
+// to be killed is.
+func (c *Cluster) stopWith(sig os.Signal) error {
 	if c.cmd == nil || c.exited == nil {
 		return nil
 	}
-	if err := c.cmd.Process.Signal(os.Interrupt); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgcluster: stop postgres: %w", err)
+	c.cmd.StopWith(sig)
+	<-c.exited
+	if proc.Killed(c.cmd.ProcessState) {
+		return fmt.Errorf("pgcluster: %w", c.waitErr)
 	}
-	select {
-	case <-c.exited:
-		return nil
-	case <-time.After(stopTimeout):
-		c.cmd.Process.Kill()
-		<-c.exited
-		return fmt.Errorf("pgcluster: postgres ignored SIGINT for %v; killed", stopTimeout)
-	}
+	return nil
 }
 
 // cleanDir removes the directory if Start created it.

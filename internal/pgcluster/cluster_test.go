@@ -32,6 +32,25 @@ func TestStart(t *testing.T) {
 			t.Fatalf("second Stop() = %v, want nil", err)
 		}
 	})
+	t.Run("CrashRestart", func(t *testing.T) {
+		c := startCluster(t, "")
+		conn := connect(t, c.URL())
+		execSQL(t, conn, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)")
+		if err := c.Crash(); err != nil {
+			t.Fatalf("Crash() = %v, want nil", err)
+		}
+		if err := c.Restart(context.Background()); err != nil {
+			t.Fatalf("Restart() after Crash = %v, want nil", err)
+		}
+		var n int
+		scanOne(t, connect(t, c.URL()), &n, "SELECT n FROM kept")
+		if n != 1 {
+			t.Fatalf("SELECT n FROM kept after crash recovery = %d, want 1", n)
+		}
+		if err := c.Stop(); err != nil {
+			t.Fatalf("Stop() after Restart = %v, want nil", err)
+		}
+	})
 	t.Run("ReuseDir", func(t *testing.T) {
 		// Not t.TempDir: its 0700 parents would lock out the postgres user,
 		// which needs to search every parent of the cluster directory.

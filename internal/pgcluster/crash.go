@@ -3,15 +3,9 @@ package pgcluster
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"path/filepath"
 	"syscall"
-	"time"
 )
-
-// crashTimeout bounds the wait for the server to exit after SIGQUIT.
-const crashTimeout = 30 * time.Second
 
 // Crash stops the server the way a crash does: SIGQUIT to the postmaster,
 // which is what `pg_ctl stop -m immediate` sends. Every backend exits at
@@ -22,17 +16,7 @@ func (c *Cluster) Crash() error {
 	if c.cmd == nil || c.exited == nil {
 		return errors.New("pgcluster: crash: server not running")
 	}
-	if err := c.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgcluster: crash postgres: %w", err)
-	}
-	select {
-	case <-c.exited:
-		return nil
-	case <-time.After(crashTimeout):
-		c.cmd.Process.Kill()
-		<-c.exited
-		return fmt.Errorf("pgcluster: postgres ignored SIGQUIT for %v; killed", crashTimeout)
-	}
+	return c.stopWith(syscall.SIGQUIT)
 }
 
 // Restart starts the server again on its data directory and port, after
