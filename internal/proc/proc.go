@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -78,7 +79,7 @@ func (c *Cmd) Wait() error {
 	case st.Success():
 		return nil
 	case Killed(st):
-		return fmt.Errorf("%s did not stop within %s of %v: killed", c.Path, c.grace, c.stopSignal())
+		return fmt.Errorf("%s did not stop within %s of %s: killed", filepath.Base(c.Path), c.grace, signalName(c.stopSignal()))
 	}
 	return err
 }
@@ -87,4 +88,18 @@ func (c *Cmd) Wait() error {
 func Killed(st *os.ProcessState) bool {
 	ws, ok := st.Sys().(syscall.WaitStatus)
 	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// signalName returns the conventional name of the stop signals in use
+// (os.Signal's String is "terminated", "interrupt").
+func signalName(sig os.Signal) string {
+	switch sig {
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGQUIT:
+		return "SIGQUIT"
+	}
+	return sig.String()
 }

@@ -47,7 +47,7 @@ func TestCmd(t *testing.T) {
 		begin := time.Now()
 		c.Stop()
 		err := c.Wait()
-		if err == nil || !strings.Contains(err.Error(), "killed") || !Killed(c.ProcessState) {
+		if err == nil || !strings.Contains(err.Error(), "sh did not stop within 200ms of SIGTERM: killed") || !Killed(c.ProcessState) {
 			t.Fatalf("Wait() of a process ignoring SIGTERM = %v (state %v), want killed", err, c.ProcessState)
 		}
 		if took := time.Since(begin); took < grace {
