@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/shardstock/shardstock/internal/loadgen"
 	"github.com/shardstock/shardstock/internal/loadgen/memory"
 	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
+	"github.com/shardstock/shardstock/internal/proc"
 )
 
 // serveMemoryArg, as loadgen's first argument, makes the process the
@@ -111,7 +111,7 @@ func (t *memoryTarget) Close() error {
 // memoryProcess is a running `loadgen serve-memory`.
 type memoryProcess struct {
 	baseURL string
-	cmd     *exec.Cmd
+	cmd     *proc.Cmd
 	stdin   io.WriteCloser
 	exited  chan struct{}
 	waitErr error
@@ -126,9 +126,8 @@ func startMemory(ctx context.Context) (p *memoryProcess, err error) {
 		return nil, err
 	}
 	p = &memoryProcess{exited: make(chan struct{})}
-	// Not exec.CommandContext: the server outlives Setup's context, until
-	// Close.
-	p.cmd = exec.Command(exe, serveMemoryArg, "-addr", "127.0.0.1:0")
+	// Not Setup's context: the server outlives it, until Close.
+	p.cmd = proc.Command(context.Background(), syscall.SIGTERM, memoryStopTimeout, exe, serveMemoryArg, "-addr", "127.0.0.1:0")
 	p.cmd.Stderr = os.Stderr
 	// A group of its own: a Ctrl-C in the terminal stops loadgen's load,
 	// which still verifies through the server before Close stops it.
@@ -181,11 +180,10 @@ func startMemory(ctx context.Context) (p *memoryProcess, err error) {
 // if it is still there.
 func (p *memoryProcess) stop() error {
 	defer p.stdin.Close()
-	if err := terminate(p.cmd.Process, p.exited, memoryStopTimeout); err != nil {
-		return fmt.Errorf("the memory server: %w", err)
-	}
+	p.cmd.Stop()
+	<-p.exited
 	if p.waitErr != nil {
-		return fmt.Errorf("memory server: %w", p.waitErr)
+		return fmt.Errorf("the memory server: %w", p.waitErr)
 	}
 	return nil
 }

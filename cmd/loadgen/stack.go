@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -27,7 +26,8 @@ import (
 	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/pgcluster"
+	"github.com/shardstock/shardstock/internal/proc"
 )
 
 // Bounds of a stack that loadgen starts.
@@ -82,7 +82,7 @@ type stack struct {
 	databaseURL, dbNote string
 	logPath             string
 
-	cmd     *exec.Cmd
+	cmd     *proc.Cmd
 	exited  chan struct{}
 	waitErr error
 	output  sync.WaitGroup
@@ -132,7 +132,8 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 	if cfg.Pprof {
 		pprofOn = "1"
 	}
-	s.cmd = exec.Command(bin, cfg.Args...)
+	// Stopped by stop, not by a context: the stack outlives start-up.
+	s.cmd = proc.Command(context.Background(), syscall.SIGTERM, stackStopTimeout, bin, cfg.Args...)
 	// Later entries win: the stack gets its own address, token, database
 	// and an embedded etcd whatever this process's environment says.
 	s.cmd.Env = append(os.Environ(),
@@ -143,7 +144,7 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 		"SHARDSTOCK_PPROF="+pprofOn,
 	)
 	// If loadgen dies, the stack is told to stop, and stops its children.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	s.cmd.DieWithParent(syscall.SIGTERM)
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {
 		return s, err
@@ -278,7 +279,7 @@ func (s *stack) database(ctx context.Context, cfg stackConfig) error {
 				free, stackConnsMax, cfg.BaselineConns)
 		}
 		fmt.Fprintln(cfg.Stderr, "loadgen: stack: starting a throwaway Postgres cluster")
-		c, err := pgtest.StartCluster(ctx, "")
+		c, err := pgcluster.Start(ctx, "")
 		if err != nil {
 			return err
 		}
@@ -331,8 +332,10 @@ func (s *stack) shards() map[string]string {
 func (s *stack) stop() error {
 	var errs []error
 	if s.cmd != nil && s.cmd.Process != nil {
-		if err := terminate(s.cmd.Process, s.exited, stackStopTimeout); err != nil {
-			errs = append(errs, fmt.Errorf("the stack: %w", err))
+		s.cmd.Stop()
+		<-s.exited
+		if proc.Killed(s.cmd.ProcessState) {
+			errs = append(errs, fmt.Errorf("the stack: %w", s.waitErr))
 		}
 		s.cmd = nil
 	}
@@ -462,22 +465,4 @@ func fetchProfile(base string, seconds int, path string) error {
 		return err
 	}
 	return f.Close()
-}
-
-// terminate sends p SIGTERM and waits for exited (closed once p was
-// waited for) up to timeout, then kills p and waits.
-func terminate(p *os.Process, exited <-chan struct{}, timeout time.Duration) error {
-	if err := p.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return err
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-exited:
-		return nil
-	case <-t.C:
-		_ = p.Kill()
-		<-exited
-		return fmt.Errorf("ignored SIGTERM for %s: killed", timeout)
-	}
 }

@@ -1,154 +1,25 @@
-// Package etcdtest runs an embedded single-member etcd on 127.0.0.1 for
-// tests (Start) and for local development (StartServer).
+// Package etcdtest gives a test an embedded single-member etcd
+// (internal/etcdembed) of its own, closed when the test ends.
 package etcdtest
 
 import (
 	"context"
-	"fmt"
-	"net/url"
-	"os"
-	"sync"
 	"testing"
-	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
-)
-
-const (
-	// readyTimeout bounds the wait for the server to serve (about 110 ms normally).
-	readyTimeout = 20 * time.Second
-	// dialTimeout bounds the client's first connection.
-	dialTimeout = 5 * time.Second
-	// anyPort lets the kernel pick a free port; the real one is read back
-	// from the listener, so concurrent servers never collide.
-	anyPort = "http://127.0.0.1:0"
-	// memberName names the single member in its initial cluster.
-	memberName = "etcdtest"
+	"github.com/shardstock/shardstock/internal/etcdembed"
 )
 
 // Etcd is a running embedded etcd server with a client connected to it.
-type Etcd struct {
-	server    *embed.Etcd
-	client    *clientv3.Client
-	endpoints []string
-	dir       string
-	removeDir bool
-	closeOnce sync.Once
-}
+type Etcd = etcdembed.Server
 
 // Start starts a server with its data in a new temporary directory and
 // closes it, client included, in tb.Cleanup.
 func Start(tb testing.TB) *Etcd {
 	tb.Helper()
-	e, err := StartServer(context.Background(), "")
+	e, err := etcdembed.Start(context.Background(), "")
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(e.Close)
 	return e
-}
-
-// StartServer starts a server with its data in dir (reused if it already
-// holds some) and returns once it serves clients, within readyTimeout or
-// until ctx ends. An empty dir means a new temporary directory, removed by
-// Close. fsync is off: fine for tests and local development only.
-func StartServer(ctx context.Context, dir string) (*Etcd, error) {
-	e := &Etcd{dir: dir}
-	if e.dir == "" {
-		var err error
-		if e.dir, err = os.MkdirTemp("", "etcdtest-"); err != nil {
-			return nil, fmt.Errorf("etcdtest: %w", err)
-		}
-		e.removeDir = true
-	}
-	if err := e.start(ctx); err != nil {
-		e.Close()
-		return nil, err
-	}
-	return e, nil
-}
-
-// Endpoints returns the client URLs, e.g. http://127.0.0.1:43127.
-func (e *Etcd) Endpoints() []string { return append([]string(nil), e.endpoints...) }
-
-// Client returns a client connected to the server, closed by Close.
-func (e *Etcd) Client() *clientv3.Client { return e.client }
-
-// Close closes the client, stops the server and removes the directory if
-// StartServer created it. It is safe to call more than once.
-func (e *Etcd) Close() {
-	e.closeOnce.Do(func() {
-		if e.client != nil {
-			e.client.Close()
-		}
-		if e.server != nil {
-			e.server.Close()
-		}
-		if e.removeDir {
-			os.RemoveAll(e.dir)
-		}
-	})
-}
-
-// start launches the server, waits until it is ready and connects a client.
-func (e *Etcd) start(ctx context.Context) error {
-	cfg, err := config(e.dir)
-	if err != nil {
-		return err
-	}
-	if e.server, err = embed.StartEtcd(cfg); err != nil {
-		return fmt.Errorf("etcdtest: start: %w", err)
-	}
-	if err := e.waitReady(ctx); err != nil {
-		return err
-	}
-	for _, l := range e.server.Clients {
-		e.endpoints = append(e.endpoints, "http://"+l.Addr().String())
-	}
-	e.client, err = clientv3.New(clientv3.Config{
-		Endpoints:   e.endpoints,
-		DialTimeout: dialTimeout,
-		Logger:      zap.NewNop(),
-	})
-	if err != nil {
-		return fmt.Errorf("etcdtest: client: %w", err)
-	}
-	return nil
-}
-
-// waitReady waits until the server has joined its one-member cluster and
-// serves, it fails, readyTimeout passes, or ctx ends.
-func (e *Etcd) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
-	select {
-	case <-e.server.Server.ReadyNotify():
-		return nil
-	case err := <-e.server.Err():
-		return fmt.Errorf("etcdtest: server failed during start: %w", err)
-	case <-ctx.Done():
-		return fmt.Errorf("etcdtest: server not ready: %w", ctx.Err())
-	}
-}
-
-// config returns a quiet single-member configuration on 127.0.0.1 ports
-// picked by the kernel, with data in dir.
-func config(dir string) (*embed.Config, error) {
-	u, err := url.Parse(anyPort)
-	if err != nil {
-		return nil, fmt.Errorf("etcdtest: %w", err)
-	}
-	cfg := embed.NewConfig()
-	cfg.Name = memberName
-	cfg.Dir = dir
-	cfg.ListenPeerUrls = []url.URL{*u}
-	cfg.AdvertisePeerUrls = []url.URL{*u}
-	cfg.ListenClientUrls = []url.URL{*u}
-	cfg.AdvertiseClientUrls = []url.URL{*u}
-	cfg.InitialCluster = memberName + "=" + anyPort
-	cfg.LogLevel = "panic" // shutdown otherwise logs expected errors at warn and error
-	cfg.UnsafeNoFsync = true
-	return cfg, nil
 }

@@ -3,8 +3,6 @@ package etcdtest
 import (
 	"context"
 	"net/url"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,7 +19,7 @@ func TestStart(t *testing.T) {
 	})
 	t.Run("OwnClient", func(t *testing.T) {
 		e := Start(t)
-		c, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: dialTimeout})
+		c, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second})
 		if err != nil {
 			t.Fatalf("New(%v) = %v", e.Endpoints(), err)
 		}
@@ -41,38 +39,6 @@ func TestStart(t *testing.T) {
 			t.Fatalf("Get(k) on second server = %q, want none", got)
 		}
 	})
-}
-
-func TestStartServer(t *testing.T) {
-	t.Run("TempDir", func(t *testing.T) {
-		e := startServer(t, "")
-		e.Close()
-		if _, err := os.Stat(e.dir); !os.IsNotExist(err) {
-			t.Fatalf("Stat(%s) after Close = %v, want not exist", e.dir, err)
-		}
-		e.Close() // a second Close is harmless
-	})
-	t.Run("ReuseDir", func(t *testing.T) {
-		dir := filepath.Join(t.TempDir(), "dev")
-		first := startServer(t, dir)
-		put(t, first.Client(), "k", "kept")
-		first.Close()
-		second := startServer(t, dir)
-		if got := get(t, second.Client(), "k"); got != "kept" {
-			t.Fatalf("Get(k) after restart = %q, want %q", got, "kept")
-		}
-	})
-}
-
-// startServer starts a server in dir, closed at the end of the test.
-func startServer(t *testing.T, dir string) *Etcd {
-	t.Helper()
-	e, err := StartServer(context.Background(), dir)
-	if err != nil {
-		t.Fatalf("StartServer(%q) = %v", dir, err)
-	}
-	t.Cleanup(e.Close)
-	return e
 }
 
 // put writes key, failing the test on error.

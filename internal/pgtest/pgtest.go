@@ -3,8 +3,8 @@
 // With DATABASE_URL set (CI: postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable,
 // trust auth) databases are created on that server, if it has room for a
 // test binary's connections (serverConnsMin free ones). Otherwise the first
-// NewDB in a test binary starts one throwaway cluster from the local
-// Postgres binaries (apt-get install postgresql), shared by the whole binary.
+// NewDB in a test binary starts one throwaway cluster (internal/pgcluster)
+// from the local Postgres binaries, shared by the whole binary.
 //
 // Every package that calls NewDB must stop that cluster when its tests end:
 //
@@ -26,6 +26,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardstock/shardstock/internal/pgcluster"
 )
 
 const (
@@ -54,7 +56,7 @@ var (
 	// shared is the throwaway cluster of this test binary.
 	shared struct {
 		once    sync.Once
-		cluster *Cluster
+		cluster *pgcluster.Cluster
 		err     error
 	}
 	// checked holds, by DATABASE_URL, whether its server had room when
@@ -134,7 +136,7 @@ func serverURL() (string, error) {
 // clusterURL returns the shared cluster's URL, starting it on first use.
 func clusterURL() (string, error) {
 	shared.once.Do(func() {
-		shared.cluster, shared.err = StartCluster(context.Background(), "")
+		shared.cluster, shared.err = pgcluster.Start(context.Background(), "")
 	})
 	if shared.err != nil {
 		return "", shared.err

@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/pgcluster"
 )
 
 func TestMain(m *testing.M) { Main(m) }
@@ -93,63 +94,15 @@ func testNewDB(t *testing.T) {
 	})
 }
 
-// TestStartCluster checks the cluster used by NewDB and by `make run`.
-func TestStartCluster(t *testing.T) {
-	t.Run("TempDir", func(t *testing.T) {
-		c := startCluster(t, "")
-		var one int
-		scanOne(t, connect(t, c.URL()), &one, "SELECT 1")
-		dir := c.dir
-		if err := c.Stop(); err != nil {
-			t.Fatalf("Stop() = %v, want nil", err)
-		}
-		if _, err := os.Stat(dir); !os.IsNotExist(err) {
-			t.Fatalf("Stat(%s) after Stop = %v, want not exist", dir, err)
-		}
-		if conn, err := pgx.Connect(context.Background(), c.URL()); err == nil {
-			conn.Close(context.Background())
-			t.Fatalf("Connect after Stop = nil error, want refused")
-		}
-		if err := c.Stop(); err != nil {
-			t.Fatalf("second Stop() = %v, want nil", err)
-		}
-	})
-	t.Run("ReuseDir", func(t *testing.T) {
-		// Not t.TempDir: its 0700 parents would lock out the postgres user,
-		// which needs to search every parent of the cluster directory.
-		parent, err := os.MkdirTemp("", "pgtest-reuse-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(parent) })
-		if err := os.Chmod(parent, 0o755); err != nil { // let postgres reach dev/
-			t.Fatal(err)
-		}
-		dir := filepath.Join(parent, "dev") // StartCluster creates missing dirs
-
-		first := startCluster(t, dir)
-		execSQL(t, connect(t, first.URL()), "CREATE TABLE kept (n int)")
-		if err := first.Stop(); err != nil {
-			t.Fatalf("Stop() = %v, want nil", err)
-		}
-		second := startCluster(t, dir)
-		var kept string
-		scanOne(t, connect(t, second.URL()), &kept, "SELECT to_regclass('kept')::text")
-		if kept != "kept" {
-			t.Fatalf("to_regclass('kept') after restart = %q, want %q", kept, "kept")
-		}
-	})
-}
-
 // TestServerURL_Room checks that DATABASE_URL's server is used only while
 // it has room for a test binary's connections, on a cluster of few
 // connections whose free ones the test takes one by one.
 func TestServerURL_Room(t *testing.T) {
 	const maxConns = 10
 	ctx := context.Background()
-	c, err := startClusterConns(ctx, "", maxConns)
+	c, err := pgcluster.StartMaxConns(ctx, "", maxConns)
 	if err != nil {
-		t.Fatalf("startClusterConns(max_connections %d) = %v", maxConns, err)
+		t.Fatalf("StartMaxConns(max_connections %d) = %v", maxConns, err)
 	}
 	t.Cleanup(func() { c.Stop() })
 	var reserved int
@@ -204,17 +157,6 @@ func TestWithDatabase(t *testing.T) {
 			t.Errorf("withDatabase(%q) = %q, %v; want %q", tt.server, got, err, tt.want)
 		}
 	}
-}
-
-// startCluster starts a cluster in dir, stopped at the end of the test.
-func startCluster(t *testing.T, dir string) *Cluster {
-	t.Helper()
-	c, err := StartCluster(context.Background(), dir)
-	if err != nil {
-		t.Fatalf("StartCluster(%q) = %v", dir, err)
-	}
-	t.Cleanup(func() { c.Stop() })
-	return c
 }
 
 // connect opens a connection closed at the end of the test.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/internal/faultproxy"
+	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/shard"
@@ -229,7 +230,7 @@ func TestShard_PostgresCrash(t *testing.T) {
 		t.Skip("crashes a Postgres of its own")
 	}
 	const crashes = 6
-	cluster, err := pgtest.StartCluster(context.Background(), "")
+	cluster, err := pgcluster.Start(context.Background(), "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,9 +29,10 @@ import (
 	"github.com/shardstock/shardstock/internal/cli"
 	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
 	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
-	"github.com/shardstock/shardstock/internal/etcdtest"
-	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/etcdembed"
+	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/proc"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -91,7 +91,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	dbURL := getenv("DATABASE_URL")
 	if dbURL == "" {
 		fmt.Fprintln(stderr, "dev: DATABASE_URL is not set: starting a throwaway Postgres cluster")
-		c, err := pgtest.StartCluster(ctx, "")
+		c, err := pgcluster.Start(ctx, "")
 		if err != nil {
 			return fmt.Errorf("no Postgres: set DATABASE_URL, or install the PostgreSQL server (Debian: apt-get install postgresql): %w", err)
 		}
@@ -100,7 +100,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	etcd := getenv("ETCD_ENDPOINTS")
 	if etcd == "" {
-		e, err := etcdtest.StartServer(ctx, "")
+		e, err := etcdembed.Start(ctx, "")
 		if err != nil {
 			return fmt.Errorf("embedded etcd: %w", err)
 		}
@@ -189,10 +189,9 @@ func randomToken() string {
 
 // children are the stack's processes. They stop when the context they
 // were started under ends, or at stop: each gets SIGTERM, and SIGKILL if
-// it has not exited within stopTimeout (exec.Cmd's Cancel and WaitDelay).
-// On Linux each also gets SIGKILL from the kernel if this process dies
-// first (childSysProcAttr), so that no way of ending the stack, SIGKILL
-// included, leaves a server holding the port.
+// it has not exited within stopTimeout (internal/proc). On Linux each also
+// gets SIGKILL from the kernel if this process dies first, so that no way
+// of ending the stack, SIGKILL included, leaves a server holding the port.
 type children struct {
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -211,11 +210,11 @@ func newChildren(ctx context.Context, n int) *children {
 // start starts one child whose output goes to w, each line prefixed by
 // its name.
 func (k *children) start(self string, env []string, w io.Writer, name string, args ...string) error {
-	cmd := exec.CommandContext(k.ctx, self, args...)
+	cmd := proc.Command(k.ctx, syscall.SIGTERM, stopTimeout, self, args...)
 	cmd.Env = env
-	cmd.SysProcAttr = childSysProcAttr()
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = stopTimeout
+	// SIGKILL if this process dies first (a crash, SIGKILL), so that no
+	// way of ending the stack leaves a server holding the port.
+	cmd.DieWithParent(syscall.SIGKILL)
 	out := &prefixWriter{w: w, prefix: "[" + name + "] "}
 	// One writer for both: exec copies them in one goroutine.
 	cmd.Stdout, cmd.Stderr = out, out
@@ -225,12 +224,10 @@ func (k *children) start(self string, env []string, w io.Writer, name string, ar
 	k.wg.Add(1)
 	go func() {
 		defer k.wg.Done()
-		cmd.Wait()
+		err := cmd.Wait()
 		out.flush()
-		if st := cmd.ProcessState; st != nil && k.ctx.Err() != nil {
-			if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
-				fmt.Fprintf(w, "dev: %s did not stop within %s of SIGTERM: killed\n", name, stopTimeout)
-			}
+		if st := cmd.ProcessState; st != nil && k.ctx.Err() != nil && proc.Killed(st) {
+			fmt.Fprintf(w, "dev: %s: %v\n", name, err)
 		}
 		k.exited <- name
 	}()

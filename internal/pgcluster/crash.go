@@ -1,17 +1,11 @@
-package pgtest
+package pgcluster
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"path/filepath"
 	"syscall"
-	"time"
 )
-
-// crashTimeout bounds the wait for the server to exit after SIGQUIT.
-const crashTimeout = 30 * time.Second
 
 // Crash stops the server the way a crash does: SIGQUIT to the postmaster,
 // which is what `pg_ctl stop -m immediate` sends. Every backend exits at
@@ -20,19 +14,9 @@ const crashTimeout = 30 * time.Second
 // transaction ids that never reached it are handed out again.
 func (c *Cluster) Crash() error {
 	if c.cmd == nil || c.exited == nil {
-		return errors.New("pgtest: crash: server not running")
+		return errors.New("pgcluster: crash: server not running")
 	}
-	if err := c.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgtest: crash postgres: %w", err)
-	}
-	select {
-	case <-c.exited:
-		return nil
-	case <-time.After(crashTimeout):
-		c.cmd.Process.Kill()
-		<-c.exited
-		return fmt.Errorf("pgtest: postgres ignored SIGQUIT for %v; killed", crashTimeout)
-	}
+	return c.stopWith(syscall.SIGQUIT)
 }
 
 // Restart starts the server again on its data directory and port, after
@@ -43,7 +27,7 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	select {
 	case <-c.exited:
 	default:
-		return errors.New("pgtest: restart: server still running")
+		return errors.New("pgcluster: restart: server still running")
 	}
 	binDir, err := findBinDir()
 	if err != nil {

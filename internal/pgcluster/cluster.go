@@ -1,8 +1,11 @@
-package pgtest
+// Package pgcluster runs a throwaway Postgres server from the local
+// binaries (apt-get install postgresql): for tests (internal/pgtest starts
+// one per test binary) and for local development (`make run`, the load
+// generator). It imports no testing code, so that commands may link it.
+package pgcluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -16,6 +19,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/proc"
 )
 
 const (
@@ -28,8 +33,9 @@ const (
 	superuser = "postgres"
 	// osUser runs the server when we are root: postgres refuses to run as root.
 	osUser = "postgres"
-	// maxConnections leaves room for many parallel tests, each with a pool.
-	maxConnections = 300
+	// MaxConnsDefault is Start's max_connections: room for many parallel
+	// tests, each with a pool.
+	MaxConnsDefault = 300
 	// portAttemptsMax bounds retries when another process takes the free
 	// port between our probe and the server's bind.
 	portAttemptsMax = 3
@@ -37,7 +43,8 @@ const (
 	readyPollInterval = 50 * time.Millisecond
 	// startTimeout bounds initdb plus server start (about 1.5 s normally).
 	startTimeout = 60 * time.Second
-	// stopTimeout bounds a fast shutdown (SIGINT) before we SIGKILL.
+	// stopTimeout bounds a fast shutdown (SIGINT), or an immediate one
+	// (SIGQUIT, Crash), before we SIGKILL.
 	stopTimeout = 30 * time.Second
 )
 
@@ -49,25 +56,26 @@ type Cluster struct {
 	port      int
 	dir       string
 	removeDir bool
-	cmd       *exec.Cmd
+	cmd       *proc.Cmd
 	exited    chan struct{} // closed once the server process has exited
 	waitErr   error         // valid after exited is closed
 	stopOnce  sync.Once
 	stopErr   error
 }
 
-// StartCluster initialises a cluster in dir/data (unless dir already holds
-// one, which is reused) and starts it; it returns once the server accepts
+// Start initialises a cluster in dir/data (unless dir already holds one,
+// which is reused) and starts it; it returns once the server accepts
 // connections or ctx ends. An empty dir means a new temporary directory,
 // removed by Stop. The server runs with fsync=off: fine for tests and local
 // development, never for data you want to keep. The caller must call Stop;
-// if the calling process dies first, the server gets SIGINT from the kernel.
-func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
-	return startClusterConns(ctx, dir, maxConnections)
+// if the calling process dies first, the server gets SIGINT from the kernel
+// (on Linux).
+func Start(ctx context.Context, dir string) (*Cluster, error) {
+	return StartMaxConns(ctx, dir, MaxConnsDefault)
 }
 
-// startClusterConns is StartCluster with max_connections set to maxConns.
-func startClusterConns(ctx context.Context, dir string, maxConns int) (*Cluster, error) {
+// StartMaxConns is Start with max_connections set to maxConns.
+func StartMaxConns(ctx context.Context, dir string, maxConns int) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	binDir, err := findBinDir()
@@ -76,8 +84,8 @@ func startClusterConns(ctx context.Context, dir string, maxConns int) (*Cluster,
 	}
 	c := &Cluster{dir: dir, maxConns: maxConns}
 	if c.dir == "" {
-		if c.dir, err = os.MkdirTemp("", "pgtest-"); err != nil {
-			return nil, fmt.Errorf("pgtest: %w", err)
+		if c.dir, err = os.MkdirTemp("", "pgcluster-"); err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
 		}
 		c.removeDir = true
 	}
@@ -92,7 +100,7 @@ func startClusterConns(ctx context.Context, dir string, maxConns int) (*Cluster,
 func (c *Cluster) URL() string { return c.url }
 
 // Stop shuts the server down (fast shutdown, SIGKILL after stopTimeout) and
-// removes the directory if StartCluster created it. It is safe to call more
+// removes the directory if Start created it. It is safe to call more
 // than once; later calls return the first call's result.
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
@@ -137,10 +145,10 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 	logPath := filepath.Join(c.dir, "postgres.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgcluster: %w", err)
 	}
 	defer logFile.Close() // the child keeps its own copy of the descriptor
-	c.cmd = exec.Command(filepath.Join(binDir, "postgres"),
+	c.cmd = proc.Command(context.Background(), os.Interrupt, stopTimeout, filepath.Join(binDir, "postgres"),
 		"-D", dataDir,
 		"-p", strconv.Itoa(port),
 		"-k", c.dir, // own socket dir: a system server may own /var/run/postgresql
@@ -149,9 +157,14 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 		"-c", "max_connections="+strconv.Itoa(c.maxConns),
 	)
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
-	c.cmd.SysProcAttr = serverSysProcAttr(cred)
+	// Its own process group, so that a terminal's Ctrl-C reaches only our
+	// process (which then calls Stop); SIGINT if we die first, so that a
+	// parent that crashes, or is killed by a test timeout, does not leave
+	// the server running.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	c.cmd.DieWithParent(syscall.SIGINT)
 	if err := c.cmd.Start(); err != nil {
-		return fmt.Errorf("pgtest: start postgres: %w", err)
+		return fmt.Errorf("pgcluster: start postgres: %w", err)
 	}
 	c.exited = make(chan struct{})
 	go func() {
@@ -176,9 +189,9 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-c.exited:
-			return fmt.Errorf("pgtest: postgres exited during start: %v", c.waitErr)
+			return fmt.Errorf("pgcluster: postgres exited during start: %v", c.waitErr)
 		case <-ctx.Done():
-			return fmt.Errorf("pgtest: postgres not ready: %w (last error: %v)", ctx.Err(), err)
+			return fmt.Errorf("pgcluster: postgres not ready: %w (last error: %v)", ctx.Err(), err)
 		case <-time.After(readyPollInterval):
 		}
 	}
@@ -186,24 +199,24 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 
 // stopServer sends SIGINT (fast shutdown: abort sessions, then exit
 // cleanly) and waits, falling back to SIGKILL after stopTimeout.
-func (c *Cluster) stopServer() error {
+func (c *Cluster) stopServer() error { return c.stopWith(os.Interrupt) }
+
+// stopWith sends the server sig and waits for it to exit, killing it after
+// stopTimeout. A server that had exited already is no error; one that had
+// to be killed is.
+func (c *Cluster) stopWith(sig os.Signal) error {
 	if c.cmd == nil || c.exited == nil {
 		return nil
 	}
-	if err := c.cmd.Process.Signal(os.Interrupt); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgtest: stop postgres: %w", err)
+	c.cmd.StopWith(sig)
+	<-c.exited
+	if proc.Killed(c.cmd.ProcessState) {
+		return fmt.Errorf("pgcluster: %w", c.waitErr)
 	}
-	select {
-	case <-c.exited:
-		return nil
-	case <-time.After(stopTimeout):
-		c.cmd.Process.Kill()
-		<-c.exited
-		return fmt.Errorf("pgtest: postgres ignored SIGINT for %v; killed", stopTimeout)
-	}
+	return nil
 }
 
-// cleanDir removes the directory if StartCluster created it.
+// cleanDir removes the directory if Start created it.
 func (c *Cluster) cleanDir() {
 	if c.removeDir {
 		os.RemoveAll(c.dir)
@@ -231,7 +244,7 @@ func findBinDir() (string, error) {
 	if initdb, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(initdb), nil
 	}
-	return "", fmt.Errorf("pgtest: no Postgres server binaries (initdb, postgres) under %s/*/bin or on PATH; "+
+	return "", fmt.Errorf("pgcluster: no Postgres server binaries (initdb, postgres) under %s/*/bin or on PATH; "+
 		"install them with: %s (or set DATABASE_URL to a server with trust auth)", pgLibDir, installHint)
 }
 
@@ -249,13 +262,13 @@ func serverCredential() (*syscall.Credential, error) {
 	}
 	u, err := user.Lookup(osUser)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: running as root needs OS user %q to run postgres (%s creates it): %w",
+		return nil, fmt.Errorf("pgcluster: running as root needs OS user %q to run postgres (%s creates it): %w",
 			osUser, installHint, err)
 	}
 	uid, errU := strconv.ParseUint(u.Uid, 10, 32)
 	gid, errG := strconv.ParseUint(u.Gid, 10, 32)
 	if errU != nil || errG != nil {
-		return nil, fmt.Errorf("pgtest: user %q has non-numeric uid %q or gid %q", osUser, u.Uid, u.Gid)
+		return nil, fmt.Errorf("pgcluster: user %q has non-numeric uid %q or gid %q", osUser, u.Uid, u.Gid)
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
 }
@@ -265,13 +278,13 @@ func serverCredential() (*syscall.Credential, error) {
 // server its socket in it.
 func ownDir(dir string, cred *syscall.Credential) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgcluster: %w", err)
 	}
 	if cred == nil {
 		return nil
 	}
 	if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgcluster: %w", err)
 	}
 	return nil
 }
@@ -291,7 +304,7 @@ func initDB(ctx context.Context, binDir, dataDir string, cred *syscall.Credentia
 			hint = fmt.Sprintf("(initdb runs as OS user %s, which needs search permission on every parent of %s)\n",
 				osUser, dataDir)
 		}
-		return fmt.Errorf("pgtest: initdb %s: %w\n%s%s", dataDir, err, hint, out)
+		return fmt.Errorf("pgcluster: initdb %s: %w\n%s%s", dataDir, err, hint, out)
 	}
 	return nil
 }
@@ -301,7 +314,7 @@ func initDB(ctx context.Context, binDir, dataDir string, cred *syscall.Credentia
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, fmt.Errorf("pgtest: pick a port: %w", err)
+		return 0, fmt.Errorf("pgcluster: pick a port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil

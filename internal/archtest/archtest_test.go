@@ -1,0 +1,190 @@
+package archtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// module is the module's path; the map below names packages without it.
+const module = "github.com/shardstock/shardstock/"
+
+// layers is the map of docs/architecture.md ("Import directions"): each
+// entry is a package path prefix (the longest match wins) and its layer.
+// A package's own code may import packages of lower layers and those of
+// its own entry, never higher or sideways. Layer test marks the
+// test-support packages: only tests and other test-support packages may
+// import them, and only they may import "testing".
+var layers = map[string]int{
+	"internal/stock": 0, // the domain
+	"internal/batch": 0,
+	"internal/proc":  0,
+
+	"internal/ledger":     1, // pure logic over the domain
+	"internal/rebalance":  1,
+	"gen":                 1, // the API's generated types and Connect stubs
+	"internal/pgcluster":  1, // the throwaway Postgres and the embedded etcd
+	"internal/etcdembed":  1,
+	"internal/postgres":   2, // adapters: pgx, etcd, Connect
+	"internal/topology":   2,
+	"internal/rpc":        2,
+	"internal/shard":      3, // the services
+	"internal/allocator":  3,
+	"internal/api":        4, // handlers, and what the commands share
+	"internal/cli":        4,
+	"internal/cmd":        5, // each command's Run
+	"internal/cmd/devcmd": 6, // dev tools: make run, the load generator
+	"internal/loadgen":    6,
+	"internal/baseline":   7, // the load generator's Postgres baselines
+	"cmd":                 8, // mains
+
+	"internal/pgtest":              test,
+	"internal/etcdtest":            test,
+	"internal/faultproxy":          test,
+	"internal/loadgen/loadgentest": test,
+	"internal/e2e":                 test,
+	"internal/archtest":            test,
+}
+
+// test is the layer of test-support packages.
+const test = -1
+
+// sideways are imports against the map that are known and due to go:
+// importer -> imported, and why.
+var sideways = map[[2]string]string{
+	{"internal/cmd/allocatorcmd", "internal/cmd/shardcmd"}: "shardcmd.Node belongs with the shard server (issue 11)",
+}
+
+// infrastructure are the module paths the domain must not depend on, even
+// indirectly.
+var infrastructure = []string{
+	"github.com/jackc/",
+	"connectrpc.com/",
+	"go.etcd.io/",
+	"github.com/prometheus/",
+	"google.golang.org/grpc",
+}
+
+// pkg is what go list says of one package.
+type pkg struct {
+	ImportPath   string
+	Imports      []string // of its own code, not its tests
+	Deps         []string // the same, transitively
+	TestImports  []string
+	XTestImports []string
+}
+
+// listPackages runs go list on the whole module.
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-e", "-json=ImportPath,Imports,Deps,TestImports,XTestImports", "./...")
+	cmd.Dir = "../.."
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, &stderr)
+	}
+	var pkgs []pkg
+	for dec := json.NewDecoder(bytes.NewReader(out)); ; {
+		var p pkg
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		p.ImportPath = strings.TrimPrefix(p.ImportPath, module)
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found %d packages, want the whole module", len(pkgs))
+	}
+	return pkgs
+}
+
+// entry returns the map's entry for path (module-relative) and its layer.
+func entry(path string) (string, int, bool) {
+	best := ""
+	for prefix := range layers {
+		if (path == prefix || strings.HasPrefix(path, prefix+"/")) && len(prefix) > len(best) {
+			best = prefix
+		}
+	}
+	if best == "" {
+		return "", 0, false
+	}
+	return best, layers[best], true
+}
+
+// TestImports checks every package's imports against the map.
+func TestImports(t *testing.T) {
+	for _, p := range listPackages(t) {
+		from, fromLayer, ok := entry(p.ImportPath)
+		if !ok {
+			t.Errorf("%s is not in the import map: give it a layer in docs/architecture.md (\"Import directions\") and in internal/archtest", p.ImportPath)
+			continue
+		}
+		if from == "internal/stock" {
+			if infra := infraDeps(p); len(infra) > 0 {
+				t.Errorf("%s depends on %s (%d infrastructure packages in all): the domain imports no pgx, Connect, etcd or Prometheus",
+					p.ImportPath, infra[0], len(infra))
+			}
+		}
+		if fromLayer != test && slices.Contains(p.Imports, "testing") {
+			t.Errorf("%s imports testing: only tests and test-support packages may", p.ImportPath)
+		}
+		// A library that imports testing is found only through the
+		// commands' dependencies: their binaries must not link it.
+		if from == "cmd" && slices.Contains(p.Deps, "testing") {
+			t.Errorf("%s depends on package testing (go list -deps ./%s): a shipped binary links no test code", p.ImportPath, p.ImportPath)
+		}
+		for _, imp := range slices.Concat(p.Imports, p.TestImports, p.XTestImports) {
+			if strings.HasPrefix(imp, module+"cmd/") {
+				t.Errorf("%s imports %s: no package imports a command", p.ImportPath, imp)
+			}
+		}
+		for _, imp := range p.Imports {
+			rel, ours := strings.CutPrefix(imp, module)
+			if !ours {
+				continue
+			}
+			to, toLayer, ok := entry(rel)
+			switch {
+			case !ok: // reported as the package itself
+			case toLayer == test && fromLayer != test:
+				t.Errorf("%s imports %s, a test-support package: only tests may", p.ImportPath, rel)
+			case fromLayer == test || to == from:
+			case from == "internal/stock":
+				t.Errorf("%s imports %s: the domain imports no other package of the module", p.ImportPath, rel)
+			case toLayer >= fromLayer && sideways[[2]string{p.ImportPath, rel}] == "":
+				t.Errorf("%s (layer %d) imports %s (layer %d): imports go down the map in docs/architecture.md (\"Import directions\")",
+					p.ImportPath, fromLayer, rel, toLayer)
+			}
+		}
+	}
+}
+
+// infraDeps returns p's infrastructure dependencies, the ones it imports
+// itself first.
+func infraDeps(p pkg) []string {
+	isInfra := func(path string) bool {
+		return slices.ContainsFunc(infrastructure, func(prefix string) bool { return strings.HasPrefix(path, prefix) })
+	}
+	var direct, all []string
+	for _, d := range p.Imports {
+		if isInfra(d) {
+			direct = append(direct, d)
+		}
+	}
+	for _, d := range p.Deps {
+		if isInfra(d) && !slices.Contains(direct, d) {
+			all = append(all, d)
+		}
+	}
+	return append(direct, all...)
+}

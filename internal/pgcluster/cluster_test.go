@@ -1,0 +1,123 @@
+package pgcluster
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TestStart checks the cluster used by pgtest.NewDB and by `make run`.
+func TestStart(t *testing.T) {
+	t.Run("TempDir", func(t *testing.T) {
+		c := startCluster(t, "")
+		var one int
+		scanOne(t, connect(t, c.URL()), &one, "SELECT 1")
+		dir := c.dir
+		if err := c.Stop(); err != nil {
+			t.Fatalf("Stop() = %v, want nil", err)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Fatalf("Stat(%s) after Stop = %v, want not exist", dir, err)
+		}
+		if conn, err := pgx.Connect(context.Background(), c.URL()); err == nil {
+			conn.Close(context.Background())
+			t.Fatalf("Connect after Stop = nil error, want refused")
+		}
+		if err := c.Stop(); err != nil {
+			t.Fatalf("second Stop() = %v, want nil", err)
+		}
+	})
+	t.Run("CrashRestart", func(t *testing.T) {
+		c := startCluster(t, "")
+		conn := connect(t, c.URL())
+		execSQL(t, conn, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)")
+		if err := c.Crash(); err != nil {
+			t.Fatalf("Crash() = %v, want nil", err)
+		}
+		if err := c.Restart(context.Background()); err != nil {
+			t.Fatalf("Restart() after Crash = %v, want nil", err)
+		}
+		var n int
+		scanOne(t, connect(t, c.URL()), &n, "SELECT n FROM kept")
+		if n != 1 {
+			t.Fatalf("SELECT n FROM kept after crash recovery = %d, want 1", n)
+		}
+		if err := c.Stop(); err != nil {
+			t.Fatalf("Stop() after Restart = %v, want nil", err)
+		}
+	})
+	t.Run("ReuseDir", func(t *testing.T) {
+		// Not t.TempDir: its 0700 parents would lock out the postgres user,
+		// which needs to search every parent of the cluster directory.
+		parent, err := os.MkdirTemp("", "pgcluster-reuse-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(parent) })
+		if err := os.Chmod(parent, 0o755); err != nil { // let postgres reach dev/
+			t.Fatal(err)
+		}
+		dir := filepath.Join(parent, "dev") // Start creates missing dirs
+
+		first := startCluster(t, dir)
+		execSQL(t, connect(t, first.URL()), "CREATE TABLE kept (n int)")
+		if err := first.Stop(); err != nil {
+			t.Fatalf("Stop() = %v, want nil", err)
+		}
+		second := startCluster(t, dir)
+		var kept string
+		scanOne(t, connect(t, second.URL()), &kept, "SELECT to_regclass('kept')::text")
+		if kept != "kept" {
+			t.Fatalf("to_regclass('kept') after restart = %q, want %q", kept, "kept")
+		}
+	})
+}
+
+// startCluster starts a cluster in dir, stopped at the end of the test.
+func startCluster(t *testing.T, dir string) *Cluster {
+	t.Helper()
+	c, err := Start(context.Background(), dir)
+	if err != nil {
+		t.Fatalf("Start(%q) = %v", dir, err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	return c
+}
+
+// connect opens a connection closed at the end of the test.
+func connect(t *testing.T, dbURL string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatalf("Connect(%s) = %v", dbURL, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// execSQL runs statements that return no rows.
+func execSQL(t *testing.T, conn *pgx.Conn, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// scanOne runs a query returning one value into dst.
+func scanOne(t *testing.T, conn *pgx.Conn, dst any, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := conn.QueryRow(ctx, sql, args...).Scan(dst); err != nil {
+		t.Fatalf("%s: %v", strings.Join(strings.Fields(sql), " "), err)
+	}
+}
