@@ -30,9 +30,9 @@ const (
 	// skuCacheTTL is how long a SKU's configuration is trusted. The shard
 	// servers check status and limits in every batch regardless; the
 	// allocator uses its copy to route (the shard count, which nothing
-	// changes yet) and to word refusals. At 2 s, model C's 1000 SKUs cost a
-	// query for nearly every cold request (5,312 in one 8 s run); a change
-	// made through another allocator shows here within this TTL.
+	// changes yet) and to word refusals. A short TTL costs a cold SKU a
+	// query for nearly every request (docs/benchmarks.md measured it); a
+	// change made through another allocator shows here within this TTL.
 	skuCacheTTL = 10 * time.Second
 	// inTransitWait is the pause before retrying when the stock a request
 	// needs is in transit.

@@ -29,7 +29,7 @@ func ValidateKey(key string) error {
 	if len(key) > IdempotencyKeyLenMax {
 		return Errorf(CodeInvalidIdempotencyKey, "idempotency_key is longer than %d characters", IdempotencyKeyLenMax)
 	}
-	if !printable(key, false) {
+	if !isToken(key) {
 		return Errorf(CodeInvalidIdempotencyKey, "idempotency_key may hold only printable ASCII without spaces")
 	}
 	return nil
@@ -53,7 +53,7 @@ func ValidateText(field, s string, max int) error {
 	if len(s) > max {
 		return Errorf(CodeInvalidArgument, "%s is longer than %d characters", field, max)
 	}
-	if !printable(s, true) {
+	if !isText(s) {
 		return Errorf(CodeInvalidArgument, "%s holds a control character", field)
 	}
 	return nil
@@ -78,19 +78,23 @@ func ValidateShards(n int32) error {
 	return nil
 }
 
-// printable reports whether s has no control characters (and, unless
-// spaces, no spaces and nothing beyond ASCII).
-func printable(s string, spaces bool) bool {
+// isText reports whether s is free text: UTF-8 with no control characters
+// (C0, DEL, C1) and no invalid bytes. Spaces and any letters are allowed.
+func isText(s string) bool {
 	for _, r := range s {
-		switch {
-		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0):
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == 0xfffd {
 			return false
-		case r == ' ' && !spaces:
+		}
+	}
+	return true
+}
+
+// isToken reports whether s is an identifier: visible ASCII only (0x21 to
+// 0x7e), no spaces.
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > 0x7e {
 			return false
-		case r > 0x7e && !spaces:
-			return false
-		case r == 0xfffd:
-			return false // invalid UTF-8
 		}
 	}
 	return true
@@ -132,7 +136,7 @@ func ValidateRequest(r *Request) error {
 			return Errorf(CodeReservationNotFound, "reservation_id names another shard")
 		}
 	case OpTransferOut, OpTransferIn:
-		if r.TransferID == "" || len(r.TransferID) > TransferIDLenMax || !printable(r.TransferID, false) {
+		if r.TransferID == "" || len(r.TransferID) > TransferIDLenMax || !isToken(r.TransferID) {
 			return Errorf(CodeInvalidArgument, "transfer_id is empty, too long or not printable")
 		}
 	case OpExpire:
