@@ -16,9 +16,9 @@ import (
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/cli"
-	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -36,10 +36,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	shardID := fs.String("shard-id", getenv("SHARDSTOCK_LOCAL_SHARD_ID"), "also run a shard server with this id in this process: it takes its share of the partitions, serves other allocators on -shard-addr, and this allocator calls it without RPC (env SHARDSTOCK_LOCAL_SHARD_ID)")
 	shardAddr := fs.String("shard-addr", cli.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:0"), "with -shard-id, the internal listen address of its ShardService, which has no authentication and must not be the public one; port 0 picks one (env SHARDSTOCK_SHARD_ADDR)")
 	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "with -shard-id, the address other allocators dial; default: the -shard-addr listener's address (env SHARDSTOCK_ADVERTISE)")
-	leaseTTL := fs.Duration("lease-ttl", shardcmd.LeaseTTLDefault, "with -shard-id, the etcd lease TTL of its shard server")
+	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "with -shard-id, the etcd lease TTL of its shard server")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
-	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardcmd.RequireSyncStandbyUsage)
+	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -69,10 +69,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	services := []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}
 	acfg := allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg}
-	var node *shardcmd.Node
+	var node *shardnode.Node
 	var shardLis net.Listener
 	if *shardID != "" {
-		if err := shardcmd.CheckDurability(ctx, db, *requireSync, log); err != nil {
+		if err := shardnode.CheckDurability(ctx, db, *requireSync, log); err != nil {
 			return err
 		}
 		// The ShardService answers any caller: it gets a listener of its
@@ -84,7 +84,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if *advertise == "" {
 			*advertise = shardLis.Addr().String()
 		}
-		node = shardcmd.NewNode(shardcmd.NodeConfig{ID: *shardID, Advertise: *advertise, DB: db, Etcd: client,
+		node = shardnode.New(shardnode.Config{ID: *shardID, Advertise: *advertise, DB: db, Etcd: client,
 			LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
 		acfg.Local, acfg.LocalID = node.Server, *shardID
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cli"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/shardnode"
 )
 
 // Run runs the command until ctx ends; args are the command-line arguments
@@ -26,11 +27,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	id := fs.String("id", cli.Env(getenv, "SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
-	leaseTTL := fs.Duration("lease-ttl", LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long")
+	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long")
 	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
-	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", RequireSyncStandbyUsage)
+	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -51,14 +52,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer proc.Close()
 	db, client, lis, reg := proc.DB, proc.Etcd, proc.Listener, proc.Registry
-	if err := CheckDurability(ctx, db, *requireSync, log); err != nil {
+	if err := shardnode.CheckDurability(ctx, db, *requireSync, log); err != nil {
 		return err
 	}
 	if *advertise == "" {
 		*advertise = lis.Addr().String()
 	}
 
-	node := NewNode(NodeConfig{ID: *id, Advertise: *advertise, DB: db, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
+	node := shardnode.New(shardnode.Config{ID: *id, Advertise: *advertise, DB: db, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
 
 	// Shut down in reverse: stop serving, leave the topology (others take
 	// the partitions at once), stop the writers, close the database.

@@ -1,4 +1,9 @@
-package shardcmd
+// Package shardnode wires a shard server into a process: the server, its
+// member of the topology (etcd), its ShardService handler, and the check of
+// the database's durability settings it makes before taking partitions.
+// cmd/shard runs a node on its own; an allocator with -shard-id runs one
+// beside itself.
+package shardnode
 
 import (
 	"context"
@@ -21,8 +26,8 @@ import (
 // server's partitions move after about this long.
 const LeaseTTLDefault = 5 * time.Second
 
-// NodeConfig configures a Node.
-type NodeConfig struct {
+// Config configures a Node.
+type Config struct {
 	ID        string // unique among shard servers
 	Advertise string // the address allocators dial
 	DB        *postgres.DB
@@ -40,8 +45,8 @@ type Node struct {
 	member *topology.Member
 }
 
-// NewNode returns a node; Run starts it.
-func NewNode(cfg NodeConfig) *Node {
+// New returns a node; Run starts it.
+func New(cfg Config) *Node {
 	srv := shard.New(shard.Config{ServerID: cfg.ID, DB: cfg.DB, Logger: cfg.Logger, Registerer: cfg.Registry})
 	return &Node{
 		Server: srv,

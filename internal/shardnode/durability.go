@@ -1,4 +1,4 @@
-package shardcmd
+package shardnode
 
 import (
 	"context"
