@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -56,7 +55,7 @@ const (
 
 // Config configures an Allocator.
 type Config struct {
-	DB *postgres.DB
+	DB Store
 	// Topology returns the current view of shard servers and owners.
 	Topology func() topology.View
 	// HTTPClient reaches the shard servers (cleartext HTTP/2); the default
@@ -80,7 +79,7 @@ type LocalServer interface {
 
 // Allocator routes requests over the shard servers.
 type Allocator struct {
-	db      *postgres.DB
+	db      Store
 	topo    func() topology.View
 	hc      *http.Client
 	log     *slog.Logger

@@ -362,7 +362,7 @@ func TestAllocator_Take(t *testing.T) {
 			t.Errorf("ListTransfers(limited) = %d, %v, want none", len(ts), err)
 		}
 		paused := true
-		if _, err := s.alloc.UpdateSKU(ctx, "limited", postgres.SKUUpdate{Paused: &paused}); err != nil {
+		if _, err := s.alloc.UpdateSKU(ctx, "limited", stock.SKUUpdate{Paused: &paused}); err != nil {
 			t.Fatal(err)
 		}
 		if res := take(s.alloc, deduct("limited", "p", 1)); codeOf(res) != stock.CodeSKUPaused {
@@ -602,14 +602,14 @@ func TestAllocator_Admin(t *testing.T) {
 		for _, tc := range []struct {
 			name string
 			sku  string
-			u    postgres.SKUUpdate
+			u    stock.SKUUpdate
 			want stock.Code
 		}{
-			{"NoName", "", postgres.SKUUpdate{Paused: &yes}, stock.CodeInvalidSKU},
-			{"NegativeMaxPerOrder", "admin", postgres.SKUUpdate{MaxPerOrder: &neg}, stock.CodeInvalidArgument},
-			{"NegativeCustomerLimit", "admin", postgres.SKUUpdate{CustomerLimit: &neg}, stock.CodeInvalidArgument},
-			{"Unknown", "nosuch", postgres.SKUUpdate{Paused: &yes}, stock.CodeSKUNotFound},
-			{"OK", "admin", postgres.SKUUpdate{MaxPerOrder: &three}, ""},
+			{"NoName", "", stock.SKUUpdate{Paused: &yes}, stock.CodeInvalidSKU},
+			{"NegativeMaxPerOrder", "admin", stock.SKUUpdate{MaxPerOrder: &neg}, stock.CodeInvalidArgument},
+			{"NegativeCustomerLimit", "admin", stock.SKUUpdate{CustomerLimit: &neg}, stock.CodeInvalidArgument},
+			{"Unknown", "nosuch", stock.SKUUpdate{Paused: &yes}, stock.CodeSKUNotFound},
+			{"OK", "admin", stock.SKUUpdate{MaxPerOrder: &three}, ""},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				got, err := s.alloc.UpdateSKU(ctx, tc.sku, tc.u)

@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/shardstock/shardstock/internal/ledger"
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -151,7 +150,7 @@ func (a *Allocator) CreateSKU(ctx context.Context, s stock.SKU, initial int64) (
 }
 
 // UpdateSKU pauses or resumes a SKU or changes its limits.
-func (a *Allocator) UpdateSKU(ctx context.Context, name string, u postgres.SKUUpdate) (*stock.SKU, error) {
+func (a *Allocator) UpdateSKU(ctx context.Context, name string, u stock.SKUUpdate) (*stock.SKU, error) {
 	if err := stock.ValidateSKU(name); err != nil {
 		return nil, err
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/ledger"
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -31,7 +30,7 @@ const (
 type Admin interface {
 	Inventory
 	CreateSKU(ctx context.Context, s stock.SKU, initial int64) (*allocator.Stock, error)
-	UpdateSKU(ctx context.Context, name string, u postgres.SKUUpdate) (*stock.SKU, error)
+	UpdateSKU(ctx context.Context, name string, u stock.SKUUpdate) (*stock.SKU, error)
 	// ListLedger returns up to limit entries of a SKU with ids above after.
 	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
 	// ListTransfers returns up to limit transfers of a SKU with ids above after.
@@ -83,7 +82,7 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 // UpdateSku pauses, resumes or changes limits.
 func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.UpdateSkuRequest]) (*connect.Response[v1.UpdateSkuResponse], error) {
 	m := req.Msg
-	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), postgres.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit})
+	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit})
 	if err != nil {
 		return nil, rpc.ToConnect(err)
 	}

@@ -13,113 +13,10 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// Errors of a batch transaction. Every one but ErrOutcomeUnknown means the
-// batch wrote nothing.
-var (
-	// ErrFenced: the partition's epoch in the database is not the writer's:
-	// another server took the partition over.
-	ErrFenced = errors.New("postgres: fenced: partition owned at another epoch")
-	// ErrConflict: another shard's batch took a key or a customer's quota
-	// concurrently; rerun the batch (the lookups will see it).
-	ErrConflict = errors.New("postgres: conflict with a concurrent batch")
-	// ErrDiverged: the shard row is not what the writer's memory says: an
-	// invariant violation (a second writer).
-	ErrDiverged = errors.New("postgres: shard row diverged from the writer's copy")
-	// ErrNotCommitted: the transaction failed before or at commit and is
-	// known not to have committed.
-	ErrNotCommitted = errors.New("postgres: batch not committed")
-	// ErrOutcomeUnknown: the commit's outcome could not be learnt.
-	ErrOutcomeUnknown = errors.New("postgres: batch commit outcome unknown")
-)
-
-// Fence identifies a writer: the partition it writes, the epoch it owns it
-// at, and its server.
-type Fence struct {
-	Partition int32
-	Epoch     int64
-	ServerID  string
-}
-
-// BatchQuery says what a batch must read before it decides.
-type BatchQuery struct {
-	Shard          stock.ShardKey
-	Keys           []string // idempotency keys of keyed requests
-	ReservationIDs []string // reservations committed or released
-	Customers      []string // customer refs of reserves and deducts
-	SweepMax       int      // >0: also read up to this many due holds
-	TransferIDs    []string // transfers stepped
-	// LoadShard: also read the shard's row, for a writer that has no copy
-	// of it yet (a cold shard's first batch costs no query of its own).
-	LoadShard bool
-}
-
-// BatchRead is what the batch read, inside its transaction.
-type BatchRead struct {
-	SKU          *stock.SKU // nil: no such SKU
-	Ops          map[string]*stock.Operation
-	Reservations map[string]*stock.Reservation
-	Due          []*stock.Reservation // held and expired, for the sweep
-	Usage        map[string]int64     // customer ref -> units held or bought
-	Transfers    map[string]*stock.Transfer
-	Now          time.Time // the database clock
-	// Counts is the shard's row as read under the fence, when the query
-	// asked (LoadShard); nil then means the shard does not exist.
-	Counts *stock.Counts
-	// HaltReason is why the loaded shard is halted ("" if it is not): its
-	// writer must refuse every write (see CheckShard).
-	HaltReason string
-}
-
-// BatchWrite is what the batch decided to write.
-type BatchWrite struct {
-	Ops             []*stock.Operation
-	NewReservations []*stock.Reservation
-	Ended           []ReservationEnd
-	UsageAdd        map[string]int64 // customer -> units (guarded by Limit)
-	UsageSub        map[string]int64 // customer -> units given back
-	UsageLimit      int64
-	Ledger          []*stock.LedgerEntry
-	Steps           []TransferStep
-	From, To        stock.Counts
-}
-
-// TransferStep moves one transfer from one state to the next.
-type TransferStep struct {
-	ID       string
-	From, To stock.TransferState
-}
-
-// ReservationEnd ends one held reservation.
-type ReservationEnd struct {
-	ID     string
-	State  stock.ReservationState
-	Reason string
-}
-
-// Empty reports whether the write changes nothing.
-func (w *BatchWrite) Empty() bool {
-	return len(w.Ops) == 0 && len(w.NewReservations) == 0 && len(w.Ended) == 0 && len(w.Ledger) == 0 &&
-		len(w.Steps) == 0 && len(w.UsageAdd) == 0 && len(w.UsageSub) == 0 && w.From == w.To
-}
-
-// Decide turns what a batch read into what it writes. It runs inside the
-// transaction and must be pure: it may run again on a retry.
-type Decide func(*BatchRead) (*BatchWrite, error)
-
-// Unit is one shard's batch within a group transaction: its writer's
-// fence, what it must read, and how it decides. Err is set for a unit that
-// was left out of the group's writes (fenced).
-type Unit struct {
-	Fence  Fence
-	Query  BatchQuery
-	Decide Decide
-	Err    error
-}
-
 // Batch runs one shard's batch: a group of one.
-func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) error {
-	u := &Unit{Fence: f, Query: q, Decide: decide}
-	if err := db.Group(ctx, []*Unit{u}); err != nil {
+func (db *DB) Batch(ctx context.Context, f stock.Fence, q stock.BatchQuery, decide stock.Decide) error {
+	u := &stock.Unit{Fence: f, Query: q, Decide: decide}
+	if err := db.Group(ctx, []*stock.Unit{u}); err != nil {
 		return err
 	}
 	return u.Err
@@ -132,14 +29,14 @@ func (db *DB) Batch(ctx context.Context, f Fence, q BatchQuery, decide Decide) e
 // reads or writes the rows of all units at once), so a group costs Postgres
 // about what one batch costs, and concurrent writers share one commit.
 //
-// A unit whose fence fails gets Err = ErrFenced and writes nothing; the
+// A unit whose fence fails gets Err = stock.ErrFenced and writes nothing; the
 // others go on. Any other failure is the group's: Group returns it and no
-// unit committed (ErrConflict, ErrDiverged, ErrNotCommitted, or an error of
-// a Decide), except ErrOutcomeUnknown, after which none is known.
-func (db *DB) Group(ctx context.Context, units []*Unit) (err error) {
+// unit committed (stock.ErrConflict, stock.ErrDiverged, stock.ErrNotCommitted, or an error of
+// a stock.Decide), except stock.ErrOutcomeUnknown, after which none is known.
+func (db *DB) Group(ctx context.Context, units []*stock.Unit) (err error) {
 	conn, err := db.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: acquire: %v", ErrNotCommitted, err)
+		return fmt.Errorf("%w: acquire: %v", stock.ErrNotCommitted, err)
 	}
 	defer func() {
 		// A transaction left open (refused, failed or empty) is rolled
@@ -184,8 +81,8 @@ func (db *DB) Group(ctx context.Context, units []*Unit) (err error) {
 
 // unitWrite is what one unit decided to write.
 type unitWrite struct {
-	u *Unit
-	w *BatchWrite
+	u *stock.Unit
+	w *stock.BatchWrite
 }
 
 // readGroup is the group's first round trip: BEGIN; the fences of every
@@ -193,10 +90,10 @@ type unitWrite struct {
 // batch after the takeover sees the new epoch), with the database clock; the SKUs; the
 // shard rows of the units that ask (LoadShard); the existing operations, reservations, transfers and customer usage of every
 // unit; the due holds of the units that sweep.
-func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead, error) {
+func readGroup(ctx context.Context, conn *pgx.Conn, units []*stock.Unit) ([]*stock.BatchRead, error) {
 	var parts []int32
 	var skus, keys, rids, tids, usageSKUs, usageCustomers []string
-	var sweeps []*Unit
+	var sweeps []*stock.Unit
 	var loadSKUs []string
 	var loadIdx []int32
 	for _, u := range units {
@@ -313,7 +210,7 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 			reservations[r.ID] = r
 		}
 	}
-	due := map[*Unit][]*stock.Reservation{}
+	due := map[*stock.Unit][]*stock.Reservation{}
 	for _, u := range sweeps {
 		if due[u], err = scanReservations(res); err != nil {
 			return nil, notCommitted("due reservations", err)
@@ -352,16 +249,16 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*Unit) ([]*BatchRead
 		return nil, notCommitted("read", err)
 	}
 
-	reads := make([]*BatchRead, len(units))
+	reads := make([]*stock.BatchRead, len(units))
 	for i, u := range units {
 		got, ok := fences[u.Fence.Partition]
 		if !ok || got.owner != u.Fence.ServerID || got.epoch != u.Fence.Epoch {
-			u.Err = fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", ErrFenced, u.Fence.Partition, got.owner, got.epoch, u.Fence.ServerID, u.Fence.Epoch)
+			u.Err = fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", stock.ErrFenced, u.Fence.Partition, got.owner, got.epoch, u.Fence.ServerID, u.Fence.Epoch)
 			continue
 		}
 		// Every unit sees every lookup: a key or a reservation of another
 		// unit is refused by the planner's own checks (SKU, shard).
-		read := &BatchRead{SKU: bySKU[u.Query.Shard.SKU], Ops: ops, Reservations: reservations, Due: due[u],
+		read := &stock.BatchRead{SKU: bySKU[u.Query.Shard.SKU], Ops: ops, Reservations: reservations, Due: due[u],
 			Usage: usage[u.Query.Shard.SKU], Transfers: transfers, Now: now}
 		if l := loaded[u.Query.Shard]; u.Query.LoadShard && l != nil {
 			read.Counts, read.HaltReason = &l.counts, l.halt
@@ -396,7 +293,7 @@ const (
 // committing is true when the error may have come from the COMMIT itself,
 // whose outcome must then be learnt.
 func writeGroup(ctx context.Context, conn *pgx.Conn, mark commitMark, writes []unitWrite) (committing bool, err error) {
-	var all BatchWrite
+	var all stock.BatchWrite
 	var shards []shardMove
 	var usageAdd, usageSub []usageDelta
 	epochs := make([]int64, 0)
@@ -473,7 +370,7 @@ func writeGroup(ctx context.Context, conn *pgx.Conn, mark commitMark, writes []u
 	}
 	// A COMMIT in a failed transaction answers ROLLBACK without an error.
 	if st := conn.PgConn().TxStatus(); st != 'I' {
-		return false, fmt.Errorf("%w: transaction still open after COMMIT (%c)", ErrNotCommitted, st)
+		return false, fmt.Errorf("%w: transaction still open after COMMIT (%c)", stock.ErrNotCommitted, st)
 	}
 	return false, nil
 }
@@ -508,16 +405,16 @@ func classify(err error) error {
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case sqlstateConflict, sqlstateUnique:
-			return fmt.Errorf("%w: %s", ErrConflict, pgErr.Message)
+			return fmt.Errorf("%w: %s", stock.ErrConflict, pgErr.Message)
 		case sqlstateDiverged:
-			return fmt.Errorf("%w: %s", ErrDiverged, pgErr.Message)
+			return fmt.Errorf("%w: %s", stock.ErrDiverged, pgErr.Message)
 		}
 	}
 	return notCommitted("write", err)
 }
 
 func notCommitted(step string, err error) error {
-	return fmt.Errorf("%w: %s: %v", ErrNotCommitted, step, err)
+	return fmt.Errorf("%w: %s: %v", stock.ErrNotCommitted, step, err)
 }
 
 func compareStrings(a, b string) int {

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardstock/shardstock/internal/stock"
 )
 
 // Bounds on learning a lost commit's outcome.
@@ -72,7 +74,7 @@ func queueInsertMark(b *pgx.Batch, m commitMark) {
 
 // commitOutcome learns whether a group whose COMMIT went unanswered
 // committed, from its commit mark, on a new connection: nil if it did,
-// ErrNotCommitted if it did not (and now never will), ErrOutcomeUnknown if
+// stock.ErrNotCommitted if it did not (and now never will), stock.ErrOutcomeUnknown if
 // the database did not answer within outcomeWaitMax.
 func (db *DB) commitOutcome(ctx context.Context, mark commitMark, commitErr error) error {
 	// An ERROR answer is the server refusing the commit (the transaction
@@ -80,7 +82,7 @@ func (db *DB) commitOutcome(ctx context.Context, mark commitMark, commitErr erro
 	// connection may have come after the commit record was written: ask.
 	var pgErr *pgconn.PgError
 	if errors.As(commitErr, &pgErr) && pgErr.Severity == "ERROR" {
-		return fmt.Errorf("%w: commit: %v", ErrNotCommitted, commitErr)
+		return fmt.Errorf("%w: commit: %v", stock.ErrNotCommitted, commitErr)
 	}
 	// The caller's deadline was for the batch; learning its outcome has
 	// its own.
@@ -97,12 +99,12 @@ func (db *DB) commitOutcome(ctx context.Context, mark commitMark, commitErr erro
 			return nil
 		case err == nil:
 			db.lost.voided.Add(1)
-			return fmt.Errorf("%w: commit lost (mark %s voided): %v", ErrNotCommitted, mark, commitErr)
+			return fmt.Errorf("%w: commit lost (mark %s voided): %v", stock.ErrNotCommitted, mark, commitErr)
 		}
 		select {
 		case <-ctx.Done():
 			db.lost.unknown.Add(1)
-			return fmt.Errorf("%w: mark %s: %v (last attempt: %v)", ErrOutcomeUnknown, mark, commitErr, err)
+			return fmt.Errorf("%w: mark %s: %v (last attempt: %v)", stock.ErrOutcomeUnknown, mark, commitErr, err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, outcomeBackoffMax)
@@ -174,17 +176,9 @@ func (db *DB) endBlockers(ctx context.Context, waiter uint32, waiting <-chan str
 	}
 }
 
-// LostCommits counts the commits whose answer was lost, by what their
-// outcome turned out to be.
-type LostCommits struct {
-	Committed int64 // the batch had committed
-	Voided    int64 // it had not, and its mark was voided
-	Unknown   int64 // the database did not answer within outcomeWaitMax
-}
-
-// LostCommits returns the counts since Open.
-func (db *DB) LostCommits() LostCommits {
-	return LostCommits{Committed: db.lost.committed.Load(), Voided: db.lost.voided.Load(), Unknown: db.lost.unknown.Load()}
+// stock.LostCommits returns the counts since Open.
+func (db *DB) LostCommits() stock.LostCommits {
+	return stock.LostCommits{Committed: db.lost.committed.Load(), Voided: db.lost.voided.Load(), Unknown: db.lost.unknown.Load()}
 }
 
 // PruneCommitMarks deletes up to markPruneMax commit marks older than

@@ -9,25 +9,13 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// ShardCheck is a shard's row beside what its ledger says the row must be:
-// the opening balance plus the sum of every entry's deltas.
-type ShardCheck struct {
-	Row    stock.Counts
-	Ledger stock.Counts
-	// HaltReason is why the shard is halted; "" if it is not.
-	HaltReason string
-}
-
-// Consistent reports whether the row is what the ledger sums to.
-func (c ShardCheck) Consistent() bool { return c.Row == c.Ledger }
-
 // CheckShard reads a shard's row and sums its ledger in one transaction,
-// under f's fence (ErrFenced if another server owns the partition now): the
+// under f's fence (stock.ErrFenced if another server owns the partition now): the
 // check a writer makes when its copy of the row turned out wrong.
-func (db *DB) CheckShard(ctx context.Context, f Fence, k stock.ShardKey) (ShardCheck, error) {
+func (db *DB) CheckShard(ctx context.Context, f stock.Fence, k stock.ShardKey) (stock.ShardCheck, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	var c ShardCheck
+	var c stock.ShardCheck
 	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		return c, err
@@ -56,7 +44,7 @@ func (db *DB) CheckShard(ctx context.Context, f Fence, k stock.ShardKey) (ShardC
 }
 
 // HaltShard records why a shard is halted, under f's fence.
-func (db *DB) HaltShard(ctx context.Context, f Fence, k stock.ShardKey, reason string) error {
+func (db *DB) HaltShard(ctx context.Context, f stock.Fence, k stock.ShardKey, reason string) error {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	tx, err := db.pool.Begin(ctx)
@@ -95,8 +83,8 @@ func (db *DB) ResumeShard(ctx context.Context, k stock.ShardKey) (string, error)
 }
 
 // checkFence locks f's partition row FOR SHARE (a takeover waits for this
-// transaction) and fails with ErrFenced unless f still owns it.
-func checkFence(ctx context.Context, tx pgx.Tx, f Fence) error {
+// transaction) and fails with stock.ErrFenced unless f still owns it.
+func checkFence(ctx context.Context, tx pgx.Tx, f stock.Fence) error {
 	var owner string
 	var epoch int64
 	err := tx.QueryRow(ctx, `SELECT owner, epoch FROM partitions WHERE partition = $1 FOR SHARE`, f.Partition).Scan(&owner, &epoch)
@@ -104,7 +92,7 @@ func checkFence(ctx context.Context, tx pgx.Tx, f Fence) error {
 		return err
 	}
 	if owner != f.ServerID || epoch != f.Epoch {
-		return fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", ErrFenced, f.Partition, owner, epoch, f.ServerID, f.Epoch)
+		return fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", stock.ErrFenced, f.Partition, owner, epoch, f.ServerID, f.Epoch)
 	}
 	return nil
 }

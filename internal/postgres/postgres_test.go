@@ -299,7 +299,7 @@ func book(t *testing.T) *booked {
 	if err != nil {
 		t.Fatalf("Shards(%s) = %v", b.sku, err)
 	}
-	want := []postgres.ShardRow{
+	want := []stock.ShardRow{
 		{Index: 0, Counts: stock.Counts{Available: 5, Sold: 5}},
 		{Index: 1, Counts: stock.Counts{Available: 12, Reserved: 2, Sold: 1}},
 	}
@@ -569,12 +569,12 @@ func TestDB_TakeOver(t *testing.T) {
 // TestDB_Batch drives the batch transaction directly with hand-made writes.
 func TestDB_Batch(t *testing.T) {
 	ctx := context.Background()
-	setup := func(t *testing.T, limit int64) (*postgres.DB, *pgx.Conn, stock.ShardKey, postgres.Fence) {
+	setup := func(t *testing.T, limit int64) (*postgres.DB, *pgx.Conn, stock.ShardKey, stock.Fence) {
 		t.Helper()
 		db, url := mustOpen(t)
 		k := stock.ShardKey{SKU: "b-sku"}
 		createSKU(t, db, stock.SKU{SKU: k.SKU, Shards: 1, CustomerLimit: limit}, 10)
-		f := postgres.Fence{Partition: k.Partition(), Epoch: 1, ServerID: "srv"}
+		f := stock.Fence{Partition: k.Partition(), Epoch: 1, ServerID: "srv"}
 		if err := db.TakeOver(ctx, f.Partition, f.ServerID, f.Epoch); err != nil {
 			t.Fatalf("TakeOver = %v", err)
 		}
@@ -586,12 +586,12 @@ func TestDB_Batch(t *testing.T) {
 		stale := f
 		stale.Epoch = 0
 		decided := false
-		err := db.Batch(ctx, stale, postgres.BatchQuery{Shard: k}, func(*postgres.BatchRead) (*postgres.BatchWrite, error) {
+		err := db.Batch(ctx, stale, stock.BatchQuery{Shard: k}, func(*stock.BatchRead) (*stock.BatchWrite, error) {
 			decided = true
-			return &postgres.BatchWrite{}, nil
+			return &stock.BatchWrite{}, nil
 		})
-		if !errors.Is(err, postgres.ErrFenced) || decided {
-			t.Errorf("Batch(epoch 0 on a partition at 1) = %v (decided %v), want ErrFenced before deciding", err, decided)
+		if !errors.Is(err, stock.ErrFenced) || decided {
+			t.Errorf("Batch(epoch 0 on a partition at 1) = %v (decided %v), want stock.ErrFenced before deciding", err, decided)
 		}
 	})
 
@@ -604,11 +604,11 @@ func TestDB_Batch(t *testing.T) {
 		exec(t, conn, `INSERT INTO customer_usage (sku, customer_ref, quantity) VALUES ($1, 'c', 3)`, k.SKU)
 		exec(t, conn, `UPDATE shards SET available = 7, reserved = 3 WHERE sku = $1`, k.SKU)
 		from, to := stock.Counts{Available: 7, Reserved: 3}, stock.Counts{Available: 7, Sold: 3}
-		err := db.Batch(ctx, f, postgres.BatchQuery{Shard: k, Customers: []string{"c"}}, func(read *postgres.BatchRead) (*postgres.BatchWrite, error) {
+		err := db.Batch(ctx, f, stock.BatchQuery{Shard: k, Customers: []string{"c"}}, func(read *stock.BatchRead) (*stock.BatchWrite, error) {
 			if read.Usage["c"] != 3 {
-				t.Errorf("BatchRead.Usage[c] = %d, want 3", read.Usage["c"])
+				t.Errorf("stock.BatchRead.Usage[c] = %d, want 3", read.Usage["c"])
 			}
-			return &postgres.BatchWrite{UsageAdd: map[string]int64{"c": 3}, UsageSub: map[string]int64{"c": 3}, UsageLimit: 5, From: from, To: to}, nil
+			return &stock.BatchWrite{UsageAdd: map[string]int64{"c": 3}, UsageSub: map[string]int64{"c": 3}, UsageLimit: 5, From: from, To: to}, nil
 		})
 		if err != nil {
 			t.Errorf("Batch(usage -3 +3 at 3 of 5) = %v, want nil", err)
@@ -624,15 +624,15 @@ func TestDB_Batch(t *testing.T) {
 // a conflict of the whole group, which writes nothing.
 func TestDB_Group(t *testing.T) {
 	ctx := context.Background()
-	setup := func(t *testing.T) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []postgres.Fence) {
+	setup := func(t *testing.T) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []stock.Fence) {
 		t.Helper()
 		db, url := mustOpen(t)
 		createSKU(t, db, stock.SKU{SKU: "g-sku", Shards: 3}, 30)
 		var ks []stock.ShardKey
-		var fs []postgres.Fence
+		var fs []stock.Fence
 		for i := int32(0); i < 3; i++ {
 			k := stock.ShardKey{SKU: "g-sku", Index: i}
-			f := postgres.Fence{Partition: k.Partition(), Epoch: 7, ServerID: "srv"}
+			f := stock.Fence{Partition: k.Partition(), Epoch: 7, ServerID: "srv"}
 			if err := db.TakeOver(ctx, f.Partition, f.ServerID, f.Epoch); err != nil {
 				t.Fatalf("TakeOver = %v", err)
 			}
@@ -640,11 +640,11 @@ func TestDB_Group(t *testing.T) {
 		}
 		return db, connect(t, url), ks, fs
 	}
-	deduct := func(k stock.ShardKey, key string) postgres.Decide {
-		return func(read *postgres.BatchRead) (*postgres.BatchWrite, error) {
+	deduct := func(k stock.ShardKey, key string) stock.Decide {
+		return func(read *stock.BatchRead) (*stock.BatchWrite, error) {
 			from := stock.Counts{Available: 10}
 			to := from.Add(stock.OpDeduct.Delta(1))
-			return &postgres.BatchWrite{
+			return &stock.BatchWrite{
 				Ops:    []*stock.Operation{{SKU: k.SKU, IdempotencyKey: key, Kind: stock.OpDeduct, Quantity: 1, Shard: k.Index, ParamsHash: []byte{1}}},
 				Ledger: []*stock.LedgerEntry{{Shard: k, Kind: stock.OpDeduct, Quantity: 1, IdempotencyKey: key, Before: from, After: to, Source: "api"}},
 				From:   from, To: to,
@@ -656,16 +656,16 @@ func TestDB_Group(t *testing.T) {
 		db, conn, ks, fs := setup(t)
 		stale := fs[1]
 		stale.Epoch = 6
-		units := []*postgres.Unit{
-			{Fence: fs[0], Query: postgres.BatchQuery{Shard: ks[0], Keys: []string{"k0"}}, Decide: deduct(ks[0], "k0")},
-			{Fence: stale, Query: postgres.BatchQuery{Shard: ks[1], Keys: []string{"k1"}}, Decide: deduct(ks[1], "k1")},
-			{Fence: fs[2], Query: postgres.BatchQuery{Shard: ks[2], Keys: []string{"k2"}}, Decide: deduct(ks[2], "k2")},
+		units := []*stock.Unit{
+			{Fence: fs[0], Query: stock.BatchQuery{Shard: ks[0], Keys: []string{"k0"}}, Decide: deduct(ks[0], "k0")},
+			{Fence: stale, Query: stock.BatchQuery{Shard: ks[1], Keys: []string{"k1"}}, Decide: deduct(ks[1], "k1")},
+			{Fence: fs[2], Query: stock.BatchQuery{Shard: ks[2], Keys: []string{"k2"}}, Decide: deduct(ks[2], "k2")},
 		}
 		if err := db.Group(ctx, units); err != nil {
 			t.Fatalf("Group = %v", err)
 		}
-		if !errors.Is(units[1].Err, postgres.ErrFenced) || units[0].Err != nil || units[2].Err != nil {
-			t.Errorf("unit errors = %v, %v, %v; want nil, ErrFenced, nil", units[0].Err, units[1].Err, units[2].Err)
+		if !errors.Is(units[1].Err, stock.ErrFenced) || units[0].Err != nil || units[2].Err != nil {
+			t.Errorf("unit errors = %v, %v, %v; want nil, stock.ErrFenced, nil", units[0].Err, units[1].Err, units[2].Err)
 		}
 		if n := count(t, conn, `SELECT count(*) FROM operations`); n != 2 {
 			t.Errorf("operations = %d, want 2 (the fenced unit wrote nothing)", n)
@@ -679,12 +679,12 @@ func TestDB_Group(t *testing.T) {
 	})
 	t.Run("SameKeyTwice", func(t *testing.T) {
 		db, conn, ks, fs := setup(t)
-		units := []*postgres.Unit{
-			{Fence: fs[0], Query: postgres.BatchQuery{Shard: ks[0], Keys: []string{"dup"}}, Decide: deduct(ks[0], "dup")},
-			{Fence: fs[2], Query: postgres.BatchQuery{Shard: ks[2], Keys: []string{"dup"}}, Decide: deduct(ks[2], "dup")},
+		units := []*stock.Unit{
+			{Fence: fs[0], Query: stock.BatchQuery{Shard: ks[0], Keys: []string{"dup"}}, Decide: deduct(ks[0], "dup")},
+			{Fence: fs[2], Query: stock.BatchQuery{Shard: ks[2], Keys: []string{"dup"}}, Decide: deduct(ks[2], "dup")},
 		}
-		if err := db.Group(ctx, units); !errors.Is(err, postgres.ErrConflict) {
-			t.Errorf("Group with one key on two shards = %v, want ErrConflict", err)
+		if err := db.Group(ctx, units); !errors.Is(err, stock.ErrConflict) {
+			t.Errorf("Group with one key on two shards = %v, want stock.ErrConflict", err)
 		}
 		if n := count(t, conn, `SELECT count(*) FROM operations`); n != 0 {
 			t.Errorf("operations = %d, want 0", n)

@@ -180,7 +180,7 @@ func queueInsertReservations(b *pgx.Batch, rs []*stock.Reservation) {
 
 // queueEndReservations ends held reservations; the state = 'held' guard
 // makes a second end a no-op that the row count reveals.
-func queueEndReservations(b *pgx.Batch, ends []ReservationEnd) {
+func queueEndReservations(b *pgx.Batch, ends []stock.ReservationEnd) {
 	n := len(ends)
 	id, state, reason := make([]string, n), make([]string, n), make([]string, n)
 	for i, e := range ends {

@@ -71,24 +71,16 @@ func (db *DB) LoadShard(ctx context.Context, k stock.ShardKey) (stock.Counts, er
 	return c, err
 }
 
-// ShardRow is one shard's counts as stored.
-type ShardRow struct {
-	Index int32
-	stock.Counts
-	// HaltReason is why the shard is halted; "" if it is not.
-	HaltReason string
-}
-
 // Shards reads every shard of a SKU, by index.
-func (db *DB) Shards(ctx context.Context, sku string) ([]ShardRow, error) {
+func (db *DB) Shards(ctx context.Context, sku string) ([]stock.ShardRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	rows, err := db.pool.Query(ctx, `SELECT idx, available, reserved, sold, halted_reason FROM shards WHERE sku = $1 ORDER BY idx`, sku)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ShardRow, error) {
-		var s ShardRow
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (stock.ShardRow, error) {
+		var s stock.ShardRow
 		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &s.HaltReason)
 		return s, err
 	})
@@ -151,7 +143,7 @@ func (db *DB) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 // source, in transit or on its destination, however its steps interleave
 // with the read. In the same round trip it looks keys up (the operations a
 // sold-out answer must replay), as LookupOperations does.
-func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]ShardRow, int64, map[string]*stock.Operation, error) {
+func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	b := &pgx.Batch{}
@@ -168,8 +160,8 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]ShardRow,
 		return nil, 0, nil, err
 	}
 	var inTransit int64
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ShardRow, error) {
-		var s ShardRow
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stock.ShardRow, error) {
+		var s stock.ShardRow
 		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &inTransit)
 		return s, err
 	})

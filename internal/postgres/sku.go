@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -56,18 +55,10 @@ func (db *DB) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
 	return s, err
 }
 
-// SKUUpdate changes some of a SKU's settings; nil fields stay.
-type SKUUpdate struct {
-	Paused        *bool
-	MaxPerOrder   *int64
-	CustomerLimit *int64
-	TTL           *time.Duration
-}
-
 // UpdateSKU applies u and returns the SKU as it now is. Writers read the SKU
 // in every batch, so a pause holds for every batch that starts after this
 // commits.
-func (db *DB) UpdateSKU(ctx context.Context, sku string, u SKUUpdate) (*stock.SKU, error) {
+func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*stock.SKU, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	var status *string

@@ -29,7 +29,7 @@ func scanTransfers(res pgx.BatchResults) ([]*stock.Transfer, error) {
 
 // queueStepTransfers moves transfers on; the from-state guard makes a step
 // that someone else took a mismatch (only the shard's writer steps it).
-func queueStepTransfers(b *pgx.Batch, steps []TransferStep) {
+func queueStepTransfers(b *pgx.Batch, steps []stock.TransferStep) {
 	n := len(steps)
 	id, from, to := make([]string, n), make([]string, n), make([]string, n)
 	for i, s := range steps {
@@ -62,18 +62,9 @@ func (db *DB) GetTransfer(ctx context.Context, id string) (*stock.Transfer, erro
 	return t, err
 }
 
-// StaleStep is a transfer step a shard server should finish: a pending
-// transfer to debit (on its source) or a debited one to credit (on its
-// destination).
-type StaleStep struct {
-	Kind     stock.OpKind
-	Shard    stock.ShardKey
-	Transfer string
-}
-
 // StaleTransfers lists transfers left half-way for longer than age whose
 // next step belongs to one of the given partitions.
-func (db *DB) StaleTransfers(ctx context.Context, partitions []int32, age time.Duration, limit int) ([]StaleStep, error) {
+func (db *DB) StaleTransfers(ctx context.Context, partitions []int32, age time.Duration, limit int) ([]stock.StaleStep, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	rows, err := db.pool.Query(ctx, `SELECT id, sku, state, from_shard, to_shard FROM transfers
@@ -83,8 +74,8 @@ func (db *DB) StaleTransfers(ctx context.Context, partitions []int32, age time.D
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (StaleStep, error) {
-		var s StaleStep
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (stock.StaleStep, error) {
+		var s stock.StaleStep
 		var state string
 		var from, to int32
 		err := r.Scan(&s.Transfer, &s.Shard.SKU, &state, &from, &to)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/internal/batch"
-	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
 )
 
 // Bounds of group commit.
@@ -32,7 +32,7 @@ type committer struct {
 }
 
 type groupItem struct {
-	unit *postgres.Unit
+	unit *stock.Unit
 	done chan error // buffered 1
 }
 
@@ -46,12 +46,12 @@ func newCommitter(s *Server) *committer {
 
 // commit runs one shard's batch within some group and returns its outcome,
 // as postgres.Batch would.
-func (c *committer) commit(ctx context.Context, f postgres.Fence, q postgres.BatchQuery, decide postgres.Decide) error {
-	it := &groupItem{unit: &postgres.Unit{Fence: f, Query: q, Decide: decide}, done: make(chan error, 1)}
+func (c *committer) commit(ctx context.Context, f stock.Fence, q stock.BatchQuery, decide stock.Decide) error {
+	it := &groupItem{unit: &stock.Unit{Fence: f, Query: q, Decide: decide}, done: make(chan error, 1)}
 	select {
 	case c.queue <- it:
 	case <-ctx.Done():
-		return postgres.ErrNotCommitted
+		return stock.ErrNotCommitted
 	}
 	return <-it.done // a lane always answers
 }
@@ -73,7 +73,7 @@ func (c *committer) lane() {
 // an invariant), every unit is run alone, so that one shard's trouble is
 // not everyone's.
 func (c *committer) run(items []*groupItem) {
-	units := make([]*postgres.Unit, len(items))
+	units := make([]*stock.Unit, len(items))
 	for i, it := range items {
 		units[i] = it.unit
 	}
@@ -83,10 +83,10 @@ func (c *committer) run(items []*groupItem) {
 	err := c.srv.db.Group(ctx, units)
 	c.srv.metrics.groupSize.Observe(float64(len(units)))
 	c.srv.metrics.groupDuration.Observe(time.Since(start).Seconds())
-	if err != nil && len(items) > 1 && (errors.Is(err, postgres.ErrConflict) || errors.Is(err, postgres.ErrDiverged) || errors.Is(err, errInvariant)) {
+	if err != nil && len(items) > 1 && (errors.Is(err, stock.ErrConflict) || errors.Is(err, stock.ErrDiverged) || errors.Is(err, errInvariant)) {
 		for _, it := range items {
 			it.unit.Err = nil
-			e := c.srv.db.Group(ctx, []*postgres.Unit{it.unit})
+			e := c.srv.db.Group(ctx, []*stock.Unit{it.unit})
 			it.done <- errors.Join(e, it.unit.Err)
 		}
 		return

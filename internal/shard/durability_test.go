@@ -128,8 +128,8 @@ func (st *durableStack) load(t *testing.T, stop <-chan struct{}) (map[string]ack
 }
 
 // lostCommits sums the servers' lost commits by outcome.
-func (st *durableStack) lostCommits() postgres.LostCommits {
-	var sum postgres.LostCommits
+func (st *durableStack) lostCommits() stock.LostCommits {
+	var sum stock.LostCommits
 	for _, db := range st.dbs {
 		l := db.LostCommits()
 		sum.Committed += l.Committed

@@ -184,7 +184,7 @@ func TestShard_Limits(t *testing.T) {
 	}
 
 	paused := true
-	if _, err := db.UpdateSKU(ctx, sku, postgres.SKUUpdate{Paused: &paused}); err != nil {
+	if _, err := db.UpdateSKU(ctx, sku, stock.SKUUpdate{Paused: &paused}); err != nil {
 		t.Fatal(err)
 	}
 	before := stateOf(t, db, sku)

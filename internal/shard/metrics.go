@@ -5,7 +5,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -21,7 +20,7 @@ type metrics struct {
 	haltedShards  *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer, db *postgres.DB) *metrics {
+func newMetrics(reg prometheus.Registerer, db Store) *metrics {
 	m := &metrics{
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "shardstock_shard_batch_size", Help: "Requests per batch transaction.",
@@ -60,7 +59,7 @@ func newMetrics(reg prometheus.Registerer, db *postgres.DB) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.batchSize, m.groupSize, m.groupDuration, m.batchDuration, m.results, m.rejected, m.halted,
 			m.divergences, m.haltedShards)
-		lost := func(outcome string, get func(postgres.LostCommits) int64) prometheus.Collector {
+		lost := func(outcome string, get func(stock.LostCommits) int64) prometheus.Collector {
 			return prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name:        "shardstock_shard_lost_commits_total",
 				Help:        "Group commits whose answer was lost, by what their commit mark showed: committed, voided (not committed), unknown (no answer in time).",
@@ -68,9 +67,9 @@ func newMetrics(reg prometheus.Registerer, db *postgres.DB) *metrics {
 			}, func() float64 { return float64(get(db.LostCommits())) })
 		}
 		reg.MustRegister(
-			lost("committed", func(l postgres.LostCommits) int64 { return l.Committed }),
-			lost("voided", func(l postgres.LostCommits) int64 { return l.Voided }),
-			lost("unknown", func(l postgres.LostCommits) int64 { return l.Unknown }))
+			lost("committed", func(l stock.LostCommits) int64 { return l.Committed }),
+			lost("voided", func(l stock.LostCommits) int64 { return l.Voided }),
+			lost("unknown", func(l stock.LostCommits) int64 { return l.Unknown }))
 	}
 	return m
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -18,12 +17,12 @@ import (
 // the same requests applied one at a time: a key seen twice in one batch is a
 // replay of its first occurrence, a reservation ended earlier in the batch is
 // ended for the requests after it.
-func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *postgres.BatchRead, sweep bool) (*postgres.BatchWrite, []stock.Result, error) {
+func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *stock.BatchRead, sweep bool) (*stock.BatchWrite, []stock.Result, error) {
 	p := &planner{
 		shard:   shard,
 		read:    read,
 		cur:     from,
-		w:       &postgres.BatchWrite{From: from},
+		w:       &stock.BatchWrite{From: from},
 		results: make([]stock.Result, len(reqs)),
 		hashes:  make([][]byte, len(reqs)),
 		seen:    map[string]int{},
@@ -68,7 +67,7 @@ func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *
 // memory): one decision procedure, so that they apply shardstock's rules
 // and not a copy of them. It does not sweep due reservations. A non-nil
 // error wraps errInvariant.
-func Plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *postgres.BatchRead) (*postgres.BatchWrite, []stock.Result, error) {
+func Plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *stock.BatchRead) (*stock.BatchWrite, []stock.Result, error) {
 	return plan(shard, from, reqs, read, false)
 }
 
@@ -77,9 +76,9 @@ var errInvariant = errors.New("shard: INVARIANT violated")
 
 type planner struct {
 	shard   stock.ShardKey
-	read    *postgres.BatchRead
+	read    *stock.BatchRead
 	cur     stock.Counts
-	w       *postgres.BatchWrite
+	w       *stock.BatchWrite
 	results []stock.Result
 	hashes  [][]byte
 	seen    map[string]int                 // key -> first request in the batch
@@ -264,7 +263,7 @@ func (p *planner) transfer(i int, r *stock.Request) {
 	}
 	step := func(next stock.TransferState, kind stock.OpKind) {
 		p.stepped[t.ID] = next
-		p.w.Steps = append(p.w.Steps, postgres.TransferStep{ID: t.ID, From: state, To: next})
+		p.w.Steps = append(p.w.Steps, stock.TransferStep{ID: t.ID, From: state, To: next})
 		if kind != "" {
 			p.apply(&stock.LedgerEntry{Kind: kind, Quantity: t.Quantity, TransferID: t.ID, Source: r.Source, Reason: t.Reason}, kind, t.Quantity)
 		}
@@ -314,7 +313,7 @@ func (p *planner) giveBack(res *stock.Reservation) {
 // finish records a reservation's end and its ledger entry.
 func (p *planner) finish(res *stock.Reservation, kind stock.OpKind, source, reason string) {
 	p.ended[res.ID] = res
-	p.w.Ended = append(p.w.Ended, postgres.ReservationEnd{ID: res.ID, State: res.State, Reason: reason})
+	p.w.Ended = append(p.w.Ended, stock.ReservationEnd{ID: res.ID, State: res.State, Reason: reason})
 	p.apply(&stock.LedgerEntry{Kind: kind, Quantity: res.Quantity, IdempotencyKey: res.IdempotencyKey,
 		ReservationID: res.ID, OrderRef: res.OrderRef, Source: source, Reason: reason}, kind, res.Quantity)
 }

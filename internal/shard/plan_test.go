@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -110,25 +109,25 @@ type planCase struct {
 	name string
 	from stock.Counts
 	// read changes the default read (an active SKU, nothing recorded).
-	read   func(*postgres.BatchRead)
+	read   func(*stock.BatchRead)
 	reqs   []*stock.Request
 	sweep  bool
 	want   []outcome
 	to     stock.Counts
 	ledger []stock.OpKind
 	// check, if set, checks what the generic checks do not.
-	check func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result)
+	check func(t *testing.T, w *stock.BatchWrite, rs []stock.Result)
 }
 
-func newRead() *postgres.BatchRead {
-	return &postgres.BatchRead{SKU: planSKU(), Ops: map[string]*stock.Operation{},
+func newRead() *stock.BatchRead {
+	return &stock.BatchRead{SKU: planSKU(), Ops: map[string]*stock.Operation{},
 		Reservations: map[string]*stock.Reservation{}, Usage: map[string]int64{}, Now: planNow}
 }
 
 // withReservations adds reservations to a read, as copies (the database
 // returns fresh rows).
-func withReservations(rs ...*stock.Reservation) func(*postgres.BatchRead) {
-	return func(r *postgres.BatchRead) {
+func withReservations(rs ...*stock.Reservation) func(*stock.BatchRead) {
+	return func(r *stock.BatchRead) {
 		for _, res := range rs {
 			c := *res
 			r.Reservations[res.ID] = &c
@@ -194,7 +193,7 @@ func runPlan(t *testing.T, tests []planCase) {
 	}
 }
 
-func checkLedger(t *testing.T, name string, w *postgres.BatchWrite, from stock.Counts, want []stock.OpKind) {
+func checkLedger(t *testing.T, name string, w *stock.BatchWrite, from stock.Counts, want []stock.OpKind) {
 	t.Helper()
 	kinds := make([]stock.OpKind, len(w.Ledger))
 	prev := from
@@ -223,7 +222,7 @@ func checkLedger(t *testing.T, name string, w *postgres.BatchWrite, from stock.C
 	}
 }
 
-func checkOps(t *testing.T, name string, w *postgres.BatchWrite, reqs []*stock.Request, rs []stock.Result) {
+func checkOps(t *testing.T, name string, w *stock.BatchWrite, reqs []*stock.Request, rs []stock.Result) {
 	t.Helper()
 	var newOps, newRes int
 	for i, r := range rs {
@@ -264,7 +263,7 @@ func checkOps(t *testing.T, name string, w *postgres.BatchWrite, reqs []*stock.R
 }
 
 // checkEnds: a reservation ends exactly once, with one end entry.
-func checkEnds(t *testing.T, name string, w *postgres.BatchWrite) {
+func checkEnds(t *testing.T, name string, w *stock.BatchWrite) {
 	t.Helper()
 	ended := map[string]stock.ReservationState{}
 	for _, e := range w.Ended {
@@ -296,7 +295,7 @@ func checkEnds(t *testing.T, name string, w *postgres.BatchWrite) {
 }
 
 // snapshotRead renders what plan must not change.
-func snapshotRead(r *postgres.BatchRead) string {
+func snapshotRead(r *stock.BatchRead) string {
 	s := fmt.Sprintf("sku=%+v usage=%v", r.SKU, r.Usage)
 	for _, id := range slices.Sorted(maps.Keys(r.Reservations)) {
 		s += fmt.Sprintf(" %+v", *r.Reservations[id])
@@ -318,7 +317,7 @@ func TestPlan_Keyed(t *testing.T) {
 			from: ten,
 			reqs: []*stock.Request{by("c-1", reserve("k-1", 3))},
 			want: []outcome{okay}, to: stock.Counts{Available: 7, Reserved: 3}, ledger: []stock.OpKind{stock.OpReserve},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				res := w.NewReservations[0]
 				if rs[0].Reservation != res || !res.ExpiresAt.Equal(planNow.Add(planTTL)) || res.Quantity != 3 ||
 					res.CustomerRef != "c-1" || res.IdempotencyKey != "k-1" {
@@ -338,7 +337,7 @@ func TestPlan_Keyed(t *testing.T) {
 			from: ten,
 			reqs: []*stock.Request{func() *stock.Request { r := reserve("k-1", 1); r.TTL = 90 * time.Second; return r }()},
 			want: []outcome{okay}, to: stock.Counts{Available: 9, Reserved: 1}, ledger: []stock.OpKind{stock.OpReserve},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				if got := rs[0].Reservation.ExpiresAt; !got.Equal(planNow.Add(90 * time.Second)) {
 					t.Errorf("plan(reserve ttl 90s) ExpiresAt = %v, want %v", got, planNow.Add(90*time.Second))
 				}
@@ -349,7 +348,7 @@ func TestPlan_Keyed(t *testing.T) {
 			from: ten,
 			reqs: []*stock.Request{func() *stock.Request { r := deduct("k-1", 4); r.OrderRef = "o-1"; return r }()},
 			want: []outcome{okay}, to: stock.Counts{Available: 6, Sold: 4}, ledger: []stock.OpKind{stock.OpDeduct},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				if e := w.Ledger[0]; e.OrderRef != "o-1" || e.IdempotencyKey != "k-1" || e.ReservationID != "" {
 					t.Errorf("plan(deduct) ledger entry = %+v, want order o-1, key k-1, no reservation", e)
 				}
@@ -369,7 +368,7 @@ func TestPlan_Keyed(t *testing.T) {
 			from: ten,
 			reqs: []*stock.Request{adjust("k-1", 5)},
 			want: []outcome{okay}, to: stock.Counts{Available: 15}, ledger: []stock.OpKind{stock.OpAdjust},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				if e := w.Ledger[0]; e.Reason != "recount" || e.Approver != "alice" || e.Source != "admin:alice" {
 					t.Errorf("plan(adjust) ledger entry = %+v, want reason recount, approver alice, source admin:alice", e)
 				}
@@ -424,7 +423,7 @@ func TestPlan_Keyed(t *testing.T) {
 		{
 			name: "MaxPerOrder",
 			from: ten,
-			read: func(r *postgres.BatchRead) { r.SKU.MaxPerOrder = 2 },
+			read: func(r *stock.BatchRead) { r.SKU.MaxPerOrder = 2 },
 			reqs: []*stock.Request{deduct("k-1", 3), reserve("k-2", 3), deduct("k-3", 2), replenish("k-4", 3)},
 			want: []outcome{refused(stock.CodeQuantityAboveMaxPerOrder), refused(stock.CodeQuantityAboveMaxPerOrder), okay, okay},
 			to:   stock.Counts{Available: 11, Sold: 2}, ledger: []stock.OpKind{stock.OpDeduct, stock.OpReplenish},
@@ -432,7 +431,7 @@ func TestPlan_Keyed(t *testing.T) {
 		{
 			name: "Paused",
 			from: ten,
-			read: func(r *postgres.BatchRead) { r.SKU.Status = stock.StatusPaused },
+			read: func(r *stock.BatchRead) { r.SKU.Status = stock.StatusPaused },
 			reqs: []*stock.Request{reserve("k-1", 1), deduct("k-2", 1), replenish("k-3", 2), adjust("k-4", 1)},
 			want: []outcome{refused(stock.CodeSKUPaused), refused(stock.CodeSKUPaused), okay, okay},
 			to:   stock.Counts{Available: 13}, ledger: []stock.OpKind{stock.OpReplenish, stock.OpAdjust},
@@ -440,11 +439,11 @@ func TestPlan_Keyed(t *testing.T) {
 		{
 			name: "NilSKU",
 			from: ten,
-			read: func(r *postgres.BatchRead) { r.SKU = nil },
+			read: func(r *stock.BatchRead) { r.SKU = nil },
 			reqs: []*stock.Request{reserve("k-1", 1), deduct("k-2", 1), replenish("k-3", 2), adjust("k-4", 1)},
 			want: []outcome{refused(stock.CodeSKUNotFound), refused(stock.CodeSKUNotFound), refused(stock.CodeSKUNotFound), refused(stock.CodeSKUNotFound)},
 			to:   ten,
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				if !w.Empty() {
 					t.Errorf("plan(nil sku) write = %+v, want empty", w)
 				}
@@ -454,7 +453,7 @@ func TestPlan_Keyed(t *testing.T) {
 			name: "Empty",
 			from: ten,
 			to:   ten,
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				if !w.Empty() {
 					t.Errorf("plan(no requests) write = %+v, want empty", w)
 				}
@@ -468,8 +467,8 @@ func TestPlan_Replay(t *testing.T) {
 	recDeduct := recorded(deduct("k-1", 2))
 	recReserve := recorded(by("c-1", reserve("k-r", 3)))
 	recOther := recorded(&stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "other-sku"}, Quantity: 2, Key: "k-1", Source: stock.SourceAPI})
-	withOps := func(ops ...*stock.Operation) func(*postgres.BatchRead) {
-		return func(r *postgres.BatchRead) {
+	withOps := func(ops ...*stock.Operation) func(*stock.BatchRead) {
+		return func(r *stock.BatchRead) {
 			for _, op := range ops {
 				c := *op
 				r.Ops[op.IdempotencyKey] = &c
@@ -480,8 +479,8 @@ func TestPlan_Replay(t *testing.T) {
 	recHold := &stock.Reservation{ID: recReserve.ReservationID, SKU: planShard.SKU, Shard: planShard.Index, Quantity: 3,
 		State: stock.ReservationHeld, ExpiresAt: recReserve.ReservationExpiresAt, CustomerRef: "c-1", IdempotencyKey: "k-r"}
 	heldOne := hold("k-h", 3, time.Hour, "")
-	sameOp := func(i, j int) func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
-		return func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+	sameOp := func(i, j int) func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
+		return func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 			if rs[i].Operation == nil || rs[i].Operation != rs[j].Operation {
 				t.Errorf("plan results %d, %d operations = %p, %p, want the same", i, j, rs[i].Operation, rs[j].Operation)
 			}
@@ -551,7 +550,7 @@ func TestPlan_Replay(t *testing.T) {
 			read: withOps(recDeduct),
 			reqs: []*stock.Request{deduct("k-1", 2)},
 			want: []outcome{replay}, to: ten,
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				if op := rs[0].Operation; op == nil || op.Quantity != 2 || !op.CreatedAt.Equal(recDeduct.CreatedAt) {
 					t.Errorf("plan(replay) operation = %+v, want the recorded one %+v", op, recDeduct)
 				}
@@ -571,7 +570,7 @@ func TestPlan_Replay(t *testing.T) {
 		{
 			name: "RecordedPaused",
 			from: ten,
-			read: func(r *postgres.BatchRead) { withOps(recDeduct)(r); r.SKU.Status = stock.StatusPaused },
+			read: func(r *stock.BatchRead) { withOps(recDeduct)(r); r.SKU.Status = stock.StatusPaused },
 			reqs: []*stock.Request{deduct("k-1", 2)},
 			want: []outcome{replay}, to: ten,
 		},
@@ -588,7 +587,7 @@ func TestPlan_Replay(t *testing.T) {
 			read: withOps(recReserve),
 			reqs: []*stock.Request{by("c-1", reserve("k-r", 3))},
 			want: []outcome{replay}, to: stock.Counts{Available: 7, Reserved: 3},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				res := rs[0].Reservation
 				if res == nil || res.ID != recReserve.ReservationID || res.State != stock.ReservationHeld || res.Quantity != 3 ||
 					!res.ExpiresAt.Equal(recReserve.ReservationExpiresAt) || res.CustomerRef != "c-1" {
@@ -600,10 +599,10 @@ func TestPlan_Replay(t *testing.T) {
 			name: "RecordedReserveCommittedInBatch",
 			// The replay reports the reservation as the batch left it.
 			from: stock.Counts{Available: 7, Reserved: 3},
-			read: func(r *postgres.BatchRead) { withOps(recReserve)(r); withReservations(recHold)(r) },
+			read: func(r *stock.BatchRead) { withOps(recReserve)(r); withReservations(recHold)(r) },
 			reqs: []*stock.Request{commit(recHold), by("c-1", reserve("k-r", 3))},
 			want: []outcome{okay, replay}, to: stock.Counts{Available: 7, Sold: 3}, ledger: []stock.OpKind{stock.OpCommit},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				if st := rs[1].Reservation.State; st != stock.ReservationCommitted {
 					t.Errorf("plan(commit, replay reserve) replayed state = %s, want committed", st)
 				}
@@ -659,8 +658,8 @@ func TestPlan_ReservationEnds(t *testing.T) {
 	// from holds a, b and due (3 + 3 + 2); now is not among them.
 	from := stock.Counts{Available: 10, Reserved: 8}
 	read := withReservations(a, b, due, committed, released, expired, elsewhere)
-	state := func(i int, want stock.ReservationState) func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
-		return func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+	state := func(i int, want stock.ReservationState) func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
+		return func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 			if rs[i].Reservation == nil || rs[i].Reservation.State != want {
 				t.Errorf("plan result %d reservation = %+v, want state %s", i, rs[i].Reservation, want)
 			}
@@ -672,7 +671,7 @@ func TestPlan_ReservationEnds(t *testing.T) {
 			from: from, read: read,
 			reqs: []*stock.Request{commit(a)},
 			want: []outcome{okay}, to: stock.Counts{Available: 10, Reserved: 5, Sold: 3}, ledger: []stock.OpKind{stock.OpCommit},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				state(0, stock.ReservationCommitted)(t, w, rs)
 				if e := w.Ledger[0]; e.ReservationID != a.ID || e.IdempotencyKey != "k-a" || e.Quantity != 3 {
 					t.Errorf("plan(commit) ledger entry = %+v, want reservation %s, key k-a, quantity 3", e, a.ID)
@@ -684,7 +683,7 @@ func TestPlan_ReservationEnds(t *testing.T) {
 			from: from, read: read,
 			reqs: []*stock.Request{release(a)},
 			want: []outcome{okay}, to: stock.Counts{Available: 13, Reserved: 5}, ledger: []stock.OpKind{stock.OpRelease},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				state(0, stock.ReservationReleased)(t, w, rs)
 				if e := w.Ended[0]; e.ID != a.ID || e.Reason != "cancelled" {
 					t.Errorf("plan(release) ended = %+v, want %s for reason cancelled", e, a.ID)
@@ -753,7 +752,7 @@ func TestPlan_ReservationEnds(t *testing.T) {
 			reqs: []*stock.Request{commit(due)},
 			want: []outcome{refused(stock.CodeReservationExpired)},
 			to:   stock.Counts{Available: 12, Reserved: 6}, ledger: []stock.OpKind{stock.OpExpire},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				if len(w.Ended) != 1 || w.Ended[0].ID != due.ID || w.Ended[0].State != stock.ReservationExpired {
 					t.Errorf("plan(commit due) ended = %+v, want %s expired", w.Ended, due.ID)
 				}
@@ -789,15 +788,15 @@ func TestPlan_Sweep(t *testing.T) {
 	d2 := hold("k-d2", 3, -time.Second, "")
 	live := hold("k-live", 1, time.Hour, "")
 	from := stock.Counts{Available: 4, Reserved: 6}
-	read := func(r *postgres.BatchRead) {
+	read := func(r *stock.BatchRead) {
 		withReservations(d1, d2, live)(r)
 		for _, d := range []*stock.Reservation{d1, d2} {
 			c := *d
 			r.Due = append(r.Due, &c)
 		}
 	}
-	sources := func(want ...string) func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
-		return func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+	sources := func(want ...string) func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
+		return func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 			got := make([]string, len(w.Ledger))
 			for i, e := range w.Ledger {
 				got[i] = e.Source
@@ -855,15 +854,15 @@ func TestPlan_Sweep(t *testing.T) {
 func TestPlan_CustomerLimit(t *testing.T) {
 	held := hold("k-h", 3, time.Hour, "c")
 	due := hold("k-due", 2, -time.Second, "c")
-	limit := func(n int64, usage map[string]int64, rs ...*stock.Reservation) func(*postgres.BatchRead) {
-		return func(r *postgres.BatchRead) {
+	limit := func(n int64, usage map[string]int64, rs ...*stock.Reservation) func(*stock.BatchRead) {
+		return func(r *stock.BatchRead) {
 			r.SKU.CustomerLimit = n
 			maps.Copy(r.Usage, usage)
 			withReservations(rs...)(r)
 		}
 	}
-	usage := func(add, sub map[string]int64) func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
-		return func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+	usage := func(add, sub map[string]int64) func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
+		return func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 			if !maps.Equal(w.UsageAdd, add) || !maps.Equal(w.UsageSub, sub) {
 				t.Errorf("plan write usage add, sub = %v, %v, want %v, %v", w.UsageAdd, w.UsageSub, add, sub)
 			}
@@ -882,7 +881,7 @@ func TestPlan_CustomerLimit(t *testing.T) {
 			want:   []outcome{okay, refused(stock.CodeCustomerLimitReached), refused(stock.CodeCustomerLimitReached), okay, okay, okay, okay},
 			to:     stock.Counts{Available: 3, Reserved: 7, Sold: 3},
 			ledger: []stock.OpKind{stock.OpReserve, stock.OpRelease, stock.OpDeduct, stock.OpReserve, stock.OpReserve},
-			check: func(t *testing.T, w *postgres.BatchWrite, rs []stock.Result) {
+			check: func(t *testing.T, w *stock.BatchWrite, rs []stock.Result) {
 				usage(map[string]int64{"c": 5, "d": 4}, map[string]int64{"c": 3})(t, w, rs)
 				if w.UsageLimit != 5 {
 					t.Errorf("plan write UsageLimit = %d, want 5", w.UsageLimit)
@@ -910,7 +909,7 @@ func TestPlan_CustomerLimit(t *testing.T) {
 		{
 			name: "ReplayNotCounted",
 			from: stock.Counts{Available: 10, Sold: 5},
-			read: func(r *postgres.BatchRead) {
+			read: func(r *stock.BatchRead) {
 				limit(5, map[string]int64{"c": 5})(r)
 				r.Ops["k-1"] = recorded(by("c", deduct("k-1", 5)))
 			},

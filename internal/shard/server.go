@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -36,7 +35,7 @@ const (
 // Config configures a Server.
 type Config struct {
 	ServerID string
-	DB       *postgres.DB
+	DB       Store
 	Logger   *slog.Logger
 	// Registerer takes the server's metrics; nil: none registered.
 	Registerer prometheus.Registerer
@@ -51,7 +50,7 @@ type Config struct {
 // Server is one shard server. It implements topology.Owner.
 type Server struct {
 	id        string
-	db        *postgres.DB
+	db        Store
 	log       *slog.Logger
 	metrics   *metrics
 	batchMax  int

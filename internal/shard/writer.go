@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/internal/batch"
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -45,7 +44,7 @@ type pending struct {
 type writer struct {
 	srv   *Server
 	key   stock.ShardKey
-	fence postgres.Fence
+	fence stock.Fence
 	queue chan *pending
 	stop  chan struct{} // closed: stop after the current batch
 	// loaded: counts is the row as of the last commit. A new writer has no
@@ -72,7 +71,7 @@ func newWriter(s *Server, key stock.ShardKey, epoch int64) *writer {
 	return &writer{
 		srv:   s,
 		key:   key,
-		fence: postgres.Fence{Partition: key.Partition(), Epoch: epoch, ServerID: s.id},
+		fence: stock.Fence{Partition: key.Partition(), Epoch: epoch, ServerID: s.id},
 		queue: make(chan *pending, queueLenMax),
 		stop:  make(chan struct{}),
 	}
@@ -168,15 +167,15 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 	q, sweep := query(w.key, reqs)
 	q.LoadShard = !w.loaded
 	var results []stock.Result
-	var write *postgres.BatchWrite
+	var write *stock.BatchWrite
 	missing, halted := false, ""
-	decide := func(read *postgres.BatchRead) (*postgres.BatchWrite, error) {
+	decide := func(read *stock.BatchRead) (*stock.BatchWrite, error) {
 		counts := w.counts
 		missing, halted = false, ""
 		if q.LoadShard {
 			if read.Counts == nil {
 				missing = true
-				write, results = &postgres.BatchWrite{}, make([]stock.Result, len(reqs))
+				write, results = &stock.BatchWrite{}, make([]stock.Result, len(reqs))
 				for i, r := range reqs {
 					results[i] = w.noShard(r)
 				}
@@ -184,7 +183,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 			}
 			if read.HaltReason != "" {
 				halted = read.HaltReason
-				write, results = &postgres.BatchWrite{}, all(len(reqs), haltedResult(w.key))
+				write, results = &stock.BatchWrite{}, all(len(reqs), haltedResult(w.key))
 				return write, nil
 			}
 			counts = *read.Counts
@@ -216,13 +215,13 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 				w.srv.running(w.key)
 			}
 			return results, writerGoOn
-		case errors.Is(err, postgres.ErrConflict):
+		case errors.Is(err, stock.ErrConflict):
 			continue // a concurrent batch took a key or a quota: the rerun sees it
-		case errors.Is(err, postgres.ErrFenced):
+		case errors.Is(err, stock.ErrFenced):
 			w.srv.log.Warn("batch fenced: another server owns the partition", "shard", w.key.String(), "err", err)
 			w.srv.fenced(w)
 			return all(len(reqs), unavailable("shard moved to another server")), writerStop
-		case errors.Is(err, postgres.ErrDiverged), errors.Is(err, errInvariant):
+		case errors.Is(err, stock.ErrDiverged), errors.Is(err, errInvariant):
 			// The row is not what this writer held (a lost commit's outcome
 			// misjudged, a second writer, a bug). Once per batch: reload it
 			// under the fence and, if the ledger accounts for it, go on from
@@ -241,13 +240,13 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 			w.srv.log.Error("INVARIANT: halting the shard", "shard", w.key.String(), "reason", reason)
 			w.srv.halt(w, reason, true)
 			return all(len(reqs), haltedResult(w.key)), writerStop
-		case errors.Is(err, postgres.ErrOutcomeUnknown):
+		case errors.Is(err, stock.ErrOutcomeUnknown):
 			// Whether the batch committed is not known: reload the row and
 			// tell everyone to retry with the same key, which is safe.
 			w.srv.log.Warn("batch outcome unknown", "shard", w.key.String(), "err", err)
 			w.loaded = false // the next batch reads the row again
 			return all(len(reqs), unavailable("database connection lost; retry with the same key")), writerGoOn
-		case errors.Is(err, postgres.ErrNotCommitted):
+		case errors.Is(err, stock.ErrNotCommitted):
 			w.srv.log.Debug("batch not committed; rerunning", "shard", w.key.String(), "attempt", attempt, "err", err)
 			w.loaded = false // the rerun reads the row again
 			q.LoadShard = true
@@ -273,7 +272,7 @@ func (w *writer) recheck(cause error) (writerNext, stock.Result) {
 	defer cancel()
 	c, err := w.srv.db.CheckShard(ctx, w.fence, w.key)
 	switch {
-	case errors.Is(err, postgres.ErrFenced):
+	case errors.Is(err, stock.ErrFenced):
 		w.srv.fenced(w)
 		return writerStop, unavailable("shard moved to another server")
 	case stock.CodeOf(err) == stock.CodeSKUNotFound:
@@ -328,7 +327,7 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	read := &postgres.BatchRead{SKU: w.sku, Ops: ops, Now: time.Now()}
+	read := &stock.BatchRead{SKU: w.sku, Ops: ops, Now: time.Now()}
 	write, results, err := plan(w.key, w.counts, reqs, read, false)
 	if err != nil || !write.Empty() {
 		// Cannot happen: every request asks for more than is available.
@@ -339,8 +338,8 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 }
 
 // query lists what a batch must read.
-func query(key stock.ShardKey, reqs []*stock.Request) (postgres.BatchQuery, bool) {
-	q := postgres.BatchQuery{Shard: key}
+func query(key stock.ShardKey, reqs []*stock.Request) (stock.BatchQuery, bool) {
+	q := stock.BatchQuery{Shard: key}
 	sweep := false
 	customers := map[string]bool{}
 	for _, r := range reqs {

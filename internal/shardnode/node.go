@@ -22,6 +22,9 @@ import (
 	"github.com/shardstock/shardstock/internal/topology"
 )
 
+// postgres.DB is the store a shard server writes through.
+var _ shard.Store = (*postgres.DB)(nil)
+
 // LeaseTTLDefault is a shard server's etcd lease TTL unless set: a dead
 // server's partitions move after about this long.
 const LeaseTTLDefault = 5 * time.Second

@@ -23,6 +23,9 @@ import (
 	"github.com/shardstock/shardstock/internal/topology"
 )
 
+// postgres.DB is the store the allocator reads.
+var _ allocator.Store = (*postgres.DB)(nil)
+
 // Run runs the command until ctx ends; args are the command-line arguments
 // without the program name.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

@@ -5,7 +5,6 @@ import (
 
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/ledger"
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -29,7 +28,7 @@ func (s *Server) CreateSKU(_ context.Context, cfg stock.SKU, initial int64) (*al
 }
 
 // UpdateSKU is not served.
-func (s *Server) UpdateSKU(context.Context, string, postgres.SKUUpdate) (*stock.SKU, error) {
+func (s *Server) UpdateSKU(context.Context, string, stock.SKUUpdate) (*stock.SKU, error) {
 	return nil, unimplemented("SKU updates")
 }
 

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/internal/allocator"
-	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -109,9 +108,9 @@ func (s *Server) end(r *stock.Request) stock.Result {
 
 // read is what shardstock's batch transaction would read of k for one
 // request, without the request's own lookups; k.mu is held.
-func (k *sku) read() *postgres.BatchRead {
+func (k *sku) read() *stock.BatchRead {
 	cfg := k.cfg
-	return &postgres.BatchRead{SKU: &cfg, Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{},
+	return &stock.BatchRead{SKU: &cfg, Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{},
 		Usage: k.usage, Now: time.Now()}
 }
 
@@ -130,7 +129,7 @@ func (k *sku) current(op *stock.Operation) *stock.Operation {
 // then applies what it decided to write: the ledger entries, the counts,
 // the operation that binds the key, the reservations and the customer
 // usage. k.mu is held, and keysMu for a keyed request.
-func (s *Server) decide(k *sku, r *stock.Request, read *postgres.BatchRead) stock.Result {
+func (s *Server) decide(k *sku, r *stock.Request, read *stock.BatchRead) stock.Result {
 	if k.halted {
 		return errResult(stock.Errorf(stock.CodeInternal, "sku %q is halted after an invariant violation", k.cfg.SKU))
 	}

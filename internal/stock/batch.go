@@ -1,0 +1,159 @@
+package stock
+
+import (
+	"errors"
+	"time"
+)
+
+// The contract between a shard server's writers and their storage: what a
+// batch reads, what it decides to write, and how it can fail. The planner
+// (internal/shard) works on these types alone; internal/postgres carries
+// them out in one transaction per group of batches.
+
+// Errors of a batch transaction. Every one but ErrOutcomeUnknown means the
+// batch wrote nothing.
+var (
+	// ErrFenced: the partition's epoch in the database is not the writer's:
+	// another server took the partition over.
+	ErrFenced = errors.New("stock: fenced: partition owned at another epoch")
+	// ErrConflict: another shard's batch took a key or a customer's quota
+	// concurrently; rerun the batch (the lookups will see it).
+	ErrConflict = errors.New("stock: conflict with a concurrent batch")
+	// ErrDiverged: the shard row is not what the writer's memory says: an
+	// invariant violation (a second writer).
+	ErrDiverged = errors.New("stock: shard row diverged from the writer's copy")
+	// ErrNotCommitted: the transaction failed before or at commit and is
+	// known not to have committed.
+	ErrNotCommitted = errors.New("stock: batch not committed")
+	// ErrOutcomeUnknown: the commit's outcome could not be learnt.
+	ErrOutcomeUnknown = errors.New("stock: batch commit outcome unknown")
+)
+
+// Fence identifies a writer: the partition it writes, the epoch it owns it
+// at, and its server.
+type Fence struct {
+	Partition int32
+	Epoch     int64
+	ServerID  string
+}
+
+// BatchQuery says what a batch must read before it decides.
+type BatchQuery struct {
+	Shard          ShardKey
+	Keys           []string // idempotency keys of keyed requests
+	ReservationIDs []string // reservations committed or released
+	Customers      []string // customer refs of reserves and deducts
+	SweepMax       int      // >0: also read up to this many due holds
+	TransferIDs    []string // transfers stepped
+	// LoadShard: also read the shard's row, for a writer that has no copy
+	// of it yet (a cold shard's first batch costs no query of its own).
+	LoadShard bool
+}
+
+// BatchRead is what the batch read, inside its transaction.
+type BatchRead struct {
+	SKU          *SKU // nil: no such SKU
+	Ops          map[string]*Operation
+	Reservations map[string]*Reservation
+	Due          []*Reservation   // held and expired, for the sweep
+	Usage        map[string]int64 // customer ref -> units held or bought
+	Transfers    map[string]*Transfer
+	Now          time.Time // the database clock
+	// Counts is the shard's row as read under the fence, when the query
+	// asked (LoadShard); nil then means the shard does not exist.
+	Counts *Counts
+	// HaltReason is why the loaded shard is halted ("" if it is not): its
+	// writer must refuse every write (see CheckShard).
+	HaltReason string
+}
+
+// BatchWrite is what the batch decided to write.
+type BatchWrite struct {
+	Ops             []*Operation
+	NewReservations []*Reservation
+	Ended           []ReservationEnd
+	UsageAdd        map[string]int64 // customer -> units (guarded by Limit)
+	UsageSub        map[string]int64 // customer -> units given back
+	UsageLimit      int64
+	Ledger          []*LedgerEntry
+	Steps           []TransferStep
+	From, To        Counts
+}
+
+// TransferStep moves one transfer from one state to the next.
+type TransferStep struct {
+	ID       string
+	From, To TransferState
+}
+
+// ReservationEnd ends one held reservation.
+type ReservationEnd struct {
+	ID     string
+	State  ReservationState
+	Reason string
+}
+
+// Empty reports whether the write changes nothing.
+func (w *BatchWrite) Empty() bool {
+	return len(w.Ops) == 0 && len(w.NewReservations) == 0 && len(w.Ended) == 0 && len(w.Ledger) == 0 &&
+		len(w.Steps) == 0 && len(w.UsageAdd) == 0 && len(w.UsageSub) == 0 && w.From == w.To
+}
+
+// Decide turns what a batch read into what it writes. It runs inside the
+// transaction and must be pure: it may run again on a retry.
+type Decide func(*BatchRead) (*BatchWrite, error)
+
+// Unit is one shard's batch within a group transaction: its writer's
+// fence, what it must read, and how it decides. Err is set for a unit that
+// was left out of the group's writes (fenced).
+type Unit struct {
+	Fence  Fence
+	Query  BatchQuery
+	Decide Decide
+	Err    error
+}
+
+// SKUUpdate changes some of a SKU's settings; nil fields stay.
+type SKUUpdate struct {
+	Paused        *bool
+	MaxPerOrder   *int64
+	CustomerLimit *int64
+	TTL           *time.Duration
+}
+
+// StaleStep is a transfer step a shard server should finish: a pending
+// transfer to debit (on its source) or a debited one to credit (on its
+// destination).
+type StaleStep struct {
+	Kind     OpKind
+	Shard    ShardKey
+	Transfer string
+}
+
+// ShardRow is one shard's counts as stored.
+type ShardRow struct {
+	Index int32
+	Counts
+	// HaltReason is why the shard is halted; "" if it is not.
+	HaltReason string
+}
+
+// ShardCheck is a shard's row beside what its ledger says the row must be:
+// the opening balance plus the sum of every entry's deltas.
+type ShardCheck struct {
+	Row    Counts
+	Ledger Counts
+	// HaltReason is why the shard is halted; "" if it is not.
+	HaltReason string
+}
+
+// Consistent reports whether the row is what the ledger sums to.
+func (c ShardCheck) Consistent() bool { return c.Row == c.Ledger }
+
+// LostCommits counts the commits whose answer was lost, by what their
+// outcome turned out to be.
+type LostCommits struct {
+	Committed int64 // the batch had committed
+	Voided    int64 // it had not, and its mark was voided
+	Unknown   int64 // the database did not answer within outcomeWaitMax
+}
