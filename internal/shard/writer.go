@@ -164,99 +164,147 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 			return results, writerGoOn
 		}
 	}
-	q, sweep := query(w.key, reqs)
-	q.LoadShard = !w.loaded
-	var results []stock.Result
-	var write *stock.BatchWrite
-	missing, halted := false, ""
-	decide := func(read *stock.BatchRead) (*stock.BatchWrite, error) {
-		counts := w.counts
-		missing, halted = false, ""
-		if q.LoadShard {
-			if read.Counts == nil {
-				missing = true
-				write, results = &stock.BatchWrite{}, make([]stock.Result, len(reqs))
-				for i, r := range reqs {
-					results[i] = w.noShard(r)
-				}
-				return write, nil
-			}
-			if read.HaltReason != "" {
-				halted = read.HaltReason
-				write, results = &stock.BatchWrite{}, all(len(reqs), haltedResult(w.key))
-				return write, nil
-			}
-			counts = *read.Counts
-		}
-		var err error
-		write, results, err = plan(w.key, counts, reqs, read, sweep)
-		w.sku = read.SKU
-		return write, err
-	}
+	b := &batchRun{w: w, reqs: reqs}
+	b.q, b.sweep = query(w.key, reqs)
+	b.q.LoadShard = !w.loaded
 	var err error
-	rechecked := false
 	for attempt := 0; attempt < batchAttemptsMax; attempt++ {
-		if attempt > 0 {
-			time.Sleep(retryBackoff * time.Duration(attempt))
+		if attempt > 0 && !w.pause(retryBackoff*time.Duration(attempt)) {
+			return all(len(reqs), unavailable("shard server gave up the shard's partition")), writerStop
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-		loading := q.LoadShard
-		err = w.srv.committer.commit(ctx, w.fence, q, decide)
+		loading := b.q.LoadShard
+		err = w.srv.committer.commit(ctx, w.fence, b.q, b.decide)
 		cancel()
-		switch {
-		case err == nil && missing:
-			return results, writerNoShard
-		case err == nil && halted != "":
-			w.srv.halt(w, halted, false)
-			return results, writerStop
-		case err == nil:
-			w.setCounts(write.To)
-			if loading {
-				w.srv.running(w.key)
-			}
-			return results, writerGoOn
-		case errors.Is(err, stock.ErrConflict):
-			continue // a concurrent batch took a key or a quota: the rerun sees it
-		case errors.Is(err, stock.ErrFenced):
-			w.srv.log.Warn("batch fenced: another server owns the partition", "shard", w.key.String(), "err", err)
-			w.srv.fenced(w)
-			return all(len(reqs), unavailable("shard moved to another server")), writerStop
-		case errors.Is(err, stock.ErrDiverged), errors.Is(err, errInvariant):
-			// The row is not what this writer held (a lost commit's outcome
-			// misjudged, a second writer, a bug). Once per batch: reload it
-			// under the fence and, if the ledger accounts for it, go on from
-			// it; else, or if it happens again at once, halt the shard.
-			if !rechecked {
-				rechecked = true
-				w.srv.log.Warn("shard row is not the writer's copy; checking it against the ledger", "shard", w.key.String(), "err", err)
-				next, r := w.recheck(err)
-				if next != writerGoOn || w.suspect {
-					return all(len(reqs), r), next
-				}
-				q.LoadShard = false
-				continue
-			}
-			reason := fmt.Sprintf("the row diverged again right after it was reloaded and checked against the ledger: %v", err)
-			w.srv.log.Error("INVARIANT: halting the shard", "shard", w.key.String(), "reason", reason)
-			w.srv.halt(w, reason, true)
-			return all(len(reqs), haltedResult(w.key)), writerStop
-		case errors.Is(err, stock.ErrOutcomeUnknown):
-			// Whether the batch committed is not known: reload the row and
-			// tell everyone to retry with the same key, which is safe.
-			w.srv.log.Warn("batch outcome unknown", "shard", w.key.String(), "err", err)
-			w.loaded = false // the next batch reads the row again
-			return all(len(reqs), unavailable("database connection lost; retry with the same key")), writerGoOn
-		case errors.Is(err, stock.ErrNotCommitted):
-			w.srv.log.Debug("batch not committed; rerunning", "shard", w.key.String(), "attempt", attempt, "err", err)
-			w.loaded = false // the rerun reads the row again
-			q.LoadShard = true
-		default:
-			w.srv.log.Error("batch failed", "shard", w.key.String(), "err", err)
-			return all(len(reqs), unavailable("batch failed")), writerGoOn
+		if err == nil {
+			return b.committed(loading)
+		}
+		if results, next, done := b.failed(err, attempt); done {
+			return results, next
 		}
 	}
 	w.srv.log.Warn("batch gave up", "shard", w.key.String(), "err", err)
 	return all(len(reqs), unavailable("database unavailable; retry with the same key")), writerGoOn
+}
+
+// pause waits d before a batch is rerun, unless the writer is stopped
+// meanwhile (false): a stop wins over a rerun, as over queued work.
+func (w *writer) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-w.stop:
+		return false
+	}
+}
+
+// batchRun is one batch through its attempts: what it reads, and what its
+// last decision was.
+type batchRun struct {
+	w     *writer
+	reqs  []*stock.Request
+	q     stock.BatchQuery
+	sweep bool
+	// Set by decide, the last time it ran.
+	results   []stock.Result
+	write     *stock.BatchWrite
+	missing   bool   // the shard does not exist
+	halted    string // the loaded row says the shard is halted, and why
+	rechecked bool   // the row was reloaded and checked once already
+}
+
+// decide is the batch's stock.Decide: it runs inside the transaction,
+// perhaps more than once.
+func (b *batchRun) decide(read *stock.BatchRead) (*stock.BatchWrite, error) {
+	w := b.w
+	counts := w.counts
+	b.missing, b.halted = false, ""
+	if b.q.LoadShard {
+		if read.Counts == nil {
+			b.missing = true
+			b.write, b.results = &stock.BatchWrite{}, make([]stock.Result, len(b.reqs))
+			for i, r := range b.reqs {
+				b.results[i] = w.noShard(r)
+			}
+			return b.write, nil
+		}
+		if read.HaltReason != "" {
+			b.halted = read.HaltReason
+			b.write, b.results = &stock.BatchWrite{}, all(len(b.reqs), haltedResult(w.key))
+			return b.write, nil
+		}
+		counts = *read.Counts
+	}
+	var err error
+	b.write, b.results, err = plan(w.key, counts, b.reqs, read, b.sweep)
+	w.sku = read.SKU
+	return b.write, err
+}
+
+// committed answers a batch whose transaction committed (or that had
+// nothing to write).
+func (b *batchRun) committed(loaded bool) ([]stock.Result, writerNext) {
+	w := b.w
+	switch {
+	case b.missing:
+		return b.results, writerNoShard
+	case b.halted != "":
+		w.srv.halt(w, b.halted, false)
+		return b.results, writerStop
+	}
+	w.setCounts(b.write.To)
+	if loaded {
+		w.srv.running(w.key)
+	}
+	return b.results, writerGoOn
+}
+
+// failed handles an attempt's error: done with the answers and what the
+// writer does next, or not done (rerun the batch).
+func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next writerNext, done bool) {
+	w, n := b.w, len(b.reqs)
+	switch {
+	case errors.Is(err, stock.ErrConflict):
+		return nil, 0, false // a concurrent batch took a key or a quota: the rerun sees it
+	case errors.Is(err, stock.ErrFenced):
+		w.srv.log.Warn("batch fenced: another server owns the partition", "shard", w.key.String(), "err", err)
+		w.srv.fenced(w)
+		return all(n, unavailable("shard moved to another server")), writerStop, true
+	case errors.Is(err, stock.ErrDiverged), errors.Is(err, errInvariant):
+		// The row is not what this writer held (a lost commit's outcome
+		// misjudged, a second writer, a bug). Once per batch: reload it
+		// under the fence and, if the ledger accounts for it, go on from
+		// it; else, or if it happens again at once, halt the shard.
+		if !b.rechecked {
+			b.rechecked = true
+			w.srv.log.Warn("shard row is not the writer's copy; checking it against the ledger", "shard", w.key.String(), "err", err)
+			next, r := w.recheck(err)
+			if next != writerGoOn || w.suspect {
+				return all(n, r), next, true
+			}
+			b.q.LoadShard = false
+			return nil, 0, false
+		}
+		reason := fmt.Sprintf("the row diverged again right after it was reloaded and checked against the ledger: %v", err)
+		w.srv.log.Error("INVARIANT: halting the shard", "shard", w.key.String(), "reason", reason)
+		w.srv.halt(w, reason, true)
+		return all(n, haltedResult(w.key)), writerStop, true
+	case errors.Is(err, stock.ErrOutcomeUnknown):
+		// Whether the batch committed is not known: reload the row and
+		// tell everyone to retry with the same key, which is safe.
+		w.srv.log.Warn("batch outcome unknown", "shard", w.key.String(), "err", err)
+		w.loaded = false // the next batch reads the row again
+		return all(n, unavailable("database connection lost; retry with the same key")), writerGoOn, true
+	case errors.Is(err, stock.ErrNotCommitted):
+		w.srv.log.Debug("batch not committed; rerunning", "shard", w.key.String(), "attempt", attempt, "err", err)
+		w.loaded = false // the rerun reads the row again
+		b.q.LoadShard = true
+		return nil, 0, false
+	}
+	w.srv.log.Error("batch failed", "shard", w.key.String(), "err", err)
+	return all(n, unavailable("batch failed")), writerGoOn, true
 }
 
 // recheck reloads the shard's row under the writer's fence and checks it

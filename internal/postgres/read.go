@@ -1,0 +1,270 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// readGroup is the group's first round trip: BEGIN; the fences of every
+// unit's partition (FOR SHARE, so that a takeover waits for this batch and a
+// batch after the takeover sees the new epoch), with the database clock;
+// the SKUs; the shard rows of the units that ask (LoadShard); the existing
+// operations, reservations, transfers and customer usage of every unit; the
+// due holds of the units that sweep. Each unit gets its BatchRead, or
+// Err = ErrFenced.
+func readGroup(ctx context.Context, conn *pgx.Conn, units []*stock.Unit) ([]*stock.BatchRead, error) {
+	q := newGroupQuery(units)
+	b := &pgx.Batch{}
+	q.queue(b)
+	res := conn.SendBatch(ctx, b)
+	defer res.Close()
+	got, err := q.scan(res)
+	if err != nil {
+		return nil, err
+	}
+	if err := res.Close(); err != nil {
+		return nil, notCommitted("read", err)
+	}
+	return got.reads(units), nil
+}
+
+// groupQuery is what a group reads, gathered from its units.
+type groupQuery struct {
+	parts                                           []int32
+	skus, keys, rids, tids, usageSKUs, usageClients []string
+	sweeps                                          []*stock.Unit
+	loadSKUs                                        []string
+	loadIdx                                         []int32
+}
+
+func newGroupQuery(units []*stock.Unit) *groupQuery {
+	q := &groupQuery{}
+	for _, u := range units {
+		if u.Query.LoadShard {
+			q.loadSKUs, q.loadIdx = append(q.loadSKUs, u.Query.Shard.SKU), append(q.loadIdx, u.Query.Shard.Index)
+		}
+		q.parts = append(q.parts, u.Fence.Partition)
+		q.skus = append(q.skus, u.Query.Shard.SKU)
+		q.keys = append(q.keys, u.Query.Keys...)
+		q.rids = append(q.rids, u.Query.ReservationIDs...)
+		q.tids = append(q.tids, u.Query.TransferIDs...)
+		for _, c := range u.Query.Customers {
+			q.usageSKUs, q.usageClients = append(q.usageSKUs, u.Query.Shard.SKU), append(q.usageClients, c)
+		}
+		if u.Query.SweepMax > 0 {
+			q.sweeps = append(q.sweeps, u)
+		}
+	}
+	return q
+}
+
+// queue queues the round trip's statements; scan reads their answers in
+// the same order.
+func (q *groupQuery) queue(b *pgx.Batch) {
+	b.Queue("BEGIN")
+	b.Queue(`SELECT partition, owner, epoch, now() FROM partitions
+		WHERE partition = ANY($1::int[]) ORDER BY partition FOR SHARE`, q.parts)
+	b.Queue(`SELECT s.* FROM unnest($1::text[]) AS k(sku) CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, q.skus)
+	if len(q.loadSKUs) > 0 {
+		b.Queue(`SELECT sh.sku, sh.idx, sh.available, sh.reserved, sh.sold, sh.halted_reason FROM unnest($1::text[], $2::int[]) AS k(sku, idx)
+			CROSS JOIN LATERAL (SELECT sku, idx, available, reserved, sold, halted_reason FROM shards WHERE sku = k.sku AND idx = k.idx) sh`,
+			q.loadSKUs, q.loadIdx)
+	}
+	if len(q.keys) > 0 {
+		b.Queue(sqlSelectOps, q.keys)
+	}
+	if len(q.rids) > 0 {
+		b.Queue(sqlSelectReservationsByID, q.rids)
+	}
+	for _, u := range q.sweeps {
+		b.Queue(sqlSelectReservations+` WHERE sku = $1 AND shard = $2 AND state = 'held' AND expires_at <= now() ORDER BY expires_at LIMIT $3`,
+			u.Query.Shard.SKU, u.Query.Shard.Index, u.Query.SweepMax)
+	}
+	if len(q.tids) > 0 {
+		b.Queue(`SELECT t.* FROM unnest($1::text[]) AS k(id) CROSS JOIN LATERAL (`+sqlSelectTransfers+` WHERE id = k.id) t`, q.tids)
+	}
+	if len(q.usageClients) > 0 {
+		b.Queue(`SELECT u.sku, u.customer_ref, u.quantity FROM unnest($1::text[], $2::text[]) AS k(sku, c)
+			CROSS JOIN LATERAL (SELECT sku, customer_ref, quantity FROM customer_usage WHERE sku = k.sku AND customer_ref = k.c) u`,
+			q.usageSKUs, q.usageClients)
+	}
+}
+
+// groupRead is what the round trip answered.
+type groupRead struct {
+	fences       map[int32]fenceRow
+	now          time.Time
+	skus         map[string]*stock.SKU
+	loaded       map[stock.ShardKey]*loadedShard
+	ops          map[string]*stock.Operation
+	reservations map[string]*stock.Reservation
+	due          map[*stock.Unit][]*stock.Reservation
+	transfers    map[string]*stock.Transfer
+	usage        map[string]map[string]int64 // sku -> customer -> units
+}
+
+type fenceRow struct {
+	owner string
+	epoch int64
+}
+
+type loadedShard struct {
+	counts stock.Counts
+	halt   string
+}
+
+// scan reads the answers of the statements queue queued, in their order.
+// Any error means the transaction did not commit (nothing was written).
+func (q *groupQuery) scan(res pgx.BatchResults) (*groupRead, error) {
+	g := &groupRead{ops: map[string]*stock.Operation{}, reservations: map[string]*stock.Reservation{},
+		due: map[*stock.Unit][]*stock.Reservation{}, transfers: map[string]*stock.Transfer{}, usage: map[string]map[string]int64{}}
+	if _, err := res.Exec(); err != nil {
+		return nil, notCommitted("begin", err)
+	}
+	var err error
+	if g.fences, g.now, err = scanFences(res); err != nil {
+		return nil, notCommitted("fence", err)
+	}
+	if g.skus, err = scanSKUs(res); err != nil {
+		return nil, notCommitted("sku", err)
+	}
+	if len(q.loadSKUs) > 0 {
+		if g.loaded, err = scanLoaded(res); err != nil {
+			return nil, notCommitted("shards", err)
+		}
+	}
+	if len(q.keys) > 0 {
+		if err := scanOps(res, g.ops); err != nil {
+			return nil, notCommitted("operations", err)
+		}
+	}
+	if len(q.rids) > 0 {
+		if err := scanReservationsInto(res, g.reservations); err != nil {
+			return nil, notCommitted("reservations", err)
+		}
+	}
+	for _, u := range q.sweeps {
+		if g.due[u], err = scanReservations(res); err != nil {
+			return nil, notCommitted("due reservations", err)
+		}
+	}
+	if len(q.tids) > 0 {
+		if err := scanTransfersInto(res, g.transfers); err != nil {
+			return nil, notCommitted("transfers", err)
+		}
+	}
+	if len(q.usageClients) > 0 {
+		if err := scanUsage(res, g.usage); err != nil {
+			return nil, notCommitted("usage", err)
+		}
+	}
+	return g, nil
+}
+
+func scanFences(res pgx.BatchResults) (map[int32]fenceRow, time.Time, error) {
+	fences := map[int32]fenceRow{}
+	var now time.Time
+	rows, err := res.Query()
+	if err != nil {
+		return nil, now, err
+	}
+	var p int32
+	var f fenceRow
+	_, err = pgx.ForEachRow(rows, []any{&p, &f.owner, &f.epoch, &now}, func() error { fences[p] = f; return nil })
+	return fences, now, err
+}
+
+func scanSKUs(res pgx.BatchResults) (map[string]*stock.SKU, error) {
+	rows, err := res.Query()
+	if err != nil {
+		return nil, err
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.SKU, error) { return scanSKU(r) })
+	if err != nil {
+		return nil, err
+	}
+	bySKU := make(map[string]*stock.SKU, len(list))
+	for _, s := range list {
+		bySKU[s.SKU] = s
+	}
+	return bySKU, nil
+}
+
+func scanLoaded(res pgx.BatchResults) (map[stock.ShardKey]*loadedShard, error) {
+	loaded := map[stock.ShardKey]*loadedShard{}
+	rows, err := res.Query()
+	if err != nil {
+		return nil, err
+	}
+	var k stock.ShardKey
+	var l loadedShard
+	_, err = pgx.ForEachRow(rows, []any{&k.SKU, &k.Index, &l.counts.Available, &l.counts.Reserved, &l.counts.Sold, &l.halt}, func() error {
+		ll := l
+		loaded[k] = &ll
+		return nil
+	})
+	return loaded, err
+}
+
+func scanReservationsInto(res pgx.BatchResults, into map[string]*stock.Reservation) error {
+	rs, err := scanReservations(res)
+	for _, r := range rs {
+		into[r.ID] = r
+	}
+	return err
+}
+
+func scanTransfersInto(res pgx.BatchResults, into map[string]*stock.Transfer) error {
+	ts, err := scanTransfers(res)
+	for _, t := range ts {
+		into[t.ID] = t
+	}
+	return err
+}
+
+func scanUsage(res pgx.BatchResults, into map[string]map[string]int64) error {
+	rows, err := res.Query()
+	if err != nil {
+		return err
+	}
+	var sku, c string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&sku, &c, &n}, func() error {
+		if into[sku] == nil {
+			into[sku] = map[string]int64{}
+		}
+		into[sku][c] = n
+		return nil
+	})
+	return err
+}
+
+// reads gives every unit what it read, or Err = ErrFenced when its
+// partition's fence is not its writer's.
+func (g *groupRead) reads(units []*stock.Unit) []*stock.BatchRead {
+	reads := make([]*stock.BatchRead, len(units))
+	for i, u := range units {
+		got, ok := g.fences[u.Fence.Partition]
+		if !ok || got.owner != u.Fence.ServerID || got.epoch != u.Fence.Epoch {
+			u.Err = fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", stock.ErrFenced, u.Fence.Partition, got.owner, got.epoch, u.Fence.ServerID, u.Fence.Epoch)
+			continue
+		}
+		// Every unit sees every lookup: a key or a reservation of another
+		// unit is refused by the planner's own checks (SKU, shard).
+		read := &stock.BatchRead{SKU: g.skus[u.Query.Shard.SKU], Ops: g.ops, Reservations: g.reservations, Due: g.due[u],
+			Usage: g.usage[u.Query.Shard.SKU], Transfers: g.transfers, Now: g.now}
+		if l := g.loaded[u.Query.Shard]; u.Query.LoadShard && l != nil {
+			read.Counts, read.HaltReason = &l.counts, l.halt
+		}
+		if read.Usage == nil {
+			read.Usage = map[string]int64{}
+		}
+		reads[i] = read
+	}
+	return reads
+}
