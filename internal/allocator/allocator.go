@@ -306,29 +306,15 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 	if r.Kind == stock.OpAdjust {
 		q = -r.Quantity
 	}
-	n := sku.Shards
-	first := firstChoice(r.Key, n)
-	asked := false
+	first := firstChoice(r.Key, sku.Shards)
 	var last stock.Result
 	for round := 0; round < routeRoundsMax; round++ {
-		for _, idx := range candidates(n, first, a.hintsOf(sku.SKU, n), q, a.skipper(sku.SKU)) {
-			rr := *r
-			rr.Shard.Index = idx
-			res := a.exec(ctx, &rr)
-			if res.Err == nil {
-				return res
-			}
-			switch res.Err.Code {
-			case stock.CodeOutOfStock:
-				asked = true
-			case stock.CodeShardUnavailable:
-				last = res
-			default:
-				return res
-			}
-			if ctx.Err() != nil {
-				return unavailable("deadline passed while routing; retry with the same key")
-			}
+		res, asked, done := a.tryShards(ctx, r, sku, q, first)
+		if done {
+			return res
+		}
+		if res.Err != nil {
+			last = res
 		}
 		// A shard that refused the request in this call looked its key up
 		// in its own transaction: the sweep need not look it up again.
@@ -340,47 +326,91 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 		if sw.err != nil {
 			return stock.Result{Err: sw.err}
 		}
-		switch {
-		case sw.available+sw.inTransit < q && sw.unknown == 0:
-			return a.outOfStock(ctx, r, sku, asked, sw)
-		case sw.available+sw.inTransit < q:
-			// Shards that did not answer may hold the stock: not a sold-out.
-			// A partition changing hands answers again in moments.
-			last = unavailable("some shards of %s are unreachable; retry with the same key", sku.SKU)
-			if !sleep(ctx, a.transitWait) {
-				return unavailable("deadline passed while shards of %s were unreachable; retry with the same key", sku.SKU)
-			}
-		case sw.maxShard >= q:
-			continue // a shard holds enough now: try again with fresh hints
-		case refused(r, sku):
-			// The cached SKU refuses this request whatever the stock. The
-			// copy may be up to skuCacheTTL old (a SKU resumed through
-			// another allocator), and here it decides, not only words, the
-			// answer: read it again before refusing rather than moving
-			// stock. Rare: only a request larger than any one shard.
-			a.forgetSKU(sku.SKU)
-			fresh, err := a.sku(ctx, sku.SKU)
-			if err != nil {
-				return unavailable("could not read %s; retry with the same key", sku.SKU)
-			}
-			if refused(r, fresh) {
-				return a.outOfStock(ctx, r, fresh, false, sw)
-			}
-			sku = fresh
-		case sw.available >= q:
-			if err := a.consolidate(ctx, sku, q); err != nil {
-				a.log.Debug("consolidation failed", "sku", sku.SKU, "err", err)
-			}
-		default: // enough only with what is in transit: let it land
-			if !sleep(ctx, a.transitWait) {
-				return unavailable("deadline passed while stock of %s was in transit; retry with the same key", sku.SKU)
-			}
+		if sku, res, done = a.afterSweep(ctx, r, sku, q, asked, sw); done {
+			return res
+		}
+		if res.Err != nil {
+			last = res
 		}
 	}
 	if last.Err != nil {
 		return last
 	}
 	return unavailable("could not place the request in %d rounds; retry with the same key", routeRoundsMax)
+}
+
+// tryShards tries the candidate shards for q units in order. done: res is
+// the answer (a success, or a refusal that no other shard would change);
+// else res is the last SHARD_UNAVAILABLE, if any, and asked tells whether
+// a shard refused the request for stock.
+func (a *Allocator) tryShards(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, first int32) (res stock.Result, asked, done bool) {
+	var last stock.Result
+	for _, idx := range candidates(sku.Shards, first, a.hintsOf(sku.SKU, sku.Shards), q, a.skipper(sku.SKU)) {
+		rr := *r
+		rr.Shard.Index = idx
+		res := a.exec(ctx, &rr)
+		if res.Err == nil {
+			return res, asked, true
+		}
+		switch res.Err.Code {
+		case stock.CodeOutOfStock:
+			asked = true
+		case stock.CodeShardUnavailable:
+			last = res
+		default:
+			return res, asked, true
+		}
+		if ctx.Err() != nil {
+			return unavailable("deadline passed while routing; retry with the same key"), asked, true
+		}
+	}
+	return last, asked, false
+}
+
+// afterSweep decides, from a sweep of every shard, what the next round
+// does: answer (done), wait for shards or stock in transit, consolidate
+// fragmented stock, or just try again with fresh hints. It returns the SKU
+// as the next round sees it, and any SHARD_UNAVAILABLE to answer should the
+// rounds run out.
+func (a *Allocator) afterSweep(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, asked bool, sw sweepResult) (*stock.SKU, stock.Result, bool) {
+	switch {
+	case sw.available+sw.inTransit < q && sw.unknown == 0:
+		return sku, a.outOfStock(ctx, r, sku, asked, sw), true
+	case sw.available+sw.inTransit < q:
+		// Shards that did not answer may hold the stock: not a sold-out.
+		// A partition changing hands answers again in moments.
+		if !sleep(ctx, a.transitWait) {
+			return sku, unavailable("deadline passed while shards of %s were unreachable; retry with the same key", sku.SKU), true
+		}
+		return sku, unavailable("some shards of %s are unreachable; retry with the same key", sku.SKU), false
+	case sw.maxShard >= q:
+		return sku, stock.Result{}, false // a shard holds enough now: try again with fresh hints
+	case refused(r, sku):
+		// The cached SKU refuses this request whatever the stock. The copy
+		// may be up to skuCacheTTL old (a SKU resumed through another
+		// allocator), and here it decides, not only words, the answer: read
+		// it again before refusing rather than moving stock. Rare: only a
+		// request larger than any one shard.
+		a.forgetSKU(sku.SKU)
+		fresh, err := a.sku(ctx, sku.SKU)
+		if err != nil {
+			return sku, unavailable("could not read %s; retry with the same key", sku.SKU), true
+		}
+		if refused(r, fresh) {
+			return fresh, a.outOfStock(ctx, r, fresh, false, sw), true
+		}
+		return fresh, stock.Result{}, false
+	case sw.available >= q:
+		if err := a.consolidate(ctx, sku, q); err != nil {
+			a.log.Debug("consolidation failed", "sku", sku.SKU, "err", err)
+		}
+		return sku, stock.Result{}, false
+	}
+	// Enough only with what is in transit: let it land.
+	if !sleep(ctx, a.transitWait) {
+		return sku, unavailable("deadline passed while stock of %s was in transit; retry with the same key", sku.SKU), true
+	}
+	return sku, stock.Result{}, false
 }
 
 // sleep pauses for d, or less if ctx ends first; it reports whether all of d
