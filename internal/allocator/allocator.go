@@ -345,7 +345,7 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 // a shard refused the request for stock.
 func (a *Allocator) tryShards(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, first int32) (res stock.Result, asked, done bool) {
 	var last stock.Result
-	for _, idx := range candidates(sku.Shards, first, a.hintsOf(sku.SKU, sku.Shards), q, a.skipper(sku.SKU)) {
+	for _, idx := range candidates(sku.Shards, first, a.hintsOf(sku.Name, sku.Shards), q, a.skipper(sku.Name)) {
 		rr := *r
 		rr.Shard.Index = idx
 		res := a.exec(ctx, &rr)
@@ -380,9 +380,9 @@ func (a *Allocator) afterSweep(ctx context.Context, r *stock.Request, sku *stock
 		// Shards that did not answer may hold the stock: not a sold-out.
 		// A partition changing hands answers again in moments.
 		if !sleep(ctx, a.transitWait) {
-			return sku, unavailable("deadline passed while shards of %s were unreachable; retry with the same key", sku.SKU), true
+			return sku, unavailable("deadline passed while shards of %s were unreachable; retry with the same key", sku.Name), true
 		}
-		return sku, unavailable("some shards of %s are unreachable; retry with the same key", sku.SKU), false
+		return sku, unavailable("some shards of %s are unreachable; retry with the same key", sku.Name), false
 	case sw.maxShard >= q:
 		return sku, stock.Result{}, false // a shard holds enough now: try again with fresh hints
 	case refused(r, sku):
@@ -391,10 +391,10 @@ func (a *Allocator) afterSweep(ctx context.Context, r *stock.Request, sku *stock
 		// allocator), and here it decides, not only words, the answer: read
 		// it again before refusing rather than moving stock. Rare: only a
 		// request larger than any one shard.
-		a.forgetSKU(sku.SKU)
-		fresh, err := a.sku(ctx, sku.SKU)
+		a.forgetSKU(sku.Name)
+		fresh, err := a.sku(ctx, sku.Name)
 		if err != nil {
-			return sku, unavailable("could not read %s; retry with the same key", sku.SKU), true
+			return sku, unavailable("could not read %s; retry with the same key", sku.Name), true
 		}
 		if refused(r, fresh) {
 			return fresh, a.outOfStock(ctx, r, fresh, false, sw), true
@@ -402,13 +402,13 @@ func (a *Allocator) afterSweep(ctx context.Context, r *stock.Request, sku *stock
 		return fresh, stock.Result{}, false
 	case sw.available >= q:
 		if err := a.consolidate(ctx, sku, q); err != nil {
-			a.log.Debug("consolidation failed", "sku", sku.SKU, "err", err)
+			a.log.Debug("consolidation failed", "sku", sku.Name, "err", err)
 		}
 		return sku, stock.Result{}, false
 	}
 	// Enough only with what is in transit: let it land.
 	if !sleep(ctx, a.transitWait) {
-		return sku, unavailable("deadline passed while stock of %s was in transit; retry with the same key", sku.SKU), true
+		return sku, unavailable("deadline passed while stock of %s was in transit; retry with the same key", sku.Name), true
 	}
 	return sku, stock.Result{}, false
 }

@@ -144,7 +144,7 @@ func (s *stack) waitStable(ids []string) {
 // createSKU creates a SKU through the allocator.
 func (s *stack) createSKU(name string, shards int32, initial int64) {
 	s.t.Helper()
-	if _, err := s.alloc.CreateSKU(context.Background(), stock.SKU{SKU: name, Shards: shards}, initial); err != nil {
+	if _, err := s.alloc.CreateSKU(context.Background(), stock.SKU{Name: name, Shards: shards}, initial); err != nil {
 		s.t.Fatalf("CreateSKU(%s, %d shards, %d) = %v", name, shards, initial, err)
 	}
 }
@@ -335,7 +335,7 @@ func TestAllocator_Take(t *testing.T) {
 		}
 	})
 	t.Run("Refusals", func(t *testing.T) {
-		if _, err := s.alloc.CreateSKU(ctx, stock.SKU{SKU: "limited", Shards: 2, MaxPerOrder: 3}, 10); err != nil {
+		if _, err := s.alloc.CreateSKU(ctx, stock.SKU{Name: "limited", Shards: 2, MaxPerOrder: 3}, 10); err != nil {
 			t.Fatal(err)
 		}
 		for _, tc := range []struct {
@@ -576,12 +576,12 @@ func TestAllocator_Admin(t *testing.T) {
 			want    stock.Code
 		}{
 			{"NoName", stock.SKU{}, 1, stock.CodeInvalidSKU},
-			{"TooManyShards", stock.SKU{SKU: "c1", Shards: stock.ShardsMax + 1}, 1, stock.CodeInvalidArgument},
-			{"NegativeStock", stock.SKU{SKU: "c2", Shards: 1}, -1, stock.CodeInvalidQuantity},
-			{"NegativeMaxPerOrder", stock.SKU{SKU: "c3", MaxPerOrder: -1}, 1, stock.CodeInvalidArgument},
-			{"TTLTooShort", stock.SKU{SKU: "c4", ReservationTTL: time.Millisecond}, 1, stock.CodeInvalidArgument},
-			{"Exists", stock.SKU{SKU: "admin"}, 1, stock.CodeSKUExists},
-			{"OK", stock.SKU{SKU: "c5"}, 3, ""},
+			{"TooManyShards", stock.SKU{Name: "c1", Shards: stock.ShardsMax + 1}, 1, stock.CodeInvalidArgument},
+			{"NegativeStock", stock.SKU{Name: "c2", Shards: 1}, -1, stock.CodeInvalidQuantity},
+			{"NegativeMaxPerOrder", stock.SKU{Name: "c3", MaxPerOrder: -1}, 1, stock.CodeInvalidArgument},
+			{"TTLTooShort", stock.SKU{Name: "c4", ReservationTTL: time.Millisecond}, 1, stock.CodeInvalidArgument},
+			{"Exists", stock.SKU{Name: "admin"}, 1, stock.CodeSKUExists},
+			{"OK", stock.SKU{Name: "c5"}, 3, ""},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				st, err := s.alloc.CreateSKU(ctx, tc.sku, tc.initial)

@@ -48,7 +48,7 @@ func TestAllocator_CacheBounds(t *testing.T) {
 	t.Run("SKUs", func(t *testing.T) {
 		db := openDB(t)
 		ctx := context.Background()
-		s := stock.SKU{SKU: "cached", Status: stock.StatusActive, Shards: 1, ReservationTTL: stock.ReservationTTLDefault}
+		s := stock.SKU{Name: "cached", Status: stock.StatusActive, Shards: 1, ReservationTTL: stock.ReservationTTLDefault}
 		if err := db.CreateSKU(ctx, s, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -57,8 +57,8 @@ func TestAllocator_CacheBounds(t *testing.T) {
 		for i := range skuCacheLenMax {
 			a.skus.Add(fmt.Sprint("filler-", i), cachedSKU{sku: &stock.SKU{}, fetched: time.Now()})
 		}
-		if _, err := a.sku(ctx, s.SKU); err != nil {
-			t.Fatalf("sku(%s) = %v", s.SKU, err)
+		if _, err := a.sku(ctx, s.Name); err != nil {
+			t.Fatalf("sku(%s) = %v", s.Name, err)
 		}
 		if n := a.skus.Len(); n != skuCacheLenMax {
 			t.Errorf("skus.Len() = %d, want %d", n, skuCacheLenMax)
@@ -66,8 +66,8 @@ func TestAllocator_CacheBounds(t *testing.T) {
 		if a.skus.Contains("filler-0") {
 			t.Errorf("skus holds filler-0, the least recently used, want it evicted")
 		}
-		if !a.skus.Contains(s.SKU) {
-			t.Errorf("skus does not hold %s, just read", s.SKU)
+		if !a.skus.Contains(s.Name) {
+			t.Errorf("skus does not hold %s, just read", s.Name)
 		}
 	})
 }
@@ -78,7 +78,7 @@ func TestAllocator_CacheBounds(t *testing.T) {
 func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
 	db := openDB(t)
 	ctx := context.Background()
-	s := stock.SKU{SKU: "unreachable", Status: stock.StatusActive, Shards: 2, ReservationTTL: stock.ReservationTTLDefault}
+	s := stock.SKU{Name: "unreachable", Status: stock.StatusActive, Shards: 2, ReservationTTL: stock.ReservationTTLDefault}
 	if err := db.CreateSKU(ctx, s, 10); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
 	done := make(chan stock.Result, 1)
 	start := time.Now()
 	go func() {
-		done <- a.Take(rctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: s.SKU}, Quantity: 1, Key: "k"})
+		done <- a.Take(rctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: s.Name}, Quantity: 1, Key: "k"})
 	}()
 	// The request reaches the wait: its first sweep has run.
 	waitFor(t, func() bool { return a.hints.Len() == int(s.Shards) })

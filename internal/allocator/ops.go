@@ -66,7 +66,7 @@ func (a *Allocator) Give(ctx context.Context, r *stock.Request) stock.Result {
 		return a.take(ctx, r, sku)
 	}
 	first := firstChoice(r.Key, sku.Shards)
-	res := unavailable("no shard of %s is reachable; retry with the same key", sku.SKU)
+	res := unavailable("no shard of %s is reachable; retry with the same key", sku.Name)
 	for d := int32(0); d < sku.Shards; d++ {
 		rr := *r
 		rr.Shard.Index = (first + d) % sku.Shards
@@ -146,7 +146,7 @@ func (a *Allocator) CreateSKU(ctx context.Context, s stock.SKU, initial int64) (
 	if err := a.db.CreateSKU(ctx, s, initial); err != nil {
 		return nil, err
 	}
-	return a.GetStock(ctx, s.SKU)
+	return a.GetStock(ctx, s.Name)
 }
 
 // UpdateSKU pauses or resumes a SKU or changes its limits.

@@ -62,10 +62,10 @@ func (s *sweeper) sweep(ctx context.Context, sku *stock.SKU, key string) sweepRe
 	if s.bySKU == nil {
 		s.bySKU = map[string]*sweepState{}
 	}
-	st := s.bySKU[sku.SKU]
+	st := s.bySKU[sku.Name]
 	if st == nil {
 		st = &sweepState{}
-		s.bySKU[sku.SKU] = st
+		s.bySKU[sku.Name] = st
 	}
 	var run *sweepRun
 	switch {
@@ -110,7 +110,7 @@ func (s *sweeper) loop(sku *stock.SKU, st *sweepState) {
 		s.mu.Lock()
 		st.running, st.next = st.next, nil
 		if st.running == nil {
-			delete(s.bySKU, sku.SKU)
+			delete(s.bySKU, sku.Name)
 			s.mu.Unlock()
 			return
 		}
@@ -127,15 +127,15 @@ func (s *sweeper) loop(sku *stock.SKU, st *sweepState) {
 func (a *Allocator) sweepOnce(sku *stock.SKU, keys []string) sweepResult {
 	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
 	defer cancel()
-	rows, inTransit, ops, err := a.db.Sweep(ctx, sku.SKU, keys)
+	rows, inTransit, ops, err := a.db.Sweep(ctx, sku.Name, keys)
 	if err != nil {
-		a.log.Debug("sweep failed", "sku", sku.SKU, "err", err)
-		return sweepResult{err: stock.Errorf(stock.CodeShardUnavailable, "could not read the stock of %s; retry with the same key", sku.SKU)}
+		a.log.Debug("sweep failed", "sku", sku.Name, "err", err)
+		return sweepResult{err: stock.Errorf(stock.CodeShardUnavailable, "could not read the stock of %s; retry with the same key", sku.Name)}
 	}
 	res := sweepResult{inTransit: inTransit, unknown: int(sku.Shards) - len(rows), ops: ops}
-	skip := a.skipper(sku.SKU)
+	skip := a.skipper(sku.Name)
 	for _, r := range rows {
-		a.setHint(stock.ShardKey{SKU: sku.SKU, Index: r.Index}, r.Available)
+		a.setHint(stock.ShardKey{SKU: sku.Name, Index: r.Index}, r.Available)
 		if r.Available > 0 && skip(r.Index) {
 			// Its server is down or failing: the stock is there but cannot
 			// be sold right now, which is not a sold-out.

@@ -30,7 +30,7 @@ func TestSweeper_KeysOverflow(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	sku := &stock.SKU{SKU: "sweep-sku", Status: stock.StatusActive, Shards: 2, ReservationTTL: stock.ReservationTTLDefault}
+	sku := &stock.SKU{Name: "sweep-sku", Status: stock.StatusActive, Shards: 2, ReservationTTL: stock.ReservationTTLDefault}
 	if err := db.CreateSKU(ctx, *sku, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestSweeper_KeysOverflow(t *testing.T) {
 	}
 	first := make(chan sweepResult, 1)
 	go func() { first <- a.sweeps.sweep(ctx, sku, "k-first") }()
-	waitFor(t, func() bool { a.sweeps.mu.Lock(); defer a.sweeps.mu.Unlock(); return a.sweeps.bySKU[sku.SKU] != nil })
+	waitFor(t, func() bool { a.sweeps.mu.Lock(); defer a.sweeps.mu.Unlock(); return a.sweeps.bySKU[sku.Name] != nil })
 
 	const joiners = keysMax + 2
 	results := make([]sweepResult, joiners)
@@ -67,7 +67,7 @@ func TestSweeper_KeysOverflow(t *testing.T) {
 	waitFor(t, func() bool {
 		a.sweeps.mu.Lock()
 		defer a.sweeps.mu.Unlock()
-		st := a.sweeps.bySKU[sku.SKU]
+		st := a.sweeps.bySKU[sku.Name]
 		return st != nil && st.next != nil && len(st.next.keys) == keysMax
 	})
 	time.Sleep(50 * time.Millisecond) // the overflowing joiners reach the queue too
@@ -86,7 +86,7 @@ func TestSweeper_KeysOverflow(t *testing.T) {
 		case r.ops == nil:
 			skipped++
 			// And the allocator answers it as unchecked, not as sold out.
-			res := a.outOfStock(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku.SKU}, Quantity: 1,
+			res := a.outOfStock(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku.Name}, Quantity: 1,
 				Key: fmt.Sprintf("k-%d", i)}, sku, false, r)
 			if res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
 				t.Errorf("outOfStock for an unchecked key = %v, want SHARD_UNAVAILABLE", res.Err)

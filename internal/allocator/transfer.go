@@ -14,7 +14,7 @@ import (
 // target's); one that fails half-way is finished by the shard servers'
 // sweep, and the stock counts as in transit meanwhile.
 func (a *Allocator) consolidate(ctx context.Context, sku *stock.SKU, q int64) error {
-	target, moves := consolidation(a.hintsOf(sku.SKU, sku.Shards), q, a.skipper(sku.SKU))
+	target, moves := consolidation(a.hintsOf(sku.Name, sku.Shards), q, a.skipper(sku.Name))
 	if moves == nil {
 		return errors.New("allocator: the reachable shards do not hold enough")
 	}
@@ -24,7 +24,7 @@ func (a *Allocator) consolidate(ctx context.Context, sku *stock.SKU, q int64) er
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = a.transfer(ctx, sku.SKU, m.from, target, m.quantity, "consolidate for a request of "+itoa(q))
+			errs[i] = a.transfer(ctx, sku.Name, m.from, target, m.quantity, "consolidate for a request of "+itoa(q))
 		}()
 	}
 	wg.Wait()

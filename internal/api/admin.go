@@ -70,7 +70,7 @@ func BearerAuth(token string) connect.UnaryInterceptorFunc {
 func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {
 	m := req.Msg
 	st, err := h.Admin.CreateSKU(ctx, stock.SKU{
-		SKU: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
+		Name: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
 		ReservationTTL: rpc.DurationOf(m.GetReservationTtl()),
 	}, m.GetInitialStock())
 	if err != nil {
@@ -222,7 +222,7 @@ func (h *AdminHandler) ResumeShard(ctx context.Context, req *connect.Request[v1.
 }
 
 func skuToProto(s *stock.SKU) *v1.SkuConfig {
-	return &v1.SkuConfig{Sku: s.SKU, Status: skuStatuses[s.Status], Shards: s.Shards, MaxPerOrder: s.MaxPerOrder,
+	return &v1.SkuConfig{Sku: s.Name, Status: skuStatuses[s.Status], Shards: s.Shards, MaxPerOrder: s.MaxPerOrder,
 		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL)}
 }
 

@@ -118,7 +118,7 @@ var skuStatuses = map[stock.Status]v1.SkuStatus{
 // StockToProto converts a SKU's stock.
 func StockToProto(st *allocator.Stock) *v1.Stock {
 	out := &v1.Stock{
-		Sku: st.SKU.SKU, Available: st.Total.Available, Reserved: st.Total.Reserved, Sold: st.Total.Sold,
+		Sku: st.SKU.Name, Available: st.Total.Available, Reserved: st.Total.Reserved, Sold: st.Total.Sold,
 		InTransit: st.InTransit, Status: skuStatuses[st.SKU.Status],
 	}
 	for _, s := range st.Shards {

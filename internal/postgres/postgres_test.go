@@ -100,7 +100,7 @@ func TestOpen_Migrations(t *testing.T) {
 		if n := count(t, conn, `SELECT count(*) FROM partitions WHERE owner = '' AND epoch = 0`); n != stock.Partitions {
 			t.Errorf("unowned partitions at epoch 0 = %d, want %d", n, stock.Partitions)
 		}
-		createSKU(t, db, stock.SKU{SKU: "m-sku", Shards: 3}, 10)
+		createSKU(t, db, stock.SKU{Name: "m-sku", Shards: 3}, 10)
 		rows, err := db.Shards(context.Background(), "m-sku")
 		if err != nil {
 			t.Fatalf("Shards(m-sku) = %v", err)
@@ -112,7 +112,7 @@ func TestOpen_Migrations(t *testing.T) {
 
 	t.Run("Idempotent", func(t *testing.T) {
 		db, url := mustOpen(t)
-		createSKU(t, db, stock.SKU{SKU: "m-sku", Shards: 2}, 10)
+		createSKU(t, db, stock.SKU{Name: "m-sku", Shards: 2}, 10)
 		conn := connect(t, url)
 		versions := count(t, conn, `SELECT count(*) FROM goose_db_version`)
 		for i := range 2 {
@@ -216,7 +216,7 @@ func TestLedger_AppendOnly(t *testing.T) {
 
 func TestShards_CheckConstraints(t *testing.T) {
 	db, url := mustOpen(t)
-	createSKU(t, db, stock.SKU{SKU: "c-sku", Shards: 1}, 10)
+	createSKU(t, db, stock.SKU{Name: "c-sku", Shards: 1}, 10)
 	conn := connect(t, url)
 	for _, col := range []string{"available", "reserved", "sold"} {
 		t.Run(col, func(t *testing.T) {
@@ -260,7 +260,7 @@ func book(t *testing.T) *booked {
 	t.Helper()
 	db, url := mustOpen(t)
 	b := &booked{db: db, conn: connect(t, url), sku: "rec-sku"}
-	createSKU(t, db, stock.SKU{SKU: b.sku, Shards: 2}, 20)
+	createSKU(t, db, stock.SKU{Name: b.sku, Shards: 2}, 20)
 
 	srv := shard.New(shard.Config{ServerID: "srv-a", DB: db, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -573,7 +573,7 @@ func TestDB_Batch(t *testing.T) {
 		t.Helper()
 		db, url := mustOpen(t)
 		k := stock.ShardKey{SKU: "b-sku"}
-		createSKU(t, db, stock.SKU{SKU: k.SKU, Shards: 1, CustomerLimit: limit}, 10)
+		createSKU(t, db, stock.SKU{Name: k.SKU, Shards: 1, CustomerLimit: limit}, 10)
 		f := stock.Fence{Partition: k.Partition(), Epoch: 1, ServerID: "srv"}
 		if err := db.TakeOver(ctx, f.Partition, f.ServerID, f.Epoch); err != nil {
 			t.Fatalf("TakeOver = %v", err)
@@ -627,7 +627,7 @@ func TestDB_Group(t *testing.T) {
 	setup := func(t *testing.T) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []stock.Fence) {
 		t.Helper()
 		db, url := mustOpen(t)
-		createSKU(t, db, stock.SKU{SKU: "g-sku", Shards: 3}, 30)
+		createSKU(t, db, stock.SKU{Name: "g-sku", Shards: 3}, 30)
 		var ks []stock.ShardKey
 		var fs []stock.Fence
 		for i := int32(0); i < 3; i++ {

@@ -15,7 +15,7 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 	var s stock.SKU
 	var status string
 	var ttlMS int64
-	if err := row.Scan(&s.SKU, &status, &s.Shards, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS); err != nil {
+	if err := row.Scan(&s.Name, &status, &s.Shards, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS); err != nil {
 		return nil, err
 	}
 	s.Status = stock.Status(status)

@@ -190,7 +190,7 @@ func scanSKUs(res pgx.BatchResults) (map[string]*stock.SKU, error) {
 	}
 	bySKU := make(map[string]*stock.SKU, len(list))
 	for _, s := range list {
-		bySKU[s.SKU] = s
+		bySKU[s.Name] = s
 	}
 	return bySKU, nil
 }

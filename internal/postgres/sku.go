@@ -21,24 +21,24 @@ func (db *DB) CreateSKU(ctx context.Context, s stock.SKU, initial int64) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, max_per_order, customer_limit, reservation_ttl_ms)
-		VALUES ($1, $2, $3, $4, $5, $6)`, s.SKU, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds())
+		VALUES ($1, $2, $3, $4, $5, $6)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds())
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return stock.Errorf(stock.CodeSKUExists, "sku %q already exists", s.SKU)
+		return stock.Errorf(stock.CodeSKUExists, "sku %q already exists", s.Name)
 	}
 	if err != nil {
 		return err
 	}
 	idx, part, avail := make([]int32, s.Shards), make([]int32, s.Shards), make([]int64, s.Shards)
 	for i := range s.Shards {
-		idx[i], part[i] = i, stock.PartitionOf(s.SKU, i)
+		idx[i], part[i] = i, stock.PartitionOf(s.Name, i)
 		avail[i] = initial / int64(s.Shards)
 		if int64(i) < initial%int64(s.Shards) {
 			avail[i]++
 		}
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO shards (sku, idx, partition, available, reserved, sold, opening_available)
-		SELECT $1, i, p, a, 0, 0, a FROM unnest($2::int[], $3::int[], $4::bigint[]) AS u(i, p, a)`, s.SKU, idx, part, avail); err != nil {
+		SELECT $1, i, p, a, 0, 0, a FROM unnest($2::int[], $3::int[], $4::bigint[]) AS u(i, p, a)`, s.Name, idx, part, avail); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)

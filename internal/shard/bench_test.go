@@ -24,7 +24,7 @@ func BenchmarkHotShard(b *testing.B) {
 	}{{"per-request", 1}, {"batched", 0}} {
 		b.Run(bc.name, func(b *testing.B) {
 			sku := fmt.Sprintf("bench-%s-%d", bc.name, benchRuns.Add(1)) // -count reruns share a database
-			createSKU(b, db, stock.SKU{SKU: sku, Shards: 1}, 1_000_000_000)
+			createSKU(b, db, stock.SKU{Name: sku, Shards: 1}, 1_000_000_000)
 			reg := prometheus.NewRegistry()
 			s := newServer(b, db, sku, func(c *shard.Config) { c.BatchSizeMax = bc.batchMax; c.Registerer = reg })
 			acquire(b, s, sku, 1, 0)

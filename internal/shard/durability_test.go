@@ -65,7 +65,7 @@ func newDurableStack(t *testing.T, checkURL, serverURL string, servers, skus int
 	for i := range skus {
 		sku := fmt.Sprintf("durable-%d", i)
 		st.skus = append(st.skus, sku)
-		createSKU(t, st.db, stock.SKU{SKU: sku, Shards: shards}, 1_000_000*int64(shards))
+		createSKU(t, st.db, stock.SKU{Name: sku, Shards: shards}, 1_000_000*int64(shards))
 		for idx := range shards {
 			p := stock.PartitionOf(sku, idx)
 			s := st.servers[int(p)%servers]

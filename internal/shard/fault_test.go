@@ -18,7 +18,7 @@ import (
 func TestShard_ZombieFenced(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "zombie-sku"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 100_000)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 100_000)
 	a, b := newServer(t, db, "a"), newServer(t, db, "b")
 	acquire(t, a, sku, 1, 0)
 	sh := stock.ShardKey{SKU: sku}
@@ -105,7 +105,7 @@ func TestShard_ZombieFenced(t *testing.T) {
 func TestShard_BackendTerminated(t *testing.T) {
 	db, url := openDB(t)
 	const sku = "kill-sku"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 4}, 100_000)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 4}, 100_000)
 	s := newServer(t, db, "a")
 	acquire(t, s, sku, 1, 0, 1, 2, 3)
 	ctx := context.Background()

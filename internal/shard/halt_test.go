@@ -33,7 +33,7 @@ func tamper(t *testing.T, url, sql string, args ...any) {
 func servedShard(t *testing.T, sku string) (*postgres.DB, string, *shard.Server) {
 	t.Helper()
 	db, url := openDB(t)
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 100)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 100)
 	s := newServer(t, db, "a")
 	acquire(t, s, sku, 1, 0)
 	if res := s.Do(context.Background(), &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku}, Quantity: 1, Key: "k1"}); res.Err != nil {

@@ -24,8 +24,8 @@ func stateOf(t *testing.T, db *postgres.DB, sku string) state {
 // refused and changes nothing.
 func TestShard_KeyReused(t *testing.T) {
 	db, _ := openDB(t)
-	createSKU(t, db, stock.SKU{SKU: "reuse-a", Shards: 2}, 100)
-	createSKU(t, db, stock.SKU{SKU: "reuse-b", Shards: 1}, 100)
+	createSKU(t, db, stock.SKU{Name: "reuse-a", Shards: 2}, 100)
+	createSKU(t, db, stock.SKU{Name: "reuse-b", Shards: 1}, 100)
 	s := newServer(t, db, "a")
 	acquire(t, s, "reuse-a", 1, 0, 1)
 	acquire(t, s, "reuse-b", 1, 0)
@@ -80,7 +80,7 @@ func TestShard_KeyReused(t *testing.T) {
 func TestShard_InvalidInput(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "valid-sku"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1, MaxPerOrder: 5}, 100)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 1, MaxPerOrder: 5}, 100)
 	s := newServer(t, db, "a")
 	acquire(t, s, sku, 1, 0)
 	sh := stock.ShardKey{SKU: sku}
@@ -131,7 +131,7 @@ func TestShard_InvalidInput(t *testing.T) {
 		}
 		// A writer that found no shard row is gone: once the SKU exists,
 		// its shard serves (the first batch reads the row it creates).
-		createSKU(t, db, stock.SKU{SKU: "no-such-sku", Shards: 1}, 2)
+		createSKU(t, db, stock.SKU{Name: "no-such-sku", Shards: 1}, 2)
 		res = s.Do(context.Background(), &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "no-such-sku"}, Quantity: 2, Key: "late-k"})
 		if res.Err != nil || res.Available != 0 {
 			t.Errorf("Do after CreateSKU = %+v, want a deduct leaving 0", res)
@@ -156,7 +156,7 @@ func TestShard_InvalidInput(t *testing.T) {
 func TestShard_Limits(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "limit-sku"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 2, CustomerLimit: 3}, 100)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 2, CustomerLimit: 3}, 100)
 	s := newServer(t, db, "a")
 	acquire(t, s, sku, 1, 0, 1)
 	ctx := context.Background()

@@ -21,7 +21,7 @@ var (
 const planTTL = 10 * time.Minute
 
 func planSKU() *stock.SKU {
-	return &stock.SKU{SKU: planShard.SKU, Status: stock.StatusActive, Shards: 4, ReservationTTL: planTTL}
+	return &stock.SKU{Name: planShard.SKU, Status: stock.StatusActive, Shards: 4, ReservationTTL: planTTL}
 }
 
 func keyed(kind stock.OpKind, key string, q int64) *stock.Request {

@@ -17,7 +17,7 @@ import (
 func TestShard_KeyRacesAcrossShards(t *testing.T) {
 	db, url := openDB(t)
 	const sku = "keyrace"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 4}, 4000)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 4}, 4000)
 	a, b := newServer(t, db, "a"), newServer(t, db, "b")
 	acquire(t, a, sku, 1, 0, 2)
 	acquire(t, b, sku, 1, 1, 3)
@@ -79,7 +79,7 @@ func TestShard_KeyRacesAcrossShards(t *testing.T) {
 func TestShard_CommitRacesRelease(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "endrace"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 1000)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 1000)
 	s := newServer(t, db, "a")
 	acquire(t, s, sku, 1, 0)
 	ctx := context.Background()

@@ -16,7 +16,7 @@ import (
 func TestShard_SourceCase(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "case-sku"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 8}, 100)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 8}, 100)
 	a, b := newServer(t, db, "a"), newServer(t, db, "b")
 	ca, cb := serve(t, a), serve(t, b)
 	r := &router{shards: 8, clients: map[int32]shardstockv1connect.ShardServiceClient{}}
@@ -99,7 +99,7 @@ func TestShard_SourceCase(t *testing.T) {
 func TestShard_ReleaseRacesSweeper(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "race-sku"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 1000)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 1000)
 	s := newServer(t, db, "a")
 	acquire(t, s, sku, 1, 0)
 	ctx := context.Background()
@@ -151,7 +151,7 @@ func TestShard_ReleaseRacesSweeper(t *testing.T) {
 func TestShard_ReservationEnds(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "ends-sku"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 1}, 100)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 100)
 	s := newServer(t, db, "a")
 	acquire(t, s, sku, 1, 0)
 	ctx := context.Background()

@@ -15,7 +15,7 @@ import (
 func TestShard_Transfer(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "move-sku"
-	createSKU(t, db, stock.SKU{SKU: sku, Shards: 2}, 20) // 10 and 10
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 2}, 20) // 10 and 10
 	a := newServer(t, db, "a", func(c *shard.Config) { c.TransferStaleAge = 200 * time.Millisecond })
 	b := newServer(t, db, "b", func(c *shard.Config) { c.TransferStaleAge = 200 * time.Millisecond })
 	acquire(t, a, sku, 1, 0)

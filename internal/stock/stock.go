@@ -73,7 +73,7 @@ const (
 
 // SKU is a SKU's configuration.
 type SKU struct {
-	SKU            string
+	Name           string
 	Status         Status
 	Shards         int32
 	MaxPerOrder    int64 // 0: no limit
@@ -261,7 +261,7 @@ func (s *SKU) Refuse(r *Request, usage int64) (Code, string) {
 	}
 	switch {
 	case s.Status == StatusPaused:
-		return CodeSKUPaused, "sku \"" + s.SKU + "\" is paused"
+		return CodeSKUPaused, "sku \"" + s.Name + "\" is paused"
 	case s.MaxPerOrder > 0 && r.Quantity > s.MaxPerOrder:
 		return CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order"
 	case s.CustomerLimit > 0 && r.CustomerRef != "" && usage+r.Quantity > s.CustomerLimit:

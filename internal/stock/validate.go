@@ -171,7 +171,7 @@ func ValidateDelta(d int64) error {
 // initial stock. The allocator and the load generator's in-memory ceiling
 // both create SKUs through it.
 func PrepareNewSKU(s *SKU, initial int64) error {
-	if err := ValidateSKU(s.SKU); err != nil {
+	if err := ValidateSKU(s.Name); err != nil {
 		return err
 	}
 	if s.Shards == 0 {

@@ -20,10 +20,10 @@ func (s *Server) CreateSKU(_ context.Context, cfg stock.SKU, initial int64) (*al
 		reservations: map[string]*stock.Reservation{}, usage: map[string]int64{}}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.skus[cfg.SKU] != nil {
-		return nil, stock.Errorf(stock.CodeSKUExists, "sku %q already exists", cfg.SKU)
+	if s.skus[cfg.Name] != nil {
+		return nil, stock.Errorf(stock.CodeSKUExists, "sku %q already exists", cfg.Name)
 	}
-	s.skus[cfg.SKU] = k
+	s.skus[cfg.Name] = k
 	return k.stock(), nil // k is not shared yet
 }
 
@@ -75,7 +75,7 @@ func (k *sku) snapshot() ledger.Snapshot {
 			ends[e.ReservationID]++
 		}
 	}
-	snap := ledger.Snapshot{SKU: k.cfg.SKU}
+	snap := ledger.Snapshot{SKU: k.cfg.Name}
 	for _, key := range k.opKeys {
 		if n := keyed[key]; n != 1 {
 			snap.KeyedMismatches = append(snap.KeyedMismatches, ledger.KeyMismatch{Key: key, Operations: 1, Entries: n})

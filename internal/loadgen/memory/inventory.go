@@ -119,7 +119,7 @@ func (k *sku) read() *stock.BatchRead {
 // planner refuses as a reused key).
 func (k *sku) current(op *stock.Operation) *stock.Operation {
 	c := *op
-	if res := k.reservations[op.ReservationID]; res != nil && op.SKU == k.cfg.SKU {
+	if res := k.reservations[op.ReservationID]; res != nil && op.SKU == k.cfg.Name {
 		c.ReservationState, c.ReservationExpiresAt = res.State, res.ExpiresAt
 	}
 	return &c
@@ -131,9 +131,9 @@ func (k *sku) current(op *stock.Operation) *stock.Operation {
 // usage. k.mu is held, and keysMu for a keyed request.
 func (s *Server) decide(k *sku, r *stock.Request, read *stock.BatchRead) stock.Result {
 	if k.halted {
-		return errResult(stock.Errorf(stock.CodeInternal, "sku %q is halted after an invariant violation", k.cfg.SKU))
+		return errResult(stock.Errorf(stock.CodeInternal, "sku %q is halted after an invariant violation", k.cfg.Name))
 	}
-	w, results, err := shard.Plan(stock.ShardKey{SKU: k.cfg.SKU}, k.counts, []*stock.Request{r}, read)
+	w, results, err := shard.Plan(stock.ShardKey{SKU: k.cfg.Name}, k.counts, []*stock.Request{r}, read)
 	if err != nil {
 		k.halted = true
 		return errResult(stock.Errorf(stock.CodeInternal, "%v", err))

@@ -126,7 +126,7 @@ func (s *Server) record(k *sku, es []*stock.LedgerEntry) *stock.Error {
 	for _, e := range es {
 		if e.Before != at || !e.After.Valid() {
 			k.halted = true
-			return stock.Errorf(stock.CodeInternal, "INVARIANT: %s of %d would take sku %q from %+v to %+v", e.Kind, e.Quantity, k.cfg.SKU, e.Before, e.After)
+			return stock.Errorf(stock.CodeInternal, "INVARIANT: %s of %d would take sku %q from %+v to %+v", e.Kind, e.Quantity, k.cfg.Name, e.Before, e.After)
 		}
 		at = e.After
 	}
