@@ -4,7 +4,7 @@ import (
 	"context"
 	"strings"
 
-	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -193,7 +193,7 @@ func (a *Allocator) ListTransfers(ctx context.Context, sku, after string, limit 
 }
 
 // Reconcile checks a SKU's books.
-func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]ledger.Discrepancy, error) {
+func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]reconcile.Discrepancy, error) {
 	if err := stock.ValidateSKU(sku); err != nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]ledger.Discrep
 	if err != nil {
 		return nil, err
 	}
-	return ledger.Reconcile(snap), nil
+	return reconcile.Check(snap), nil
 }
 
 // errResult answers a request that failed with err: the database failing

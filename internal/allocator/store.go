@@ -3,7 +3,7 @@ package allocator
 import (
 	"context"
 
-	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -25,5 +25,5 @@ type Store interface {
 	CreateTransfer(ctx context.Context, t *stock.Transfer) error
 	ListTransfers(ctx context.Context, sku string, afterID string, limit int) ([]*stock.Transfer, error)
 	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
-	Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error)
+	Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, error)
 }

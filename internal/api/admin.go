@@ -13,7 +13,7 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
-	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -36,7 +36,7 @@ type Admin interface {
 	// ListTransfers returns up to limit transfers of a SKU with ids above after.
 	ListTransfers(ctx context.Context, sku, after string, limit int) ([]*stock.Transfer, error)
 	Topology() topology.View
-	Reconcile(ctx context.Context, sku string) ([]ledger.Discrepancy, error)
+	Reconcile(ctx context.Context, sku string) ([]reconcile.Discrepancy, error)
 	// ResumeShard clears a shard's halt and returns why it had halted.
 	ResumeShard(ctx context.Context, k stock.ShardKey, approver, reason string) (string, error)
 }

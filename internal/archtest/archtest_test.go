@@ -25,7 +25,7 @@ var layers = map[string]int{
 	"internal/batch": 0,
 	"internal/proc":  0,
 
-	"internal/ledger":     1, // pure logic over the domain
+	"internal/reconcile":  1, // pure logic over the domain
 	"internal/rebalance":  1,
 	"gen":                 1, // the API's generated types and Connect stubs
 	"internal/pgcluster":  1, // the throwaway Postgres and the embedded etcd

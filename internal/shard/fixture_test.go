@@ -16,9 +16,9 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/api"
-	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
+	reconcile1 "github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -98,7 +98,7 @@ func reconcile(tb testing.TB, db *postgres.DB, sku string) {
 	if err != nil {
 		tb.Fatalf("Snapshot(%s) = %v", sku, err)
 	}
-	if ds := ledger.Reconcile(snap); len(ds) > 0 {
+	if ds := reconcile1.Check(snap); len(ds) > 0 {
 		for _, d := range ds {
 			tb.Errorf("discrepancy: %+v", d)
 		}

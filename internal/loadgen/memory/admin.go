@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/shardstock/shardstock/internal/allocator"
-	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -33,11 +33,11 @@ func (s *Server) UpdateSKU(context.Context, string, stock.SKUUpdate) (*stock.SKU
 }
 
 // Reconcile checks a SKU's books with shardstock's own check
-// (ledger.Reconcile): opening stock plus the ledger's changes against the
+// (reconcile.Check): opening stock plus the ledger's changes against the
 // counts, each kind's entries against their quantities, the chain of
 // before and after, held reservations against reserved, one ledger entry
 // per operation and one end entry per ended reservation.
-func (s *Server) Reconcile(_ context.Context, name string) ([]ledger.Discrepancy, error) {
+func (s *Server) Reconcile(_ context.Context, name string) ([]reconcile.Discrepancy, error) {
 	k, err := s.lookup(name)
 	if err != nil {
 		return nil, err
@@ -45,12 +45,12 @@ func (s *Server) Reconcile(_ context.Context, name string) ([]ledger.Discrepancy
 	k.mu.Lock()
 	snap := k.snapshot()
 	k.mu.Unlock()
-	return ledger.Reconcile(snap), nil
+	return reconcile.Check(snap), nil
 }
 
-// snapshot is what ledger.Reconcile needs of k; k.mu is held.
-func (k *sku) snapshot() ledger.Snapshot {
-	sh := ledger.Shard{Row: k.counts, Opening: stock.Counts{Available: k.opening}, Kinds: map[stock.OpKind]ledger.KindSum{}}
+// snapshot is what reconcile.Check needs of k; k.mu is held.
+func (k *sku) snapshot() reconcile.Snapshot {
+	sh := reconcile.Shard{Row: k.counts, Opening: stock.Counts{Available: k.opening}, Kinds: map[stock.OpKind]reconcile.KindSum{}}
 	prev := sh.Opening
 	keyed := map[string]int64{} // key -> keyed entries
 	ends := map[string]int64{}  // reservation id -> end entries
@@ -75,15 +75,15 @@ func (k *sku) snapshot() ledger.Snapshot {
 			ends[e.ReservationID]++
 		}
 	}
-	snap := ledger.Snapshot{SKU: k.cfg.Name}
+	snap := reconcile.Snapshot{SKU: k.cfg.Name}
 	for _, key := range k.opKeys {
 		if n := keyed[key]; n != 1 {
-			snap.KeyedMismatches = append(snap.KeyedMismatches, ledger.KeyMismatch{Key: key, Operations: 1, Entries: n})
+			snap.KeyedMismatches = append(snap.KeyedMismatches, reconcile.KeyMismatch{Key: key, Operations: 1, Entries: n})
 		}
 		delete(keyed, key)
 	}
 	for key, n := range keyed { // entries without an operation
-		snap.KeyedMismatches = append(snap.KeyedMismatches, ledger.KeyMismatch{Key: key, Entries: n})
+		snap.KeyedMismatches = append(snap.KeyedMismatches, reconcile.KeyMismatch{Key: key, Entries: n})
 	}
 	for id, r := range k.reservations {
 		want := int64(1)
@@ -92,10 +92,10 @@ func (k *sku) snapshot() ledger.Snapshot {
 			sh.HeldReserved += r.Quantity
 		}
 		if ends[id] != want {
-			snap.EndMismatches = append(snap.EndMismatches, ledger.EndMismatch{ReservationID: id, State: r.State, Entries: ends[id]})
+			snap.EndMismatches = append(snap.EndMismatches, reconcile.EndMismatch{ReservationID: id, State: r.State, Entries: ends[id]})
 		}
 	}
-	snap.Shards = []ledger.Shard{sh}
+	snap.Shards = []reconcile.Shard{sh}
 	return snap
 }
 

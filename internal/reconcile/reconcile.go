@@ -1,7 +1,7 @@
-// Package ledger proves a SKU's books balance. Reconcile is a pure function
+// Package reconcile proves a SKU's books balance. Check is a pure function
 // of a Snapshot that the Postgres adapter reads in one repeatable-read
 // transaction; it returns every discrepancy it finds, not only the first.
-package ledger
+package reconcile
 
 import (
 	"fmt"
@@ -95,13 +95,13 @@ const (
 	CheckNegative        = "negative"
 )
 
-// Reconcile checks a snapshot: per shard, opening balance plus ledger deltas
+// Check checks a snapshot: per shard, opening balance plus ledger deltas
 // equals the row, every entry moves the counts its kind says, the chain of
 // before/after is unbroken, and held reservations sum to reserved; per SKU,
 // operations and ledger entries pair one to one, every ended reservation has
 // one end entry, and available + reserved + sold + in transit equals what
 // was received, replenished and adjusted.
-func Reconcile(s Snapshot) []Discrepancy {
+func Check(s Snapshot) []Discrepancy {
 	var ds []Discrepancy
 	add := func(check string, shard int32, exp, act int64, format string, args ...any) {
 		ds = append(ds, Discrepancy{Check: check, Shard: shard, Expected: exp, Actual: act, Detail: fmt.Sprintf(format, args...)})
