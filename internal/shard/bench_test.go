@@ -26,7 +26,8 @@ func BenchmarkHotShard(b *testing.B) {
 			sku := fmt.Sprintf("bench-%s-%d", bc.name, benchRuns.Add(1)) // -count reruns share a database
 			createSKU(b, db, stock.SKU{Name: sku, Shards: 1}, 1_000_000_000)
 			reg := prometheus.NewRegistry()
-			s := newServer(b, db, sku, func(c *shard.Config) { c.BatchSizeMax = bc.batchMax; c.Registerer = reg })
+			s := newServerWith(b, shard.Config{ServerID: sku, DB: db, Logger: testLogger(), Registerer: reg},
+				func(s *shard.Server) { shard.SetBatchSizeMax(s, bc.batchMax) })
 			acquire(b, s, sku, 1, 0)
 			ctx := context.Background()
 			var n atomic.Int64

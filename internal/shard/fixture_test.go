@@ -38,14 +38,20 @@ func openDB(tb testing.TB) (*postgres.DB, string) {
 	return db, url
 }
 
-// newServer starts a shard server (sweeper included) on db.
-func newServer(tb testing.TB, db *postgres.DB, id string, opts ...func(*shard.Config)) *shard.Server {
+// newServer starts a shard server (sweeper included) on db. Each of opts
+// runs on the new server before it serves.
+func newServer(tb testing.TB, db *postgres.DB, id string, opts ...func(*shard.Server)) *shard.Server {
 	tb.Helper()
-	cfg := shard.Config{ServerID: id, DB: db, Logger: testLogger()}
-	for _, o := range opts {
-		o(&cfg)
-	}
+	return newServerWith(tb, shard.Config{ServerID: id, DB: db, Logger: testLogger()}, opts...)
+}
+
+// newServerWith starts a shard server of cfg (sweeper included).
+func newServerWith(tb testing.TB, cfg shard.Config, opts ...func(*shard.Server)) *shard.Server {
+	tb.Helper()
 	s := shard.New(cfg)
+	for _, o := range opts {
+		o(s)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()

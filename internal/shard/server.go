@@ -39,12 +39,6 @@ type Config struct {
 	Logger   *slog.Logger
 	// Registerer takes the server's metrics; nil: none registered.
 	Registerer prometheus.Registerer
-	// BatchSizeMax caps a batch; 0 means batchSizeMax. 1 turns batching
-	// off (one transaction per request: the benchmark's baseline).
-	BatchSizeMax int
-	// TransferStaleAge is how long a transfer may sit half-way before the
-	// sweep finishes it; 0 means transferStaleAge.
-	TransferStaleAge time.Duration
 }
 
 // Server is one shard server. It implements topology.Owner.
@@ -89,12 +83,6 @@ func New(cfg Config) *Server {
 	}
 	s.committer = newCommitter(s)
 	s.staleAge = transferStaleAge
-	if cfg.TransferStaleAge > 0 {
-		s.staleAge = cfg.TransferStaleAge
-	}
-	if cfg.BatchSizeMax > 0 && cfg.BatchSizeMax < batchSizeMax {
-		s.batchMax = cfg.BatchSizeMax
-	}
 	return s
 }
 

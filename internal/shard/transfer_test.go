@@ -16,8 +16,9 @@ func TestShard_Transfer(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "move-sku"
 	createSKU(t, db, stock.SKU{Name: sku, Shards: 2}, 20) // 10 and 10
-	a := newServer(t, db, "a", func(c *shard.Config) { c.TransferStaleAge = 200 * time.Millisecond })
-	b := newServer(t, db, "b", func(c *shard.Config) { c.TransferStaleAge = 200 * time.Millisecond })
+	stale := func(s *shard.Server) { shard.SetTransferStaleAge(s, 200*time.Millisecond) }
+	a := newServer(t, db, "a", stale)
+	b := newServer(t, db, "b", stale)
 	acquire(t, a, sku, 1, 0)
 	acquire(t, b, sku, 1, 1)
 	ctx := context.Background()
