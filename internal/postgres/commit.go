@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -24,8 +25,8 @@ const (
 	// (retry with the same key) and the writer reloads its row before its
 	// next batch.
 	outcomeWaitMax = 15 * time.Second
-	// outcomeBackoff is the first pause between attempts; it doubles up to
-	// outcomeBackoffMax.
+	// outcomeBackoff is the first pause between attempts; it doubles
+	// (give or take 20%) up to outcomeBackoffMax.
 	outcomeBackoff    = 50 * time.Millisecond
 	outcomeBackoffMax = time.Second
 	// outcomeQueryTimeout bounds one attempt (connect, void, read).
@@ -85,30 +86,24 @@ func (db *DB) commitOutcome(ctx context.Context, mark commitMark, commitErr erro
 		return fmt.Errorf("%w: commit: %v", stock.ErrNotCommitted, commitErr)
 	}
 	// The caller's deadline was for the batch; learning its outcome has
-	// its own.
+	// its own. Every attempt's failure is worth another (the database is
+	// restarting, or the connection was lost again).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeWaitMax)
 	defer cancel()
-	backoff := outcomeBackoff
-	var err error
-	for {
-		var committed bool
-		committed, err = db.settleMark(ctx, mark)
-		switch {
-		case err == nil && committed:
-			db.lost.committed.Add(1)
-			return nil
-		case err == nil:
-			db.lost.voided.Add(1)
-			return fmt.Errorf("%w: commit lost (mark %s voided): %v", stock.ErrNotCommitted, mark, commitErr)
-		}
-		select {
-		case <-ctx.Done():
-			db.lost.unknown.Add(1)
-			return fmt.Errorf("%w: mark %s: %v (last attempt: %v)", stock.ErrOutcomeUnknown, mark, commitErr, err)
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, outcomeBackoffMax)
+	exp := &backoff.ExponentialBackOff{InitialInterval: outcomeBackoff, RandomizationFactor: 0.2, Multiplier: 2,
+		MaxInterval: outcomeBackoffMax}
+	committed, err := backoff.Retry(ctx, func() (bool, error) { return db.settleMark(ctx, mark) },
+		backoff.WithBackOff(exp), backoff.WithMaxElapsedTime(outcomeWaitMax))
+	switch {
+	case err == nil && committed:
+		db.lost.committed.Add(1)
+		return nil
+	case err == nil:
+		db.lost.voided.Add(1)
+		return fmt.Errorf("%w: commit lost (mark %s voided): %v", stock.ErrNotCommitted, mark, commitErr)
 	}
+	db.lost.unknown.Add(1)
+	return fmt.Errorf("%w: mark %s: %v (last attempt: %v)", stock.ErrOutcomeUnknown, mark, commitErr, err)
 }
 
 // settleMark inserts mark's id as a void and reports whether the batch
