@@ -166,6 +166,17 @@ func TestAllocator_AbandonMoved(t *testing.T) {
 	if n := abandoned(t, a, "s1"); n != 2 {
 		t.Errorf("abandoned calls to s1 = %d, want 2", n)
 	}
+	// Its client goes too, once nothing waits on it.
+	waitFor(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for _, c := range a.servers {
+			if c.id == "s1" {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func abandoned(t *testing.T, a *Allocator, id string) int {

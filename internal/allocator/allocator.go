@@ -226,11 +226,29 @@ func (a *Allocator) followTopology() {
 		for _, c := range clients {
 			c.abandonMoved(v)
 		}
+		a.forgetGone(v)
 		select {
 		case <-v.Changed():
 		case <-a.stop:
 			return
 		}
+	}
+}
+
+// forgetGone closes and drops the clients of shard servers that v no
+// longer lists (at that address) and that have no call pending, so that
+// servers that come and go leave no client behind. A call that takes such
+// a client after all finds its server gone and is sent to the partition's
+// current owner (serverClient.do).
+func (a *Allocator) forgetGone(v topology.View) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, c := range a.servers {
+		if srv, ok := v.Server(c.id); (ok && srv.Addr == c.addr) || c.busy() {
+			continue
+		}
+		c.close()
+		delete(a.servers, k)
 	}
 }
 

@@ -310,6 +310,13 @@ func asConnect(err error) error {
 
 func (c *serverClient) close() { close(c.stop) }
 
+// busy reports whether a call is queued or in flight.
+func (c *serverClient) busy() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending) > 0
+}
+
 // rpcTimeoutMax bounds one Execute call.
 const rpcTimeoutMax = 10 * time.Second
 
