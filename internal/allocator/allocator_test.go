@@ -216,7 +216,7 @@ func TestAllocator_Take(t *testing.T) {
 	ctx := context.Background()
 	take := func(a *allocator.Allocator, r *stock.Request) stock.Result {
 		t.Helper()
-		return a.Take(ctx, r)
+		return a.Allocate(ctx, r)
 	}
 	// mustTake takes r and returns the shard that served it.
 	mustTake := func(a *allocator.Allocator, r *stock.Request) int32 {
@@ -271,7 +271,7 @@ func TestAllocator_Take(t *testing.T) {
 		// s.alloc's hints say both shards are empty; another allocator
 		// replenishes one. The sweep finds it.
 		b := s.newAllocator()
-		if res := b.Give(ctx, &stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: "sweep"}, Quantity: 5, Key: "restock"}); res.Err != nil {
+		if res := b.AdjustStock(ctx, &stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: "sweep"}, Quantity: 5, Key: "restock"}); res.Err != nil {
 			t.Fatalf("Give(replenish 5) = %v", res.Err)
 		}
 		if res := take(s.alloc, deduct("sweep", "after-restock", 2)); res.Err != nil {
@@ -379,14 +379,14 @@ func TestAllocator_End(t *testing.T) {
 	s.createSKU("end", 4, 40)
 	reserve := func(key string, q int64) *stock.Reservation {
 		t.Helper()
-		res := s.alloc.Take(ctx, &stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: "end"}, Quantity: q, Key: key})
+		res := s.alloc.Allocate(ctx, &stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: "end"}, Quantity: q, Key: key})
 		if res.Err != nil || res.Reservation == nil {
 			t.Fatalf("Take(reserve %s %d) = %+v, want a reservation", key, q, res)
 		}
 		return res.Reservation
 	}
 	end := func(kind stock.OpKind, id string) stock.Result {
-		return s.alloc.End(ctx, &stock.Request{Kind: kind, ReservationID: id})
+		return s.alloc.EndReservation(ctx, &stock.Request{Kind: kind, ReservationID: id})
 	}
 	shardCounts := func(idx int32) stock.Counts {
 		t.Helper()
@@ -445,14 +445,14 @@ func TestAllocator_Give(t *testing.T) {
 	ctx := context.Background()
 	s.createSKU("give", 3, 0)
 	k := keyFor(t, "g", 3, 2)
-	if res := s.alloc.Give(ctx, &stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: "give"}, Quantity: 7, Key: k}); res.Err != nil || res.Operation.Shard != 2 {
+	if res := s.alloc.AdjustStock(ctx, &stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: "give"}, Quantity: 7, Key: k}); res.Err != nil || res.Operation.Shard != 2 {
 		t.Fatalf("Give(replenish %s 7) = %+v, want success on shard 2", k, res)
 	}
 	if got, want := s.available("give"), []int64{0, 0, 7}; !slices.Equal(got, want) {
 		t.Errorf("available after replenish = %v, want %v", got, want)
 	}
 	adjust := func(key string, delta int64, approver string) stock.Result {
-		return s.alloc.Give(ctx, &stock.Request{Kind: stock.OpAdjust, Shard: stock.ShardKey{SKU: "give"}, Quantity: delta, Key: key, Reason: "count", Approver: approver})
+		return s.alloc.AdjustStock(ctx, &stock.Request{Kind: stock.OpAdjust, Shard: stock.ShardKey{SKU: "give"}, Quantity: delta, Key: key, Reason: "count", Approver: approver})
 	}
 	// Its first choice (shard 0) is empty: it is taken where the stock is.
 	k = keyFor(t, "adj", 3, 0)
@@ -478,7 +478,7 @@ func TestAllocator_Reads(t *testing.T) {
 	ctx := context.Background()
 	s.createSKU("reads", 2, 10)
 	k := keyFor(t, "op", 2, 1)
-	if res := s.alloc.Take(ctx, deduct("reads", k, 3)); res.Err != nil {
+	if res := s.alloc.Allocate(ctx, deduct("reads", k, 3)); res.Err != nil {
 		t.Fatal(res.Err)
 	}
 
@@ -623,7 +623,7 @@ func TestAllocator_Admin(t *testing.T) {
 		}
 		// The allocator forgets its cached copy: the new limit words the
 		// refusal of a request larger than any shard at once.
-		if res := s.alloc.Take(ctx, deduct("admin", "upd-4", 4)); codeOf(res) != stock.CodeQuantityAboveMaxPerOrder {
+		if res := s.alloc.Allocate(ctx, deduct("admin", "upd-4", 4)); codeOf(res) != stock.CodeQuantityAboveMaxPerOrder {
 			t.Errorf("Take(deduct 4) after max_per_order 3 = %v, want QUANTITY_ABOVE_MAX_PER_ORDER", res.Err)
 		}
 	})

@@ -92,7 +92,7 @@ func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
 	done := make(chan stock.Result, 1)
 	start := time.Now()
 	go func() {
-		done <- a.Take(rctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: s.Name}, Quantity: 1, Key: "k"})
+		done <- a.Allocate(rctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: s.Name}, Quantity: 1, Key: "k"})
 	}()
 	// The request reaches the wait: its first sweep has run.
 	waitFor(t, func() bool { return a.hints.Len() == int(s.Shards) })

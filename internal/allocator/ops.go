@@ -9,9 +9,9 @@ import (
 	"github.com/shardstock/shardstock/internal/topology"
 )
 
-// Take reserves or deducts: r.Kind is OpReserve or OpDeduct, r.Shard.SKU
+// Allocate reserves or deducts: r.Kind is OpReserve or OpDeduct, r.Shard.SKU
 // names the SKU (the shard is chosen here).
-func (a *Allocator) Take(ctx context.Context, r *stock.Request) stock.Result {
+func (a *Allocator) Allocate(ctx context.Context, r *stock.Request) stock.Result {
 	sku, err := a.prepare(ctx, r)
 	if err != nil {
 		return errResult(err)
@@ -38,9 +38,9 @@ func (a *Allocator) prepare(ctx context.Context, r *stock.Request) (*stock.SKU, 
 	return a.sku(ctx, r.Shard.SKU)
 }
 
-// End commits or releases a reservation: the reservation id names its
+// EndReservation commits or releases a reservation: the reservation id names its
 // shard, so no lookup is needed.
-func (a *Allocator) End(ctx context.Context, r *stock.Request) stock.Result {
+func (a *Allocator) EndReservation(ctx context.Context, r *stock.Request) stock.Result {
 	k, err := stock.ParseReservationID(r.ReservationID)
 	if err != nil {
 		return errResult(err)
@@ -55,9 +55,10 @@ func (a *Allocator) End(ctx context.Context, r *stock.Request) stock.Result {
 	return a.exec(ctx, r)
 }
 
-// Give adds available stock: a replenish, or a positive adjustment. Any
-// shard will do; the key's first choice is tried first.
-func (a *Allocator) Give(ctx context.Context, r *stock.Request) stock.Result {
+// AdjustStock changes available stock. A replenish or a positive
+// adjustment adds it: any shard will do, the key's first choice first. A
+// negative adjustment takes it, routed as a deduct.
+func (a *Allocator) AdjustStock(ctx context.Context, r *stock.Request) stock.Result {
 	sku, err := a.prepare(ctx, r)
 	if err != nil {
 		return errResult(err)

@@ -96,7 +96,7 @@ func (h *AdminHandler) AdjustStock(ctx context.Context, req *connect.Request[v1.
 	if strings.TrimSpace(m.GetReason()) == "" || strings.TrimSpace(m.GetApprover()) == "" {
 		return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "an adjustment needs a reason and an approver"))
 	}
-	res := h.Admin.Give(ctx, &stock.Request{
+	res := h.Admin.AdjustStock(ctx, &stock.Request{
 		Kind: stock.OpAdjust, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetDelta(), Key: m.GetIdempotencyKey(),
 		Reason: m.GetReason(), Approver: m.GetApprover(), Source: stock.SourceAdminPrefix + m.GetApprover(),
 	})

@@ -16,12 +16,15 @@ import (
 // load generator's in-memory ceiling (internal/loadgen/memory), which so
 // goes through the same handlers.
 type Inventory interface {
-	// Take reserves or deducts (r.Kind), choosing the shard.
-	Take(ctx context.Context, r *stock.Request) stock.Result
-	// End commits or releases a reservation.
-	End(ctx context.Context, r *stock.Request) stock.Result
-	// Give replenishes or adjusts (r.Kind).
-	Give(ctx context.Context, r *stock.Request) stock.Result
+	// Allocate takes units from a shard that has them, which it chooses:
+	// a reserve or a deduct (r.Kind).
+	Allocate(ctx context.Context, r *stock.Request) stock.Result
+	// EndReservation commits or releases a reservation (r.Kind) on the
+	// shard its id names.
+	EndReservation(ctx context.Context, r *stock.Request) stock.Result
+	// AdjustStock changes available stock: a replenish, or an adjustment
+	// either way (r.Kind, r.Quantity's sign).
+	AdjustStock(ctx context.Context, r *stock.Request) stock.Result
 	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
 	GetStock(ctx context.Context, sku string) (*allocator.Stock, error)
 }
@@ -38,7 +41,7 @@ var _ shardstockv1connect.InventoryServiceHandler = (*InventoryHandler)(nil)
 // Reserve holds stock.
 func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error) {
 	m := req.Msg
-	res := h.Inventory.Take(ctx, &stock.Request{
+	res := h.Inventory.Allocate(ctx, &stock.Request{
 		Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
 		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: rpc.DurationOf(m.GetTtl()),
 	})
@@ -50,7 +53,7 @@ func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.
 
 // Commit turns a reservation into a sale.
 func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
-	res := h.Inventory.End(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId()})
+	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId()})
 	if res.Err != nil {
 		return nil, rpc.ToConnect(res.Err)
 	}
@@ -59,7 +62,7 @@ func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.C
 
 // Release gives a reservation's units back.
 func (h *InventoryHandler) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
-	res := h.Inventory.End(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: req.Msg.GetReservationId(), Reason: req.Msg.GetReason()})
+	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: req.Msg.GetReservationId(), Reason: req.Msg.GetReason()})
 	if res.Err != nil {
 		return nil, rpc.ToConnect(res.Err)
 	}
@@ -69,7 +72,7 @@ func (h *InventoryHandler) Release(ctx context.Context, req *connect.Request[v1.
 // Deduct reserves and commits at once.
 func (h *InventoryHandler) Deduct(ctx context.Context, req *connect.Request[v1.DeductRequest]) (*connect.Response[v1.DeductResponse], error) {
 	m := req.Msg
-	res := h.Inventory.Take(ctx, &stock.Request{
+	res := h.Inventory.Allocate(ctx, &stock.Request{
 		Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
 		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(),
 	})
@@ -82,7 +85,7 @@ func (h *InventoryHandler) Deduct(ctx context.Context, req *connect.Request[v1.D
 // Replenish returns units to available stock.
 func (h *InventoryHandler) Replenish(ctx context.Context, req *connect.Request[v1.ReplenishRequest]) (*connect.Response[v1.ReplenishResponse], error) {
 	m := req.Msg
-	res := h.Inventory.Give(ctx, &stock.Request{
+	res := h.Inventory.AdjustStock(ctx, &stock.Request{
 		Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
 		OrderRef: m.GetOrderRef(), Reason: m.GetReason(),
 	})

@@ -9,14 +9,14 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// Take reserves or deducts.
-func (s *Server) Take(_ context.Context, r *stock.Request) stock.Result { return s.take(r) }
+// Allocate reserves or deducts.
+func (s *Server) Allocate(_ context.Context, r *stock.Request) stock.Result { return s.take(r) }
 
-// End commits or releases a reservation.
-func (s *Server) End(_ context.Context, r *stock.Request) stock.Result { return s.end(r) }
+// EndReservation commits or releases a reservation.
+func (s *Server) EndReservation(_ context.Context, r *stock.Request) stock.Result { return s.end(r) }
 
-// Give (Replenish, AdjustStock) is not served.
-func (s *Server) Give(context.Context, *stock.Request) stock.Result {
+// AdjustStock (Replenish, and AdminService.AdjustStock) is not served.
+func (s *Server) AdjustStock(context.Context, *stock.Request) stock.Result {
 	return errResult(unimplemented("stock given back"))
 }
 

@@ -625,7 +625,7 @@ func TestServer_Halt(t *testing.T) {
 	entries := len(k.ledger)
 	k.mu.Unlock()
 	for i := range 2 {
-		res := srv.Take(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: spec.SKU}, Quantity: 1, Key: fmt.Sprintf("halt-%d", i)})
+		res := srv.Allocate(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: spec.SKU}, Quantity: 1, Key: fmt.Sprintf("halt-%d", i)})
 		if res.Err == nil || res.Err.Code != stock.CodeInternal {
 			t.Errorf("deduct #%d on a corrupted SKU = %+v, want INTERNAL", i, res)
 		}
