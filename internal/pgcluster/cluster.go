@@ -113,7 +113,7 @@ func (c *Cluster) Stop() error {
 // start prepares the directory, runs initdb if needed and launches the
 // server, retrying with a new port if the first one was taken meanwhile.
 func (c *Cluster) start(ctx context.Context, binDir string) error {
-	cred, err := serverCredential()
+	cred, err := ServerCredential()
 	if err != nil {
 		return err
 	}
@@ -254,9 +254,9 @@ func isFile(path string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
-// serverCredential returns the credential to run initdb and postgres with:
+// ServerCredential returns the credential to run initdb, postgres and pg_ctl with:
 // nil (ourselves) unless we are root, which postgres refuses.
-func serverCredential() (*syscall.Credential, error) {
+func ServerCredential() (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
 	}

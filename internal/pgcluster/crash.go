@@ -33,7 +33,7 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cred, err := serverCredential()
+	cred, err := ServerCredential()
 	if err != nil {
 		return err
 	}

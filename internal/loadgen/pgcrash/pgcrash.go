@@ -20,7 +20,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,6 +28,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/pgcluster"
 )
 
 // Limits of a crash loop.
@@ -54,8 +55,6 @@ const (
 	answerTryTimeout = time.Second
 	// pgLibDir is where Debian installs one bin directory per major version.
 	pgLibDir = "/usr/lib/postgresql"
-	// osUser runs pg_ctl when we are root: postgres refuses to run as root.
-	osUser = "postgres"
 )
 
 // Config is a crash loop's parameters.
@@ -129,7 +128,7 @@ func Start(ctx context.Context, cfg Config) (*Loop, error) {
 	if err != nil {
 		return nil, err
 	}
-	cred, err := credential()
+	cred, err := pgcluster.ServerCredential()
 	if err != nil {
 		return nil, err
 	}
@@ -322,22 +321,4 @@ func findPgCtl(dataDir string) (string, error) {
 		return "", fmt.Errorf("pgcrash: no pg_ctl for %s under %s or on PATH", dataDir, pgLibDir)
 	}
 	return p, nil
-}
-
-// credential returns the postgres OS user's credential when we are root
-// (pg_ctl and postgres refuse to run as root), else nil: ourselves.
-func credential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup(osUser)
-	if err != nil {
-		return nil, fmt.Errorf("pgcrash: running as root needs OS user %q to run pg_ctl: %w", osUser, err)
-	}
-	uid, errU := strconv.ParseUint(u.Uid, 10, 32)
-	gid, errG := strconv.ParseUint(u.Gid, 10, 32)
-	if errU != nil || errG != nil {
-		return nil, fmt.Errorf("pgcrash: user %q has a non-numeric uid %q or gid %q", osUser, u.Uid, u.Gid)
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
 }

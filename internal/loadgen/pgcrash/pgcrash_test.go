@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shardstock/shardstock/internal/pgcluster"
 )
 
 // TestLoop crash-restarts a throwaway cluster twice and checks that each
@@ -97,7 +99,7 @@ func startCluster(t *testing.T) (dataDir, url string) {
 	if _, err := os.Stat(filepath.Join(bin, "initdb")); err != nil {
 		t.Skipf("no Postgres server binaries under %s", pgLibDir)
 	}
-	cred, err := credential()
+	cred, err := pgcluster.ServerCredential()
 	if err != nil {
 		t.Skip(err)
 	}
