@@ -153,10 +153,8 @@ func (w *writer) apply(batch []*pending) writerNext {
 
 func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 	if w.suspect {
-		if next, r := w.recheck(nil); next != writerGoOn {
+		if next, r, resumed := w.recheck(nil); !resumed {
 			return all(len(reqs), r), next
-		} else if w.suspect {
-			return all(len(reqs), r), writerGoOn
 		}
 	}
 	if w.refusable(reqs) {
@@ -280,8 +278,7 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 		if !b.rechecked {
 			b.rechecked = true
 			w.srv.log.Warn("shard row is not the writer's copy; checking it against the ledger", "shard", w.key.String(), "err", err)
-			next, r := w.recheck(err)
-			if next != writerGoOn || w.suspect {
+			if next, r, resumed := w.recheck(err); !resumed {
 				return all(n, r), next, true
 			}
 			b.q.LoadShard = false
@@ -314,35 +311,36 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 // (writerGoOn, suspect cleared). When it does not, the shard is halted: a
 // write that is not in the ledger is a bug that a person must look at.
 // When the check cannot be made (the database is down), the writer stays
-// suspect and makes it before its next batch.
-func (w *writer) recheck(cause error) (writerNext, stock.Result) {
+// suspect and makes it before its next batch. resumed: the writer goes on
+// from the row; else r answers the batch and next says what the writer does.
+func (w *writer) recheck(cause error) (next writerNext, r stock.Result, resumed bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
 	c, err := w.srv.db.CheckShard(ctx, w.fence, w.key)
 	switch {
 	case errors.Is(err, stock.ErrFenced):
 		w.srv.fenced(w)
-		return writerStop, unavailable("shard moved to another server")
+		return writerStop, unavailable("shard moved to another server"), false
 	case stock.CodeOf(err) == stock.CodeSKUNotFound:
-		return writerNoShard, unavailable("shard no longer exists")
+		return writerNoShard, unavailable("shard no longer exists"), false
 	case err != nil:
 		w.srv.log.Warn("shard check against the ledger failed; retrying before the next batch", "shard", w.key.String(), "err", err)
 		w.suspect, w.loaded = true, false
-		return writerGoOn, unavailable("database unavailable; retry with the same key")
+		return writerGoOn, unavailable("database unavailable; retry with the same key"), false
 	case c.HaltReason != "":
 		w.srv.halt(w, c.HaltReason, false)
-		return writerStop, haltedResult(w.key)
+		return writerStop, haltedResult(w.key), false
 	case !c.Consistent():
 		reason := fmt.Sprintf("row %+v is not its opening balance plus its ledger %+v (found after: %v)", c.Row, c.Ledger, cause)
 		w.srv.log.Error("INVARIANT: shard row disagrees with its ledger; halting the shard", "shard", w.key.String(), "reason", reason)
 		w.srv.halt(w, reason, true)
-		return writerStop, haltedResult(w.key)
+		return writerStop, haltedResult(w.key), false
 	}
 	w.srv.log.Warn("shard row reloaded; its ledger accounts for it: resuming", "shard", w.key.String(), "was", w.counts, "row", c.Row)
 	w.srv.metrics.divergences.WithLabelValues("recovered").Inc()
 	w.suspect = false
 	w.setCounts(c.Row)
-	return writerGoOn, stock.Result{}
+	return writerGoOn, stock.Result{}, true
 }
 
 // haltedResult answers a request for a halted shard.
