@@ -12,9 +12,10 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/etcdtest"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/transport"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // hungShard is a ShardService that never answers (a stopped server) when
@@ -32,9 +33,9 @@ func (h *hungShard) Execute(ctx context.Context, req *connect.Request[v1.Execute
 	}
 	out := &v1.ExecuteResponse{}
 	for _, op := range req.Msg.GetOps() {
-		r := rpc.RequestFromProto(op)
+		r := wire.RequestFromProto(op)
 		res := stock.Result{Operation: &stock.Operation{SKU: r.Shard.SKU, IdempotencyKey: r.Key, Kind: r.Kind, Quantity: r.Quantity, Shard: r.Shard.Index}, Available: h.available}
-		out.Results = append(out.Results, rpc.ResultToProto(res))
+		out.Results = append(out.Results, wire.ResultToProto(res))
 	}
 	return connect.NewResponse(out), nil
 }
@@ -51,7 +52,7 @@ func serveShard(t *testing.T, h *hungShard) string {
 	go func() {
 		defer close(done)
 		_, handler := shardstockv1connect.NewShardServiceHandler(h)
-		rpc.Serve(ctx, lis, handler)
+		transport.Serve(ctx, lis, handler)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return lis.Addr().String()

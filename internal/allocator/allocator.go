@@ -16,9 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/transport"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // Bounds of routing.
@@ -59,7 +60,7 @@ type Config struct {
 	// Topology returns the current view of shard servers and owners.
 	Topology func() topology.View
 	// HTTPClient reaches the shard servers (cleartext HTTP/2); the default
-	// sends keep-alive pings (rpc.NewInternalClient).
+	// sends keep-alive pings (transport.NewInternalClient).
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -115,7 +116,7 @@ func New(cfg Config) *Allocator {
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
-		hc = rpc.NewInternalClient()
+		hc = transport.NewInternalClient()
 	}
 	a := &Allocator{
 		db:          cfg.DB,
@@ -270,7 +271,7 @@ func (a *Allocator) exec(ctx context.Context, r *stock.Request) stock.Result {
 			return unavailable("shard server %s is failing; retry with the same key", c.id)
 		default:
 			a.metrics.remote.Inc()
-			res, moved = c.do(ctx, rpc.RequestToProto(r), r.Shard.Partition())
+			res, moved = c.do(ctx, wire.RequestToProto(r), r.Shard.Partition())
 		}
 		if !moved {
 			break

@@ -20,10 +20,10 @@ import (
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // stableTimeout bounds the wait for every partition to reach the owner
@@ -89,8 +89,8 @@ func newStack(t *testing.T, remote []string, local string) *stack {
 			}
 			addr = lis.Addr().String()
 			mux := http.NewServeMux()
-			mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: srv}, rpc.HandlerOptions()...))
-			run(func() { rpc.Serve(ctx, lis, mux) })
+			mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: srv}, transport.HandlerOptions()...))
+			run(func() { transport.Serve(ctx, lis, mux) })
 		}
 		m := topology.NewMember(topology.MemberConfig{Client: e.Client(), ServerID: id, Addr: addr, LeaseTTL: 2 * time.Second, Owner: srv, Logger: quiet()})
 		run(func() { m.Run(ctx) })

@@ -14,9 +14,10 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/batch"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/transport"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // Bounds of a shard-server client.
@@ -78,7 +79,7 @@ func newServerClient(id, addr string, hc *http.Client, topo func() topology.View
 	c := &serverClient{
 		id:      id,
 		addr:    addr,
-		client:  shardstockv1connect.NewShardServiceClient(hc, "http://"+addr, rpc.InternalClientOptions()...),
+		client:  shardstockv1connect.NewShardServiceClient(hc, "http://"+addr, transport.InternalClientOptions()...),
 		queue:   make(chan *call, clientQueueLenMax),
 		stop:    make(chan struct{}),
 		topo:    topo,
@@ -285,10 +286,10 @@ func (c *serverClient) send(calls []*call) {
 	}
 	for i, k := range live {
 		if err != nil {
-			k.done <- unavailable("shard server %s: %s", c.id, rpc.FromConnect(asConnect(err)).Message)
+			k.done <- unavailable("shard server %s: %s", c.id, wire.FromConnect(asConnect(err)).Message)
 			continue
 		}
-		k.done <- rpc.ResultFromProto(resp.Msg.GetResults()[i])
+		k.done <- wire.ResultFromProto(resp.Msg.GetResults()[i])
 	}
 }
 

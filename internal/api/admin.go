@@ -14,9 +14,9 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/reconcile"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // Page sizes of the admin listings.
@@ -59,7 +59,7 @@ func BearerAuth(token string) connect.UnaryInterceptorFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			got, ok := strings.CutPrefix(req.Header().Get("Authorization"), "Bearer ")
 			if !ok || len(want) == 0 || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
-				return nil, rpc.ToConnect(stock.Errorf(stock.CodeUnauthenticated, "admin calls need Authorization: Bearer <admin token>"))
+				return nil, wire.ToConnect(stock.Errorf(stock.CodeUnauthenticated, "admin calls need Authorization: Bearer <admin token>"))
 			}
 			return next(ctx, req)
 		}
@@ -71,10 +71,10 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 	m := req.Msg
 	st, err := h.Admin.CreateSKU(ctx, stock.SKU{
 		Name: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
-		ReservationTTL: rpc.DurationOf(m.GetReservationTtl()),
+		ReservationTTL: wire.DurationOf(m.GetReservationTtl()),
 	}, m.GetInitialStock())
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	return connect.NewResponse(&v1.CreateSkuResponse{Sku: skuToProto(st.SKU), Stock: StockToProto(st)}), nil
 }
@@ -84,7 +84,7 @@ func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.Up
 	m := req.Msg
 	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit})
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	return connect.NewResponse(&v1.UpdateSkuResponse{Sku: skuToProto(s)}), nil
 }
@@ -94,16 +94,16 @@ func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.Up
 func (h *AdminHandler) AdjustStock(ctx context.Context, req *connect.Request[v1.AdjustStockRequest]) (*connect.Response[v1.AdjustStockResponse], error) {
 	m := req.Msg
 	if strings.TrimSpace(m.GetReason()) == "" || strings.TrimSpace(m.GetApprover()) == "" {
-		return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "an adjustment needs a reason and an approver"))
+		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "an adjustment needs a reason and an approver"))
 	}
 	res := h.Admin.AdjustStock(ctx, &stock.Request{
 		Kind: stock.OpAdjust, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetDelta(), Key: m.GetIdempotencyKey(),
 		Reason: m.GetReason(), Approver: m.GetApprover(), Source: stock.SourceAdminPrefix + m.GetApprover(),
 	})
 	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
+		return nil, wire.ToConnect(res.Err)
 	}
-	out := &v1.AdjustStockResponse{Operation: rpc.OperationToProto(res.Operation), Replayed: res.Replayed}
+	out := &v1.AdjustStockResponse{Operation: wire.OperationToProto(res.Operation), Replayed: res.Replayed}
 	if st, err := h.Admin.GetStock(ctx, m.GetSku()); err == nil {
 		out.Stock = StockToProto(st)
 	}
@@ -112,28 +112,28 @@ func (h *AdminHandler) AdjustStock(ctx context.Context, req *connect.Request[v1.
 
 // SetShards is not built yet: it comes with the rebalancer.
 func (h *AdminHandler) SetShards(context.Context, *connect.Request[v1.SetShardsRequest]) (*connect.Response[v1.SetShardsResponse], error) {
-	return nil, rpc.ToConnect(stock.Errorf(stock.CodeUnimplemented, "SetShards comes with the rebalancer"))
+	return nil, wire.ToConnect(stock.Errorf(stock.CodeUnimplemented, "SetShards comes with the rebalancer"))
 }
 
 // Rebalance is not built yet: it comes with the rebalancer.
 func (h *AdminHandler) Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
-	return nil, rpc.ToConnect(stock.Errorf(stock.CodeUnimplemented, "Rebalance comes with the rebalancer"))
+	return nil, wire.ToConnect(stock.Errorf(stock.CodeUnimplemented, "Rebalance comes with the rebalancer"))
 }
 
 // ListTransfers pages through transfers.
 func (h *AdminHandler) ListTransfers(ctx context.Context, req *connect.Request[v1.ListTransfersRequest]) (*connect.Response[v1.ListTransfersResponse], error) {
 	after, err := decodeToken(req.Msg.GetPageToken())
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	size := pageSize(req.Msg.GetPageSize())
 	ts, err := h.Admin.ListTransfers(ctx, req.Msg.GetSku(), after, size)
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	out := &v1.ListTransfersResponse{}
 	for _, t := range ts {
-		out.Transfers = append(out.Transfers, rpc.TransferToProto(t))
+		out.Transfers = append(out.Transfers, wire.TransferToProto(t))
 	}
 	if len(ts) == size {
 		out.NextPageToken = encodeToken(ts[len(ts)-1].ID)
@@ -168,22 +168,22 @@ func (h *AdminHandler) GetTopology(ctx context.Context, req *connect.Request[v1.
 func (h *AdminHandler) ListLedger(ctx context.Context, req *connect.Request[v1.ListLedgerRequest]) (*connect.Response[v1.ListLedgerResponse], error) {
 	tok, err := decodeToken(req.Msg.GetPageToken())
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	var after int64
 	if tok != "" {
 		if after, err = strconv.ParseInt(tok, 10, 64); err != nil || after < 0 {
-			return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "page_token is not one this API gave"))
+			return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "page_token is not one this API gave"))
 		}
 	}
 	size := pageSize(req.Msg.GetPageSize())
 	es, err := h.Admin.ListLedger(ctx, req.Msg.GetSku(), after, size)
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	out := &v1.ListLedgerResponse{}
 	for _, e := range es {
-		out.Entries = append(out.Entries, rpc.LedgerEntryToProto(e))
+		out.Entries = append(out.Entries, wire.LedgerEntryToProto(e))
 	}
 	if len(es) == size {
 		out.NextPageToken = encodeToken(strconv.FormatInt(es[len(es)-1].ID, 10))
@@ -195,7 +195,7 @@ func (h *AdminHandler) ListLedger(ctx context.Context, req *connect.Request[v1.L
 func (h *AdminHandler) Reconcile(ctx context.Context, req *connect.Request[v1.ReconcileRequest]) (*connect.Response[v1.ReconcileResponse], error) {
 	ds, err := h.Admin.Reconcile(ctx, req.Msg.GetSku())
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	out := &v1.ReconcileResponse{Balanced: len(ds) == 0}
 	for _, d := range ds {
@@ -212,7 +212,7 @@ func (h *AdminHandler) ResumeShard(ctx context.Context, req *connect.Request[v1.
 	m := req.Msg
 	was, err := h.Admin.ResumeShard(ctx, stock.ShardKey{SKU: m.GetSku(), Index: m.GetIndex()}, m.GetApprover(), m.GetReason())
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	out := &v1.ResumeShardResponse{HaltedReason: was}
 	if st, err := h.Admin.GetStock(ctx, m.GetSku()); err == nil {

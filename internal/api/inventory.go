@@ -8,8 +8,8 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // Inventory is what the InventoryService serves: the allocator, or the
@@ -43,30 +43,30 @@ func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.
 	m := req.Msg
 	res := h.Inventory.Allocate(ctx, &stock.Request{
 		Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
-		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: rpc.DurationOf(m.GetTtl()),
+		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: wire.DurationOf(m.GetTtl()),
 	})
 	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
+		return nil, wire.ToConnect(res.Err)
 	}
-	return connect.NewResponse(&v1.ReserveResponse{Reservation: rpc.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
+	return connect.NewResponse(&v1.ReserveResponse{Reservation: wire.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
 }
 
 // Commit turns a reservation into a sale.
 func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
 	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId()})
 	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
+		return nil, wire.ToConnect(res.Err)
 	}
-	return connect.NewResponse(&v1.CommitResponse{Reservation: rpc.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
+	return connect.NewResponse(&v1.CommitResponse{Reservation: wire.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
 }
 
 // Release gives a reservation's units back.
 func (h *InventoryHandler) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: req.Msg.GetReservationId(), Reason: req.Msg.GetReason()})
 	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
+		return nil, wire.ToConnect(res.Err)
 	}
-	return connect.NewResponse(&v1.ReleaseResponse{Reservation: rpc.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
+	return connect.NewResponse(&v1.ReleaseResponse{Reservation: wire.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
 }
 
 // Deduct reserves and commits at once.
@@ -77,9 +77,9 @@ func (h *InventoryHandler) Deduct(ctx context.Context, req *connect.Request[v1.D
 		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(),
 	})
 	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
+		return nil, wire.ToConnect(res.Err)
 	}
-	return connect.NewResponse(&v1.DeductResponse{Operation: rpc.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
+	return connect.NewResponse(&v1.DeductResponse{Operation: wire.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
 }
 
 // Replenish returns units to available stock.
@@ -90,25 +90,25 @@ func (h *InventoryHandler) Replenish(ctx context.Context, req *connect.Request[v
 		OrderRef: m.GetOrderRef(), Reason: m.GetReason(),
 	})
 	if res.Err != nil {
-		return nil, rpc.ToConnect(res.Err)
+		return nil, wire.ToConnect(res.Err)
 	}
-	return connect.NewResponse(&v1.ReplenishResponse{Operation: rpc.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
+	return connect.NewResponse(&v1.ReplenishResponse{Operation: wire.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
 }
 
 // GetOperation tells the state of a key.
 func (h *InventoryHandler) GetOperation(ctx context.Context, req *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error) {
 	op, err := h.Inventory.GetOperation(ctx, req.Msg.GetSku(), req.Msg.GetIdempotencyKey())
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
-	return connect.NewResponse(&v1.GetOperationResponse{Operation: rpc.OperationToProto(op)}), nil
+	return connect.NewResponse(&v1.GetOperationResponse{Operation: wire.OperationToProto(op)}), nil
 }
 
 // GetStock returns a SKU's counts.
 func (h *InventoryHandler) GetStock(ctx context.Context, req *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error) {
 	st, err := h.Inventory.GetStock(ctx, req.Msg.GetSku())
 	if err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	return connect.NewResponse(&v1.GetStockResponse{Stock: StockToProto(st)}), nil
 }

@@ -9,9 +9,9 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // executeOpsMax bounds the operations of one Execute call.
@@ -29,16 +29,16 @@ var _ shardstockv1connect.ShardServiceHandler = (*ShardHandler)(nil)
 func (h *ShardHandler) Execute(ctx context.Context, req *connect.Request[v1.ExecuteRequest]) (*connect.Response[v1.ExecuteResponse], error) {
 	ops := req.Msg.GetOps()
 	if len(ops) > executeOpsMax {
-		return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d ops per call", executeOpsMax))
+		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d ops per call", executeOpsMax))
 	}
 	reqs := make([]*stock.Request, len(ops))
 	for i, op := range ops {
-		reqs[i] = rpc.RequestFromProto(op)
+		reqs[i] = wire.RequestFromProto(op)
 	}
 	results := h.Server.DoAll(ctx, reqs)
 	out := &v1.ExecuteResponse{Results: make([]*v1.ShardResult, len(results))}
 	for i, r := range results {
-		out.Results[i] = rpc.ResultToProto(r)
+		out.Results[i] = wire.ResultToProto(r)
 	}
 	return connect.NewResponse(out), nil
 }
@@ -46,16 +46,16 @@ func (h *ShardHandler) Execute(ctx context.Context, req *connect.Request[v1.Exec
 // GetShards answers shard counts.
 func (h *ShardHandler) GetShards(ctx context.Context, req *connect.Request[v1.GetShardsRequest]) (*connect.Response[v1.GetShardsResponse], error) {
 	if err := stock.ValidateSKU(req.Msg.GetSku()); err != nil {
-		return nil, rpc.ToConnect(err)
+		return nil, wire.ToConnect(err)
 	}
 	if len(req.Msg.GetShards()) > stock.ShardsMax {
-		return nil, rpc.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d shards", stock.ShardsMax))
+		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d shards", stock.ShardsMax))
 	}
 	out := &v1.GetShardsResponse{}
 	for _, idx := range req.Msg.GetShards() {
 		c, err := h.Server.Counts(ctx, stock.ShardKey{SKU: req.Msg.GetSku(), Index: idx})
 		if err != nil {
-			return nil, rpc.ToConnect(err)
+			return nil, wire.ToConnect(err)
 		}
 		out.Shards = append(out.Shards, &v1.ShardStock{Index: idx, ServerId: h.Server.ID(), Available: c.Available, Reserved: c.Reserved, Sold: c.Sold})
 	}

@@ -25,24 +25,25 @@ var layers = map[string]int{
 	"internal/batch": 0,
 	"internal/proc":  0,
 
-	"internal/reconcile":  1, // pure logic over the domain
-	"internal/rebalance":  1,
-	"gen":                 1, // the API's generated types and Connect stubs
-	"internal/pgcluster":  1, // the throwaway Postgres and the embedded etcd
-	"internal/etcdembed":  1,
-	"internal/postgres":   2, // adapters: pgx, etcd, Connect
-	"internal/topology":   2,
-	"internal/rpc":        2,
-	"internal/shard":      3, // the services
-	"internal/allocator":  3,
-	"internal/api":        4, // handlers, and what the commands share
-	"internal/cli":        4,
-	"internal/shardnode":  5, // a shard server wired into a process
-	"internal/cmd":        6, // each command's Run
-	"internal/cmd/devcmd": 7, // dev tools: make run, the load generator
-	"internal/loadgen":    7,
-	"internal/baseline":   8, // the load generator's Postgres baselines
-	"cmd":                 9, // mains
+	"internal/reconcile":   1, // pure logic over the domain
+	"internal/rebalance":   1,
+	"gen":                  1, // the API's generated types and Connect stubs
+	"internal/pgcluster":   1, // the throwaway Postgres and the embedded etcd
+	"internal/etcdembed":   1,
+	"internal/postgres":    2, // adapters: pgx, etcd, the wire format
+	"internal/topology":    2,
+	"internal/wire":        2,
+	"internal/transport":   3, // HTTP/2 servers and clients for Connect
+	"internal/shard":       4, // the services
+	"internal/allocator":   4,
+	"internal/api":         5, // handlers, and what the commands do at start
+	"internal/cmd/startup": 5,
+	"internal/shardnode":   6, // a shard server wired into a process
+	"internal/cmd":         7, // each command's Run
+	"internal/cmd/devcmd":  8, // dev tools: make run, the load generator
+	"internal/loadgen":     8,
+	"internal/baseline":    9,  // the load generator's Postgres baselines
+	"cmd":                  10, // mains
 
 	"internal/pgtest":              test,
 	"internal/etcdtest":            test,

@@ -16,8 +16,8 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // TestE2E_AllocatorShard: an allocator started with -shard-id runs a shard
@@ -72,7 +72,7 @@ func TestE2E_AllocatorShard(t *testing.T) {
 		t.Errorf("requests to shard servers: %v local, %v over RPC; want both", local, remote)
 	}
 	// The ShardService (no authentication) is not on the public port.
-	shardSvc := shardstockv1connect.NewShardServiceClient(rpc.NewClient(), s.base)
+	shardSvc := shardstockv1connect.NewShardServiceClient(transport.NewClient(), s.base)
 	_, err := shardSvc.Execute(ctx, connect.NewRequest(&v1.ExecuteRequest{}))
 	if connect.CodeOf(err) != connect.CodeUnimplemented {
 		t.Errorf("ShardService.Execute on the allocator's public port = %v, want unimplemented (not served)", err)

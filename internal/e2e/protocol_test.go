@@ -9,7 +9,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
-	"github.com/shardstock/shardstock/internal/rpc"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // TestE2E_Protocols: Connect, gRPC and gRPC-Web clients each reserve and
@@ -27,7 +27,7 @@ func TestE2E_Protocols(t *testing.T) {
 		{"gRPCWeb", []connect.ClientOption{connect.WithGRPCWeb()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := shardstockv1connect.NewInventoryServiceClient(rpc.NewClient(), s.base, tc.opts...)
+			c := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), s.base, tc.opts...)
 			key := fmt.Sprintf("proto-%s", tc.name)
 			res, err := c.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{Sku: "proto", Quantity: 2, IdempotencyKey: key}))
 			if err != nil {

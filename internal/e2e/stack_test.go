@@ -21,9 +21,10 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/transport"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // Bounds of the fixture.
@@ -111,7 +112,7 @@ func newStackLease(t *testing.T, shardServers int, localID string, ttl time.Dura
 	s.allocator = s.start("allocator", filepath.Join(bin, "allocator"), args...)
 	line := s.allocator.waitLine(t, "allocator listening on ")
 	s.base = strings.TrimPrefix(line, "allocator listening on ")
-	hc := rpc.NewClient()
+	hc := transport.NewClient()
 	s.inv = shardstockv1connect.NewInventoryServiceClient(hc, s.base)
 	s.admin = shardstockv1connect.NewAdminServiceClient(hc, s.base)
 	s.waitStable(startTimeout)
@@ -306,7 +307,7 @@ func (s *stack) deduct(ctx context.Context, sku, key string, q int64) (*v1.Deduc
 }
 
 // reason returns an error's ErrorInfo reason.
-func reason(err error) string { return rpc.Reason(err) }
+func reason(err error) string { return wire.Reason(err) }
 
 // parallel runs f(i) for i in [0, n) concurrently, bounded by timeout.
 func parallel(t *testing.T, n int, timeout time.Duration, f func(i int)) {

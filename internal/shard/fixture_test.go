@@ -19,9 +19,9 @@ import (
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
 	reconcile1 "github.com/shardstock/shardstock/internal/reconcile"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -91,10 +91,10 @@ func serve(tb testing.TB, s *shard.Server) shardstockv1connect.ShardServiceClien
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv := rpc.NewServer(mux)
+	srv := transport.NewServer(mux)
 	go srv.Serve(lis)
 	tb.Cleanup(func() { srv.Close() })
-	return shardstockv1connect.NewShardServiceClient(rpc.NewClient(), "http://"+lis.Addr().String())
+	return shardstockv1connect.NewShardServiceClient(transport.NewClient(), "http://"+lis.Addr().String())
 }
 
 // reconcile fails the test unless the SKU's books balance.

@@ -17,9 +17,9 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/postgres"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // postgres.DB is the store a shard server writes through.
@@ -63,8 +63,8 @@ func New(cfg Config) *Node {
 // authentication: serve it on a port that only shardstock's own processes
 // reach, never beside the public API.
 func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool) http.Handler {
-	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: gatherer, Pprof: pprof})
-	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, rpc.HandlerOptions()...))
+	mux := transport.NewMux(transport.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: gatherer, Pprof: pprof})
+	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, transport.HandlerOptions()...))
 	return mux
 }
 

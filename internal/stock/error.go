@@ -7,7 +7,7 @@ import (
 
 // Code is the reason of an error, as carried in the public API's
 // google.rpc.ErrorInfo detail. The transport maps each code to its Connect
-// code in one table (internal/rpc).
+// code in one table (internal/wire).
 type Code string
 
 // Error codes of the public API.

@@ -15,12 +15,12 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/api"
-	"github.com/shardstock/shardstock/internal/cli"
+	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/postgres"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // postgres.DB is the store the allocator reads.
@@ -31,22 +31,22 @@ var _ allocator.Store = (*postgres.DB)(nil)
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("allocator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", cli.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "listen address (env SHARDSTOCK_ADDR)")
+	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "listen address (env SHARDSTOCK_ADDR)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
 	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most (with -shard-id, shared with the shard server)")
 	shardID := fs.String("shard-id", getenv("SHARDSTOCK_LOCAL_SHARD_ID"), "also run a shard server with this id in this process: it takes its share of the partitions, serves other allocators on -shard-addr, and this allocator calls it without RPC (env SHARDSTOCK_LOCAL_SHARD_ID)")
-	shardAddr := fs.String("shard-addr", cli.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:0"), "with -shard-id, the internal listen address of its ShardService, which has no authentication and must not be the public one; port 0 picks one (env SHARDSTOCK_SHARD_ADDR)")
+	shardAddr := fs.String("shard-addr", startup.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:0"), "with -shard-id, the internal listen address of its ShardService, which has no authentication and must not be the public one; port 0 picks one (env SHARDSTOCK_SHARD_ADDR)")
 	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "with -shard-id, the address other allocators dial; default: the -shard-addr listener's address (env SHARDSTOCK_ADVERTISE)")
 	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "with -shard-id, the etcd lease TTL of its shard server")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
-	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
+	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, err := cli.Logger(stderr, *level)
+	log, err := startup.Logger(stderr, *level)
 	if err != nil {
 		return err
 	}
@@ -57,7 +57,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", adminTokenLenMin)
 	}
 
-	proc, err := cli.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, *etcd, *addr)
+	proc, err := startup.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, *etcd, *addr)
 	if err != nil {
 		return err
 	}
@@ -94,23 +94,23 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	alloc := allocator.New(acfg)
 	defer alloc.Close()
 
-	mux := rpc.NewMux(rpc.MuxConfig{
+	mux := transport.NewMux(transport.MuxConfig{
 		Services: services,
 		Ready:    alloc.Ready,
 		Gatherer: reg,
 		Pprof:    *pprofOn,
 	})
-	metrics := rpc.NewMetrics(reg)
+	metrics := transport.NewMetrics(reg)
 	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: alloc},
-		append(rpc.HandlerOptions(), connect.WithInterceptors(metrics))...))
+		append(transport.HandlerOptions(), connect.WithInterceptors(metrics))...))
 	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc},
-		append(rpc.HandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
+		append(transport.HandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())
 	nodeDone, shardDone := make(chan error, 1), make(chan error, 1)
 	if node != nil {
 		go func() { nodeDone <- node.Run(ctx) }()
 		go func() {
-			err := rpc.Serve(ctx, shardLis, node.Handler(nil, false))
+			err := transport.Serve(ctx, shardLis, node.Handler(nil, false))
 			if err != nil {
 				cancel() // a member others cannot reach must not stay one
 			}
@@ -125,7 +125,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	fmt.Fprintf(stdout, "allocator listening on http://%s\n", lis.Addr())
 	log.Info("allocator started", "addr", lis.Addr().String())
-	serveErr := rpc.Serve(ctx, lis, mux)
+	serveErr := transport.Serve(ctx, lis, mux)
 	cancel()
 	serr, nerr := <-shardDone, <-nodeDone
 	<-watchDone

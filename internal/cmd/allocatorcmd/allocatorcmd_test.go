@@ -16,8 +16,9 @@ import (
 	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/transport"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -126,12 +127,12 @@ func TestRun_Allocator(t *testing.T) {
 	ctx := context.Background()
 	t.Run("Alone", func(t *testing.T) {
 		base, stop := start(t)
-		inv := shardstockv1connect.NewInventoryServiceClient(rpc.NewClient(), base)
+		inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base)
 		_, err := inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: "nosuch"}))
-		if rpc.Reason(err) != string(stock.CodeSKUNotFound) {
+		if wire.Reason(err) != string(stock.CodeSKUNotFound) {
 			t.Errorf("GetStock(nosuch) = %v, want SKU_NOT_FOUND", err)
 		}
-		admin := shardstockv1connect.NewAdminServiceClient(rpc.NewClient(), base)
+		admin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
 		if _, err := admin.CreateSku(ctx, connect.NewRequest(&v1.CreateSkuRequest{Sku: "x", Shards: 1})); connect.CodeOf(err) != connect.CodeUnauthenticated {
 			t.Errorf("CreateSku without the token = %v, want unauthenticated", err)
 		}
@@ -150,15 +151,15 @@ func TestRun_Allocator(t *testing.T) {
 		if !ready(base, startTimeout) {
 			t.Fatalf("/readyz not 200 within %s with its own shard server", startTimeout)
 		}
-		admin := shardstockv1connect.NewAdminServiceClient(rpc.NewClient(), base)
+		admin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
 		if _, err := admin.CreateSku(ctx, adminReq(&v1.CreateSkuRequest{Sku: "own-sku", InitialStock: 5, Shards: 2})); err != nil {
 			t.Fatalf("CreateSku = %v", err)
 		}
-		inv := shardstockv1connect.NewInventoryServiceClient(rpc.NewClient(), base)
+		inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base)
 		if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "own-sku", Quantity: 5, IdempotencyKey: "all"})); err != nil {
 			t.Errorf("Deduct(5 of 5) = %v, want success", err)
 		}
-		if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "own-sku", Quantity: 1, IdempotencyKey: "one-more"})); rpc.Reason(err) != string(stock.CodeOutOfStock) {
+		if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "own-sku", Quantity: 1, IdempotencyKey: "one-more"})); wire.Reason(err) != string(stock.CodeOutOfStock) {
 			t.Errorf("Deduct(1) after selling out = %v, want OUT_OF_STOCK", err)
 		}
 		if err := stop(); err != nil {

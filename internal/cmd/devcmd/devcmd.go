@@ -26,16 +26,17 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
-	"github.com/shardstock/shardstock/internal/cli"
 	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
 	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
+	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/etcdembed"
 	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/proc"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/transport"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // Bounds of the dev stack.
@@ -74,7 +75,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	fs := flag.NewFlagSet("shardstock-dev", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", cli.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "allocator listen address (env SHARDSTOCK_ADDR)")
+	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "allocator listen address (env SHARDSTOCK_ADDR)")
 	servers := fs.Int("shard-servers", 3, "shard servers to start, each a process of its own")
 	local := fs.Bool("allocator-shard", false, "also run a shard server (id "+localShardID+") inside the allocator's process, called without RPC; with -shard-servers 0 it owns every partition")
 	if err := fs.Parse(args); err != nil {
@@ -287,7 +288,7 @@ func (p *prefixWriter) flush() {
 func waitReady(ctx context.Context, base, token string, servers int, k *children) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	admin := shardstockv1connect.NewAdminServiceClient(rpc.NewClient(), base)
+	admin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
 	for {
 		req := connect.NewRequest(&v1.GetTopologyRequest{})
 		req.Header().Set("Authorization", "Bearer "+token)
@@ -338,11 +339,11 @@ func childEnv(env []string) []string {
 
 // createDemo creates the demo SKU unless it exists.
 func createDemo(ctx context.Context, base, token string) error {
-	admin := shardstockv1connect.NewAdminServiceClient(rpc.NewClient(), base)
+	admin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
 	req := connect.NewRequest(&v1.CreateSkuRequest{Sku: demoSKU, InitialStock: demoStock, Shards: demoShards})
 	req.Header().Set("Authorization", "Bearer "+token)
 	_, err := admin.CreateSku(ctx, req)
-	if err != nil && rpc.Reason(err) != string(stock.CodeSKUExists) {
+	if err != nil && wire.Reason(err) != string(stock.CodeSKUExists) {
 		return fmt.Errorf("create demo sku: %w", err)
 	}
 	return nil

@@ -10,10 +10,10 @@ import (
 	"io"
 	"os"
 
-	"github.com/shardstock/shardstock/internal/cli"
+	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/postgres"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/shardnode"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // Run runs the command until ctx ends; args are the command-line arguments
@@ -22,20 +22,20 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("shard", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", cli.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:7001"), "listen address (env SHARDSTOCK_SHARD_ADDR)")
+	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:7001"), "listen address (env SHARDSTOCK_SHARD_ADDR)")
 	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "address allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
-	id := fs.String("id", cli.Env(getenv, "SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
+	id := fs.String("id", startup.Env(getenv, "SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long")
 	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
-	level := fs.String("log-level", cli.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
+	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, err := cli.Logger(stderr, *level)
+	log, err := startup.Logger(stderr, *level)
 	if err != nil {
 		return err
 	}
@@ -46,7 +46,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errors.New("no server id: set -id or SHARDSTOCK_SERVER_ID")
 	}
 
-	proc, err := cli.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id}, *etcd, *addr)
+	proc, err := startup.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id}, *etcd, *addr)
 	if err != nil {
 		return err
 	}
@@ -69,7 +69,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	go func() { nodeDone <- node.Run(ctx) }()
 	fmt.Fprintf(stdout, "shard %s listening on %s\n", *id, lis.Addr())
 	log.Info("shard server started", "id", *id, "addr", lis.Addr().String(), "advertise", *advertise)
-	serveErr := rpc.Serve(ctx, lis, node.Handler(reg, *pprofOn))
+	serveErr := transport.Serve(ctx, lis, node.Handler(reg, *pprofOn))
 	cancel()
 	merr := <-nodeDone
 	log.Info("shard server stopped", "id", *id)

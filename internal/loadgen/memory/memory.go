@@ -35,8 +35,8 @@ import (
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/api"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // Limits of the server.
@@ -90,16 +90,16 @@ func New() *Server {
 // Handler returns the InventoryService and AdminService, with gRPC health,
 // reflection and /healthz, built with shardstock's handler options.
 func (s *Server) Handler() http.Handler {
-	mux := rpc.NewMux(rpc.MuxConfig{Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}})
-	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: s}, rpc.HandlerOptions()...))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: s}, rpc.HandlerOptions()...))
+	mux := transport.NewMux(transport.MuxConfig{Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}})
+	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: s}, transport.HandlerOptions()...))
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: s}, transport.HandlerOptions()...))
 	return mux
 }
 
 // Serve serves a new Server on l over HTTP/1.1 and cleartext HTTP/2 until
 // ctx ends, then shuts down gracefully.
 func Serve(ctx context.Context, l net.Listener) error {
-	return rpc.Serve(ctx, l, New().Handler())
+	return transport.Serve(ctx, l, New().Handler())
 }
 
 // lookup returns the SKU, or INVALID_ARGUMENT for a malformed name and

@@ -18,8 +18,9 @@ import (
 	"github.com/shardstock/shardstock/internal/loadgen"
 	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
 	"github.com/shardstock/shardstock/internal/reconcile"
-	"github.com/shardstock/shardstock/internal/rpc"
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/transport"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // start serves a new Server with Serve on 127.0.0.1 and returns its base
@@ -32,7 +33,7 @@ func start(t *testing.T) string {
 // startServer serves srv, for tests that look inside it.
 func startServer(t *testing.T, srv *Server) string {
 	t.Helper()
-	return listen(t, func(ctx context.Context, l net.Listener) error { return rpc.Serve(ctx, l, srv.Handler()) })
+	return listen(t, func(ctx context.Context, l net.Listener) error { return transport.Serve(ctx, l, srv.Handler()) })
 }
 
 func listen(t *testing.T, serve func(context.Context, net.Listener) error) string {
@@ -359,8 +360,8 @@ func TestServer_Errors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()
-			if connect.CodeOf(err) != tc.code || rpc.Reason(err) != string(tc.reason) {
-				t.Errorf("error = %v (reason %q), want %s with reason %s", err, rpc.Reason(err), tc.code, tc.reason)
+			if connect.CodeOf(err) != tc.code || wire.Reason(err) != string(tc.reason) {
+				t.Errorf("error = %v (reason %q), want %s with reason %s", err, wire.Reason(err), tc.code, tc.reason)
 			}
 		})
 	}
@@ -389,7 +390,7 @@ func TestServer_CreateSku(t *testing.T) {
 	}
 	inv := shardstockv1connect.NewInventoryServiceClient(http.DefaultClient, base)
 	_, err = inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "created", Quantity: 4, IdempotencyKey: "c-1"}))
-	if rpc.Reason(err) != string(stock.CodeQuantityAboveMaxPerOrder) {
+	if wire.Reason(err) != string(stock.CodeQuantityAboveMaxPerOrder) {
 		t.Errorf("Deduct(4) = %v, want QUANTITY_ABOVE_MAX_PER_ORDER", err)
 	}
 	if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "created", Quantity: 3, IdempotencyKey: "c-1"})); err != nil {

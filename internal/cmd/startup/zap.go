@@ -1,4 +1,4 @@
-package cli
+package startup
 
 import "go.uber.org/zap"
 

@@ -1,4 +1,4 @@
-package rpc
+package transport
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // NewMetrics returns an interceptor that counts calls by procedure and
@@ -25,7 +27,7 @@ func NewMetrics(reg prometheus.Registerer) connect.UnaryInterceptorFunc {
 			resp, err := next(ctx, req)
 			reason := "OK"
 			if err != nil {
-				if reason = Reason(err); reason == "" {
+				if reason = wire.Reason(err); reason == "" {
 					reason = connect.CodeOf(err).String()
 				}
 			}

@@ -1,4 +1,8 @@
-package rpc
+// Package transport is how shardstock's Connect services travel: the HTTP/2
+// servers and clients with their timeouts and pings, the mux with health,
+// reflection, metrics and pprof, and the interceptor that counts calls.
+// What the messages mean is in internal/wire and internal/api.
+package transport
 
 import (
 	"net"

@@ -1,6 +1,6 @@
-// Package cli is what shardstock's commands share: configuration from flags
+// Package startup is what shardstock's commands do as they start: configuration from flags
 // over environment over defaults, logging, and listening.
-package cli
+package startup
 
 import (
 	"context"

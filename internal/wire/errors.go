@@ -1,8 +1,9 @@
-// Package rpc holds what shardstock's Connect servers and clients share:
-// proto and domain conversions, HTTP/2 servers and clients, and the one
-// table that maps domain error codes to Connect codes. The handlers are in
-// internal/api.
-package rpc
+// Package wire maps shardstock's domain to what travels on the wire and
+// back: the conversions between internal/stock and the protobuf messages,
+// and the one table that maps domain error codes to Connect codes and
+// reasons. The handlers are in internal/api; the HTTP/2 servers and clients
+// that carry them are in internal/transport.
+package wire
 
 import (
 	"context"
