@@ -295,7 +295,7 @@ func TestAllocator_Take(t *testing.T) {
 		if sum != 2 {
 			t.Errorf("available after consolidating and deducting 10 of 12 = %d, want 2", sum)
 		}
-		ts, err := s.alloc.ListTransfers(ctx, "split", "", 100)
+		ts, err := s.alloc.ListTransfers(ctx, stock.TransferFilter{SKU: "split"}, "", 100)
 		if err != nil || len(ts) == 0 {
 			t.Errorf("ListTransfers(split) = %d transfers, %v, want the consolidation's", len(ts), err)
 		}
@@ -358,7 +358,7 @@ func TestAllocator_Take(t *testing.T) {
 				}
 			})
 		}
-		if ts, err := s.alloc.ListTransfers(ctx, "limited", "", 10); err != nil || len(ts) != 0 {
+		if ts, err := s.alloc.ListTransfers(ctx, stock.TransferFilter{SKU: "limited"}, "", 10); err != nil || len(ts) != 0 {
 			t.Errorf("ListTransfers(limited) = %d, %v, want none", len(ts), err)
 		}
 		paused := true
@@ -545,10 +545,10 @@ func TestAllocator_Reads(t *testing.T) {
 		if _, err := s.alloc.ListLedger(ctx, "nosuch", 0, 100); codeOfErr(err) != stock.CodeSKUNotFound {
 			t.Errorf("ListLedger(nosuch) = %v, want SKU_NOT_FOUND", err)
 		}
-		if _, err := s.alloc.ListTransfers(ctx, "", "", 100); err != nil {
+		if _, err := s.alloc.ListTransfers(ctx, stock.TransferFilter{}, "", 100); err != nil {
 			t.Errorf("ListTransfers() = %v", err)
 		}
-		if _, err := s.alloc.ListTransfers(ctx, "bad\x00sku", "", 100); codeOfErr(err) != stock.CodeInvalidSKU {
+		if _, err := s.alloc.ListTransfers(ctx, stock.TransferFilter{SKU: "bad\x00sku"}, "", 100); codeOfErr(err) != stock.CodeInvalidSKU {
 			t.Errorf("ListTransfers(bad sku) = %v, want INVALID_SKU", err)
 		}
 		if _, err := s.alloc.Reconcile(ctx, ""); codeOfErr(err) != stock.CodeInvalidSKU {

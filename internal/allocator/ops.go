@@ -100,7 +100,13 @@ type Stock struct {
 	SKU       *stock.SKU
 	Total     stock.Counts
 	InTransit int64
-	Shards    []ShardStock
+	// Shards are the shards in service, then those still being retired.
+	Shards []ShardStock
+	// Moving are the SKU's transfers in flight (pending or debited).
+	Moving []*stock.Transfer
+	// Mover is the holder of the SKU's rebalance lease; nil when no one is
+	// moving the SKU.
+	Mover *stock.MoveLease
 }
 
 // ShardStock is one shard's counts and owner.
@@ -110,6 +116,10 @@ type ShardStock struct {
 	stock.Counts
 	// HaltReason is why the shard is halted; "" while it serves.
 	HaltReason string
+	// Retiring: the shard is out of service after SetShards made the SKU
+	// smaller, and is retired once its stock has moved and its
+	// reservations have ended.
+	Retiring bool
 }
 
 // GetStock reads a SKU's counts as committed.
@@ -184,13 +194,33 @@ func (a *Allocator) ListLedger(ctx context.Context, sku string, after int64, lim
 }
 
 // ListTransfers pages through transfers.
-func (a *Allocator) ListTransfers(ctx context.Context, sku, after string, limit int) ([]*stock.Transfer, error) {
-	if sku != "" {
-		if err := stock.ValidateSKU(sku); err != nil {
+func (a *Allocator) ListTransfers(ctx context.Context, f stock.TransferFilter, after string, limit int) ([]*stock.Transfer, error) {
+	if f.SKU != "" {
+		if err := stock.ValidateSKU(f.SKU); err != nil {
 			return nil, err
 		}
 	}
-	return a.db.ListTransfers(ctx, sku, after, limit)
+	return a.db.ListTransfers(ctx, f.SKU, after, limit)
+}
+
+// SetShards changes the number of a SKU's shards in service (1..256),
+// online. It returns once the new layout is in force for routing; the moves
+// that spread stock to new shards, or drain the retired ones, go on in the
+// background.
+func (a *Allocator) SetShards(ctx context.Context, sku string, shards int32) (*Stock, error) {
+	return nil, stock.Errorf(stock.CodeUnimplemented, "SetShards is being built")
+}
+
+// Rebalance runs one plan for a SKU now, under its rebalance lease, and
+// returns its transfers as they ended; with dryRun it returns the plan's
+// moves (state planned) and moves nothing.
+func (a *Allocator) Rebalance(ctx context.Context, sku string, dryRun bool) ([]*stock.Transfer, error) {
+	return nil, stock.Errorf(stock.CodeUnimplemented, "Rebalance is being built")
+}
+
+// MoveLeases lists the rebalance leases held now, by SKU.
+func (a *Allocator) MoveLeases(ctx context.Context) ([]stock.MoveLease, error) {
+	return nil, nil
 }
 
 // Reconcile checks a SKU's books.

@@ -34,7 +34,7 @@ type Admin interface {
 	// ListLedger returns up to limit entries of a SKU with ids above after.
 	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
 	// ListTransfers returns up to limit transfers of a SKU with ids above after.
-	ListTransfers(ctx context.Context, sku, after string, limit int) ([]*stock.Transfer, error)
+	ListTransfers(ctx context.Context, f stock.TransferFilter, after string, limit int) ([]*stock.Transfer, error)
 	Topology() topology.View
 	Reconcile(ctx context.Context, sku string) ([]reconcile.Discrepancy, error)
 	// ResumeShard clears a shard's halt and returns why it had halted.
@@ -127,7 +127,7 @@ func (h *AdminHandler) ListTransfers(ctx context.Context, req *connect.Request[v
 		return nil, wire.ToConnect(err)
 	}
 	size := pageSize(req.Msg.GetPageSize())
-	ts, err := h.Admin.ListTransfers(ctx, req.Msg.GetSku(), after, size)
+	ts, err := h.Admin.ListTransfers(ctx, stock.TransferFilter{SKU: req.Msg.GetSku()}, after, size)
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}

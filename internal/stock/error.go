@@ -32,8 +32,18 @@ const (
 	CodeCustomerLimitReached        Code = "CUSTOMER_LIMIT_REACHED"
 	CodeSKUExists                   Code = "SKU_ALREADY_EXISTS"
 	CodeShardNotHalted              Code = "SHARD_NOT_HALTED"
+	// CodeShardsRetiring: SetShards asked to shrink a SKU whose shards of
+	// an earlier shrink are still being retired (they hold reservations or
+	// stock); retry once GetStock lists them no more.
+	CodeShardsRetiring Code = "SHARDS_RETIRING"
 	// aborted
 	CodeOperationInProgress Code = "OPERATION_IN_PROGRESS"
+	// CodeRebalanceInProgress: another allocator holds the SKU's rebalance
+	// lease; retry later.
+	CodeRebalanceInProgress Code = "REBALANCE_IN_PROGRESS"
+	// CodeMoveFenced: a transfer's mover no longer holds the SKU's lease (a
+	// newer one took over); the transfer is refused or aborted.
+	CodeMoveFenced Code = "MOVE_FENCED"
 	// unavailable: retry with the same key is safe
 	CodeShardUnavailable Code = "SHARD_UNAVAILABLE"
 	// resource_exhausted

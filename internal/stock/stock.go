@@ -73,9 +73,15 @@ const (
 
 // SKU is a SKU's configuration.
 type SKU struct {
-	Name           string
-	Status         Status
-	Shards         int32
+	Name   string
+	Status Status
+	// Shards is the number of shards in service, 0..Shards-1: the ones that
+	// take new reserves and deducts.
+	Shards int32
+	// ShardSpan is the number of shards that may hold stock: the shards in
+	// service plus those being retired after SetShards made the SKU
+	// smaller (Shards..ShardSpan-1). Equal to Shards once they retired.
+	ShardSpan      int32
 	MaxPerOrder    int64 // 0: no limit
 	CustomerLimit  int64 // 0: no limit
 	ReservationTTL time.Duration
@@ -237,7 +243,27 @@ const (
 	TransferDebited  TransferState = "debited"
 	TransferCredited TransferState = "credited"
 	TransferAborted  TransferState = "aborted"
+	// TransferPlanned is a move of a dry-run plan: nothing was written.
+	TransferPlanned TransferState = "planned"
 )
+
+// Open reports whether a transfer has steps left.
+func (s TransferState) Open() bool { return s == TransferPending || s == TransferDebited }
+
+// TransferFilter selects transfers; zero fields select all.
+type TransferFilter struct {
+	SKU   string
+	State TransferState
+}
+
+// MoveLease is a SKU's rebalance lease: present only while the SKU is being
+// moved. Token is the etcd key's revision, recorded on every transfer the
+// holder creates and checked by the source shard's writer.
+type MoveLease struct {
+	SKU    string
+	Holder string
+	Token  int64
+}
 
 // Transfer moves available stock from one shard of a SKU to another.
 type Transfer struct {
@@ -249,6 +275,7 @@ type Transfer struct {
 	FenceToken int64
 	Reason     string
 	CreatedAt  time.Time
+	UpdatedAt  time.Time
 }
 
 // Refuse returns why the SKU refuses a reserve or deduct before its stock is

@@ -115,8 +115,8 @@ func (s *Server) ListLedger(_ context.Context, name string, after int64, limit i
 }
 
 // ListTransfers: the memory target moves no stock between shards.
-func (s *Server) ListTransfers(_ context.Context, name, _ string, _ int) ([]*stock.Transfer, error) {
-	_, err := s.lookup(name)
+func (s *Server) ListTransfers(_ context.Context, f stock.TransferFilter, _ string, _ int) ([]*stock.Transfer, error) {
+	_, err := s.lookup(f.SKU)
 	return nil, err
 }
 
