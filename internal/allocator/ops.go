@@ -200,7 +200,7 @@ func (a *Allocator) ListTransfers(ctx context.Context, f stock.TransferFilter, a
 			return nil, err
 		}
 	}
-	return a.db.ListTransfers(ctx, f.SKU, after, limit)
+	return a.db.ListTransfers(ctx, f, after, limit)
 }
 
 // SetShards changes the number of a SKU's shards in service (1..256),

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"time"
 
 	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -23,7 +24,14 @@ type Store interface {
 	Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error)
 	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
 	CreateTransfer(ctx context.Context, t *stock.Transfer) error
-	ListTransfers(ctx context.Context, sku string, afterID string, limit int) ([]*stock.Transfer, error)
+	ListTransfers(ctx context.Context, f stock.TransferFilter, afterID string, limit int) ([]*stock.Transfer, error)
+	OpenTransfers(ctx context.Context, sku string, limit int) ([]*stock.Transfer, error)
+	Totals(ctx context.Context, sku string) (stock.Counts, error)
+	// The rebalancer's: see internal/postgres.
+	RaiseMoveFence(ctx context.Context, sku string, token int64, holder string) error
+	SetShards(ctx context.Context, sku string, n int32) (*stock.SKU, error)
+	FinishRetirement(ctx context.Context, sku string, grace time.Duration) (bool, error)
+	RetiringSKUs(ctx context.Context, limit int) ([]string, error)
 	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
 	Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, error)
 }

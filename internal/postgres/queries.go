@@ -9,13 +9,16 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-const sqlSelectSKU = `SELECT sku, status, shards, max_per_order, customer_limit, reservation_ttl_ms FROM skus WHERE sku`
+// sqlSKUColumns are the columns scanSKU reads, in its order.
+const sqlSKUColumns = `sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms`
+
+const sqlSelectSKU = `SELECT ` + sqlSKUColumns + ` FROM skus WHERE sku`
 
 func scanSKU(row pgx.Row) (*stock.SKU, error) {
 	var s stock.SKU
 	var status string
 	var ttlMS int64
-	if err := row.Scan(&s.Name, &status, &s.Shards, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS); err != nil {
+	if err := row.Scan(&s.Name, &status, &s.Shards, &s.ShardSpan, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS); err != nil {
 		return nil, err
 	}
 	s.Status = stock.Status(status)

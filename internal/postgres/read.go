@@ -86,7 +86,7 @@ func (q *groupQuery) queue(b *pgx.Batch) {
 			u.Query.Shard.SKU, u.Query.Shard.Index, u.Query.SweepMax)
 	}
 	if len(q.tids) > 0 {
-		b.Queue(`SELECT t.* FROM unnest($1::text[]) AS k(id) CROSS JOIN LATERAL (`+sqlSelectTransfers+` WHERE id = k.id) t`, q.tids)
+		b.Queue(sqlSelectTransfersFenced, q.tids)
 	}
 	if len(q.usageClients) > 0 {
 		b.Queue(`SELECT u.sku, u.customer_ref, u.quantity FROM unnest($1::text[], $2::text[]) AS k(sku, c)
@@ -105,6 +105,7 @@ type groupRead struct {
 	reservations map[string]*stock.Reservation
 	due          map[*stock.Unit][]*stock.Reservation
 	transfers    map[string]*stock.Transfer
+	moveFences   map[string]int64            // by SKU, of the transfers read
 	usage        map[string]map[string]int64 // sku -> customer -> units
 }
 
@@ -122,7 +123,7 @@ type loadedShard struct {
 // Any error means the transaction did not commit (nothing was written).
 func (q *groupQuery) scan(res pgx.BatchResults) (*groupRead, error) {
 	g := &groupRead{ops: map[string]*stock.Operation{}, reservations: map[string]*stock.Reservation{},
-		due: map[*stock.Unit][]*stock.Reservation{}, transfers: map[string]*stock.Transfer{}, usage: map[string]map[string]int64{}}
+		due: map[*stock.Unit][]*stock.Reservation{}, transfers: map[string]*stock.Transfer{}, moveFences: map[string]int64{}, usage: map[string]map[string]int64{}}
 	if _, err := res.Exec(); err != nil {
 		return nil, notCommitted("begin", err)
 	}
@@ -154,7 +155,7 @@ func (q *groupQuery) scan(res pgx.BatchResults) (*groupRead, error) {
 		}
 	}
 	if len(q.tids) > 0 {
-		if err := scanTransfersInto(res, g.transfers); err != nil {
+		if err := scanTransfersFenced(res, g.transfers, g.moveFences); err != nil {
 			return nil, notCommitted("transfers", err)
 		}
 	}
@@ -219,14 +220,6 @@ func scanReservationsInto(res pgx.BatchResults, into map[string]*stock.Reservati
 	return err
 }
 
-func scanTransfersInto(res pgx.BatchResults, into map[string]*stock.Transfer) error {
-	ts, err := scanTransfers(res)
-	for _, t := range ts {
-		into[t.ID] = t
-	}
-	return err
-}
-
 func scanUsage(res pgx.BatchResults, into map[string]map[string]int64) error {
 	rows, err := res.Query()
 	if err != nil {
@@ -257,7 +250,7 @@ func (g *groupRead) reads(units []*stock.Unit) []*stock.BatchRead {
 		// Every unit sees every lookup: a key or a reservation of another
 		// unit is refused by the planner's own checks (SKU, shard).
 		read := &stock.BatchRead{SKU: g.skus[u.Query.Shard.SKU], Ops: g.ops, Reservations: g.reservations, Due: g.due[u],
-			Usage: g.usage[u.Query.Shard.SKU], Transfers: g.transfers, Now: g.now}
+			Usage: g.usage[u.Query.Shard.SKU], Transfers: g.transfers, MoveFences: g.moveFences, Now: g.now}
 		if l := g.loaded[u.Query.Shard]; u.Query.LoadShard && l != nil {
 			read.Counts, read.HaltReason = &l.counts, l.halt
 		}

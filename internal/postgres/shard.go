@@ -71,19 +71,35 @@ func (db *DB) LoadShard(ctx context.Context, k stock.ShardKey) (stock.Counts, er
 	return c, err
 }
 
-// Shards reads every shard of a SKU, by index.
+// sqlShardsInSpan are the shards of a SKU ($1) in its span, by index, with
+// whether each is being retired.
+const sqlShardsInSpan = `FROM shards s JOIN skus k ON k.sku = s.sku WHERE s.sku = $1 AND s.idx < k.shard_span ORDER BY s.idx`
+
+// Shards reads every shard of a SKU in its span (in service or being
+// retired), by index. Shards retired hold nothing and are left out; their
+// sales are counted in Totals.
 func (db *DB) Shards(ctx context.Context, sku string) ([]stock.ShardRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT idx, available, reserved, sold, halted_reason FROM shards WHERE sku = $1 ORDER BY idx`, sku)
+	rows, err := db.pool.Query(ctx, `SELECT s.idx, s.available, s.reserved, s.sold, s.halted_reason, s.idx >= k.shards `+sqlShardsInSpan, sku)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (stock.ShardRow, error) {
 		var s stock.ShardRow
-		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &s.HaltReason)
+		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &s.HaltReason, &s.Retiring)
 		return s, err
 	})
+}
+
+// Totals sums a SKU's shards, retired ones included.
+func (db *DB) Totals(ctx context.Context, sku string) (stock.Counts, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var c stock.Counts
+	err := db.pool.QueryRow(ctx, `SELECT coalesce(sum(available), 0), coalesce(sum(reserved), 0), coalesce(sum(sold), 0)
+		FROM shards WHERE sku = $1`, sku).Scan(&c.Available, &c.Reserved, &c.Sold)
+	return c, err
 }
 
 // DueShards lists shards in the given partitions that have held
@@ -147,9 +163,8 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.Sha
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	b := &pgx.Batch{}
-	b.Queue(`SELECT idx, available, reserved, sold,
-		(SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited')
-		FROM shards WHERE sku = $1 ORDER BY idx`, sku)
+	b.Queue(`SELECT s.idx, s.available, s.reserved, s.sold, s.idx >= k.shards,
+		(SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited') `+sqlShardsInSpan, sku)
 	if len(keys) > 0 {
 		b.Queue(sqlSelectOps, keys)
 	}
@@ -162,7 +177,7 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.Sha
 	var inTransit int64
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stock.ShardRow, error) {
 		var s stock.ShardRow
-		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &inTransit)
+		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &s.Retiring, &inTransit)
 		return s, err
 	})
 	if err != nil {
@@ -177,7 +192,8 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.Sha
 	return out, inTransit, ops, res.Close()
 }
 
-// ResetFences forgets every partition's owner and epoch. Epochs are etcd
+// ResetFences forgets every partition's owner and epoch, and every SKU's
+// move fence. Epochs and move tokens are etcd
 // revisions, so a new etcd cluster starts them again from 1, below the
 // epochs a database kept from the last one, and no takeover could pass. Only
 // for a database that no shard server is using: the dev stack calls it when
@@ -185,6 +201,9 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.Sha
 func (db *DB) ResetFences(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	_, err := db.pool.Exec(ctx, `UPDATE partitions SET owner = '', epoch = 0, updated_at = now() WHERE epoch <> 0`)
+	if _, err := db.pool.Exec(ctx, `UPDATE partitions SET owner = '', epoch = 0, updated_at = now() WHERE epoch <> 0`); err != nil {
+		return err
+	}
+	_, err := db.pool.Exec(ctx, `DELETE FROM move_fences`) // tokens are etcd revisions too
 	return err
 }

@@ -20,8 +20,8 @@ func (db *DB) CreateSKU(ctx context.Context, s stock.SKU, initial int64) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, max_per_order, customer_limit, reservation_ttl_ms)
-		VALUES ($1, $2, $3, $4, $5, $6)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds())
+	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms)
+		VALUES ($1, $2, $3, $3, $4, $5, $6)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds())
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return stock.Errorf(stock.CodeSKUExists, "sku %q already exists", s.Name)
@@ -77,7 +77,7 @@ func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*st
 	s, err := scanSKU(db.pool.QueryRow(ctx, `UPDATE skus SET status = coalesce($2, status),
 		max_per_order = coalesce($3, max_per_order), customer_limit = coalesce($4, customer_limit),
 		reservation_ttl_ms = coalesce($5, reservation_ttl_ms), updated_at = now()
-		WHERE sku = $1 RETURNING sku, status, shards, max_per_order, customer_limit, reservation_ttl_ms`,
+		WHERE sku = $1 RETURNING `+sqlSKUColumns,
 		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl))
 	if isNoRows(err) {
 		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)

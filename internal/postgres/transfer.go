@@ -9,12 +9,12 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-const sqlSelectTransfers = `SELECT id, sku, from_shard, to_shard, quantity, state, fence_token, reason, created_at FROM transfers`
+const sqlSelectTransfers = `SELECT id, sku, from_shard, to_shard, quantity, state, fence_token, reason, created_at, updated_at FROM transfers`
 
 func scanTransfer(row pgx.Row) (*stock.Transfer, error) {
 	var t stock.Transfer
 	var state string
-	err := row.Scan(&t.ID, &t.SKU, &t.From, &t.To, &t.Quantity, &state, &t.FenceToken, &t.Reason, &t.CreatedAt)
+	err := row.Scan(&t.ID, &t.SKU, &t.From, &t.To, &t.Quantity, &state, &t.FenceToken, &t.Reason, &t.CreatedAt, &t.UpdatedAt)
 	t.State = stock.TransferState(state)
 	return &t, err
 }
@@ -28,7 +28,12 @@ func scanTransfers(res pgx.BatchResults) ([]*stock.Transfer, error) {
 }
 
 // queueStepTransfers moves transfers on; the from-state guard makes a step
-// that someone else took a mismatch (only the shard's writer steps it).
+// that someone else took a mismatch (only the shard's writer steps it). A
+// debit also needs the transfer's fence token to be at least the SKU's
+// move fence, which it locks FOR SHARE: a mover raising the fence waits
+// for this batch, and a batch after the raise sees it. A mismatch reruns
+// the batch, whose planner then sees the raised fence and aborts the
+// transfer.
 func queueStepTransfers(b *pgx.Batch, steps []stock.TransferStep) {
 	n := len(steps)
 	id, from, to := make([]string, n), make([]string, n), make([]string, n)
@@ -37,17 +42,73 @@ func queueStepTransfers(b *pgx.Batch, steps []stock.TransferStep) {
 	}
 	b.Queue(`WITH s AS (UPDATE transfers t SET state = u.next, updated_at = now()
 		FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, prev, next)
-		WHERE t.id = u.id AND t.state = u.prev RETURNING 1)
+		WHERE t.id = u.id AND t.state = u.prev
+		AND (u.next <> 'debited' OR t.fence_token >= coalesce((SELECT f.token FROM move_fences f WHERE f.sku = t.sku FOR SHARE), 0))
+		RETURNING 1)
 		SELECT shardstock_expect(count(*), $4, 'transfer steps', 'SS001') FROM s`, id, from, to, n)
 }
 
-// CreateTransfer records a pending transfer.
+// sqlSelectTransfersFenced reads transfers by id with their SKU's move
+// fence, for the planner.
+const sqlSelectTransfersFenced = `SELECT t.*, coalesce((SELECT f.token FROM move_fences f WHERE f.sku = t.sku), 0)
+	FROM unnest($1::text[]) AS k(id) CROSS JOIN LATERAL (` + sqlSelectTransfers + ` WHERE id = k.id) t`
+
+// scanTransfersFenced scans sqlSelectTransfersFenced into transfers by id
+// and fences by SKU.
+func scanTransfersFenced(res pgx.BatchResults, into map[string]*stock.Transfer, fences map[string]int64) error {
+	rows, err := res.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var t stock.Transfer
+		var state string
+		var fence int64
+		if err := rows.Scan(&t.ID, &t.SKU, &t.From, &t.To, &t.Quantity, &state, &t.FenceToken, &t.Reason, &t.CreatedAt, &t.UpdatedAt, &fence); err != nil {
+			return err
+		}
+		t.State = stock.TransferState(state)
+		into[t.ID], fences[t.SKU] = &t, fence
+	}
+	return rows.Err()
+}
+
+// RaiseMoveFence records that the holder of a SKU's rebalance lease with
+// token now moves it: from the commit on, no transfer with a lower token is
+// created or debited. A token below the fence already recorded is
+// MOVE_FENCED: a newer mover took the SKU over.
+func (db *DB) RaiseMoveFence(ctx context.Context, sku string, token int64, holder string) error {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var got int64
+	err := db.pool.QueryRow(ctx, `INSERT INTO move_fences (sku, token, holder) VALUES ($1, $2, $3)
+		ON CONFLICT (sku) DO UPDATE SET token = greatest(move_fences.token, excluded.token),
+			holder = CASE WHEN excluded.token >= move_fences.token THEN excluded.holder ELSE move_fences.holder END,
+			updated_at = now()
+		RETURNING token`, sku, token, holder).Scan(&got)
+	if err != nil {
+		return err
+	}
+	if got > token {
+		return stock.Errorf(stock.CodeMoveFenced, "a newer mover (token %d) holds %q", got, sku)
+	}
+	return nil
+}
+
+// CreateTransfer records a pending transfer, if its fence token is at
+// least the SKU's move fence (locked FOR SHARE, so a raise waits for it);
+// else MOVE_FENCED and nothing is written.
 func (db *DB) CreateTransfer(ctx context.Context, t *stock.Transfer) error {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	_, err := db.pool.Exec(ctx, `INSERT INTO transfers (id, sku, from_shard, to_shard, from_partition, to_partition, quantity, state, fence_token, reason)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9)`,
+	tag, err := db.pool.Exec(ctx, `INSERT INTO transfers (id, sku, from_shard, to_shard, from_partition, to_partition, quantity, state, fence_token, reason)
+		SELECT $1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9
+		WHERE $8 >= coalesce((SELECT token FROM move_fences WHERE sku = $2 FOR SHARE), 0)`,
 		t.ID, t.SKU, t.From, t.To, stock.PartitionOf(t.SKU, t.From), stock.PartitionOf(t.SKU, t.To), t.Quantity, t.FenceToken, t.Reason)
+	if err == nil && tag.RowsAffected() == 0 {
+		return stock.Errorf(stock.CodeMoveFenced, "a newer mover holds %q: transfer with token %d refused", t.SKU, t.FenceToken)
+	}
 	return err
 }
 
@@ -87,6 +148,19 @@ func (db *DB) StaleTransfers(ctx context.Context, partitions []int32, age time.D
 	})
 }
 
+// OpenTransfers lists up to limit of a SKU's transfers in flight (pending
+// or debited), oldest first.
+func (db *DB) OpenTransfers(ctx context.Context, sku string, limit int) ([]*stock.Transfer, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	rows, err := db.pool.Query(ctx, sqlSelectTransfers+` WHERE sku = $1 AND state IN ('pending', 'debited')
+		ORDER BY created_at, id LIMIT $2`, sku, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Transfer, error) { return scanTransfer(r) })
+}
+
 // InTransit sums a SKU's debited, not yet credited transfers.
 func (db *DB) InTransit(ctx context.Context, sku string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
@@ -96,15 +170,15 @@ func (db *DB) InTransit(ctx context.Context, sku string) (int64, error) {
 	return n, err
 }
 
-// ListTransfers returns up to limit transfers of a SKU (all SKUs when sku is
-// empty) created after the transfer named by after, oldest first.
-func (db *DB) ListTransfers(ctx context.Context, sku string, afterID string, limit int) ([]*stock.Transfer, error) {
+// ListTransfers returns up to limit transfers that f selects, created after
+// the transfer named by after, oldest first.
+func (db *DB) ListTransfers(ctx context.Context, f stock.TransferFilter, afterID string, limit int) ([]*stock.Transfer, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	limit = min(max(limit, 1), ledgerPageMax)
-	rows, err := db.pool.Query(ctx, sqlSelectTransfers+` WHERE ($1 = '' OR sku = $1)
+	rows, err := db.pool.Query(ctx, sqlSelectTransfers+` WHERE ($1 = '' OR sku = $1) AND ($4 = '' OR state = $4)
 		AND ($2 = '' OR (created_at, id) > (SELECT created_at, id FROM transfers WHERE id = $2))
-		ORDER BY created_at, id LIMIT $3`, sku, afterID, limit)
+		ORDER BY created_at, id LIMIT $3`, f.SKU, afterID, limit, string(f.State))
 	if err != nil {
 		return nil, err
 	}

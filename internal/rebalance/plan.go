@@ -1,8 +1,7 @@
 // Package rebalance plans the movement of leftover available stock between
-// a SKU's shards. Plan is pure: it returns moves from a snapshot, and an
-// executor (the allocator's consolidation today, the rebalancer under an
-// etcd lock per SKU later) carries each out as a two-phase, ledgered
-// transfer.
+// a SKU's shards. It is pure: Decide and Plan return moves from a snapshot,
+// and the allocator's rebalancer, under the SKU's move lease, carries each
+// out as a two-phase, ledgered transfer.
 package rebalance
 
 import (
@@ -17,6 +16,9 @@ type Shard struct {
 	// Demand is the shard's recent demand (units asked of it); shards
 	// with more demand get more stock. All zero: spread evenly.
 	Demand int64
+	// Retiring shards are out of service: their share is 0, so a plan
+	// moves everything they hold to the others and nothing to them.
+	Retiring bool
 }
 
 // Move is one transfer of available units from one shard to another.
@@ -31,6 +33,9 @@ type Options struct {
 	MovesMax int
 	// MoveMin is the smallest move worth a transfer.
 	MoveMin int64
+	// MoveMax caps the units of one move (0: no cap), so that a transfer
+	// left half-way strands at most this much in transit.
+	MoveMax int64
 }
 
 // Plan returns moves that bring each shard's available stock toward its
@@ -64,6 +69,9 @@ func Plan(shards []Shard, opts Options) []Move {
 	var moves []Move
 	for i, j := 0, 0; i < len(surplus) && j < len(deficit) && len(moves) < opts.MovesMax; {
 		q := min(surplus[i].delta, deficit[j].delta)
+		if opts.MoveMax > 0 {
+			q = min(q, opts.MoveMax)
+		}
 		if q >= max(opts.MoveMin, 1) {
 			moves = append(moves, Move{From: surplus[i].index, To: deficit[j].index, Quantity: q})
 		}
@@ -79,29 +87,34 @@ func Plan(shards []Shard, opts Options) []Move {
 	return moves
 }
 
-// shares splits the total available over the shards in proportion to
-// demand (evenly when there is none); remainders go to the first shards.
+// shares splits the total available over the shards in service in
+// proportion to demand (evenly when there is none); remainders go to the
+// first shards. Retiring shards get 0.
 func shares(shards []Shard) []int64 {
 	var total, demand int64
-	for _, s := range shards {
+	var serving []int
+	for i, s := range shards {
 		total += s.Available
-		demand += s.Demand
+		if !s.Retiring {
+			demand += s.Demand
+			serving = append(serving, i)
+		}
 	}
 	out := make([]int64, len(shards))
-	if len(shards) == 0 {
+	if len(serving) == 0 {
 		return out
 	}
 	var given int64
-	for i, s := range shards {
+	for _, i := range serving {
 		if demand > 0 {
-			out[i] = total * s.Demand / demand
+			out[i] = int64(float64(total) * float64(shards[i].Demand) / float64(demand))
 		} else {
-			out[i] = total / int64(len(shards))
+			out[i] = total / int64(len(serving))
 		}
 		given += out[i]
 	}
-	for i := 0; given < total; i = (i + 1) % len(shards) {
-		out[i]++
+	for k := 0; given < total; k = (k + 1) % len(serving) {
+		out[serving[k]]++
 		given++
 	}
 	return out

@@ -13,12 +13,12 @@ func TestPlan(t *testing.T) {
 		opts   Options
 		want   []Move
 	}{
-		{"Balanced", []Shard{{0, 5, 0}, {1, 5, 0}}, opts, nil},
-		{"OneFull", []Shard{{0, 12, 0}, {1, 0, 0}, {2, 0, 0}}, opts, []Move{{0, 1, 4}, {0, 2, 4}}},
-		{"ByDemand", []Shard{{0, 10, 1}, {1, 10, 3}}, opts, []Move{{0, 1, 5}}},
-		{"RemainderToFirst", []Shard{{0, 0, 0}, {1, 7, 0}}, opts, []Move{{1, 0, 4}}},
-		{"MoveMin", []Shard{{0, 6, 0}, {1, 4, 0}}, Options{MovesMax: 16, MoveMin: 2}, nil},
-		{"MovesMax", []Shard{{0, 30, 0}, {1, 0, 0}, {2, 0, 0}}, Options{MovesMax: 1, MoveMin: 1}, []Move{{0, 1, 10}}},
+		{"Balanced", []Shard{{0, 5, 0, false}, {1, 5, 0, false}}, opts, nil},
+		{"OneFull", []Shard{{0, 12, 0, false}, {1, 0, 0, false}, {2, 0, 0, false}}, opts, []Move{{0, 1, 4}, {0, 2, 4}}},
+		{"ByDemand", []Shard{{0, 10, 1, false}, {1, 10, 3, false}}, opts, []Move{{0, 1, 5}}},
+		{"RemainderToFirst", []Shard{{0, 0, 0, false}, {1, 7, 0, false}}, opts, []Move{{1, 0, 4}}},
+		{"MoveMin", []Shard{{0, 6, 0, false}, {1, 4, 0, false}}, Options{MovesMax: 16, MoveMin: 2}, nil},
+		{"MovesMax", []Shard{{0, 30, 0, false}, {1, 0, 0, false}, {2, 0, 0, false}}, Options{MovesMax: 1, MoveMin: 1}, []Move{{0, 1, 10}}},
 		{"Empty", nil, opts, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

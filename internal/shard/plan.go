@@ -56,8 +56,12 @@ func plan(shard stock.ShardKey, from stock.Counts, reqs []*stock.Request, read *
 		// CHECK constraints would refuse it too).
 		return nil, nil, fmt.Errorf("%w: plan drove %s to %+v", errInvariant, shard, p.cur)
 	}
+	avail := p.cur.Available
+	if read.SKU != nil && shard.Index >= read.SKU.Shards {
+		avail = 0 // being retired: nothing here for the allocator to route to
+	}
 	for i := range p.results {
-		p.results[i].Available = p.cur.Available
+		p.results[i].Available = avail
 	}
 	return p.w, p.results, nil
 }
@@ -161,6 +165,11 @@ func (p *planner) refuse(r *stock.Request) (stock.Code, string) {
 	}
 	if code, msg := sku.Refuse(r, p.usage(r.CustomerRef)); code != "" {
 		return code, msg
+	}
+	if p.shard.Index >= sku.Shards {
+		// Out of service after SetShards: its stock is being moved away.
+		// The allocator sweeps and finds it (or routes elsewhere).
+		return stock.CodeOutOfStock, "this shard is being retired"
 	}
 	if p.cur.Available < r.Quantity {
 		return stock.CodeOutOfStock, "not enough available stock"
@@ -269,6 +278,12 @@ func (p *planner) transfer(i int, r *stock.Request) {
 		}
 	}
 	switch {
+	case out && state == stock.TransferPending && t.FenceToken < p.read.MoveFences[t.SKU]:
+		// A newer mover holds the SKU: this one's lease has gone, and its
+		// move must not start (the step's statement checks the same).
+		step(stock.TransferAborted, "")
+		p.fail(i, stock.CodeMoveFenced, "a newer mover holds %s; transfer aborted", quote(t.SKU))
+		return
 	case out && state == stock.TransferPending && p.cur.Available >= t.Quantity:
 		step(stock.TransferDebited, stock.OpTransferOut)
 	case out && state == stock.TransferPending:

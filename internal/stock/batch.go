@@ -58,7 +58,10 @@ type BatchRead struct {
 	Due          []*Reservation   // held and expired, for the sweep
 	Usage        map[string]int64 // customer ref -> units held or bought
 	Transfers    map[string]*Transfer
-	Now          time.Time // the database clock
+	// MoveFences are the move fences of the SKUs of Transfers: a pending
+	// transfer whose token is below its SKU's fence is aborted, not debited.
+	MoveFences map[string]int64
+	Now        time.Time // the database clock
 	// Counts is the shard's row as read under the fence, when the query
 	// asked (LoadShard); nil then means the shard does not exist.
 	Counts *Counts
@@ -136,6 +139,9 @@ type ShardRow struct {
 	Counts
 	// HaltReason is why the shard is halted; "" if it is not.
 	HaltReason string
+	// Retiring: the shard is out of service (its index is at or above the
+	// SKU's Shards) but may still hold stock or reservations.
+	Retiring bool
 }
 
 // ShardCheck is a shard's row beside what its ledger says the row must be:
