@@ -70,6 +70,11 @@ type Config struct {
 	// no HTTP/2 hop, no protobuf, no second process to wake).
 	Local   LocalServer
 	LocalID string
+	// Moves hands out the SKUs' move leases (etcd); nil runs no rebalancer
+	// rounds and moves stock under token 0 (tests without etcd).
+	Moves *topology.MoveLeases
+	// Rebalance configures the rebalancer.
+	Rebalance RebalanceConfig
 }
 
 // LocalServer is a shard server in the allocator's own process
@@ -99,8 +104,15 @@ type Allocator struct {
 	sweeps   sweeper
 	inflight sync.Map // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
 	metrics  *metrics
-	stop     chan struct{} // closed by Close: ends followTopology
+	stop     chan struct{} // closed by Close: ends followTopology and the rebalancer
 	followed chan struct{} // closed when followTopology has returned
+
+	moves        *topology.MoveLeases
+	rebalanceCfg RebalanceConfig
+	demand       demandBook
+	retireGrace  time.Duration  // retireGrace; shorter in tests
+	settling     sync.WaitGroup // SetShards's background plans
+	rebalanced   chan struct{}  // closed when the rebalancer has returned
 }
 
 type cachedSKU struct {
@@ -134,8 +146,24 @@ func New(cfg Config) *Allocator {
 		followed:    make(chan struct{}),
 	}
 	a.sweeps.a, a.sweeps.keysMax = a, sweepKeysMax
+	a.moves, a.rebalanceCfg, a.retireGrace = cfg.Moves, cfg.Rebalance, retireGrace
+	a.rebalanceCfg.fill()
+	a.rebalanced = make(chan struct{})
 	go a.followTopology()
+	go a.rebalance()
 	return a
+}
+
+// rebalance runs the rebalancer's rounds until Close.
+func (a *Allocator) rebalance() {
+	defer close(a.rebalanced)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-a.stop
+		cancel()
+	}()
+	(&rebalancer{a: a, cfg: a.rebalanceCfg}).run(ctx)
 }
 
 // mustLRU returns an LRU cache of size entries at most; lru.New fails only
@@ -152,6 +180,8 @@ func mustLRU[K comparable, V any](size int) *lru.Cache[K, V] {
 func (a *Allocator) Close() {
 	close(a.stop)
 	<-a.followed
+	<-a.rebalanced
+	a.settling.Wait()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, c := range a.servers {
@@ -326,6 +356,7 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 		q = -r.Quantity
 	}
 	first := firstChoice(r.Key, sku.Shards)
+	a.demand.add(sku.Name, first, q)
 	var last stock.Result
 	for round := 0; round < routeRoundsMax; round++ {
 		res, asked, done := a.tryShards(ctx, r, sku, q, first)
@@ -344,6 +375,9 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 		sw := a.sweeps.sweep(ctx, sku, key)
 		if sw.err != nil {
 			return stock.Result{Err: sw.err}
+		}
+		if fresh, err := a.sku(ctx, sku.Name); err == nil {
+			sku = fresh // the sweep forgets a layout that SetShards changed
 		}
 		if sku, res, done = a.afterSweep(ctx, r, sku, q, asked, sw); done {
 			return res

@@ -41,6 +41,7 @@ type stack struct {
 	servers map[string]*shard.Server
 	local   string
 	alloc   *allocator.Allocator
+	etcd    *etcdtest.Etcd
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -72,7 +73,7 @@ func newStack(t *testing.T, remote []string, local string) *stack {
 	}
 	w := topology.NewWatcher(e.Client(), stock.Partitions)
 	run(func() { w.Run(ctx) })
-	s := &stack{t: t, url: url, db: db, topo: w.Snapshot, servers: map[string]*shard.Server{}, local: local}
+	s := &stack{t: t, url: url, db: db, topo: w.Snapshot, servers: map[string]*shard.Server{}, local: local, etcd: e}
 	ids := slices.Clone(remote)
 	if local != "" {
 		ids = append(ids, local)
@@ -103,7 +104,10 @@ func newStack(t *testing.T, remote []string, local string) *stack {
 // newAllocator returns another allocator over the stack, with no hints
 // and no cached SKUs of its own.
 func (s *stack) newAllocator() *allocator.Allocator {
-	cfg := allocator.Config{DB: s.db, Topology: s.topo, Logger: quiet()}
+	// The rebalancer's rounds would move stock under the tests' feet; the
+	// rebalancer's own tests turn them on (newMover).
+	cfg := allocator.Config{DB: s.db, Topology: s.topo, Logger: quiet(),
+		Rebalance: allocator.RebalanceConfig{Off: true, Auto: allocator.AutoShards{Off: true}}}
 	if s.local != "" {
 		cfg.Local, cfg.LocalID = s.servers[s.local], s.local
 	}

@@ -19,6 +19,16 @@ type metrics struct {
 	// calls and refused count, by shard server, the Execute calls its
 	// breaker let through and those it refused.
 	calls, refused *prometheus.CounterVec
+
+	// The rebalancer's.
+	leasesHeld       prometheus.Gauge
+	plans            *prometheus.CounterVec // by policy
+	transfersStarted *prometheus.CounterVec // by policy
+	transfersEnded   *prometheus.CounterVec // by outcome: credited, or the code that stopped it
+	inTransit        prometheus.Gauge
+	unitsMoved       prometheus.Counter
+	reshards         *prometheus.CounterVec // by direction (split, merge) and by (set, auto)
+	retirements      prometheus.Counter
 }
 
 // serverMetrics are the counters of one shard server's client.
@@ -60,8 +70,33 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "shardstock_allocator_execute_refused_total", Help: "Execute calls refused by a shard server's open or half-open circuit breaker.",
 		}, []string{"server"}),
 	}
+	m.leasesHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "shardstock_rebalancer_leases_held", Help: "SKU move leases this allocator holds now.",
+	})
+	m.plans = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shardstock_rebalancer_plans_total", Help: "Plans carried out, by policy (drain, tail, refill, consolidate).",
+	}, []string{"policy"})
+	m.transfersStarted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shardstock_rebalancer_transfers_started_total", Help: "Transfers created, by policy.",
+	}, []string{"policy"})
+	m.transfersEnded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shardstock_rebalancer_transfers_ended_total", Help: "Transfers this allocator saw end, by outcome: credited, or the code that stopped it (OUT_OF_STOCK and MOVE_FENCED abort it; others leave it to the sweep).",
+	}, []string{"outcome"})
+	m.inTransit = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "shardstock_rebalancer_units_in_transit", Help: "Units of this allocator's transfers between their debit and their credit.",
+	})
+	m.unitsMoved = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "shardstock_rebalancer_units_moved_total", Help: "Units moved by transfers this allocator completed.",
+	})
+	m.reshards = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shardstock_rebalancer_reshards_total", Help: "Changes of a SKU's shard count, by direction (split, merge) and by whom (set: SetShards; auto: the automatic split and merge).",
+	}, []string{"direction", "by"})
+	m.retirements = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "shardstock_rebalancer_retirements_total", Help: "SKUs whose shards out of service finished retiring.",
+	})
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused)
+		reg.MustRegister(paths, m.sweeps, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused,
+			m.leasesHeld, m.plans, m.transfersStarted, m.transfersEnded, m.inTransit, m.unitsMoved, m.reshards, m.retirements)
 	}
 	return m
 }

@@ -139,15 +139,32 @@ func (a *Allocator) GetStock(ctx context.Context, name string) (*Stock, error) {
 	if err != nil {
 		return nil, err
 	}
+	total, err := a.db.Totals(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	moving, err := a.db.OpenTransfers(ctx, name, movingListed)
+	if err != nil {
+		return nil, err
+	}
 	view := a.topo()
-	st := &Stock{SKU: sku, InTransit: inTransit}
+	st := &Stock{SKU: sku, InTransit: inTransit, Total: total, Moving: moving}
 	for _, r := range rows {
 		srv, _, _ := view.Owner(stock.PartitionOf(name, r.Index))
-		st.Shards = append(st.Shards, ShardStock{Index: r.Index, ServerID: srv.ID, Counts: r.Counts, HaltReason: r.HaltReason})
-		st.Total = st.Total.Add(r.Counts)
+		st.Shards = append(st.Shards, ShardStock{Index: r.Index, ServerID: srv.ID, Counts: r.Counts, HaltReason: r.HaltReason, Retiring: r.Retiring})
+	}
+	if leases, err := a.MoveLeases(ctx); err == nil {
+		for _, l := range leases {
+			if l.SKU == name {
+				st.Mover = &l
+			}
+		}
 	}
 	return st, nil
 }
+
+// movingListed bounds the transfers in flight GetStock lists.
+const movingListed = 100
 
 // CreateSKU creates a SKU with initial stock spread over its shards.
 func (a *Allocator) CreateSKU(ctx context.Context, s stock.SKU, initial int64) (*Stock, error) {
@@ -203,25 +220,6 @@ func (a *Allocator) ListTransfers(ctx context.Context, f stock.TransferFilter, a
 	return a.db.ListTransfers(ctx, f, after, limit)
 }
 
-// SetShards changes the number of a SKU's shards in service (1..256),
-// online. It returns once the new layout is in force for routing; the moves
-// that spread stock to new shards, or drain the retired ones, go on in the
-// background.
-func (a *Allocator) SetShards(ctx context.Context, sku string, shards int32) (*Stock, error) {
-	return nil, stock.Errorf(stock.CodeUnimplemented, "SetShards is being built")
-}
-
-// Rebalance runs one plan for a SKU now, under its rebalance lease, and
-// returns its transfers as they ended; with dryRun it returns the plan's
-// moves (state planned) and moves nothing.
-func (a *Allocator) Rebalance(ctx context.Context, sku string, dryRun bool) ([]*stock.Transfer, error) {
-	return nil, stock.Errorf(stock.CodeUnimplemented, "Rebalance is being built")
-}
-
-// MoveLeases lists the rebalance leases held now, by SKU.
-func (a *Allocator) MoveLeases(ctx context.Context) ([]stock.MoveLease, error) {
-	return nil, nil
-}
 
 // Reconcile checks a SKU's books.
 func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]reconcile.Discrepancy, error) {

@@ -42,25 +42,38 @@ func candidates(n int32, first int32, hints []hint, q int64, skip func(int32) bo
 }
 
 // consolidation plans moving stock so that one shard holds q: the target is
-// the shard with the most available, and sources give what they have, most
-// first, until the target would hold q. It returns nil when the known
-// shards do not hold q in total. It is pure.
-func consolidation(hints []hint, q int64, skip func(int32) bool) (target int32, moves []move) {
+// the shard in service (index below serving) with the most available, and
+// sources (shards being retired included) give what they have, most first,
+// until the target would hold q. It returns nil when the known shards do
+// not hold q in total. It is pure.
+func consolidation(hints []hint, serving int32, q int64, skip func(int32) bool) (target int32, moves []move) {
 	var order []int32
 	for i := range hints {
 		if hints[i].known && hints[i].available > 0 && (skip == nil || !skip(int32(i))) {
 			order = append(order, int32(i))
 		}
 	}
-	if len(order) == 0 {
-		return -1, nil
-	}
 	slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(hints[b].available, hints[a].available) })
-	target = order[0]
-	need := q - hints[target].available
-	for _, i := range order[1:] {
+	target = -1
+	for _, i := range order {
+		if i < serving {
+			target = i
+			break
+		}
+	}
+	if target < 0 {
+		if serving < 1 || (skip != nil && skip(0)) {
+			return -1, nil
+		}
+		target = 0 // every shard in service is empty: gather on the first
+	}
+	need := q - max(hints[target].available, 0)
+	for _, i := range order {
 		if need <= 0 {
 			break
+		}
+		if i == target {
+			continue
 		}
 		take := min(need, hints[i].available)
 		moves = append(moves, move{from: i, quantity: take})

@@ -67,9 +67,34 @@ func TestRoute_Consolidation(t *testing.T) {
 		{"SkippedNotSource", []hint{known(40), known(30), known(20)}, 75, skipOnly(2), -1, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			target, moves := consolidation(tc.hints, tc.q, tc.skip)
+			target, moves := consolidation(tc.hints, int32(len(tc.hints)), tc.q, tc.skip)
 			if target != tc.wantTarget || !slices.Equal(moves, tc.wantMoves) {
 				t.Errorf("consolidation(%v, %d) = %d, %v, want %d, %v", tc.hints, tc.q, target, moves, tc.wantTarget, tc.wantMoves)
+			}
+		})
+	}
+}
+
+// Shards being retired (index at or above serving) give but never receive.
+func TestRoute_ConsolidationRetiring(t *testing.T) {
+	known := func(n int64) hint { return hint{available: n, known: true} }
+	for _, tc := range []struct {
+		name       string
+		hints      []hint
+		serving    int32
+		q          int64
+		wantTarget int32
+		wantMoves  []move
+	}{
+		{"FromRetiring", []hint{known(5), known(0), known(30)}, 2, 20, 0, []move{{from: 2, quantity: 15}}},
+		{"ServingEmpty", []hint{known(0), known(0), known(30)}, 2, 20, 0, []move{{from: 2, quantity: 20}}},
+		{"RetiringHoldsMostNotTarget", []hint{known(1), known(2), known(30)}, 2, 3, 1, []move{{from: 2, quantity: 1}}},
+		{"NotEnough", []hint{known(1), known(0), known(3)}, 2, 5, -1, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			target, moves := consolidation(tc.hints, tc.serving, tc.q, nil)
+			if target != tc.wantTarget || !slices.Equal(moves, tc.wantMoves) {
+				t.Errorf("consolidation(%v, %d, %d) = %d, %v, want %d, %v", tc.hints, tc.serving, tc.q, target, moves, tc.wantTarget, tc.wantMoves)
 			}
 		})
 	}

@@ -132,8 +132,9 @@ func (a *Allocator) sweepOnce(sku *stock.SKU, keys []string) sweepResult {
 		a.log.Debug("sweep failed", "sku", sku.Name, "err", err)
 		return sweepResult{err: stock.Errorf(stock.CodeShardUnavailable, "could not read the stock of %s; retry with the same key", sku.Name)}
 	}
-	res := sweepResult{inTransit: inTransit, unknown: int(sku.Shards) - len(rows), ops: ops}
+	res := sweepResult{inTransit: inTransit, ops: ops}
 	skip := a.skipper(sku.Name)
+	var serving int32
 	for _, r := range rows {
 		a.setHint(stock.ShardKey{SKU: sku.Name, Index: r.Index}, r.Available)
 		if r.Available > 0 && skip(r.Index) {
@@ -143,7 +144,13 @@ func (a *Allocator) sweepOnce(sku *stock.SKU, keys []string) sweepResult {
 			continue
 		}
 		res.available += r.Available
-		res.maxShard = max(res.maxShard, r.Available)
+		if !r.Retiring {
+			serving++
+			res.maxShard = max(res.maxShard, r.Available) // only a shard in service sells
+		}
+	}
+	if serving != sku.Shards || int32(len(rows)) != max(sku.ShardSpan, sku.Shards) {
+		a.forgetSKU(sku.Name) // SetShards changed the layout: read it again
 	}
 	return res
 }

@@ -16,8 +16,9 @@ const (
 	// away from cold ones, so that routing rarely needs a sweep or a
 	// consolidation during a sale.
 	PolicyRefill Policy = "refill"
-	// PolicyManual is a plan asked for through AdminService.Rebalance.
-	PolicyManual Policy = "manual"
+	// PolicyConsolidate gathers on one shard the units of a request larger
+	// than any one shard holds (the allocator's, per request).
+	PolicyConsolidate Policy = "consolidate"
 )
 
 // Thresholds of the policies. Each has hysteresis: a policy that has acted

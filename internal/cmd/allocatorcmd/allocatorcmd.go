@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 
 	"connectrpc.com/connect"
 
@@ -42,6 +43,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "with -shard-id, the etcd lease TTL of its shard server")
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
+	rebalanceOn := fs.Bool("rebalance", getenv("SHARDSTOCK_REBALANCE") != "0", "run the rebalancer's refill and tail plans (env SHARDSTOCK_REBALANCE=0 turns them off); drains of retired shards, SetShards, Rebalance and consolidation run regardless")
+	autoShards := fs.Bool("auto-shards", getenv("SHARDSTOCK_AUTO_SHARDS") != "0", "split hot SKUs and merge them back when cold, automatically (env SHARDSTOCK_AUTO_SHARDS=0 turns it off)")
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -71,7 +74,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	go func() { watchDone <- watcher.Run(ctx) }()
 
 	services := []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}
-	acfg := allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg}
+	host, _ := os.Hostname()
+	moves := topology.NewMoveLeases(client, fmt.Sprintf("allocator/%s/%d@%s", host, os.Getpid(), lis.Addr()), 0, log)
+	defer moves.Close()
+	acfg := allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg, Moves: moves,
+		Rebalance: allocator.RebalanceConfig{Off: !*rebalanceOn, Auto: allocator.AutoShards{Off: !*autoShards}}}
 	var node *shardnode.Node
 	var shardLis net.Listener
 	if *shardID != "" {
