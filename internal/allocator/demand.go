@@ -30,9 +30,9 @@ type demandBook struct {
 
 type skuDemand struct {
 	window [stock.ShardsMax]atomic.Int64 // units since the last round
-	recent [stock.ShardsMax]int64 // decayed: half the last value plus the window; under demandBook.mu
-	idle   int                    // rounds without demand; under demandBook.mu
-	hot    int                    // rounds in a row above the split rate; under rebalancer.mu
+	recent [stock.ShardsMax]int64        // decayed: half the last value plus the window; under demandBook.mu
+	idle   int                           // rounds without demand; under demandBook.mu
+	hot    int                           // rounds in a row above the split rate; under rebalancer.mu
 }
 
 // add counts q units asked of shard first of sku.

@@ -220,7 +220,6 @@ func (a *Allocator) ListTransfers(ctx context.Context, f stock.TransferFilter, a
 	return a.db.ListTransfers(ctx, f, after, limit)
 }
 
-
 // Reconcile checks a SKU's books.
 func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]reconcile.Discrepancy, error) {
 	if err := stock.ValidateSKU(sku); err != nil {
