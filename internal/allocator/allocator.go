@@ -110,7 +110,6 @@ type Allocator struct {
 	moves        *topology.MoveLeases
 	rebalanceCfg RebalanceConfig
 	demand       demandBook
-	retireGrace  time.Duration  // retireGrace; shorter in tests
 	settling     sync.WaitGroup // SetShards's background plans
 	rebalanced   chan struct{}  // closed when the rebalancer has returned
 }
@@ -146,7 +145,7 @@ func New(cfg Config) *Allocator {
 		followed:    make(chan struct{}),
 	}
 	a.sweeps.a, a.sweeps.keysMax = a, sweepKeysMax
-	a.moves, a.rebalanceCfg, a.retireGrace = cfg.Moves, cfg.Rebalance, retireGrace
+	a.moves, a.rebalanceCfg = cfg.Moves, cfg.Rebalance
 	a.rebalanceCfg.fill()
 	a.rebalanced = make(chan struct{})
 	go a.followTopology()
@@ -399,6 +398,9 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 func (a *Allocator) tryShards(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, first int32) (res stock.Result, asked, done bool) {
 	var last stock.Result
 	for _, idx := range candidates(sku.Shards, first, a.hintsOf(sku.Name, sku.Shards), q, a.skipper(sku.Name)) {
+		if idx != first {
+			a.metrics.reroutes.Inc()
+		}
 		rr := *r
 		rr.Shard.Index = idx
 		res := a.exec(ctx, &rr)

@@ -12,6 +12,9 @@ type metrics struct {
 	local, remote  prometheus.Counter
 	sweeps         prometheus.Counter
 	consolidations prometheus.Counter
+	// reroutes counts shard calls to other shards than a request's first
+	// choice: what skewed stock costs routing before any sweep.
+	reroutes prometheus.Counter
 	breaker        *prometheus.CounterVec
 	// abandoned counts, by shard server, the calls its callers stopped
 	// waiting for because their partition got a new owner.
@@ -54,6 +57,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardstock_allocator_sweeps_total", Help: "Sweeps of all of a SKU's shards before an OUT_OF_STOCK.",
 		}),
+		reroutes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_reroutes_total", Help: "Shard calls made to another shard than the request's first choice (its stock was elsewhere).",
+		}),
 		consolidations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardstock_allocator_consolidations_total", Help: "Consolidating transfers for requests larger than any one shard.",
 		}),
@@ -95,7 +101,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "shardstock_rebalancer_retirements_total", Help: "SKUs whose shards out of service finished retiring.",
 	})
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused,
+		reg.MustRegister(paths, m.sweeps, m.reroutes, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused,
 			m.leasesHeld, m.plans, m.transfersStarted, m.transfersEnded, m.inTransit, m.unitsMoved, m.reshards, m.retirements)
 	}
 	return m

@@ -71,11 +71,18 @@ type RebalanceConfig struct {
 	// Auto configures the automatic split and merge; zero means
 	// DefaultAutoShards (with its Off as given).
 	Auto AutoShards
+	// RetireGrace is how long after a SKU's last layout change its shards
+	// out of service may retire; 0 means retireGrace. It must exceed the
+	// longest a shard batch runs.
+	RetireGrace time.Duration
 }
 
 func (c *RebalanceConfig) fill() {
 	if c.Interval == 0 {
 		c.Interval = rebalanceInterval
+	}
+	if c.RetireGrace == 0 {
+		c.RetireGrace = retireGrace
 	}
 	if c.Thresholds == (rebalance.Thresholds{}) {
 		c.Thresholds = rebalance.DefaultThresholds
@@ -163,7 +170,7 @@ func (r *rebalancer) retire(ctx context.Context, name string) {
 	if _, _, err := a.plan(ctx, name, a.demand.recentOf(name), true, false); err != nil && stock.CodeOf(err) != stock.CodeRebalanceInProgress {
 		a.log.Debug("rebalancer: drain failed", "sku", name, "err", err)
 	}
-	done, err := a.db.FinishRetirement(ctx, name, a.retireGrace)
+	done, err := a.db.FinishRetirement(ctx, name, r.cfg.RetireGrace)
 	switch {
 	case err != nil:
 		a.log.Warn("rebalancer: could not retire shards", "sku", name, "err", err)

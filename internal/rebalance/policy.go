@@ -34,7 +34,9 @@ type Thresholds struct {
 	// little stock (a request routed there still sells), hot ones get most.
 	DemandFloorDivisor int64
 	// TailUnitsPerShard: the tail starts once the SKU's available stock is
-	// at most this many units per shard in service.
+	// at most this many units per shard in service. Gathering moves units
+	// through transit while they sell, which costs sweeps: the default
+	// starts it late (the per-request consolidation covers the rest).
 	TailUnitsPerShard int64
 	// MoveMinDivisor: a move below total/(shards*MoveMinDivisor) units is
 	// not worth a transfer (except in the tail and a drain).
@@ -47,7 +49,7 @@ type Thresholds struct {
 var DefaultThresholds = Thresholds{
 	RefillLowWater:     0.25,
 	DemandFloorDivisor: 4,
-	TailUnitsPerShard:  4,
+	TailUnitsPerShard:  1,
 	MoveMinDivisor:     16,
 	Options:            Options{MovesMax: 16, MoveMin: 1, MoveMax: 1_000_000},
 }

@@ -21,8 +21,8 @@ func TestDecide(t *testing.T) {
 		// Demand on shard 1 only: it gets most, shard 0 keeps its floor.
 		{"TowardDemand", []Shard{{0, 100, 0, false}, {1, 0, 100, false}}, false, PolicyRefill, []Move{{0, 1, 90}}},
 		{"DrainRetiring", []Shard{{0, 10, 0, false}, {1, 10, 0, false}, {2, 20, 0, true}}, false, PolicyDrain, []Move{{2, 0, 10}, {2, 1, 10}}},
-		{"TailGathers", []Shard{{0, 3, 0, false}, {1, 2, 5, false}, {2, 1, 0, false}}, false, PolicyTail, []Move{{0, 1, 3}, {2, 1, 1}}},
-		{"TailOnOneShardStays", []Shard{{0, 0, 0, false}, {1, 5, 0, false}}, false, "", nil},
+		{"TailGathers", []Shard{{0, 1, 0, false}, {1, 1, 5, false}, {2, 1, 0, false}}, false, PolicyTail, []Move{{0, 1, 1}, {2, 1, 1}}},
+		{"TailOnOneShardStays", []Shard{{0, 0, 0, false}, {1, 2, 0, false}}, false, "", nil},
 		{"SoldOut", []Shard{{0, 0, 3, false}, {1, 0, 0, false}}, true, "", nil},
 		// A one-shard SKU split to 8 spreads to every new shard.
 		{"Split", []Shard{{0, 800, 0, false}, {1, 0, 0, false}, {2, 0, 0, false}, {3, 0, 0, false}, {4, 0, 0, false}, {5, 0, 0, false}, {6, 0, 0, false}, {7, 0, 0, false}},

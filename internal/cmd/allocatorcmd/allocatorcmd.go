@@ -45,6 +45,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
 	rebalanceOn := fs.Bool("rebalance", getenv("SHARDSTOCK_REBALANCE") != "0", "run the rebalancer's refill and tail plans (env SHARDSTOCK_REBALANCE=0 turns them off); drains of retired shards, SetShards, Rebalance and consolidation run regardless")
 	autoShards := fs.Bool("auto-shards", getenv("SHARDSTOCK_AUTO_SHARDS") != "0", "split hot SKUs and merge them back when cold, automatically (env SHARDSTOCK_AUTO_SHARDS=0 turns it off)")
+	retireGrace := fs.Duration("retire-grace", 0, "how long after a SKU's shard count last changed its shards out of service may retire, once empty; 0 means 15s, and it must exceed the longest a shard batch runs (10 s)")
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -78,7 +79,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	moves := topology.NewMoveLeases(client, fmt.Sprintf("allocator/%s/%d@%s", host, os.Getpid(), lis.Addr()), 0, log)
 	defer moves.Close()
 	acfg := allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg, Moves: moves,
-		Rebalance: allocator.RebalanceConfig{Off: !*rebalanceOn, Auto: allocator.AutoShards{Off: !*autoShards}}}
+		Rebalance: allocator.RebalanceConfig{Off: !*rebalanceOn, Auto: allocator.AutoShards{Off: !*autoShards}, RetireGrace: *retireGrace}}
 	var node *shardnode.Node
 	var shardLis net.Listener
 	if *shardID != "" {

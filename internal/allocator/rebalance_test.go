@@ -1,0 +1,365 @@
+package allocator_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// newMover returns an allocator over the stack that moves stock under move
+// leases of its own (holder id), with cfg as its rebalancer's.
+func (s *stack) newMover(id string, cfg allocator.RebalanceConfig) (*allocator.Allocator, *topology.MoveLeases) {
+	s.t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: s.etcd.Endpoints(), DialTimeout: 2 * time.Second})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	moves := topology.NewMoveLeases(cli, id, time.Second, quiet())
+	a := allocator.New(allocator.Config{DB: s.db, Topology: s.topo, Logger: quiet(), Moves: moves, Rebalance: cfg})
+	s.t.Cleanup(func() {
+		a.Close()
+		moves.Close()
+		cli.Close()
+	})
+	return a, moves
+}
+
+// quietRebalancer: no background rounds, only what a test asks for.
+var quietRebalancer = allocator.RebalanceConfig{Off: true, Auto: allocator.AutoShards{Off: true}, RetireGrace: 200 * time.Millisecond}
+
+// owner returns the shard server that owns shard k now.
+func (s *stack) owner(k stock.ShardKey) interface {
+	Do(context.Context, *stock.Request) stock.Result
+} {
+	s.t.Helper()
+	srv, _, ok := s.topo().Owner(k.Partition())
+	if !ok {
+		s.t.Fatalf("no owner of %s", k)
+	}
+	return s.servers[srv.ID]
+}
+
+// A mover whose lease has gone (revoked here, as an expiry or a partition
+// would end it) can neither create a transfer nor debit one it created
+// before, once a newer mover took the SKU over: the database refuses the
+// creation and the source's writer aborts the debit. Without the writer's
+// check (plan.go's MoveFences case and the step's fence clause) the old
+// transfer is debited: this test fails.
+func TestRebalance_StaleHolderFenced(t *testing.T) {
+	s := newStack(t, []string{"s1", "s2"}, "")
+	ctx := context.Background()
+	s.createSKU("fenced", 2, 100) // 50 and 50
+	_, movesA := s.newMover("alloc-a", quietRebalancer)
+	b, _ := s.newMover("alloc-b", quietRebalancer)
+	// 50 and 10: B has something to move when it takes over.
+	if r := s.alloc.Allocate(ctx, deduct("fenced", keyFor(t, "fenced-sale", 2, 1), 40)); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+
+	la, err := movesA.TryAcquire(ctx, "fenced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.RaiseMoveFence(ctx, "fenced", la.Token, la.Holder); err != nil {
+		t.Fatal(err)
+	}
+	early := &stock.Transfer{ID: stock.NewTransferID(), SKU: "fenced", From: 0, To: 1, Quantity: 10, FenceToken: la.Token, Reason: "test"}
+	if err := s.db.CreateTransfer(ctx, early); err != nil {
+		t.Fatalf("CreateTransfer under the live lease = %v", err)
+	}
+
+	// A's lease ends; B takes the SKU (its Rebalance raises the fence).
+	lease := leaseOf(t, s, "fenced")
+	cli := s.etcd.Client()
+	if _, err := cli.Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-la.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("A's lease not lost after its revocation")
+	}
+	if ts, err := b.Rebalance(ctx, "fenced", false); err != nil || len(ts) == 0 {
+		t.Fatalf("B's Rebalance = %d transfers, %v, want it to move", len(ts), err)
+	}
+
+	// A, stale, creates: refused, nothing written.
+	late := &stock.Transfer{ID: stock.NewTransferID(), SKU: "fenced", From: 0, To: 1, Quantity: 10, FenceToken: la.Token, Reason: "test"}
+	if err := s.db.CreateTransfer(ctx, late); stock.CodeOf(err) != stock.CodeMoveFenced {
+		t.Errorf("stale CreateTransfer = %v, want MOVE_FENCED", err)
+	}
+	if _, err := s.db.GetTransfer(ctx, late.ID); err == nil {
+		t.Errorf("the stale holder's transfer was written")
+	}
+	// A, stale, debits the transfer it created in time: aborted, no unit moves.
+	before := s.available("fenced")
+	src := stock.ShardKey{SKU: "fenced", Index: 0}
+	res := s.owner(src).Do(ctx, &stock.Request{Kind: stock.OpTransferOut, Shard: src, TransferID: early.ID, Source: stock.SourceRebalancer})
+	if res.Err == nil || res.Err.Code != stock.CodeMoveFenced {
+		t.Errorf("stale debit = %+v, want MOVE_FENCED", res)
+	}
+	got, err := s.db.GetTransfer(ctx, early.ID)
+	if err != nil || got.State != stock.TransferAborted {
+		t.Errorf("stale transfer after its debit = %+v, %v, want aborted", got, err)
+	}
+	if after := s.available("fenced"); !slices.Equal(before, after) {
+		t.Errorf("available %v -> %v across a refused debit", before, after)
+	}
+	var total int64
+	for _, n := range s.available("fenced") {
+		total += n
+	}
+	if total != 60 {
+		t.Errorf("available after the moves = %d, want 60", total)
+	}
+	s.balanced("fenced")
+}
+
+// leaseOf returns the etcd lease bound to a SKU's move-lease key.
+func leaseOf(t *testing.T, s *stack, sku string) clientv3.LeaseID {
+	t.Helper()
+	resp, err := s.etcd.Client().Get(context.Background(), "/shardstock/moves/"+sku)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("move lease key of %s: %v, %d keys", sku, err, len(resp.Kvs))
+	}
+	return clientv3.LeaseID(resp.Kvs[0].Lease)
+}
+
+// Two allocators asked to rebalance one SKU at once: one moves, the other
+// answers REBALANCE_IN_PROGRESS or, coming after, finds nothing to move;
+// the transfers of the two holders never overlap in time.
+func TestRebalance_OneMoverAtOnce(t *testing.T) {
+	s := newStack(t, []string{"s1", "s2"}, "")
+	ctx := context.Background()
+	a, _ := s.newMover("alloc-a", quietRebalancer)
+	b, _ := s.newMover("alloc-b", quietRebalancer)
+	for round := range 5 {
+		sku := fmt.Sprintf("once-%d", round)
+		s.createSKU(sku, 8, 0)
+		if r := a.AdjustStock(ctx, &stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: sku}, Quantity: 8000, Key: "fill-" + sku}); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		var moved [2][]*stock.Transfer
+		var errs [2]error
+		var wg sync.WaitGroup
+		for i, al := range []*allocator.Allocator{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				moved[i], errs[i] = al.Rebalance(ctx, sku, false)
+			}()
+		}
+		wg.Wait()
+		movers := 0
+		for i := range 2 {
+			switch {
+			case errs[i] == nil && len(moved[i]) > 0:
+				movers++
+			case errs[i] == nil, stock.CodeOf(errs[i]) == stock.CodeRebalanceInProgress:
+			default:
+				t.Errorf("round %d: Rebalance = %v", round, errs[i])
+			}
+		}
+		if movers != 1 {
+			t.Errorf("round %d: %d allocators moved stock, want 1 (errors %v)", round, movers, errs)
+		}
+		ts, err := a.ListTransfers(ctx, stock.TransferFilter{SKU: sku}, "", 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byToken := map[int64][2]time.Time{}
+		for _, tr := range ts {
+			span, ok := byToken[tr.FenceToken]
+			if !ok || tr.CreatedAt.Before(span[0]) {
+				span[0] = tr.CreatedAt
+			}
+			if tr.UpdatedAt.After(span[1]) {
+				span[1] = tr.UpdatedAt
+			}
+			byToken[tr.FenceToken] = span
+		}
+		var spans [][2]time.Time
+		for _, sp := range byToken {
+			spans = append(spans, sp)
+		}
+		slices.SortFunc(spans, func(x, y [2]time.Time) int { return x[0].Compare(y[0]) })
+		for i := 1; i < len(spans); i++ {
+			if spans[i][0].Before(spans[i-1][1]) {
+				t.Errorf("round %d: two holders' transfers overlap: %v and %v", round, spans[i-1], spans[i])
+			}
+		}
+		s.balanced(sku)
+	}
+}
+
+// A one-shard SKU split to 8 holds stock on most of its shards within
+// seconds, with nothing asked of it.
+func TestRebalance_SplitSpreads(t *testing.T) {
+	s := newStack(t, []string{"s1", "s2"}, "")
+	ctx := context.Background()
+	a, _ := s.newMover("alloc-a", quietRebalancer)
+	s.createSKU("split8", 1, 8000)
+	st, err := a.SetShards(ctx, "split8", 8)
+	if err != nil || st.SKU.Shards != 8 || len(st.Shards) != 8 {
+		t.Fatalf("SetShards(8) = %+v, %v", st, err)
+	}
+	start := time.Now()
+	for {
+		holding := 0
+		for _, n := range s.available("split8") {
+			if n > 0 {
+				holding++
+			}
+		}
+		if holding >= 6 {
+			t.Logf("stock on %d of 8 shards %s after SetShards", holding, time.Since(start).Round(time.Millisecond))
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("stock on %d of 8 shards 5 s after SetShards: %v", holding, s.available("split8"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.balanced("split8")
+	var total int64
+	for _, n := range s.available("split8") {
+		total += n
+	}
+	if total != 8000 {
+		t.Errorf("available after the split = %d, want 8000", total)
+	}
+}
+
+// Skewed demand: every request's first choice is one of 2 of 16 shards.
+// The SKU sells out exactly and no OUT_OF_STOCK is answered while units
+// remain, with the rebalancer off and on. With it on, routing sends far
+// fewer requests away from their first choice, and needs no more sweeps
+// and consolidations. (Off, the hints already route around empty shards
+// without a sweep until the last units: most sweeps are the sell-out's
+// own, one per refusal, and the same either way.)
+func TestRebalance_SkewedDemand(t *testing.T) {
+	s := newStack(t, []string{"s1", "s2"}, "")
+	on := quietRebalancer
+	on.Off, on.Interval = false, 50*time.Millisecond
+	counts := map[bool]routing{}
+	for _, rebalancing := range []bool{false, true} {
+		cfg := quietRebalancer
+		if rebalancing {
+			cfg = on
+		}
+		a, _ := s.newMover(fmt.Sprintf("alloc-%v", rebalancing), cfg)
+		sku := fmt.Sprintf("skew-%v", rebalancing)
+		s.createSKU(sku, 16, 8000)
+		counts[rebalancing] = sellSkewed(t, a, sku, 8000)
+		s.balanced(sku)
+	}
+	off, on2 := counts[false], counts[true]
+	t.Logf("routing needed, rebalancer off: %.0f sweeps, %.0f consolidations, %.0f reroutes; on: %.0f sweeps, %.0f consolidations, %.0f reroutes",
+		off[0], off[1], off[2], on2[0], on2[1], on2[2])
+	if on2[2] > off[2]/4 {
+		t.Errorf("with the rebalancer on, %.0f reroutes, off %.0f: want at most a quarter", on2[2], off[2])
+	}
+	// The sell-out's own sweeps (one per client refused, shared when they
+	// coincide) vary from run to run by about 16.
+	if on2[0]+on2[1] > off[0]+off[1]+16 {
+		t.Errorf("with the rebalancer on, %.0f sweeps and consolidations, off %.0f: want no more", on2[0]+on2[1], off[0]+off[1])
+	}
+}
+
+// sellSkewed deducts from 8 clients, keys whose first choice is shard 0 or
+// 1, quantities 1 to 3 until a client is refused, then 1, until each is
+// refused one unit. It checks that exactly initial sold and that no
+// OUT_OF_STOCK of q came before a success of q or more that started after
+// it (the stock only goes down: the refusal was false), and returns the
+// sweeps and consolidations the allocator needed.
+func sellSkewed(t *testing.T, a *allocator.Allocator, sku string, initial int64) routing {
+	t.Helper()
+	reg := metricsOf(a)
+	before := reg()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type refusal struct {
+		q   int64
+		end time.Time
+	}
+	type success struct {
+		q     int64
+		start time.Time
+	}
+	var sold, next atomic.Int64
+	var mu sync.Mutex
+	var refusals []refusal
+	var successes []success
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			refused := false
+			for ctx.Err() == nil {
+				n := next.Add(1)
+				q := 1 + n%3
+				if refused {
+					q = 1
+				}
+				key := keyFor(t, fmt.Sprintf("%s-%d-", sku, n), 16, int32(n%2))
+				start := time.Now()
+				res := a.Allocate(ctx, deduct(sku, key, q))
+				mu.Lock()
+				switch code := codeOf(res); code {
+				case "":
+					sold.Add(q)
+					successes = append(successes, success{q, start})
+				case stock.CodeOutOfStock:
+					refusals = append(refusals, refusal{q, time.Now()})
+				case stock.CodeShardUnavailable:
+				default:
+					t.Errorf("deduct: %v", res.Err)
+				}
+				mu.Unlock()
+				if code := codeOf(res); code == stock.CodeOutOfStock {
+					if q == 1 {
+						return
+					}
+					refused = true
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if sold.Load() != initial {
+		t.Errorf("%s: sold %d, want %d", sku, sold.Load(), initial)
+	}
+	for _, r := range refusals {
+		for _, s := range successes {
+			if s.q >= r.q && s.start.After(r.end) {
+				t.Errorf("%s: OUT_OF_STOCK for %d at %s, yet %d sold in a request started at %s", sku, r.q, r.end, s.q, s.start)
+				return reg().minus(before)
+			}
+		}
+	}
+	return reg().minus(before)
+}
+
+// routing is what routing needed: sweeps, consolidations, reroutes.
+type routing [3]float64
+
+// metricsOf returns a reader of an allocator's routing counts.
+func metricsOf(a *allocator.Allocator) func() routing {
+	return func() routing {
+		sw, co, re := a.RoutingCounts()
+		return routing{sw, co, re}
+	}
+}
+
+func (r routing) minus(o routing) routing { return routing{r[0] - o[0], r[1] - o[1], r[2] - o[2]} }
