@@ -33,8 +33,17 @@ type Admin interface {
 	UpdateSKU(ctx context.Context, name string, u stock.SKUUpdate) (*stock.SKU, error)
 	// ListLedger returns up to limit entries of a SKU with ids above after.
 	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
-	// ListTransfers returns up to limit transfers of a SKU with ids above after.
+	// ListTransfers returns up to limit transfers that f selects with ids
+	// above after.
 	ListTransfers(ctx context.Context, f stock.TransferFilter, after string, limit int) ([]*stock.Transfer, error)
+	// SetShards changes the number of a SKU's shards in service and returns
+	// its stock once the new layout is in force.
+	SetShards(ctx context.Context, sku string, shards int32) (*allocator.Stock, error)
+	// Rebalance runs one plan for a SKU now and returns its transfers; with
+	// dryRun, the plan's moves (state planned), moving nothing.
+	Rebalance(ctx context.Context, sku string, dryRun bool) ([]*stock.Transfer, error)
+	// MoveLeases lists the rebalance leases held now.
+	MoveLeases(ctx context.Context) ([]stock.MoveLease, error)
 	Topology() topology.View
 	Reconcile(ctx context.Context, sku string) ([]reconcile.Discrepancy, error)
 	// ResumeShard clears a shard's halt and returns why it had halted.
@@ -110,24 +119,56 @@ func (h *AdminHandler) AdjustStock(ctx context.Context, req *connect.Request[v1.
 	return connect.NewResponse(out), nil
 }
 
-// SetShards is not built yet: it comes with the rebalancer.
-func (h *AdminHandler) SetShards(context.Context, *connect.Request[v1.SetShardsRequest]) (*connect.Response[v1.SetShardsResponse], error) {
-	return nil, wire.ToConnect(stock.Errorf(stock.CodeUnimplemented, "SetShards comes with the rebalancer"))
-}
-
-// Rebalance is not built yet: it comes with the rebalancer.
-func (h *AdminHandler) Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
-	return nil, wire.ToConnect(stock.Errorf(stock.CodeUnimplemented, "Rebalance comes with the rebalancer"))
-}
-
-// ListTransfers pages through transfers.
-func (h *AdminHandler) ListTransfers(ctx context.Context, req *connect.Request[v1.ListTransfersRequest]) (*connect.Response[v1.ListTransfersResponse], error) {
-	after, err := decodeToken(req.Msg.GetPageToken())
+// SetShards changes a SKU's number of shards in service. The count is
+// checked here, as CreateSku checks it, so that a bad one reaches nothing.
+func (h *AdminHandler) SetShards(ctx context.Context, req *connect.Request[v1.SetShardsRequest]) (*connect.Response[v1.SetShardsResponse], error) {
+	m := req.Msg
+	if err := stock.ValidateSKU(m.GetSku()); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := stock.ValidateShards(m.GetShards()); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	st, err := h.Admin.SetShards(ctx, m.GetSku(), m.GetShards())
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	size := pageSize(req.Msg.GetPageSize())
-	ts, err := h.Admin.ListTransfers(ctx, stock.TransferFilter{SKU: req.Msg.GetSku()}, after, size)
+	return connect.NewResponse(&v1.SetShardsResponse{Sku: skuToProto(st.SKU), Stock: StockToProto(st)}), nil
+}
+
+// Rebalance moves a SKU's leftover stock between its shards now, or with
+// dry_run returns the plan.
+func (h *AdminHandler) Rebalance(ctx context.Context, req *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
+	ts, err := h.Admin.Rebalance(ctx, req.Msg.GetSku(), req.Msg.GetDryRun())
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	out := &v1.RebalanceResponse{}
+	for _, t := range ts {
+		out.Transfers = append(out.Transfers, wire.TransferToProto(t))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// ListTransfers pages through transfers, of one SKU or all, in one state or
+// all.
+func (h *AdminHandler) ListTransfers(ctx context.Context, req *connect.Request[v1.ListTransfersRequest]) (*connect.Response[v1.ListTransfersResponse], error) {
+	m := req.Msg
+	f := stock.TransferFilter{SKU: m.GetSku()}
+	if s := m.GetState(); s != v1.TransferState_TRANSFER_STATE_UNSPECIFIED {
+		state, ok := wire.TransferStateOf(s)
+		if !ok {
+			return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument,
+				"state %d is not a TransferState; leave it unset for every state", int32(s)))
+		}
+		f.State = state
+	}
+	after, err := decodeToken(m.GetPageToken())
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	size := pageSize(m.GetPageSize())
+	ts, err := h.Admin.ListTransfers(ctx, f, after, size)
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
@@ -141,10 +182,18 @@ func (h *AdminHandler) ListTransfers(ctx context.Context, req *connect.Request[v
 	return connect.NewResponse(out), nil
 }
 
-// GetTopology lists servers and partition owners.
+// GetTopology lists servers, partition owners and the rebalance leases
+// held.
 func (h *AdminHandler) GetTopology(ctx context.Context, req *connect.Request[v1.GetTopologyRequest]) (*connect.Response[v1.GetTopologyResponse], error) {
+	leases, err := h.Admin.MoveLeases(ctx)
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
 	view := h.Admin.Topology()
 	out := &v1.GetTopologyResponse{Partitions: int32(view.Partitions())}
+	for _, l := range leases {
+		out.MoveLeases = append(out.MoveLeases, wire.MoveLeaseToProto(&l))
+	}
 	byServer := map[string]*v1.ShardServer{}
 	for _, s := range view.Servers() {
 		ss := &v1.ShardServer{ServerId: s.ID, Address: s.Addr}

@@ -118,15 +118,24 @@ var skuStatuses = map[stock.Status]v1.SkuStatus{
 	stock.StatusPaused: v1.SkuStatus_SKU_STATUS_PAUSED,
 }
 
-// StockToProto converts a SKU's stock.
+// StockToProto converts a SKU's stock: its shards in service, then those
+// being retired, with the transfers in flight and the mover, if any.
 func StockToProto(st *allocator.Stock) *v1.Stock {
 	out := &v1.Stock{
 		Sku: st.SKU.Name, Available: st.Total.Available, Reserved: st.Total.Reserved, Sold: st.Total.Sold,
-		InTransit: st.InTransit, Status: skuStatuses[st.SKU.Status],
+		InTransit: st.InTransit, Status: skuStatuses[st.SKU.Status], ShardsInService: st.SKU.Shards,
+		Mover: wire.MoveLeaseToProto(st.Mover),
 	}
 	for _, s := range st.Shards {
+		state := v1.ShardState_SHARD_STATE_SERVING
+		if s.Retiring {
+			state = v1.ShardState_SHARD_STATE_RETIRING
+		}
 		out.Shards = append(out.Shards, &v1.ShardStock{Index: s.Index, ServerId: s.ServerID, Available: s.Available, Reserved: s.Reserved,
-			Sold: s.Sold, HaltedReason: s.HaltReason})
+			Sold: s.Sold, HaltedReason: s.HaltReason, State: state})
+	}
+	for _, t := range st.Moving {
+		out.Moving = append(out.Moving, wire.TransferToProto(t))
 	}
 	return out
 }

@@ -175,24 +175,67 @@ var transferStates = map[stock.TransferState]v1.TransferState{
 	stock.TransferDebited:  v1.TransferState_TRANSFER_STATE_DEBITED,
 	stock.TransferCredited: v1.TransferState_TRANSFER_STATE_CREDITED,
 	stock.TransferAborted:  v1.TransferState_TRANSFER_STATE_ABORTED,
+	stock.TransferPlanned:  v1.TransferState_TRANSFER_STATE_PLANNED,
 }
 
-// TransferToProto converts a transfer.
+// TransferStateOf converts a transfer state back; ok is false for
+// TRANSFER_STATE_UNSPECIFIED and for a value this build does not know.
+func TransferStateOf(s v1.TransferState) (state stock.TransferState, ok bool) {
+	for k, v := range transferStates {
+		if v == s {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// TransferToProto converts a transfer. A planned transfer was never
+// written and has no times: they are left out rather than sent as year 1.
 func TransferToProto(t *stock.Transfer) *v1.Transfer {
 	return &v1.Transfer{TransferId: t.ID, Sku: t.SKU, FromShard: t.From, ToShard: t.To, Quantity: t.Quantity,
-		State: transferStates[t.State], CreatedAt: timestamppb.New(t.CreatedAt)}
+		State: transferStates[t.State], CreatedAt: timestampOf(t.CreatedAt), FenceToken: t.FenceToken,
+		Reason: t.Reason, UpdatedAt: timestampOf(t.UpdatedAt)}
 }
 
 // TransferFromProto converts a transfer back.
 func TransferFromProto(t *v1.Transfer) *stock.Transfer {
-	out := &stock.Transfer{ID: t.GetTransferId(), SKU: t.GetSku(), From: t.GetFromShard(), To: t.GetToShard(),
-		Quantity: t.GetQuantity(), CreatedAt: t.GetCreatedAt().AsTime()}
-	for k, v := range transferStates {
-		if v == t.GetState() {
-			out.State = k
-		}
+	state, _ := TransferStateOf(t.GetState())
+	return &stock.Transfer{ID: t.GetTransferId(), SKU: t.GetSku(), From: t.GetFromShard(), To: t.GetToShard(),
+		Quantity: t.GetQuantity(), State: state, FenceToken: t.GetFenceToken(), Reason: t.GetReason(),
+		CreatedAt: timeOf(t.GetCreatedAt()), UpdatedAt: timeOf(t.GetUpdatedAt())}
+}
+
+// MoveLeaseToProto converts a SKU's rebalance lease; nil (no one moves the
+// SKU) stays nil.
+func MoveLeaseToProto(l *stock.MoveLease) *v1.MoveLease {
+	if l == nil {
+		return nil
 	}
-	return out
+	return &v1.MoveLease{Sku: l.SKU, Holder: l.Holder, Token: l.Token}
+}
+
+// MoveLeaseFromProto converts a rebalance lease back; nil stays nil.
+func MoveLeaseFromProto(l *v1.MoveLease) *stock.MoveLease {
+	if l == nil {
+		return nil
+	}
+	return &stock.MoveLease{SKU: l.GetSku(), Holder: l.GetHolder(), Token: l.GetToken()}
+}
+
+// timestampOf converts a time; the zero time (never set) is left out.
+func timestampOf(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+// timeOf converts a timestamp back; an absent one is the zero time.
+func timeOf(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
 }
 
 // LedgerEntryToProto converts a ledger entry.

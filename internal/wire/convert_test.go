@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -62,7 +63,8 @@ func TestConvert_Result(t *testing.T) {
 		ExpiresAt: when, OrderRef: "o", CustomerRef: "c", IdempotencyKey: "k"}
 	op := &stock.Operation{SKU: "s", IdempotencyKey: "k", Kind: stock.OpAdjust, Quantity: -2, Shard: 1,
 		ReservationID: "r1.y", OrderRef: "o", CustomerRef: "c", CreatedAt: when, ReservationState: stock.ReservationExpired}
-	tr := &stock.Transfer{ID: "t1", SKU: "s", From: 1, To: 2, Quantity: 5, State: stock.TransferDebited, CreatedAt: when}
+	tr := &stock.Transfer{ID: "t1", SKU: "s", From: 1, To: 2, Quantity: 5, State: stock.TransferDebited, FenceToken: 12,
+		CreatedAt: when, UpdatedAt: when.Add(time.Second)}
 	for _, tc := range []struct {
 		name string
 		r    stock.Result
@@ -91,7 +93,7 @@ func TestConvert_Result(t *testing.T) {
 				t.Errorf("ReservationFromProto(ReservationToProto(state %s)).State = %q", s, got.State)
 			}
 		}
-		for _, s := range []stock.TransferState{stock.TransferPending, stock.TransferDebited, stock.TransferCredited, stock.TransferAborted} {
+		for _, s := range []stock.TransferState{stock.TransferPending, stock.TransferDebited, stock.TransferCredited, stock.TransferAborted, stock.TransferPlanned} {
 			x := *tr
 			x.State = s
 			if got := TransferFromProto(TransferToProto(&x)); got.State != s {
@@ -106,6 +108,78 @@ func TestConvert_Result(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestConvert_Transfer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		t    *stock.Transfer
+		want *v1.Transfer
+	}{
+		{"Aborted", &stock.Transfer{ID: "t1", SKU: "s", From: 3, To: 0, Quantity: 5, State: stock.TransferAborted,
+			FenceToken: 41, Reason: string(stock.CodeMoveFenced), CreatedAt: when, UpdatedAt: when.Add(time.Second)},
+			&v1.Transfer{TransferId: "t1", Sku: "s", FromShard: 3, ToShard: 0, Quantity: 5, State: v1.TransferState_TRANSFER_STATE_ABORTED,
+				FenceToken: 41, Reason: "MOVE_FENCED", CreatedAt: timestamppb.New(when), UpdatedAt: timestamppb.New(when.Add(time.Second))}},
+		{"Planned", &stock.Transfer{SKU: "s", From: 1, To: 2, Quantity: 7, State: stock.TransferPlanned},
+			&v1.Transfer{Sku: "s", FromShard: 1, ToShard: 2, Quantity: 7, State: v1.TransferState_TRANSFER_STATE_PLANNED}},
+		{"Credited", &stock.Transfer{ID: "t2", SKU: "s", From: 0, To: 1, Quantity: 1, State: stock.TransferCredited,
+			FenceToken: 3, CreatedAt: when, UpdatedAt: when},
+			&v1.Transfer{TransferId: "t2", Sku: "s", FromShard: 0, ToShard: 1, Quantity: 1, State: v1.TransferState_TRANSFER_STATE_CREDITED,
+				FenceToken: 3, CreatedAt: timestamppb.New(when), UpdatedAt: timestamppb.New(when)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := TransferToProto(tc.t)
+			if !proto.Equal(got, tc.want) {
+				t.Errorf("TransferToProto(%+v) = %v, want %v", tc.t, got, tc.want)
+			}
+			if back := TransferFromProto(got); !reflect.DeepEqual(back, tc.t) {
+				t.Errorf("TransferFromProto(%v) = %+v, want %+v", got, back, tc.t)
+			}
+		})
+	}
+}
+
+func TestConvert_TransferStateOf(t *testing.T) {
+	for _, tc := range []struct {
+		s      v1.TransferState
+		want   stock.TransferState
+		wantOK bool
+	}{
+		{v1.TransferState_TRANSFER_STATE_UNSPECIFIED, "", false},
+		{v1.TransferState_TRANSFER_STATE_PENDING, stock.TransferPending, true},
+		{v1.TransferState_TRANSFER_STATE_DEBITED, stock.TransferDebited, true},
+		{v1.TransferState_TRANSFER_STATE_CREDITED, stock.TransferCredited, true},
+		{v1.TransferState_TRANSFER_STATE_ABORTED, stock.TransferAborted, true},
+		{v1.TransferState_TRANSFER_STATE_PLANNED, stock.TransferPlanned, true},
+		{99, "", false},
+	} {
+		t.Run(tc.s.String(), func(t *testing.T) {
+			if got, ok := TransferStateOf(tc.s); got != tc.want || ok != tc.wantOK {
+				t.Errorf("TransferStateOf(%v) = %q, %v, want %q, %v", tc.s, got, ok, tc.want, tc.wantOK)
+			}
+		})
+	}
+}
+
+func TestConvert_MoveLease(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    *stock.MoveLease
+		want *v1.MoveLease
+	}{
+		{"Held", &stock.MoveLease{SKU: "s", Holder: "allocator-1", Token: 77}, &v1.MoveLease{Sku: "s", Holder: "allocator-1", Token: 77}},
+		{"None", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := MoveLeaseToProto(tc.l)
+			if !proto.Equal(got, tc.want) {
+				t.Errorf("MoveLeaseToProto(%+v) = %v, want %v", tc.l, got, tc.want)
+			}
+			if back := MoveLeaseFromProto(got); !reflect.DeepEqual(back, tc.l) {
+				t.Errorf("MoveLeaseFromProto(%v) = %+v, want %+v", got, back, tc.l)
+			}
+		})
+	}
 }
 
 func TestConvert_LedgerEntry(t *testing.T) {

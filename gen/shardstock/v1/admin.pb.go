@@ -546,8 +546,12 @@ func (x *SetShardsRequest) GetShards() int32 {
 }
 
 type SetShardsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sku           *SkuConfig             `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sku   *SkuConfig             `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	// The SKU's stock once the new layout is in force: a smaller SKU lists
+	// the shards it is retiring (state SHARD_STATE_RETIRING) until their
+	// stock has moved and their reservations have ended.
+	Stock         *Stock `protobuf:"bytes,2,opt,name=stock,proto3" json:"stock,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -589,9 +593,19 @@ func (x *SetShardsResponse) GetSku() *SkuConfig {
 	return nil
 }
 
+func (x *SetShardsResponse) GetStock() *Stock {
+	if x != nil {
+		return x.Stock
+	}
+	return nil
+}
+
 type RebalanceRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sku           string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sku   string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	// Return the plan's moves (state TRANSFER_STATE_PLANNED) without moving
+	// anything.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -631,6 +645,13 @@ func (x *RebalanceRequest) GetSku() string {
 		return x.Sku
 	}
 	return ""
+}
+
+func (x *RebalanceRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
 }
 
 type RebalanceResponse struct {
@@ -678,10 +699,13 @@ func (x *RebalanceResponse) GetTransfers() []*Transfer {
 }
 
 type ListTransfersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sku           string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
-	PageToken     string                 `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	PageSize      int32                  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: every SKU's transfers.
+	Sku       string `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageSize  int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Only transfers in this state; TRANSFER_STATE_UNSPECIFIED: all states.
+	State         TransferState `protobuf:"varint,4,opt,name=state,proto3,enum=shardstock.v1.TransferState" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -735,6 +759,13 @@ func (x *ListTransfersRequest) GetPageSize() int32 {
 		return x.PageSize
 	}
 	return 0
+}
+
+func (x *ListTransfersRequest) GetState() TransferState {
+	if x != nil {
+		return x.State
+	}
+	return TransferState_TRANSFER_STATE_UNSPECIFIED
 }
 
 type ListTransfersResponse struct {
@@ -946,10 +977,13 @@ func (x *PartitionOwner) GetEpoch() int64 {
 }
 
 type GetTopologyResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Partitions    int32                  `protobuf:"varint,1,opt,name=partitions,proto3" json:"partitions,omitempty"`
-	Servers       []*ShardServer         `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"`
-	Owners        []*PartitionOwner      `protobuf:"bytes,3,rep,name=owners,proto3" json:"owners,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Partitions int32                  `protobuf:"varint,1,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	Servers    []*ShardServer         `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"`
+	Owners     []*PartitionOwner      `protobuf:"bytes,3,rep,name=owners,proto3" json:"owners,omitempty"`
+	// The rebalance leases held now: the SKUs whose stock is being moved,
+	// and by which allocator.
+	MoveLeases    []*MoveLease `protobuf:"bytes,4,rep,name=move_leases,json=moveLeases,proto3" json:"move_leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1001,6 +1035,13 @@ func (x *GetTopologyResponse) GetServers() []*ShardServer {
 func (x *GetTopologyResponse) GetOwners() []*PartitionOwner {
 	if x != nil {
 		return x.Owners
+	}
+	return nil
+}
+
+func (x *GetTopologyResponse) GetMoveLeases() []*MoveLease {
+	if x != nil {
+		return x.MoveLeases
 	}
 	return nil
 }
@@ -1668,18 +1709,21 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x05stock\x18\x03 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"<\n" +
 	"\x10SetShardsRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x16\n" +
-	"\x06shards\x18\x02 \x01(\x05R\x06shards\"?\n" +
+	"\x06shards\x18\x02 \x01(\x05R\x06shards\"k\n" +
 	"\x11SetShardsResponse\x12*\n" +
-	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\"$\n" +
+	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\x12*\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"=\n" +
 	"\x10RebalanceRequest\x12\x10\n" +
-	"\x03sku\x18\x01 \x01(\tR\x03sku\"J\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"J\n" +
 	"\x11RebalanceResponse\x125\n" +
-	"\ttransfers\x18\x01 \x03(\v2\x17.shardstock.v1.TransferR\ttransfers\"d\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x17.shardstock.v1.TransferR\ttransfers\"\x98\x01\n" +
 	"\x14ListTransfersRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x1b\n" +
-	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"v\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x122\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x1c.shardstock.v1.TransferStateR\x05state\"v\n" +
 	"\x15ListTransfersResponse\x125\n" +
 	"\ttransfers\x18\x01 \x03(\v2\x17.shardstock.v1.TransferR\ttransfers\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x14\n" +
@@ -1693,13 +1737,15 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x0ePartitionOwner\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\x05R\tpartition\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\"\xa2\x01\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\"\xdd\x01\n" +
 	"\x13GetTopologyResponse\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\x05R\n" +
 	"partitions\x124\n" +
 	"\aservers\x18\x02 \x03(\v2\x1a.shardstock.v1.ShardServerR\aservers\x125\n" +
-	"\x06owners\x18\x03 \x03(\v2\x1d.shardstock.v1.PartitionOwnerR\x06owners\"a\n" +
+	"\x06owners\x18\x03 \x03(\v2\x1d.shardstock.v1.PartitionOwnerR\x06owners\x129\n" +
+	"\vmove_leases\x18\x04 \x03(\v2\x18.shardstock.v1.MoveLeaseR\n" +
+	"moveLeases\"a\n" +
 	"\x11ListLedgerRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1d\n" +
 	"\n" +
@@ -1812,7 +1858,9 @@ var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*Stock)(nil),                 // 27: shardstock.v1.Stock
 	(*Operation)(nil),             // 28: shardstock.v1.Operation
 	(*Transfer)(nil),              // 29: shardstock.v1.Transfer
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(TransferState)(0),            // 30: shardstock.v1.TransferState
+	(*MoveLease)(nil),             // 31: shardstock.v1.MoveLease
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
 }
 var file_shardstock_v1_admin_proto_depIdxs = []int32{
 	25, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
@@ -1824,40 +1872,43 @@ var file_shardstock_v1_admin_proto_depIdxs = []int32{
 	28, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
 	27, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 8: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	29, // 9: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	29, // 10: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
-	14, // 11: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
-	15, // 12: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	30, // 13: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
-	18, // 14: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
-	21, // 15: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	27, // 16: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	27, // 17: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
-	1,  // 18: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	3,  // 19: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	5,  // 20: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	7,  // 21: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	9,  // 22: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	11, // 23: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	13, // 24: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	17, // 25: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	20, // 26: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	23, // 27: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
-	2,  // 28: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	4,  // 29: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	6,  // 30: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	8,  // 31: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	10, // 32: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	12, // 33: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	16, // 34: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	19, // 35: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	22, // 36: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	24, // 37: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
-	28, // [28:38] is the sub-list for method output_type
-	18, // [18:28] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	27, // 9: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
+	29, // 10: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	30, // 11: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
+	29, // 12: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	14, // 13: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
+	15, // 14: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
+	31, // 15: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
+	32, // 16: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	18, // 17: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
+	21, // 18: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
+	27, // 19: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	27, // 20: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
+	1,  // 21: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 22: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 23: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 24: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 25: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 26: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 27: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	17, // 28: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	20, // 29: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	23, // 30: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
+	2,  // 31: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 32: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 33: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 34: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 35: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 36: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 37: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	19, // 38: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	22, // 39: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	24, // 40: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
+	31, // [31:41] is the sub-list for method output_type
+	21, // [21:31] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }

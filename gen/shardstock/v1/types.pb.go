@@ -185,6 +185,60 @@ func (SkuStatus) EnumDescriptor() ([]byte, []int) {
 	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
+// ShardState says whether a shard is in service.
+type ShardState int32
+
+const (
+	ShardState_SHARD_STATE_UNSPECIFIED ShardState = 0
+	// The shard takes new reserves and deducts.
+	ShardState_SHARD_STATE_SERVING ShardState = 1
+	// The shard is out of service after SetShards made the SKU smaller: it
+	// takes no new reserves or deducts, and is retired once its stock has
+	// moved to the shards in service and its reservations have ended.
+	ShardState_SHARD_STATE_RETIRING ShardState = 2
+)
+
+// Enum value maps for ShardState.
+var (
+	ShardState_name = map[int32]string{
+		0: "SHARD_STATE_UNSPECIFIED",
+		1: "SHARD_STATE_SERVING",
+		2: "SHARD_STATE_RETIRING",
+	}
+	ShardState_value = map[string]int32{
+		"SHARD_STATE_UNSPECIFIED": 0,
+		"SHARD_STATE_SERVING":     1,
+		"SHARD_STATE_RETIRING":    2,
+	}
+)
+
+func (x ShardState) Enum() *ShardState {
+	p := new(ShardState)
+	*p = x
+	return p
+}
+
+func (x ShardState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ShardState) Descriptor() protoreflect.EnumDescriptor {
+	return file_shardstock_v1_types_proto_enumTypes[3].Descriptor()
+}
+
+func (ShardState) Type() protoreflect.EnumType {
+	return &file_shardstock_v1_types_proto_enumTypes[3]
+}
+
+func (x ShardState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ShardState.Descriptor instead.
+func (ShardState) EnumDescriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
 // TransferState is where a two-phase transfer is.
 type TransferState int32
 
@@ -194,6 +248,8 @@ const (
 	TransferState_TRANSFER_STATE_DEBITED     TransferState = 2
 	TransferState_TRANSFER_STATE_CREDITED    TransferState = 3
 	TransferState_TRANSFER_STATE_ABORTED     TransferState = 4
+	// A move of a dry-run plan (Rebalance with dry_run): nothing was written.
+	TransferState_TRANSFER_STATE_PLANNED TransferState = 5
 )
 
 // Enum value maps for TransferState.
@@ -204,6 +260,7 @@ var (
 		2: "TRANSFER_STATE_DEBITED",
 		3: "TRANSFER_STATE_CREDITED",
 		4: "TRANSFER_STATE_ABORTED",
+		5: "TRANSFER_STATE_PLANNED",
 	}
 	TransferState_value = map[string]int32{
 		"TRANSFER_STATE_UNSPECIFIED": 0,
@@ -211,6 +268,7 @@ var (
 		"TRANSFER_STATE_DEBITED":     2,
 		"TRANSFER_STATE_CREDITED":    3,
 		"TRANSFER_STATE_ABORTED":     4,
+		"TRANSFER_STATE_PLANNED":     5,
 	}
 )
 
@@ -225,11 +283,11 @@ func (x TransferState) String() string {
 }
 
 func (TransferState) Descriptor() protoreflect.EnumDescriptor {
-	return file_shardstock_v1_types_proto_enumTypes[3].Descriptor()
+	return file_shardstock_v1_types_proto_enumTypes[4].Descriptor()
 }
 
 func (TransferState) Type() protoreflect.EnumType {
-	return &file_shardstock_v1_types_proto_enumTypes[3]
+	return &file_shardstock_v1_types_proto_enumTypes[4]
 }
 
 func (x TransferState) Number() protoreflect.EnumNumber {
@@ -238,7 +296,7 @@ func (x TransferState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TransferState.Descriptor instead.
 func (TransferState) EnumDescriptor() ([]byte, []int) {
-	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 // Reservation is a hold on stock that ends in a commit, a release or expiry.
@@ -482,7 +540,10 @@ type ShardStock struct {
 	Sold      int64                  `protobuf:"varint,5,opt,name=sold,proto3" json:"sold,omitempty"`
 	// Why the shard is halted (its row disagreed with its ledger): it takes
 	// no writes until AdminService.ResumeShard. Empty while it serves.
-	HaltedReason  string `protobuf:"bytes,6,opt,name=halted_reason,json=haltedReason,proto3" json:"halted_reason,omitempty"`
+	HaltedReason string `protobuf:"bytes,6,opt,name=halted_reason,json=haltedReason,proto3" json:"halted_reason,omitempty"`
+	// Whether the shard is in service or being retired after SetShards made
+	// the SKU smaller.
+	State         ShardState `protobuf:"varint,7,opt,name=state,proto3,enum=shardstock.v1.ShardState" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -559,16 +620,32 @@ func (x *ShardStock) GetHaltedReason() string {
 	return ""
 }
 
+func (x *ShardStock) GetState() ShardState {
+	if x != nil {
+		return x.State
+	}
+	return ShardState_SHARD_STATE_UNSPECIFIED
+}
+
 // Stock is a SKU's counts: the sum of its shards plus stock in transit.
 type Stock struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sku           string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
-	Available     int64                  `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`
-	Reserved      int64                  `protobuf:"varint,3,opt,name=reserved,proto3" json:"reserved,omitempty"`
-	Sold          int64                  `protobuf:"varint,4,opt,name=sold,proto3" json:"sold,omitempty"`
-	InTransit     int64                  `protobuf:"varint,5,opt,name=in_transit,json=inTransit,proto3" json:"in_transit,omitempty"`
-	Status        SkuStatus              `protobuf:"varint,6,opt,name=status,proto3,enum=shardstock.v1.SkuStatus" json:"status,omitempty"`
-	Shards        []*ShardStock          `protobuf:"bytes,7,rep,name=shards,proto3" json:"shards,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sku       string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	Available int64                  `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`
+	Reserved  int64                  `protobuf:"varint,3,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	Sold      int64                  `protobuf:"varint,4,opt,name=sold,proto3" json:"sold,omitempty"`
+	InTransit int64                  `protobuf:"varint,5,opt,name=in_transit,json=inTransit,proto3" json:"in_transit,omitempty"`
+	Status    SkuStatus              `protobuf:"varint,6,opt,name=status,proto3,enum=shardstock.v1.SkuStatus" json:"status,omitempty"`
+	// The shards in service, then those still being retired.
+	Shards []*ShardStock `protobuf:"bytes,7,rep,name=shards,proto3" json:"shards,omitempty"`
+	// The number of shards in service (0..shards_in_service-1): the count
+	// SetShards set. Retiring shards are listed in shards but not counted.
+	ShardsInService int32 `protobuf:"varint,8,opt,name=shards_in_service,json=shardsInService,proto3" json:"shards_in_service,omitempty"`
+	// The SKU's transfers in flight (pending or debited).
+	Moving []*Transfer `protobuf:"bytes,9,rep,name=moving,proto3" json:"moving,omitempty"`
+	// The holder of the SKU's rebalance lease; absent when no one is moving
+	// the SKU's stock.
+	Mover         *MoveLease `protobuf:"bytes,10,opt,name=mover,proto3" json:"mover,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -652,15 +729,48 @@ func (x *Stock) GetShards() []*ShardStock {
 	return nil
 }
 
+func (x *Stock) GetShardsInService() int32 {
+	if x != nil {
+		return x.ShardsInService
+	}
+	return 0
+}
+
+func (x *Stock) GetMoving() []*Transfer {
+	if x != nil {
+		return x.Moving
+	}
+	return nil
+}
+
+func (x *Stock) GetMover() *MoveLease {
+	if x != nil {
+		return x.Mover
+	}
+	return nil
+}
+
+// Transfer moves available stock from one shard of a SKU to another, in two
+// ledgered steps: a debit of the source, then a credit of the destination.
 type Transfer struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TransferId    string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
-	Sku           string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
-	FromShard     int32                  `protobuf:"varint,3,opt,name=from_shard,json=fromShard,proto3" json:"from_shard,omitempty"`
-	ToShard       int32                  `protobuf:"varint,4,opt,name=to_shard,json=toShard,proto3" json:"to_shard,omitempty"`
-	Quantity      int64                  `protobuf:"varint,5,opt,name=quantity,proto3" json:"quantity,omitempty"`
-	State         TransferState          `protobuf:"varint,6,opt,name=state,proto3,enum=shardstock.v1.TransferState" json:"state,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TransferId string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	Sku        string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	FromShard  int32                  `protobuf:"varint,3,opt,name=from_shard,json=fromShard,proto3" json:"from_shard,omitempty"`
+	ToShard    int32                  `protobuf:"varint,4,opt,name=to_shard,json=toShard,proto3" json:"to_shard,omitempty"`
+	Quantity   int64                  `protobuf:"varint,5,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	State      TransferState          `protobuf:"varint,6,opt,name=state,proto3,enum=shardstock.v1.TransferState" json:"state,omitempty"`
+	// Absent for a planned transfer, which was never written.
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// The token of the rebalance lease its mover held when it created the
+	// transfer: the source shard refuses a transfer whose token is below the
+	// SKU's latest (the mover lost its lease to a newer one).
+	FenceToken int64 `protobuf:"varint,8,opt,name=fence_token,json=fenceToken,proto3" json:"fence_token,omitempty"`
+	// Why the transfer was aborted (an error reason such as MOVE_FENCED), or
+	// why it was planned; empty otherwise.
+	Reason string `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When the transfer last changed state; absent for a planned transfer.
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -744,6 +854,92 @@ func (x *Transfer) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Transfer) GetFenceToken() int64 {
+	if x != nil {
+		return x.FenceToken
+	}
+	return 0
+}
+
+func (x *Transfer) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Transfer) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+// MoveLease is a SKU's rebalance lease: held by one allocator while it moves
+// the SKU's stock between shards.
+type MoveLease struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sku   string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	// The allocator that holds the lease.
+	Holder string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The lease's fencing token, recorded on every transfer the holder
+	// creates.
+	Token         int64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveLease) Reset() {
+	*x = MoveLease{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveLease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveLease) ProtoMessage() {}
+
+func (x *MoveLease) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveLease.ProtoReflect.Descriptor instead.
+func (*MoveLease) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MoveLease) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *MoveLease) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *MoveLease) GetToken() int64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
 var File_shardstock_v1_types_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_types_proto_rawDesc = "" +
@@ -772,7 +968,7 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12L\n" +
 	"\x11reservation_state\x18\n" +
-	" \x01(\x0e2\x1f.shardstock.v1.ReservationStateR\x10reservationState\"\xb2\x01\n" +
+	" \x01(\x0e2\x1f.shardstock.v1.ReservationStateR\x10reservationState\"\xe3\x01\n" +
 	"\n" +
 	"ShardStock\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1b\n" +
@@ -780,7 +976,8 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\tavailable\x18\x03 \x01(\x03R\tavailable\x12\x1a\n" +
 	"\breserved\x18\x04 \x01(\x03R\breserved\x12\x12\n" +
 	"\x04sold\x18\x05 \x01(\x03R\x04sold\x12#\n" +
-	"\rhalted_reason\x18\x06 \x01(\tR\fhaltedReason\"\xeb\x01\n" +
+	"\rhalted_reason\x18\x06 \x01(\tR\fhaltedReason\x12/\n" +
+	"\x05state\x18\a \x01(\x0e2\x19.shardstock.v1.ShardStateR\x05state\"\xf8\x02\n" +
 	"\x05Stock\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\x03R\tavailable\x12\x1a\n" +
@@ -789,7 +986,11 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"in_transit\x18\x05 \x01(\x03R\tinTransit\x120\n" +
 	"\x06status\x18\x06 \x01(\x0e2\x18.shardstock.v1.SkuStatusR\x06status\x121\n" +
-	"\x06shards\x18\a \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards\"\x82\x02\n" +
+	"\x06shards\x18\a \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards\x12*\n" +
+	"\x11shards_in_service\x18\b \x01(\x05R\x0fshardsInService\x12/\n" +
+	"\x06moving\x18\t \x03(\v2\x17.shardstock.v1.TransferR\x06moving\x12.\n" +
+	"\x05mover\x18\n" +
+	" \x01(\v2\x18.shardstock.v1.MoveLeaseR\x05mover\"\xf6\x02\n" +
 	"\bTransfer\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x10\n" +
@@ -800,7 +1001,17 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\bquantity\x18\x05 \x01(\x03R\bquantity\x122\n" +
 	"\x05state\x18\x06 \x01(\x0e2\x1c.shardstock.v1.TransferStateR\x05state\x129\n" +
 	"\n" +
-	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt*\xb1\x01\n" +
+	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1f\n" +
+	"\vfence_token\x18\b \x01(\x03R\n" +
+	"fenceToken\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x129\n" +
+	"\n" +
+	"updated_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"K\n" +
+	"\tMoveLease\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x16\n" +
+	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token*\xb1\x01\n" +
 	"\x10ReservationState\x12!\n" +
 	"\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RESERVATION_STATE_HELD\x10\x01\x12\x1f\n" +
@@ -816,13 +1027,19 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\tSkuStatus\x12\x1a\n" +
 	"\x16SKU_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SKU_STATUS_ACTIVE\x10\x01\x12\x15\n" +
-	"\x11SKU_STATUS_PAUSED\x10\x02*\xa0\x01\n" +
+	"\x11SKU_STATUS_PAUSED\x10\x02*\\\n" +
+	"\n" +
+	"ShardState\x12\x1b\n" +
+	"\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13SHARD_STATE_SERVING\x10\x01\x12\x18\n" +
+	"\x14SHARD_STATE_RETIRING\x10\x02*\xbc\x01\n" +
 	"\rTransferState\x12\x1e\n" +
 	"\x1aTRANSFER_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16TRANSFER_STATE_PENDING\x10\x01\x12\x1a\n" +
 	"\x16TRANSFER_STATE_DEBITED\x10\x02\x12\x1b\n" +
 	"\x17TRANSFER_STATE_CREDITED\x10\x03\x12\x1a\n" +
-	"\x16TRANSFER_STATE_ABORTED\x10\x04BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\x16TRANSFER_STATE_ABORTED\x10\x04\x12\x1a\n" +
+	"\x16TRANSFER_STATE_PLANNED\x10\x05BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_types_proto_rawDescOnce sync.Once
@@ -836,35 +1053,41 @@ func file_shardstock_v1_types_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_types_proto_rawDescData
 }
 
-var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_shardstock_v1_types_proto_goTypes = []any{
 	(ReservationState)(0),         // 0: shardstock.v1.ReservationState
 	(OperationKind)(0),            // 1: shardstock.v1.OperationKind
 	(SkuStatus)(0),                // 2: shardstock.v1.SkuStatus
-	(TransferState)(0),            // 3: shardstock.v1.TransferState
-	(*Reservation)(nil),           // 4: shardstock.v1.Reservation
-	(*Operation)(nil),             // 5: shardstock.v1.Operation
-	(*ShardStock)(nil),            // 6: shardstock.v1.ShardStock
-	(*Stock)(nil),                 // 7: shardstock.v1.Stock
-	(*Transfer)(nil),              // 8: shardstock.v1.Transfer
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(ShardState)(0),               // 3: shardstock.v1.ShardState
+	(TransferState)(0),            // 4: shardstock.v1.TransferState
+	(*Reservation)(nil),           // 5: shardstock.v1.Reservation
+	(*Operation)(nil),             // 6: shardstock.v1.Operation
+	(*ShardStock)(nil),            // 7: shardstock.v1.ShardStock
+	(*Stock)(nil),                 // 8: shardstock.v1.Stock
+	(*Transfer)(nil),              // 9: shardstock.v1.Transfer
+	(*MoveLease)(nil),             // 10: shardstock.v1.MoveLease
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_shardstock_v1_types_proto_depIdxs = []int32{
-	0, // 0: shardstock.v1.Reservation.state:type_name -> shardstock.v1.ReservationState
-	9, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
-	1, // 2: shardstock.v1.Operation.kind:type_name -> shardstock.v1.OperationKind
-	9, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
-	0, // 4: shardstock.v1.Operation.reservation_state:type_name -> shardstock.v1.ReservationState
-	2, // 5: shardstock.v1.Stock.status:type_name -> shardstock.v1.SkuStatus
-	6, // 6: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
-	3, // 7: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
-	9, // 8: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	0,  // 0: shardstock.v1.Reservation.state:type_name -> shardstock.v1.ReservationState
+	11, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 2: shardstock.v1.Operation.kind:type_name -> shardstock.v1.OperationKind
+	11, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 4: shardstock.v1.Operation.reservation_state:type_name -> shardstock.v1.ReservationState
+	3,  // 5: shardstock.v1.ShardStock.state:type_name -> shardstock.v1.ShardState
+	2,  // 6: shardstock.v1.Stock.status:type_name -> shardstock.v1.SkuStatus
+	7,  // 7: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
+	9,  // 8: shardstock.v1.Stock.moving:type_name -> shardstock.v1.Transfer
+	10, // 9: shardstock.v1.Stock.mover:type_name -> shardstock.v1.MoveLease
+	4,  // 10: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
+	11, // 11: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
+	11, // 12: shardstock.v1.Transfer.updated_at:type_name -> google.protobuf.Timestamp
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_types_proto_init() }
@@ -877,8 +1100,8 @@ func file_shardstock_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_types_proto_rawDesc), len(file_shardstock_v1_types_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   5,
+			NumEnums:      5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

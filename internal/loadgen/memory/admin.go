@@ -120,6 +120,25 @@ func (s *Server) ListTransfers(_ context.Context, f stock.TransferFilter, _ stri
 	return nil, err
 }
 
+// SetShards: a SKU here is one row, and the memory target has no
+// rebalancer to spread or drain stock.
+func (s *Server) SetShards(context.Context, string, int32) (*allocator.Stock, error) {
+	return nil, noRebalancer("SetShards")
+}
+
+// Rebalance: the memory target has no rebalancer.
+func (s *Server) Rebalance(context.Context, string, bool) ([]*stock.Transfer, error) {
+	return nil, noRebalancer("Rebalance")
+}
+
+// MoveLeases: no one ever moves stock here.
+func (s *Server) MoveLeases(context.Context) ([]stock.MoveLease, error) { return nil, nil }
+
+// noRebalancer is the error of the calls of the rebalancer.
+func noRebalancer(call string) *stock.Error {
+	return stock.Errorf(stock.CodeUnimplemented, "%s: the in-memory target has no rebalancer", call)
+}
+
 // Topology: the memory target has no shard servers.
 func (s *Server) Topology() topology.View { return topology.View{} }
 

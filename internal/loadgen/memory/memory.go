@@ -21,8 +21,9 @@
 //   - admin calls need no token (the Authorization header is accepted and
 //     ignored);
 //   - ledger entry ids count from 1 per SKU;
-//   - Replenish, AdjustStock and UpdateSku answer unimplemented, and there
-//     are no transfers and no topology.
+//   - Replenish, AdjustStock, UpdateSku, SetShards and Rebalance answer
+//     unimplemented (there is no rebalancer), and there are no transfers,
+//     no move leases and no topology.
 package memory
 
 import (

@@ -370,6 +370,20 @@ func TestServer_Errors(t *testing.T) {
 		if connect.CodeOf(err) != connect.CodeUnimplemented {
 			t.Errorf("Replenish() = %v, want unimplemented", err)
 		}
+		_, err = admin.SetShards(ctx, connect.NewRequest(&v1.SetShardsRequest{Sku: spec.SKU, Shards: 4}))
+		if connect.CodeOf(err) != connect.CodeUnimplemented || wire.Reason(err) != string(stock.CodeUnimplemented) {
+			t.Errorf("SetShards() = %v (reason %q), want unimplemented, UNIMPLEMENTED", err, wire.Reason(err))
+		}
+		_, err = admin.Rebalance(ctx, connect.NewRequest(&v1.RebalanceRequest{Sku: spec.SKU, DryRun: true}))
+		if connect.CodeOf(err) != connect.CodeUnimplemented || wire.Reason(err) != string(stock.CodeUnimplemented) {
+			t.Errorf("Rebalance(dry run) = %v (reason %q), want unimplemented, UNIMPLEMENTED", err, wire.Reason(err))
+		}
+	})
+	t.Run("NoMoveLeases", func(t *testing.T) {
+		resp, err := admin.GetTopology(ctx, connect.NewRequest(&v1.GetTopologyRequest{}))
+		if err != nil || len(resp.Msg.GetMoveLeases()) != 0 {
+			t.Errorf("GetTopology() = %v, %v, want no move leases", resp, err)
+		}
 	})
 }
 

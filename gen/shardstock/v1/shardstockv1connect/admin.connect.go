@@ -68,11 +68,18 @@ type AdminServiceClient interface {
 	// AdjustStock adds (delta > 0) or removes (delta < 0) available stock,
 	// idempotently and with a ledgered reason and approver.
 	AdjustStock(context.Context, *connect.Request[v1.AdjustStockRequest]) (*connect.Response[v1.AdjustStockResponse], error)
-	// SetShards changes a SKU's number of shards online.
+	// SetShards changes a SKU's number of shards in service (1 to 256),
+	// online. It answers once the new layout is in force for routing; the
+	// moves that fill new shards, or drain retired ones, go on in the
+	// background. Shrinking a SKU whose shards of an earlier shrink are still
+	// retiring is failed_precondition, reason SHARDS_RETIRING.
 	SetShards(context.Context, *connect.Request[v1.SetShardsRequest]) (*connect.Response[v1.SetShardsResponse], error)
-	// Rebalance moves leftover stock between a SKU's shards.
+	// Rebalance moves leftover stock between a SKU's shards now and returns
+	// the transfers as they ended; with dry_run, the plan without moving
+	// anything. While another allocator holds the SKU's rebalance lease it is
+	// aborted, reason REBALANCE_IN_PROGRESS.
 	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
-	// ListTransfers lists rebalance transfers.
+	// ListTransfers lists rebalance transfers, by SKU and state.
 	ListTransfers(context.Context, *connect.Request[v1.ListTransfersRequest]) (*connect.Response[v1.ListTransfersResponse], error)
 	// GetTopology tells which shard server owns which partition.
 	GetTopology(context.Context, *connect.Request[v1.GetTopologyRequest]) (*connect.Response[v1.GetTopologyResponse], error)
@@ -238,11 +245,18 @@ type AdminServiceHandler interface {
 	// AdjustStock adds (delta > 0) or removes (delta < 0) available stock,
 	// idempotently and with a ledgered reason and approver.
 	AdjustStock(context.Context, *connect.Request[v1.AdjustStockRequest]) (*connect.Response[v1.AdjustStockResponse], error)
-	// SetShards changes a SKU's number of shards online.
+	// SetShards changes a SKU's number of shards in service (1 to 256),
+	// online. It answers once the new layout is in force for routing; the
+	// moves that fill new shards, or drain retired ones, go on in the
+	// background. Shrinking a SKU whose shards of an earlier shrink are still
+	// retiring is failed_precondition, reason SHARDS_RETIRING.
 	SetShards(context.Context, *connect.Request[v1.SetShardsRequest]) (*connect.Response[v1.SetShardsResponse], error)
-	// Rebalance moves leftover stock between a SKU's shards.
+	// Rebalance moves leftover stock between a SKU's shards now and returns
+	// the transfers as they ended; with dry_run, the plan without moving
+	// anything. While another allocator holds the SKU's rebalance lease it is
+	// aborted, reason REBALANCE_IN_PROGRESS.
 	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
-	// ListTransfers lists rebalance transfers.
+	// ListTransfers lists rebalance transfers, by SKU and state.
 	ListTransfers(context.Context, *connect.Request[v1.ListTransfersRequest]) (*connect.Response[v1.ListTransfersResponse], error)
 	// GetTopology tells which shard server owns which partition.
 	GetTopology(context.Context, *connect.Request[v1.GetTopologyRequest]) (*connect.Response[v1.GetTopologyResponse], error)
