@@ -15,7 +15,7 @@ type metrics struct {
 	// reroutes counts shard calls to other shards than a request's first
 	// choice: what skewed stock costs routing before any sweep.
 	reroutes prometheus.Counter
-	breaker        *prometheus.CounterVec
+	breaker  *prometheus.CounterVec
 	// abandoned counts, by shard server, the calls its callers stopped
 	// waiting for because their partition got a new owner.
 	abandoned *prometheus.CounterVec
