@@ -55,15 +55,30 @@ func TestE2E_Admin(t *testing.T) {
 		}
 		s.reconcile(sku)
 	})
-	t.Run("NotBuiltYet", func(t *testing.T) {
-		_, err := s.admin.SetShards(ctx, adminReq(&v1.SetShardsRequest{Sku: sku, Shards: 8}))
-		if connect.CodeOf(err) != connect.CodeUnimplemented || reason(err) != "UNIMPLEMENTED" {
-			t.Errorf("SetShards = %v (reason %q), want unimplemented, UNIMPLEMENTED", err, reason(err))
+	t.Run("SetShardsAndRebalance", func(t *testing.T) {
+		resp, err := s.admin.SetShards(ctx, adminReq(&v1.SetShardsRequest{Sku: sku, Shards: 8}))
+		if err != nil || resp.Msg.Sku.Shards != 8 || resp.Msg.Stock.ShardsInService != 8 || len(resp.Msg.Stock.Shards) != 8 {
+			t.Fatalf("SetShards(8) = %v, %v, want 8 shards in service", resp, err)
 		}
-		_, err = s.admin.Rebalance(ctx, adminReq(&v1.RebalanceRequest{Sku: sku}))
-		if connect.CodeOf(err) != connect.CodeUnimplemented || reason(err) != "UNIMPLEMENTED" {
-			t.Errorf("Rebalance = %v (reason %q), want unimplemented, UNIMPLEMENTED", err, reason(err))
+		plan, err := s.admin.Rebalance(ctx, adminReq(&v1.RebalanceRequest{Sku: sku, DryRun: true}))
+		if err != nil && reason(err) != "REBALANCE_IN_PROGRESS" {
+			t.Fatalf("Rebalance(dry run) = %v", err)
 		}
+		for _, tr := range plan.Msg.GetTransfers() {
+			if tr.State != v1.TransferState_TRANSFER_STATE_PLANNED || tr.TransferId != "" {
+				t.Errorf("dry-run transfer %v, want planned with no id", tr)
+			}
+		}
+		if _, err := s.admin.SetShards(ctx, adminReq(&v1.SetShardsRequest{Sku: sku, Shards: 257})); reason(err) != "INVALID_ARGUMENT" {
+			t.Errorf("SetShards(257) = %v, want INVALID_ARGUMENT", err)
+		}
+		if _, err := s.admin.SetShards(ctx, adminReq(&v1.SetShardsRequest{Sku: "no-such-sku", Shards: 2})); reason(err) != "SKU_NOT_FOUND" {
+			t.Errorf("SetShards(no such sku) = %v, want SKU_NOT_FOUND", err)
+		}
+		if _, err := s.admin.Rebalance(ctx, adminReq(&v1.RebalanceRequest{Sku: "no-such-sku"})); reason(err) != "SKU_NOT_FOUND" {
+			t.Errorf("Rebalance(no such sku) = %v, want SKU_NOT_FOUND", err)
+		}
+		s.reconcile(sku)
 	})
 	t.Run("ListLedger", func(t *testing.T) {
 		var all []*v1.LedgerEntry

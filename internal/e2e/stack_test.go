@@ -44,7 +44,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = dir
-	args := []string{"build", "-o", dir + "/"}
+	// The failpoints (internal/allocator/failpoint_on.go) are inert unless
+	// a test sets their variable in a process's environment.
+	args := []string{"build", "-tags", "shardstock_failpoints", "-o", dir + "/"}
 	if os.Getenv("SHARDSTOCK_E2E_RACE") == "1" {
 		args = append(args, "-race") // the processes report data races; cleanup fails the test on one
 	}
@@ -97,19 +99,33 @@ func newStackWith(t *testing.T, shardServers int, localID string) *stack {
 // instead of leaseTTL.
 func newStackLease(t *testing.T, shardServers int, localID string, ttl time.Duration) *stack {
 	t.Helper()
+	return newStackOpts(t, stackOpts{shardServers: shardServers, localID: localID, ttl: ttl})
+}
+
+// stackOpts shape a stack.
+type stackOpts struct {
+	shardServers int
+	localID      string        // see newStackWith
+	ttl          time.Duration // the shard servers' lease TTL
+	allocArgs    []string      // more flags of the allocator
+	allocEnv     []string      // more environment of the allocator
+}
+
+func newStackOpts(t *testing.T, o stackOpts) *stack {
+	t.Helper()
 	e := etcdtest.Start(t)
-	s := &stack{t: t, dbURL: pgtest.NewDB(t), etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}, localID: localID, leaseTTL: ttl}
-	for i := 1; i <= shardServers; i++ {
+	s := &stack{t: t, dbURL: pgtest.NewDB(t), etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl}
+	for i := 1; i <= o.shardServers; i++ {
 		s.startShard(fmt.Sprintf("s%d", i))
 	}
 	conns := "4"
 	args := []string{"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn"}
-	if localID != "" {
+	if o.localID != "" {
 		conns = "8" // shared with its shard server
-		args = append(args, "-shard-id", localID, "-lease-ttl", ttl.String())
+		args = append(args, "-shard-id", o.localID, "-lease-ttl", o.ttl.String())
 	}
-	args = append(args, "-db-max-conns", conns)
-	s.allocator = s.start("allocator", filepath.Join(bin, "allocator"), args...)
+	args = append(append(args, "-db-max-conns", conns), o.allocArgs...)
+	s.allocator = s.startEnv("allocator", o.allocEnv, filepath.Join(bin, "allocator"), args...)
 	line := s.allocator.waitLine(t, "allocator listening on ")
 	s.base = strings.TrimPrefix(line, "allocator listening on ")
 	hc := transport.NewClient()
@@ -164,8 +180,14 @@ func (s *stack) startShard(id string) *proc {
 
 func (s *stack) start(name, path string, args ...string) *proc {
 	s.t.Helper()
+	return s.startEnv(name, nil, path, args...)
+}
+
+// startEnv is start with env added to the process's environment.
+func (s *stack) startEnv(name string, env []string, path string, args ...string) *proc {
+	s.t.Helper()
 	cmd := exec.Command(path, args...)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+s.dbURL, "ETCD_ENDPOINTS="+s.etcd)
+	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+s.dbURL, "ETCD_ENDPOINTS="+s.etcd), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
