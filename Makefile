@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate bench soak soak-crash
+.PHONY: help run test lint generate checkgenerate bench bench-rebalance soak soak-crash
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -50,6 +50,9 @@ checkgenerate: generate ## fail if gen/ differs from what is committed
 
 bench: ## load-test shardstock, the in-memory ceiling and the five baselines on model C and the source case, print the table (under 3 min)
 	scripts/bench/run.sh
+
+bench-rebalance: ## the rebalancer off and on, model skew and model C: loadgen's tables and the sweeps, consolidations and reroutes routing needed (about 2 min)
+	scripts/bench/rebalance.sh
 
 soak: ## 4 minutes of load (7 in all) of shardstock under every flow, duplicates and abandoned requests; non-zero exit unless correctness is all zero
 	BENCH_DURATION=2m BENCH_TIMEOUT=10m BENCH_TARGETS=shardstock BENCH_MODELS=B,C \

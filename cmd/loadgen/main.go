@@ -173,7 +173,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		adminToken   = fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
 		databaseURL  = fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")
 		redisAddr    = fs.String("redis-addr", "127.0.0.1:6379", "Redis address of the Redis baselines")
-		modelList    = fs.String("model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), case (100 units, 500 deducts, 50 reused keys)")
+		modelList    = fs.String("model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), skew (as A, but every key's first-choice shard is one of 2), case (100 units, 500 deducts, 50 reused keys)")
 		duration     = fs.Duration("duration", 10*time.Second, "load time per target (at most 1h); the run stops at -duration or -requests, whichever comes first")
 		requests     = fs.Int64("requests", 0, "client operations per target (0: until -duration; at most 10,000,000)")
 		concurrency  = fs.Int("concurrency", 64, "concurrent clients")

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -21,6 +22,11 @@ const (
 	// ModelC sends 70% of requests to one SKU that has only HotStock units;
 	// the rest are spread over the other SKUs.
 	ModelC Model = "C"
+	// ModelSkew spreads requests uniformly over all SKUs, but every key's
+	// first-choice shard (FNV-32a of the key mod the SKU's shards: where
+	// the allocator sends it first) is one of SkewShards: demand lands on
+	// a few shards while the stock starts spread over all.
+	ModelSkew Model = "skew"
 	// ModelCase is the source document's case (section 七): one SKU with
 	// CaseStock units, CaseRequests deducts of one unit, CaseReusedKeys of
 	// them reusing another request's idempotency key.
@@ -36,6 +42,9 @@ const (
 	hotShareB      = 0.8 // of requests, to hotSKUShareB of SKUs
 	hotSKUShareB   = 0.2
 	hotShareC      = 0.7
+	// SkewShards is how many shards of each SKU model skew's keys ask
+	// first.
+	SkewShards = 2
 )
 
 // ParseModel parses a model name: A, B, C or case.
@@ -47,10 +56,12 @@ func ParseModel(s string) (Model, error) {
 		return ModelB, nil
 	case "c":
 		return ModelC, nil
+	case "skew":
+		return ModelSkew, nil
 	case "case":
 		return ModelCase, nil
 	}
-	return "", fmt.Errorf("loadgen: unknown model %q (want A, B, C or case)", s)
+	return "", fmt.Errorf("loadgen: unknown model %q (want A, B, C, skew or case)", s)
 }
 
 // QtyDist is the quantity of each request: uniform in [Min, Max], fixed when
@@ -171,6 +182,30 @@ type plan struct {
 	// fixed, when set, is the whole list of flows (the case model).
 	fixed []flow
 	pick  func(r *rand.Rand) int32
+	// skewed, when set, makes every key's first choice one of the first
+	// SkewShards shards of shards.
+	skewed bool
+	shards int32
+}
+
+// key returns the key of the n-th flow: with skew, the first of base,
+// base-1, base-2, ... whose first choice is below SkewShards (about
+// shards/SkewShards tries).
+func (p plan) key(base string) string {
+	if !p.skewed || p.shards <= SkewShards {
+		return base
+	}
+	for i := 0; ; i++ {
+		k := base
+		if i > 0 {
+			k = base + "-" + strconv.Itoa(i)
+		}
+		h := fnv.New32a()
+		h.Write([]byte(k))
+		if h.Sum32()%uint32(p.shards) < SkewShards {
+			return k
+		}
+	}
 }
 
 func newPlan(c Config) plan {
@@ -186,6 +221,9 @@ func newPlan(c Config) plan {
 	switch c.Model {
 	case ModelA:
 		p.pick = func(r *rand.Rand) int32 { return r.Int32N(n) }
+	case ModelSkew:
+		p.pick = func(r *rand.Rand) int32 { return r.Int32N(n) }
+		p.skewed, p.shards = true, c.Shards
 	case ModelB:
 		hot := max(1, int32(float64(n)*hotSKUShareB))
 		p.pick = func(r *rand.Rand) int32 {

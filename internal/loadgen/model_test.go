@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"testing"
 )
@@ -50,13 +52,35 @@ func TestParseMix(t *testing.T) {
 }
 
 func TestParseModel(t *testing.T) {
-	for in, want := range map[string]Model{"A": ModelA, "b": ModelB, "C": ModelC, "case": ModelCase, "CASE": ModelCase} {
+	for in, want := range map[string]Model{"A": ModelA, "b": ModelB, "C": ModelC, "skew": ModelSkew, "case": ModelCase, "CASE": ModelCase} {
 		if got, err := ParseModel(in); err != nil || got != want {
 			t.Errorf("ParseModel(%q) = %v, %v, want %v", in, got, err, want)
 		}
 	}
 	if _, err := ParseModel("D"); err == nil {
 		t.Errorf("ParseModel(D) = nil error, want one")
+	}
+}
+
+// Model skew's keys all ask one of the first SkewShards shards first, by
+// the allocator's hash (FNV-32a mod shards), and stay distinct.
+func TestPlan_SkewKeys(t *testing.T) {
+	p := newPlan(Config{Model: ModelSkew, SKUs: 3, Shards: 16, RunID: "t"})
+	seen := map[string]bool{}
+	for n := range 2000 {
+		k := p.key(fmt.Sprintf("t-%d", n))
+		h := fnv.New32a()
+		h.Write([]byte(k))
+		if first := h.Sum32() % 16; first >= SkewShards {
+			t.Fatalf("key %q asks shard %d first, want below %d", k, first, SkewShards)
+		}
+		if seen[k] {
+			t.Fatalf("key %q twice", k)
+		}
+		seen[k] = true
+	}
+	if k := newPlan(Config{Model: ModelA, SKUs: 3, Shards: 16, RunID: "t"}).key("t-1"); k != "t-1" {
+		t.Errorf("model A key = %q, want it unchanged", k)
 	}
 }
 

@@ -466,7 +466,7 @@ func (ru *run) flowAt(n int64, r *mrand.Rand) flow {
 	return flow{
 		kind: ru.cfg.Mix.draw(r),
 		sku:  ru.plan.pick(r),
-		key:  fmt.Sprintf("%s-%d", ru.cfg.RunID, n),
+		key:  ru.plan.key(fmt.Sprintf("%s-%d", ru.cfg.RunID, n)),
 		qty:  ru.cfg.Qty.draw(r),
 	}
 }
