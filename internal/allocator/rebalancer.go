@@ -319,7 +319,10 @@ func (a *Allocator) decide(ctx context.Context, sku string, recent []int64, forc
 			shards[i].Demand = recent[r.Index]
 		}
 		if r.HaltReason != "" {
-			shards[i].Available = 0 // a halted shard takes no transfer
+			// A halted shard takes no transfer: neither a source nor a
+			// destination (a credit it refused would strand the units in
+			// transit until it is resumed).
+			shards[i].Available, shards[i].Retiring, shards[i].Demand = 0, true, 0
 		}
 	}
 	policy, moves := rebalance.Decide(shards, a.rebalanceCfg.Thresholds, force)

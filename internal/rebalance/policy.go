@@ -38,6 +38,12 @@ type Thresholds struct {
 	// through transit while they sell, which costs sweeps: the default
 	// starts it late (the per-request consolidation covers the rest).
 	TailUnitsPerShard int64
+	// RefillUnitsPerShardMin: no refill below this many available units
+	// per shard in service. Near the end of a sale a refill would only put
+	// the last units in transit while they sell, which costs each request
+	// that needs them a sweep and a wait; routing finds them where they
+	// are, and the tail policy gathers the very last.
+	RefillUnitsPerShardMin int64
 	// MoveMinDivisor: a move below total/(shards*MoveMinDivisor) units is
 	// not worth a transfer (except in the tail and a drain).
 	MoveMinDivisor int64
@@ -47,11 +53,12 @@ type Thresholds struct {
 
 // DefaultThresholds are the rebalancer's.
 var DefaultThresholds = Thresholds{
-	RefillLowWater:     0.25,
-	DemandFloorDivisor: 4,
-	TailUnitsPerShard:  1,
-	MoveMinDivisor:     16,
-	Options:            Options{MovesMax: 16, MoveMin: 1, MoveMax: 1_000_000},
+	RefillLowWater:         0.25,
+	DemandFloorDivisor:     4,
+	TailUnitsPerShard:      1,
+	RefillUnitsPerShardMin: 32,
+	MoveMinDivisor:         16,
+	Options:                Options{MovesMax: 16, MoveMin: 1, MoveMax: 1_000_000},
 }
 
 // Decide returns what a SKU needs now: the first policy whose trigger holds
@@ -88,7 +95,7 @@ func Decide(shards []Shard, t Thresholds, force bool) (Policy, []Move) {
 	}
 	opts := t.Options
 	opts.MoveMin = max(opts.MoveMin, total/(int64(serving)*max(t.MoveMinDivisor, 1)))
-	if !force && !low(weighted, t.RefillLowWater) {
+	if !force && (total < t.RefillUnitsPerShardMin*int64(serving) || !low(weighted, t.RefillLowWater)) {
 		return "", nil
 	}
 	return PolicyRefill, Plan(weighted, opts)

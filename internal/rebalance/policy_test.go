@@ -17,6 +17,7 @@ func TestDecide(t *testing.T) {
 		{"BalancedStays", []Shard{{0, 50, 1, false}, {1, 50, 1, false}}, false, "", nil},
 		{"WithinLowWaterStays", []Shard{{0, 70, 1, false}, {1, 30, 1, false}}, false, "", nil},
 		{"BelowLowWaterRefills", []Shard{{0, 90, 1, false}, {1, 10, 1, false}}, false, PolicyRefill, []Move{{0, 1, 40}}},
+		{"FewUnitsNoRefill", []Shard{{0, 50, 1, false}, {1, 2, 1, false}}, false, "", nil},
 		{"ForceRefills", []Shard{{0, 70, 1, false}, {1, 30, 1, false}}, true, PolicyRefill, []Move{{0, 1, 20}}},
 		// Demand on shard 1 only: it gets most, shard 0 keeps its floor.
 		{"TowardDemand", []Shard{{0, 100, 0, false}, {1, 0, 100, false}}, false, PolicyRefill, []Move{{0, 1, 90}}},
@@ -25,8 +26,8 @@ func TestDecide(t *testing.T) {
 		{"TailOnOneShardStays", []Shard{{0, 0, 0, false}, {1, 2, 0, false}}, false, "", nil},
 		{"SoldOut", []Shard{{0, 0, 3, false}, {1, 0, 0, false}}, true, "", nil},
 		// A one-shard SKU split to 8 spreads to every new shard.
-		{"Split", []Shard{{0, 800, 0, false}, {1, 0, 0, false}, {2, 0, 0, false}, {3, 0, 0, false}, {4, 0, 0, false}, {5, 0, 0, false}, {6, 0, 0, false}, {7, 0, 0, false}},
-			false, PolicyRefill, []Move{{0, 1, 100}, {0, 2, 100}, {0, 3, 100}, {0, 4, 100}, {0, 5, 100}, {0, 6, 100}, {0, 7, 100}}},
+		{"Split", []Shard{{0, 8000, 0, false}, {1, 0, 0, false}, {2, 0, 0, false}, {3, 0, 0, false}, {4, 0, 0, false}, {5, 0, 0, false}, {6, 0, 0, false}, {7, 0, 0, false}},
+			false, PolicyRefill, []Move{{0, 1, 1000}, {0, 2, 1000}, {0, 3, 1000}, {0, 4, 1000}, {0, 5, 1000}, {0, 6, 1000}, {0, 7, 1000}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			policy, got := Decide(tc.shards, th, tc.force)
