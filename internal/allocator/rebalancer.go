@@ -190,7 +190,7 @@ func (r *rebalancer) auto(ctx context.Context, h skuRound) bool {
 	}
 	a := r.a
 	sku, err := a.sku(ctx, h.sku)
-	if err != nil || sku.Shards >= c.ShardsMax || sku.ShardSpan > sku.Shards {
+	if err != nil || !sku.AutoShards || sku.Shards >= c.ShardsMax || sku.ShardSpan > sku.Shards {
 		return false
 	}
 	perShard := float64(h.rate) / r.cfg.Interval.Seconds() / float64(sku.Shards)
@@ -255,6 +255,11 @@ func (r *rebalancer) merge(ctx context.Context, hot []skuRound) {
 		}
 		r.mu.Lock()
 		s := r.split[name]
+		if !sku.AutoShards {
+			delete(r.split, name) // switched off: left as it is
+			r.mu.Unlock()
+			continue
+		}
 		to := max(sku.Shards/2, s.base)
 		if to <= s.base {
 			delete(r.split, name)

@@ -91,7 +91,7 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 // UpdateSku pauses, resumes or changes limits.
 func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.UpdateSkuRequest]) (*connect.Response[v1.UpdateSkuResponse], error) {
 	m := req.Msg
-	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit})
+	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit, AutoShards: m.AutoShards})
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
@@ -272,7 +272,7 @@ func (h *AdminHandler) ResumeShard(ctx context.Context, req *connect.Request[v1.
 
 func skuToProto(s *stock.SKU) *v1.SkuConfig {
 	return &v1.SkuConfig{Sku: s.Name, Status: skuStatuses[s.Status], Shards: s.Shards, MaxPerOrder: s.MaxPerOrder,
-		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL)}
+		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL), AutoShards: s.AutoShards}
 }
 
 func pageSize(n int32) int {

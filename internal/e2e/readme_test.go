@@ -192,6 +192,7 @@ func checkReadmeCoverage(t *testing.T, examples []readmeExample) {
 		"InventoryService/GetStock", "InventoryService/Reserve", "InventoryService/Commit", "InventoryService/Release",
 		"InventoryService/Deduct", "InventoryService/GetOperation",
 		"AdminService/CreateSku", "AdminService/AdjustStock", "AdminService/Reconcile",
+		"AdminService/SetShards", "AdminService/Rebalance", "AdminService/ListTransfers",
 	} {
 		if !shown[m] {
 			t.Errorf("README.md: no curl example of %s under %q", m, readmeSection)

@@ -10,7 +10,7 @@ import (
 )
 
 // sqlSKUColumns are the columns scanSKU reads, in its order.
-const sqlSKUColumns = `sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms`
+const sqlSKUColumns = `sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, auto_shards`
 
 const sqlSelectSKU = `SELECT ` + sqlSKUColumns + ` FROM skus WHERE sku`
 
@@ -18,7 +18,7 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 	var s stock.SKU
 	var status string
 	var ttlMS int64
-	if err := row.Scan(&s.Name, &status, &s.Shards, &s.ShardSpan, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS); err != nil {
+	if err := row.Scan(&s.Name, &status, &s.Shards, &s.ShardSpan, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS, &s.AutoShards); err != nil {
 		return nil, err
 	}
 	s.Status = stock.Status(status)

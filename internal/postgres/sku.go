@@ -76,9 +76,9 @@ func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*st
 	}
 	s, err := scanSKU(db.pool.QueryRow(ctx, `UPDATE skus SET status = coalesce($2, status),
 		max_per_order = coalesce($3, max_per_order), customer_limit = coalesce($4, customer_limit),
-		reservation_ttl_ms = coalesce($5, reservation_ttl_ms), updated_at = now()
+		reservation_ttl_ms = coalesce($5, reservation_ttl_ms), auto_shards = coalesce($6, auto_shards), updated_at = now()
 		WHERE sku = $1 RETURNING `+sqlSKUColumns,
-		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl))
+		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl, u.AutoShards))
 	if isNoRows(err) {
 		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
 	}

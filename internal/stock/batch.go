@@ -122,6 +122,7 @@ type SKUUpdate struct {
 	MaxPerOrder   *int64
 	CustomerLimit *int64
 	TTL           *time.Duration
+	AutoShards    *bool
 }
 
 // StaleStep is a transfer step a shard server should finish: a pending

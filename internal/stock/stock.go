@@ -81,7 +81,10 @@ type SKU struct {
 	// ShardSpan is the number of shards that may hold stock: the shards in
 	// service plus those being retired after SetShards made the SKU
 	// smaller (Shards..ShardSpan-1). Equal to Shards once they retired.
-	ShardSpan      int32
+	ShardSpan int32
+	// AutoShards: the rebalancer may split the SKU when hot and merge it
+	// back when cold (UpdateSku; on for a new SKU).
+	AutoShards     bool
 	MaxPerOrder    int64 // 0: no limit
 	CustomerLimit  int64 // 0: no limit
 	ReservationTTL time.Duration

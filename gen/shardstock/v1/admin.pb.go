@@ -33,8 +33,10 @@ type SkuConfig struct {
 	// 0 means no limit.
 	CustomerLimit  int64                `protobuf:"varint,5,opt,name=customer_limit,json=customerLimit,proto3" json:"customer_limit,omitempty"`
 	ReservationTtl *durationpb.Duration `protobuf:"bytes,6,opt,name=reservation_ttl,json=reservationTtl,proto3" json:"reservation_ttl,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Whether the rebalancer may split and merge the SKU by itself.
+	AutoShards    bool `protobuf:"varint,7,opt,name=auto_shards,json=autoShards,proto3" json:"auto_shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SkuConfig) Reset() {
@@ -107,6 +109,13 @@ func (x *SkuConfig) GetReservationTtl() *durationpb.Duration {
 		return x.ReservationTtl
 	}
 	return nil
+}
+
+func (x *SkuConfig) GetAutoShards() bool {
+	if x != nil {
+		return x.AutoShards
+	}
+	return false
 }
 
 type CreateSkuRequest struct {
@@ -251,6 +260,10 @@ type UpdateSkuRequest struct {
 	Paused        *bool                  `protobuf:"varint,2,opt,name=paused,proto3,oneof" json:"paused,omitempty"`
 	MaxPerOrder   *int64                 `protobuf:"varint,3,opt,name=max_per_order,json=maxPerOrder,proto3,oneof" json:"max_per_order,omitempty"`
 	CustomerLimit *int64                 `protobuf:"varint,4,opt,name=customer_limit,json=customerLimit,proto3,oneof" json:"customer_limit,omitempty"`
+	// Whether the rebalancer may split this SKU when it is hot and merge it
+	// back when it cools (on for a new SKU; the allocators' -auto-shards=false
+	// turns it off for every SKU).
+	AutoShards    *bool `protobuf:"varint,5,opt,name=auto_shards,json=autoShards,proto3,oneof" json:"auto_shards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -311,6 +324,13 @@ func (x *UpdateSkuRequest) GetCustomerLimit() int64 {
 		return *x.CustomerLimit
 	}
 	return 0
+}
+
+func (x *UpdateSkuRequest) GetAutoShards() bool {
+	if x != nil && x.AutoShards != nil {
+		return *x.AutoShards
+	}
+	return false
 }
 
 type UpdateSkuResponse struct {
@@ -1669,14 +1689,16 @@ var File_shardstock_v1_admin_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\xf6\x01\n" +
+	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\x97\x02\n" +
 	"\tSkuConfig\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x120\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x18.shardstock.v1.SkuStatusR\x06status\x12\x16\n" +
 	"\x06shards\x18\x03 \x01(\x05R\x06shards\x12\"\n" +
 	"\rmax_per_order\x18\x04 \x01(\x03R\vmaxPerOrder\x12%\n" +
 	"\x0ecustomer_limit\x18\x05 \x01(\x03R\rcustomerLimit\x12B\n" +
-	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\"\xf0\x01\n" +
+	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\x12\x1f\n" +
+	"\vauto_shards\x18\a \x01(\bR\n" +
+	"autoShards\"\xf0\x01\n" +
 	"\x10CreateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12#\n" +
 	"\rinitial_stock\x18\x02 \x01(\x03R\finitialStock\x12\x16\n" +
@@ -1686,15 +1708,18 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\"k\n" +
 	"\x11CreateSkuResponse\x12*\n" +
 	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\x12*\n" +
-	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\xc6\x01\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\xfc\x01\n" +
 	"\x10UpdateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1b\n" +
 	"\x06paused\x18\x02 \x01(\bH\x00R\x06paused\x88\x01\x01\x12'\n" +
 	"\rmax_per_order\x18\x03 \x01(\x03H\x01R\vmaxPerOrder\x88\x01\x01\x12*\n" +
-	"\x0ecustomer_limit\x18\x04 \x01(\x03H\x02R\rcustomerLimit\x88\x01\x01B\t\n" +
+	"\x0ecustomer_limit\x18\x04 \x01(\x03H\x02R\rcustomerLimit\x88\x01\x01\x12$\n" +
+	"\vauto_shards\x18\x05 \x01(\bH\x03R\n" +
+	"autoShards\x88\x01\x01B\t\n" +
 	"\a_pausedB\x10\n" +
 	"\x0e_max_per_orderB\x11\n" +
-	"\x0f_customer_limit\"?\n" +
+	"\x0f_customer_limitB\x0e\n" +
+	"\f_auto_shards\"?\n" +
 	"\x11UpdateSkuResponse\x12*\n" +
 	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\"\x99\x01\n" +
 	"\x12AdjustStockRequest\x12\x10\n" +
