@@ -29,6 +29,13 @@ type Thresholds struct {
 	// fraction of its share of the stock; the plan then brings every shard
 	// to its share, four times above the trigger.
 	RefillLowWater float64
+	// ByDemand weighs the shares by demand (each shard in service's first
+	// choices); off, the shares are even. Measured off by default: the
+	// allocator's hints already send a request whose first choice is empty
+	// straight to a shard with stock, so skewed first choices cost routing
+	// nothing, and stock gathered where they point leaves fewer writers
+	// working (docs/benchmarks.md, "The rebalancer").
+	ByDemand bool
 	// DemandFloorDivisor gives every shard in service a floor of demand:
 	// the average demand per shard divided by this. Cold shards keep a
 	// little stock (a request routed there still sells), hot ones get most.
@@ -83,7 +90,11 @@ func Decide(shards []Shard, t Thresholds, force bool) (Policy, []Move) {
 	if serving == 0 || total == 0 {
 		return "", nil
 	}
-	weighted := withFloor(shards, demand, serving, t.DemandFloorDivisor)
+	shares := shards
+	if !t.ByDemand {
+		demand, shares = 0, withoutDemand(shards)
+	}
+	weighted := withFloor(shares, demand, serving, t.DemandFloorDivisor)
 	if drain {
 		return PolicyDrain, Plan(weighted, t.Options)
 	}
@@ -114,6 +125,16 @@ func withFloor(shards []Shard, demand int64, serving int, divisor int64) []Shard
 		if !out[i].Retiring {
 			out[i].Demand += floor
 		}
+	}
+	return out
+}
+
+// withoutDemand returns shards with no demand (a copy).
+func withoutDemand(shards []Shard) []Shard {
+	out := make([]Shard, len(shards))
+	for i, s := range shards {
+		s.Demand = 0
+		out[i] = s
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 
 func TestDecide(t *testing.T) {
 	th := DefaultThresholds
+	th.ByDemand = true
 	for _, tc := range []struct {
 		name   string
 		shards []Shard
@@ -51,6 +52,18 @@ func TestDecide(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Without ByDemand (the default) the shares are even whatever the demand;
+// the tail still gathers on the shard most asked for.
+func TestDecide_Even(t *testing.T) {
+	th := DefaultThresholds
+	if policy, got := Decide([]Shard{{0, 100, 0, false}, {1, 0, 100, false}}, th, false); policy != PolicyRefill || !slices.Equal(got, []Move{{0, 1, 50}}) {
+		t.Errorf("Decide without ByDemand = %q %v, want refill [{0 1 50}]", policy, got)
+	}
+	if policy, got := Decide([]Shard{{0, 1, 0, false}, {1, 1, 5, false}}, th, false); policy != PolicyTail || !slices.Equal(got, []Move{{0, 1, 1}}) {
+		t.Errorf("tail without ByDemand = %q %v, want tail [{0 1 1}]", policy, got)
 	}
 }
 

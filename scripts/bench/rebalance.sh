@@ -10,6 +10,7 @@
 # rebalancer's transfers and units moved; and the units still in transit at
 # the end (loadgen's final GetStock, in its table).
 #
+# BENCH_MODELS (default "skew C") picks the models.
 # Postgres: $DATABASE_URL, else 127.0.0.1:5432. BENCH_DURATION (default 10s)
 # is the load time of each run; every run is bounded by BENCH_TIMEOUT
 # (default 120s).
@@ -72,9 +73,11 @@ run() { # run MODEL REBALANCE(0|1) LOADGEN-ARGS...
 		"$model" "$label" $((s1 - s0)) $((c1 - c0)) $((r1 - r0)) $((t1 - t0)) $((m1 - m0))
 }
 
-for on in 0 1; do
-	run skew "$on" -skus 1 -shards 16 -stock 200000 -qty 1..3
-done
-for on in 0 1; do
-	run C "$on" -shards 16 -qty 1..3
+for model in ${BENCH_MODELS:-skew C}; do
+	for on in 0 1; do
+		case $model in
+		skew) run skew "$on" -skus 1 -shards 16 -stock 200000 -qty 1..3 ;;
+		*) run "$model" "$on" -shards 16 -qty 1..3 ;;
+		esac
+	done
 done
