@@ -67,10 +67,14 @@ run() { # run MODEL REBALANCE(0|1) LOADGEN-ARGS...
 		-concurrency 64 -duration "$duration" -progress=false "$@"
 	read -r s1 c1 r1 t1 m1 < <(counters)
 	stop_stack
+	local open="?"
+	if command -v psql >/dev/null 2>&1; then
+		open=$(psql "$url" -XAtq -c "SELECT coalesce(sum(quantity), 0) FROM transfers WHERE state IN ('pending', 'debited')" 2>/dev/null || echo "?")
+	fi
 	local label=off
 	((on == 1)) && label=on
-	printf 'rebalance: model %s, rebalancer %s: %d sweeps, %d consolidations, %d reroutes, %d transfers started, %d units moved\n' \
-		"$model" "$label" $((s1 - s0)) $((c1 - c0)) $((r1 - r0)) $((t1 - t0)) $((m1 - m0))
+	printf 'rebalance: model %s, rebalancer %s: %d sweeps, %d consolidations, %d reroutes, %d transfers started, %d units moved, %s units in open transfers after the stack stopped\n' \
+		"$model" "$label" $((s1 - s0)) $((c1 - c0)) $((r1 - r0)) $((t1 - t0)) $((m1 - m0)) "$open"
 }
 
 for model in ${BENCH_MODELS:-skew C}; do
