@@ -363,3 +363,69 @@ func metricsOf(a *allocator.Allocator) func() routing {
 }
 
 func (r routing) minus(o routing) routing { return routing{r[0] - o[0], r[1] - o[1], r[2] - o[2]} }
+
+// A SKU asked for more than the split rate per shard, round after round,
+// gets twice its shards, and goes back to the count it had once it has
+// been cold for MergeAfter; a SKU whose auto_shards is off is left alone.
+func TestRebalance_AutoShards(t *testing.T) {
+	s := newStack(t, []string{"s1", "s2"}, "")
+	ctx := context.Background()
+	cfg := quietRebalancer
+	cfg.Interval = 100 * time.Millisecond
+	cfg.Auto = allocator.AutoShards{SplitRatePerShard: 50, SplitAfter: 300 * time.Millisecond, ShardsMax: 4, MergeAfter: 2 * time.Second}
+	a, _ := s.newMover("alloc-auto", cfg)
+	s.createSKU("hot", 1, 100000)
+	s.createSKU("pinned", 1, 100000)
+	off := false
+	if _, err := a.UpdateSKU(ctx, "pinned", stock.SKUUpdate{AutoShards: &off}); err != nil {
+		t.Fatal(err)
+	}
+	shards := func(sku string) int32 {
+		st, err := a.GetStock(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.SKU.Shards
+	}
+	// About 400 units a second on each: 8 times the split rate per shard.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, sku := range []string{"hot", "pinned"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				if r := a.Allocate(ctx, deduct(sku, fmt.Sprintf("%s-%d", sku, n), 4)); r.Err != nil && r.Err.Code != stock.CodeShardUnavailable {
+					t.Errorf("deduct on %s: %v", sku, r.Err)
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for shards("hot") < 4 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if got := shards("hot"); got != 4 {
+		t.Fatalf("hot SKU has %d shards after 15 s above the split rate, want 4 (split twice, up to ShardsMax)", got)
+	}
+	if got := shards("pinned"); got != 1 {
+		t.Errorf("SKU with auto_shards off has %d shards, want 1", got)
+	}
+	// Cold now: merged back halfway each MergeAfter, to the 1 it had.
+	deadline = time.Now().Add(20 * time.Second)
+	for shards("hot") > 1 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got := shards("hot"); got != 1 {
+		t.Errorf("hot SKU has %d shards after 20 s cold, want 1", got)
+	}
+	s.balanced("hot")
+	s.balanced("pinned")
+}
