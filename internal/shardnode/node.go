@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -58,15 +59,23 @@ func New(cfg Config) *Node {
 	}
 }
 
-// Handler returns the ShardService with health, reflection and /metrics
-// (of gatherer, if set) and, with pprof, /debug/pprof/. It has no
-// authentication: serve it on a port that only shardstock's own processes
-// reach, never beside the public API.
-func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool) http.Handler {
-	mux := transport.NewMux(transport.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: gatherer, Pprof: pprof})
-	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, transport.HandlerOptions()...))
+// Handler returns the ShardService, through interceptors (the process's
+// call metrics), with health, reflection and /metrics (of gatherer, if
+// set), /readyz (ready while the node owns exactly the partitions assigned
+// to it) and, with pprof, /debug/pprof/. It has no authentication: serve it
+// on a port that only shardstock's own processes reach, never beside the
+// public API.
+func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool, interceptors ...connect.Interceptor) http.Handler {
+	mux := transport.NewMux(transport.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: gatherer, Pprof: pprof,
+		Ready: n.Ready})
+	opts := append(transport.HandlerOptions(), connect.WithInterceptors(interceptors...))
+	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, opts...))
 	return mux
 }
+
+// Ready reports whether the node owns exactly the partitions assigned to
+// it (topology.Member.Settled).
+func (n *Node) Ready() bool { return n.member.Settled() }
 
 // Run takes part in the topology and sweeps expiries until ctx ends, then
 // leaves the topology (others take the partitions at once) and stops the

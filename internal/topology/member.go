@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -50,6 +51,9 @@ type Member struct {
 
 	mu    sync.Mutex
 	owned map[int32]int64
+	// settled: registered and owning exactly the partitions assigned to
+	// it in its last view (Settled).
+	settled atomic.Bool
 }
 
 // NewMember returns a Member for cfg, with defaults filled in. Run checks
@@ -70,6 +74,11 @@ func NewMember(cfg MemberConfig) *Member {
 		owned:  make(map[int32]int64),
 	}
 }
+
+// Settled reports whether the member is registered and owns exactly the
+// partitions that rendezvous hashing assigns it among the servers it sees:
+// a shard server's readiness. False while partitions move to or from it.
+func (m *Member) Settled() bool { return m.settled.Load() }
 
 // Owned returns the partitions this member owns, by epoch: those whose
 // Acquire succeeded and that have not been lost since.
@@ -275,7 +284,9 @@ func (s *session) loop(ctx context.Context, w *Watcher, watchDone <-chan struct{
 		default:
 		}
 		v := w.Snapshot()
-		if next := s.reconcile(ctx, v); next.IsZero() {
+		next := s.reconcile(ctx, v)
+		s.m.settled.Store(s.settled(v))
+		if next.IsZero() {
 			retry.Stop()
 		} else {
 			retry.Reset(time.Until(next))
@@ -359,6 +370,22 @@ func (s *session) reconcile(ctx context.Context, v View) (next time.Time) {
 	return next
 }
 
+// settled reports whether the member owns exactly the partitions that v
+// assigns it, with no claim or release pending.
+func (s *session) settled(v View) bool {
+	if _, ok := v.servers[s.me]; !ok || v.serversRev < s.regRev || len(s.pending) > 0 {
+		return false
+	}
+	assigned := Assign(s.m.cfg.Partitions, slices.Collect(maps.Keys(v.servers)))
+	for p := range int32(s.m.cfg.Partitions) {
+		_, owned := s.owned[p]
+		if owned != (assigned[p] == s.me) {
+			return false
+		}
+	}
+	return true
+}
+
 // lose stops writing partition p.
 func (s *session) lose(p int32, why string) {
 	s.m.cfg.Owner.Lose(p)
@@ -370,6 +397,7 @@ func (s *session) lose(p int32, why string) {
 
 // loseAll stops writing every owned partition.
 func (s *session) loseAll() {
+	s.m.settled.Store(false)
 	for _, p := range slices.Sorted(maps.Keys(s.owned)) {
 		s.lose(p, "session ended")
 	}

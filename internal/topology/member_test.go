@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -299,4 +300,32 @@ func TestMember_Restart(t *testing.T) {
 	if !after.AllOwned() {
 		t.Errorf("AllOwned() = false after restart")
 	}
+}
+
+// Settled (a shard server's readiness) is true only while the member owns
+// exactly its assignment: not while a partition it is assigned fails to be
+// acquired, and again once it is.
+func TestMember_Settled(t *testing.T) {
+	e := etcdtest.Start(t)
+	l := newLedger(t)
+	var failing atomic.Bool
+	failing.Store(true)
+	a := startMember(t, e, l, "shard-a", memberOpts{fail: func(p int32, _ int) error {
+		if p == 3 && failing.Load() {
+			return errors.New("not now")
+		}
+		return nil
+	}})
+	if a.Settled() {
+		t.Fatal("Settled before Run registered")
+	}
+	waitFor(t, 10*time.Second, "shard-a owns all but partition 3", func() bool { return len(a.Owned()) == testPartitions-1 })
+	for range 20 {
+		if a.Settled() {
+			t.Fatal("Settled while partition 3, assigned to it, is not acquired")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	failing.Store(false)
+	waitFor(t, 15*time.Second, "shard-a settled", a.Settled)
 }

@@ -3,16 +3,22 @@ package shardcmd_test
 import (
 	"context"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // Bounds of the start and stop of a command in a test.
@@ -39,6 +45,22 @@ func (l *lines) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.String()
+}
+
+// get returns the body of a GET, trimmed ("" on an error or a status other
+// than 200).
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // TestRun_StartStop: a shard server started for real registers in etcd,
@@ -76,6 +98,22 @@ func TestRun_StartStop(t *testing.T) {
 	srv, _ := w.Snapshot().Server("run1")
 	if !strings.Contains(stdout.String(), "shard run1 listening on "+srv.Addr) {
 		t.Errorf("Run printed %q, want the address it registered (%s)", stdout.String(), srv.Addr)
+	}
+	// Ready once it owns its partitions; its ShardService calls counted.
+	base := "http://" + srv.Addr
+	deadline = time.Now().Add(5 * time.Second)
+	for get(t, base+"/readyz") != "ready" {
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz = %q 5 s after the server owned every partition, want ready", get(t, base+"/readyz"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	shardc := shardstockv1connect.NewShardServiceClient(transport.NewClient(), base)
+	if _, err := shardc.Execute(ctx, connect.NewRequest(&v1.ExecuteRequest{})); err != nil {
+		t.Errorf("Execute() = %v", err)
+	}
+	if m := get(t, base+"/metrics"); !strings.Contains(m, `shardstock_rpc_calls_total{procedure="/shardstock.v1.ShardService/Execute"`) {
+		t.Errorf("/metrics counts no ShardService call")
 	}
 
 	cancel()

@@ -27,15 +27,20 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	id := fs.String("id", startup.Env(getenv, "SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
-	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long")
-	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most")
+	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long (env SHARDSTOCK_LEASE_TTL)")
+	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most (env SHARDSTOCK_DB_MAX_CONNS)")
+	format := fs.String("log-format", "text", startup.LogFormatUsage)
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, err := startup.Logger(stderr, *level)
+	if err := startup.FlagsFromEnv(fs, getenv, map[string]string{"lease-ttl": "SHARDSTOCK_LEASE_TTL",
+		"db-max-conns": "SHARDSTOCK_DB_MAX_CONNS", "log-format": "SHARDSTOCK_LOG_FORMAT"}); err != nil {
+		return err
+	}
+	log, err := startup.Logger(stderr, *level, *format)
 	if err != nil {
 		return err
 	}
@@ -69,7 +74,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	go func() { nodeDone <- node.Run(ctx) }()
 	fmt.Fprintf(stdout, "shard %s listening on %s\n", *id, lis.Addr())
 	log.Info("shard server started", "id", *id, "addr", lis.Addr().String(), "advertise", *advertise)
-	serveErr := transport.Serve(ctx, lis, node.Handler(reg, *pprofOn))
+	serveErr := transport.Serve(ctx, lis, node.Handler(reg, *pprofOn, transport.NewMetrics(reg)))
 	cancel()
 	merr := <-nodeDone
 	log.Info("shard server stopped", "id", *id)

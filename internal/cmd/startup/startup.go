@@ -4,6 +4,7 @@ package startup
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,13 +24,43 @@ func Env(getenv func(string) string, name, def string) string {
 	return def
 }
 
-// Logger returns a text logger at level ("debug", "info", "warn", "error").
-func Logger(w io.Writer, level string) (*slog.Logger, error) {
+// FlagsFromEnv sets each flag of fs named in env that the command line did
+// not set from the environment variable env names, if that is set: the
+// same parsing and checks as on the command line, so a bad value is an
+// error that names the variable. Call it after fs.Parse.
+func FlagsFromEnv(fs *flag.FlagSet, getenv func(string) string, env map[string]string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for name, variable := range env {
+		v := getenv(variable)
+		if given[name] || v == "" {
+			continue
+		}
+		if err := fs.Set(name, v); err != nil {
+			return fmt.Errorf("%s=%q (for -%s): %w", variable, v, name, err)
+		}
+	}
+	return nil
+}
+
+// LogFormatUsage documents -log-format.
+const LogFormatUsage = "log format: text or json (env SHARDSTOCK_LOG_FORMAT)"
+
+// Logger returns a logger at level ("debug", "info", "warn", "error") in
+// format ("text", or "json": one JSON object a line, for log collectors).
+func Logger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("log level %q: %w", level, err)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want text or json", format)
 }
 
 // Listen listens on addr (host:port; port 0 picks one).

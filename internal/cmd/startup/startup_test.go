@@ -1,0 +1,76 @@
+package startup
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestFlagsFromEnv(t *testing.T) {
+	env := map[string]string{"lease-ttl": "T_LEASE_TTL", "db-max-conns": "T_CONNS"}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		vars     map[string]string
+		wantTTL  time.Duration
+		wantConn int
+		wantErr  string
+	}{
+		{"Defaults", nil, nil, 5 * time.Second, 16, ""},
+		{"FromEnv", nil, map[string]string{"T_LEASE_TTL": "9s", "T_CONNS": "40"}, 9 * time.Second, 40, ""},
+		{"FlagWins", []string{"-db-max-conns", "8"}, map[string]string{"T_CONNS": "40"}, 5 * time.Second, 8, ""},
+		{"BadEnv", nil, map[string]string{"T_LEASE_TTL": "soon"}, 0, 0, `T_LEASE_TTL="soon" (for -lease-ttl)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("t", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			ttl := fs.Duration("lease-ttl", 5*time.Second, "")
+			conns := fs.Int("db-max-conns", 16, "")
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := FlagsFromEnv(fs, func(k string) string { return tc.vars[k] }, env)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("FlagsFromEnv = %v, want an error naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || *ttl != tc.wantTTL || *conns != tc.wantConn {
+				t.Errorf("FlagsFromEnv = %v; lease-ttl %s, db-max-conns %d; want %s, %d", err, *ttl, *conns, tc.wantTTL, tc.wantConn)
+			}
+		})
+	}
+}
+
+func TestLogger(t *testing.T) {
+	var buf bytes.Buffer
+	log, err := Logger(&buf, "info", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("hello", "sku", "a")
+	log.Debug("hidden")
+	var line map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &line); err != nil || line["msg"] != "hello" || line["sku"] != "a" {
+		t.Errorf("json log line %q: %v", buf.String(), err)
+	}
+	buf.Reset()
+	if log, err = Logger(&buf, "warn", "text"); err != nil {
+		t.Fatal(err)
+	}
+	log.Warn("careful")
+	if !strings.Contains(buf.String(), "msg=careful") {
+		t.Errorf("text log line %q", buf.String())
+	}
+	if _, err := Logger(&buf, "info", "xml"); err == nil {
+		t.Errorf("Logger(format xml) = nil error")
+	}
+	if _, err := Logger(&buf, "loud", "text"); err == nil {
+		t.Errorf("Logger(level loud) = nil error")
+	}
+}
