@@ -52,6 +52,8 @@ const (
 	// without a hint is tried as unknown, which costs at most one call that
 	// refuses.
 	hintsLenMax = 1 << 18
+	// inTransitScrapeTimeout bounds the query behind the in-transit gauge.
+	inTransitScrapeTimeout = 2 * time.Second
 )
 
 // Config configures an Allocator.
@@ -148,6 +150,19 @@ func New(cfg Config) *Allocator {
 	a.moves, a.rebalanceCfg = cfg.Moves, cfg.Rebalance
 	a.rebalanceCfg.fill()
 	a.rebalanced = make(chan struct{})
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "shardstock_units_in_transit", Help: "Units of every SKU debited by a transfer and not yet credited (read from the database at each scrape; -1 if it could not be read).",
+		}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), inTransitScrapeTimeout)
+			defer cancel()
+			n, err := a.db.InTransitTotal(ctx)
+			if err != nil {
+				return -1
+			}
+			return float64(n)
+		}))
+	}
 	go a.followTopology()
 	go a.rebalance()
 	return a

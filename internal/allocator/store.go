@@ -27,6 +27,7 @@ type Store interface {
 	ListTransfers(ctx context.Context, f stock.TransferFilter, afterID string, limit int) ([]*stock.Transfer, error)
 	OpenTransfers(ctx context.Context, sku string, limit int) ([]*stock.Transfer, error)
 	Totals(ctx context.Context, sku string) (stock.Counts, error)
+	InTransitTotal(ctx context.Context) (int64, error)
 	// The rebalancer's: see internal/postgres.
 	RaiseMoveFence(ctx context.Context, sku string, token int64, holder string) error
 	SetShards(ctx context.Context, sku string, n int32) (*stock.SKU, error)

@@ -132,6 +132,14 @@ func TestE2E_Admin(t *testing.T) {
 			if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
 				t.Errorf("GET %s = %d %.80q, want 200 with %q", path, resp.StatusCode, body, want)
 			}
+			if path != "/metrics" {
+				continue
+			}
+			for _, gauge := range []string{"shardstock_units_in_transit ", `shardstock_db_pool_connections{state="max"} 4`, "shardstock_rebalancer_leases_held "} {
+				if !strings.Contains(string(body), gauge) {
+					t.Errorf("/metrics has no %s", gauge)
+				}
+			}
 		}
 		resp, err := http.Post(s.base+"/grpc.health.v1.Health/Check", "application/json", strings.NewReader(`{"service":"shardstock.v1.InventoryService"}`))
 		if err != nil {

@@ -91,6 +91,9 @@ func Open(ctx context.Context, url string, opt Options) (*DB, error) {
 // Close closes every connection.
 func (db *DB) Close() { db.pool.Close() }
 
+// PoolStat is the connection pool's state (for /metrics).
+func (db *DB) PoolStat() *pgxpool.Stat { return db.pool.Stat() }
+
 // migrate applies the embedded migrations on a connection of its own (not
 // the pool's), under goose's Postgres session lock, so that many processes
 // starting at once migrate once, whatever the pool's size.

@@ -161,6 +161,15 @@ func (db *DB) OpenTransfers(ctx context.Context, sku string, limit int) ([]*stoc
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Transfer, error) { return scanTransfer(r) })
 }
 
+// InTransitTotal sums every SKU's debited, not yet credited transfers.
+func (db *DB) InTransitTotal(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var n int64
+	err := db.pool.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0) FROM transfers WHERE state = 'debited'`).Scan(&n)
+	return n, err
+}
+
 // InTransit sums a SKU's debited, not yet credited transfers.
 func (db *DB) InTransit(ctx context.Context, sku string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)

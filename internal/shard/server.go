@@ -83,7 +83,35 @@ func New(cfg Config) *Server {
 	}
 	s.committer = newCommitter(s)
 	s.staleAge = transferStaleAge
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(s.gauges()...)
+	}
 	return s
+}
+
+// gauges are the server's state for /metrics, read at each scrape.
+func (s *Server) gauges() []prometheus.Collector {
+	read := func(f func() int) func() float64 {
+		return func() float64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return float64(f())
+		}
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardstock_shard_partitions_owned", Help: "Partitions this shard server owns (writes) now."},
+			read(func() int { return len(s.owned) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardstock_shard_writers", Help: "Shard writers running (one per shard touched in the last minute)."},
+			read(func() int { return len(s.writers) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardstock_shard_queue_depth", Help: "Requests waiting in the shard writers' queues, all shards."},
+			read(func() int {
+				n := 0
+				for _, w := range s.writers {
+					n += len(w.queue)
+				}
+				return n
+			})),
+	}
 }
 
 // ID is the server's id.

@@ -112,8 +112,17 @@ func TestRun_StartStop(t *testing.T) {
 	if _, err := shardc.Execute(ctx, connect.NewRequest(&v1.ExecuteRequest{})); err != nil {
 		t.Errorf("Execute() = %v", err)
 	}
-	if m := get(t, base+"/metrics"); !strings.Contains(m, `shardstock_rpc_calls_total{procedure="/shardstock.v1.ShardService/Execute"`) {
-		t.Errorf("/metrics counts no ShardService call")
+	m := get(t, base+"/metrics")
+	for _, want := range []string{
+		`shardstock_rpc_calls_total{procedure="/shardstock.v1.ShardService/Execute"`,
+		"shardstock_shard_partitions_owned 256",
+		`shardstock_db_pool_connections{state="max"} 32`,
+		"shardstock_shard_queue_depth 0",
+		"shardstock_db_pool_waits_total",
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics has no %s", want)
+		}
 	}
 
 	cancel()

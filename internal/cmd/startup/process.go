@@ -49,8 +49,35 @@ func Open(ctx context.Context, dbURL string, dbOpts postgres.Options, etcdEndpoi
 		return nil, err
 	}
 	p.Registry = prometheus.NewRegistry()
-	p.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	p.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		poolCollector{p.DB})
 	return p, nil
+}
+
+// poolCollector reports the Postgres pool's state: connections in use and
+// their bound, and the acquires that had to wait for one (a pool too small
+// for the load shows there first).
+type poolCollector struct{ db *postgres.DB }
+
+var (
+	poolConns = prometheus.NewDesc("shardstock_db_pool_connections", "Postgres pool connections by state: acquired, idle, max.", []string{"state"}, nil)
+	poolWaits = prometheus.NewDesc("shardstock_db_pool_waits_total", "Acquires that waited for a connection (none was idle).", nil, nil)
+	poolWait  = prometheus.NewDesc("shardstock_db_pool_wait_seconds_total", "Time spent waiting for a connection, all acquires.", nil, nil)
+)
+
+func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- poolConns
+	ch <- poolWaits
+	ch <- poolWait
+}
+
+func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.db.PoolStat()
+	ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.AcquiredConns()), "acquired")
+	ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.IdleConns()), "idle")
+	ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.MaxConns()), "max")
+	ch <- prometheus.MustNewConstMetric(poolWaits, prometheus.CounterValue, float64(st.EmptyAcquireCount()))
+	ch <- prometheus.MustNewConstMetric(poolWait, prometheus.CounterValue, st.EmptyAcquireWaitTime().Seconds())
 }
 
 // Close closes the etcd client and the database (the listener is the
