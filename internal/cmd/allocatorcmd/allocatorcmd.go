@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 
 	"connectrpc.com/connect"
 
@@ -47,6 +48,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	rebalanceOn := fs.Bool("rebalance", getenv("SHARDSTOCK_REBALANCE") != "0", "run the rebalancer's refill and tail plans (env SHARDSTOCK_REBALANCE=0 turns them off); drains of retired shards, SetShards, Rebalance and consolidation run regardless")
 	autoShards := fs.Bool("auto-shards", getenv("SHARDSTOCK_AUTO_SHARDS") != "0", "split hot SKUs and merge them back when cold, automatically (env SHARDSTOCK_AUTO_SHARDS=0 turns it off)")
 	retireGrace := fs.Duration("retire-grace", 0, "how long after a SKU's shard count last changed its shards out of service may retire, once empty; 0 means 15s, and it must exceed the longest a shard batch runs (10 s)")
+	corsOrigins := fs.String("cors-origins", getenv("SHARDSTOCK_CORS_ORIGINS"), "comma-separated origins whose browser clients may call the API (CORS), e.g. https://shop.example.com; empty: none (env SHARDSTOCK_CORS_ORIGINS)")
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -138,12 +140,23 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	fmt.Fprintf(stdout, "allocator listening on http://%s\n", lis.Addr())
 	log.Info("allocator started", "addr", lis.Addr().String())
-	serveErr := transport.Serve(ctx, lis, mux)
+	serveErr := transport.Serve(ctx, lis, transport.CORS(mux, splitList(*corsOrigins)))
 	cancel()
 	serr, nerr := <-shardDone, <-nodeDone
 	<-watchDone
 	log.Info("allocator stopped")
 	return errors.Join(serveErr, serr, nerr)
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }
 
 // adminTokenLenMin keeps guessable tokens out.

@@ -147,9 +147,19 @@ func TestRun_Allocator(t *testing.T) {
 		}
 	})
 	t.Run("WithShard", func(t *testing.T) {
-		base, stop := start(t, "-shard-id", "own", "-lease-ttl", "2s")
+		base, stop := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-cors-origins", "https://shop.example.com, https://admin.example.com")
 		if !ready(base, startTimeout) {
 			t.Fatalf("/readyz not 200 within %s with its own shard server", startTimeout)
+		}
+		// A browser on an allowed origin may call the API (CORS preflight).
+		pre, _ := http.NewRequest(http.MethodOptions, base+"/shardstock.v1.InventoryService/Deduct", nil)
+		pre.Header.Set("Origin", "https://admin.example.com")
+		pre.Header.Set("Access-Control-Request-Method", http.MethodPost)
+		pre.Header.Set("Access-Control-Request-Headers", "authorization,content-type")
+		if resp, err := http.DefaultClient.Do(pre); err != nil || resp.Header.Get("Access-Control-Allow-Origin") != "https://admin.example.com" {
+			t.Errorf("CORS preflight from an allowed origin = %v, %v", resp, err)
+		} else {
+			resp.Body.Close()
 		}
 		admin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
 		if _, err := admin.CreateSku(ctx, adminReq(&v1.CreateSkuRequest{Sku: "own-sku", InitialStock: 5, Shards: 2})); err != nil {
