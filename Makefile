@@ -24,7 +24,7 @@ run: ## build cmd/shardstock-dev into bin/ and run the local development stack (
 
 # -p 1: one test binary at a time, so that the packages that start whole
 # stacks do not together exhaust a default Postgres's 100 connections.
-test: ## build everything, then run all tests (Postgres on 127.0.0.1:5432 if it answers and has room)
+test: web/node_modules ## build everything, then run all tests (Postgres on 127.0.0.1:5432 if it answers and has room)
 	go build ./...
 	@if [ -z "$${DATABASE_URL:-}" ] && command -v pg_isready >/dev/null 2>&1 \
 		&& pg_isready -q -h 127.0.0.1 -p 5432; then \
@@ -40,12 +40,17 @@ lint: ## check gofmt, go vet and buf lint
 	go vet ./...
 	$(BUF) lint
 
-generate: ## regenerate gen/ from proto/ with buf
+generate: web/node_modules ## regenerate gen/ (Go) and web/gen/ (Connect-ES) from proto/ with buf
 	$(BUF) generate
 
-checkgenerate: generate ## fail if gen/ differs from what is committed
-	git diff --exit-code -- gen
-	@untracked="$$(git ls-files --others --exclude-standard -- gen)"; if [ -n "$$untracked" ]; then \
+# The npm packages of web/ (the Connect-ES plugin and runtime), as locked.
+web/node_modules: web/package.json web/package-lock.json
+	npm ci --prefix web --no-audit --no-fund
+	@touch $@
+
+checkgenerate: generate ## fail if gen/ or web/gen/ differs from what is committed
+	git diff --exit-code -- gen web/gen
+	@untracked="$$(git ls-files --others --exclude-standard -- gen web/gen)"; if [ -n "$$untracked" ]; then \
 		echo "untracked files under gen/:"; echo "$$untracked"; exit 1; fi
 
 bench: ## load-test shardstock, the in-memory ceiling and the five baselines on model C and the source case, print the table (under 3 min)

@@ -1,0 +1,56 @@
+// Connect and gRPC-Web clients from Node (@connectrpc/connect-web, the
+// transports a browser uses) against a real shardstock allocator, whose
+// address and admin token internal/e2e's TestE2E_WebClients passes in
+// SHARDSTOCK_URL and SHARDSTOCK_ADMIN_TOKEN: create a SKU, then reserve and
+// commit through each transport, and read the stock back.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { createClient, ConnectError, Code } from "@connectrpc/connect";
+import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
+import { InventoryService } from "../gen/shardstock/v1/inventory_pb.js";
+import { AdminService } from "../gen/shardstock/v1/admin_pb.js";
+
+const baseUrl = process.env.SHARDSTOCK_URL;
+const token = process.env.SHARDSTOCK_ADMIN_TOKEN;
+const sku = `web-${process.pid}`;
+
+const bearer = (next) => async (req) => {
+  req.header.set("Authorization", `Bearer ${token}`);
+  return next(req);
+};
+
+test("admin over Connect creates a SKU", async () => {
+  assert.ok(baseUrl, "SHARDSTOCK_URL is not set");
+  const admin = createClient(AdminService, createConnectTransport({ baseUrl, interceptors: [bearer] }));
+  const res = await admin.createSku({ sku, initialStock: 10n, shards: 2 });
+  assert.equal(res.sku?.sku, sku);
+  assert.equal(res.stock?.available, 10n);
+});
+
+for (const [name, transport] of [
+  ["Connect", createConnectTransport({ baseUrl })],
+  ["gRPC-Web", createGrpcWebTransport({ baseUrl })],
+]) {
+  test(`reserve and commit over ${name}`, async () => {
+    const inv = createClient(InventoryService, transport);
+    const key = `${sku}-${name}`;
+    const r = await inv.reserve({ sku, quantity: 2n, idempotencyKey: key });
+    assert.equal(r.reservation?.quantity, 2n);
+    const again = await inv.reserve({ sku, quantity: 2n, idempotencyKey: key });
+    assert.equal(again.replayed, true);
+    const c = await inv.commit({ reservationId: r.reservation.reservationId });
+    assert.equal(c.reservation?.reservationId, r.reservation.reservationId);
+    await assert.rejects(inv.deduct({ sku, quantity: 100n, idempotencyKey: `${key}-big` }), (err) => {
+      assert.ok(err instanceof ConnectError);
+      assert.equal(err.code, Code.FailedPrecondition);
+      return true;
+    });
+  });
+}
+
+test("the stock shows both commits", async () => {
+  const inv = createClient(InventoryService, createConnectTransport({ baseUrl }));
+  const st = await inv.getStock({ sku });
+  assert.equal(st.stock?.sold, 4n);
+  assert.equal(st.stock?.available, 6n);
+});
