@@ -33,11 +33,13 @@ test: web/node_modules ## build everything, then run all tests (Postgres on 127.
 	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
 	echo go test -count=1 -p 1 -timeout 15m ./...; \
 	go test -count=1 -p 1 -timeout 15m ./...
+	cd deploy/alerts && go test -count=1 ./...
 
 lint: ## check gofmt, go vet and buf lint
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then \
 		echo "gofmt -l: these files need gofmt -w:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
+	cd deploy/alerts && go vet ./...
 	$(BUF) lint
 
 generate: web/node_modules ## regenerate gen/ (Go) and web/gen/ (Connect-ES) from proto/ with buf

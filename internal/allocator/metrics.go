@@ -15,7 +15,12 @@ type metrics struct {
 	// reroutes counts shard calls to other shards than a request's first
 	// choice: what skewed stock costs routing before any sweep.
 	reroutes prometheus.Counter
-	breaker  *prometheus.CounterVec
+	// replays counts reserves and deducts answered with their first
+	// result (a client's retry); a surge means clients retry a lot.
+	replays prometheus.Counter
+	// reconciles counts Reconcile calls by result: balanced, unbalanced.
+	reconciles *prometheus.CounterVec
+	breaker    *prometheus.CounterVec
 	// abandoned counts, by shard server, the calls its callers stopped
 	// waiting for because their partition got a new owner.
 	abandoned *prometheus.CounterVec
@@ -57,6 +62,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardstock_allocator_sweeps_total", Help: "Sweeps of all of a SKU's shards before an OUT_OF_STOCK.",
 		}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_replays_total", Help: "Reserves and deducts answered with their first result (replayed: a client's retry).",
+		}),
+		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_reconcile_runs_total", Help: "Reconcile calls by result: balanced, or unbalanced (a discrepancy found: look at once).",
+		}, []string{"result"}),
 		reroutes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardstock_allocator_reroutes_total", Help: "Shard calls made to another shard than the request's first choice (its stock was elsewhere).",
 		}),
@@ -101,7 +112,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "shardstock_rebalancer_retirements_total", Help: "SKUs whose shards out of service finished retiring.",
 	})
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.reroutes, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused,
+		reg.MustRegister(paths, m.sweeps, m.reroutes, m.replays, m.reconciles, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused,
 			m.leasesHeld, m.plans, m.transfersStarted, m.transfersEnded, m.inTransit, m.unitsMoved, m.reshards, m.retirements)
 	}
 	return m

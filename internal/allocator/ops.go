@@ -22,7 +22,11 @@ func (a *Allocator) Allocate(ctx context.Context, r *stock.Request) stock.Result
 	flight := r.Shard.SKU + "\x00" + r.Key
 	a.inflight.Store(flight, struct{}{})
 	defer a.inflight.Delete(flight)
-	return a.take(ctx, r, sku)
+	res := a.take(ctx, r, sku)
+	if res.Replayed {
+		a.metrics.replays.Inc()
+	}
+	return res
 }
 
 // prepare validates a keyed request whose shard the allocator chooses and
@@ -229,7 +233,13 @@ func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]reconcile.Disc
 	if err != nil {
 		return nil, err
 	}
-	return reconcile.Check(snap), nil
+	ds := reconcile.Check(snap)
+	result := "balanced"
+	if len(ds) > 0 {
+		result = "unbalanced"
+	}
+	a.metrics.reconciles.WithLabelValues(result).Inc()
+	return ds, nil
 }
 
 // errResult answers a request that failed with err: the database failing

@@ -18,6 +18,10 @@ type metrics struct {
 	halted        prometheus.Counter
 	divergences   *prometheus.CounterVec
 	haltedShards  *prometheus.GaugeVec
+	// dueShards and staleTransfers are what the last sweep found: shards
+	// with held reservations past their expiry, transfers left half-way.
+	// Both are swept at once; staying above 0 means the sweep is stuck.
+	dueShards, staleTransfers prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, db Store) *metrics {
@@ -55,8 +59,15 @@ func newMetrics(reg prometheus.Registerer, db Store) *metrics {
 			Name: "shardstock_shard_halted",
 			Help: "1 for each shard this server refuses as halted; GetStock shows the reason, AdminService.ResumeShard resumes it.",
 		}, []string{"sku", "shard"}),
+		dueShards: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shardstock_shard_expiry_due_shards", Help: "Shards with held reservations past their expiry, as the last sweep found them (each is swept at once).",
+		}),
+		staleTransfers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shardstock_shard_stale_transfers", Help: "Transfers left half-way past transferStaleAge, as the last sweep found them (each is finished at once).",
+		}),
 	}
 	if reg != nil {
+		reg.MustRegister(m.dueShards, m.staleTransfers)
 		reg.MustRegister(m.batchSize, m.groupSize, m.groupDuration, m.batchDuration, m.results, m.rejected, m.halted,
 			m.divergences, m.haltedShards)
 		lost := func(outcome string, get func(stock.LostCommits) int64) prometheus.Collector {

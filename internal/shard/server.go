@@ -338,12 +338,14 @@ func (s *Server) sweep(ctx context.Context) {
 		s.log.Warn("sweep: listing due shards", "err", err)
 		return
 	}
+	s.metrics.dueShards.Set(float64(len(keys)))
 	for _, k := range keys {
 		s.enqueue(&stock.Request{Kind: stock.OpExpire, Shard: k, Source: stock.SourceSweeper})
 	}
 	// Finish transfers left half-way (their mover died): debit pending ones
 	// on their source, credit debited ones on their destination.
 	steps, err := s.db.StaleTransfers(ctx, parts, s.staleAge, sweepShardsMax)
+	s.metrics.staleTransfers.Set(float64(len(steps)))
 	if err != nil {
 		s.log.Warn("sweep: listing stale transfers", "err", err)
 		return
