@@ -199,6 +199,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		stackLog     = fs.String("stack-log", "", "with -stack, write the stack's output here (default: a file in the temporary directory)")
 		stackArgs    = fs.String("stack-args", "", "with -stack, the stack's own flags, space-separated (e.g. \"-shard-servers 0 -allocator-shard\": one process owning every partition)")
 		serverProf   = fs.String("server-profile", "", "with -stack, write CPU profiles of the allocator and every shard server over each shardstock load, and of loadgen itself, into this directory")
+		serverPids   = fs.String("server-pids", "", "comma-separated pids of shardstock's server processes when it was not started with -stack (their children count too), for the CPU each request costs the server side")
 		cpuProf      = fs.String("cpuprofile", "", "write loadgen's own CPU profile (the whole invocation) to this file")
 		latencyGoal  = fs.Duration("latency-goal", 25*time.Millisecond, "answers slower than this are kept and, with -disk-probe, matched against the disk's stalls (a sync this slow is a stall); 0: off")
 		diskProbe    = fs.String("disk-probe", "", "during each run's load, time an 8 KiB write and fdatasync every 5 ms in this directory (put it on the database's disk), and report the disk's stalls beside the answers they delayed")
@@ -334,11 +335,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 	}
 
+	var pids []int
+	for _, f := range strings.Split(*serverPids, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			return fmt.Errorf("-server-pids: %q is not a pid", f)
+		}
+		pids = append(pids, pid)
+	}
 	for _, m := range models {
 		cfg := base
 		cfg.Model = m
 		mr := modelRun{cfg: cfg, names: names, shards: shards, paced: *paced, pacedNames: pacedNames, opts: opts, stack: st,
-			profileDir: *serverProf, diskDir: *diskProbe, crash: crash, stderr: stderr}
+			profileDir: *serverProf, diskDir: *diskProbe, crash: crash, serverPids: pids, stderr: stderr}
 		results, merrs := mr.run(ctx)
 		errs = append(errs, merrs...)
 		if len(results) == 0 {
@@ -389,6 +401,7 @@ type modelRun struct {
 	profileDir string
 	diskDir    string     // "": no disk probe
 	crash      *crashPlan // nil: no crash loop
+	serverPids []int      // -server-pids: shardstock's processes when not -stack
 	stderr     io.Writer
 }
 
@@ -464,6 +477,9 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 			}
 		}
 	}
+	var cpu *loadgen.CPU
+	var t loadgen.Target
+	cfg.LoadStarted, cfg.LoadEnded = mr.cpuHooks(ctx, name, func() loadgen.Target { return t }, cfg.LoadStarted, cfg.LoadEnded, &cpu)
 	var crashes *loadgen.Crashes
 	if mr.crash != nil && name == "shardstock" {
 		cfg.LoadStarted, cfg.LoadEnded = mr.crash.hooks(ctx, cfg.LoadStarted, cfg.LoadEnded, &crashes, mr.stderr)
@@ -477,10 +493,10 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 		rate = fmt.Sprintf(", paced at %.0f ops/s", cfg.Rate)
 	}
 	fmt.Fprintf(mr.stderr, "loadgen: %s: model %s, %d clients%s\n", label, cfg.Model, cfg.Concurrency, rate)
-	t := targets[name](mr.opts)
+	t = targets[name](mr.opts)
 	res, err := runner.Run(ctx, t)
 	if res != nil {
-		res.Disk, res.Crashes = disk, crashes
+		res.Disk, res.Crashes, res.CPU = disk, crashes, cpu
 	}
 	if cerr := t.Close(); cerr != nil {
 		fmt.Fprintf(mr.stderr, "loadgen: %s: close: %v\n", label, cerr)

@@ -95,6 +95,14 @@ func (t *memoryTarget) Setup(ctx context.Context, skus []loadgen.SKUSpec) error 
 	return t.Target.Setup(ctx, skus)
 }
 
+// ServerPid is the in-memory server's process, once Setup started it.
+func (t *memoryTarget) ServerPid() int {
+	if t.server == nil || t.server.cmd.Process == nil {
+		return 0
+	}
+	return t.server.cmd.Process.Pid
+}
+
 // Close closes the client's connections and stops the server.
 func (t *memoryTarget) Close() error {
 	var errs []error

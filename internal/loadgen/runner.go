@@ -220,7 +220,10 @@ type Result struct {
 	Disk *Disk
 	// Crashes is what a database crash loop did during the load, when one
 	// ran.
-	Crashes     *Crashes
+	Crashes *Crashes
+	// CPU is the CPU time the server side and the client spent over the
+	// load, when it was measured.
+	CPU         *CPU
 	State       State
 	Correctness Correctness
 }

@@ -3,6 +3,7 @@ package loadgen_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -270,6 +271,26 @@ func TestWriteTable(t *testing.T) {
 	row := strings.Fields(strings.Split(out, "\n")[2])
 	if len(row) != len(loadgen.Columns) {
 		t.Errorf("row %q has %d cells, want %d", row, len(row), len(loadgen.Columns))
+	}
+}
+
+// The CPU block: each measured run's server and client CPU per answered
+// request, and why the server side was not measured when it was not.
+func TestWriteTable_CPU(t *testing.T) {
+	cfg := loadgen.Config{Model: loadgen.ModelCase, Concurrency: 8, RunID: "t2"}
+	a := run(t, &loadgentest.Memory{}, cfg) // 500 requests
+	a.CPU = &loadgen.CPU{Procs: "the in-memory server", Server: 50 * time.Millisecond, Client: 25 * time.Millisecond}
+	b := run(t, &loadgentest.Memory{}, cfg)
+	b.Target = "other"
+	b.CPU = &loadgen.CPU{Client: 10 * time.Millisecond, Err: errors.New("no server processes")}
+	var buf bytes.Buffer
+	if err := loadgen.WriteTable(&buf, []*loadgen.Result{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"cpu per answered request", "server 100µs, client 50µs (the in-memory server)", "other: server not measured (no server processes); client 20µs"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, buf.String())
+		}
 	}
 }
 

@@ -86,6 +86,15 @@ func (r *Result) MatchSlow(ws []Window) SlowMatch {
 	return m
 }
 
+// CPU is the CPU time spent during a run's load: by the server side (the
+// processes Procs names: the target's own and its database's, read from
+// /proc) and by the load generator itself.
+type CPU struct {
+	Procs          string
+	Server, Client time.Duration
+	Err            error // the server side could not be measured
+}
+
 // Disk is what a disk probe (package diskprobe) saw during a run: how long a
 // small write took to become durable, and when it stalled.
 type Disk struct {

@@ -72,6 +72,7 @@ func WriteTable(w io.Writer, results []*Result) error {
 	if ratios := Ratios(results); ratios != "" {
 		fmt.Fprintf(&b, "throughput against %s (baseline 2): %s\n", RatioBase, ratios)
 	}
+	writeCPU(&b, results)
 	writeDisk(&b, results)
 	writeCrashes(&b, results)
 	b.WriteString("correctness:\n")
@@ -85,6 +86,36 @@ func WriteTable(w io.Writer, results []*Result) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeCPU writes the CPU per answered request of each run that measured
+// it: the server side's (what carries to a deployment where the client is
+// elsewhere) and the load generator's own.
+func writeCPU(b *strings.Builder, results []*Result) {
+	header := false
+	for _, r := range results {
+		c := r.CPU
+		if c == nil {
+			continue
+		}
+		if !header {
+			b.WriteString("cpu per answered request (server: the target's processes and its database's, from /proc; client: this load generator):\n")
+			header = true
+		}
+		if c.Err != nil {
+			fmt.Fprintf(b, "  %s: server not measured (%v); client %s\n", r.Target, c.Err, perRequest(c.Client, r.Requests))
+			continue
+		}
+		fmt.Fprintf(b, "  %s: server %s, client %s (%s)\n", r.Target, perRequest(c.Server, r.Requests), perRequest(c.Client, r.Requests), c.Procs)
+	}
+}
+
+// perRequest is d spread over n requests, in microseconds.
+func perRequest(d time.Duration, n int64) string {
+	if n <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0fµs", float64(d.Microseconds())/float64(n))
 }
 
 // writeDisk writes what the disk probe saw in each run that had one, and how

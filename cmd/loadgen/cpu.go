@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/internal/loadgen/proccpu"
+)
+
+// cpuHooks wraps a run's load hooks to read, at the load's start and end,
+// the CPU time of the target's server side (serverRoots) and of this
+// process, into *out. The target is read at the start, after Setup (the
+// memory target starts its server there).
+func (mr *modelRun) cpuHooks(ctx context.Context, name string, target func() loadgen.Target, started, ended func(), out **loadgen.CPU) (func(), func()) {
+	var roots []int
+	var c loadgen.CPU
+	var server0, client0 time.Duration
+	return func() {
+			if started != nil {
+				started()
+			}
+			roots, c.Procs, c.Err = mr.serverRoots(ctx, name, target())
+			if c.Err == nil {
+				server0, c.Err = proccpu.Tree(roots...)
+			}
+			client0 = proccpu.Self()
+		}, func() {
+			c.Client = proccpu.Self() - client0
+			if c.Err == nil {
+				var server1 time.Duration
+				server1, c.Err = proccpu.Tree(roots...)
+				c.Server = server1 - server0
+			}
+			*out = &c
+			if ended != nil {
+				ended()
+			}
+		}
+}
+
+// serverRoots returns the processes of a target's server side, and what
+// they are: the dev stack's and its Postgres for shardstock under -stack
+// (-server-pids otherwise), the in-memory server, the Postgres of the
+// Postgres baselines, the redis-server of the Redis ones.
+func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Target) ([]int, string, error) {
+	switch name {
+	case "shardstock":
+		if mr.stack != nil && mr.stack.cmd != nil && mr.stack.cmd.Process != nil {
+			pm, err := proccpu.Postmaster(ctx, mr.stack.databaseURL)
+			if err != nil {
+				return nil, "", err
+			}
+			return []int{mr.stack.cmd.Process.Pid, pm}, "allocator, shard servers and their Postgres", nil
+		}
+		if len(mr.serverPids) > 0 {
+			return mr.serverPids, fmt.Sprintf("processes %v (-server-pids) and their children", mr.serverPids), nil
+		}
+		return nil, "", errors.New("start the stack with -stack, or name its processes with -server-pids")
+	case "memory":
+		if m, ok := t.(interface{ ServerPid() int }); ok && m.ServerPid() > 0 {
+			return []int{m.ServerPid()}, "the in-memory server", nil
+		}
+		return nil, "", errors.New("the in-memory server is not running")
+	case "naive", "onerow", "subrows":
+		pm, err := proccpu.Postmaster(ctx, mr.opts.databaseURL)
+		if err != nil {
+			return nil, "", err
+		}
+		return []int{pm}, "Postgres", nil
+	case "redis", "redis-fsync":
+		_, port, err := net.SplitHostPort(mr.opts.redisAddr)
+		if err != nil {
+			return nil, "", err
+		}
+		pids, err := proccpu.ByCommand("redis-server", ":"+port)
+		if err != nil || len(pids) == 0 {
+			return nil, "", fmt.Errorf("no redis-server for port %s on this machine", port)
+		}
+		return pids, "redis-server", nil
+	}
+	return nil, "", fmt.Errorf("no server processes known for target %s", name)
+}

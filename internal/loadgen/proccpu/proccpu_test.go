@@ -1,0 +1,60 @@
+package proccpu
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestParseStat(t *testing.T) {
+	// A command name with spaces and a parenthesis, as the kernel writes it.
+	st, err := parseStat("4242 (my (odd) cmd) S 17 4242 4242 0 -1 4194560 100 0 0 0 250 30 7 3 20 0 1 0 1 1 1")
+	if err != nil || st.ppid != 17 || st.utime != 250 || st.stime != 30 || st.cutime != 7 || st.cstime != 3 {
+		t.Errorf("parseStat = %+v, %v; want ppid 17, times 250 30 7 3", st, err)
+	}
+	if _, err := parseStat("4242 no parens"); err == nil {
+		t.Errorf("parseStat without a command name = nil error")
+	}
+}
+
+// A child that burns CPU is counted in its parent's tree, while it runs and
+// after it has exited and been reaped.
+func TestTree_CountsChildren(t *testing.T) {
+	before, err := Tree(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	burn := exec.Command("sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	if err := burn.Run(); err != nil {
+		t.Fatal(err)
+	}
+	after, err := Tree(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < 50*time.Millisecond {
+		t.Errorf("tree CPU grew %s across a child that burnt CPU, want at least 50ms", after-before)
+	}
+	if self := Self(); self <= 0 {
+		t.Errorf("Self() = %s", self)
+	}
+}
+
+func TestPostmaster(t *testing.T) {
+	pid, err := Postmaster(t.Context(), pgtest.NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu, err := Tree(pid)
+	if err != nil || cpu <= 0 {
+		t.Errorf("Tree(postmaster %d) = %s, %v, want some CPU", pid, cpu, err)
+	}
+	if _, err := Postmaster(t.Context(), "postgres://db.example.com/x"); err == nil {
+		t.Errorf("Postmaster of a remote server = nil error")
+	}
+}
