@@ -185,10 +185,10 @@ func TestRun_Lists(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	// Two paced runs, each in a row, an errors line, a paced line and a
-	// correctness line; none of the case.
-	if n := strings.Count(out, "@50%"); n != 8 {
-		t.Errorf("%d mentions of a paced run, want 8:\n%s", n, out)
+	// Two paced runs, each in a row, an errors line, a paced line, a CPU
+	// line and a correctness line; none of the case.
+	if n := strings.Count(out, "@50%"); n != 10 {
+		t.Errorf("%d mentions of a paced run, want 10:\n%s", n, out)
 	}
 }
 
