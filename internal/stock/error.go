@@ -44,6 +44,9 @@ const (
 	// CodeMoveFenced: a transfer's mover no longer holds the SKU's lease (a
 	// newer one took over); the transfer is refused or aborted.
 	CodeMoveFenced Code = "MOVE_FENCED"
+	// CodePlacementFull: SetPlacement would keep more than
+	// PlacementVersionsMax versions of the placement.
+	CodePlacementFull Code = "PLACEMENT_FULL"
 	// unavailable: retry with the same key is safe
 	CodeShardUnavailable Code = "SHARD_UNAVAILABLE"
 	// resource_exhausted
