@@ -52,9 +52,21 @@ type Admin interface {
 
 var _ Admin = (*allocator.Allocator)(nil)
 
+// Placement is the placement of SKUs on databases (internal/dbset.Set):
+// GetTopology shows it and SetPlacement publishes a new version.
+type Placement interface {
+	Placement() stock.Placement
+	// Configured reports whether this process has a URL for database name.
+	Configured(name string) bool
+	SetPlacement(ctx context.Context, databases []string) (stock.Placement, error)
+}
+
 // AdminHandler serves the AdminService.
 type AdminHandler struct {
 	Admin Admin
+	// Placement: nil where SKUs are not placed (the in-memory ceiling);
+	// SetPlacement is then unimplemented.
+	Placement Placement
 }
 
 var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)
@@ -210,7 +222,31 @@ func (h *AdminHandler) GetTopology(ctx context.Context, req *connect.Request[v1.
 			ss.Partitions = append(ss.Partitions, p)
 		}
 	}
+	if h.Placement != nil {
+		out.Placement = h.placementToProto(h.Placement.Placement())
+	}
 	return connect.NewResponse(out), nil
+}
+
+func (h *AdminHandler) placementToProto(p stock.Placement) *v1.Placement {
+	out := &v1.Placement{Version: p.Version(), Versions: int32(len(p.Versions))}
+	slots := p.SlotCounts()
+	for _, name := range p.Databases() {
+		out.Databases = append(out.Databases, &v1.DatabasePlacement{Name: name, Slots: int32(slots[name]), Configured: h.Placement.Configured(name)})
+	}
+	return out
+}
+
+// SetPlacement publishes a new version of the placement.
+func (h *AdminHandler) SetPlacement(ctx context.Context, req *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error) {
+	if h.Placement == nil {
+		return nil, wire.ToConnect(stock.Errorf(stock.CodeUnimplemented, "this server places no SKUs on databases"))
+	}
+	p, err := h.Placement.SetPlacement(ctx, req.Msg.GetDatabases())
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.SetPlacementResponse{Placement: h.placementToProto(p)}), nil
 }
 
 // ListLedger pages through a SKU's ledger.

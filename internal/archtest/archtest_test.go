@@ -34,6 +34,7 @@ var layers = map[string]int{
 	"internal/topology":    2,
 	"internal/wire":        2,
 	"internal/transport":   3, // HTTP/2 servers and clients for Connect
+	"internal/dbset":       3, // several databases: a SKU's calls to its own
 	"internal/shard":       4, // the services
 	"internal/allocator":   4,
 	"internal/api":         5, // handlers, and what the commands do at start

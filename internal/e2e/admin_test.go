@@ -135,7 +135,7 @@ func TestE2E_Admin(t *testing.T) {
 			if path != "/metrics" {
 				continue
 			}
-			for _, gauge := range []string{"shardstock_units_in_transit ", `shardstock_db_pool_connections{state="max"} 4`, "shardstock_rebalancer_leases_held "} {
+			for _, gauge := range []string{"shardstock_units_in_transit ", `shardstock_db_pool_connections{database="main",state="max"} 4`, "shardstock_rebalancer_leases_held "} {
 				if !strings.Contains(string(body), gauge) {
 					t.Errorf("/metrics has no %s", gauge)
 				}

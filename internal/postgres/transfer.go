@@ -180,14 +180,31 @@ func (db *DB) InTransit(ctx context.Context, sku string) (int64, error) {
 }
 
 // ListTransfers returns up to limit transfers that f selects, created after
-// the transfer named by after, oldest first.
+// the transfer named by after, oldest first (none if after names none).
 func (db *DB) ListTransfers(ctx context.Context, f stock.TransferFilter, afterID string, limit int) ([]*stock.Transfer, error) {
+	var from stock.TransferCursor
+	if afterID != "" {
+		t, err := db.GetTransfer(ctx, afterID)
+		if stock.CodeOf(err) == stock.CodeInvalidArgument {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		from = stock.TransferCursor{CreatedAt: t.CreatedAt, ID: t.ID}
+	}
+	return db.ListTransfersFrom(ctx, f, from, limit)
+}
+
+// ListTransfersFrom returns up to limit transfers that f selects, ordered by
+// creation, after from (from the first if from is zero).
+func (db *DB) ListTransfersFrom(ctx context.Context, f stock.TransferFilter, from stock.TransferCursor, limit int) ([]*stock.Transfer, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	limit = min(max(limit, 1), ledgerPageMax)
 	rows, err := db.pool.Query(ctx, sqlSelectTransfers+` WHERE ($1 = '' OR sku = $1) AND ($4 = '' OR state = $4)
-		AND ($2 = '' OR (created_at, id) > (SELECT created_at, id FROM transfers WHERE id = $2))
-		ORDER BY created_at, id LIMIT $3`, f.SKU, afterID, limit, string(f.State))
+		AND ($2 = '' OR (created_at, id) > ($5::timestamptz, $2::text))
+		ORDER BY created_at, id LIMIT $3`, f.SKU, from.ID, limit, string(f.State), from.CreatedAt)
 	if err != nil {
 		return nil, err
 	}

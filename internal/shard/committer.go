@@ -20,6 +20,16 @@ const (
 	committerQueueLenMax = 4096
 )
 
+// database is one of the databases a server writes to: its store, its
+// committer (a group transaction runs in one database) and the partitions
+// taken over in it (under Server.mu).
+type database struct {
+	name      string
+	store     Store
+	committer *committer
+	fenced    map[int32]int64 // partition -> epoch
+}
+
 // committer runs the batches of this server's writers in shared
 // transactions: each lane takes whatever batches queued while its last
 // transaction ran (smart batching once more, across shards) and commits them
@@ -27,6 +37,7 @@ const (
 // and one set of statements instead of one each.
 type committer struct {
 	srv   *Server
+	db    *database
 	queue chan *groupItem
 	stop  chan struct{}
 }
@@ -36,8 +47,8 @@ type groupItem struct {
 	done chan error // buffered 1
 }
 
-func newCommitter(s *Server) *committer {
-	c := &committer{srv: s, queue: make(chan *groupItem, committerQueueLenMax), stop: make(chan struct{})}
+func newCommitter(s *Server, d *database) *committer {
+	c := &committer{srv: s, db: d, queue: make(chan *groupItem, committerQueueLenMax), stop: make(chan struct{})}
 	for range committerLanes {
 		go c.lane()
 	}
@@ -80,13 +91,13 @@ func (c *committer) run(items []*groupItem) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
 	start := time.Now()
-	err := c.srv.db.Group(ctx, units)
+	err := c.db.store.Group(ctx, units)
 	c.srv.metrics.groupSize.Observe(float64(len(units)))
 	c.srv.metrics.groupDuration.Observe(time.Since(start).Seconds())
 	if err != nil && len(items) > 1 && (errors.Is(err, stock.ErrConflict) || errors.Is(err, stock.ErrDiverged) || errors.Is(err, errInvariant)) {
 		for _, it := range items {
 			it.unit.Err = nil
-			e := c.srv.db.Group(ctx, []*stock.Unit{it.unit})
+			e := c.db.store.Group(ctx, []*stock.Unit{it.unit})
 			it.done <- errors.Join(e, it.unit.Err)
 		}
 		return

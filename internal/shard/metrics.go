@@ -24,7 +24,7 @@ type metrics struct {
 	dueShards, staleTransfers prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer, db Store) *metrics {
+func newMetrics(reg prometheus.Registerer, lostCommits func() stock.LostCommits) *metrics {
 	m := &metrics{
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "shardstock_shard_batch_size", Help: "Requests per batch transaction.",
@@ -75,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, db Store) *metrics {
 				Name:        "shardstock_shard_lost_commits_total",
 				Help:        "Group commits whose answer was lost, by what their commit mark showed: committed, voided (not committed), unknown (no answer in time).",
 				ConstLabels: prometheus.Labels{"outcome": outcome},
-			}, func() float64 { return float64(get(db.LostCommits())) })
+			}, func() float64 { return float64(get(lostCommits())) })
 		}
 		reg.MustRegister(
 			lost("committed", func(l stock.LostCommits) int64 { return l.Committed }),

@@ -5,6 +5,8 @@ package shard
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -35,21 +37,27 @@ const (
 // Config configures a Server.
 type Config struct {
 	ServerID string
-	DB       Store
-	Logger   *slog.Logger
+	// DB is the one database, when DBs is nil.
+	DB Store
+	// DBs are the databases by name when SKUs are placed on several, and
+	// Locate names the one that holds a SKU (internal/dbset.Set.Locate).
+	DBs    map[string]Store
+	Locate func(ctx context.Context, sku string) (string, error)
+	Logger *slog.Logger
 	// Registerer takes the server's metrics; nil: none registered.
 	Registerer prometheus.Registerer
 }
 
 // Server is one shard server. It implements topology.Owner.
 type Server struct {
-	id        string
-	db        Store
-	log       *slog.Logger
-	metrics   *metrics
-	batchMax  int
-	committer *committer
-	staleAge  time.Duration
+	id       string
+	dbs      map[string]*database
+	names    []string // of dbs, sorted
+	locate   func(ctx context.Context, sku string) (string, error)
+	log      *slog.Logger
+	metrics  *metrics
+	batchMax int
+	staleAge time.Duration
 
 	mu      sync.Mutex
 	owned   map[int32]int64 // partition -> epoch
@@ -71,17 +79,29 @@ func New(cfg Config) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
+	stores, locate := cfg.DBs, cfg.Locate
+	if stores == nil {
+		stores = map[string]Store{stock.DefaultDatabase: cfg.DB}
+		locate = func(context.Context, string) (string, error) { return stock.DefaultDatabase, nil }
+	}
 	s := &Server{
 		id:       cfg.ServerID,
-		db:       cfg.DB,
+		dbs:      map[string]*database{},
+		locate:   locate,
 		log:      log.With("server", cfg.ServerID),
-		metrics:  newMetrics(cfg.Registerer, cfg.DB),
 		batchMax: batchSizeMax,
 		owned:    map[int32]int64{},
 		writers:  map[stock.ShardKey]*writer{},
 		halted:   map[stock.ShardKey]halt{},
 	}
-	s.committer = newCommitter(s)
+	for name, st := range stores {
+		d := &database{name: name, store: st, fenced: map[int32]int64{}}
+		d.committer = newCommitter(s, d)
+		s.dbs[name] = d
+		s.names = append(s.names, name)
+	}
+	slices.Sort(s.names)
+	s.metrics = newMetrics(cfg.Registerer, s.lostCommits)
 	s.staleAge = transferStaleAge
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(s.gauges()...)
@@ -117,13 +137,24 @@ func (s *Server) gauges() []prometheus.Collector {
 // ID is the server's id.
 func (s *Server) ID() string { return s.id }
 
-// Acquire takes partition over at epoch: it bumps the fence in the
+// Acquire takes partition over at epoch: it bumps the fence in every
 // database (waiting for the previous owner's batches in flight), then starts
-// serving the partition's shards, each loaded afresh.
+// serving the partition's shards, each loaded afresh. A database that does
+// not answer is fenced later, by the first writer that needs it (bind); if
+// none answers, Acquire fails.
 func (s *Server) Acquire(ctx context.Context, partition int32, epoch int64) error {
 	s.Lose(partition) // an older ownership's writers must not survive
-	if err := s.db.TakeOver(ctx, partition, s.id, epoch); err != nil {
-		return err
+	errs := make([]error, len(s.names))
+	var wg sync.WaitGroup
+	for i, name := range s.names {
+		d := s.dbs[name]
+		wg.Go(func() { errs[i] = s.takeOver(ctx, d, partition, epoch) })
+	}
+	wg.Wait()
+	if failed := len(slices.DeleteFunc(slices.Clone(errs), func(e error) bool { return e == nil })); failed == len(errs) {
+		return errors.Join(errs...)
+	} else if failed > 0 {
+		s.log.Warn("partition taken over in some databases only; the rest on first use", "partition", partition, "err", errors.Join(errs...))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -137,6 +168,36 @@ func (s *Server) Acquire(ctx context.Context, partition int32, epoch int64) erro
 	return nil
 }
 
+// takeOver bumps partition's fence to epoch in d and notes it there.
+func (s *Server) takeOver(ctx context.Context, d *database, partition int32, epoch int64) error {
+	if err := d.store.TakeOver(ctx, partition, s.id, epoch); err != nil {
+		return fmt.Errorf("database %q: %w", d.name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d.fenced[partition] = epoch
+	return nil
+}
+
+// fencedIn reports whether partition is taken over at epoch in d.
+func (s *Server) fencedIn(d *database, partition int32, epoch int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return d.fenced[partition] == epoch
+}
+
+// lostCommits sums every database's lost commits.
+func (s *Server) lostCommits() stock.LostCommits {
+	var out stock.LostCommits
+	for _, d := range s.dbs {
+		l := d.store.LostCommits()
+		out.Committed += l.Committed
+		out.Voided += l.Voided
+		out.Unknown += l.Unknown
+	}
+	return out
+}
+
 // Lose stops all writes to partition at once: its writers finish the batch
 // in flight (which the fence still lets commit, since nobody took over yet)
 // and answer the rest SHARD_UNAVAILABLE.
@@ -148,6 +209,9 @@ func (s *Server) Lose(partition int32) {
 
 func (s *Server) loseLocked(partition int32) {
 	delete(s.owned, partition)
+	for _, d := range s.dbs {
+		delete(d.fenced, partition)
+	}
 	for k, w := range s.writers {
 		if k.Partition() == partition {
 			delete(s.writers, k)
@@ -245,7 +309,7 @@ func (s *Server) fenced(w *writer) {
 func (s *Server) halt(w *writer, reason string, record bool) {
 	if record {
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-		err := s.db.HaltShard(ctx, w.fence, w.key, reason)
+		err := w.db.store.HaltShard(ctx, w.fence, w.key, reason)
 		cancel()
 		if err != nil {
 			// Halted in memory regardless; the next writer finds the row
@@ -295,7 +359,20 @@ func (s *Server) Counts(ctx context.Context, key stock.ShardKey) (stock.Counts, 
 			return *c, nil
 		}
 	}
-	return s.db.LoadShard(ctx, key)
+	name, err := s.locate(ctx, key.SKU)
+	if err != nil {
+		return stock.Counts{}, err
+	}
+	d := s.dbs[name]
+	if d == nil {
+		return stock.Counts{}, unconfigured(name)
+	}
+	return d.store.LoadShard(ctx, key)
+}
+
+// unconfigured answers a SKU whose database this server has no URL for.
+func unconfigured(name string) *stock.Error {
+	return stock.Errorf(stock.CodeShardUnavailable, "database %q is not configured on this shard server", name)
 }
 
 // Run sweeps expired reservations of owned shards until ctx ends.
@@ -308,22 +385,29 @@ func (s *Server) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			s.stopAll()
-			s.committer.close()
+			for _, d := range s.dbs {
+				d.committer.close()
+			}
 			return nil
 		case <-t.C:
-			s.sweep(ctx)
+			for _, name := range s.names {
+				s.sweep(ctx, s.dbs[name])
+			}
 		case <-prune.C:
-			if _, err := s.db.PruneCommitMarks(ctx); err != nil {
-				s.log.Warn("pruning commit marks", "err", err)
+			for _, name := range s.names {
+				if _, err := s.dbs[name].store.PruneCommitMarks(ctx); err != nil {
+					s.log.Warn("pruning commit marks", "database", name, "err", err)
+				}
 			}
 		}
 	}
 }
 
-// sweep hands an expiry request to every owned shard with due holds; the
-// writer expires them in its next batch, serialised with commits and
-// releases of the same shard.
-func (s *Server) sweep(ctx context.Context) {
+// sweep hands an expiry request to every owned shard of d with due holds;
+// the writer expires them in its next batch, serialised with commits and
+// releases of the same shard. A database that does not answer is skipped
+// until the next sweep.
+func (s *Server) sweep(ctx context.Context, d *database) {
 	owned := s.Owned()
 	if len(owned) == 0 {
 		return
@@ -333,9 +417,9 @@ func (s *Server) sweep(ctx context.Context) {
 		parts = append(parts, p)
 	}
 	slices.Sort(parts)
-	keys, err := s.db.DueShards(ctx, parts, sweepShardsMax)
+	keys, err := d.store.DueShards(ctx, parts, sweepShardsMax)
 	if err != nil {
-		s.log.Warn("sweep: listing due shards", "err", err)
+		s.log.Warn("sweep: listing due shards", "database", d.name, "err", err)
 		return
 	}
 	s.metrics.dueShards.Set(float64(len(keys)))
@@ -344,10 +428,10 @@ func (s *Server) sweep(ctx context.Context) {
 	}
 	// Finish transfers left half-way (their mover died): debit pending ones
 	// on their source, credit debited ones on their destination.
-	steps, err := s.db.StaleTransfers(ctx, parts, s.staleAge, sweepShardsMax)
+	steps, err := d.store.StaleTransfers(ctx, parts, s.staleAge, sweepShardsMax)
 	s.metrics.staleTransfers.Set(float64(len(steps)))
 	if err != nil {
-		s.log.Warn("sweep: listing stale transfers", "err", err)
+		s.log.Warn("sweep: listing stale transfers", "database", d.name, "err", err)
 		return
 	}
 	for _, st := range steps {

@@ -42,7 +42,9 @@ type pending struct {
 // writer is the only writer of one shard: it owns the in-memory copy of the
 // row and drains its queue in batches, one transaction per batch.
 type writer struct {
-	srv   *Server
+	srv *Server
+	// db is the shard's database, set by bind before the first batch.
+	db    *database
 	key   stock.ShardKey
 	fence stock.Fence
 	queue chan *pending
@@ -80,6 +82,11 @@ func newWriter(s *Server, key stock.ShardKey, epoch int64) *writer {
 // run serves batches until stopped, idle, or its shard turns out not to
 // exist. The first batch reads the row (LoadShard) in its transaction.
 func (w *writer) run() {
+	if r, ok := w.bind(); !ok {
+		w.srv.remove(w)
+		w.drain(r)
+		return
+	}
 	idle := time.NewTimer(writerIdleMax)
 	defer idle.Stop()
 	for {
@@ -116,6 +123,33 @@ func (w *writer) run() {
 		}
 		idle.Reset(writerIdleMax)
 	}
+}
+
+// bind finds the database that holds the shard and makes sure the
+// writer's partition is taken over there at the writer's epoch (Acquire
+// does it in every database that answered then; a database that did not
+// is taken over here, on first use). On failure r answers the queue.
+func (w *writer) bind() (r stock.Result, ok bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	name, err := w.srv.locate(ctx, w.key.SKU)
+	if err != nil {
+		w.srv.log.Warn("locating a shard's database", "shard", w.key.String(), "err", err)
+		return stock.ErrResult(err, unavailable("database unavailable; retry with the same key").Err), false
+	}
+	d := w.srv.dbs[name]
+	if d == nil {
+		return stock.Result{Err: unconfigured(name)}, false
+	}
+	w.db = d
+	if w.srv.fencedIn(d, w.fence.Partition, w.fence.Epoch) {
+		return stock.Result{}, true
+	}
+	if err := w.srv.takeOver(ctx, d, w.fence.Partition, w.fence.Epoch); err != nil {
+		w.srv.log.Warn("taking a partition over on first use", "shard", w.key.String(), "err", err)
+		return unavailable(fmt.Sprintf("database %q unavailable; retry with the same key", name)), false
+	}
+	return stock.Result{}, true
 }
 
 // noShard answers a request for a shard that does not exist.
@@ -172,7 +206,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 		loading := b.q.LoadShard
-		err = w.srv.committer.commit(ctx, w.fence, b.q, b.decide)
+		err = w.db.committer.commit(ctx, w.fence, b.q, b.decide)
 		cancel()
 		if err == nil {
 			return b.committed(loading)
@@ -316,7 +350,7 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 func (w *writer) recheck(cause error) (next writerNext, r stock.Result, resumed bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
-	c, err := w.srv.db.CheckShard(ctx, w.fence, w.key)
+	c, err := w.db.store.CheckShard(ctx, w.fence, w.key)
 	switch {
 	case errors.Is(err, stock.ErrFenced):
 		w.srv.fenced(w)
@@ -369,7 +403,7 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 	q, _ := query(w.key, reqs)
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
-	ops, err := w.srv.db.LookupOperations(ctx, q.Keys)
+	ops, err := w.db.store.LookupOperations(ctx, q.Keys)
 	if err != nil {
 		return nil, err
 	}

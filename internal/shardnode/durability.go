@@ -3,9 +3,11 @@ package shardnode
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 
+	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/postgres"
 )
 
@@ -14,6 +16,16 @@ import (
 const RequireSyncStandbyUsage = "refuse to start unless every commit waits for a synchronous standby " +
 	"(synchronous_standby_names set, synchronous_commit on or remote_apply), so that a failover loses no acknowledged sale; " +
 	"set it in production (env SHARDSTOCK_REQUIRE_SYNC_STANDBY=1)"
+
+// CheckDurabilityAll is CheckDurability of every database of dbs.
+func CheckDurabilityAll(ctx context.Context, dbs *dbset.Set, requireSyncStandby bool, log *slog.Logger) error {
+	for _, name := range dbs.Names() {
+		if err := CheckDurability(ctx, dbs.DB(name), requireSyncStandby, log.With("database", name)); err != nil {
+			return fmt.Errorf("database %q: %w", name, err)
+		}
+	}
+	return nil
+}
 
 // CheckDurability refuses a database whose settings could lose a commit
 // that a shard server acknowledged, and logs the weaker promises it

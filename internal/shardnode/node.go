@@ -17,6 +17,7 @@ import (
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/api"
+	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -34,7 +35,7 @@ const LeaseTTLDefault = 5 * time.Second
 type Config struct {
 	ID        string // unique among shard servers
 	Advertise string // the address allocators dial
-	DB        *postgres.DB
+	DBs       *dbset.Set
 	Etcd      *clientv3.Client
 	LeaseTTL  time.Duration
 	Logger    *slog.Logger
@@ -51,7 +52,11 @@ type Node struct {
 
 // New returns a node; Run starts it.
 func New(cfg Config) *Node {
-	srv := shard.New(shard.Config{ServerID: cfg.ID, DB: cfg.DB, Logger: cfg.Logger, Registerer: cfg.Registry})
+	stores := map[string]shard.Store{}
+	for _, name := range cfg.DBs.Names() {
+		stores[name] = cfg.DBs.DB(name)
+	}
+	srv := shard.New(shard.Config{ServerID: cfg.ID, DBs: stores, Locate: cfg.DBs.Locate, Logger: cfg.Logger, Registerer: cfg.Registry})
 	return &Node{
 		Server: srv,
 		member: topology.NewMember(topology.MemberConfig{Client: cfg.Etcd, ServerID: cfg.ID, Addr: cfg.Advertise,

@@ -269,6 +269,21 @@ type MoveLease struct {
 }
 
 // Transfer moves available stock from one shard of a SKU to another.
+// TransferCursor is a place in the transfers ordered by creation: after
+// the transfer ID created at CreatedAt.
+type TransferCursor struct {
+	CreatedAt time.Time
+	ID        string
+}
+
+// Before reports whether c comes before d.
+func (c TransferCursor) Before(d TransferCursor) bool {
+	if !c.CreatedAt.Equal(d.CreatedAt) {
+		return c.CreatedAt.Before(d.CreatedAt)
+	}
+	return c.ID < d.ID
+}
+
 type Transfer struct {
 	ID         string
 	SKU        string

@@ -1003,7 +1003,9 @@ type GetTopologyResponse struct {
 	Owners     []*PartitionOwner      `protobuf:"bytes,3,rep,name=owners,proto3" json:"owners,omitempty"`
 	// The rebalance leases held now: the SKUs whose stock is being moved,
 	// and by which allocator.
-	MoveLeases    []*MoveLease `protobuf:"bytes,4,rep,name=move_leases,json=moveLeases,proto3" json:"move_leases,omitempty"`
+	MoveLeases []*MoveLease `protobuf:"bytes,4,rep,name=move_leases,json=moveLeases,proto3" json:"move_leases,omitempty"`
+	// Where SKUs are placed: the databases and the placement's versions.
+	Placement     *Placement `protobuf:"bytes,5,opt,name=placement,proto3" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1066,6 +1068,229 @@ func (x *GetTopologyResponse) GetMoveLeases() []*MoveLease {
 	return nil
 }
 
+func (x *GetTopologyResponse) GetPlacement() *Placement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+// Placement is the placement of SKUs on databases.
+type Placement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The newest version: new SKUs are placed by it.
+	Version int64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// Every database a version names, with its slots in the newest version.
+	Databases []*DatabasePlacement `protobuf:"bytes,2,rep,name=databases,proto3" json:"databases,omitempty"`
+	// How many versions are kept (a SKU is looked up in at most this many
+	// databases).
+	Versions      int32 `protobuf:"varint,3,opt,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Placement) Reset() {
+	*x = Placement{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Placement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Placement) ProtoMessage() {}
+
+func (x *Placement) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Placement.ProtoReflect.Descriptor instead.
+func (*Placement) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Placement) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Placement) GetDatabases() []*DatabasePlacement {
+	if x != nil {
+		return x.Databases
+	}
+	return nil
+}
+
+func (x *Placement) GetVersions() int32 {
+	if x != nil {
+		return x.Versions
+	}
+	return 0
+}
+
+type DatabasePlacement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Of the 1024 slots SKUs hash to, how many the newest version gives it.
+	Slots int32 `protobuf:"varint,2,opt,name=slots,proto3" json:"slots,omitempty"`
+	// Whether this allocator has a URL for it.
+	Configured    bool `protobuf:"varint,3,opt,name=configured,proto3" json:"configured,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DatabasePlacement) Reset() {
+	*x = DatabasePlacement{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DatabasePlacement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DatabasePlacement) ProtoMessage() {}
+
+func (x *DatabasePlacement) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DatabasePlacement.ProtoReflect.Descriptor instead.
+func (*DatabasePlacement) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DatabasePlacement) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DatabasePlacement) GetSlots() int32 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *DatabasePlacement) GetConfigured() bool {
+	if x != nil {
+		return x.Configured
+	}
+	return false
+}
+
+type SetPlacementRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The databases new SKUs are spread over, evenly by slot.
+	Databases     []string `protobuf:"bytes,1,rep,name=databases,proto3" json:"databases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPlacementRequest) Reset() {
+	*x = SetPlacementRequest{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPlacementRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPlacementRequest) ProtoMessage() {}
+
+func (x *SetPlacementRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPlacementRequest.ProtoReflect.Descriptor instead.
+func (*SetPlacementRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SetPlacementRequest) GetDatabases() []string {
+	if x != nil {
+		return x.Databases
+	}
+	return nil
+}
+
+type SetPlacementResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Placement     *Placement             `protobuf:"bytes,1,opt,name=placement,proto3" json:"placement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPlacementResponse) Reset() {
+	*x = SetPlacementResponse{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPlacementResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPlacementResponse) ProtoMessage() {}
+
+func (x *SetPlacementResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPlacementResponse.ProtoReflect.Descriptor instead.
+func (*SetPlacementResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SetPlacementResponse) GetPlacement() *Placement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
 type ListLedgerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sku           string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -1077,7 +1302,7 @@ type ListLedgerRequest struct {
 
 func (x *ListLedgerRequest) Reset() {
 	*x = ListLedgerRequest{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[17]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1314,7 @@ func (x *ListLedgerRequest) String() string {
 func (*ListLedgerRequest) ProtoMessage() {}
 
 func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[17]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1327,7 @@ func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
 func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListLedgerRequest) GetSku() string {
@@ -1155,7 +1380,7 @@ type LedgerEntry struct {
 
 func (x *LedgerEntry) Reset() {
 	*x = LedgerEntry{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[18]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1392,7 @@ func (x *LedgerEntry) String() string {
 func (*LedgerEntry) ProtoMessage() {}
 
 func (x *LedgerEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[18]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1405,7 @@ func (x *LedgerEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerEntry.ProtoReflect.Descriptor instead.
 func (*LedgerEntry) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LedgerEntry) GetId() int64 {
@@ -1340,7 +1565,7 @@ type ListLedgerResponse struct {
 
 func (x *ListLedgerResponse) Reset() {
 	*x = ListLedgerResponse{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[19]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +1577,7 @@ func (x *ListLedgerResponse) String() string {
 func (*ListLedgerResponse) ProtoMessage() {}
 
 func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[19]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +1590,7 @@ func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
 func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListLedgerResponse) GetEntries() []*LedgerEntry {
@@ -1391,7 +1616,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[20]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1628,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[20]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1641,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReconcileRequest) GetSku() string {
@@ -1440,7 +1665,7 @@ type Discrepancy struct {
 
 func (x *Discrepancy) Reset() {
 	*x = Discrepancy{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[21]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1677,7 @@ func (x *Discrepancy) String() string {
 func (*Discrepancy) ProtoMessage() {}
 
 func (x *Discrepancy) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[21]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1690,7 @@ func (x *Discrepancy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Discrepancy.ProtoReflect.Descriptor instead.
 func (*Discrepancy) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Discrepancy) GetCheck() string {
@@ -1514,7 +1739,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[22]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1751,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[22]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1764,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReconcileResponse) GetBalanced() bool {
@@ -1576,7 +1801,7 @@ type ResumeShardRequest struct {
 
 func (x *ResumeShardRequest) Reset() {
 	*x = ResumeShardRequest{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[23]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1813,7 @@ func (x *ResumeShardRequest) String() string {
 func (*ResumeShardRequest) ProtoMessage() {}
 
 func (x *ResumeShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[23]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1826,7 @@ func (x *ResumeShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeShardRequest.ProtoReflect.Descriptor instead.
 func (*ResumeShardRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResumeShardRequest) GetSku() string {
@@ -1643,7 +1868,7 @@ type ResumeShardResponse struct {
 
 func (x *ResumeShardResponse) Reset() {
 	*x = ResumeShardResponse{}
-	mi := &file_shardstock_v1_admin_proto_msgTypes[24]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1880,7 @@ func (x *ResumeShardResponse) String() string {
 func (*ResumeShardResponse) ProtoMessage() {}
 
 func (x *ResumeShardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_admin_proto_msgTypes[24]
+	mi := &file_shardstock_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1893,7 @@ func (x *ResumeShardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeShardResponse.ProtoReflect.Descriptor instead.
 func (*ResumeShardResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResumeShardResponse) GetHaltedReason() string {
@@ -1762,7 +1987,7 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x0ePartitionOwner\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\x05R\tpartition\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\"\xdd\x01\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\"\x95\x02\n" +
 	"\x13GetTopologyResponse\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\x05R\n" +
@@ -1770,7 +1995,22 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\aservers\x18\x02 \x03(\v2\x1a.shardstock.v1.ShardServerR\aservers\x125\n" +
 	"\x06owners\x18\x03 \x03(\v2\x1d.shardstock.v1.PartitionOwnerR\x06owners\x129\n" +
 	"\vmove_leases\x18\x04 \x03(\v2\x18.shardstock.v1.MoveLeaseR\n" +
-	"moveLeases\"a\n" +
+	"moveLeases\x126\n" +
+	"\tplacement\x18\x05 \x01(\v2\x18.shardstock.v1.PlacementR\tplacement\"\x81\x01\n" +
+	"\tPlacement\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x03R\aversion\x12>\n" +
+	"\tdatabases\x18\x02 \x03(\v2 .shardstock.v1.DatabasePlacementR\tdatabases\x12\x1a\n" +
+	"\bversions\x18\x03 \x01(\x05R\bversions\"]\n" +
+	"\x11DatabasePlacement\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05slots\x18\x02 \x01(\x05R\x05slots\x12\x1e\n" +
+	"\n" +
+	"configured\x18\x03 \x01(\bR\n" +
+	"configured\"3\n" +
+	"\x13SetPlacementRequest\x12\x1c\n" +
+	"\tdatabases\x18\x01 \x03(\tR\tdatabases\"N\n" +
+	"\x14SetPlacementResponse\x126\n" +
+	"\tplacement\x18\x01 \x01(\v2\x18.shardstock.v1.PlacementR\tplacement\"a\n" +
 	"\x11ListLedgerRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1d\n" +
 	"\n" +
@@ -1825,7 +2065,7 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"f\n" +
 	"\x13ResumeShardResponse\x12#\n" +
 	"\rhalted_reason\x18\x01 \x01(\tR\fhaltedReason\x12*\n" +
-	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock2\xef\x06\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock2\xca\a\n" +
 	"\fAdminService\x12P\n" +
 	"\tCreateSku\x12\x1f.shardstock.v1.CreateSkuRequest\x1a .shardstock.v1.CreateSkuResponse\"\x00\x12P\n" +
 	"\tUpdateSku\x12\x1f.shardstock.v1.UpdateSkuRequest\x1a .shardstock.v1.UpdateSkuResponse\"\x00\x12V\n" +
@@ -1837,7 +2077,8 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"ListLedger\x12 .shardstock.v1.ListLedgerRequest\x1a!.shardstock.v1.ListLedgerResponse\"\x03\x90\x02\x01\x12S\n" +
 	"\tReconcile\x12\x1f.shardstock.v1.ReconcileRequest\x1a .shardstock.v1.ReconcileResponse\"\x03\x90\x02\x01\x12V\n" +
-	"\vResumeShard\x12!.shardstock.v1.ResumeShardRequest\x1a\".shardstock.v1.ResumeShardResponse\"\x00BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\vResumeShard\x12!.shardstock.v1.ResumeShardRequest\x1a\".shardstock.v1.ResumeShardResponse\"\x00\x12Y\n" +
+	"\fSetPlacement\x12\".shardstock.v1.SetPlacementRequest\x1a#.shardstock.v1.SetPlacementResponse\"\x00BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_admin_proto_rawDescOnce sync.Once
@@ -1851,7 +2092,7 @@ func file_shardstock_v1_admin_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_admin_proto_rawDescData
 }
 
-var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*SkuConfig)(nil),             // 0: shardstock.v1.SkuConfig
 	(*CreateSkuRequest)(nil),      // 1: shardstock.v1.CreateSkuRequest
@@ -1870,70 +2111,79 @@ var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*ShardServer)(nil),           // 14: shardstock.v1.ShardServer
 	(*PartitionOwner)(nil),        // 15: shardstock.v1.PartitionOwner
 	(*GetTopologyResponse)(nil),   // 16: shardstock.v1.GetTopologyResponse
-	(*ListLedgerRequest)(nil),     // 17: shardstock.v1.ListLedgerRequest
-	(*LedgerEntry)(nil),           // 18: shardstock.v1.LedgerEntry
-	(*ListLedgerResponse)(nil),    // 19: shardstock.v1.ListLedgerResponse
-	(*ReconcileRequest)(nil),      // 20: shardstock.v1.ReconcileRequest
-	(*Discrepancy)(nil),           // 21: shardstock.v1.Discrepancy
-	(*ReconcileResponse)(nil),     // 22: shardstock.v1.ReconcileResponse
-	(*ResumeShardRequest)(nil),    // 23: shardstock.v1.ResumeShardRequest
-	(*ResumeShardResponse)(nil),   // 24: shardstock.v1.ResumeShardResponse
-	(SkuStatus)(0),                // 25: shardstock.v1.SkuStatus
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
-	(*Stock)(nil),                 // 27: shardstock.v1.Stock
-	(*Operation)(nil),             // 28: shardstock.v1.Operation
-	(*Transfer)(nil),              // 29: shardstock.v1.Transfer
-	(TransferState)(0),            // 30: shardstock.v1.TransferState
-	(*MoveLease)(nil),             // 31: shardstock.v1.MoveLease
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*Placement)(nil),             // 17: shardstock.v1.Placement
+	(*DatabasePlacement)(nil),     // 18: shardstock.v1.DatabasePlacement
+	(*SetPlacementRequest)(nil),   // 19: shardstock.v1.SetPlacementRequest
+	(*SetPlacementResponse)(nil),  // 20: shardstock.v1.SetPlacementResponse
+	(*ListLedgerRequest)(nil),     // 21: shardstock.v1.ListLedgerRequest
+	(*LedgerEntry)(nil),           // 22: shardstock.v1.LedgerEntry
+	(*ListLedgerResponse)(nil),    // 23: shardstock.v1.ListLedgerResponse
+	(*ReconcileRequest)(nil),      // 24: shardstock.v1.ReconcileRequest
+	(*Discrepancy)(nil),           // 25: shardstock.v1.Discrepancy
+	(*ReconcileResponse)(nil),     // 26: shardstock.v1.ReconcileResponse
+	(*ResumeShardRequest)(nil),    // 27: shardstock.v1.ResumeShardRequest
+	(*ResumeShardResponse)(nil),   // 28: shardstock.v1.ResumeShardResponse
+	(SkuStatus)(0),                // 29: shardstock.v1.SkuStatus
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(*Stock)(nil),                 // 31: shardstock.v1.Stock
+	(*Operation)(nil),             // 32: shardstock.v1.Operation
+	(*Transfer)(nil),              // 33: shardstock.v1.Transfer
+	(TransferState)(0),            // 34: shardstock.v1.TransferState
+	(*MoveLease)(nil),             // 35: shardstock.v1.MoveLease
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
 }
 var file_shardstock_v1_admin_proto_depIdxs = []int32{
-	25, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
-	26, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
-	26, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
+	29, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
+	30, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
+	30, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
 	0,  // 3: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	27, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
+	31, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 5: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	28, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
-	27, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
+	32, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
+	31, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 8: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	27, // 9: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
-	29, // 10: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	30, // 11: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
-	29, // 12: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	31, // 9: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
+	33, // 10: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	34, // 11: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
+	33, // 12: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
 	14, // 13: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
 	15, // 14: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	31, // 15: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
-	32, // 16: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
-	18, // 17: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
-	21, // 18: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	27, // 19: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	27, // 20: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
-	1,  // 21: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	3,  // 22: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	5,  // 23: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	7,  // 24: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	9,  // 25: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	11, // 26: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	13, // 27: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	17, // 28: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	20, // 29: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	23, // 30: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
-	2,  // 31: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	4,  // 32: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	6,  // 33: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	8,  // 34: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	10, // 35: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	12, // 36: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	16, // 37: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	19, // 38: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	22, // 39: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	24, // 40: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
-	31, // [31:41] is the sub-list for method output_type
-	21, // [21:31] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	35, // 15: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
+	17, // 16: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
+	18, // 17: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
+	17, // 18: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
+	36, // 19: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	22, // 20: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
+	25, // 21: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
+	31, // 22: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	31, // 23: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
+	1,  // 24: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 25: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 26: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 27: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 28: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 29: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 30: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	21, // 31: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	24, // 32: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	27, // 33: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
+	19, // 34: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
+	2,  // 35: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 36: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 37: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 38: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 39: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 40: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 41: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	23, // 42: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	26, // 43: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	28, // 44: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
+	20, // 45: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
+	35, // [35:46] is the sub-list for method output_type
+	24, // [24:35] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }
@@ -1949,7 +2199,7 @@ func file_shardstock_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_admin_proto_rawDesc), len(file_shardstock_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

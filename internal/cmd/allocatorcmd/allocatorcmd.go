@@ -18,6 +18,7 @@ import (
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/cmd/startup"
+	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -25,8 +26,12 @@ import (
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
-// postgres.DB is the store the allocator reads.
-var _ allocator.Store = (*postgres.DB)(nil)
+// postgres.DB is the store the allocator reads, through a dbset.Set when
+// SKUs are placed on several databases.
+var (
+	_ allocator.Store = (*postgres.DB)(nil)
+	_ allocator.Store = (*dbset.Set)(nil)
+)
 
 // Run runs the command until ctx ends; args are the command-line arguments
 // without the program name.
@@ -34,7 +39,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs := flag.NewFlagSet("allocator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "listen address (env SHARDSTOCK_ADDR)")
-	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
+	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the database named main (env DATABASE_URL)")
+	moreDBs := fs.String("databases", getenv("SHARDSTOCK_DATABASES"), startup.DatabasesUsage)
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
 	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most (with -shard-id, shared with the shard server) (env SHARDSTOCK_DB_MAX_CONNS)")
@@ -61,19 +67,20 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	switch {
-	case *dbURL == "":
-		return errors.New("no database: set -database-url or DATABASE_URL")
-	case len(*token) < adminTokenLenMin:
+	dbs, err := startup.Databases(*dbURL, *moreDBs)
+	if err != nil {
+		return err
+	}
+	if len(*token) < adminTokenLenMin {
 		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", adminTokenLenMin)
 	}
 
-	proc, err := startup.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, *etcd, *addr)
+	proc, err := startup.Open(ctx, dbs, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, *etcd, *addr, log)
 	if err != nil {
 		return err
 	}
 	defer proc.Close()
-	db, client, lis, reg := proc.DB, proc.Etcd, proc.Listener, proc.Registry
+	client, lis, reg := proc.Etcd, proc.Listener, proc.Registry
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -85,12 +92,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	host, _ := os.Hostname()
 	moves := topology.NewMoveLeases(client, fmt.Sprintf("allocator/%s/%d@%s", host, os.Getpid(), lis.Addr()), 0, log)
 	defer moves.Close()
-	acfg := allocator.Config{DB: db, Topology: watcher.Snapshot, Logger: log, Registerer: reg, Moves: moves,
+	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: reg, Moves: moves,
 		Rebalance: allocator.RebalanceConfig{Off: !*rebalanceOn, Auto: allocator.AutoShards{Off: !*autoShards}, RetireGrace: *retireGrace}}
 	var node *shardnode.Node
 	var shardLis net.Listener
 	if *shardID != "" {
-		if err := shardnode.CheckDurability(ctx, db, *requireSync, log); err != nil {
+		if err := shardnode.CheckDurabilityAll(ctx, proc.DBs, *requireSync, log); err != nil {
 			return err
 		}
 		// The ShardService answers any caller: it gets a listener of its
@@ -102,7 +109,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if *advertise == "" {
 			*advertise = shardLis.Addr().String()
 		}
-		node = shardnode.New(shardnode.Config{ID: *shardID, Advertise: *advertise, DB: db, Etcd: client,
+		node = shardnode.New(shardnode.Config{ID: *shardID, Advertise: *advertise, DBs: proc.DBs, Etcd: client,
 			LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
 		acfg.Local, acfg.LocalID = node.Server, *shardID
 	}
@@ -118,7 +125,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	metrics := transport.NewMetrics(reg)
 	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: alloc},
 		append(transport.HandlerOptions(), connect.WithInterceptors(metrics))...))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc},
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc, Placement: proc.DBs},
 		append(transport.HandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())
 	nodeDone, shardDone := make(chan error, 1), make(chan error, 1)

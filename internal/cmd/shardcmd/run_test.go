@@ -116,7 +116,7 @@ func TestRun_StartStop(t *testing.T) {
 	for _, want := range []string{
 		`shardstock_rpc_calls_total{procedure="/shardstock.v1.ShardService/Execute"`,
 		"shardstock_shard_partitions_owned 256",
-		`shardstock_db_pool_connections{state="max"} 32`,
+		`shardstock_db_pool_connections{database="main",state="max"} 32`,
 		"shardstock_shard_queue_depth 0",
 		"shardstock_db_pool_waits_total",
 	} {

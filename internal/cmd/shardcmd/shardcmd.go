@@ -25,7 +25,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:7001"), "listen address (env SHARDSTOCK_SHARD_ADDR)")
 	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "address allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
 	id := fs.String("id", startup.Env(getenv, "SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
-	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL)")
+	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the database named main (env DATABASE_URL)")
+	moreDBs := fs.String("databases", getenv("SHARDSTOCK_DATABASES"), startup.DatabasesUsage)
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long (env SHARDSTOCK_LEASE_TTL)")
 	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most (env SHARDSTOCK_DB_MAX_CONNS)")
@@ -44,27 +45,28 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	if *dbURL == "" {
-		return errors.New("no database: set -database-url or DATABASE_URL")
+	dbs, err := startup.Databases(*dbURL, *moreDBs)
+	if err != nil {
+		return err
 	}
 	if *id == "" {
 		return errors.New("no server id: set -id or SHARDSTOCK_SERVER_ID")
 	}
 
-	proc, err := startup.Open(ctx, *dbURL, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id}, *etcd, *addr)
+	proc, err := startup.Open(ctx, dbs, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id}, *etcd, *addr, log)
 	if err != nil {
 		return err
 	}
 	defer proc.Close()
-	db, client, lis, reg := proc.DB, proc.Etcd, proc.Listener, proc.Registry
-	if err := shardnode.CheckDurability(ctx, db, *requireSync, log); err != nil {
+	client, lis, reg := proc.Etcd, proc.Listener, proc.Registry
+	if err := shardnode.CheckDurabilityAll(ctx, proc.DBs, *requireSync, log); err != nil {
 		return err
 	}
 	if *advertise == "" {
 		*advertise = lis.Addr().String()
 	}
 
-	node := shardnode.New(shardnode.Config{ID: *id, Advertise: *advertise, DB: db, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
+	node := shardnode.New(shardnode.Config{ID: *id, Advertise: *advertise, DBs: proc.DBs, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
 
 	// Shut down in reverse: stop serving, leave the topology (others take
 	// the partitions at once), stop the writers, close the database.

@@ -2,25 +2,78 @@ package startup
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"runtime/debug"
+	"slices"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
 )
 
-// Process is what every shardstock server process opens: its database
-// (migrated), an etcd client, its listener and a metrics registry with the
-// Go and process collectors.
+// Process is what every shardstock server process opens: its databases
+// (migrated) and the placement of SKUs on them, an etcd client, its
+// listener and a metrics registry with the Go and process collectors.
 type Process struct {
-	DB       *postgres.DB
+	DBs      *dbset.Set
 	Etcd     *clientv3.Client
 	Listener net.Listener
 	Registry *prometheus.Registry
+	stop     context.CancelFunc // the placement's watch
+}
+
+// DatabasesUsage documents -databases.
+const DatabasesUsage = "more Postgres databases SKUs are placed on, as comma-separated name=URL pairs (name: a-z, 0-9, - and _); DATABASE_URL is the database named main; new SKUs go where AdminService.SetPlacement says (env SHARDSTOCK_DATABASES)"
+
+// Databases returns the databases of a process by name: mainURL (may be
+// empty) as stock.DefaultDatabase and more as "name=url,...".
+func Databases(mainURL, more string) (map[string]string, error) {
+	out := map[string]string{}
+	if mainURL != "" {
+		out[stock.DefaultDatabase] = mainURL
+	}
+	for _, item := range strings.Split(more, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		name, u, ok := strings.Cut(item, "=")
+		if !ok || u == "" {
+			return nil, fmt.Errorf("-databases: %q is not name=URL", redact(item))
+		}
+		if err := stock.ValidateDatabases([]string{name}); err != nil {
+			return nil, fmt.Errorf("-databases: %v", err)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("-databases: database %q given twice", name)
+		}
+		out[name] = u
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no database: set -database-url or DATABASE_URL (and -databases or SHARDSTOCK_DATABASES for more)")
+	}
+	return out, nil
+}
+
+// redact hides a URL's password in an error message.
+func redact(s string) string {
+	name, raw, _ := strings.Cut(s, "=")
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxx")
+			return name + "=" + u.String()
+		}
+	}
+	return s
 }
 
 // gcPercentDefault is the garbage collector's target when GOGC is not set.
@@ -31,38 +84,69 @@ const gcPercentDefault = 400
 
 // Open opens a Process; on error it closes what it opened. It also sets the
 // garbage collector's target to gcPercentDefault unless GOGC says otherwise.
-func Open(ctx context.Context, dbURL string, dbOpts postgres.Options, etcdEndpoints, addr string) (*Process, error) {
+// dbs are the databases by name (Databases); each gets its own pool of
+// dbOpts.MaxConns. The placement of SKUs on them is read from etcd, or
+// created there over dbs by the first process to start, and watched.
+func Open(ctx context.Context, dbs map[string]string, dbOpts postgres.Options, etcdEndpoints, addr string, log *slog.Logger) (*Process, error) {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercentDefault)
 	}
 	p := &Process{}
 	var err error
-	if p.DB, err = postgres.Open(ctx, dbURL, dbOpts); err != nil {
-		return nil, err
+	opened := map[string]*postgres.DB{}
+	closeAll := func() {
+		for _, db := range opened {
+			db.Close()
+		}
+	}
+	names := make([]string, 0, len(dbs))
+	for name := range dbs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		db, err := postgres.Open(ctx, dbs[name], dbOpts)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("database %q: %w", name, err)
+		}
+		opened[name] = db
 	}
 	if p.Etcd, err = Etcd(etcdEndpoints); err != nil {
-		p.Close()
+		closeAll()
 		return nil, err
 	}
+	placements, err := topology.LoadPlacements(ctx, p.Etcd, names, log)
+	if err == nil {
+		p.DBs, err = dbset.New(opened, placements)
+	}
+	if err != nil {
+		closeAll()
+		p.Etcd.Close()
+		return nil, err
+	}
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	p.stop = stop
+	go placements.Watch(wctx)
 	if p.Listener, err = Listen(ctx, addr); err != nil {
 		p.Close()
 		return nil, err
 	}
 	p.Registry = prometheus.NewRegistry()
 	p.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		poolCollector{p.DB})
+		poolCollector{p.DBs})
 	return p, nil
 }
 
 // poolCollector reports the Postgres pool's state: connections in use and
 // their bound, and the acquires that had to wait for one (a pool too small
 // for the load shows there first).
-type poolCollector struct{ db *postgres.DB }
+type poolCollector struct{ dbs *dbset.Set }
 
 var (
-	poolConns = prometheus.NewDesc("shardstock_db_pool_connections", "Postgres pool connections by state: acquired, idle, max.", []string{"state"}, nil)
-	poolWaits = prometheus.NewDesc("shardstock_db_pool_waits_total", "Acquires that waited for a connection (none was idle).", nil, nil)
-	poolWait  = prometheus.NewDesc("shardstock_db_pool_wait_seconds_total", "Time spent waiting for a connection, all acquires.", nil, nil)
+	poolConns = prometheus.NewDesc("shardstock_db_pool_connections", "Postgres pool connections by database and state: acquired, idle, max.", []string{"database", "state"}, nil)
+	poolWaits = prometheus.NewDesc("shardstock_db_pool_waits_total", "Acquires that waited for a connection (none was idle), by database.", []string{"database"}, nil)
+	poolWait  = prometheus.NewDesc("shardstock_db_pool_wait_seconds_total", "Time spent waiting for a connection, all acquires, by database.", []string{"database"}, nil)
 )
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -72,21 +156,28 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.db.PoolStat()
-	ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.AcquiredConns()), "acquired")
-	ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.IdleConns()), "idle")
-	ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.MaxConns()), "max")
-	ch <- prometheus.MustNewConstMetric(poolWaits, prometheus.CounterValue, float64(st.EmptyAcquireCount()))
-	ch <- prometheus.MustNewConstMetric(poolWait, prometheus.CounterValue, st.EmptyAcquireWaitTime().Seconds())
+	for _, name := range c.dbs.Names() {
+		st := c.dbs.DB(name).PoolStat()
+		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.AcquiredConns()), name, "acquired")
+		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.IdleConns()), name, "idle")
+		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.MaxConns()), name, "max")
+		ch <- prometheus.MustNewConstMetric(poolWaits, prometheus.CounterValue, float64(st.EmptyAcquireCount()), name)
+		ch <- prometheus.MustNewConstMetric(poolWait, prometheus.CounterValue, st.EmptyAcquireWaitTime().Seconds(), name)
+	}
 }
 
 // Close closes the etcd client and the database (the listener is the
 // server's to close).
 func (p *Process) Close() {
+	if p.stop != nil {
+		p.stop()
+	}
 	if p.Etcd != nil {
 		p.Etcd.Close()
 	}
-	if p.DB != nil {
-		p.DB.Close()
+	if p.DBs != nil {
+		for _, name := range p.DBs.Names() {
+			p.DBs.DB(name).Close()
+		}
 	}
 }

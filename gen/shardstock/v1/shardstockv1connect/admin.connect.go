@@ -57,6 +57,9 @@ const (
 	// AdminServiceResumeShardProcedure is the fully-qualified name of the AdminService's ResumeShard
 	// RPC.
 	AdminServiceResumeShardProcedure = "/shardstock.v1.AdminService/ResumeShard"
+	// AdminServiceSetPlacementProcedure is the fully-qualified name of the AdminService's SetPlacement
+	// RPC.
+	AdminServiceSetPlacementProcedure = "/shardstock.v1.AdminService/SetPlacement"
 )
 
 // AdminServiceClient is a client for the shardstock.v1.AdminService service.
@@ -92,6 +95,13 @@ type AdminServiceClient interface {
 	// reason, Reconcile the books). A shard that is not halted is
 	// failed_precondition, reason SHARD_NOT_HALTED.
 	ResumeShard(context.Context, *connect.Request[v1.ResumeShardRequest]) (*connect.Response[v1.ResumeShardResponse], error)
+	// SetPlacement publishes a new version of the placement of SKUs on
+	// databases: new SKUs are spread over the databases named, existing SKUs
+	// stay where they are. Every database named must be configured on this
+	// allocator (-databases); unknown or malformed names are
+	// invalid_argument, and more than 16 versions failed_precondition,
+	// reason PLACEMENT_FULL.
+	SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the shardstock.v1.AdminService service. By default,
@@ -169,6 +179,12 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("ResumeShard")),
 			connect.WithClientOptions(opts...),
 		),
+		setPlacement: connect.NewClient[v1.SetPlacementRequest, v1.SetPlacementResponse](
+			httpClient,
+			baseURL+AdminServiceSetPlacementProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("SetPlacement")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -184,6 +200,7 @@ type adminServiceClient struct {
 	listLedger    *connect.Client[v1.ListLedgerRequest, v1.ListLedgerResponse]
 	reconcile     *connect.Client[v1.ReconcileRequest, v1.ReconcileResponse]
 	resumeShard   *connect.Client[v1.ResumeShardRequest, v1.ResumeShardResponse]
+	setPlacement  *connect.Client[v1.SetPlacementRequest, v1.SetPlacementResponse]
 }
 
 // CreateSku calls shardstock.v1.AdminService.CreateSku.
@@ -236,6 +253,11 @@ func (c *adminServiceClient) ResumeShard(ctx context.Context, req *connect.Reque
 	return c.resumeShard.CallUnary(ctx, req)
 }
 
+// SetPlacement calls shardstock.v1.AdminService.SetPlacement.
+func (c *adminServiceClient) SetPlacement(ctx context.Context, req *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error) {
+	return c.setPlacement.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the shardstock.v1.AdminService service.
 type AdminServiceHandler interface {
 	// CreateSku creates a SKU with initial_stock spread over its shards.
@@ -269,6 +291,13 @@ type AdminServiceHandler interface {
 	// reason, Reconcile the books). A shard that is not halted is
 	// failed_precondition, reason SHARD_NOT_HALTED.
 	ResumeShard(context.Context, *connect.Request[v1.ResumeShardRequest]) (*connect.Response[v1.ResumeShardResponse], error)
+	// SetPlacement publishes a new version of the placement of SKUs on
+	// databases: new SKUs are spread over the databases named, existing SKUs
+	// stay where they are. Every database named must be configured on this
+	// allocator (-databases); unknown or malformed names are
+	// invalid_argument, and more than 16 versions failed_precondition,
+	// reason PLACEMENT_FULL.
+	SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -342,6 +371,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("ResumeShard")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceSetPlacementHandler := connect.NewUnaryHandler(
+		AdminServiceSetPlacementProcedure,
+		svc.SetPlacement,
+		connect.WithSchema(adminServiceMethods.ByName("SetPlacement")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceCreateSkuProcedure:
@@ -364,6 +399,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceReconcileHandler.ServeHTTP(w, r)
 		case AdminServiceResumeShardProcedure:
 			adminServiceResumeShardHandler.ServeHTTP(w, r)
+		case AdminServiceSetPlacementProcedure:
+			adminServiceSetPlacementHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -411,4 +448,8 @@ func (UnimplementedAdminServiceHandler) Reconcile(context.Context, *connect.Requ
 
 func (UnimplementedAdminServiceHandler) ResumeShard(context.Context, *connect.Request[v1.ResumeShardRequest]) (*connect.Response[v1.ResumeShardResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.ResumeShard is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.SetPlacement is not implemented"))
 }

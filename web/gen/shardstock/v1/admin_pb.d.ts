@@ -476,6 +476,13 @@ export declare type GetTopologyResponse = Message<"shardstock.v1.GetTopologyResp
    * @generated from field: repeated shardstock.v1.MoveLease move_leases = 4;
    */
   moveLeases: MoveLease[];
+
+  /**
+   * Where SKUs are placed: the databases and the placement's versions.
+   *
+   * @generated from field: shardstock.v1.Placement placement = 5;
+   */
+  placement?: Placement | undefined;
 };
 
 /**
@@ -483,6 +490,105 @@ export declare type GetTopologyResponse = Message<"shardstock.v1.GetTopologyResp
  * Use `create(GetTopologyResponseSchema)` to create a new message.
  */
 export declare const GetTopologyResponseSchema: GenMessage<GetTopologyResponse>;
+
+/**
+ * Placement is the placement of SKUs on databases.
+ *
+ * @generated from message shardstock.v1.Placement
+ */
+export declare type Placement = Message<"shardstock.v1.Placement"> & {
+  /**
+   * The newest version: new SKUs are placed by it.
+   *
+   * @generated from field: int64 version = 1;
+   */
+  version: bigint;
+
+  /**
+   * Every database a version names, with its slots in the newest version.
+   *
+   * @generated from field: repeated shardstock.v1.DatabasePlacement databases = 2;
+   */
+  databases: DatabasePlacement[];
+
+  /**
+   * How many versions are kept (a SKU is looked up in at most this many
+   * databases).
+   *
+   * @generated from field: int32 versions = 3;
+   */
+  versions: number;
+};
+
+/**
+ * Describes the message shardstock.v1.Placement.
+ * Use `create(PlacementSchema)` to create a new message.
+ */
+export declare const PlacementSchema: GenMessage<Placement>;
+
+/**
+ * @generated from message shardstock.v1.DatabasePlacement
+ */
+export declare type DatabasePlacement = Message<"shardstock.v1.DatabasePlacement"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Of the 1024 slots SKUs hash to, how many the newest version gives it.
+   *
+   * @generated from field: int32 slots = 2;
+   */
+  slots: number;
+
+  /**
+   * Whether this allocator has a URL for it.
+   *
+   * @generated from field: bool configured = 3;
+   */
+  configured: boolean;
+};
+
+/**
+ * Describes the message shardstock.v1.DatabasePlacement.
+ * Use `create(DatabasePlacementSchema)` to create a new message.
+ */
+export declare const DatabasePlacementSchema: GenMessage<DatabasePlacement>;
+
+/**
+ * @generated from message shardstock.v1.SetPlacementRequest
+ */
+export declare type SetPlacementRequest = Message<"shardstock.v1.SetPlacementRequest"> & {
+  /**
+   * The databases new SKUs are spread over, evenly by slot.
+   *
+   * @generated from field: repeated string databases = 1;
+   */
+  databases: string[];
+};
+
+/**
+ * Describes the message shardstock.v1.SetPlacementRequest.
+ * Use `create(SetPlacementRequestSchema)` to create a new message.
+ */
+export declare const SetPlacementRequestSchema: GenMessage<SetPlacementRequest>;
+
+/**
+ * @generated from message shardstock.v1.SetPlacementResponse
+ */
+export declare type SetPlacementResponse = Message<"shardstock.v1.SetPlacementResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Placement placement = 1;
+   */
+  placement?: Placement | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.SetPlacementResponse.
+ * Use `create(SetPlacementResponseSchema)` to create a new message.
+ */
+export declare const SetPlacementResponseSchema: GenMessage<SetPlacementResponse>;
 
 /**
  * @generated from message shardstock.v1.ListLedgerRequest
@@ -900,6 +1006,21 @@ export declare const AdminService: GenService<{
     methodKind: "unary";
     input: typeof ResumeShardRequestSchema;
     output: typeof ResumeShardResponseSchema;
+  },
+  /**
+   * SetPlacement publishes a new version of the placement of SKUs on
+   * databases: new SKUs are spread over the databases named, existing SKUs
+   * stay where they are. Every database named must be configured on this
+   * allocator (-databases); unknown or malformed names are
+   * invalid_argument, and more than 16 versions failed_precondition,
+   * reason PLACEMENT_FULL.
+   *
+   * @generated from rpc shardstock.v1.AdminService.SetPlacement
+   */
+  setPlacement: {
+    methodKind: "unary";
+    input: typeof SetPlacementRequestSchema;
+    output: typeof SetPlacementResponseSchema;
   },
 }>;
 

@@ -1,0 +1,454 @@
+// Package dbset is shardstock's storage when SKUs are placed on several
+// Postgres databases: a Set holds one internal/postgres.DB per database,
+// by name, and the placement (internal/topology.Placements), and answers
+// each SKU's calls from the SKU's own database. It implements the
+// allocator's Store and the shard server's Databases. A database that
+// does not answer makes its own SKUs unavailable (retryable), never the
+// others'.
+package dbset
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// locatedMax bounds the SKUs whose database the Set remembers after
+// looking it up (only SKUs of slots that a newer placement version gave to
+// another database need a lookup; the rest are computed).
+const locatedMax = 100_000
+
+// Placement is where the Set reads the placement from:
+// *topology.Placements, or Fixed for a deployment of one database.
+type Placement interface {
+	Current() stock.Placement
+	Locked(ctx context.Context, f func(stock.Placement) error) error
+	Publish(ctx context.Context, databases []string) (stock.Placement, error)
+}
+
+// Fixed is a placement that never changes, for one database without etcd.
+type Fixed struct {
+	P  stock.Placement
+	mu sync.Mutex
+}
+
+// Current is f.P.
+func (f *Fixed) Current() stock.Placement { return f.P }
+
+// Locked runs fn under a process-local lock.
+func (f *Fixed) Locked(_ context.Context, fn func(stock.Placement) error) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fn(f.P)
+}
+
+// Publish refuses: a fixed placement does not change.
+func (f *Fixed) Publish(context.Context, []string) (stock.Placement, error) {
+	return f.P, stock.Errorf(stock.CodeUnimplemented, "the placement is fixed: run with etcd to change it")
+}
+
+var _ Placement = (*topology.Placements)(nil)
+
+// Set is a set of named databases and the placement of SKUs on them.
+type Set struct {
+	dbs       map[string]*postgres.DB
+	names     []string // sorted
+	placement Placement
+	located   *lru.Cache[string, string] // sku -> database, looked up
+}
+
+// New returns a Set over dbs (by name) placed by p.
+func New(dbs map[string]*postgres.DB, p Placement) (*Set, error) {
+	if len(dbs) == 0 {
+		return nil, errors.New("dbset: no database")
+	}
+	located, err := lru.New[string, string](locatedMax)
+	if err != nil {
+		return nil, err
+	}
+	s := &Set{dbs: dbs, placement: p, located: located}
+	for name := range dbs {
+		s.names = append(s.names, name)
+	}
+	sort.Strings(s.names)
+	return s, nil
+}
+
+// Names are the databases this process can reach, sorted.
+func (s *Set) Names() []string { return s.names }
+
+// DB is the database called name, or nil.
+func (s *Set) DB(name string) *postgres.DB { return s.dbs[name] }
+
+// Placement is the current placement.
+func (s *Set) Placement() stock.Placement { return s.placement.Current() }
+
+// Configured reports whether the Set has database name.
+func (s *Set) Configured(name string) bool { return s.dbs[name] != nil }
+
+// SetPlacement publishes a version that spreads new SKUs over databases,
+// each of which this process must have (the others need it too: an
+// operator adds a database to every process's -databases first).
+func (s *Set) SetPlacement(ctx context.Context, databases []string) (stock.Placement, error) {
+	if err := stock.ValidateDatabases(databases); err != nil {
+		return stock.Placement{}, err
+	}
+	for _, name := range databases {
+		if s.dbs[name] == nil {
+			return stock.Placement{}, stock.Errorf(stock.CodeInvalidArgument, "database %q is not configured on this allocator (-databases)", name)
+		}
+	}
+	return s.placement.Publish(ctx, databases)
+}
+
+// unconfigured is the error for a database the placement names but this
+// process has no URL for: a deployment error, retryable once fixed.
+func unconfigured(name string) error {
+	return stock.Errorf(stock.CodeShardUnavailable, "database %q is not configured on this server", name)
+}
+
+// Locate names the database that holds sku: the newest placement's choice
+// when no version placed the SKU's slot elsewhere (no query), else the
+// first of its candidates, newest first, that has the SKU. A SKU found
+// nowhere is placed where a new one would be (its calls then answer
+// SKU_NOT_FOUND there). A candidate that does not answer before the SKU is
+// found makes the answer SHARD_UNAVAILABLE.
+func (s *Set) Locate(ctx context.Context, sku string) (string, error) {
+	cands := s.placement.Current().Candidates(sku)
+	if len(cands) == 1 {
+		return cands[0], nil
+	}
+	if name, ok := s.located.Get(sku); ok {
+		return name, nil
+	}
+	for _, name := range cands {
+		db := s.dbs[name]
+		if db == nil {
+			return "", unconfigured(name)
+		}
+		_, err := db.GetSKU(ctx, sku)
+		if err == nil {
+			s.located.Add(sku, name)
+			return name, nil
+		}
+		if stock.CodeOf(err) != stock.CodeSKUNotFound {
+			return "", stock.Errorf(stock.CodeShardUnavailable, "database %q: %v", name, err)
+		}
+	}
+	return cands[0], nil
+}
+
+// of is the database that holds sku.
+func (s *Set) of(ctx context.Context, sku string) (*postgres.DB, error) {
+	name, err := s.Locate(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	db := s.dbs[name]
+	if db == nil {
+		return nil, unconfigured(name)
+	}
+	return db, nil
+}
+
+// CreateSKU creates the SKU in the database the newest placement gives
+// it, under the placement lock, after checking that no older version's
+// database holds it already.
+func (s *Set) CreateSKU(ctx context.Context, sku stock.SKU, initial int64) error {
+	return s.placement.Locked(ctx, func(p stock.Placement) error {
+		cands := p.Candidates(sku.Name)
+		for _, name := range cands[1:] {
+			db := s.dbs[name]
+			if db == nil {
+				return unconfigured(name)
+			}
+			_, err := db.GetSKU(ctx, sku.Name)
+			if err == nil {
+				return stock.Errorf(stock.CodeSKUExists, "sku %q exists", sku.Name)
+			}
+			if stock.CodeOf(err) != stock.CodeSKUNotFound {
+				return stock.Errorf(stock.CodeShardUnavailable, "database %q: %v", name, err)
+			}
+		}
+		db := s.dbs[cands[0]]
+		if db == nil {
+			return unconfigured(cands[0])
+		}
+		if err := db.CreateSKU(ctx, sku, initial); err != nil {
+			return err
+		}
+		if len(cands) > 1 {
+			s.located.Add(sku.Name, cands[0])
+		}
+		return nil
+	})
+}
+
+// GetSKU reads the SKU from its database.
+func (s *Set) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return db.GetSKU(ctx, sku)
+}
+
+// UpdateSKU updates the SKU in its database.
+func (s *Set) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*stock.SKU, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return db.UpdateSKU(ctx, sku, u)
+}
+
+// Shards reads the SKU's shard rows.
+func (s *Set) Shards(ctx context.Context, sku string) ([]stock.ShardRow, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return db.Shards(ctx, sku)
+}
+
+// ResumeShard resumes a halted shard.
+func (s *Set) ResumeShard(ctx context.Context, k stock.ShardKey) (string, error) {
+	db, err := s.of(ctx, k.SKU)
+	if err != nil {
+		return "", err
+	}
+	return db.ResumeShard(ctx, k)
+}
+
+// InTransit is the SKU's stock in transit.
+func (s *Set) InTransit(ctx context.Context, sku string) (int64, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return 0, err
+	}
+	return db.InTransit(ctx, sku)
+}
+
+// Sweep reads the SKU's shards, stock in transit and operations of keys.
+func (s *Set) Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	return db.Sweep(ctx, sku, keys)
+}
+
+// GetOperation reads a keyed operation of the SKU.
+func (s *Set) GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return db.GetOperation(ctx, sku, key)
+}
+
+// CreateTransfer records a transfer in its SKU's database.
+func (s *Set) CreateTransfer(ctx context.Context, t *stock.Transfer) error {
+	db, err := s.of(ctx, t.SKU)
+	if err != nil {
+		return err
+	}
+	return db.CreateTransfer(ctx, t)
+}
+
+// OpenTransfers lists the SKU's unfinished transfers.
+func (s *Set) OpenTransfers(ctx context.Context, sku string, limit int) ([]*stock.Transfer, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return db.OpenTransfers(ctx, sku, limit)
+}
+
+// Totals sums the SKU's shards.
+func (s *Set) Totals(ctx context.Context, sku string) (stock.Counts, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return stock.Counts{}, err
+	}
+	return db.Totals(ctx, sku)
+}
+
+// RaiseMoveFence raises the SKU's move fence.
+func (s *Set) RaiseMoveFence(ctx context.Context, sku string, token int64, holder string) error {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return err
+	}
+	return db.RaiseMoveFence(ctx, sku, token, holder)
+}
+
+// SetShards changes the SKU's shard count.
+func (s *Set) SetShards(ctx context.Context, sku string, n int32) (*stock.SKU, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return db.SetShards(ctx, sku, n)
+}
+
+// FinishRetirement ends the SKU's retirement of shards if it can.
+func (s *Set) FinishRetirement(ctx context.Context, sku string, grace time.Duration) (bool, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return false, err
+	}
+	return db.FinishRetirement(ctx, sku, grace)
+}
+
+// ListLedger pages through the SKU's ledger.
+func (s *Set) ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return db.ListLedger(ctx, sku, after, limit)
+}
+
+// Snapshot reads the SKU's books for reconciliation.
+func (s *Set) Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return reconcile.Snapshot{}, err
+	}
+	return db.Snapshot(ctx, sku)
+}
+
+// each runs f on every database at once and joins the errors, each named
+// by its database.
+func (s *Set) each(ctx context.Context, f func(ctx context.Context, name string, db *postgres.DB) error) error {
+	errs := make([]error, len(s.names))
+	var wg sync.WaitGroup
+	for i, name := range s.names {
+		wg.Go(func() {
+			if err := f(ctx, name, s.dbs[name]); err != nil {
+				errs[i] = fmt.Errorf("database %q: %w", name, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// InTransitTotal sums the stock in transit of every database. With a
+// database down it sums the others and reports the error too.
+func (s *Set) InTransitTotal(ctx context.Context) (int64, error) {
+	var mu sync.Mutex
+	var total int64
+	err := s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
+		n, err := db.InTransitTotal(ctx)
+		mu.Lock()
+		total += n
+		mu.Unlock()
+		return err
+	})
+	return total, err
+}
+
+// RetiringSKUs lists SKUs retiring shards, from every database that
+// answers (up to limit from each): the rebalancer's work list, which a
+// database down must not stop for the others.
+func (s *Set) RetiringSKUs(ctx context.Context, limit int) ([]string, error) {
+	var mu sync.Mutex
+	var out []string
+	err := s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
+		names, err := db.RetiringSKUs(ctx, limit)
+		mu.Lock()
+		out = append(out, names...)
+		mu.Unlock()
+		return err
+	})
+	slices.Sort(out)
+	if len(out) > 0 {
+		err = nil
+	}
+	return out, err
+}
+
+// ListTransfers pages through transfers. With a SKU, from its database;
+// else from every database, merged in creation order (the order each
+// database pages in): the page token names the last transfer of the page,
+// whose creation time places it among every database's. A database that
+// does not answer fails the listing: a page that silently skipped one
+// would skip its transfers for good.
+func (s *Set) ListTransfers(ctx context.Context, f stock.TransferFilter, afterID string, limit int) ([]*stock.Transfer, error) {
+	if f.SKU != "" {
+		db, err := s.of(ctx, f.SKU)
+		if err != nil {
+			return nil, err
+		}
+		return db.ListTransfers(ctx, f, afterID, limit)
+	}
+	from, found, err := s.cursor(ctx, afterID)
+	if err != nil || !found {
+		return nil, err
+	}
+	var mu sync.Mutex
+	var out []*stock.Transfer
+	err = s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
+		ts, err := db.ListTransfersFrom(ctx, f, from, limit)
+		mu.Lock()
+		out = append(out, ts...)
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		return nil, stock.Errorf(stock.CodeShardUnavailable, "%v", err)
+	}
+	slices.SortFunc(out, func(a, b *stock.Transfer) int {
+		ca, cb := stock.TransferCursor{CreatedAt: a.CreatedAt, ID: a.ID}, stock.TransferCursor{CreatedAt: b.CreatedAt, ID: b.ID}
+		switch {
+		case ca.Before(cb):
+			return -1
+		case cb.Before(ca):
+			return 1
+		}
+		return 0
+	})
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// cursor finds the transfer afterID in whichever database has it ("" is
+// the start; found is false if no database has it).
+func (s *Set) cursor(ctx context.Context, afterID string) (from stock.TransferCursor, found bool, err error) {
+	if afterID == "" {
+		return from, true, nil
+	}
+	var mu sync.Mutex
+	err = s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
+		t, err := db.GetTransfer(ctx, afterID)
+		if stock.CodeOf(err) == stock.CodeInvalidArgument {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		from, found = stock.TransferCursor{CreatedAt: t.CreatedAt, ID: t.ID}, true
+		mu.Unlock()
+		return nil
+	})
+	if err != nil && !found {
+		return from, false, stock.Errorf(stock.CodeShardUnavailable, "%v", err)
+	}
+	return from, found, nil
+}
