@@ -16,9 +16,19 @@ func TestE2E_SourceCase(t *testing.T) {
 	s := newStack(t, 3)
 	const sku = "case"
 	s.createSKU(sku, 100, 8)
+	sourceCase(t, s, sku)
+	s.reconcile(sku)
+}
+
+// sourceCase runs the source document's case on sku, which holds 100
+// units: 500 concurrent deducts of one unit, 50 of them repeating an
+// earlier key. Exactly 100 keys succeed, each once, every repeat replays
+// its first answer, and the SKU ends sold out with 100 sold.
+func sourceCase(t *testing.T, s *stack, sku string) {
+	t.Helper()
 	keys := make([]string, 500)
 	for i := range keys {
-		keys[i] = fmt.Sprintf("case-order-%03d", i)
+		keys[i] = fmt.Sprintf("%s-order-%03d", sku, i)
 		if i >= 450 {
 			keys[i] = keys[i-450]
 		}
@@ -45,7 +55,7 @@ func TestE2E_SourceCase(t *testing.T) {
 		}
 	}
 	if len(firsts) != 100 {
-		t.Errorf("distinct keys that succeeded = %d, want 100", len(firsts))
+		t.Errorf("%s: distinct keys that succeeded = %d, want 100", sku, len(firsts))
 	}
 	for k, n := range firsts {
 		if n != 1 {
@@ -67,9 +77,8 @@ func TestE2E_SourceCase(t *testing.T) {
 	}
 	st := s.stock(sku)
 	if st.Available != 0 || st.Sold != 100 {
-		t.Errorf("stock = %v, want available 0, sold 100", st)
+		t.Errorf("%s: stock = %v, want available 0, sold 100", sku, st)
 	}
-	s.reconcile(sku)
 }
 
 // TestE2E_NoFalseSoldOut: stock spread thin over many shards still sells to

@@ -65,6 +65,7 @@ func TestMain(m *testing.M) {
 type stack struct {
 	t         *testing.T
 	dbURL     string
+	env       []string // more environment of every process
 	etcd      string
 	shards    map[string]*proc
 	allocator *proc
@@ -109,12 +110,20 @@ type stackOpts struct {
 	ttl          time.Duration // the shard servers' lease TTL
 	allocArgs    []string      // more flags of the allocator
 	allocEnv     []string      // more environment of the allocator
+	dbURL        string        // the database named main; "": a new one of pgtest's
+	env          []string      // more environment of every process
 }
 
 func newStackOpts(t *testing.T, o stackOpts) *stack {
 	t.Helper()
 	e := etcdtest.Start(t)
-	s := &stack{t: t, dbURL: pgtest.NewDB(t), etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl}
+	if o.dbURL == "" {
+		o.dbURL = pgtest.NewDB(t)
+	}
+	if o.ttl == 0 {
+		o.ttl = leaseTTL
+	}
+	s := &stack{t: t, dbURL: o.dbURL, env: o.env, etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl}
 	for i := 1; i <= o.shardServers; i++ {
 		s.startShard(fmt.Sprintf("s%d", i))
 	}
@@ -187,7 +196,7 @@ func (s *stack) start(name, path string, args ...string) *proc {
 func (s *stack) startEnv(name string, env []string, path string, args ...string) *proc {
 	s.t.Helper()
 	cmd := exec.Command(path, args...)
-	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+s.dbURL, "ETCD_ENDPOINTS="+s.etcd), env...)
+	cmd.Env = append(append(append(os.Environ(), "DATABASE_URL="+s.dbURL, "ETCD_ENDPOINTS="+s.etcd), s.env...), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
