@@ -77,12 +77,16 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "allocator listen address (env SHARDSTOCK_ADDR)")
 	servers := fs.Int("shard-servers", 3, "shard servers to start, each a process of its own")
+	databases := fs.Int("databases", 1, "Postgres databases to place SKUs on: main (DATABASE_URL, or a throwaway cluster) and db2..dbN, each a throwaway cluster of its own (unless SHARDSTOCK_DATABASES names them)")
 	local := fs.Bool("allocator-shard", false, "also run a shard server (id "+localShardID+") inside the allocator's process, called without RPC; with -shard-servers 0 it owns every partition")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *servers < 0 || (*servers == 0 && !*local) {
 		return errors.New("-shard-servers: at least 1, or 0 with -allocator-shard")
+	}
+	if *databases < 1 || *databases > 8 {
+		return errors.New("-databases: 1 to 8")
 	}
 	token := getenv("SHARDSTOCK_ADMIN_TOKEN")
 	if token == "" {
@@ -99,6 +103,24 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		defer c.Stop()
 		dbURL = c.URL()
 	}
+	more := getenv("SHARDSTOCK_DATABASES")
+	if more == "" && *databases > 1 {
+		var pairs []string
+		for i := 2; i <= *databases; i++ {
+			fmt.Fprintf(stderr, "dev: starting a throwaway Postgres cluster for database db%d\n", i)
+			c, err := pgcluster.Start(ctx, "")
+			if err != nil {
+				return fmt.Errorf("database db%d: %w", i, err)
+			}
+			defer c.Stop()
+			pairs = append(pairs, fmt.Sprintf("db%d=%s", i, c.URL()))
+		}
+		more = strings.Join(pairs, ",")
+	}
+	dbs, err := startup.Databases(dbURL, more)
+	if err != nil {
+		return err
+	}
 	etcd := getenv("ETCD_ENDPOINTS")
 	if etcd == "" {
 		e, err := etcdembed.Start(ctx, "")
@@ -108,8 +130,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		defer e.Close()
 		etcd = strings.Join(e.Endpoints(), ",")
 		// A new etcd counts revisions, and so epochs, from 1 again.
-		if err := resetFences(ctx, dbURL); err != nil {
-			return err
+		for name, url := range dbs {
+			if err := resetFences(ctx, url); err != nil {
+				return fmt.Errorf("database %q: %w", name, err)
+			}
 		}
 	}
 
@@ -117,7 +141,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	env := append(childEnv(os.Environ()), "DATABASE_URL="+dbURL, "ETCD_ENDPOINTS="+etcd, "SHARDSTOCK_ADMIN_TOKEN="+token)
+	env := append(childEnv(os.Environ()), "DATABASE_URL="+dbURL, "SHARDSTOCK_DATABASES="+more, "ETCD_ENDPOINTS="+etcd, "SHARDSTOCK_ADMIN_TOKEN="+token)
 	kids := newChildren(ctx, *servers+1)
 	defer kids.stop()
 	for i := 1; i <= *servers; i++ {
