@@ -81,6 +81,10 @@ func TestRules(t *testing.T) {
 		t.FailNow()
 	}
 	names := exported(t)
+	ops, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
 	seen := map[string]int{}
 	for _, g := range groups.Groups {
 		for _, r := range g.Rules {
@@ -102,6 +106,9 @@ func TestRules(t *testing.T) {
 			}
 			if want := "docs/operations.md#" + strings.ToLower(r.Alert); r.Annotations["runbook"] != want {
 				t.Errorf("alert %s: runbook %q, want %q", r.Alert, r.Annotations["runbook"], want)
+			}
+			if !strings.Contains(string(ops), "\n### "+r.Alert+"\n") {
+				t.Errorf("alert %s has no runbook: docs/operations.md lacks a heading \"### %s\"", r.Alert, r.Alert)
 			}
 		}
 	}
