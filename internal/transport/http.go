@@ -12,10 +12,12 @@ import (
 	"time"
 )
 
-// Server timeouts.
+// Server timeouts and bounds.
 const (
 	readHeaderTimeout = 5 * time.Second
 	idleTimeout       = 2 * time.Minute
+	// headerMaxBytes bounds a request's headers on every listener.
+	headerMaxBytes = 64 << 10
 )
 
 // NewServer returns an HTTP server that speaks HTTP/1.1 and cleartext
@@ -29,6 +31,7 @@ func NewServer(h http.Handler) *http.Server {
 		Protocols:         &p,
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    headerMaxBytes,
 	}
 }
 
@@ -85,13 +88,24 @@ const (
 	// compressMinBytes: smaller messages go uncompressed. Compressing every
 	// small answer cost a tenth of the allocator's CPU under load.
 	compressMinBytes = 4096
-	// readMaxBytes bounds a message a peer may send.
+	// readMaxBytes bounds a message a peer may send between shardstock's
+	// own processes (an Execute call carries up to 4,096 operations).
 	readMaxBytes = 4 << 20
+	// publicReadMaxBytes bounds a message of the public and admin APIs,
+	// after decompression: every request is one SKU's, well under 1 KiB.
+	// A larger one is resource_exhausted and reaches no handler.
+	publicReadMaxBytes = 64 << 10
 )
 
-// HandlerOptions are the options every shardstock handler is built with.
+// HandlerOptions are the options of the internal ShardService's handlers.
 func HandlerOptions() []connect.HandlerOption {
 	return []connect.HandlerOption{connect.WithCompressMinBytes(compressMinBytes), connect.WithReadMaxBytes(readMaxBytes)}
+}
+
+// PublicHandlerOptions are the options of the public and admin APIs'
+// handlers: HandlerOptions with the smaller message bound.
+func PublicHandlerOptions() []connect.HandlerOption {
+	return []connect.HandlerOption{connect.WithCompressMinBytes(compressMinBytes), connect.WithReadMaxBytes(publicReadMaxBytes)}
 }
 
 // InternalClientOptions are the options of clients between shardstock's own

@@ -124,9 +124,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	})
 	metrics := transport.NewMetrics(reg)
 	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: alloc},
-		append(transport.HandlerOptions(), connect.WithInterceptors(metrics))...))
+		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...))
 	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc, Placement: proc.DBs},
-		append(transport.HandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
+		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())
 	nodeDone, shardDone := make(chan error, 1), make(chan error, 1)
 	if node != nil {

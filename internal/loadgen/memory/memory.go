@@ -92,8 +92,8 @@ func New() *Server {
 // reflection and /healthz, built with shardstock's handler options.
 func (s *Server) Handler() http.Handler {
 	mux := transport.NewMux(transport.MuxConfig{Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}})
-	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: s}, transport.HandlerOptions()...))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: s}, transport.HandlerOptions()...))
+	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: s}, transport.PublicHandlerOptions()...))
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: s}, transport.PublicHandlerOptions()...))
 	return mux
 }
 
