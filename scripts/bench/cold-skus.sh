@@ -72,8 +72,8 @@ report() {
 	local keys
 	keys=$(curl -fsS -X POST -H 'Content-Type: application/json' -H "Authorization: Bearer $token" -d '{}' \
 		"$base/shardstock.v1.AdminService/GetTopology" |
-		python3 -c 'import json,sys; t=json.load(sys.stdin); print(len(t.get("owners", [])) + len(t.get("servers", [])) + len(t.get("moveLeases", [])))')
-	echo "cold: $label: ready ${ready}s after start; $rss; $keys etcd keys (partition owners + servers + move leases)"
+		python3 -c 'import json,sys; t=json.load(sys.stdin); print(len(t.get("owners", [])) + len(t.get("servers", [])) + len(t.get("moveLeases", [])) + (1 if t.get("placement") else 0))')
+	echo "cold: $label: ready ${ready}s after start; $rss; $keys etcd keys (partition owners + servers + move leases + the placement)"
 }
 
 if curl -fsS "$base/healthz" >/dev/null 2>&1; then
