@@ -7,8 +7,10 @@ package shardnode
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -48,6 +50,11 @@ type Config struct {
 type Node struct {
 	Server *shard.Server
 	member *topology.Member
+	// drain is closed by Drain: the member leaves the topology; left is
+	// closed once it has.
+	drain     chan struct{}
+	drainOnce sync.Once
+	left      chan struct{}
 }
 
 // New returns a node; Run starts it.
@@ -59,6 +66,8 @@ func New(cfg Config) *Node {
 	srv := shard.New(shard.Config{ServerID: cfg.ID, DBs: stores, Locate: cfg.DBs.Locate, Logger: cfg.Logger, Registerer: cfg.Registry})
 	return &Node{
 		Server: srv,
+		drain:  make(chan struct{}),
+		left:   make(chan struct{}),
 		member: topology.NewMember(topology.MemberConfig{Client: cfg.Etcd, ServerID: cfg.ID, Addr: cfg.Advertise,
 			LeaseTTL: cfg.LeaseTTL, Owner: srv, Logger: cfg.Logger}),
 	}
@@ -75,7 +84,35 @@ func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool, interceptors ..
 		Ready: n.Ready})
 	opts := append(transport.HandlerOptions(), connect.WithInterceptors(interceptors...))
 	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, opts...))
+	mux.HandleFunc("/drain", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), drainTimeout)
+		defer cancel()
+		if err := n.Drain(ctx); err != nil {
+			http.Error(w, "not drained: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "drained")
+	})
 	return mux
+}
+
+// drainTimeout bounds a /drain call: leaving the topology is one etcd
+// revoke after the batches in flight.
+const drainTimeout = 20 * time.Second
+
+// Drain leaves the topology now, as a stop does, and returns once the
+// node's partitions are released (others take them at once) or ctx ends.
+// The process keeps running, owning nothing and not ready, until it is
+// stopped: a Kubernetes preStop hook (GET /drain on the shard port) hands
+// the partitions over before the pod gets SIGTERM.
+func (n *Node) Drain(ctx context.Context) error {
+	n.drainOnce.Do(func() { close(n.drain) })
+	select {
+	case <-n.left:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Ready reports whether the node owns exactly the partitions assigned to
@@ -88,7 +125,17 @@ func (n *Node) Ready() bool { return n.member.Settled() }
 func (n *Node) Run(ctx context.Context) error {
 	sweepDone := make(chan error, 1)
 	go func() { sweepDone <- n.Server.Run(ctx) }()
-	err := n.member.Run(ctx)
+	mctx, leave := context.WithCancel(ctx)
+	defer leave()
+	go func() {
+		select {
+		case <-n.drain:
+			leave()
+		case <-mctx.Done():
+		}
+	}()
+	err := n.member.Run(mctx)
+	close(n.left)
 	<-sweepDone
 	return err
 }

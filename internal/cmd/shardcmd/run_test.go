@@ -125,6 +125,23 @@ func TestRun_StartStop(t *testing.T) {
 		}
 	}
 
+	// /drain (the preStop hook) hands every partition over and leaves
+	// the topology while the process runs on, not ready.
+	if got := get(t, base+"/drain"); got != "drained" {
+		t.Fatalf("/drain = %q, want drained", got)
+	}
+	for deadline := time.Now().Add(5 * time.Second); registered(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("still registered 5 s after /drain")
+		}
+	}
+	if got := get(t, base+"/readyz"); got == "ready" {
+		t.Error("/readyz = ready after /drain")
+	}
+	if m := get(t, base+"/metrics"); !strings.Contains(m, "shardstock_shard_partitions_owned 0") {
+		t.Error("/metrics does not show 0 partitions owned after /drain")
+	}
+
 	cancel()
 	select {
 	case err := <-done:
