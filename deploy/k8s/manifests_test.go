@@ -1,0 +1,390 @@
+// Package k8s tests shardstock's Kubernetes manifests: every overlay is
+// rendered with the kustomize library and every object decoded strictly
+// into its API type (an unknown field or kind fails), then checked against
+// the deployment's invariants.
+package k8s
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+var overlays = []string{"overlays/dev", "overlays/prod"}
+
+// Ports of shardstock's processes (the flags' values in base/).
+const (
+	publicPort = 8080 // allocators' public API
+	shardPort  = 7001 // ShardService: no authentication, internal only
+)
+
+// rendered is one overlay's objects, decoded.
+type rendered struct {
+	deployments  []*appsv1.Deployment
+	statefulSets []*appsv1.StatefulSet
+	services     []*corev1.Service
+	hpas         []*autoscalingv2.HorizontalPodAutoscaler
+	pdbs         []*policyv1.PodDisruptionBudget
+	policies     []*networkingv1.NetworkPolicy
+	secrets      []*corev1.Secret
+	clusters     []*cnpgCluster
+	rules        []*monitoringv1.PrometheusRule
+	monitors     []*monitoringv1.ServiceMonitor
+	kinds        map[string]int
+}
+
+// render builds an overlay with kustomize and decodes every object.
+func render(t *testing.T, dir string) *rendered {
+	t.Helper()
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	resMap, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize %s: %v", dir, err)
+	}
+	out, err := resMap.AsYaml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rendered{kinds: map[string]int{}}
+	for _, doc := range bytes.Split(out, []byte("\n---\n")) {
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		if err := r.add(doc); err != nil {
+			t.Errorf("%s: %v\n%s", dir, err, doc)
+		}
+	}
+	return r
+}
+
+// add decodes doc strictly into the type its apiVersion and kind name.
+func (r *rendered) add(doc []byte) error {
+	var head struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(doc, &head); err != nil {
+		return err
+	}
+	gvk := head.APIVersion + "/" + head.Kind
+	r.kinds[head.Kind]++
+	strict := func(v any) error { return yaml.UnmarshalStrict(doc, v) }
+	switch gvk {
+	case "v1/Namespace":
+		return strict(&corev1.Namespace{})
+	case "v1/Service":
+		v := &corev1.Service{}
+		r.services = append(r.services, v)
+		return strict(v)
+	case "v1/Secret":
+		v := &corev1.Secret{}
+		r.secrets = append(r.secrets, v)
+		return strict(v)
+	case "apps/v1/Deployment":
+		v := &appsv1.Deployment{}
+		r.deployments = append(r.deployments, v)
+		return strict(v)
+	case "apps/v1/StatefulSet":
+		v := &appsv1.StatefulSet{}
+		r.statefulSets = append(r.statefulSets, v)
+		return strict(v)
+	case "autoscaling/v2/HorizontalPodAutoscaler":
+		v := &autoscalingv2.HorizontalPodAutoscaler{}
+		r.hpas = append(r.hpas, v)
+		return strict(v)
+	case "policy/v1/PodDisruptionBudget":
+		v := &policyv1.PodDisruptionBudget{}
+		r.pdbs = append(r.pdbs, v)
+		return strict(v)
+	case "networking.k8s.io/v1/NetworkPolicy":
+		v := &networkingv1.NetworkPolicy{}
+		r.policies = append(r.policies, v)
+		return strict(v)
+	case "postgresql.cnpg.io/v1/Cluster":
+		v := &cnpgCluster{}
+		r.clusters = append(r.clusters, v)
+		return strict(v)
+	case "monitoring.coreos.com/v1/PrometheusRule":
+		v := &monitoringv1.PrometheusRule{}
+		r.rules = append(r.rules, v)
+		return strict(v)
+	case "monitoring.coreos.com/v1/ServiceMonitor":
+		v := &monitoringv1.ServiceMonitor{}
+		r.monitors = append(r.monitors, v)
+		return strict(v)
+	}
+	return fmt.Errorf("unknown kind %s: add its type to the test", gvk)
+}
+
+// pods are the pod templates of every workload, by workload name.
+func (r *rendered) pods() map[string]*corev1.PodTemplateSpec {
+	out := map[string]*corev1.PodTemplateSpec{}
+	for _, d := range r.deployments {
+		out["Deployment/"+d.Name] = &d.Spec.Template
+	}
+	for _, s := range r.statefulSets {
+		out["StatefulSet/"+s.Name] = &s.Spec.Template
+	}
+	return out
+}
+
+func TestOverlays(t *testing.T) {
+	for _, dir := range overlays {
+		t.Run(dir, func(t *testing.T) {
+			r := render(t, dir)
+			checkPods(t, r)
+			checkServices(t, r)
+			checkScaling(t, r)
+			checkNetworkPolicies(t, r)
+		})
+	}
+}
+
+// checkPods: every container has liveness and readiness probes, resource
+// requests and limits, a pinned image, runs as non-root, and takes every
+// secret by reference.
+func checkPods(t *testing.T, r *rendered) {
+	for name, tmpl := range r.pods() {
+		spec := tmpl.Spec
+		if sc := spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Errorf("%s: pod does not set runAsNonRoot", name)
+		}
+		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+			where := name + "/" + c.Name
+			if c.LivenessProbe == nil || c.ReadinessProbe == nil {
+				t.Errorf("%s: liveness and readiness probes required", where)
+			}
+			for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+				if _, ok := c.Resources.Requests[res]; !ok {
+					t.Errorf("%s: no %s request", where, res)
+				}
+				if _, ok := c.Resources.Limits[res]; !ok {
+					t.Errorf("%s: no %s limit", where, res)
+				}
+			}
+			if err := pinned(c.Image); err != nil {
+				t.Errorf("%s: %v", where, err)
+			}
+			for _, e := range c.Env {
+				if secretish(e.Name) && e.Value != "" && (e.ValueFrom != nil || !onlyReferences(e.Value)) {
+					t.Errorf("%s: env %s holds a literal value; take it from a Secret (secretKeyRef)", where, e.Name)
+				}
+			}
+		}
+	}
+}
+
+// pinned reports why an image reference is not pinned to a version.
+func pinned(image string) error {
+	if strings.Contains(image, "@sha256:") {
+		return nil
+	}
+	slash := strings.LastIndex(image, "/")
+	colon := strings.LastIndex(image, ":")
+	if colon <= slash {
+		return fmt.Errorf("image %q has no tag", image)
+	}
+	if tag := image[colon+1:]; tag == "latest" || tag == "" {
+		return fmt.Errorf("image %q is not pinned", image)
+	}
+	return nil
+}
+
+// secretish names an environment variable that carries a credential.
+func secretish(name string) bool {
+	for _, s := range []string{"TOKEN", "PASSWORD", "DATABASE_URL", "DATABASES", "SECRET", "_URL"} {
+		if strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// onlyReferences reports whether v is built from $(VAR) references with no
+// credential of its own (such as "second=$(SECOND_URL)").
+func onlyReferences(v string) bool {
+	return strings.Contains(v, "$(") && !strings.Contains(v, "://") && !strings.Contains(v, "@")
+}
+
+// checkServices: no Service exposes the shard servers' port or selects
+// them outside the cluster; the allocators' Service exposes the public
+// port only.
+func checkServices(t *testing.T, r *rendered) {
+	podLabels := map[string]labels.Set{}
+	for name, tmpl := range r.pods() {
+		podLabels[name] = tmpl.Labels
+	}
+	for _, s := range r.services {
+		sel := labels.SelectorFromSet(s.Spec.Selector)
+		exposed := s.Spec.Type == corev1.ServiceTypeLoadBalancer || s.Spec.Type == corev1.ServiceTypeNodePort
+		for _, p := range s.Spec.Ports {
+			target := p.TargetPort.IntValue()
+			if p.TargetPort.String() == "shard" || p.Port == shardPort || target == shardPort {
+				if exposed || s.Spec.ClusterIP != corev1.ClusterIPNone {
+					t.Errorf("Service %s exposes the shard port (%d): only a headless Service may name it", s.Name, shardPort)
+				}
+			}
+		}
+		if len(s.Spec.Selector) > 0 && sel.Matches(podLabels["StatefulSet/shard"]) && (exposed || s.Spec.ClusterIP != corev1.ClusterIPNone) {
+			t.Errorf("Service %s selects the shard servers and is not headless", s.Name)
+		}
+		if len(s.Spec.Selector) > 0 && sel.Matches(podLabels["Deployment/allocator"]) {
+			for _, p := range s.Spec.Ports {
+				if p.TargetPort.String() != "http" && p.TargetPort.IntValue() != publicPort {
+					t.Errorf("Service %s exposes allocator port %s besides the public one", s.Name, p.TargetPort.String())
+				}
+			}
+		}
+	}
+}
+
+// checkScaling: the HPA scales the allocator Deployment; PDBs cover the
+// allocators, shard servers and etcd.
+func checkScaling(t *testing.T, r *rendered) {
+	if len(r.hpas) != 1 || r.hpas[0].Spec.ScaleTargetRef.Kind != "Deployment" || r.hpas[0].Spec.ScaleTargetRef.Name != "allocator" {
+		t.Errorf("want one HPA on Deployment allocator, got %d", len(r.hpas))
+	}
+	pods := r.pods()
+	for _, want := range []string{"Deployment/allocator", "StatefulSet/shard", "StatefulSet/etcd"} {
+		covered := false
+		for _, pdb := range r.pdbs {
+			sel, err := metav1LabelSelector(pdb)
+			if err == nil && pods[want] != nil && sel.Matches(labels.Set(pods[want].Labels)) {
+				covered = true
+			}
+		}
+		if !covered {
+			t.Errorf("no PodDisruptionBudget selects %s", want)
+		}
+	}
+	for _, s := range r.statefulSets {
+		if s.Name == "etcd" && (s.Spec.Replicas == nil || *s.Spec.Replicas != 3) {
+			t.Errorf("etcd has %v members, want 3", s.Spec.Replicas)
+		}
+		if s.Name == "shard" {
+			c := s.Spec.Template.Spec.Containers[0]
+			if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.HTTPGet == nil || c.Lifecycle.PreStop.HTTPGet.Path != "/drain" {
+				t.Errorf("shard servers: no preStop GET /drain (it hands the partitions over)")
+			}
+		}
+	}
+}
+
+// checkNetworkPolicies: the shard port is reachable only from shardstock's
+// allocators and shard servers (and the monitoring namespace).
+func checkNetworkPolicies(t *testing.T, r *rendered) {
+	shard := labels.Set(r.pods()["StatefulSet/shard"].Labels)
+	found := false
+	for _, p := range r.policies {
+		sel, err := metav1Selector(&p.Spec.PodSelector)
+		if err != nil || !sel.Matches(shard) {
+			continue
+		}
+		found = true
+		for _, rule := range p.Spec.Ingress {
+			if len(rule.From) == 0 {
+				t.Errorf("NetworkPolicy %s lets anyone reach the shard servers", p.Name)
+			}
+			for _, from := range rule.From {
+				if from.IPBlock != nil {
+					t.Errorf("NetworkPolicy %s admits an IP block to the shard servers", p.Name)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("no NetworkPolicy selects the shard servers")
+	}
+}
+
+// TestProd: two CloudNativePG clusters with synchronous replication that
+// never degrades to asynchronous, shard servers that insist on it, and
+// the monitoring objects.
+func TestProd(t *testing.T) {
+	r := render(t, "overlays/prod")
+	if len(r.clusters) != 2 {
+		t.Fatalf("%d CloudNativePG Clusters, want 2", len(r.clusters))
+	}
+	for _, c := range r.clusters {
+		s := c.Spec.PostgreSQL.Synchronous
+		if c.Spec.Instances < 3 || s == nil || s.Number < 1 || s.DataDurability != "required" {
+			t.Errorf("Cluster %s: %d instances, synchronous %+v; want 3 instances and at least one synchronous standby, dataDurability required", c.Metadata.Name, c.Spec.Instances, s)
+		}
+	}
+	shard := findSTS(r, "shard")
+	env := map[string]corev1.EnvVar{}
+	for _, e := range shard.Spec.Template.Spec.Containers[0].Env {
+		env[e.Name] = e
+	}
+	if env["SHARDSTOCK_REQUIRE_SYNC_STANDBY"].Value != "1" {
+		t.Error("prod shard servers do not set SHARDSTOCK_REQUIRE_SYNC_STANDBY=1")
+	}
+	if env["SHARDSTOCK_DATABASES"].Value == "" || env["DATABASE_URL"].ValueFrom == nil {
+		t.Error("prod shard servers are not given both databases")
+	}
+	if len(r.monitors) != 1 || len(r.rules) != 1 {
+		t.Errorf("%d ServiceMonitors and %d PrometheusRules, want 1 each", len(r.monitors), len(r.rules))
+	}
+	if len(r.secrets) != 0 {
+		t.Errorf("prod renders %d Secrets: secrets are referenced, never committed", len(r.secrets))
+	}
+}
+
+func findSTS(r *rendered, name string) *appsv1.StatefulSet {
+	for _, s := range r.statefulSets {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// TestPrometheusRule: the prod overlay's PrometheusRule carries exactly the
+// groups of deploy/alerts/shardstock.rules.yml. UPDATE=1 rewrites it.
+func TestPrometheusRule(t *testing.T) {
+	src, err := os.ReadFile("../alerts/shardstock.rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []monitoringv1.RuleGroup `json:"groups"`
+	}
+	if err := yaml.UnmarshalStrict(src, &rules); err != nil {
+		t.Fatal(err)
+	}
+	want := monitoringv1.PrometheusRule{}
+	want.APIVersion, want.Kind, want.Name = "monitoring.coreos.com/v1", "PrometheusRule", "shardstock"
+	want.Spec.Groups = rules.Groups
+	out, err := yaml.Marshal(&want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append([]byte("# Generated from deploy/alerts/shardstock.rules.yml by deploy/k8s's\n# TestPrometheusRule (UPDATE=1 go test ./... in deploy/k8s): do not edit.\n"), out...)
+	const path = "overlays/prod/prometheusrule.yaml"
+	if os.Getenv("UPDATE") == "1" {
+		if err := os.WriteFile(path, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, out) {
+		t.Errorf("%s differs from deploy/alerts/shardstock.rules.yml: run UPDATE=1 go test ./... in deploy/k8s", path)
+	}
+}
