@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate bench bench-rebalance bench-cold soak soak-crash
+.PHONY: help run test lint generate checkgenerate image bench bench-rebalance bench-cold soak soak-crash
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -34,12 +34,14 @@ test: web/node_modules ## build everything, then run all tests (Postgres on 127.
 	echo go test -count=1 -p 1 -timeout 15m ./...; \
 	go test -count=1 -p 1 -timeout 15m ./...
 	cd deploy/alerts && go test -count=1 ./...
+	cd deploy/k8s && go test -count=1 ./...
 
 lint: ## check gofmt, go vet and buf lint
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then \
 		echo "gofmt -l: these files need gofmt -w:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
 	cd deploy/alerts && go vet ./...
+	cd deploy/k8s && go vet ./...
 	$(BUF) lint
 
 generate: web/node_modules ## regenerate gen/ (Go) and web/gen/ (Connect-ES) from proto/ with buf
@@ -49,6 +51,19 @@ generate: web/node_modules ## regenerate gen/ (Go) and web/gen/ (Connect-ES) fro
 web/node_modules: web/package.json web/package-lock.json
 	npm ci --prefix web --no-audit --no-fund
 	@touch $@
+
+IMAGE ?= ghcr.io/shardstock/shardstock:0.1.0
+
+image: ## build the container image (IMAGE=ghcr.io/shardstock/shardstock:0.1.0) with a working docker, podman or buildah; with none, say so and what to run
+	@builder=""; for b in docker podman buildah; do \
+		if command -v $$b >/dev/null 2>&1 && { [ $$b = buildah ] || $$b info >/dev/null 2>&1; }; then builder=$$b; break; fi; \
+	done; \
+	if [ -z "$$builder" ]; then \
+		echo "make image: no working container builder here (docker or podman with a running engine, or buildah): nothing built."; \
+		echo "On a machine with one: docker build -t $(IMAGE) .   (the Dockerfile needs only the repository)"; \
+		exit 0; \
+	fi; \
+	if [ "$$builder" = buildah ]; then buildah bud -t $(IMAGE) .; else $$builder build -t $(IMAGE) .; fi
 
 checkgenerate: generate ## fail if gen/ or web/gen/ differs from what is committed
 	git diff --exit-code -- gen web/gen

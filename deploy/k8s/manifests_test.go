@@ -388,3 +388,35 @@ func TestPrometheusRule(t *testing.T) {
 		t.Errorf("%s differs from deploy/alerts/shardstock.rules.yml: run UPDATE=1 go test ./... in deploy/k8s", path)
 	}
 }
+
+// TestDockerfile: the image's stages are pinned, its binaries static, and
+// it runs as a non-root user.
+func TestDockerfile(t *testing.T) {
+	src, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var froms []string
+	user := ""
+	for _, line := range strings.Split(string(src), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "FROM" {
+			froms = append(froms, f[1])
+			if err := pinned(f[1]); err != nil {
+				t.Errorf("Dockerfile: %v", err)
+			}
+		}
+		if len(f) >= 2 && f[0] == "USER" {
+			user = f[1]
+		}
+	}
+	if len(froms) < 2 {
+		t.Errorf("Dockerfile has %d stages, want a build stage and a runtime stage", len(froms))
+	}
+	if user == "" || strings.HasPrefix(user, "0") || strings.HasPrefix(user, "root") {
+		t.Errorf("Dockerfile's last USER is %q, want a non-root user", user)
+	}
+	if strings.Count(string(src), "CGO_ENABLED=0") < 2 {
+		t.Error("Dockerfile does not build both binaries with CGO_ENABLED=0 (static)")
+	}
+}
