@@ -9,10 +9,11 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/allocator ./cmd/allocator && \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/shard ./cmd/shard
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/shard ./cmd/shard && \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/stockctl ./cmd/stockctl
 
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/allocator /out/shard /
+COPY --from=build /out/allocator /out/shard /out/stockctl /
 USER 65532:65532
 EXPOSE 8080 7001
 ENTRYPOINT ["/allocator"]

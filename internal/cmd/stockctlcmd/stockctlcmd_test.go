@@ -1,0 +1,224 @@
+package stockctlcmd_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
+	"github.com/shardstock/shardstock/internal/cmd/stockctlcmd"
+	"github.com/shardstock/shardstock/internal/etcdtest"
+	"github.com/shardstock/shardstock/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const token = "stockctl-test-token-0123456789"
+
+// lines keeps what a command prints.
+type lines struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lines) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(b)
+}
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// stack runs a real allocator with its own shard server (every partition)
+// in this process, on Postgres and an embedded etcd, and returns its URL.
+func stack(t *testing.T) string {
+	t.Helper()
+	e := etcdtest.Start(t)
+	args := []string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewDB(t), "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
+		"-admin-token", token, "-shard-id", "s1", "-lease-ttl", "5s", "-db-max-conns", "8", "-log-level", "error"}
+	ctx, cancel := context.WithCancel(context.Background())
+	var out lines
+	done := make(chan error, 1)
+	go func() { done <- allocatorcmd.Run(ctx, args, func(string) string { return "" }, &out, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Error("allocator did not stop")
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sc := bufio.NewScanner(strings.NewReader(out.String()))
+		for sc.Scan() {
+			if base, ok := strings.CutPrefix(sc.Text(), "allocator listening on "); ok {
+				for time.Now().Before(deadline) {
+					if resp, err := http.Get(base + "/readyz"); err == nil {
+						resp.Body.Close()
+						if resp.StatusCode == 200 {
+							return base
+						}
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				t.Fatal("allocator not ready")
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("allocator printed no address: %q", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ctl runs stockctl in-process and returns its exit code and output.
+func ctl(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e lines
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code = stockctlcmd.Run(ctx, args, func(k string) string { return env[k] }, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// TestStockctl drives a real stack through stockctl: every command, the
+// tables and --json, an import and its re-run, and the exit code of each
+// class of error. The admin token appears in no output.
+func TestStockctl(t *testing.T) {
+	base := stack(t)
+	env := map[string]string{"SHARDSTOCK_URL": base, "SHARDSTOCK_ADMIN_TOKEN": token}
+	must := func(args ...string) string {
+		t.Helper()
+		code, out, errs := ctl(t, env, args...)
+		if code != 0 {
+			t.Fatalf("stockctl %v: exit %d\n%s%s", args, code, out, errs)
+		}
+		if strings.Contains(out+errs, token) {
+			t.Fatalf("stockctl %v printed the admin token", args)
+		}
+		return out
+	}
+
+	out := must("create-sku", "tee", "-stock", "100", "-shards", "4", "-max-per-order", "5")
+	if !strings.Contains(out, "tee") || !strings.Contains(out, "100") {
+		t.Errorf("create-sku printed %q", out)
+	}
+	if out := must("stock", "tee"); !strings.Contains(out, "SHARD") || strings.Count(out, "\n") < 7 {
+		t.Errorf("stock printed %q, want the SKU and 4 shard rows", out)
+	}
+	must("adjust-stock", "tee", "-delta", "20", "-reason", "found a box", "-approver", "alice", "-key", "adj-1")
+	var st struct {
+		Stock struct {
+			Available string `json:"available"`
+		} `json:"stock"`
+	}
+	if err := json.Unmarshal([]byte(must("-json", "stock", "tee")), &st); err != nil || st.Stock.Available != "120" {
+		t.Errorf("stock --json: available %q (%v), want 120", st.Stock.Available, err)
+	}
+	must("pause", "tee")
+	if out := must("update-sku", "tee", "-paused=false", "-customer-limit", "3"); !strings.Contains(out, "ACTIVE") {
+		t.Errorf("update-sku printed %q, want the SKU active", out)
+	}
+	if out := must("rebalance", "tee", "-dry-run"); !strings.Contains(out, "FROM") {
+		t.Errorf("rebalance -dry-run printed %q", out)
+	}
+	must("rebalance", "tee", "-wait")
+	must("set-shards", "tee", "8")
+	var transfers struct {
+		Transfers []struct {
+			Sku string `json:"sku"`
+		} `json:"transfers"`
+	}
+	if err := json.Unmarshal([]byte(must("-json", "transfers", "-sku", "tee", "-all")), &transfers); err != nil {
+		t.Fatalf("transfers --json: %v", err)
+	}
+	if out := must("ledger", "tee", "-all"); !strings.Contains(out, "adjust") {
+		t.Errorf("ledger printed %q, want the adjustment", out)
+	}
+	if out := must("reconcile", "tee"); !strings.Contains(out, "true") {
+		t.Errorf("reconcile printed %q, want balanced", out)
+	}
+	if out := must("topology"); !strings.Contains(out, "s1") || !strings.Contains(out, "main") {
+		t.Errorf("topology printed %q, want server s1 and database main", out)
+	}
+	if out := must("-protocol", "grpc", "stock", "tee"); !strings.Contains(out, "tee") {
+		t.Errorf("stock over gRPC printed %q", out)
+	}
+
+	// A 200-row import, and again: all skipped.
+	dir := t.TempDir()
+	csvPath := filepath.Join(dir, "skus.csv")
+	var b strings.Builder
+	b.WriteString("sku,stock,shards\n")
+	for i := range 200 {
+		fmt.Fprintf(&b, "imp-%03d,%d,2\n", i, 10+i)
+	}
+	if err := os.WriteFile(csvPath, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var sum struct{ Created, Skipped, Failed int }
+	if err := json.Unmarshal([]byte(must("-json", "import", csvPath)), &sum); err != nil || sum.Created != 200 || sum.Skipped != 0 || sum.Failed != 0 {
+		t.Errorf("import = %+v (%v), want 200 created", sum, err)
+	}
+	if err := json.Unmarshal([]byte(must("-json", "import", "-progress", csvPath)), &sum); err != nil || sum.Created != 0 || sum.Skipped != 200 {
+		t.Errorf("import again = %+v (%v), want 200 skipped", sum, err)
+	}
+
+	// Exit codes by class.
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want int
+	}{
+		{"bad token", map[string]string{"SHARDSTOCK_URL": base, "SHARDSTOCK_ADMIN_TOKEN": "wrong-token-0123456789"}, []string{"topology"}, stockctlcmd.ExitAuth},
+		{"no token", map[string]string{"SHARDSTOCK_URL": base}, []string{"set-shards", "tee", "2"}, stockctlcmd.ExitAuth},
+		{"unknown SKU", env, []string{"stock", "nope"}, stockctlcmd.ExitNotFound},
+		{"negative delta beyond stock bound", env, []string{"adjust-stock", "tee", "-delta", "-2000000000000", "-reason", "x", "-approver", "y", "-key", "k2"}, stockctlcmd.ExitRefused},
+		{"exists", env, []string{"create-sku", "tee", "-stock", "1"}, stockctlcmd.ExitRefused},
+		{"bad flag", env, []string{"stock", "-nope", "tee"}, stockctlcmd.ExitUsage},
+		{"unknown command", env, []string{"steal"}, stockctlcmd.ExitUsage},
+		{"missing argument", env, []string{"set-shards", "tee"}, stockctlcmd.ExitUsage},
+		{"nothing listening", map[string]string{"SHARDSTOCK_URL": "http://" + freeAddr(t), "SHARDSTOCK_ADMIN_TOKEN": token}, []string{"topology"}, stockctlcmd.ExitUnavailable},
+		{"help", env, []string{"help"}, stockctlcmd.ExitOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errs := ctl(t, tc.env, tc.args...)
+			if code != tc.want {
+				t.Errorf("stockctl %v: exit %d, want %d\n%s%s", tc.args, code, tc.want, out, errs)
+			}
+			if strings.Contains(out+errs, token) {
+				t.Errorf("stockctl %v printed the admin token", tc.args)
+			}
+			if code != 0 && code != stockctlcmd.ExitUsage && !strings.HasPrefix(errs, "stockctl: ") {
+				t.Errorf("stockctl %v: error %q, want stockctl: <code>: <reason>: <message>", tc.args, errs)
+			}
+		})
+	}
+}
+
+// freeAddr returns an address nothing listens on.
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
