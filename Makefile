@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate image bench bench-rebalance bench-cold soak soak-crash
+.PHONY: help run test lint generate checkgenerate dashboard image bench bench-rebalance bench-cold soak soak-crash
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -65,9 +65,12 @@ image: ## build the container image (IMAGE=ghcr.io/shardstock/shardstock:0.1.0) 
 	fi; \
 	if [ "$$builder" = buildah ]; then buildah bud -t $(IMAGE) .; else $$builder build -t $(IMAGE) .; fi
 
-checkgenerate: generate ## fail if gen/ or web/gen/ differs from what is committed
-	git diff --exit-code -- gen web/gen
-	@untracked="$$(git ls-files --others --exclude-standard -- gen web/gen)"; if [ -n "$$untracked" ]; then \
+dashboard: web/node_modules ## rebuild the dashboard (web/dashboard) into internal/api/dashboard, which is committed
+	npm run --prefix web build:dashboard
+
+checkgenerate: generate dashboard ## fail if gen/, web/gen/ or the built dashboard differs from what is committed
+	git diff --exit-code -- gen web/gen internal/api/dashboard
+	@untracked="$$(git ls-files --others --exclude-standard -- gen web/gen internal/api/dashboard)"; if [ -n "$$untracked" ]; then \
 		echo "untracked files under gen/:"; echo "$$untracked"; exit 1; fi
 
 bench: ## load-test shardstock, the in-memory ceiling and the five baselines on model C and the source case, print the table (under 3 min)

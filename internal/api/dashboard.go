@@ -1,21 +1,37 @@
 package api
 
 import (
-	_ "embed"
+	"embed"
+	"io/fs"
 	"net/http"
 )
 
-//go:embed dashboard.html
-var dashboardHTML []byte
+// dashboardFiles is the dashboard as built from web/dashboard
+// (npm run build:dashboard in web/, or make dashboard): committed, so that
+// the binaries need no npm.
+//
+//go:embed dashboard/index.html dashboard/app.js dashboard/app.css
+var dashboardFiles embed.FS
 
-// Dashboard serves the dashboard page at / (and 404 elsewhere).
+// Dashboard serves the dashboard: its page at /, its script and style by
+// name, and 404 for anything else.
 func Dashboard() http.Handler {
+	sub, err := fs.Sub(dashboardFiles, "dashboard")
+	if err != nil {
+		panic(err) // the embedded tree is fixed at build time
+	}
+	files := http.FileServerFS(sub)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/" {
+		switch r.URL.Path {
+		case "/", "/app.js", "/app.css":
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+				return
+			}
+			w.Header().Set("Cache-Control", "no-cache")
+			files.ServeHTTP(w, r)
+		default:
 			http.NotFound(w, r)
-			return
 		}
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Write(dashboardHTML)
 	})
 }

@@ -27,12 +27,48 @@ func TestE2E_WebClients(t *testing.T) {
 	s := newStack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "--test", "test/")
+	cmd := exec.CommandContext(ctx, node, "--test", "test/clients.test.mjs")
 	cmd.Dir = webDir
 	cmd.Env = append(os.Environ(), "SHARDSTOCK_URL="+s.base, "SHARDSTOCK_ADMIN_TOKEN="+adminToken)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("node --test: %v\n%s", err, out)
+	}
+	t.Logf("node --test:\n%s", out)
+}
+
+// TestE2E_Dashboard drives the dashboard in headless Chromium (Debian's
+// chromium, through playwright-core from web/node_modules): it creates a
+// SKU through the page, deducts from the script, sees the bars move, pauses
+// the SKU through the page and sees it paused; web/test/dashboard.test.mjs.
+// The screenshot is saved under tmp/artifacts (ARTIFACTS_DIR).
+func TestE2E_Dashboard(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node not found: the dashboard is tested with Node.js and playwright-core (install it; see README)")
+	}
+	chromium := os.Getenv("CHROMIUM")
+	if chromium == "" {
+		if chromium, err = exec.LookPath("chromium"); err != nil {
+			t.Fatalf("chromium not found: the dashboard is tested in headless Chromium (Debian: apt-get install chromium; .ci/run does it)")
+		}
+	}
+	if _, err := os.Stat(filepath.Join(webDir, "node_modules", "playwright-core")); err != nil {
+		t.Fatalf("web/node_modules is missing playwright-core: run npm ci --prefix web (make test does)")
+	}
+	artifacts := os.Getenv("ARTIFACTS_DIR")
+	if artifacts == "" {
+		artifacts, _ = filepath.Abs(filepath.Join(webDir, "..", "tmp", "artifacts"))
+	}
+	s := newStack(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "--test", "test/dashboard.test.mjs")
+	cmd.Dir = webDir
+	cmd.Env = append(os.Environ(), "SHARDSTOCK_URL="+s.base, "SHARDSTOCK_ADMIN_TOKEN="+adminToken, "CHROMIUM="+chromium, "ARTIFACTS_DIR="+artifacts)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node --test test/dashboard.test.mjs: %v\n%s", err, out)
 	}
 	t.Logf("node --test:\n%s", out)
 }
