@@ -41,6 +41,7 @@ var domainCodes = []struct {
 	{stock.CodeOperationInProgress, connect.CodeAborted},
 	{stock.CodeRebalanceInProgress, connect.CodeAborted},
 	{stock.CodeMoveFenced, connect.CodeAborted},
+	{stock.CodePlacementFull, connect.CodeFailedPrecondition},
 	{stock.CodeShardUnavailable, connect.CodeUnavailable},
 	{stock.CodeRateLimited, connect.CodeResourceExhausted},
 	{stock.CodeUnauthenticated, connect.CodeUnauthenticated},
