@@ -65,6 +65,19 @@ func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Targ
 			return []int{m.ServerPid()}, "the in-memory server", nil
 		}
 		return nil, "", errors.New("the in-memory server is not running")
+	case "redis-api":
+		_, port, err := net.SplitHostPort(mr.opts.redisAddr)
+		if err != nil {
+			return nil, "", err
+		}
+		pids, err := proccpu.ByCommand("redis-server", ":"+port)
+		if err != nil || len(pids) == 0 {
+			return nil, "", fmt.Errorf("no redis-server for port %s on this machine", port)
+		}
+		if m, ok := t.(interface{ ServerPid() int }); ok && m.ServerPid() > 0 {
+			return append([]int{m.ServerPid()}, pids...), "the API server and redis-server", nil
+		}
+		return nil, "", errors.New("the redis-api server is not running")
 	case "naive", "onerow", "subrows":
 		pm, err := proccpu.Postmaster(ctx, mr.opts.databaseURL)
 		if err != nil {

@@ -45,6 +45,8 @@ func main() {
 	var err error
 	if len(os.Args) > 1 && os.Args[1] == serveMemoryArg {
 		err = serveMemory(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
+	} else if len(os.Args) > 1 && os.Args[1] == serveRedisAPIArg {
+		err = serveRedisAPI(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
 	} else {
 		err = run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	}
@@ -85,7 +87,8 @@ var targets = map[string]func(options) loadgen.Target{
 	"redis-fsync": func(o options) loadgen.Target {
 		return baseline.NewRedis(baseline.RedisConfig{Addr: o.redisAddr, PoolSize: o.redisPool, Fsync: true})
 	},
-	"memory": newMemoryTarget,
+	"memory":    newMemoryTarget,
+	"redis-api": newRedisAPITarget,
 }
 
 // groups name several targets at once, in the order they run.
@@ -112,7 +115,7 @@ func parseTargets(s string) ([]string, error) {
 		members, ok := groups[n]
 		if !ok {
 			if _, ok := targets[n]; !ok {
-				return nil, fmt.Errorf("unknown target %q (want shardstock, naive, onerow, subrows, redis, redis-fsync, memory, all-baselines or all)", n)
+				return nil, fmt.Errorf("unknown target %q (want shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api, memory, all-baselines or all)", n)
 			}
 			members = []string{n}
 		}
@@ -168,7 +171,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		targetList   = fs.String("target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync, memory (the API's ceiling: an in-memory server in a process of its own, driven like shardstock; in no group); or all-baselines, all")
+		targetList   = fs.String("target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api (the same API and handlers over a Redis Lua script with appendfsync always, in a process of its own; in no group), memory (the API's ceiling: an in-memory server in a process of its own, driven like shardstock; in no group); or all-baselines, all")
 		addr         = fs.String("addr", shardstock.AddrDefault, "shardstock allocator base URL (cleartext HTTP/2)")
 		adminToken   = fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
 		databaseURL  = fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")

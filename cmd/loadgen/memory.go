@@ -129,13 +129,19 @@ type memoryProcess struct {
 // kernel picks and returns once it printed the address it listens on. The
 // server writes to this process's stderr.
 func startMemory(ctx context.Context) (p *memoryProcess, err error) {
+	return startServer(ctx, memoryListening, serveMemoryArg, "-addr", "127.0.0.1:0")
+}
+
+// startServer starts this executable with args (a serve-* role) and
+// returns once it printed listening followed by the address it listens on.
+func startServer(ctx context.Context, listening string, args ...string) (p *memoryProcess, err error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	p = &memoryProcess{exited: make(chan struct{})}
 	// Not Setup's context: the server outlives it, until Close.
-	p.cmd = proc.Command(context.Background(), syscall.SIGTERM, memoryStopTimeout, exe, serveMemoryArg, "-addr", "127.0.0.1:0")
+	p.cmd = proc.Command(context.Background(), syscall.SIGTERM, memoryStopTimeout, exe, args...)
 	p.cmd.Stderr = os.Stderr
 	// A group of its own: a Ctrl-C in the terminal stops loadgen's load,
 	// which still verifies through the server before Close stops it.
@@ -149,13 +155,13 @@ func startMemory(ctx context.Context) (p *memoryProcess, err error) {
 		return nil, err
 	}
 	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s %s: %w", exe, serveMemoryArg, err)
+		return nil, fmt.Errorf("start %s %s: %w", exe, args[0], err)
 	}
 	addrc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), memoryListening); ok {
+			if a, ok := strings.CutPrefix(sc.Text(), listening); ok {
 				select {
 				case addrc <- a:
 				default:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,9 @@ import (
 
 	"github.com/shardstock/shardstock/internal/baseline"
 	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 const redisAddr = "127.0.0.1:6379"
@@ -45,6 +48,39 @@ var targets = []struct {
 	{"subrows", postgres(baseline.NewSubRows), true},
 	{"redis", redisTarget(false), true},
 	{"redis-fsync", redisTarget(true), true},
+	{"redis-api", redisAPITarget, true},
+}
+
+// redisAPITarget serves baseline.RedisAPI in this process and drives it
+// with the shardstock client, as the load generator's redis-api target does
+// in a process of its own; its keys are deleted at cleanup.
+func redisAPITarget(t *testing.T) loadgen.Target {
+	t.Helper()
+	ctx := context.Background()
+	prefix := fmt.Sprintf("test:redis-api:%d:", time.Now().UnixNano())
+	s, err := baseline.NewRedisAPI(ctx, baseline.RedisAPIConfig{Addr: redisAddr, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- transport.Serve(sctx, l, s.Handler()) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		s.Close()
+		rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+		defer rdb.Close()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Unlink(ctx, iter.Val())
+		}
+	})
+	return shardstock.New(shardstock.Config{Addr: "http://" + l.Addr().String()})
 }
 
 // run drives target with cfg (bounded by count and by time) and closes it.

@@ -72,6 +72,10 @@ func (r *Redis) Baseline() bool { return true }
 
 func (r *Redis) key(parts ...string) string { return r.prefix + strings.Join(parts, "") }
 
+// Prefix is the prefix of the run's keys (set by Setup), all of which Close
+// deletes.
+func (r *Redis) Prefix() string { return r.prefix }
+
 func (r *Redis) available(sku string) string { return r.key("a:", sku) }
 func (r *Redis) reserved(sku string) string  { return r.key("r:", sku) }
 func (r *Redis) sold(sku string) string      { return r.key("s:", sku) }

@@ -32,7 +32,7 @@ readonly duration=${BENCH_DURATION:-5s}
 readonly timeout=${BENCH_TIMEOUT:-170s}
 readonly stack_log=${BENCH_STACK_LOG:-tmp/bench-stack.log}
 # make soak sets these: one target, other models, faults (see the Makefile).
-readonly targets=${BENCH_TARGETS:-memory,shardstock,naive,onerow,subrows,redis,redis-fsync}
+readonly targets=${BENCH_TARGETS:-memory,shardstock,naive,onerow,subrows,redis,redis-fsync,redis-api}
 readonly stack_args=${BENCH_STACK_ARGS--shard-servers 0 -allocator-shard}
 readonly models=${BENCH_MODELS:-C,case}
 read -r -a extra <<<"${BENCH_EXTRA:--paced 0.8}"

@@ -50,11 +50,19 @@ func (s *Server) Reconcile(_ context.Context, name string) ([]reconcile.Discrepa
 
 // snapshot is what reconcile.Check needs of k; k.mu is held.
 func (k *sku) snapshot() reconcile.Snapshot {
-	sh := reconcile.Shard{Row: k.counts, Opening: stock.Counts{Available: k.opening}, Kinds: map[stock.OpKind]reconcile.KindSum{}}
+	return Snapshot(k.cfg.Name, k.counts, k.opening, k.ledger, k.opKeys, k.reservations)
+}
+
+// Snapshot is what reconcile.Check needs of a SKU kept as one row (the
+// in-memory ceiling's, and the Connect-fronted Redis's): its counts and
+// opening stock, its ledger in order, the keys of its operations and its
+// reservations by id.
+func Snapshot(name string, counts stock.Counts, opening int64, ledger []*stock.LedgerEntry, opKeys []string, reservations map[string]*stock.Reservation) reconcile.Snapshot {
+	sh := reconcile.Shard{Row: counts, Opening: stock.Counts{Available: opening}, Kinds: map[stock.OpKind]reconcile.KindSum{}}
 	prev := sh.Opening
 	keyed := map[string]int64{} // key -> keyed entries
 	ends := map[string]int64{}  // reservation id -> end entries
-	for _, e := range k.ledger {
+	for _, e := range ledger {
 		ks := sh.Kinds[e.Kind]
 		ks.Entries++
 		ks.Quantity += e.Quantity
@@ -75,8 +83,8 @@ func (k *sku) snapshot() reconcile.Snapshot {
 			ends[e.ReservationID]++
 		}
 	}
-	snap := reconcile.Snapshot{SKU: k.cfg.Name}
-	for _, key := range k.opKeys {
+	snap := reconcile.Snapshot{SKU: name}
+	for _, key := range opKeys {
 		if n := keyed[key]; n != 1 {
 			snap.KeyedMismatches = append(snap.KeyedMismatches, reconcile.KeyMismatch{Key: key, Operations: 1, Entries: n})
 		}
@@ -85,7 +93,7 @@ func (k *sku) snapshot() reconcile.Snapshot {
 	for key, n := range keyed { // entries without an operation
 		snap.KeyedMismatches = append(snap.KeyedMismatches, reconcile.KeyMismatch{Key: key, Entries: n})
 	}
-	for id, r := range k.reservations {
+	for id, r := range reservations {
 		want := int64(1)
 		if r.State == stock.ReservationHeld {
 			want = 0
