@@ -266,8 +266,11 @@ func TestRebalance_SkewedDemand(t *testing.T) {
 	off, on2 := counts[false], counts[true]
 	t.Logf("routing needed, rebalancer off: %.0f sweeps, %.0f consolidations, %.0f reroutes; on: %.0f sweeps, %.0f consolidations, %.0f reroutes",
 		off[0], off[1], off[2], on2[0], on2[1], on2[2])
-	if on2[2] > off[2]/4 {
-		t.Errorf("with the rebalancer on, %.0f reroutes, off %.0f: want at most a quarter", on2[2], off[2])
+	// Measured on 2 cores: about a sixth when the machine is quiet, 0.26
+	// under a parallel load test (the rebalancer's rounds and the load share
+	// the CPU); a rebalancer that moves nothing stays near 1.
+	if on2[2] > off[2]/2 {
+		t.Errorf("with the rebalancer on, %.0f reroutes, off %.0f: want at most half", on2[2], off[2])
 	}
 	// The sell-out's own sweeps (one per client refused, shared when they
 	// coincide) vary from run to run by about 16.
