@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/base64"
 	"strconv"
 	"strings"
@@ -71,21 +70,9 @@ type AdminHandler struct {
 
 var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)
 
-// BearerAuth returns an interceptor that admits a call only with
-// `Authorization: Bearer <token>`, compared in constant time. A missing or
-// wrong token is unauthenticated and reaches no handler.
-func BearerAuth(token string) connect.UnaryInterceptorFunc {
-	want := []byte(token)
-	return func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			got, ok := strings.CutPrefix(req.Header().Get("Authorization"), "Bearer ")
-			if !ok || len(want) == 0 || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
-				return nil, wire.ToConnect(stock.Errorf(stock.CodeUnauthenticated, "admin calls need Authorization: Bearer <admin token>"))
-			}
-			return next(ctx, req)
-		}
-	}
-}
+// BearerAuth returns an interceptor that admits a call only with the admin
+// token (TokenAuth).
+func BearerAuth(token string) connect.UnaryInterceptorFunc { return TokenAuth("admin token", token) }
 
 // CreateSku creates a SKU.
 func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {

@@ -43,6 +43,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	moreDBs := fs.String("databases", getenv("SHARDSTOCK_DATABASES"), startup.DatabasesUsage)
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
+	apiToken := fs.String("api-token", getenv("SHARDSTOCK_API_TOKEN"), "bearer token the InventoryService requires (the admin token is accepted too); empty: none (env SHARDSTOCK_API_TOKEN)")
+	rateLimit := fs.Float64("rate-limit", 0, "InventoryService requests a second one client (IP address) may send, sustained and in a burst; over it RATE_LIMITED; 0: no limit (env SHARDSTOCK_RATE_LIMIT)")
+	inFlight := fs.Int("max-in-flight", 4096, "InventoryService requests served at once, all clients; beyond it RATE_LIMITED at once; 0: no bound (env SHARDSTOCK_MAX_IN_FLIGHT)")
 	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most (with -shard-id, shared with the shard server) (env SHARDSTOCK_DB_MAX_CONNS)")
 	format := fs.String("log-format", "text", startup.LogFormatUsage)
 	shardID := fs.String("shard-id", getenv("SHARDSTOCK_LOCAL_SHARD_ID"), "also run a shard server with this id in this process: it takes its share of the partitions, serves other allocators on -shard-addr, and this allocator calls it without RPC (env SHARDSTOCK_LOCAL_SHARD_ID)")
@@ -60,7 +63,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	if err := startup.FlagsFromEnv(fs, getenv, map[string]string{"lease-ttl": "SHARDSTOCK_LEASE_TTL",
-		"db-max-conns": "SHARDSTOCK_DB_MAX_CONNS", "log-format": "SHARDSTOCK_LOG_FORMAT"}); err != nil {
+		"db-max-conns": "SHARDSTOCK_DB_MAX_CONNS", "log-format": "SHARDSTOCK_LOG_FORMAT",
+		"rate-limit": "SHARDSTOCK_RATE_LIMIT", "max-in-flight": "SHARDSTOCK_MAX_IN_FLIGHT"}); err != nil {
 		return err
 	}
 	log, err := startup.Logger(stderr, *level, *format)
@@ -73,6 +77,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if len(*token) < adminTokenLenMin {
 		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", adminTokenLenMin)
+	}
+	if *apiToken != "" && len(*apiToken) < adminTokenLenMin {
+		return fmt.Errorf("the API token must be at least %d characters (-api-token, SHARDSTOCK_API_TOKEN)", adminTokenLenMin)
+	}
+	if *rateLimit < 0 || *inFlight < 0 {
+		return errors.New("-rate-limit and -max-in-flight must not be negative")
 	}
 
 	proc, err := startup.Open(ctx, dbs, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, *etcd, *addr, log)
@@ -123,8 +133,17 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Pprof:    *pprofOn,
 	})
 	metrics := transport.NewMetrics(reg)
+	// Metrics first, so that refused calls are counted too; then the API
+	// token, then the limits, so that a stranger's calls cost no limiter.
+	public := []connect.Interceptor{metrics}
+	if *apiToken != "" {
+		// The admin token is accepted too: an operator's tools (stockctl,
+		// the dashboard) read stock with it.
+		public = append(public, api.TokenAuth("API token", *apiToken, *token))
+	}
+	public = append(public, api.Limit(api.LimitConfig{PerClient: *rateLimit, InFlight: *inFlight}))
 	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: alloc},
-		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...))
+		append(transport.PublicHandlerOptions(), connect.WithInterceptors(public...))...))
 	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc, Placement: proc.DBs},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())

@@ -2,6 +2,7 @@ package allocatorcmd_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -178,6 +179,64 @@ func TestRun_Allocator(t *testing.T) {
 	})
 }
 
+// TestRun_TokenAndLimits: with -api-token the InventoryService answers
+// only calls bearing it; with -rate-limit a client over its rate gets
+// RATE_LIMITED, and a refused call changes nothing.
+func TestRun_TokenAndLimits(t *testing.T) {
+	ctx := context.Background()
+	const apiToken = "api-token-0123456789abcdef"
+	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-api-token", apiToken, "-rate-limit", "20")
+	if !ready(base, startTimeout) {
+		t.Fatalf("/readyz not 200 within %s", startTimeout)
+	}
+	admin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
+	if _, err := admin.CreateSku(ctx, adminReq(&v1.CreateSkuRequest{Sku: "limited", InitialStock: 1000, Shards: 2})); err != nil {
+		t.Fatalf("CreateSku = %v", err)
+	}
+	inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base)
+	deduct := func(key, bearer string) error {
+		req := connect.NewRequest(&v1.DeductRequest{Sku: "limited", Quantity: 1, IdempotencyKey: key})
+		if bearer != "" {
+			req.Header().Set("Authorization", "Bearer "+bearer)
+		}
+		_, err := inv.Deduct(ctx, req)
+		return err
+	}
+	for _, bearer := range []string{"", "wrong-token-0123456789", apiToken + "x"} {
+		if err := deduct("no-token", bearer); connect.CodeOf(err) != connect.CodeUnauthenticated || wire.Reason(err) != string(stock.CodeUnauthenticated) {
+			t.Errorf("Deduct with token %q = %v, want unauthenticated", bearer, err)
+		}
+	}
+	// 100 calls at once from one client: the first 20 or so pass, the rest
+	// are RATE_LIMITED; the stock moved by exactly the calls that passed.
+	var ok, limited int
+	for i := range 100 {
+		err := deduct(fmt.Sprintf("burst-%d", i), apiToken)
+		switch {
+		case err == nil:
+			ok++
+		case wire.Reason(err) == string(stock.CodeRateLimited) && connect.CodeOf(err) == connect.CodeResourceExhausted:
+			limited++
+		default:
+			t.Fatalf("Deduct %d = %v", i, err)
+		}
+	}
+	if ok < 20 || ok > 40 || limited == 0 || ok+limited != 100 {
+		t.Errorf("%d passed and %d RATE_LIMITED of 100 at once with -rate-limit 20: want 20 to 40 passed, the rest limited", ok, limited)
+	}
+	// The admin token is accepted too (operators' tools).
+	req := connect.NewRequest(&v1.GetStockRequest{Sku: "limited"})
+	req.Header().Set("Authorization", "Bearer "+token)
+	time.Sleep(100 * time.Millisecond) // a token for the GetStock
+	st, err := inv.GetStock(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Msg.Stock.GetSold(); got != int64(ok) {
+		t.Errorf("sold %d after %d acknowledged deducts: refused calls must change nothing", got, ok)
+	}
+}
+
 // TestRun_Refuses: bad configuration ends Run at once with a reason.
 func TestRun_Refuses(t *testing.T) {
 	for _, tc := range []struct {
@@ -188,6 +247,8 @@ func TestRun_Refuses(t *testing.T) {
 		{"NoDatabase", []string{"-admin-token", token}, "no database"},
 		{"ShortToken", []string{"-database-url", "postgres://nowhere", "-admin-token", "short"}, "admin token"},
 		{"BadFlag", []string{"-no-such-flag"}, "no-such-flag"},
+		{"ShortAPIToken", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-api-token", "short"}, "API token"},
+		{"NegativeRate", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-rate-limit", "-1"}, "rate-limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

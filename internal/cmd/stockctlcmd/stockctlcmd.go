@@ -306,7 +306,7 @@ func cmdStock(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	resp, err := call(ctx, c, func(ctx context.Context) (*connect.Response[v1.GetStockResponse], error) {
-		return c.inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: pos[0]}))
+		return c.inv.GetStock(ctx, req(c, &v1.GetStockRequest{Sku: pos[0]}))
 	})
 	if err != nil {
 		return err
@@ -320,7 +320,7 @@ func cmdOperation(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	resp, err := call(ctx, c, func(ctx context.Context) (*connect.Response[v1.GetOperationResponse], error) {
-		return c.inv.GetOperation(ctx, connect.NewRequest(&v1.GetOperationRequest{Sku: pos[0], IdempotencyKey: pos[1]}))
+		return c.inv.GetOperation(ctx, req(c, &v1.GetOperationRequest{Sku: pos[0], IdempotencyKey: pos[1]}))
 	})
 	if err != nil {
 		return err
@@ -502,7 +502,7 @@ func (c *cli) waitMoves(ctx context.Context, sku string) error {
 	defer bar.Finish()
 	for {
 		resp, err := call(ctx, c, func(ctx context.Context) (*connect.Response[v1.GetStockResponse], error) {
-			return c.inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: sku}))
+			return c.inv.GetStock(ctx, req(c, &v1.GetStockRequest{Sku: sku}))
 		})
 		if err != nil {
 			return err
