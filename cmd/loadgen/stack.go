@@ -79,6 +79,7 @@ type stackConfig struct {
 // allocator on 127.0.0.1, with embedded etcd.
 type stack struct {
 	baseURL, token      string
+	opsURL              string // the allocator's operator listener (/metrics, /debug/pprof)
 	databaseURL, dbNote string
 	logPath             string
 
@@ -114,6 +115,11 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 		return s, err
 	}
 	s.baseURL = "http://127.0.0.1:" + strconv.Itoa(port)
+	opsPort, err := freePort()
+	if err != nil {
+		return s, err
+	}
+	s.opsURL = "http://127.0.0.1:" + strconv.Itoa(opsPort)
 	s.token = randomHex(16)
 
 	var log *os.File
@@ -138,6 +144,7 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 	// and an embedded etcd whatever this process's environment says.
 	s.cmd.Env = append(os.Environ(),
 		"SHARDSTOCK_ADDR=127.0.0.1:"+strconv.Itoa(port),
+		"SHARDSTOCK_OPERATOR_ADDR=127.0.0.1:"+strconv.Itoa(opsPort),
 		"SHARDSTOCK_ADMIN_TOKEN="+s.token,
 		"DATABASE_URL="+s.databaseURL,
 		"ETCD_ENDPOINTS=",
@@ -423,7 +430,7 @@ type serverProfiles struct {
 // start begins one profile per process; the runner calls it as the load
 // begins.
 func (p *serverProfiles) start() {
-	procs := map[string]string{"allocator": p.stack.baseURL}
+	procs := map[string]string{"allocator": p.stack.opsURL} // its operator listener serves the profiles
 	for id, addr := range p.stack.shards() {
 		procs[id] = "http://" + addr
 	}

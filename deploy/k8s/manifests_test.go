@@ -28,7 +28,6 @@ var overlays = []string{"overlays/dev", "overlays/prod"}
 
 // Ports of shardstock's processes (the flags' values in base/).
 const (
-	publicPort = 8080 // allocators' public API
 	shardPort  = 7001 // ShardService: no authentication, internal only
 )
 
@@ -243,9 +242,18 @@ func checkServices(t *testing.T, r *rendered) {
 			t.Errorf("Service %s selects the shard servers and is not headless", s.Name)
 		}
 		if len(s.Spec.Selector) > 0 && sel.Matches(podLabels["Deployment/allocator"]) {
+			// The public Service exposes the API only; any other is the
+			// operator listener's, inside the cluster, with nothing else.
+			want := "http"
+			if s.Name != "allocator" {
+				want = "ops"
+				if exposed {
+					t.Errorf("Service %s exposes the allocators' operator port outside the cluster", s.Name)
+				}
+			}
 			for _, p := range s.Spec.Ports {
-				if p.TargetPort.String() != "http" && p.TargetPort.IntValue() != publicPort {
-					t.Errorf("Service %s exposes allocator port %s besides the public one", s.Name, p.TargetPort.String())
+				if p.TargetPort.String() != want {
+					t.Errorf("Service %s exposes allocator port %s, want only %s", s.Name, p.TargetPort.String(), want)
 				}
 			}
 		}

@@ -123,7 +123,11 @@ func TestE2E_Admin(t *testing.T) {
 	})
 	t.Run("HealthReadyMetrics", func(t *testing.T) {
 		for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/metrics": "shardstock_rpc_calls_total"} {
-			resp, err := http.Get(s.base + path)
+			base := s.base
+			if path == "/metrics" {
+				base = s.ops // the operator listener's, never the public port's
+			}
+			resp, err := http.Get(base + path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,6 +143,17 @@ func TestE2E_Admin(t *testing.T) {
 				if !strings.Contains(string(body), gauge) {
 					t.Errorf("/metrics has no %s", gauge)
 				}
+			}
+		}
+		// The public port serves no metrics and no profiles.
+		for _, path := range []string{"/metrics", "/debug/pprof/"} {
+			resp, err := http.Get(s.base + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound {
+				t.Errorf("GET %s on the public port = %d, want 404", path, resp.StatusCode)
 			}
 		}
 		resp, err := http.Post(s.base+"/grpc.health.v1.Health/Check", "application/json", strings.NewReader(`{"service":"shardstock.v1.InventoryService"}`))

@@ -123,7 +123,7 @@ func TestE2E_AllocatorShard(t *testing.T) {
 // (0 if absent).
 func (s *stack) counter(sample string) float64 {
 	s.t.Helper()
-	resp, err := http.Get(s.base + "/metrics")
+	resp, err := http.Get(s.ops + "/metrics")
 	if err != nil {
 		s.t.Fatalf("GET /metrics: %v", err)
 	}

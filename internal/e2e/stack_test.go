@@ -72,6 +72,7 @@ type stack struct {
 	localID   string // the allocator's own shard server (-shard-id), if any
 	leaseTTL  time.Duration
 	base      string // http://host:port of the allocator
+	ops       string // http://host:port of its operator listener (/metrics)
 	inv       shardstockv1connect.InventoryServiceClient
 	admin     shardstockv1connect.AdminServiceClient
 }
@@ -137,6 +138,7 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 	s.allocator = s.startEnv("allocator", o.allocEnv, filepath.Join(bin, "allocator"), args...)
 	line := s.allocator.waitLine(t, "allocator listening on ")
 	s.base = strings.TrimPrefix(line, "allocator listening on ")
+	s.ops = strings.TrimPrefix(s.allocator.waitLine(t, "operator listening on "), "operator listening on ")
 	hc := transport.NewClient()
 	s.inv = shardstockv1connect.NewInventoryServiceClient(hc, s.base)
 	s.admin = shardstockv1connect.NewAdminServiceClient(hc, s.base)

@@ -335,7 +335,7 @@ func (s *stack) ledger(sku string) []*v1.LedgerEntry {
 // /metrics, 0 if it is absent. It may be called from any goroutine.
 func (s *stack) allocatorCounter(sample string) int64 {
 	s.t.Helper()
-	resp, err := http.Get(s.base + "/metrics")
+	resp, err := http.Get(s.ops + "/metrics")
 	if err != nil {
 		s.t.Errorf("GET /metrics: %v", err)
 		return 0

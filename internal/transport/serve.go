@@ -68,6 +68,14 @@ func NewMux(cfg MuxConfig) *http.ServeMux {
 	return mux
 }
 
+// NewOperatorMux returns the mux of an operator listener, apart from the
+// public API: /healthz, /readyz (ready; nil: always), /metrics of gatherer
+// and, with pprof, /debug/pprof/. Profiles and metrics show internals: they
+// are never on the public port.
+func NewOperatorMux(gatherer prometheus.Gatherer, pprof bool, ready func() bool) *http.ServeMux {
+	return NewMux(MuxConfig{Gatherer: gatherer, Pprof: pprof, Ready: ready})
+}
+
 // healthChecker answers gRPC health from the readiness function.
 type healthChecker struct {
 	services []string

@@ -22,6 +22,8 @@ readonly timeout=${BENCH_TIMEOUT:-120s}
 readonly url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 readonly port=${BENCH_PORT:-18080}
 readonly base=http://127.0.0.1:$port
+# The allocator's operator listener (its /metrics), on the next port.
+readonly ops=http://127.0.0.1:$((port + 1))
 token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 readonly token
 
@@ -42,7 +44,7 @@ trap 'exit 130' INT TERM
 
 # counters prints the sum of each counter the comparison reads.
 counters() {
-	curl -fsS "$base/metrics" | awk '
+	curl -fsS "$ops/metrics" | awk '
 		/^shardstock_allocator_sweeps_total /                  { sweeps += $2 }
 		/^shardstock_allocator_consolidations_total /          { cons += $2 }
 		/^shardstock_allocator_reroutes_total /                { rer += $2 }
@@ -55,7 +57,7 @@ run() { # run MODEL REBALANCE(0|1) LOADGEN-ARGS...
 	local model=$1 on=$2
 	shift 2
 	SHARDSTOCK_REBALANCE=$on SHARDSTOCK_AUTO_SHARDS=0 SHARDSTOCK_ADMIN_TOKEN=$token DATABASE_URL=$url \
-		bin/shardstock-dev -addr "127.0.0.1:$port" -shard-servers 0 -allocator-shard >"tmp/bench-rebalance-stack.log" 2>&1 &
+		bin/shardstock-dev -addr "127.0.0.1:$port" -operator-addr "127.0.0.1:$((port + 1))" -shard-servers 0 -allocator-shard >"tmp/bench-rebalance-stack.log" 2>&1 &
 	stack_pid=$!
 	for _ in $(seq 1 300); do
 		curl -fsS "$base/readyz" >/dev/null 2>&1 && break

@@ -52,7 +52,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	shardAddr := fs.String("shard-addr", startup.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:0"), "with -shard-id, the internal listen address of its ShardService, which has no authentication and must not be the public one; port 0 picks one (env SHARDSTOCK_SHARD_ADDR)")
 	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "with -shard-id, the address other allocators dial; default: the -shard-addr listener's address (env SHARDSTOCK_ADVERTISE)")
 	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "with -shard-id, the etcd lease TTL of its shard server (env SHARDSTOCK_LEASE_TTL)")
-	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
+	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ on the operator listener (env SHARDSTOCK_PPROF=1)")
+	operatorAddr := fs.String("operator-addr", startup.Env(getenv, "SHARDSTOCK_OPERATOR_ADDR", "127.0.0.1:0"), "listen address of the operator listener: /metrics, /debug/pprof/ (with -pprof), /healthz and /readyz, never on the public port; port 0 picks one (env SHARDSTOCK_OPERATOR_ADDR)")
 	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
 	rebalanceOn := fs.Bool("rebalance", getenv("SHARDSTOCK_REBALANCE") != "0", "run the rebalancer's refill and tail plans (env SHARDSTOCK_REBALANCE=0 turns them off); drains of retired shards, SetShards, Rebalance and consolidation run regardless")
 	autoShards := fs.Bool("auto-shards", getenv("SHARDSTOCK_AUTO_SHARDS") != "0", "split hot SKUs and merge them back when cold, automatically (env SHARDSTOCK_AUTO_SHARDS=0 turns it off)")
@@ -126,12 +127,20 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	alloc := allocator.New(acfg)
 	defer alloc.Close()
 
+	// The public mux has no /metrics and no /debug/pprof: those are on the
+	// operator listener.
 	mux := transport.NewMux(transport.MuxConfig{
 		Services: services,
 		Ready:    alloc.Ready,
-		Gatherer: reg,
-		Pprof:    *pprofOn,
 	})
+	opsLis, err := startup.Listen(ctx, *operatorAddr)
+	if err != nil {
+		return fmt.Errorf("-operator-addr: %w", err)
+	}
+	defer opsLis.Close()
+	opsDone := make(chan error, 1)
+	go func() { opsDone <- transport.Serve(ctx, opsLis, transport.NewOperatorMux(reg, *pprofOn, alloc.Ready)) }()
+	fmt.Fprintf(stdout, "operator listening on http://%s\n", opsLis.Addr())
 	metrics := transport.NewMetrics(reg)
 	// Metrics first, so that refused calls are counted too; then the API
 	// token, then the limits, so that a stranger's calls cost no limiter.
@@ -168,10 +177,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	log.Info("allocator started", "addr", lis.Addr().String())
 	serveErr := transport.Serve(ctx, lis, transport.CORS(mux, splitList(*corsOrigins)))
 	cancel()
-	serr, nerr := <-shardDone, <-nodeDone
+	serr, nerr, oerr := <-shardDone, <-nodeDone, <-opsDone
 	<-watchDone
 	log.Info("allocator stopped")
-	return errors.Join(serveErr, serr, nerr)
+	return errors.Join(serveErr, serr, nerr, oerr)
 }
 
 // splitList splits a comma-separated list, dropping empty items.

@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -77,6 +78,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "allocator listen address (env SHARDSTOCK_ADDR)")
 	servers := fs.Int("shard-servers", 3, "shard servers to start, each a process of its own")
+	opsAddr := fs.String("operator-addr", startup.Env(getenv, "SHARDSTOCK_OPERATOR_ADDR", ""), "the allocator's operator listener (/metrics, /debug/pprof/); empty: a free port on 127.0.0.1, printed (env SHARDSTOCK_OPERATOR_ADDR)")
 	databases := fs.Int("databases", 1, "Postgres databases to place SKUs on: main (DATABASE_URL, or a throwaway cluster) and db2..dbN, each a throwaway cluster of its own (unless SHARDSTOCK_DATABASES names them)")
 	local := fs.Bool("allocator-shard", false, "also run a shard server (id "+localShardID+") inside the allocator's process, called without RPC; with -shard-servers 0 it owns every partition")
 	if err := fs.Parse(args); err != nil {
@@ -156,7 +158,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		conns, own = devShardConns, []string{"-shard-id", localShardID}
 		members++
 	}
-	allocArgs := append([]string{"allocator", "-addr", *addr, "-db-max-conns", conns}, own...)
+	if *opsAddr == "" {
+		if *opsAddr, err = freeAddr(); err != nil {
+			return err
+		}
+	}
+	allocArgs := append([]string{"allocator", "-addr", *addr, "-db-max-conns", conns, "-operator-addr", *opsAddr}, own...)
 	if err := kids.start(self, env, stderr, "allocator", allocArgs...); err != nil {
 		return err
 	}
@@ -172,13 +179,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := createDemo(ctx, base, token); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, `shardstock is running at %[1]s (dashboard: %[1]s/)
+	fmt.Fprintf(stdout, `shardstock is running at %[1]s (dashboard: %[1]s/; metrics: http://%[4]s/metrics)
 admin token: %[2]s
 try:
   curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s","quantity":1,"idempotencyKey":"order-1"}' %[1]s/shardstock.v1.InventoryService/Deduct
   curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s"}' %[1]s/shardstock.v1.InventoryService/GetStock
 Ctrl-C stops everything.
-`, base, token, demoSKU)
+`, base, token, demoSKU, *opsAddr)
 
 	select {
 	case <-ctx.Done():
@@ -204,6 +211,17 @@ func resetFences(ctx context.Context, url string) error {
 	}
 	defer db.Close()
 	return db.ResetFences(ctx)
+}
+
+// freeAddr returns an address on 127.0.0.1 with a port nothing listens on
+// now (the kernel's choice).
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 func randomToken() string {
