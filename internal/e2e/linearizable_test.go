@@ -42,7 +42,7 @@ const (
 	linOpsMax     = 700 // keys in all: about 1,400 units asked of 1,000
 	linStock      = 1000
 	linPause      = 200 * time.Millisecond // between one client's keys: the sale outlasts the faults
-	linRetryMax   = 200 // tries of one key before the test gives up on it
+	linRetryMax   = 200                    // tries of one key before the test gives up on it
 	linRunTimeout = 90 * time.Second
 )
 
