@@ -51,6 +51,7 @@ var layers = map[string]int{
 	"internal/faultproxy":          test,
 	"internal/loadgen/loadgentest": test,
 	"internal/e2e":                 test,
+	"internal/cmdtest":             test,
 	"internal/archtest":            test,
 }
 

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
+	"github.com/shardstock/shardstock/internal/cmdtest"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -33,24 +33,6 @@ const (
 	token       = "allocatorcmd-test-token"
 )
 
-// lines is an io.Writer that keeps what a command prints.
-type lines struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *lines) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // start runs the command until the test ends and returns its base URL and
 // a function that stops it and returns its error, failing the test if it
 // takes longer than stopTimeout.
@@ -61,7 +43,7 @@ func start(t *testing.T, extra ...string) (base string, stop func() error) {
 	args := append([]string{"-addr", "127.0.0.1:0", "-database-url", url, "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
 		"-admin-token", token, "-db-max-conns", "4", "-log-level", "error"}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout lines
+	var stdout cmdtest.Output
 	done := make(chan error, 1)
 	go func() { done <- allocatorcmd.Run(ctx, args, func(string) string { return "" }, &stdout, io.Discard) }()
 	stopped := false

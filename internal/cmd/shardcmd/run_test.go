@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
+	"github.com/shardstock/shardstock/internal/cmdtest"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -28,24 +28,6 @@ const (
 	// server with nothing in flight stops far sooner.
 	stopTimeout = 15 * time.Second
 )
-
-// lines is an io.Writer that keeps what a command prints.
-type lines struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *lines) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // get returns the body of a GET, trimmed ("" on an error or a status other
 // than 200).
@@ -77,7 +59,7 @@ func TestRun_StartStop(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout lines
+	var stdout cmdtest.Output
 	args := []string{"-addr", "127.0.0.1:0", "-id", "run1", "-database-url", url,
 		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-lease-ttl", "30s", "-log-level", "error"}
 	done := make(chan error, 1)

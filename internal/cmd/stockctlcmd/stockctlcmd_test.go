@@ -1,7 +1,6 @@
 package stockctlcmd_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,12 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
 	"github.com/shardstock/shardstock/internal/cmd/stockctlcmd"
+	"github.com/shardstock/shardstock/internal/cmdtest"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 )
@@ -24,24 +23,6 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 const token = "stockctl-test-token-0123456789"
-
-// lines keeps what a command prints.
-type lines struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *lines) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // stack runs a real allocator with its own shard server (every partition)
 // in this process, on Postgres and an embedded etcd, and returns its URL.
@@ -51,7 +32,7 @@ func stack(t *testing.T) string {
 	args := []string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewDB(t), "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
 		"-admin-token", token, "-shard-id", "s1", "-lease-ttl", "5s", "-db-max-conns", "8", "-log-level", "error"}
 	ctx, cancel := context.WithCancel(context.Background())
-	var out lines
+	var out cmdtest.Output
 	done := make(chan error, 1)
 	go func() { done <- allocatorcmd.Run(ctx, args, func(string) string { return "" }, &out, io.Discard) }()
 	t.Cleanup(func() {
@@ -64,20 +45,17 @@ func stack(t *testing.T) string {
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		sc := bufio.NewScanner(strings.NewReader(out.String()))
-		for sc.Scan() {
-			if base, ok := strings.CutPrefix(sc.Text(), "allocator listening on "); ok {
-				for time.Now().Before(deadline) {
-					if resp, err := http.Get(base + "/readyz"); err == nil {
-						resp.Body.Close()
-						if resp.StatusCode == 200 {
-							return base
-						}
+		if base, ok := out.Line("allocator listening on "); ok {
+			for time.Now().Before(deadline) {
+				if resp, err := http.Get(base + "/readyz"); err == nil {
+					resp.Body.Close()
+					if resp.StatusCode == 200 {
+						return base
 					}
-					time.Sleep(50 * time.Millisecond)
 				}
-				t.Fatal("allocator not ready")
+				time.Sleep(50 * time.Millisecond)
 			}
+			t.Fatal("allocator not ready")
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("allocator printed no address: %q", out.String())
@@ -89,7 +67,7 @@ func stack(t *testing.T) string {
 // ctl runs stockctl in-process and returns its exit code and output.
 func ctl(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	var o, e lines
+	var o, e cmdtest.Output
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	code = stockctlcmd.Run(ctx, args, func(k string) string { return env[k] }, &o, &e)
