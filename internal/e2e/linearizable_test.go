@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/anishathalye/porcupine"
 
+	"github.com/shardstock/shardstock/internal/faultproxy"
 	"github.com/shardstock/shardstock/internal/pgcluster"
 )
 
@@ -50,12 +54,7 @@ const (
 // SKU through the public API from 24 clients while faults land: a shard
 // server killed (-9) and restarted, another stopped (SIGSTOP) past its
 // lease and continued (the zombie must be fenced), and Postgres crashed and
-// restarted. Every call is recorded (invoke, and each key's first definite
-// answer after retries with the same key); the history must be
-// linearizable against one exact stock counter (porcupine), every
-// acknowledged success must be in the ledger exactly once and no refused
-// key at all, the stock sold must equal the successes, and the books must
-// balance.
+// restarted. The history is checked by checkHistory.
 func TestE2E_LinearizableUnderFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
 	defer cancel()
@@ -68,26 +67,8 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 	const sku = "linear"
 	s.createSKU(sku, linStock, 8)
 
-	start := time.Now()
-	var mu sync.Mutex
-	var history []porcupine.Operation
-	acked := map[string]int64{} // key -> quantity, acknowledged successes
-	refused := map[string]bool{}
-	var restarted int64 // when Postgres answered again
-	next := 0
-	take := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		if next >= linOpsMax {
-			return -1
-		}
-		next++
-		return next - 1
-	}
-
-	faultsDone := make(chan struct{})
-	go func() {
-		defer close(faultsDone)
+	var restarted atomic.Int64 // when Postgres answered again, since the run's start
+	h := runHistory(ctx, t, s, sku, func(ctx context.Context, since func() int64) {
 		step := func(d time.Duration) bool {
 			select {
 			case <-ctx.Done():
@@ -122,11 +103,102 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 		if err := pg.Restart(context.Background()); err != nil {
 			t.Errorf("restart Postgres: %v", err)
 		}
-		mu.Lock()
-		restarted = time.Since(start).Nanoseconds()
-		mu.Unlock()
-	}()
+		restarted.Store(since())
+	})
+	checkHistory(t, s, sku, h, restarted.Load(), "a shard server killed, one stopped past its lease, Postgres crashed")
+}
 
+// TestE2E_LinksCutUnderLoad puts a fault-injecting TCP proxy between the
+// allocator and each shard server (the address they register is the
+// proxy's) and, every 150 ms through the load, cuts a link: either before
+// a deduct reaches the shard server, or after it did, losing only its
+// answer, each cut closing the whole HTTP/2 connection and every call on
+// it. The history is checked by checkHistory.
+func TestE2E_LinksCutUnderLoad(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
+	defer cancel()
+	var proxies []*faultproxy.Proxy
+	s := newStackOpts(t, stackOpts{startShards: func(s *stack) {
+		for i := 1; i <= 3; i++ {
+			port, err := freePort()
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := faultproxy.Start(fmt.Sprintf("127.0.0.1:%d", port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			proxies = append(proxies, p)
+			id := fmt.Sprintf("s%d", i)
+			s.shards[id] = s.start(id, filepath.Join(bin, "shard"), "-id", id, "-addr", fmt.Sprintf("127.0.0.1:%d", port),
+				"-advertise", p.Addr(), "-lease-ttl", s.leaseTTL.String(), "-db-max-conns", "8", "-log-level", "warn")
+		}
+	}})
+	const sku = "linkcut"
+	s.createSKU(sku, linStock, 8)
+
+	h := runHistory(ctx, t, s, sku, func(ctx context.Context, since func() int64) {
+		rnd := rand.New(rand.NewPCG(3, 5))
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(150 * time.Millisecond):
+			}
+			cut := faultproxy.CutReply
+			if i%2 == 1 {
+				cut = faultproxy.CutRequest
+			}
+			// Any deduct of this SKU: its name is in every request's body.
+			proxies[rnd.IntN(len(proxies))].Arm([]byte(sku), cut)
+		}
+	})
+	cuts := int64(0)
+	for _, p := range proxies {
+		cuts += p.Cuts()
+	}
+	if cuts < 5 {
+		t.Errorf("%d links cut during the load, want at least 5", cuts)
+	}
+	checkHistory(t, s, sku, h, 0, fmt.Sprintf("%d links between the allocator and the shard servers cut", cuts))
+}
+
+// history is one run's recorded operations and what was acknowledged.
+type history struct {
+	ops     []porcupine.Operation
+	acked   map[string]int64 // key -> quantity, acknowledged successes
+	refused map[string]bool
+	took    time.Duration
+}
+
+// runHistory drives linOpsMax deducts of 1 to 3 units of sku from
+// linClients clients, each key retried with the same key after every
+// unknown outcome until a definite answer, while faults runs (it gets the
+// run's clock, in ns since its start, and ends with ctx). Each key is one
+// operation: its first call to its first definite answer.
+func runHistory(ctx context.Context, t *testing.T, s *stack, sku string, faults func(ctx context.Context, since func() int64)) *history {
+	t.Helper()
+	start := time.Now()
+	since := func() int64 { return time.Since(start).Nanoseconds() }
+	h := &history{acked: map[string]int64{}, refused: map[string]bool{}}
+	var mu sync.Mutex
+	next := 0
+	take := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		if next >= linOpsMax {
+			return -1
+		}
+		next++
+		return next - 1
+	}
+	fctx, stopFaults := context.WithCancel(ctx)
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		faults(fctx, since)
+	}()
 	var wg sync.WaitGroup
 	for c := range linClients {
 		wg.Go(func() {
@@ -136,40 +208,21 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 				if i < 0 {
 					return
 				}
-				key := fmt.Sprintf("lin-%03d", i)
+				key := fmt.Sprintf("%s-%03d", sku, i)
 				q := int64(1 + rnd.IntN(3))
-				call := time.Since(start).Nanoseconds()
-				var ok, definite bool
-				for try := 0; try < linRetryMax && ctx.Err() == nil; try++ {
-					actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-					_, err := s.deduct(actx, sku, key, q)
-					acancel()
-					if err == nil {
-						ok, definite = true, true
-						break
-					}
-					if reason(err) == "OUT_OF_STOCK" {
-						definite = true
-						break
-					}
-					if code := connect.CodeOf(err); code != connect.CodeUnavailable && code != connect.CodeDeadlineExceeded &&
-						code != connect.CodeAborted && code != connect.CodeUnknown && code != connect.CodeCanceled {
-						t.Errorf("Deduct(%s) = %v: not a retryable answer", key, err)
-						return
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
-				if !definite {
-					t.Errorf("key %s had no definite answer after %d tries", key, linRetryMax)
+				call := since()
+				ok, err := deductUntilDefinite(ctx, s, sku, key, q)
+				if err != nil {
+					t.Error(err)
 					return
 				}
-				ret := time.Since(start).Nanoseconds()
+				ret := since()
 				mu.Lock()
-				history = append(history, porcupine.Operation{ClientId: c, Input: q, Call: call, Output: ok, Return: ret})
+				h.ops = append(h.ops, porcupine.Operation{ClientId: c, Input: q, Call: call, Output: ok, Return: ret})
 				if ok {
-					acked[key] = q
+					h.acked[key] = q
 				} else {
-					refused[key] = true
+					h.refused[key] = true
 				}
 				mu.Unlock()
 				time.Sleep(linPause)
@@ -177,32 +230,66 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	stopFaults()
 	<-faultsDone
+	h.took = time.Since(start)
 	if t.Failed() {
 		t.FailNow()
 	}
 	s.waitStable(startTimeout)
+	return h
+}
 
-	// The faults landed mid-sale: some key succeeded after Postgres was back.
-	after := 0
-	for _, op := range history {
-		if op.Output.(bool) && op.Call > restarted {
-			after++
+// deductUntilDefinite sends a deduct and retries it with the same key
+// after every unknown outcome: ok is a success (or a replayed one), !ok
+// OUT_OF_STOCK.
+func deductUntilDefinite(ctx context.Context, s *stack, sku, key string, q int64) (ok bool, err error) {
+	for try := 0; try < linRetryMax && ctx.Err() == nil; try++ {
+		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := s.deduct(actx, sku, key, q)
+		acancel()
+		if err == nil {
+			return true, nil
+		}
+		if reason(err) == "OUT_OF_STOCK" {
+			return false, nil
+		}
+		if code := connect.CodeOf(err); code != connect.CodeUnavailable && code != connect.CodeDeadlineExceeded &&
+			code != connect.CodeAborted && code != connect.CodeUnknown && code != connect.CodeCanceled {
+			return false, fmt.Errorf("Deduct(%s) = %v: not a retryable answer", key, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false, fmt.Errorf("key %s had no definite answer after %d tries", key, linRetryMax)
+}
+
+// checkHistory checks a run: no oversell and no provable false sold-out;
+// the history linearizable against one exact stock counter (porcupine);
+// with after > 0, some success invoked after that time (the faults landed
+// mid-sale); every acknowledged key exactly once in the ledger and no
+// refused key at all; the units sold equal to the acknowledged ones; the
+// books balanced.
+func checkHistory(t *testing.T, s *stack, sku string, h *history, after int64, faults string) {
+	t.Helper()
+	late := 0
+	for _, op := range h.ops {
+		if op.Output.(bool) && op.Call > after {
+			late++
 		}
 	}
-	if restarted == 0 || after == 0 {
-		t.Errorf("no success after Postgres restarted (at %s): the sale ended before the faults did", time.Duration(restarted))
+	if after > 0 && late == 0 {
+		t.Errorf("no success after %s: the sale ended before the faults did", time.Duration(after))
 	}
-	if err := provablyWrong(linStock, history); err != nil {
+	if err := provablyWrong(linStock, h.ops); err != nil {
 		t.Fatalf("the history breaks the model: %v", err)
 	}
-	res := porcupine.CheckOperationsTimeout(stockModel(linStock), history, 60*time.Second)
+	res := porcupine.CheckOperationsTimeout(stockModel(linStock), h.ops, 60*time.Second)
 	var sold int64
-	for _, q := range acked {
+	for _, q := range h.acked {
 		sold += q
 	}
-	t.Logf("%d operations (%d acknowledged, %d units, %d of them after Postgres restarted; %d refused) over %s with a shard server killed, one stopped past its lease, Postgres crashed: %s",
-		len(history), len(acked), sold, after, len(refused), time.Since(start).Round(time.Millisecond), res)
+	t.Logf("%d operations (%d acknowledged, %d units, %d of them after %s; %d refused) over %s with %s: %s",
+		len(h.ops), len(h.acked), sold, late, time.Duration(after), len(h.refused), h.took.Round(time.Millisecond), faults, res)
 	if res != porcupine.Ok {
 		t.Fatalf("the history is not linearizable against one exact stock counter: %s", res)
 	}
@@ -212,12 +299,12 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 			entries[e.GetIdempotencyKey()]++
 		}
 	}
-	for key := range acked {
+	for key := range h.acked {
 		if entries[key] != 1 {
 			t.Errorf("acknowledged key %s has %d ledger entries, want 1", key, entries[key])
 		}
 	}
-	for key := range refused {
+	for key := range h.refused {
 		if entries[key] != 0 {
 			t.Errorf("refused key %s has %d ledger entries, want 0", key, entries[key])
 		}
@@ -260,4 +347,14 @@ func provablyWrong(initial int64, history []porcupine.Operation) error {
 		}
 	}
 	return nil
+}
+
+// freePort returns a port of 127.0.0.1 that nothing listens on now.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -112,7 +112,9 @@ type stackOpts struct {
 	allocArgs    []string      // more flags of the allocator
 	allocEnv     []string      // more environment of the allocator
 	dbURL        string        // the database named main; "": a new one of pgtest's
-	env          []string      // more environment of every process
+	// startShards starts the shard servers instead of shardServers plain ones.
+	startShards func(s *stack)
+	env         []string // more environment of every process
 }
 
 func newStackOpts(t *testing.T, o stackOpts) *stack {
@@ -125,6 +127,9 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 		o.ttl = leaseTTL
 	}
 	s := &stack{t: t, dbURL: o.dbURL, env: o.env, etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl}
+	if o.startShards != nil {
+		o.startShards(s)
+	}
 	for i := 1; i <= o.shardServers; i++ {
 		s.startShard(fmt.Sprintf("s%d", i))
 	}
