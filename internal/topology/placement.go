@@ -39,6 +39,9 @@ type Placements struct {
 	mu  sync.Mutex
 	cur stock.Placement
 	rev int64 // the key's ModRevision for cur
+
+	sessMu sync.Mutex
+	sess   *concurrency.Session // for the lock, kept while it lives
 }
 
 // LoadPlacements reads the placement, creating its first version over
@@ -153,12 +156,13 @@ func (p *Placements) refresh(ctx context.Context) error {
 
 // Locked runs f holding the placement lock, with the placement as of the
 // moment the lock was taken. CreateSku runs under it; Publish takes it.
+// The lock's session (an etcd lease of placementLockTTL) is kept between
+// calls, so a lock costs a few round trips, not a lease each.
 func (p *Placements) Locked(ctx context.Context, f func(stock.Placement) error) error {
-	sess, err := concurrency.NewSession(p.client, concurrency.WithTTL(int(placementLockTTL/time.Second)), concurrency.WithContext(ctx))
+	sess, err := p.session(ctx)
 	if err != nil {
 		return fmt.Errorf("placement lock: %w", err)
 	}
-	defer sess.Close()
 	mu := concurrency.NewMutex(sess, placementLockKey)
 	lctx, cancel := context.WithTimeout(ctx, placementLockTTL)
 	defer cancel()
@@ -176,6 +180,39 @@ func (p *Placements) Locked(ctx context.Context, f func(stock.Placement) error) 
 		return fmt.Errorf("placement: %w", err)
 	}
 	return f(p.Current())
+}
+
+// session returns the lock's session, making a new one if there is none or
+// the last one's lease is gone.
+func (p *Placements) session(ctx context.Context) (*concurrency.Session, error) {
+	p.sessMu.Lock()
+	defer p.sessMu.Unlock()
+	if p.sess != nil {
+		select {
+		case <-p.sess.Done():
+			p.sess = nil
+		default:
+			return p.sess, nil
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	sess, err := concurrency.NewSession(p.client, concurrency.WithTTL(int(placementLockTTL/time.Second)), concurrency.WithContext(context.WithoutCancel(sctx)))
+	if err != nil {
+		return nil, err
+	}
+	p.sess = sess
+	return sess, nil
+}
+
+// Close ends the lock's session (its lease revoked).
+func (p *Placements) Close() {
+	p.sessMu.Lock()
+	defer p.sessMu.Unlock()
+	if p.sess != nil {
+		p.sess.Close()
+		p.sess = nil
+	}
 }
 
 // Publish adds a version that spreads new SKUs over databases (existing

@@ -30,6 +30,7 @@ type Process struct {
 	Listener net.Listener
 	Registry *prometheus.Registry
 	stop     context.CancelFunc // the placement's watch
+	closeP   func()             // the placement lock's session
 }
 
 // DatabasesUsage documents -databases.
@@ -126,7 +127,7 @@ func Open(ctx context.Context, dbs map[string]string, dbOpts postgres.Options, e
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	p.stop = stop
+	p.stop, p.closeP = stop, placements.Close
 	go placements.Watch(wctx)
 	if p.Listener, err = Listen(ctx, addr); err != nil {
 		p.Close()
@@ -171,6 +172,9 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 func (p *Process) Close() {
 	if p.stop != nil {
 		p.stop()
+	}
+	if p.closeP != nil {
+		p.closeP()
 	}
 	if p.Etcd != nil {
 		p.Etcd.Close()
