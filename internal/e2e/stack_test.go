@@ -112,6 +112,7 @@ type stackOpts struct {
 	allocArgs    []string      // more flags of the allocator
 	allocEnv     []string      // more environment of the allocator
 	dbURL        string        // the database named main; "": a new one of pgtest's
+	etcd         string        // client URLs of an etcd of the test's own; "": a new embedded one
 	// startShards starts the shard servers instead of shardServers plain ones.
 	startShards func(s *stack)
 	env         []string // more environment of every process
@@ -119,14 +120,16 @@ type stackOpts struct {
 
 func newStackOpts(t *testing.T, o stackOpts) *stack {
 	t.Helper()
-	e := etcdtest.Start(t)
+	if o.etcd == "" {
+		o.etcd = strings.Join(etcdtest.Start(t).Endpoints(), ",")
+	}
 	if o.dbURL == "" {
 		o.dbURL = pgtest.NewDB(t)
 	}
 	if o.ttl == 0 {
 		o.ttl = leaseTTL
 	}
-	s := &stack{t: t, dbURL: o.dbURL, env: o.env, etcd: strings.Join(e.Endpoints(), ","), shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl}
+	s := &stack{t: t, dbURL: o.dbURL, env: o.env, etcd: o.etcd, shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl}
 	if o.startShards != nil {
 		o.startShards(s)
 	}
