@@ -42,6 +42,12 @@ type Options struct {
 	MaxConns int32
 	// ApplicationName is shown in pg_stat_activity.
 	ApplicationName string
+	// MigrateURL, when set, is the URL of the schema's owner: the
+	// migrations run as that role, which then grants the service's role
+	// (url's) what it needs and no more: on the ledger only SELECT and
+	// INSERT, so that the service itself can never rewrite the books
+	// (grantServiceRole). Empty: url's role migrates and owns the schema.
+	MigrateURL string
 }
 
 // Open connects to url, applies every pending migration and returns the DB.
@@ -81,11 +87,56 @@ func Open(ctx context.Context, url string, opt Options) (*DB, error) {
 		return nil, fmt.Errorf("postgres: connect: %w", err)
 	}
 	db := &DB{pool: pool}
-	if err := db.migrate(ctx); err != nil {
+	if opt.MigrateURL == "" {
+		err = migrate(ctx, *pool.Config().ConnConfig)
+	} else {
+		err = migrateAsOwner(ctx, opt.MigrateURL, cfg.ConnConfig.User)
+	}
+	if err != nil {
 		pool.Close()
 		return nil, err
 	}
 	return db, nil
+}
+
+// migrateAsOwner migrates as the role of ownerURL and grants role (the
+// service's) its privileges.
+func migrateAsOwner(ctx context.Context, ownerURL, role string) error {
+	owner, err := pgx.ParseConfig(ownerURL)
+	if err != nil {
+		return fmt.Errorf("postgres: parse migrate url: %w", err)
+	}
+	if err := migrate(ctx, *owner); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, owner)
+	if err != nil {
+		return fmt.Errorf("postgres: grant: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return grantServiceRole(ctx, conn, role)
+}
+
+// grantServiceRole gives role what the service needs: every table's rows
+// (the ledger's: read and append only, so that not even the service can
+// change or remove an entry; the trigger that refuses UPDATE, DELETE and
+// TRUNCATE stays for every role), the sequences, and nothing of the schema.
+func grantServiceRole(ctx context.Context, conn *pgx.Conn, role string) error {
+	r := pgx.Identifier{role}.Sanitize()
+	for _, stmt := range []string{
+		`GRANT USAGE ON SCHEMA public TO ` + r,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO ` + r,
+		`REVOKE UPDATE, DELETE, TRUNCATE ON ledger FROM ` + r,
+		`GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO ` + r,
+		`REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON goose_db_version FROM ` + r,
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("postgres: grant %s: %w", role, err)
+		}
+	}
+	return nil
 }
 
 // Close closes every connection.
@@ -95,12 +146,12 @@ func (db *DB) Close() { db.pool.Close() }
 func (db *DB) PoolStat() *pgxpool.Stat { return db.pool.Stat() }
 
 // migrate applies the embedded migrations on a connection of its own (not
-// the pool's), under goose's Postgres session lock, so that many processes
-// starting at once migrate once, whatever the pool's size.
-func (db *DB) migrate(ctx context.Context) error {
+// the pool's) as cfg's role, under goose's Postgres session lock, so that
+// many processes starting at once migrate once, whatever the pool's size.
+func migrate(ctx context.Context, cfg pgx.ConnConfig) error {
 	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
 	defer cancel()
-	sqlDB := stdlib.OpenDB(*db.pool.Config().ConnConfig)
+	sqlDB := stdlib.OpenDB(cfg)
 	defer sqlDB.Close()
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {

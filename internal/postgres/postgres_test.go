@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -690,4 +691,56 @@ func TestDB_Group(t *testing.T) {
 			t.Errorf("operations = %d, want 0", n)
 		}
 	})
+}
+
+// With MigrateURL the schema's owner migrates and the service's own role
+// may read and append the ledger but not change, remove or truncate an
+// entry: permission denied (42501) before the append-only trigger is even
+// reached. Everything else the service writes it still may.
+func TestLedger_ServiceRoleCannotRewrite(t *testing.T) {
+	ownerURL := pgtest.NewDB(t)
+	ctx := context.Background()
+	owner := connect(t, ownerURL)
+	role := fmt.Sprintf("svc_%d", time.Now().UnixNano())
+	exec(t, owner, `CREATE ROLE `+role+` LOGIN`)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), ownerURL)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		c.Exec(context.Background(), `DROP OWNED BY `+role)
+		c.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	u, err := url.Parse(ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	svcURL := u.String()
+	db, err := postgres.Open(ctx, svcURL, postgres.Options{MigrateURL: ownerURL, MaxConns: 2})
+	if err != nil {
+		t.Fatalf("Open as %s, migrated by the owner = %v", role, err)
+	}
+	t.Cleanup(db.Close)
+	createSKU(t, db, stock.SKU{Name: "r-sku", Shards: 1}, 10)
+	svc := connect(t, svcURL)
+	exec(t, svc, insertLedger, "r-sku", 0, "replenish", 5, 0, 5, 0, 0, 0, 0, "r-key")
+	exec(t, svc, `UPDATE shards SET available = available WHERE sku = 'r-sku'`)
+	for _, sql := range []string{
+		`UPDATE ledger SET quantity = quantity + 1`,
+		`DELETE FROM ledger`,
+		`TRUNCATE ledger`,
+		`DROP TRIGGER IF EXISTS ledger_append_only ON ledger`,
+		`ALTER TABLE ledger DISABLE TRIGGER ALL`,
+	} {
+		_, err := svc.Exec(ctx, sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || (pgErr.Code != "42501" && pgErr.Code != "42P01") {
+			t.Errorf("as the service's role, %s = %v, want permission denied (42501)", sql, err)
+		}
+	}
+	if n := count(t, owner, `SELECT count(*) FROM ledger WHERE quantity = 5`); n != 1 {
+		t.Errorf("ledger rows intact = %d, want 1", n)
+	}
 }

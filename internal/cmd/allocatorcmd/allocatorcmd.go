@@ -41,6 +41,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "listen address (env SHARDSTOCK_ADDR)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the database named main (env DATABASE_URL)")
 	moreDBs := fs.String("databases", getenv("SHARDSTOCK_DATABASES"), startup.DatabasesUsage)
+	migrateURL := fs.String("migrate-url", getenv("SHARDSTOCK_MIGRATE_URL"), startup.MigrateUsage)
+	migrateDBs := fs.String("migrate-databases", getenv("SHARDSTOCK_MIGRATE_DATABASES"), startup.MigrateDatabasesUsage)
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
 	apiToken := fs.String("api-token", getenv("SHARDSTOCK_API_TOKEN"), "bearer token the InventoryService requires (the admin token is accepted too); empty: none (env SHARDSTOCK_API_TOKEN)")
@@ -86,7 +88,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errors.New("-rate-limit and -max-in-flight must not be negative")
 	}
 
-	proc, err := startup.Open(ctx, dbs, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, *etcd, *addr, log)
+	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, dbs, *migrateURL, *migrateDBs)
+	if err != nil {
+		return err
+	}
+	proc, err := startup.Open(ctx, dbs, dbOpts, *etcd, *addr, log)
 	if err != nil {
 		return err
 	}

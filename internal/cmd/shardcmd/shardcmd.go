@@ -27,6 +27,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	id := fs.String("id", startup.Env(getenv, "SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the database named main (env DATABASE_URL)")
 	moreDBs := fs.String("databases", getenv("SHARDSTOCK_DATABASES"), startup.DatabasesUsage)
+	migrateURL := fs.String("migrate-url", getenv("SHARDSTOCK_MIGRATE_URL"), startup.MigrateUsage)
+	migrateDBs := fs.String("migrate-databases", getenv("SHARDSTOCK_MIGRATE_DATABASES"), startup.MigrateDatabasesUsage)
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
 	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long (env SHARDSTOCK_LEASE_TTL)")
 	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most (env SHARDSTOCK_DB_MAX_CONNS)")
@@ -53,7 +55,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errors.New("no server id: set -id or SHARDSTOCK_SERVER_ID")
 	}
 
-	proc, err := startup.Open(ctx, dbs, postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id}, *etcd, *addr, log)
+	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id}, dbs, *migrateURL, *migrateDBs)
+	if err != nil {
+		return err
+	}
+	proc, err := startup.Open(ctx, dbs, dbOpts, *etcd, *addr, log)
 	if err != nil {
 		return err
 	}

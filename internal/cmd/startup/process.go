@@ -33,6 +33,35 @@ type Process struct {
 	closeP   func()             // the placement lock's session
 }
 
+// MigrateUsage documents -migrate-url and -migrate-databases.
+const MigrateUsage = "URL of the schema's owner for the database named main: migrations run as that role, which grants the service's role (DATABASE_URL's) only SELECT and INSERT on the ledger, so the service can never rewrite it; empty: the service's own role migrates and owns the schema (env SHARDSTOCK_MIGRATE_URL)"
+
+// MigrateDatabasesUsage documents -migrate-databases.
+const MigrateDatabasesUsage = "the owners' URLs of the databases of -databases, as name=URL pairs, as -migrate-url is main's (env SHARDSTOCK_MIGRATE_DATABASES)"
+
+// WithMigrateURLs returns the options to open each database of dbs with:
+// opts, with the owner's URL of mainURL (-migrate-url) for main and of
+// more ("name=url,...") for the others. A name that is not a database of
+// dbs is an error.
+func WithMigrateURLs(opts postgres.Options, dbs map[string]string, mainURL, more string) (map[string]postgres.Options, error) {
+	urls, err := Databases(mainURL, more)
+	if err != nil && (mainURL != "" || more != "") {
+		return nil, fmt.Errorf("-migrate-url, -migrate-databases: %w", err)
+	}
+	out := map[string]postgres.Options{}
+	for name := range dbs {
+		o := opts
+		o.MigrateURL = urls[name]
+		out[name] = o
+	}
+	for name := range urls {
+		if _, ok := dbs[name]; !ok {
+			return nil, fmt.Errorf("-migrate-databases: %q is not a database of -databases", name)
+		}
+	}
+	return out, nil
+}
+
 // DatabasesUsage documents -databases.
 const DatabasesUsage = "more Postgres databases SKUs are placed on, as comma-separated name=URL pairs (name: a-z, 0-9, - and _); DATABASE_URL is the database named main; new SKUs go where AdminService.SetPlacement says (env SHARDSTOCK_DATABASES)"
 
@@ -85,10 +114,10 @@ const gcPercentDefault = 400
 
 // Open opens a Process; on error it closes what it opened. It also sets the
 // garbage collector's target to gcPercentDefault unless GOGC says otherwise.
-// dbs are the databases by name (Databases); each gets its own pool of
-// dbOpts.MaxConns. The placement of SKUs on them is read from etcd, or
+// dbs are the databases by name (Databases), each opened with its own
+// dbOpts (WithMigrateURLs): its own pool of MaxConns. The placement of SKUs on them is read from etcd, or
 // created there over dbs by the first process to start, and watched.
-func Open(ctx context.Context, dbs map[string]string, dbOpts postgres.Options, etcdEndpoints, addr string, log *slog.Logger) (*Process, error) {
+func Open(ctx context.Context, dbs map[string]string, dbOpts map[string]postgres.Options, etcdEndpoints, addr string, log *slog.Logger) (*Process, error) {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercentDefault)
 	}
@@ -106,7 +135,7 @@ func Open(ctx context.Context, dbs map[string]string, dbOpts postgres.Options, e
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		db, err := postgres.Open(ctx, dbs[name], dbOpts)
+		db, err := postgres.Open(ctx, dbs[name], dbOpts[name])
 		if err != nil {
 			closeAll()
 			return nil, fmt.Errorf("database %q: %w", name, err)

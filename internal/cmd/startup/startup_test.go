@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardstock/shardstock/internal/postgres"
 )
 
 func TestFlagsFromEnv(t *testing.T) {
@@ -72,5 +74,22 @@ func TestLogger(t *testing.T) {
 	}
 	if _, err := Logger(&buf, "loud", "text"); err == nil {
 		t.Errorf("Logger(level loud) = nil error")
+	}
+}
+
+func TestWithMigrateURLs(t *testing.T) {
+	dbs := map[string]string{"main": "postgres://svc@a/x", "second": "postgres://svc@b/y"}
+	opts, err := WithMigrateURLs(postgres.Options{MaxConns: 4}, dbs, "postgres://owner@a/x", "second=postgres://owner@b/y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts["main"].MigrateURL != "postgres://owner@a/x" || opts["second"].MigrateURL != "postgres://owner@b/y" || opts["main"].MaxConns != 4 {
+		t.Errorf("options %+v", opts)
+	}
+	if opts, err := WithMigrateURLs(postgres.Options{}, dbs, "", ""); err != nil || opts["main"].MigrateURL != "" || len(opts) != 2 {
+		t.Errorf("without owners: %+v, %v", opts, err)
+	}
+	if _, err := WithMigrateURLs(postgres.Options{}, dbs, "", "third=postgres://owner@c/z"); err == nil {
+		t.Error("an owner URL for a database that is not one: no error")
 	}
 }
