@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -103,9 +104,25 @@ func grpchealthNotFound(service string) error {
 // Serve serves h on lis until ctx ends, then shuts down gracefully within
 // shutdownTimeout.
 func Serve(ctx context.Context, lis net.Listener, h http.Handler) error {
+	return ServeTLS(ctx, lis, h, nil)
+}
+
+// ServeTLS is Serve over TLS with cfg: HTTP/1.1 and HTTP/2, chosen by ALPN
+// (gRPC, Connect and gRPC-Web clients all speak one of them). A nil cfg is
+// Serve: cleartext HTTP/1.1 and h2c.
+func ServeTLS(ctx context.Context, lis net.Listener, h http.Handler, cfg *tls.Config) error {
 	srv := NewServer(h)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(lis) }()
+	if cfg != nil {
+		var p http.Protocols
+		p.SetHTTP1(true)
+		p.SetHTTP2(true)
+		srv.Protocols = &p
+		srv.TLSConfig = cfg.Clone()
+		go func() { errc <- srv.ServeTLS(lis, "", "") }()
+	} else {
+		go func() { errc <- srv.Serve(lis) }()
+	}
 	select {
 	case err := <-errc:
 		return err

@@ -60,6 +60,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	rebalanceOn := fs.Bool("rebalance", getenv("SHARDSTOCK_REBALANCE") != "0", "run the rebalancer's refill and tail plans (env SHARDSTOCK_REBALANCE=0 turns them off); drains of retired shards, SetShards, Rebalance and consolidation run regardless")
 	autoShards := fs.Bool("auto-shards", getenv("SHARDSTOCK_AUTO_SHARDS") != "0", "split hot SKUs and merge them back when cold, automatically (env SHARDSTOCK_AUTO_SHARDS=0 turns it off)")
 	retireGrace := fs.Duration("retire-grace", 0, "how long after a SKU's shard count last changed its shards out of service may retire, once empty; 0 means 15s, and it must exceed the longest a shard batch runs (10 s)")
+	tlsCert := fs.String("tls-cert", getenv("SHARDSTOCK_TLS_CERT"), startup.TLSUsage)
+	tlsKey := fs.String("tls-key", getenv("SHARDSTOCK_TLS_KEY"), "see -tls-cert")
 	corsOrigins := fs.String("cors-origins", getenv("SHARDSTOCK_CORS_ORIGINS"), "comma-separated origins whose browser clients may call the API (CORS), e.g. https://shop.example.com; empty: none (env SHARDSTOCK_CORS_ORIGINS)")
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
@@ -83,6 +85,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if *apiToken != "" && len(*apiToken) < adminTokenLenMin {
 		return fmt.Errorf("the API token must be at least %d characters (-api-token, SHARDSTOCK_API_TOKEN)", adminTokenLenMin)
+	}
+	tlsCfg, err := startup.TLSConfig(*tlsCert, *tlsKey, "")
+	if err != nil {
+		return err
+	}
+	scheme := "http"
+	if tlsCfg != nil {
+		scheme = "https"
 	}
 	if *rateLimit < 0 || *inFlight < 0 {
 		return errors.New("-rate-limit and -max-in-flight must not be negative")
@@ -145,8 +155,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer opsLis.Close()
 	opsDone := make(chan error, 1)
-	go func() { opsDone <- transport.Serve(ctx, opsLis, transport.NewOperatorMux(reg, *pprofOn, alloc.Ready)) }()
-	fmt.Fprintf(stdout, "operator listening on http://%s\n", opsLis.Addr())
+	go func() {
+		opsDone <- transport.ServeTLS(ctx, opsLis, transport.NewOperatorMux(reg, *pprofOn, alloc.Ready), tlsCfg)
+	}()
+	fmt.Fprintf(stdout, "operator listening on %s://%s\n", scheme, opsLis.Addr())
 	metrics := transport.NewMetrics(reg)
 	// Metrics first, so that refused calls are counted too; then the API
 	// token, then the limits, so that a stranger's calls cost no limiter.
@@ -179,9 +191,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		shardDone <- nil
 	}
 
-	fmt.Fprintf(stdout, "allocator listening on http://%s\n", lis.Addr())
+	fmt.Fprintf(stdout, "allocator listening on %s://%s\n", scheme, lis.Addr())
 	log.Info("allocator started", "addr", lis.Addr().String())
-	serveErr := transport.Serve(ctx, lis, transport.CORS(mux, splitList(*corsOrigins)))
+	serveErr := transport.ServeTLS(ctx, lis, transport.CORS(mux, splitList(*corsOrigins)), tlsCfg)
 	cancel()
 	serr, nerr, oerr := <-shardDone, <-nodeDone, <-opsDone
 	<-watchDone

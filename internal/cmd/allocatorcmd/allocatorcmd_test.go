@@ -2,9 +2,20 @@ package allocatorcmd_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -244,4 +255,97 @@ func TestRun_Refuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRun_TLS: with -tls-cert and -tls-key both listeners speak TLS only,
+// HTTP/2 and HTTP/1.1 by ALPN: a Connect client (HTTP/2) and a gRPC client
+// trusting the test's CA are served, and a cleartext request is not.
+func TestRun_TLS(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	caPool, certFile, keyFile := testCert(t, dir)
+	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-tls-cert", certFile, "-tls-key", keyFile)
+	if !strings.HasPrefix(base, "https://") {
+		t.Fatalf("listening on %s, want https", base)
+	}
+	var p http.Protocols
+	p.SetHTTP2(true)
+	hc := &http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{RootCAs: caPool}}, Timeout: 10 * time.Second}
+	deadline := time.Now().Add(startTimeout)
+	for {
+		resp, err := hc.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				if resp.ProtoMajor != 2 {
+					t.Errorf("/readyz over %s, want HTTP/2", resp.Proto)
+				}
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz over TLS not 200 within %s: %v", startTimeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	admin := shardstockv1connect.NewAdminServiceClient(hc, base)
+	if _, err := admin.CreateSku(ctx, adminReq(&v1.CreateSkuRequest{Sku: "tls-sku", InitialStock: 5, Shards: 1})); err != nil {
+		t.Fatalf("CreateSku over TLS = %v", err)
+	}
+	inv := shardstockv1connect.NewInventoryServiceClient(hc, base, connect.WithGRPC())
+	if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "tls-sku", Quantity: 1, IdempotencyKey: "k"})); err != nil {
+		t.Errorf("Deduct over gRPC and TLS = %v", err)
+	}
+	plain := strings.Replace(base, "https://", "http://", 1)
+	if resp, err := http.Get(plain + "/readyz"); err == nil {
+		if resp.StatusCode == 200 {
+			t.Errorf("a cleartext /readyz was served (%d)", resp.StatusCode)
+		}
+		resp.Body.Close()
+	}
+	if _, err := (&http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{}}}).Get(base + "/readyz"); err == nil {
+		t.Error("a client that does not trust the CA was served")
+	}
+}
+
+// testCert makes a CA and a certificate it signed for 127.0.0.1, and
+// writes the certificate and key as PEM files in dir.
+func testCert(t *testing.T, dir string) (*x509.CertPool, string, string) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "allocator"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return pool, certFile, keyFile
 }

@@ -4,11 +4,15 @@ package startup
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -87,4 +91,38 @@ func Etcd(endpoints string) (*clientv3.Client, error) {
 		return nil, fmt.Errorf("etcd %s: %w", endpoints, err)
 	}
 	return c, nil
+}
+
+// TLSUsage documents -tls-cert and -tls-key.
+const TLSUsage = "PEM files of the certificate (with its chain) and key to serve TLS with on every listener of the process; both or neither (env SHARDSTOCK_TLS_CERT, SHARDSTOCK_TLS_KEY)"
+
+// TLSConfig loads a server certificate and key (both empty: nil, no TLS).
+// With clientCA, clients must present a certificate that CA signed (mTLS).
+func TLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
+	if certFile == "" && keyFile == "" {
+		if clientCA != "" {
+			return nil, errors.New("a client CA needs -tls-cert and -tls-key")
+		}
+		return nil, nil
+	}
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("-tls-cert and -tls-key go together")
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificate: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if clientCA != "" {
+		pem, err := os.ReadFile(clientCA)
+		if err != nil {
+			return nil, fmt.Errorf("client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client CA %s: no certificate in it", clientCA)
+		}
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
 }
