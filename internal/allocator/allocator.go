@@ -5,6 +5,7 @@
 package allocator
 
 import (
+	"cmp"
 	"context"
 	"hash/fnv"
 	"log/slog"
@@ -64,8 +65,11 @@ type Config struct {
 	// HTTPClient reaches the shard servers (cleartext HTTP/2); the default
 	// sends keep-alive pings (transport.NewInternalClient).
 	HTTPClient *http.Client
-	Logger     *slog.Logger
-	Registerer prometheus.Registerer
+	// ShardScheme is "https" when HTTPClient speaks TLS to the shard
+	// servers (transport.NewInternalTLSClient); "" means "http".
+	ShardScheme string
+	Logger      *slog.Logger
+	Registerer  prometheus.Registerer
 	// Local, when set, is a shard server running in this process under
 	// the id LocalID: requests for the partitions it owns are handed to it
 	// directly instead of over RPC (the same writers, fences and batches;
@@ -90,6 +94,7 @@ type Allocator struct {
 	db      Store
 	topo    func() topology.View
 	hc      *http.Client
+	scheme  string // of the shard servers' URLs
 	log     *slog.Logger
 	local   LocalServer
 	localID string
@@ -137,6 +142,7 @@ func New(cfg Config) *Allocator {
 		local:       cfg.Local,
 		localID:     cfg.LocalID,
 		hc:          hc,
+		scheme:      cmp.Or(cfg.ShardScheme, "http"),
 		log:         log,
 		servers:     map[string]*serverClient{},
 		hints:       mustLRU[stock.ShardKey, hint](hintsLenMax),
@@ -242,7 +248,7 @@ func (a *Allocator) remote(srv topology.Server) *serverClient {
 	defer a.mu.Unlock()
 	c := a.servers[id]
 	if c == nil {
-		c = newServerClient(srv.ID, srv.Addr, a.hc, a.topo, func(name string, to gobreaker.State) {
+		c = newServerClient(srv.ID, a.scheme, srv.Addr, a.hc, a.topo, func(name string, to gobreaker.State) {
 			a.log.Warn("shard server circuit breaker", "server", name, "state", to.String())
 			a.metrics.breaker.WithLabelValues(name, to.String()).Inc()
 		}, a.metrics.server(srv.ID))

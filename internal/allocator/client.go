@@ -75,11 +75,13 @@ type serverClient struct {
 	pending map[*call]struct{} // queued or in flight, until their caller stops waiting
 }
 
-func newServerClient(id, addr string, hc *http.Client, topo func() topology.View, onState func(id string, to gobreaker.State), m serverMetrics) *serverClient {
+// newServerClient returns the client of shard server id at addr (host and
+// port), reached with scheme ("http" or "https").
+func newServerClient(id, scheme, addr string, hc *http.Client, topo func() topology.View, onState func(id string, to gobreaker.State), m serverMetrics) *serverClient {
 	c := &serverClient{
 		id:      id,
 		addr:    addr,
-		client:  shardstockv1connect.NewShardServiceClient(hc, "http://"+addr, transport.InternalClientOptions()...),
+		client:  shardstockv1connect.NewShardServiceClient(hc, scheme+"://"+addr, transport.InternalClientOptions()...),
 		queue:   make(chan *call, clientQueueLenMax),
 		stop:    make(chan struct{}),
 		topo:    topo,

@@ -5,11 +5,13 @@
 package transport
 
 import (
+	"crypto/tls"
 	"net"
+	"net/http"
+	"strings"
+	"time"
 
 	"connectrpc.com/connect"
-	"net/http"
-	"time"
 )
 
 // Server timeouts and bounds.
@@ -71,6 +73,38 @@ const (
 	// frame, before the default 5 s lease hands its partitions over.
 	pingTimeout = 2 * time.Second
 )
+
+// NewInternalTLSClient is NewInternalClient over TLS with cfg (HTTP/2 by
+// ALPN): for shard servers that require a client certificate.
+func NewInternalTLSClient(cfg *tls.Config) *http.Client {
+	var p http.Protocols
+	p.SetHTTP2(true)
+	t := &http.Transport{
+		Protocols:           &p,
+		TLSClientConfig:     cfg.Clone(),
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     idleTimeout,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		HTTP2:               &http.HTTP2Config{SendPingTimeout: pingIdleTimeout, PingTimeout: pingTimeout},
+	}
+	return &http.Client{Transport: t}
+}
+
+// RequireClientCert wraps h so that calls of the services under prefixes
+// need a verified client certificate (a TLS config with
+// tls.VerifyClientCertIfGiven checked it); health, readiness, metrics and
+// the other plain paths stay open, for probes that have no certificate.
+func RequireClientCert(h http.Handler, prefixes ...string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, p := range prefixes {
+			if strings.HasPrefix(r.URL.Path, p) && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
+				http.Error(w, "a client certificate is required", http.StatusUnauthorized)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
 
 // NewInternalClient is NewClient with HTTP/2 keep-alive pings, for calls
 // between shardstock's own processes (the allocator to shard servers).

@@ -4,11 +4,13 @@ package allocatorcmd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 
@@ -61,6 +63,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	autoShards := fs.Bool("auto-shards", getenv("SHARDSTOCK_AUTO_SHARDS") != "0", "split hot SKUs and merge them back when cold, automatically (env SHARDSTOCK_AUTO_SHARDS=0 turns it off)")
 	retireGrace := fs.Duration("retire-grace", 0, "how long after a SKU's shard count last changed its shards out of service may retire, once empty; 0 means 15s, and it must exceed the longest a shard batch runs (10 s)")
 	tlsCert := fs.String("tls-cert", getenv("SHARDSTOCK_TLS_CERT"), startup.TLSUsage)
+	shardCert := fs.String("shard-tls-cert", getenv("SHARDSTOCK_SHARD_TLS_CERT"), "the client certificate this allocator presents to shard servers that require one (mTLS); with -shard-tls-key and -shard-tls-ca, the CA of the shard servers' certificates (env SHARDSTOCK_SHARD_TLS_CERT, _KEY, _CA)")
+	shardKey := fs.String("shard-tls-key", getenv("SHARDSTOCK_SHARD_TLS_KEY"), "see -shard-tls-cert")
+	shardCA := fs.String("shard-tls-ca", getenv("SHARDSTOCK_SHARD_TLS_CA"), "see -shard-tls-cert; with -shard-id, also the CA its own shard listener requires of callers")
 	tlsKey := fs.String("tls-key", getenv("SHARDSTOCK_TLS_KEY"), "see -tls-cert")
 	corsOrigins := fs.String("cors-origins", getenv("SHARDSTOCK_CORS_ORIGINS"), "comma-separated origins whose browser clients may call the API (CORS), e.g. https://shop.example.com; empty: none (env SHARDSTOCK_CORS_ORIGINS)")
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
@@ -94,6 +99,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if tlsCfg != nil {
 		scheme = "https"
 	}
+	shardClientTLS, err := startup.ClientTLSConfig(*shardCert, *shardKey, *shardCA)
+	if err != nil {
+		return err
+	}
 	if *rateLimit < 0 || *inFlight < 0 {
 		return errors.New("-rate-limit and -max-in-flight must not be negative")
 	}
@@ -121,6 +130,17 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer moves.Close()
 	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: reg, Moves: moves,
 		Rebalance: allocator.RebalanceConfig{Off: !*rebalanceOn, Auto: allocator.AutoShards{Off: !*autoShards}, RetireGrace: *retireGrace}}
+	if shardClientTLS != nil {
+		acfg.HTTPClient, acfg.ShardScheme = transport.NewInternalTLSClient(shardClientTLS), "https"
+	}
+	// With mTLS, this allocator's own shard listener speaks it too: its
+	// -tls-cert, callers' certificates signed by -shard-tls-ca.
+	var localTLS *tls.Config
+	if shardClientTLS != nil && *shardID != "" {
+		if localTLS, err = startup.TLSConfig(*tlsCert, *tlsKey, *shardCA); err != nil || localTLS == nil {
+			return fmt.Errorf("-shard-id with -shard-tls-*: its shard listener needs -tls-cert and -tls-key too (%v)", err)
+		}
+	}
 	var node *shardnode.Node
 	var shardLis net.Listener
 	if *shardID != "" {
@@ -177,8 +197,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	nodeDone, shardDone := make(chan error, 1), make(chan error, 1)
 	if node != nil {
 		go func() { nodeDone <- node.Run(ctx) }()
+		var localShard http.Handler = node.Handler(nil, false, metrics)
+		if localTLS != nil {
+			localShard = transport.RequireClientCert(localShard, "/"+shardstockv1connect.ShardServiceName+"/")
+		}
 		go func() {
-			err := transport.Serve(ctx, shardLis, node.Handler(nil, false, metrics))
+			err := transport.ServeTLS(ctx, shardLis, localShard, localTLS)
 			if err != nil {
 				cancel() // a member others cannot reach must not stay one
 			}

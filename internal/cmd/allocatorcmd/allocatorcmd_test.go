@@ -2,20 +2,10 @@ package allocatorcmd_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -262,8 +252,9 @@ func TestRun_Refuses(t *testing.T) {
 // trusting the test's CA are served, and a cleartext request is not.
 func TestRun_TLS(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	caPool, certFile, keyFile := testCert(t, dir)
+	ca := cmdtest.NewCA(t)
+	certFile, keyFile := ca.Issue(t, "allocator")
+	caPool := ca.Pool
 	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-tls-cert", certFile, "-tls-key", keyFile)
 	if !strings.HasPrefix(base, "https://") {
 		t.Fatalf("listening on %s, want https", base)
@@ -306,46 +297,4 @@ func TestRun_TLS(t *testing.T) {
 	if _, err := (&http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{}}}).Get(base + "/readyz"); err == nil {
 		t.Error("a client that does not trust the CA was served")
 	}
-}
-
-// testCert makes a CA and a certificate it signed for 127.0.0.1, and
-// writes the certificate and key as PEM files in dir.
-func testCert(t *testing.T, dir string) (*x509.CertPool, string, string) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "allocator"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return pool, certFile, keyFile
 }

@@ -8,7 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/postgres"
@@ -35,6 +38,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	format := fs.String("log-format", "text", startup.LogFormatUsage)
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
 	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
+	tlsCert := fs.String("tls-cert", getenv("SHARDSTOCK_TLS_CERT"), startup.TLSUsage)
+	tlsKey := fs.String("tls-key", getenv("SHARDSTOCK_TLS_KEY"), "see -tls-cert")
+	clientCA := fs.String("tls-client-ca", getenv("SHARDSTOCK_TLS_CLIENT_CA"), "with -tls-cert: the CA whose certificates allocators must present to call the ShardService (mTLS); /healthz, /readyz, /metrics and /drain need none (env SHARDSTOCK_TLS_CLIENT_CA)")
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -44,6 +50,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log, err := startup.Logger(stderr, *level, *format)
+	if err != nil {
+		return err
+	}
+	tlsCfg, err := startup.TLSConfig(*tlsCert, *tlsKey, *clientCA)
 	if err != nil {
 		return err
 	}
@@ -82,7 +92,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	go func() { nodeDone <- node.Run(ctx) }()
 	fmt.Fprintf(stdout, "shard %s listening on %s\n", *id, lis.Addr())
 	log.Info("shard server started", "id", *id, "addr", lis.Addr().String(), "advertise", *advertise)
-	serveErr := transport.Serve(ctx, lis, node.Handler(reg, *pprofOn, transport.NewMetrics(reg)))
+	var h http.Handler = node.Handler(reg, *pprofOn, transport.NewMetrics(reg))
+	if *clientCA != "" {
+		h = transport.RequireClientCert(h, "/"+shardstockv1connect.ShardServiceName+"/")
+	}
+	serveErr := transport.ServeTLS(ctx, lis, h, tlsCfg)
 	cancel()
 	merr := <-nodeDone
 	log.Info("shard server stopped", "id", *id)

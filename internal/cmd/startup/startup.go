@@ -114,15 +114,46 @@ func TLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if clientCA != "" {
-		pem, err := os.ReadFile(clientCA)
+		pool, err := CertPool(clientCA)
 		if err != nil {
-			return nil, fmt.Errorf("client CA: %w", err)
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client CA %s: no certificate in it", clientCA)
-		}
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		// Verified when given; the services that need one refuse calls
+		// without (transport.RequireClientCert), so probes still work.
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
 	}
 	return cfg, nil
+}
+
+// CertPool reads the PEM certificates of file.
+func CertPool(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA %s: no certificate in it", file)
+	}
+	return pool, nil
+}
+
+// ClientTLSConfig is the TLS of a client that presents certFile/keyFile and
+// trusts caFile's certificates (all empty: nil, cleartext).
+func ClientTLSConfig(certFile, keyFile, caFile string) (*tls.Config, error) {
+	if certFile == "" && keyFile == "" && caFile == "" {
+		return nil, nil
+	}
+	if certFile == "" || keyFile == "" || caFile == "" {
+		return nil, errors.New("-shard-tls-cert, -shard-tls-key and -shard-tls-ca go together")
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("client certificate: %w", err)
+	}
+	pool, err := CertPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
