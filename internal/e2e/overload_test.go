@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// Bounds of the overload test. SHARDSTOCK_OVERLOAD_SECONDS lengthens the
+// burst (make overload: 30 s); make test runs a short one.
+const (
+	overloadInFlight    = 128             // the allocator's -max-in-flight
+	overloadClients     = 32              // closed-loop clients measuring the peak and the recovery
+	overloadMeasure     = 2 * time.Second // each peak measurement
+	overloadOutstanding = 20000           // the burst's requests waiting at once, client side
+	overloadRSSMax      = 512 << 20       // the allocator's resident memory bound during the burst
+	overloadStock       = 1_000_000_000   // never sells out
+)
+
+// TestE2E_Overload: a burst of ten times the peak rate (open loop: requests
+// sent on a clock, whatever the answers) is shed with RATE_LIMITED or a
+// retryable unavailable, the allocator's memory stays under
+// overloadRSSMax, it serves at 80% of its peak again within seconds, and
+// every acknowledged deduct is in the books exactly once.
+func TestE2E_Overload(t *testing.T) {
+	burst := 5 * time.Second
+	if v := os.Getenv("SHARDSTOCK_OVERLOAD_SECONDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("SHARDSTOCK_OVERLOAD_SECONDS=%q", v)
+		}
+		burst = time.Duration(n) * time.Second
+	}
+	s := newStackOpts(t, stackOpts{shardServers: 2, allocArgs: []string{"-max-in-flight", strconv.Itoa(overloadInFlight)}})
+	const sku = "overload"
+	s.createSKU(sku, overloadStock, 8)
+	var seq atomic.Int64
+	var ackMu sync.Mutex
+	acked := map[string]bool{}
+	deduct := func(ctx context.Context) error {
+		key := fmt.Sprintf("ov-%d", seq.Add(1))
+		_, err := s.deduct(ctx, sku, key, 1)
+		if err == nil {
+			ackMu.Lock()
+			acked[key] = true
+			ackMu.Unlock()
+		}
+		return err
+	}
+	peak := closedLoopRate(t, deduct)
+	pid := s.allocator.cmd.Process.Pid
+
+	// The burst: 10x the peak, open loop.
+	rate := 10 * peak
+	var sent, ok, shed, other atomic.Int64
+	var otherErr atomic.Value
+	var rssMax atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), burst+30*time.Second)
+	defer cancel()
+	stopRSS := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stopRSS:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			if r := rss(pid); r > rssMax.Load() {
+				rssMax.Store(r)
+			}
+		}
+	}()
+	slots := make(chan struct{}, overloadOutstanding)
+	var wg sync.WaitGroup
+	start := time.Now()
+	interval := time.Duration(float64(time.Second) / rate)
+	next := start
+	for time.Since(start) < burst {
+		next = next.Add(interval)
+		if d := time.Until(next); d > 0 {
+			time.Sleep(d)
+		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			continue // the client cannot keep more waiting: not sent
+		}
+		sent.Add(1)
+		wg.Go(func() {
+			defer func() { <-slots }()
+			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+			defer rcancel()
+			err := deduct(rctx)
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case reason(err) == "RATE_LIMITED" || connect.CodeOf(err) == connect.CodeUnavailable:
+				shed.Add(1)
+			default:
+				other.Add(1)
+				otherErr.Store(err)
+			}
+		})
+	}
+	offered := float64(sent.Load()) / time.Since(start).Seconds()
+	wg.Wait()
+	close(stopRSS)
+	after := time.Now()
+	recovered := closedLoopRate(t, deduct)
+	recoveredIn := time.Since(after)
+
+	t.Logf("peak %.0f/s; burst of %s at %.0f/s asked, %.0f/s sent (the client's own bound), %d sent: %d served, %d shed (RATE_LIMITED or unavailable), %d other; allocator RSS at most %d MiB; after it %.0f/s (%.0f%% of the peak), measured within %s",
+		peak, burst, rate, offered, sent.Load(), ok.Load(), shed.Load(), other.Load(), rssMax.Load()>>20, recovered, 100*recovered/peak, recoveredIn.Round(100*time.Millisecond))
+	if other.Load() > 0 {
+		t.Errorf("%d answers neither served nor shed, e.g. %v", other.Load(), otherErr.Load())
+	}
+	if shed.Load() == 0 {
+		t.Errorf("nothing shed by a burst above the peak")
+	}
+	if rssMax.Load() > overloadRSSMax {
+		t.Errorf("allocator RSS reached %d MiB, bound %d MiB", rssMax.Load()>>20, overloadRSSMax>>20)
+	}
+	if recovered < 0.8*peak {
+		t.Errorf("after the burst %.0f/s, want at least 80%% of the peak %.0f/s", recovered, peak)
+	}
+	// Every acknowledged deduct is in the ledger once; a shed one is not;
+	// one whose answer never came (a client deadline) may be.
+	entries := map[string]int{}
+	for _, e := range s.ledger(sku) {
+		entries[e.GetIdempotencyKey()]++
+	}
+	for key := range acked {
+		if entries[key] != 1 {
+			t.Errorf("acknowledged key %s has %d ledger entries, want 1", key, entries[key])
+			break
+		}
+	}
+	var applied int64
+	for _, n := range entries {
+		applied += int64(n)
+	}
+	if st := s.stock(sku); st.Sold != applied || int64(len(acked)) > applied {
+		t.Errorf("sold %d, ledger deducts %d, acknowledged %d", st.Sold, applied, len(acked))
+	}
+	s.reconcile(sku)
+}
+
+// closedLoopRate is the rate overloadClients clients reach in
+// overloadMeasure, each sending its next request when the last is answered.
+func closedLoopRate(t *testing.T, deduct func(context.Context) error) float64 {
+	t.Helper()
+	var n atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), overloadMeasure)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range overloadClients {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if err := deduct(ctx); err == nil {
+					n.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(n.Load()) / overloadMeasure.Seconds()
+}
+
+// rss is a process's resident memory in bytes, 0 if unknown.
+func rss(pid int) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
