@@ -227,6 +227,11 @@ func (s *stack) startEnv(name string, env []string, path string, args ...string)
 		if strings.Contains(p.output(), "WARNING: DATA RACE") {
 			s.t.Errorf("%s reported a data race", name)
 		}
+		// No secret in any process's output: the admin token is on every
+		// allocator's command line and in every admin call.
+		if strings.Contains(p.output(), adminToken) {
+			s.t.Errorf("%s printed the admin token", name)
+		}
 		if s.t.Failed() {
 			s.t.Logf("%s output:\n%s", name, p.output())
 		}
