@@ -28,7 +28,7 @@ var overlays = []string{"overlays/dev", "overlays/prod"}
 
 // Ports of shardstock's processes (the flags' values in base/).
 const (
-	shardPort = 7001 // ShardService: no authentication, internal only
+	shardPort = 7001 // the ShardService's port: internal only
 )
 
 // rendered is one overlay's objects, decoded.
