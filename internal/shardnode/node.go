@@ -76,9 +76,10 @@ func New(cfg Config) *Node {
 // Handler returns the ShardService, through interceptors (the process's
 // call metrics), with health, reflection and /metrics (of gatherer, if
 // set), /readyz (ready while the node owns exactly the partitions assigned
-// to it) and, with pprof, /debug/pprof/. It has no authentication: serve it
-// on a port that only shardstock's own processes reach, never beside the
-// public API.
+// to it), /drain and, with pprof, /debug/pprof/. It authenticates no one
+// itself: serve it on a port that only shardstock's own processes reach,
+// never beside the public API, and with mTLS wrap it in
+// transport.RequireClientCert.
 func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool, interceptors ...connect.Interceptor) http.Handler {
 	mux := transport.NewMux(transport.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: gatherer, Pprof: pprof,
 		Ready: n.Ready})
