@@ -46,6 +46,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	migrateURL := fs.String("migrate-url", getenv("SHARDSTOCK_MIGRATE_URL"), startup.MigrateUsage)
 	migrateDBs := fs.String("migrate-databases", getenv("SHARDSTOCK_MIGRATE_DATABASES"), startup.MigrateDatabasesUsage)
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
+	etcdCA := fs.String("etcd-ca", getenv("ETCD_CACERT"), startup.EtcdTLSUsage)
+	etcdCert := fs.String("etcd-cert", getenv("ETCD_CERT"), "see -etcd-ca")
+	etcdKey := fs.String("etcd-key", getenv("ETCD_KEY"), "see -etcd-ca")
 	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
 	apiToken := fs.String("api-token", getenv("SHARDSTOCK_API_TOKEN"), "bearer token the InventoryService requires (the admin token is accepted too); empty: none (env SHARDSTOCK_API_TOKEN)")
 	rateLimit := fs.Float64("rate-limit", 0, "InventoryService requests a second one client (IP address) may send, sustained and in a burst; over it RATE_LIMITED; 0: no limit (env SHARDSTOCK_RATE_LIMIT)")
@@ -111,7 +114,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	proc, err := startup.Open(ctx, dbs, dbOpts, *etcd, *addr, log)
+	proc, err := startup.Open(ctx, dbs, dbOpts, startup.EtcdConfig{Endpoints: *etcd, CA: *etcdCA, Cert: *etcdCert, Key: *etcdKey}, *addr, log)
 	if err != nil {
 		return err
 	}

@@ -5,12 +5,16 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	etcdtransport "go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.etcd.io/etcd/server/v3/embed"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
@@ -297,4 +301,67 @@ func TestRun_TLS(t *testing.T) {
 	if _, err := (&http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{}}}).Get(base + "/readyz"); err == nil {
 		t.Error("a client that does not trust the CA was served")
 	}
+}
+
+// TestRun_EtcdTLS: with -etcd-ca, -etcd-cert and -etcd-key the allocator
+// (and its own shard server) reach an etcd that serves TLS and requires a
+// client certificate; without the certificate Run fails at start.
+func TestRun_EtcdTLS(t *testing.T) {
+	ca := cmdtest.NewCA(t)
+	srvCert, srvKey := ca.Issue(t, "etcd")
+	cliCert, cliKey := ca.Issue(t, "etcd-client")
+	port, err := freeTCPPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cu, _ := url.Parse(fmt.Sprintf("https://127.0.0.1:%d", port))
+	pport, err := freeTCPPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", pport))
+	cfg := embed.NewConfig()
+	cfg.Name, cfg.Dir, cfg.LogLevel, cfg.UnsafeNoFsync = "tls", t.TempDir(), "panic", true
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.InitialCluster = "tls=" + pu.String()
+	cfg.ClientTLSInfo = transportTLSInfo(srvCert, srvKey, ca.File)
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	<-e.Server.ReadyNotify()
+
+	base, _ := start(t, "-etcd-endpoints", cu.String(), "-etcd-ca", ca.File, "-etcd-cert", cliCert, "-etcd-key", cliKey,
+		"-shard-id", "own", "-lease-ttl", "2s")
+	if !ready(base, startTimeout) {
+		t.Fatalf("/readyz not 200 within %s over etcd with TLS", startTimeout)
+	}
+	admin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
+	if _, err := admin.CreateSku(context.Background(), adminReq(&v1.CreateSkuRequest{Sku: "etcd-tls", InitialStock: 1, Shards: 1})); err != nil {
+		t.Fatalf("CreateSku = %v", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	args := []string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewDB(t), "-admin-token", token, "-log-level", "error",
+		"-etcd-endpoints", cu.String(), "-etcd-ca", ca.File}
+	if err := allocatorcmd.Run(ctx, args, func(string) string { return "" }, io.Discard, io.Discard); err == nil {
+		t.Error("Run without a client certificate for an etcd that requires one = nil error")
+	}
+}
+
+// transportTLSInfo is etcd's server TLS with client certificates required.
+func transportTLSInfo(cert, key, ca string) etcdtransport.TLSInfo {
+	return etcdtransport.TLSInfo{CertFile: cert, KeyFile: key, TrustedCAFile: ca, ClientCertAuth: true}
+}
+
+func freeTCPPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

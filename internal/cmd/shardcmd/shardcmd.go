@@ -33,6 +33,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	migrateURL := fs.String("migrate-url", getenv("SHARDSTOCK_MIGRATE_URL"), startup.MigrateUsage)
 	migrateDBs := fs.String("migrate-databases", getenv("SHARDSTOCK_MIGRATE_DATABASES"), startup.MigrateDatabasesUsage)
 	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
+	etcdCA := fs.String("etcd-ca", getenv("ETCD_CACERT"), startup.EtcdTLSUsage)
+	etcdCert := fs.String("etcd-cert", getenv("ETCD_CERT"), "see -etcd-ca")
+	etcdKey := fs.String("etcd-key", getenv("ETCD_KEY"), "see -etcd-ca")
 	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long (env SHARDSTOCK_LEASE_TTL)")
 	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most (env SHARDSTOCK_DB_MAX_CONNS)")
 	format := fs.String("log-format", "text", startup.LogFormatUsage)
@@ -69,7 +72,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	proc, err := startup.Open(ctx, dbs, dbOpts, *etcd, *addr, log)
+	proc, err := startup.Open(ctx, dbs, dbOpts, startup.EtcdConfig{Endpoints: *etcd, CA: *etcdCA, Cert: *etcdCert, Key: *etcdKey}, *addr, log)
 	if err != nil {
 		return err
 	}

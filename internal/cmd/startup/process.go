@@ -117,7 +117,7 @@ const gcPercentDefault = 400
 // dbs are the databases by name (Databases), each opened with its own
 // dbOpts (WithMigrateURLs): its own pool of MaxConns. The placement of SKUs on them is read from etcd, or
 // created there over dbs by the first process to start, and watched.
-func Open(ctx context.Context, dbs map[string]string, dbOpts map[string]postgres.Options, etcdEndpoints, addr string, log *slog.Logger) (*Process, error) {
+func Open(ctx context.Context, dbs map[string]string, dbOpts map[string]postgres.Options, etcd EtcdConfig, addr string, log *slog.Logger) (*Process, error) {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercentDefault)
 	}
@@ -142,7 +142,7 @@ func Open(ctx context.Context, dbs map[string]string, dbOpts map[string]postgres
 		}
 		opened[name] = db
 	}
-	if p.Etcd, err = Etcd(etcdEndpoints); err != nil {
+	if p.Etcd, err = EtcdTLS(etcd); err != nil {
 		closeAll()
 		return nil, err
 	}

@@ -82,13 +82,47 @@ const etcdDialTimeout = 5 * time.Second
 
 // Etcd connects to comma-separated etcd endpoints.
 func Etcd(endpoints string) (*clientv3.Client, error) {
-	eps := strings.Split(endpoints, ",")
-	if endpoints == "" || len(eps) == 0 {
+	return EtcdTLS(EtcdConfig{Endpoints: endpoints})
+}
+
+// EtcdConfig is how a process reaches etcd.
+type EtcdConfig struct {
+	Endpoints string // comma-separated
+	// CA, Cert and Key are PEM files: the CA of the etcd servers'
+	// certificates (TLS, with https:// endpoints), and this process's own
+	// certificate and key when etcd requires one (--client-cert-auth).
+	CA, Cert, Key string
+}
+
+// EtcdTLSUsage documents -etcd-ca, -etcd-cert and -etcd-key.
+const EtcdTLSUsage = "PEM files for TLS to etcd (https:// endpoints): the CA of its servers' certificates, and this process's certificate and key if etcd requires one (env ETCD_CACERT, ETCD_CERT, ETCD_KEY)"
+
+// EtcdTLS connects to etcd as cfg says.
+func EtcdTLS(cfg EtcdConfig) (*clientv3.Client, error) {
+	eps := strings.Split(cfg.Endpoints, ",")
+	if cfg.Endpoints == "" || len(eps) == 0 {
 		return nil, fmt.Errorf("no etcd endpoints: set -etcd-endpoints or ETCD_ENDPOINTS")
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: etcdDialTimeout, Logger: nopLogger()})
+	cc := clientv3.Config{Endpoints: eps, DialTimeout: etcdDialTimeout, Logger: nopLogger()}
+	if cfg.CA != "" {
+		pool, err := CertPool(cfg.CA)
+		if err != nil {
+			return nil, fmt.Errorf("etcd: %w", err)
+		}
+		cc.TLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		if cfg.Cert != "" || cfg.Key != "" {
+			cert, err := tls.LoadX509KeyPair(cfg.Cert, cfg.Key)
+			if err != nil {
+				return nil, fmt.Errorf("etcd client certificate: %w", err)
+			}
+			cc.TLS.Certificates = []tls.Certificate{cert}
+		}
+	} else if cfg.Cert != "" || cfg.Key != "" {
+		return nil, errors.New("-etcd-cert and -etcd-key need -etcd-ca")
+	}
+	c, err := clientv3.New(cc)
 	if err != nil {
-		return nil, fmt.Errorf("etcd %s: %w", endpoints, err)
+		return nil, fmt.Errorf("etcd %s: %w", cfg.Endpoints, err)
 	}
 	return c, nil
 }
