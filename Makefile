@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate dashboard image overload bench bench-rebalance bench-cold soak soak-crash
+.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-rebalance bench-cold soak soak-crash
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -81,6 +81,9 @@ bench-rebalance: ## the rebalancer off and on, model skew and model C: loadgen's
 
 bench-cold: ## a shard server's start-up time, memory and the etcd keys with 1,000,000 cold SKUs, against none (about 2 min)
 	scripts/bench/cold-skus.sh
+
+soak-faults: ## the recorded-history fault tests (kill -9, SIGSTOP past the lease, Postgres crash, links cut, etcd leader lost) five times each, every history checked for linearizability (about 5 min)
+	go test -count=5 -timeout 30m -run 'TestE2E_(LinearizableUnderFaults|LinksCutUnderLoad|EtcdLeaderLost)$$' -v ./internal/e2e
 
 overload: ## a 30 s burst at ten times the peak rate against a real stack: shed with RATE_LIMITED, memory bounded, back at the peak after it (make test runs a 5 s one)
 	SHARDSTOCK_OVERLOAD_SECONDS=30 go test -count=1 -run 'TestE2E_Overload$$' -v ./internal/e2e
