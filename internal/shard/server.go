@@ -390,9 +390,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return nil
 		case <-t.C:
-			for _, name := range s.names {
-				s.sweep(ctx, s.dbs[name])
-			}
+			s.sweep(ctx)
 		case <-prune.C:
 			for _, name := range s.names {
 				if _, err := s.dbs[name].store.PruneCommitMarks(ctx); err != nil {
@@ -403,11 +401,12 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 }
 
-// sweep hands an expiry request to every owned shard of d with due holds;
-// the writer expires them in its next batch, serialised with commits and
-// releases of the same shard. A database that does not answer is skipped
-// until the next sweep.
-func (s *Server) sweep(ctx context.Context, d *database) {
+// sweep hands an expiry request to every owned shard with due holds, in
+// every database; the writer expires them in its next batch, serialised
+// with commits and releases of the same shard. It also finishes transfers
+// left half-way. A database that does not answer is skipped until the next
+// sweep; the gauges count what the databases that answered listed.
+func (s *Server) sweep(ctx context.Context) {
 	owned := s.Owned()
 	if len(owned) == 0 {
 		return
@@ -417,26 +416,35 @@ func (s *Server) sweep(ctx context.Context, d *database) {
 		parts = append(parts, p)
 	}
 	slices.Sort(parts)
+	var due, stale int
+	for _, name := range s.names {
+		n, m := s.sweepDB(ctx, s.dbs[name], parts)
+		due, stale = due+n, stale+m
+	}
+	s.metrics.dueShards.Set(float64(due))
+	s.metrics.staleTransfers.Set(float64(stale))
+}
+
+// sweepDB sweeps the partitions parts of d and returns how many shards had
+// due holds and how many transfers were stale.
+func (s *Server) sweepDB(ctx context.Context, d *database, parts []int32) (due, stale int) {
 	keys, err := d.store.DueShards(ctx, parts, sweepShardsMax)
 	if err != nil {
 		s.log.Warn("sweep: listing due shards", "database", d.name, "err", err)
-		return
 	}
-	s.metrics.dueShards.Set(float64(len(keys)))
 	for _, k := range keys {
 		s.enqueue(&stock.Request{Kind: stock.OpExpire, Shard: k, Source: stock.SourceSweeper})
 	}
 	// Finish transfers left half-way (their mover died): debit pending ones
 	// on their source, credit debited ones on their destination.
 	steps, err := d.store.StaleTransfers(ctx, parts, s.staleAge, sweepShardsMax)
-	s.metrics.staleTransfers.Set(float64(len(steps)))
 	if err != nil {
 		s.log.Warn("sweep: listing stale transfers", "database", d.name, "err", err)
-		return
 	}
 	for _, st := range steps {
 		s.enqueue(&stock.Request{Kind: st.Kind, Shard: st.Shard, TransferID: st.Transfer, Source: stock.SourceSweeper})
 	}
+	return len(keys), len(steps)
 }
 
 // stopAll stops every writer.
