@@ -125,28 +125,35 @@ func unconfigured(name string) error {
 // SKU_NOT_FOUND there). A candidate that does not answer before the SKU is
 // found makes the answer SHARD_UNAVAILABLE.
 func (s *Set) Locate(ctx context.Context, sku string) (string, error) {
+	name, _, err := s.locate(ctx, sku)
+	return name, err
+}
+
+// locate is Locate, with the SKU when a lookup read it (nil when the
+// placement alone named the database, or a cached lookup did).
+func (s *Set) locate(ctx context.Context, sku string) (string, *stock.SKU, error) {
 	cands := s.placement.Current().Candidates(sku)
 	if len(cands) == 1 {
-		return cands[0], nil
+		return cands[0], nil, nil
 	}
 	if name, ok := s.located.Get(sku); ok {
-		return name, nil
+		return name, nil, nil
 	}
 	for _, name := range cands {
 		db := s.dbs[name]
 		if db == nil {
-			return "", unconfigured(name)
+			return "", nil, unconfigured(name)
 		}
-		_, err := db.GetSKU(ctx, sku)
+		found, err := db.GetSKU(ctx, sku)
 		if err == nil {
 			s.located.Add(sku, name)
-			return name, nil
+			return name, found, nil
 		}
 		if stock.CodeOf(err) != stock.CodeSKUNotFound {
-			return "", stock.Errorf(stock.CodeShardUnavailable, "database %q: %v", name, err)
+			return "", nil, stock.Errorf(stock.CodeShardUnavailable, "database %q: %v", name, err)
 		}
 	}
-	return cands[0], nil
+	return cands[0], nil, nil
 }
 
 // of is the database that holds sku.
@@ -195,11 +202,16 @@ func (s *Set) CreateSKU(ctx context.Context, sku stock.SKU, initial int64) error
 	})
 }
 
-// GetSKU reads the SKU from its database.
+// GetSKU reads the SKU from its database (once: a lookup that found it
+// answers).
 func (s *Set) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
-	db, err := s.of(ctx, sku)
-	if err != nil {
-		return nil, err
+	name, found, err := s.locate(ctx, sku)
+	if err != nil || found != nil {
+		return found, err
+	}
+	db := s.dbs[name]
+	if db == nil {
+		return nil, unconfigured(name)
 	}
 	return db.GetSKU(ctx, sku)
 }
