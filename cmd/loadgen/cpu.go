@@ -61,23 +61,21 @@ func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Targ
 		}
 		return nil, "", errors.New("start the stack with -stack, or name its processes with -server-pids")
 	case "memory":
-		if m, ok := t.(interface{ ServerPid() int }); ok && m.ServerPid() > 0 {
-			return []int{m.ServerPid()}, "the in-memory server", nil
-		}
-		return nil, "", errors.New("the in-memory server is not running")
-	case "redis-api":
-		_, port, err := net.SplitHostPort(mr.opts.redisAddr)
+		pid, err := serverPid(t)
 		if err != nil {
 			return nil, "", err
 		}
-		pids, err := proccpu.ByCommand("redis-server", ":"+port)
-		if err != nil || len(pids) == 0 {
-			return nil, "", fmt.Errorf("no redis-server for port %s on this machine", port)
+		return []int{pid}, "the in-memory server", nil
+	case "redis-api":
+		pid, err := serverPid(t)
+		if err != nil {
+			return nil, "", err
 		}
-		if m, ok := t.(interface{ ServerPid() int }); ok && m.ServerPid() > 0 {
-			return append([]int{m.ServerPid()}, pids...), "the API server and redis-server", nil
+		pids, err := redisServerPids(mr.opts.redisAddr)
+		if err != nil {
+			return nil, "", err
 		}
-		return nil, "", errors.New("the redis-api server is not running")
+		return append([]int{pid}, pids...), "the API server and redis-server", nil
 	case "naive", "onerow", "subrows":
 		pm, err := proccpu.Postmaster(ctx, mr.opts.databaseURL)
 		if err != nil {
@@ -85,15 +83,33 @@ func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Targ
 		}
 		return []int{pm}, "Postgres", nil
 	case "redis", "redis-fsync":
-		_, port, err := net.SplitHostPort(mr.opts.redisAddr)
+		pids, err := redisServerPids(mr.opts.redisAddr)
 		if err != nil {
 			return nil, "", err
-		}
-		pids, err := proccpu.ByCommand("redis-server", ":"+port)
-		if err != nil || len(pids) == 0 {
-			return nil, "", fmt.Errorf("no redis-server for port %s on this machine", port)
 		}
 		return pids, "redis-server", nil
 	}
 	return nil, "", fmt.Errorf("no server processes known for target %s", name)
+}
+
+// serverPid is the process of a target that runs its server as a child of
+// loadgen (memory, redis-api), once its Setup started it.
+func serverPid(t loadgen.Target) (int, error) {
+	if m, ok := t.(interface{ ServerPid() int }); ok && m.ServerPid() > 0 {
+		return m.ServerPid(), nil
+	}
+	return 0, fmt.Errorf("the %s server is not running", t.Name())
+}
+
+// redisServerPids are the redis-server processes listening on addr's port.
+func redisServerPids(addr string) ([]int, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	pids, err := proccpu.ByCommand("redis-server", ":"+port)
+	if err != nil || len(pids) == 0 {
+		return nil, fmt.Errorf("no redis-server for port %s on this machine", port)
+	}
+	return pids, nil
 }

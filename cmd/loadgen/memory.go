@@ -67,10 +67,7 @@ func serveMemory(ctx context.Context, args []string, stdin io.Reader, stdout, st
 // `serve-memory`), started by the first Setup and stopped by Close. It is
 // the ceiling of the public API over Connect on the machine, measured as
 // a baseline.
-type memoryTarget struct {
-	*shardstock.Target // nil until Setup started the server
-	server             *memoryProcess
-}
+type memoryTarget struct{ childTarget }
 
 var _ loadgen.Target = (*memoryTarget)(nil)
 
@@ -84,19 +81,37 @@ func (t *memoryTarget) Baseline() bool { return true }
 
 // Setup starts the server on first use, then creates the SKUs through it.
 func (t *memoryTarget) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
-	if t.server == nil {
-		p, err := startMemory(ctx)
-		if err != nil {
-			return fmt.Errorf("memory: %w", err)
-		}
-		t.server = p
-		t.Target = shardstock.New(shardstock.Config{Addr: p.baseURL})
+	if err := t.start(ctx, memoryListening, serveMemoryArg, "-addr", "127.0.0.1:0"); err != nil {
+		return fmt.Errorf("memory: %w", err)
 	}
 	return t.Target.Setup(ctx, skus)
 }
 
-// ServerPid is the in-memory server's process, once Setup started it.
-func (t *memoryTarget) ServerPid() int {
+// childTarget is the shardstock client driving a server that this
+// process runs as a child of its own (this executable in a serve-* role):
+// the memory and redis-api targets.
+type childTarget struct {
+	*shardstock.Target // nil until start
+	server             *serverProcess
+}
+
+// start starts the server (args, printing listening and its address) on
+// first use and points the client at it.
+func (t *childTarget) start(ctx context.Context, listening string, args ...string) error {
+	if t.server != nil {
+		return nil
+	}
+	p, err := startServer(ctx, listening, args...)
+	if err != nil {
+		return err
+	}
+	t.server = p
+	t.Target = shardstock.New(shardstock.Config{Addr: p.baseURL})
+	return nil
+}
+
+// ServerPid is the server's process, once started.
+func (t *childTarget) ServerPid() int {
 	if t.server == nil || t.server.cmd.Process == nil {
 		return 0
 	}
@@ -104,7 +119,7 @@ func (t *memoryTarget) ServerPid() int {
 }
 
 // Close closes the client's connections and stops the server.
-func (t *memoryTarget) Close() error {
+func (t *childTarget) Close() error {
 	var errs []error
 	if t.Target != nil {
 		errs = append(errs, t.Target.Close())
@@ -116,8 +131,8 @@ func (t *memoryTarget) Close() error {
 	return errors.Join(errs...)
 }
 
-// memoryProcess is a running `loadgen serve-memory`.
-type memoryProcess struct {
+// serverProcess is a running `loadgen serve-*` (serve-memory, serve-redis-api).
+type serverProcess struct {
 	baseURL string
 	cmd     *proc.Cmd
 	stdin   io.WriteCloser
@@ -125,21 +140,14 @@ type memoryProcess struct {
 	waitErr error
 }
 
-// startMemory starts this executable as a memory server on a port the
-// kernel picks and returns once it printed the address it listens on. The
-// server writes to this process's stderr.
-func startMemory(ctx context.Context) (p *memoryProcess, err error) {
-	return startServer(ctx, memoryListening, serveMemoryArg, "-addr", "127.0.0.1:0")
-}
-
 // startServer starts this executable with args (a serve-* role) and
 // returns once it printed listening followed by the address it listens on.
-func startServer(ctx context.Context, listening string, args ...string) (p *memoryProcess, err error) {
+func startServer(ctx context.Context, listening string, args ...string) (p *serverProcess, err error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	p = &memoryProcess{exited: make(chan struct{})}
+	p = &serverProcess{exited: make(chan struct{})}
 	// Not Setup's context: the server outlives it, until Close.
 	p.cmd = proc.Command(context.Background(), syscall.SIGTERM, memoryStopTimeout, exe, args...)
 	p.cmd.Stderr = os.Stderr
@@ -192,7 +200,7 @@ func startServer(ctx context.Context, listening string, args ...string) (p *memo
 
 // stop sends SIGTERM, waits up to memoryStopTimeout and kills the server
 // if it is still there.
-func (p *memoryProcess) stop() error {
+func (p *serverProcess) stop() error {
 	defer p.stdin.Close()
 	p.cmd.Stop()
 	<-p.exited

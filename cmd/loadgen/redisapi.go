@@ -11,7 +11,6 @@ import (
 
 	"github.com/shardstock/shardstock/internal/baseline"
 	"github.com/shardstock/shardstock/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
@@ -59,10 +58,9 @@ func serveRedisAPI(ctx context.Context, args []string, stdin io.Reader, stdout, 
 // appendfsync always for the run (put back at Close), so that every
 // acknowledged answer is on disk as shardstock's are.
 type redisAPITarget struct {
-	*shardstock.Target // nil until Setup started the server
-	server             *memoryProcess
-	fsync              *baseline.Redis // turns fsync on, and back, and deletes the run's keys
-	redisAddr          string
+	childTarget
+	fsync     *baseline.Redis // turns fsync on, and back, and deletes the run's keys
+	redisAddr string
 }
 
 var _ loadgen.Target = (*redisAPITarget)(nil)
@@ -78,41 +76,23 @@ func (t *redisAPITarget) Baseline() bool { return true }
 // Setup turns fsync on and starts the server on first use, then creates
 // the SKUs through the API.
 func (t *redisAPITarget) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
-	if t.server == nil {
+	if t.fsync == nil {
 		t.fsync = baseline.NewRedis(baseline.RedisConfig{Addr: t.redisAddr, Fsync: true})
 		if err := t.fsync.Setup(ctx, nil); err != nil {
 			return fmt.Errorf("redis-api: %w", err)
 		}
-		p, err := startServer(ctx, redisAPIListening, serveRedisAPIArg, "-addr", "127.0.0.1:0", "-redis", t.redisAddr,
-			"-prefix", t.fsync.Prefix()+"api:")
-		if err != nil {
-			return fmt.Errorf("redis-api: %w", err)
-		}
-		t.server = p
-		t.Target = shardstock.New(shardstock.Config{Addr: p.baseURL})
+	}
+	if err := t.start(ctx, redisAPIListening, serveRedisAPIArg, "-addr", "127.0.0.1:0", "-redis", t.redisAddr,
+		"-prefix", t.fsync.Prefix()+"api:"); err != nil {
+		return fmt.Errorf("redis-api: %w", err)
 	}
 	return t.Target.Setup(ctx, skus)
-}
-
-// ServerPid is the API server's process, once Setup started it.
-func (t *redisAPITarget) ServerPid() int {
-	if t.server == nil || t.server.cmd.Process == nil {
-		return 0
-	}
-	return t.server.cmd.Process.Pid
 }
 
 // Close stops the server, deletes the run's keys and puts Redis's
 // settings back.
 func (t *redisAPITarget) Close() error {
-	var errs []error
-	if t.Target != nil {
-		errs = append(errs, t.Target.Close())
-	}
-	if t.server != nil {
-		errs = append(errs, t.server.stop())
-		t.server = nil
-	}
+	errs := []error{t.childTarget.Close()}
 	if t.fsync != nil {
 		errs = append(errs, t.fsync.Close())
 		t.fsync = nil
