@@ -81,52 +81,39 @@ func (r *rendered) add(doc []byte) error {
 	}
 	gvk := head.APIVersion + "/" + head.Kind
 	r.kinds[head.Kind]++
-	strict := func(v any) error { return yaml.UnmarshalStrict(doc, v) }
 	switch gvk {
 	case "v1/Namespace":
-		return strict(&corev1.Namespace{})
+		return decode(doc, new([]*corev1.Namespace))
 	case "v1/Service":
-		v := &corev1.Service{}
-		r.services = append(r.services, v)
-		return strict(v)
+		return decode(doc, &r.services)
 	case "v1/Secret":
-		v := &corev1.Secret{}
-		r.secrets = append(r.secrets, v)
-		return strict(v)
+		return decode(doc, &r.secrets)
 	case "apps/v1/Deployment":
-		v := &appsv1.Deployment{}
-		r.deployments = append(r.deployments, v)
-		return strict(v)
+		return decode(doc, &r.deployments)
 	case "apps/v1/StatefulSet":
-		v := &appsv1.StatefulSet{}
-		r.statefulSets = append(r.statefulSets, v)
-		return strict(v)
+		return decode(doc, &r.statefulSets)
 	case "autoscaling/v2/HorizontalPodAutoscaler":
-		v := &autoscalingv2.HorizontalPodAutoscaler{}
-		r.hpas = append(r.hpas, v)
-		return strict(v)
+		return decode(doc, &r.hpas)
 	case "policy/v1/PodDisruptionBudget":
-		v := &policyv1.PodDisruptionBudget{}
-		r.pdbs = append(r.pdbs, v)
-		return strict(v)
+		return decode(doc, &r.pdbs)
 	case "networking.k8s.io/v1/NetworkPolicy":
-		v := &networkingv1.NetworkPolicy{}
-		r.policies = append(r.policies, v)
-		return strict(v)
+		return decode(doc, &r.policies)
 	case "postgresql.cnpg.io/v1/Cluster":
-		v := &cnpgCluster{}
-		r.clusters = append(r.clusters, v)
-		return strict(v)
+		return decode(doc, &r.clusters)
 	case "monitoring.coreos.com/v1/PrometheusRule":
-		v := &monitoringv1.PrometheusRule{}
-		r.rules = append(r.rules, v)
-		return strict(v)
+		return decode(doc, &r.rules)
 	case "monitoring.coreos.com/v1/ServiceMonitor":
-		v := &monitoringv1.ServiceMonitor{}
-		r.monitors = append(r.monitors, v)
-		return strict(v)
+		return decode(doc, &r.monitors)
 	}
 	return fmt.Errorf("unknown kind %s: add its type to the test", gvk)
+}
+
+// decode decodes doc strictly (an unknown field fails) into a new T and
+// appends it to list.
+func decode[T any](doc []byte, list *[]*T) error {
+	v := new(T)
+	*list = append(*list, v)
+	return yaml.UnmarshalStrict(doc, v)
 }
 
 // pods are the pod templates of every workload, by workload name.
