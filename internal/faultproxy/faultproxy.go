@@ -1,7 +1,10 @@
 // Package faultproxy is a TCP proxy for fault tests: it forwards bytes
 // between clients and one target, and on request cuts a connection at a
 // chosen point of its traffic, before or after the target saw a given
-// message, so that a test can lose a request or only its answer.
+// message, so that a test can lose a request or only its answer; delays
+// the target's answers (a slow target); or holds them all while requests
+// still flow (a one-way partition: the target acts, the client hears
+// nothing until it heals).
 package faultproxy
 
 import (
@@ -9,6 +12,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // readBufLen is the size of one read; a pattern split across two reads is
@@ -38,6 +42,8 @@ type Proxy struct {
 	pattern []byte
 	conns   map[*link]bool
 	closed  bool
+	delay   time.Duration
+	held    chan struct{} // non-nil while partitioned: closed by Heal
 
 	cuts atomic.Int64
 	wg   sync.WaitGroup
@@ -73,6 +79,42 @@ func (p *Proxy) Armed() bool {
 	return p.armed != 0
 }
 
+// SetDelay delays each of the target's answers by d from now on (0: none).
+func (p *Proxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
+}
+
+// Partition holds the target's answers on every connection until Heal,
+// while the clients' requests still reach it.
+func (p *Proxy) Partition() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held == nil {
+		p.held = make(chan struct{})
+	}
+}
+
+// Heal ends a partition: the held answers go on, late, as TCP delivers
+// them once a partition shorter than its retransmission timeout heals (a
+// client that gave up on the connection has closed it by then).
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
+	}
+}
+
+// slowdown returns the delay and the partition to apply to an answer.
+func (p *Proxy) slowdown() (time.Duration, chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delay, p.held
+}
+
 // Cuts returns how many cuts have fired.
 func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
 
@@ -82,6 +124,10 @@ func (p *Proxy) Close() error {
 	p.closed = true
 	for l := range p.conns {
 		l.close()
+	}
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
 	}
 	p.mu.Unlock()
 	err := p.lis.Close()
@@ -114,7 +160,7 @@ func (p *Proxy) accept() {
 			c.Close()
 			continue
 		}
-		l := &link{client: c, target: t}
+		l := &link{client: c, target: t, done: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -133,11 +179,12 @@ func (p *Proxy) accept() {
 type link struct {
 	client, target net.Conn
 	dropReply      atomic.Bool
+	done           chan struct{} // closed with the link
 	once           sync.Once
 }
 
 func (l *link) close() {
-	l.once.Do(func() { l.client.Close(); l.target.Close() })
+	l.once.Do(func() { l.client.Close(); l.target.Close(); close(l.done) })
 }
 
 func (p *Proxy) forget(l *link) {
@@ -170,7 +217,8 @@ func (p *Proxy) forward(l *link) {
 	}
 }
 
-// answer copies target to client, unless a cut drops the answer.
+// answer copies target to client, unless a cut drops the answer; it holds
+// answers while the proxy is partitioned and delays them as it is set to.
 func (p *Proxy) answer(l *link) {
 	defer p.forget(l)
 	buf := make([]byte, readBufLen)
@@ -179,6 +227,21 @@ func (p *Proxy) answer(l *link) {
 		if n > 0 {
 			if l.dropReply.Load() {
 				return
+			}
+			delay, held := p.slowdown()
+			if held != nil {
+				select {
+				case <-held:
+				case <-l.done:
+					return
+				}
+			}
+			if delay > 0 {
+				select {
+				case <-time.After(delay):
+				case <-l.done:
+					return
+				}
 			}
 			if _, werr := l.client.Write(buf[:n]); werr != nil {
 				return
