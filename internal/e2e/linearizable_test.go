@@ -15,27 +15,48 @@ import (
 	"connectrpc.com/connect"
 	"github.com/anishathalye/porcupine"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/internal/faultproxy"
 	"github.com/shardstock/shardstock/internal/pgcluster"
+	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// stockModel is one exact stock counter: a deduct of q succeeds iff the
-// stock holds at least q, and takes q; a refusal (OUT_OF_STOCK) leaves it.
-// A key's retries are one operation: the client's first call to its first
-// definite answer (a success, a replayed success or OUT_OF_STOCK).
+// stockOp is one operation of the recorded history: a deduct or a reserve
+// of q (ok: it succeeded; !ok: OUT_OF_STOCK), or the commit or the release
+// of a reservation of q (always ok: the client retries it until it has).
+type stockOp struct {
+	kind stock.OpKind
+	q    int64
+}
+
+// stockModel is one exact stock counter of the units available: a deduct
+// or a reserve of q succeeds iff it holds at least q, and takes q; a
+// refusal (OUT_OF_STOCK) leaves it; a commit leaves it (the units were
+// taken by the reserve); a release gives q back, once. A key's retries are
+// one operation: the client's first call to its first definite answer (a
+// success, a replayed success or OUT_OF_STOCK).
 func stockModel(initial int64) porcupine.Model {
 	return porcupine.Model{
 		Init: func() interface{} { return initial },
 		Step: func(state, input, output interface{}) (bool, interface{}) {
-			st, q, ok := state.(int64), input.(int64), output.(bool)
-			if ok {
-				return st >= q, st - q
+			st, op, ok := state.(int64), input.(stockOp), output.(bool)
+			switch op.kind {
+			case stock.OpCommit:
+				return ok, st
+			case stock.OpRelease:
+				return ok, st + op.q
 			}
-			return st < q, st
+			if ok {
+				return st >= op.q, st - op.q
+			}
+			return st < op.q, st
 		},
 		Equal: func(a, b interface{}) bool { return a.(int64) == b.(int64) },
 		DescribeOperation: func(input, output interface{}) string {
-			return fmt.Sprintf("deduct(%d) -> %v", input.(int64), output.(bool))
+			op := input.(stockOp)
+			return fmt.Sprintf("%s(%d) -> %v", op.kind, op.q, output.(bool))
 		},
 	}
 }
@@ -166,23 +187,49 @@ func TestE2E_LinksCutUnderLoad(t *testing.T) {
 
 // history is one run's recorded operations and what was acknowledged.
 type history struct {
-	ops     []porcupine.Operation
-	acked   map[string]int64 // key -> quantity, acknowledged successes
-	refused map[string]bool
-	took    time.Duration
+	ops      []porcupine.Operation
+	acked    map[string]stockOp // key -> its deduct or reserve, acknowledged
+	refused  map[string]bool
+	ended    map[string]stockOp // reservation id -> its commit or release
+	reserved map[string]string  // reservation id -> its reserve's key
+	took     time.Duration
 }
 
-// runHistory drives linOpsMax deducts of 1 to 3 units of sku from
-// linClients clients, each key retried with the same key after every
-// unknown outcome until a definite answer, while faults runs (it gets the
-// run's clock, in ns since its start, and ends with ctx). Each key is one
-// operation: its first call to its first definite answer.
+// sold returns the units the history sold: acknowledged deducts and
+// committed reservations.
+func (h *history) sold() int64 {
+	var sold int64
+	for _, op := range h.acked {
+		if op.kind == stock.OpDeduct {
+			sold += op.q
+		}
+	}
+	for _, op := range h.ended {
+		if op.kind == stock.OpCommit {
+			sold += op.q
+		}
+	}
+	return sold
+}
+
+// runHistory drives linOpsMax keys of 1 to 3 units of sku from linClients
+// clients, half deducts and half reserves, each reservation then
+// committed or released (half each); every call is retried with the same
+// key (or reservation) after each unknown outcome until a definite
+// answer, while faults runs (it gets the run's clock, in ns since its
+// start, and ends with ctx). Each key, and each end of a reservation, is
+// one operation: its first call to its first definite answer.
 func runHistory(ctx context.Context, t *testing.T, s *stack, sku string, faults func(ctx context.Context, since func() int64)) *history {
 	t.Helper()
 	start := time.Now()
 	since := func() int64 { return time.Since(start).Nanoseconds() }
-	h := &history{acked: map[string]int64{}, refused: map[string]bool{}}
+	h := &history{acked: map[string]stockOp{}, refused: map[string]bool{}, ended: map[string]stockOp{}, reserved: map[string]string{}}
 	var mu sync.Mutex
+	record := func(client int, op stockOp, call int64, ok bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: op, Call: call, Output: ok, Return: since()})
+	}
 	next := 0
 	take := func() int {
 		mu.Lock()
@@ -209,22 +256,42 @@ func runHistory(ctx context.Context, t *testing.T, s *stack, sku string, faults 
 					return
 				}
 				key := fmt.Sprintf("%s-%03d", sku, i)
-				q := int64(1 + rnd.IntN(3))
+				op := stockOp{kind: stock.OpDeduct, q: int64(1 + rnd.IntN(3))}
+				if rnd.IntN(2) == 0 {
+					op.kind = stock.OpReserve
+				}
 				call := since()
-				ok, err := deductUntilDefinite(ctx, s, sku, key, q)
+				id, ok, err := takeUntilDefinite(ctx, s, sku, key, op)
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				ret := since()
+				record(c, op, call, ok)
 				mu.Lock()
-				h.ops = append(h.ops, porcupine.Operation{ClientId: c, Input: q, Call: call, Output: ok, Return: ret})
 				if ok {
-					h.acked[key] = q
+					h.acked[key] = op
 				} else {
 					h.refused[key] = true
 				}
+				if id != "" {
+					h.reserved[id] = key
+				}
 				mu.Unlock()
+				if id != "" {
+					end := stockOp{kind: stock.OpCommit, q: op.q}
+					if rnd.IntN(2) == 0 {
+						end.kind = stock.OpRelease
+					}
+					call := since()
+					if err := endUntilDefinite(ctx, s, id, end.kind); err != nil {
+						t.Error(err)
+						return
+					}
+					record(c, end, call, true)
+					mu.Lock()
+					h.ended[id] = end
+					mu.Unlock()
+				}
 				time.Sleep(linPause)
 			}
 		})
@@ -240,35 +307,76 @@ func runHistory(ctx context.Context, t *testing.T, s *stack, sku string, faults 
 	return h
 }
 
-// deductUntilDefinite sends a deduct and retries it with the same key
-// after every unknown outcome: ok is a success (or a replayed one), !ok
-// OUT_OF_STOCK.
-func deductUntilDefinite(ctx context.Context, s *stack, sku, key string, q int64) (ok bool, err error) {
+// retryable reports whether err leaves a call's outcome unknown: the API
+// asks the client to retry it with the same key.
+func retryable(err error) bool {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeAborted, connect.CodeUnknown, connect.CodeCanceled:
+		return true
+	}
+	return false
+}
+
+// takeUntilDefinite sends a deduct or a reserve (op) and retries it with
+// the same key after every unknown outcome: ok is a success (or a
+// replayed one), !ok OUT_OF_STOCK; id is a reservation's id.
+func takeUntilDefinite(ctx context.Context, s *stack, sku, key string, op stockOp) (id string, ok bool, err error) {
 	for try := 0; try < linRetryMax && ctx.Err() == nil; try++ {
 		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := s.deduct(actx, sku, key, q)
+		if op.kind == stock.OpReserve {
+			var resp *connect.Response[v1.ReserveResponse]
+			resp, err = s.inv.Reserve(actx, connect.NewRequest(&v1.ReserveRequest{Sku: sku, Quantity: op.q, IdempotencyKey: key, Ttl: durationpb.New(time.Hour)}))
+			if err == nil {
+				id = resp.Msg.GetReservation().GetReservationId()
+			}
+		} else {
+			_, err = s.deduct(actx, sku, key, op.q)
+		}
 		acancel()
 		if err == nil {
-			return true, nil
+			return id, true, nil
 		}
 		if reason(err) == "OUT_OF_STOCK" {
-			return false, nil
+			return "", false, nil
 		}
-		if code := connect.CodeOf(err); code != connect.CodeUnavailable && code != connect.CodeDeadlineExceeded &&
-			code != connect.CodeAborted && code != connect.CodeUnknown && code != connect.CodeCanceled {
-			return false, fmt.Errorf("Deduct(%s) = %v: not a retryable answer", key, err)
+		if !retryable(err) {
+			return "", false, fmt.Errorf("%s(%s) = %v: not a retryable answer", op.kind, key, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return false, fmt.Errorf("key %s had no definite answer after %d tries", key, linRetryMax)
+	return "", false, fmt.Errorf("key %s had no definite answer after %d tries", key, linRetryMax)
+}
+
+// endUntilDefinite commits or releases a reservation, retrying after every
+// unknown outcome until it has (a replayed answer counts).
+func endUntilDefinite(ctx context.Context, s *stack, id string, kind stock.OpKind) error {
+	for try := 0; try < linRetryMax && ctx.Err() == nil; try++ {
+		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+		var err error
+		if kind == stock.OpCommit {
+			_, err = s.inv.Commit(actx, connect.NewRequest(&v1.CommitRequest{ReservationId: id}))
+		} else {
+			_, err = s.inv.Release(actx, connect.NewRequest(&v1.ReleaseRequest{ReservationId: id, Reason: "test"}))
+		}
+		acancel()
+		if err == nil {
+			return nil
+		}
+		if !retryable(err) {
+			return fmt.Errorf("%s(%s) = %v: not a retryable answer", kind, id, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s of %s had no definite answer after %d tries", kind, id, linRetryMax)
 }
 
 // checkHistory checks a run: no oversell and no provable false sold-out;
 // the history linearizable against one exact stock counter (porcupine);
 // with after > 0, some success invoked after that time (the faults landed
-// mid-sale); every acknowledged key exactly once in the ledger and no
-// refused key at all; the units sold equal to the acknowledged ones; the
-// books balanced.
+// mid-sale); every acknowledged key exactly once in the ledger, no refused
+// key at all, every reservation's end exactly once and never the other
+// end; the units sold equal to the acknowledged ones, none left reserved;
+// the books balanced.
 func checkHistory(t *testing.T, s *stack, sku string, h *history, after int64, faults string) {
 	t.Helper()
 	late := 0
@@ -284,66 +392,96 @@ func checkHistory(t *testing.T, s *stack, sku string, h *history, after int64, f
 		t.Fatalf("the history breaks the model: %v", err)
 	}
 	res := porcupine.CheckOperationsTimeout(stockModel(linStock), h.ops, 60*time.Second)
-	var sold int64
-	for _, q := range h.acked {
-		sold += q
+	counts := map[stock.OpKind]int{}
+	for _, op := range h.ops {
+		if op.Output.(bool) {
+			counts[op.Input.(stockOp).kind]++
+		}
 	}
-	t.Logf("%d operations (%d acknowledged, %d units, %d of them after %s; %d refused) over %s with %s: %s",
-		len(h.ops), len(h.acked), sold, late, time.Duration(after), len(h.refused), h.took.Round(time.Millisecond), faults, res)
+	sold := h.sold()
+	t.Logf("%d operations (%d deducts, %d reserves, %d commits, %d releases acknowledged; %d units sold, %d successes after %s; %d refused) over %s with %s: %s",
+		len(h.ops), counts[stock.OpDeduct], counts[stock.OpReserve], counts[stock.OpCommit], counts[stock.OpRelease], sold, late,
+		time.Duration(after), len(h.refused), h.took.Round(time.Millisecond), faults, res)
 	if res != porcupine.Ok {
 		t.Fatalf("the history is not linearizable against one exact stock counter: %s", res)
 	}
-	entries := map[string]int{}
+	byKey := map[string]map[stock.OpKind]int{} // idempotency key -> kind -> entries
+	byID := map[string]map[stock.OpKind]int{}  // reservation id -> kind -> entries
+	count := func(m map[string]map[stock.OpKind]int, k string, kind stock.OpKind) {
+		if m[k] == nil {
+			m[k] = map[stock.OpKind]int{}
+		}
+		m[k][kind]++
+	}
 	for _, e := range s.ledger(sku) {
-		if e.GetKind() == "deduct" {
-			entries[e.GetIdempotencyKey()]++
+		kind := stock.OpKind(e.GetKind())
+		switch kind {
+		case stock.OpDeduct, stock.OpReserve:
+			count(byKey, e.GetIdempotencyKey(), kind)
+		case stock.OpCommit, stock.OpRelease:
+			count(byID, e.GetReservationId(), kind)
 		}
 	}
-	for key := range h.acked {
-		if entries[key] != 1 {
-			t.Errorf("acknowledged key %s has %d ledger entries, want 1", key, entries[key])
+	for key, op := range h.acked {
+		if n := byKey[key][op.kind]; n != 1 || len(byKey[key]) != 1 {
+			t.Errorf("acknowledged %s %s has ledger entries %v, want one %s", op.kind, key, byKey[key], op.kind)
 		}
 	}
 	for key := range h.refused {
-		if entries[key] != 0 {
-			t.Errorf("refused key %s has %d ledger entries, want 0", key, entries[key])
+		if len(byKey[key]) != 0 {
+			t.Errorf("refused key %s has ledger entries %v, want none", key, byKey[key])
 		}
 	}
-	if st := s.stock(sku); st.Sold != sold || st.Available+st.Sold+st.InTransit != linStock {
-		t.Errorf("stock %v: want sold %d (the acknowledged units) and conservation of %d", st, sold, linStock)
+	for id, op := range h.ended {
+		if n := byID[id][op.kind]; n != 1 || len(byID[id]) != 1 {
+			t.Errorf("reservation %s (key %s), %s acknowledged, has ledger entries %v, want one %s", id, h.reserved[id], op.kind, byID[id], op.kind)
+		}
+	}
+	if st := s.stock(sku); st.Sold != sold || st.Reserved != 0 || st.Available+st.Sold+st.Reserved+st.InTransit != linStock {
+		t.Errorf("stock %v: want sold %d (the acknowledged units), none reserved, and conservation of %d", st, sold, linStock)
 	}
 	s.reconcile(sku)
 }
 
 // provablyWrong finds, without a search, what no linearization could
-// explain: more units acknowledged than there were (an oversell), or a
-// refusal of q while the stock held at least q for the whole call (a
-// false sold-out: the stock at the refusal's return is at least the
-// initial stock less every success invoked before then). porcupine decides
-// the rest; on a wrong history its search may time out before it proves
-// it, this check does not.
+// explain: more units taken than there were (an oversell), or a refusal of
+// q while the stock held at least q for the whole call (a false sold-out:
+// the stock during the call is at least the initial stock, less every
+// success that took units invoked before the refusal returned, plus every
+// release that returned before it was invoked). porcupine decides the
+// rest; on a wrong history its search may time out before it proves it,
+// this check does not.
 func provablyWrong(initial int64, history []porcupine.Operation) error {
-	var sold int64
-	for _, op := range history {
-		if op.Output.(bool) {
-			sold += op.Input.(int64)
+	var taken int64
+	for _, o := range history {
+		op := o.Input.(stockOp)
+		switch {
+		case op.kind == stock.OpRelease:
+			taken -= op.q
+		case op.kind != stock.OpCommit && o.Output.(bool):
+			taken += op.q
 		}
 	}
-	if sold > initial {
-		return fmt.Errorf("oversold: %d units acknowledged of %d", sold, initial)
+	if taken > initial {
+		return fmt.Errorf("oversold: %d units acknowledged of %d", taken, initial)
 	}
-	for _, op := range history {
-		if op.Output.(bool) {
+	for _, refusal := range history {
+		if refusal.Output.(bool) {
 			continue
 		}
 		left := initial
 		for _, o := range history {
-			if o.Output.(bool) && o.Call < op.Return {
-				left -= o.Input.(int64)
+			op := o.Input.(stockOp)
+			switch {
+			case op.kind == stock.OpRelease && o.Return < refusal.Call:
+				left += op.q
+			case op.kind != stock.OpRelease && op.kind != stock.OpCommit && o.Output.(bool) && o.Call < refusal.Return:
+				left -= op.q
 			}
 		}
-		if q := op.Input.(int64); left >= q {
-			return fmt.Errorf("false sold-out: a deduct of %d refused at %s while at least %d units were left", q, time.Duration(op.Return), left)
+		if q := refusal.Input.(stockOp).q; left >= q {
+			return fmt.Errorf("false sold-out: a %s of %d refused at %s while at least %d units were left",
+				refusal.Input.(stockOp).kind, q, time.Duration(refusal.Return), left)
 		}
 	}
 	return nil
