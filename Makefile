@@ -83,7 +83,7 @@ bench-cold: ## a shard server's start-up time, memory and the etcd keys with 1,0
 	scripts/bench/cold-skus.sh
 
 soak-faults: ## the recorded-history fault tests (kill -9, SIGSTOP past the lease, Postgres crash, links cut, etcd leader lost) five times each, every history checked for linearizability (about 5 min)
-	go test -count=5 -timeout 30m -run 'TestE2E_(LinearizableUnderFaults|LinksCutUnderLoad|EtcdLeaderLost)$$' -v ./internal/e2e
+	go test -count=5 -timeout 30m -run 'TestE2E_(LinearizableUnderFaults|LinkFaultsUnderLoad|EtcdLeaderLost)$$' -v ./internal/e2e
 
 overload: ## a 30 s burst at ten times the peak rate against a real stack: shed with RATE_LIMITED, memory bounded, back at the peak after it (make test runs a 5 s one)
 	SHARDSTOCK_OVERLOAD_SECONDS=30 go test -count=1 -run 'TestE2E_Overload$$' -v ./internal/e2e

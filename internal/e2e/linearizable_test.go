@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	neturl "net/url"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/internal/faultproxy"
 	"github.com/shardstock/shardstock/internal/pgcluster"
+	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -129,17 +131,40 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 	checkHistory(t, s, sku, h, restarted.Load(), "a shard server killed, one stopped past its lease, Postgres crashed")
 }
 
-// TestE2E_LinksCutUnderLoad puts a fault-injecting TCP proxy between the
-// allocator and each shard server (the address they register is the
-// proxy's) and, every 150 ms through the load, cuts a link: either before
-// a deduct reaches the shard server, or after it did, losing only its
-// answer, each cut closing the whole HTTP/2 connection and every call on
-// it. The history is checked by checkHistory.
-func TestE2E_LinksCutUnderLoad(t *testing.T) {
+// TestE2E_LinkFaultsUnderLoad puts fault-injecting TCP proxies on both
+// kinds of link: between the allocator and each shard server (the address
+// a shard server registers is its proxy's) and between the shard servers
+// and Postgres. Through the load: every 150 ms a link to a shard server is
+// cut, either before a request reaches it or after it acted, losing only
+// the answer (each cut closes the HTTP/2 connection and every call on
+// it); every 400 ms a shard server's link to Postgres is cut at a COMMIT,
+// before Postgres sees it or after, losing only its answer; one shard
+// server's answers are slowed by 400 ms for 2 s (a slow shard server: the
+// breaker opens, traffic routes around it), and another's are held for 2 s
+// while requests still reach it (a one-way partition). The history is
+// checked by checkHistory.
+func TestE2E_LinkFaultsUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
 	defer cancel()
+	dbURL := pgtest.NewDB(t)
+	u, err := neturl.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgProxy, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pgProxy.Close() })
+	// exec mode sends every statement's text, so the proxy sees each COMMIT.
+	pu := *u
+	pu.Host = pgProxy.Addr()
+	q := pu.Query()
+	q.Set("default_query_exec_mode", "exec")
+	pu.RawQuery = q.Encode()
+
 	var proxies []*faultproxy.Proxy
-	s := newStackOpts(t, stackOpts{startShards: func(s *stack) {
+	s := newStackOpts(t, stackOpts{dbURL: dbURL, startShards: func(s *stack) {
 		for i := 1; i <= 3; i++ {
 			port, err := freePort()
 			if err != nil {
@@ -152,37 +177,74 @@ func TestE2E_LinksCutUnderLoad(t *testing.T) {
 			t.Cleanup(func() { p.Close() })
 			proxies = append(proxies, p)
 			id := fmt.Sprintf("s%d", i)
-			s.shards[id] = s.start(id, filepath.Join(bin, "shard"), "-id", id, "-addr", fmt.Sprintf("127.0.0.1:%d", port),
+			s.shards[id] = s.startEnv(id, []string{"DATABASE_URL=" + pu.String()}, filepath.Join(bin, "shard"),
+				"-id", id, "-addr", fmt.Sprintf("127.0.0.1:%d", port),
 				"-advertise", p.Addr(), "-lease-ttl", s.leaseTTL.String(), "-db-max-conns", "8", "-log-level", "warn")
 		}
 	}})
-	const sku = "linkcut"
+	const sku = "linkfault"
 	s.createSKU(sku, linStock, 8)
 
+	commit := []byte("\x00COMMIT\x00") // a Parse message of the unnamed statement
 	h := runHistory(ctx, t, s, sku, func(ctx context.Context, since func() int64) {
 		rnd := rand.New(rand.NewPCG(3, 5))
+		tick := time.NewTicker(150 * time.Millisecond)
+		defer tick.Stop()
+		defer func() {
+			proxies[1].Heal()
+			for _, p := range proxies {
+				p.Disarm()
+			}
+			pgProxy.Disarm()
+		}()
 		for i := 0; ; i++ {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(150 * time.Millisecond):
+			case <-tick.C:
 			}
 			cut := faultproxy.CutReply
 			if i%2 == 1 {
 				cut = faultproxy.CutRequest
 			}
-			// Any deduct of this SKU: its name is in every request's body.
+			// A cut lasts one tick: one that waited would fire on the
+			// first message through its link, the breaker's lone probe of
+			// a server it opened on, every time.
+			for _, p := range proxies {
+				p.Disarm()
+			}
+			// Any request of this SKU: its name is in every request's body.
 			proxies[rnd.IntN(len(proxies))].Arm([]byte(sku), cut)
+			if i%4 == 0 {
+				pgProxy.Arm(commit, []faultproxy.Cut{faultproxy.CutReply, faultproxy.CutRequest}[i/4%2])
+			}
+			switch i {
+			case 6: // about 0.9 s in
+				proxies[0].SetDelay(400 * time.Millisecond)
+			case 20: // about 3 s in
+				proxies[0].SetDelay(0)
+				proxies[1].Partition()
+			case 34: // about 5.1 s in
+				proxies[1].Heal()
+			}
 		}
 	})
-	cuts := int64(0)
+	var cuts int64
 	for _, p := range proxies {
 		cuts += p.Cuts()
 	}
-	if cuts < 5 {
-		t.Errorf("%d links cut during the load, want at least 5", cuts)
+	opened := func(id string) int64 {
+		return s.allocatorCounter(`shardstock_allocator_breaker_transitions_total{server="` + id + `",state="open"}`)
 	}
-	checkHistory(t, s, sku, h, 0, fmt.Sprintf("%d links between the allocator and the shard servers cut", cuts))
+	t.Logf("breakers opened: s1 (slowed) %d times, s2 (partitioned) %d, s3 %d", opened("s1"), opened("s2"), opened("s3"))
+	if opened("s1") == 0 {
+		t.Error("the slowed shard server's breaker never opened")
+	}
+	if cuts < 5 || pgProxy.Cuts() < 3 {
+		t.Errorf("%d links to shard servers and %d to Postgres cut during the load, want at least 5 and 3", cuts, pgProxy.Cuts())
+	}
+	checkHistory(t, s, sku, h, 0, fmt.Sprintf("%d links between the allocator and the shard servers cut, %d between the shard servers and Postgres, "+
+		"one shard server slowed by 400 ms for 2 s, one partitioned one way for 2 s", cuts, pgProxy.Cuts()))
 }
 
 // history is one run's recorded operations and what was acknowledged.
@@ -344,15 +406,15 @@ func takeUntilDefinite(ctx context.Context, s *stack, sku, key string, op stockO
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return "", false, fmt.Errorf("key %s had no definite answer after %d tries", key, linRetryMax)
+	return "", false, fmt.Errorf("key %s had no definite answer after %d tries or %s: %v", key, linRetryMax, linRunTimeout, err)
 }
 
 // endUntilDefinite commits or releases a reservation, retrying after every
 // unknown outcome until it has (a replayed answer counts).
 func endUntilDefinite(ctx context.Context, s *stack, id string, kind stock.OpKind) error {
+	var err error
 	for try := 0; try < linRetryMax && ctx.Err() == nil; try++ {
 		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-		var err error
 		if kind == stock.OpCommit {
 			_, err = s.inv.Commit(actx, connect.NewRequest(&v1.CommitRequest{ReservationId: id}))
 		} else {
@@ -367,7 +429,7 @@ func endUntilDefinite(ctx context.Context, s *stack, id string, kind stock.OpKin
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("%s of %s had no definite answer after %d tries", kind, id, linRetryMax)
+	return fmt.Errorf("%s of %s had no definite answer after %d tries or %s: %v", kind, id, linRetryMax, linRunTimeout, err)
 }
 
 // checkHistory checks a run: no oversell and no provable false sold-out;

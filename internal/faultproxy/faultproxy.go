@@ -72,6 +72,13 @@ func (p *Proxy) Arm(pattern []byte, cut Cut) {
 	p.armed, p.pattern = cut, bytes.Clone(pattern)
 }
 
+// Disarm drops a cut armed and not yet fired.
+func (p *Proxy) Disarm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed, p.pattern = 0, nil
+}
+
 // Armed reports whether a cut waits to fire.
 func (p *Proxy) Armed() bool {
 	p.mu.Lock()
