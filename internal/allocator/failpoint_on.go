@@ -4,17 +4,21 @@ package allocator
 
 import (
 	"os"
+	"strings"
 	"time"
 )
 
-// failpointAfterDebit pauses between a transfer's debit and its credit for
-// SHARDSTOCK_FAILPOINT_AFTER_DEBIT (a duration), so that a test can kill the
-// allocator there. Only in binaries built with the shardstock_failpoints
-// tag; the pause is read on every call, so a test can set it in the
-// process's environment at start.
-func failpointAfterDebit() {
-	if d, err := time.ParseDuration(os.Getenv("SHARDSTOCK_FAILPOINT_AFTER_DEBIT")); err == nil && d > 0 {
-		os.Stdout.WriteString("failpoint: after debit\n")
+// failpoint pauses at the point named name when SHARDSTOCK_FAILPOINT is
+// "name=duration", so that a test can kill the allocator there; it prints
+// "failpoint: name" first. Only in binaries built with the
+// shardstock_failpoints tag; the variable is read on every call.
+func failpoint(name string) {
+	at, pause, ok := strings.Cut(os.Getenv("SHARDSTOCK_FAILPOINT"), "=")
+	if !ok || at != name {
+		return
+	}
+	if d, err := time.ParseDuration(pause); err == nil && d > 0 {
+		os.Stdout.WriteString("failpoint: " + name + "\n")
 		time.Sleep(d)
 	}
 }

@@ -103,12 +103,14 @@ func (a *Allocator) transfer(ctx context.Context, h *moveHold, m rebalance.Move,
 		a.metrics.transfersEnded.WithLabelValues("lease_lost").Inc()
 		return t, stock.Errorf(stock.CodeMoveFenced, "the move lease of %s was lost", h.sku)
 	}
+	failpoint("before-create")
 	if err := a.db.CreateTransfer(ctx, t); err != nil {
 		a.metrics.transfersEnded.WithLabelValues(reasonOf(err)).Inc()
 		return t, err
 	}
 	t.State = stock.TransferPending
 	a.metrics.transfersStarted.WithLabelValues(string(policy)).Inc()
+	failpoint("created")
 	out := a.exec(ctx, &stock.Request{Kind: stock.OpTransferOut, Shard: stock.ShardKey{SKU: h.sku, Index: m.From}, TransferID: t.ID, Source: source})
 	if out.Err != nil {
 		if out.Err.Code == stock.CodeOutOfStock || out.Err.Code == stock.CodeMoveFenced {
@@ -119,7 +121,7 @@ func (a *Allocator) transfer(ctx context.Context, h *moveHold, m rebalance.Move,
 	}
 	t.State = stock.TransferDebited
 	a.metrics.inTransit.Add(float64(m.Quantity))
-	failpointAfterDebit()
+	failpoint("debited")
 	in := a.exec(ctx, &stock.Request{Kind: stock.OpTransferIn, Shard: stock.ShardKey{SKU: h.sku, Index: m.To}, TransferID: t.ID, Source: source})
 	a.metrics.inTransit.Sub(float64(m.Quantity))
 	if in.Err != nil {
@@ -129,6 +131,7 @@ func (a *Allocator) transfer(ctx context.Context, h *moveHold, m rebalance.Move,
 	t.State = stock.TransferCredited
 	a.metrics.transfersEnded.WithLabelValues("credited").Inc()
 	a.metrics.unitsMoved.Add(float64(m.Quantity))
+	failpoint("credited")
 	return t, nil
 }
 

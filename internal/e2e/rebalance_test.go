@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -243,88 +244,120 @@ func TestE2E_SetShardsUnderTraffic(t *testing.T) {
 	t.Logf("%d operations through the public API, %d units sold; shards 4 -> 32 -> 2", tr.ops.Load(), st.Sold)
 }
 
-// TestE2E_MoverKilledMidTransfer: the allocator moving a SKU is killed
-// (SIGKILL) between a transfer's debit and its credit. The transfer still
-// completes (the shard servers' sweep credits it), and conservation holds
+// TestE2E_MoverKilledAtEachStep: an allocator moving a SKU's stock is
+// killed (SIGKILL) at each step of its transfers, one SKU per step: with
+// the move lease held and its fence raised but nothing written
+// ("before-create"), with its transfers pending ("created"), between their
+// debit and their credit ("debited"), and after their credit with the
+// lease still held ("credited"). Every transfer left half-way ends
+// credited (the shard servers' sweep finishes it), and conservation holds
 // at every sample taken meanwhile through another allocator.
-func TestE2E_MoverKilledMidTransfer(t *testing.T) {
+func TestE2E_MoverKilledAtEachStep(t *testing.T) {
 	s := newStack(t, 2)
 	ctx := context.Background()
-	const sku, initial = "killmv", 1000
-	s.createSKU(sku, initial, 1)
-
-	// A second allocator whose moves stop after their first debit.
-	mover := s.startEnv("mover", []string{"SHARDSTOCK_FAILPOINT_AFTER_DEBIT=10m"}, filepath.Join(bin, "allocator"),
-		"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn", "-db-max-conns", "4", "-rebalance=false", "-auto-shards=false")
-	base := strings.TrimPrefix(mover.waitLine(t, "allocator listening on "), "allocator listening on ")
-	madmin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
-
+	const initial = 1000
+	steps := []struct {
+		point string
+		want  v1.TransferState // what the killed mover left; UNSPECIFIED: no transfer at all
+	}{
+		{"before-create", v1.TransferState_TRANSFER_STATE_UNSPECIFIED},
+		{"created", v1.TransferState_TRANSFER_STATE_PENDING},
+		{"debited", v1.TransferState_TRANSFER_STATE_DEBITED},
+		{"credited", v1.TransferState_TRANSFER_STATE_CREDITED},
+	}
+	var mu sync.Mutex
+	var skus []string
 	var samples, bad atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			select {
 			case <-stop:
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			resp, err := s.inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: sku}))
-			if err != nil {
-				continue
-			}
-			samples.Add(1)
-			st := resp.Msg.Stock
-			if st.Available+st.Reserved+st.Sold+st.InTransit != initial {
-				bad.Add(1)
-				t.Errorf("sample: %v does not add up to %d", st, initial)
+			mu.Lock()
+			now := slices.Clone(skus)
+			mu.Unlock()
+			for _, sku := range now {
+				resp, err := s.inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: sku}))
+				if err != nil {
+					continue
+				}
+				samples.Add(1)
+				if st := resp.Msg.Stock; st.Available+st.Reserved+st.Sold+st.InTransit != initial {
+					bad.Add(1)
+					t.Errorf("sample: %v does not add up to %d", st, initial)
+				}
 			}
 		}
-	}()
+	})
 
-	if _, err := madmin.SetShards(ctx, adminReq(&v1.SetShardsRequest{Sku: sku, Shards: 4})); err != nil {
-		t.Fatalf("SetShards(4) through the mover = %v", err)
+	left := map[string][]*v1.Transfer{} // SKU -> transfers open at the kill
+	for _, step := range steps {
+		sku := "killmv-" + step.point
+		s.createSKU(sku, initial, 1)
+		mu.Lock()
+		skus = append(skus, sku)
+		mu.Unlock()
+		mover := s.startEnv("mover-"+step.point, []string{"SHARDSTOCK_FAILPOINT=" + step.point + "=10m"}, filepath.Join(bin, "allocator"),
+			"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn", "-db-max-conns", "4", "-rebalance=false", "-auto-shards=false")
+		base := strings.TrimPrefix(mover.waitLine(t, "allocator listening on "), "allocator listening on ")
+		madmin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
+		if _, err := madmin.SetShards(ctx, adminReq(&v1.SetShardsRequest{Sku: sku, Shards: 4})); err != nil {
+			t.Fatalf("SetShards(%s, 4) through the mover = %v", sku, err)
+		}
+		mover.waitLine(t, "failpoint: "+step.point)
+		var at []*v1.Transfer
+		if step.want != v1.TransferState_TRANSFER_STATE_UNSPECIFIED {
+			at = s.waitTransfers(sku, step.want, 5*time.Second)
+			if len(at) == 0 {
+				t.Fatalf("%s: no transfer %v at the failpoint", step.point, step.want)
+			}
+		}
+		mover.stop(syscall.SIGKILL)
+		all := s.transfers(sku, v1.TransferState_TRANSFER_STATE_UNSPECIFIED)
+		if step.want == v1.TransferState_TRANSFER_STATE_UNSPECIFIED && len(all) != 0 {
+			t.Errorf("%s: transfers written before the failpoint that precedes them: %v", step.point, all)
+		}
+		st := s.stock(sku)
+		if inTransit := step.want == v1.TransferState_TRANSFER_STATE_DEBITED; (st.InTransit > 0) != inTransit {
+			t.Errorf("%s: in transit %d after the kill", step.point, st.InTransit)
+		}
+		left[sku] = at
 	}
-	mover.waitLine(t, "failpoint: after debit")
-	debited := s.waitTransfers(sku, v1.TransferState_TRANSFER_STATE_DEBITED, 5*time.Second)
-	if len(debited) == 0 {
-		t.Fatal("no transfer debited at the failpoint")
-	}
-	mover.stop(syscall.SIGKILL)
-	if st := s.stock(sku); st.InTransit == 0 {
-		t.Errorf("nothing in transit after the mover died between debit and credit: %v", st)
-	}
-	// The shard servers' sweep credits it (transferStaleAge, 5 s).
+
+	// The shard servers' sweep finishes what was left (transferStaleAge, 5 s).
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		open := append(s.transfers(sku, v1.TransferState_TRANSFER_STATE_DEBITED), s.transfers(sku, v1.TransferState_TRANSFER_STATE_PENDING)...)
-		if len(open) == 0 {
-			break
+	for _, sku := range skus {
+		for {
+			open := append(s.transfers(sku, v1.TransferState_TRANSFER_STATE_DEBITED), s.transfers(sku, v1.TransferState_TRANSFER_STATE_PENDING)...)
+			if len(open) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: transfers still open 30 s after the mover died: %v", sku, open)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("transfers still open 30 s after the mover died: %v", open)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	close(stop)
 	wg.Wait()
-	for _, d := range debited {
+	for sku, at := range left {
+		credited := map[string]bool{}
 		for _, tr := range s.transfers(sku, v1.TransferState_TRANSFER_STATE_CREDITED) {
-			if tr.TransferId == d.TransferId {
-				d = nil
-				break
+			credited[tr.TransferId] = true
+		}
+		for _, tr := range at {
+			if !credited[tr.TransferId] {
+				t.Errorf("%s: transfer %s, %v when the mover died, did not end credited", sku, tr.TransferId, tr.State)
 			}
 		}
-		if d != nil {
-			t.Errorf("transfer %s debited at the failpoint did not end credited", d.TransferId)
-		}
+		conserved(t, s.stock(sku), initial)
+		s.reconcile(sku)
 	}
-	st := s.stock(sku)
-	conserved(t, st, initial)
-	s.reconcile(sku)
-	t.Logf("%d samples of conservation while the transfer was left half-way, %d wrong", samples.Load(), bad.Load())
+	t.Logf("movers killed at %d steps; %d samples of conservation meanwhile, %d wrong", len(steps), samples.Load(), bad.Load())
 }
 
 // transfers lists a SKU's transfers in a state.
