@@ -137,7 +137,7 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 // and Postgres. Through the load: every 150 ms a link to a shard server is
 // cut, either before a request reaches it or after it acted, losing only
 // the answer (each cut closes the HTTP/2 connection and every call on
-// it); every 400 ms a shard server's link to Postgres is cut at a COMMIT,
+// it); every 600 ms a shard server's link to Postgres is cut at a COMMIT,
 // before Postgres sees it or after, losing only its answer; one shard
 // server's answers are slowed by 400 ms for 2 s (a slow shard server: the
 // breaker opens, traffic routes around it), and another's are held for 2 s
