@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ const (
 	overloadOutstanding = 20000           // the burst's requests waiting at once, client side
 	overloadRSSMax      = 512 << 20       // the allocator's resident memory bound during the burst
 	overloadStock       = 1_000_000_000   // never sells out
+	overloadNice        = 10              // the service's processes' niceness during the burst
 )
 
 // TestE2E_Overload: a burst of ten times the peak rate (open loop: requests
@@ -59,7 +61,23 @@ func TestE2E_Overload(t *testing.T) {
 	peak := closedLoopRate(t, deduct)
 	pid := s.allocator.cmd.Process.Pid
 
-	// The burst: 10x the peak, open loop.
+	// The burst: 10x the peak, open loop. On a machine whose cores the
+	// client shares with the service, the service's processes run at a
+	// lower priority meanwhile, so that the client sends what it asks,
+	// as one on other machines would; they get every cycle the client
+	// leaves.
+	servers := []int{pid}
+	for _, p := range s.shards {
+		servers = append(servers, p.cmd.Process.Pid)
+	}
+	nice := func(n int) {
+		for _, p := range servers {
+			if err := syscall.Setpriority(syscall.PRIO_PROCESS, p, n); err != nil {
+				t.Logf("setpriority(%d, %d): %v", p, n, err)
+			}
+		}
+	}
+	nice(overloadNice)
 	rate := 10 * peak
 	var sent, ok, shed, other atomic.Int64
 	var otherErr atomic.Value
@@ -113,6 +131,7 @@ func TestE2E_Overload(t *testing.T) {
 	}
 	offered := float64(sent.Load()) / time.Since(start).Seconds()
 	wg.Wait()
+	nice(0)
 	close(stopRSS)
 	after := time.Now()
 	recovered := closedLoopRate(t, deduct)
