@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -203,8 +205,17 @@ func secretish(name string) bool {
 // onlyReferences reports whether v is built from $(VAR) references with no
 // credential of its own (such as "second=$(SECOND_URL)").
 func onlyReferences(v string) bool {
-	return strings.Contains(v, "$(") && !strings.Contains(v, "://") && !strings.Contains(v, "@")
+	if _, rest, isURL := strings.Cut(v, "://"); isURL {
+		// A URL may be literal but for its credentials: user and password
+		// each a $(VAR) reference to an earlier variable from a Secret.
+		userinfo, _, ok := strings.Cut(rest, "@")
+		return ok && strings.Trim(references.ReplaceAllString(userinfo, ""), ":") == "" && references.MatchString(userinfo)
+	}
+	return strings.Contains(v, "$(") && !strings.Contains(v, "@")
 }
+
+// references matches a $(VAR) reference of a container's environment.
+var references = regexp.MustCompile(`\$\([A-Z_][A-Z0-9_]*\)`)
 
 // checkServices: no Service exposes the shard servers' port or selects
 // them outside the cluster; the allocators' Service exposes the public
@@ -328,14 +339,59 @@ func TestProd(t *testing.T) {
 	if env["SHARDSTOCK_REQUIRE_SYNC_STANDBY"].Value != "1" {
 		t.Error("prod shard servers do not set SHARDSTOCK_REQUIRE_SYNC_STANDBY=1")
 	}
-	if env["SHARDSTOCK_DATABASES"].Value == "" || env["DATABASE_URL"].ValueFrom == nil {
+	if env["SHARDSTOCK_DATABASES"].Value == "" || env["DATABASE_URL"].Value == "" {
 		t.Error("prod shard servers are not given both databases")
 	}
+	checkServiceRole(t, r)
 	if len(r.monitors) != 1 || len(r.rules) != 1 {
 		t.Errorf("%d ServiceMonitors and %d PrometheusRules, want 1 each", len(r.monitors), len(r.rules))
 	}
 	if len(r.secrets) != 0 {
 		t.Errorf("prod renders %d Secrets: secrets are referenced, never committed", len(r.secrets))
+	}
+}
+
+// checkServiceRole: in prod every process serves as a role of its own that
+// each Cluster manages and that does not own the schema (so it cannot
+// rewrite the ledger), the owner only migrates, and every Postgres URL
+// verifies the server's certificate against a CA mounted in the pod.
+func checkServiceRole(t *testing.T, r *rendered) {
+	t.Helper()
+	for _, c := range r.clusters {
+		var service bool
+		for _, role := range c.Spec.Managed.Roles {
+			service = service || (role.Login && role.Name != c.Spec.Bootstrap.InitDB.Owner && role.PasswordSecret.Name != "")
+		}
+		if !service {
+			t.Errorf("Cluster %s manages no login role apart from the owner %q for the service", c.Metadata.Name, c.Spec.Bootstrap.InitDB.Owner)
+		}
+	}
+	for name, pod := range r.pods() {
+		if name == "StatefulSet/etcd" {
+			continue
+		}
+		c := pod.Spec.Containers[0]
+		env := map[string]corev1.EnvVar{}
+		for _, e := range c.Env {
+			env[e.Name] = e
+		}
+		if ref := env["DATABASE_URL"].ValueFrom; ref != nil {
+			t.Errorf("%s: DATABASE_URL from %v: the service's URL is built from its own role's Secret", name, ref)
+		}
+		if env["SHARDSTOCK_MIGRATE_URL"].ValueFrom == nil || env["SHARDSTOCK_MIGRATE_DATABASES"].Value == "" {
+			t.Errorf("%s: the schema's owner does not migrate (SHARDSTOCK_MIGRATE_URL, SHARDSTOCK_MIGRATE_DATABASES)", name)
+		}
+		mounted := map[string]bool{}
+		for _, m := range c.VolumeMounts {
+			mounted[m.MountPath] = true
+		}
+		for _, key := range []string{"DATABASE_URL", "SECOND_URL"} {
+			u := env[key].Value
+			_, ca, _ := strings.Cut(u, "sslrootcert=")
+			if !strings.Contains(u, "sslmode=verify-full") || !mounted[path.Dir(ca)] {
+				t.Errorf("%s: %s %q does not verify the server against a mounted CA", name, key, u)
+			}
+		}
 	}
 }
 

@@ -34,6 +34,16 @@ type cnpgCluster struct {
 				Owner    string `json:"owner"`
 			} `json:"initdb"`
 		} `json:"bootstrap"`
+		Managed struct {
+			Roles []struct {
+				Name           string `json:"name"`
+				Ensure         string `json:"ensure"`
+				Login          bool   `json:"login"`
+				PasswordSecret struct {
+					Name string `json:"name"`
+				} `json:"passwordSecret"`
+			} `json:"roles"`
+		} `json:"managed"`
 		Storage struct {
 			Size string `json:"size"`
 		} `json:"storage"`
