@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/cmdtest"
+	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
@@ -24,7 +26,14 @@ func TestE2E_MutualTLS(t *testing.T) {
 	ca := cmdtest.NewCA(t)
 	shardCert, shardKey := ca.Issue(t, "shard")
 	allocCert, allocKey := ca.Issue(t, "allocator")
-	s := newStackOpts(t, stackOpts{shardServers: 2,
+	// Postgres too serves TLS only, and every process verifies it.
+	pgCert, pgKey := ca.Issue(t, "postgres")
+	pg, err := pgcluster.StartTLS(context.Background(), "", pgcluster.TLS{CertFile: pgCert, KeyFile: pgKey, CAFile: ca.File})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	s := newStackOpts(t, stackOpts{shardServers: 2, dbURL: pg.URL(),
 		env: []string{"SHARDSTOCK_TLS_CERT=" + shardCert, "SHARDSTOCK_TLS_KEY=" + shardKey, "SHARDSTOCK_TLS_CLIENT_CA=" + ca.File},
 		allocEnv: []string{"SHARDSTOCK_TLS_CERT=", "SHARDSTOCK_TLS_KEY=",
 			"SHARDSTOCK_SHARD_TLS_CERT=" + allocCert, "SHARDSTOCK_SHARD_TLS_KEY=" + allocKey, "SHARDSTOCK_SHARD_TLS_CA=" + ca.File}})
@@ -38,6 +47,21 @@ func TestE2E_MutualTLS(t *testing.T) {
 		t.Errorf("Deduct after selling out = %v, want OUT_OF_STOCK", err)
 	}
 	s.reconcile("mtls")
+	// Every process reached Postgres over TLS (the cluster refuses
+	// anything else): count their connections.
+	conn, err := pgx.Connect(context.Background(), pg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var tlsConns, plain int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl)
+		FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE a.backend_type = 'client backend' AND a.pid <> pg_backend_pid()`).Scan(&tlsConns, &plain); err != nil {
+		t.Fatal(err)
+	}
+	if tlsConns < 3 || plain != 0 {
+		t.Errorf("Postgres has %d TLS and %d cleartext connections of the stack, want at least 3 (two shard servers, an allocator) and none", tlsConns, plain)
+	}
 
 	// Every shard server: no certificate, no ShardService; cleartext, no
 	// answer at all; the probes answer anyone who trusts the server.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -51,7 +52,8 @@ const (
 // Cluster is a throwaway Postgres server run from the local binaries,
 // listening on 127.0.0.1 on a port of its own with trust authentication.
 type Cluster struct {
-	maxConns  int // the server's max_connections
+	maxConns  int  // the server's max_connections
+	tls       *TLS // nil: no TLS
 	url       string
 	port      int
 	dir       string
@@ -76,13 +78,31 @@ func Start(ctx context.Context, dir string) (*Cluster, error) {
 
 // StartMaxConns is Start with max_connections set to maxConns.
 func StartMaxConns(ctx context.Context, dir string, maxConns int) (*Cluster, error) {
+	return startWith(ctx, dir, maxConns, nil)
+}
+
+// TLS is what a Cluster serves TLS with: its certificate and key (PEM
+// files, for 127.0.0.1) and the CA that signed them, which URL's clients
+// verify the server against.
+type TLS struct {
+	CertFile, KeyFile, CAFile string
+}
+
+// StartTLS is Start serving TLS only: a TCP connection without TLS is
+// refused, and URL verifies the server's certificate against tls.CAFile
+// (sslmode=verify-full).
+func StartTLS(ctx context.Context, dir string, tls TLS) (*Cluster, error) {
+	return startWith(ctx, dir, MaxConnsDefault, &tls)
+}
+
+func startWith(ctx context.Context, dir string, maxConns int, tls *TLS) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	binDir, err := findBinDir()
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, maxConns: maxConns}
+	c := &Cluster{dir: dir, maxConns: maxConns, tls: tls}
 	if c.dir == "" {
 		if c.dir, err = os.MkdirTemp("", "pgcluster-"); err != nil {
 			return nil, fmt.Errorf("pgcluster: %w", err)
@@ -124,6 +144,11 @@ func (c *Cluster) start(ctx context.Context, binDir string) error {
 	if err := initDB(ctx, binDir, dataDir, cred); err != nil {
 		return err
 	}
+	if c.tls != nil {
+		if err := requireTLS(dataDir, *c.tls, cred); err != nil {
+			return err
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		err := c.launch(ctx, binDir, dataDir, cred, 0)
 		if err == nil || attempt == portAttemptsMax || ctx.Err() != nil {
@@ -156,6 +181,9 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 		"-c", "fsync=off",
 		"-c", "max_connections="+strconv.Itoa(c.maxConns),
 	)
+	if c.tls != nil {
+		c.cmd.Args = append(c.cmd.Args, "-c", "ssl=on", "-c", "ssl_cert_file="+serverCert, "-c", "ssl_key_file="+serverKey)
+	}
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	// Its own process group, so that a terminal's Ctrl-C reaches only our
 	// process (which then calls Stop); SIGINT if we die first, so that a
@@ -172,6 +200,9 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 		close(c.exited)
 	}()
 	c.url = fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", superuser, port)
+	if c.tls != nil {
+		c.url = fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=%s", superuser, port, url.QueryEscape(c.tls.CAFile))
+	}
 	if err := c.waitReady(ctx); err != nil {
 		c.stopServer()
 		return fmt.Errorf("%w (log: %s)", err, logPath)
@@ -305,6 +336,50 @@ func initDB(ctx context.Context, binDir, dataDir string, cred *syscall.Credentia
 				osUser, dataDir)
 		}
 		return fmt.Errorf("pgcluster: initdb %s: %w\n%s%s", dataDir, err, hint, out)
+	}
+	return nil
+}
+
+// The server's certificate and key, in its data directory.
+const (
+	serverCert = "server.crt"
+	serverKey  = "server.key"
+)
+
+// hbaTLSOnly trusts local sockets and TLS connections from 127.0.0.1, and
+// refuses every TCP connection without TLS.
+const hbaTLSOnly = `local all all trust
+hostssl all all 127.0.0.1/32 trust
+hostnossl all all 0.0.0.0/0 reject
+hostnossl all all ::/0 reject
+`
+
+// requireTLS copies the certificate and key into dataDir, readable by the
+// server's user only (postgres refuses a key others may read), and makes
+// pg_hba.conf refuse TCP connections without TLS.
+func requireTLS(dataDir string, tls TLS, cred *syscall.Credential) error {
+	files := map[string]string{serverCert: tls.CertFile, serverKey: tls.KeyFile}
+	for dst, src := range files {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return fmt.Errorf("pgcluster: TLS: %w", err)
+		}
+		if err := writeOwned(filepath.Join(dataDir, dst), b, cred); err != nil {
+			return err
+		}
+	}
+	return writeOwned(filepath.Join(dataDir, "pg_hba.conf"), []byte(hbaTLSOnly), cred)
+}
+
+// writeOwned writes a file of mode 0600 owned by the server's user.
+func writeOwned(path string, b []byte, cred *syscall.Credential) error {
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	if cred != nil {
+		if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fmt.Errorf("pgcluster: %w", err)
+		}
 	}
 	return nil
 }

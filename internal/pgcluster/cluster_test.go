@@ -2,6 +2,7 @@ package pgcluster
 
 import (
 	"context"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/cmdtest"
 )
 
 // TestStart checks the cluster used by pgtest.NewDB and by `make run`.
@@ -120,4 +123,51 @@ func scanOne(t *testing.T, conn *pgx.Conn, dst any, sql string, args ...any) {
 	if err := conn.QueryRow(ctx, sql, args...).Scan(dst); err != nil {
 		t.Fatalf("%s: %v", strings.Join(strings.Fields(sql), " "), err)
 	}
+}
+
+// TestStartTLS: a cluster started with TLS answers only TLS connections,
+// and its URL verifies the server's certificate, also after a crash.
+func TestStartTLS(t *testing.T) {
+	ca := cmdtest.NewCA(t)
+	cert, key := ca.Issue(t, "postgres")
+	c, err := StartTLS(context.Background(), "", TLS{CertFile: cert, KeyFile: key, CAFile: ca.File})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	if !strings.Contains(c.URL(), "sslmode=verify-full") {
+		t.Fatalf("URL() = %s, want sslmode=verify-full", c.URL())
+	}
+	var ssl bool
+	scanOne(t, connect(t, c.URL()), &ssl, "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+	if !ssl {
+		t.Fatal("the connection of URL() is not TLS")
+	}
+	refused := func(what, u string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, u)
+		if err == nil {
+			conn.Close(ctx)
+			t.Errorf("%s: connected, want refused", what)
+			return
+		}
+		t.Logf("%s: %v", what, err)
+	}
+	refused("cleartext", strings.Replace(c.URL(), "sslmode=verify-full", "sslmode=disable", 1))
+	other := cmdtest.NewCA(t)
+	refused("a CA that did not sign the server", strings.Replace(c.URL(), url.QueryEscape(ca.File), url.QueryEscape(other.File), 1))
+
+	if err := c.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	scanOne(t, connect(t, c.URL()), &ssl, "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+	if !ssl {
+		t.Fatal("after a restart the connection of URL() is not TLS")
+	}
+	refused("cleartext after a restart", strings.Replace(c.URL(), "sslmode=verify-full", "sslmode=disable", 1))
 }
