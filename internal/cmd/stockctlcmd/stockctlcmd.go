@@ -6,6 +6,8 @@ package stockctlcmd
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -74,6 +76,7 @@ global flags (before the command):
   -timeout D        per call (default 10s)
   -json             print each answer as protojson, one object a line
   -protocol P       connect, grpc or grpcweb (default connect)
+  -ca FILE          trust this PEM CA for an https:// -url, instead of the system's (env SHARDSTOCK_CA)
 
 commands:
   stock SKU                              a SKU's stock, per shard
@@ -158,6 +161,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	timeout := fs.Duration("timeout", 10*time.Second, "")
 	asJSON := fs.Bool("json", false, "")
 	protocol := fs.String("protocol", "connect", "")
+	caFile := fs.String("ca", getenv("SHARDSTOCK_CA"), "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -178,11 +182,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	default:
 		return usagef("-protocol %q: want connect, grpc or grpcweb", *protocol)
 	}
-	var hc *http.Client = transport.NewClient()
-	if *protocol == "connect" || *protocol == "grpcweb" {
-		hc = http.DefaultClient // HTTP/1.1 or h2 as the server offers
-	}
 	base := strings.TrimRight(*url, "/")
+	hc, err := httpClient(*protocol, base, *caFile)
+	if err != nil {
+		return err
+	}
 	c := &cli{
 		admin:   shardstockv1connect.NewAdminServiceClient(hc, base, opts...),
 		inv:     shardstockv1connect.NewInventoryServiceClient(hc, base, opts...),
@@ -197,6 +201,39 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return usagef("unknown command %q", rest[0])
 	}
 	return cmd(ctx, c, rest[1:])
+}
+
+// httpClient returns the HTTP client for protocol at base: for http://,
+// cleartext HTTP/2 with prior knowledge for gRPC and HTTP/1.1 or h2c as the
+// server offers for the others; for https://, TLS that trusts caFile (the
+// system's CAs without one), HTTP/2 by ALPN (and HTTP/1.1 but for gRPC).
+func httpClient(protocol, base, caFile string) (*http.Client, error) {
+	if !strings.HasPrefix(base, "https://") {
+		if caFile != "" {
+			return nil, usagef("-ca needs an https:// -url")
+		}
+		if protocol == "grpc" {
+			return transport.NewClient(), nil
+		}
+		return http.DefaultClient, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		b, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, usagef("-ca: %v", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(b) {
+			return nil, usagef("-ca %s: no PEM certificate in it", caFile)
+		}
+	}
+	var p http.Protocols
+	p.SetHTTP2(true)
+	if protocol != "grpc" {
+		p.SetHTTP1(true)
+	}
+	return &http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: cfg}}, nil
 }
 
 func envOr(getenv func(string) string, name, def string) string {

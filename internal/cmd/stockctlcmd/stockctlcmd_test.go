@@ -2,6 +2,7 @@ package stockctlcmd_test
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -28,9 +29,16 @@ const token = "stockctl-test-token-0123456789"
 // in this process, on Postgres and an embedded etcd, and returns its URL.
 func stack(t *testing.T) string {
 	t.Helper()
+	return stackWith(t, http.DefaultClient)
+}
+
+// stackWith is stack with more allocator flags, its readiness polled
+// with hc.
+func stackWith(t *testing.T, hc *http.Client, extra ...string) string {
+	t.Helper()
 	e := etcdtest.Start(t)
-	args := []string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewDB(t), "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
-		"-admin-token", token, "-shard-id", "s1", "-lease-ttl", "5s", "-db-max-conns", "8", "-log-level", "error"}
+	args := append([]string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewDB(t), "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
+		"-admin-token", token, "-shard-id", "s1", "-lease-ttl", "5s", "-db-max-conns", "8", "-log-level", "error"}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
 	var out cmdtest.Output
 	done := make(chan error, 1)
@@ -47,7 +55,7 @@ func stack(t *testing.T) string {
 	for {
 		if base, ok := out.Line("allocator listening on "); ok {
 			for time.Now().Before(deadline) {
-				if resp, err := http.Get(base + "/readyz"); err == nil {
+				if resp, err := hc.Get(base + "/readyz"); err == nil {
 					resp.Body.Close()
 					if resp.StatusCode == 200 {
 						return base
@@ -199,4 +207,32 @@ func freeAddr(t *testing.T) string {
 	addr := l.Addr().String()
 	l.Close()
 	return addr
+}
+
+// TestStockctl_TLS: against an allocator serving TLS with a certificate of
+// the test's CA, stockctl trusts it with -ca (Connect and gRPC), fails
+// without it, and refuses a -ca that is not a PEM CA as a usage error.
+func TestStockctl_TLS(t *testing.T) {
+	ca := cmdtest.NewCA(t)
+	cert, key := ca.Issue(t, "allocator")
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
+	base := stackWith(t, hc, "-tls-cert", cert, "-tls-key", key)
+	env := map[string]string{"SHARDSTOCK_ADMIN_TOKEN": token}
+	for _, protocol := range []string{"connect", "grpc"} {
+		if code, out, errOut := ctl(t, env, "-url", base, "-ca", ca.File, "-protocol", protocol, "create-sku", "tls-"+protocol, "-stock", "5"); code != 0 {
+			t.Errorf("%s over TLS with -ca: exit %d: %s%s", protocol, code, out, errOut)
+		}
+	}
+	if code, _, errOut := ctl(t, map[string]string{"SHARDSTOCK_ADMIN_TOKEN": token, "SHARDSTOCK_CA": ca.File}, "-url", base, "stock", "tls-connect"); code != 0 {
+		t.Errorf("SHARDSTOCK_CA: exit %d: %s", code, errOut)
+	}
+	if code, _, errOut := ctl(t, env, "-url", base, "stock", "tls-connect"); code == 0 || !strings.Contains(errOut, "certificate") {
+		t.Errorf("without -ca: exit %d, %q; want a failure naming the certificate", code, errOut)
+	}
+	if code, _, errOut := ctl(t, env, "-url", base, "-ca", cert+".missing", "stock", "tls-connect"); code != stockctlcmd.ExitUsage {
+		t.Errorf("-ca of a missing file: exit %d (%s), want %d", code, errOut, stockctlcmd.ExitUsage)
+	}
+	if code, _, _ := ctl(t, env, "-url", strings.Replace(base, "https://", "http://", 1), "-ca", ca.File, "stock", "tls-connect"); code != stockctlcmd.ExitUsage {
+		t.Errorf("-ca with an http:// -url: exit %d, want %d", code, stockctlcmd.ExitUsage)
+	}
 }
