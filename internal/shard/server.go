@@ -127,7 +127,7 @@ func (s *Server) gauges() []prometheus.Collector {
 			read(func() int {
 				n := 0
 				for _, w := range s.writers {
-					n += len(w.queue)
+					n += w.queue.Len()
 				}
 				return n
 			})),
@@ -260,13 +260,11 @@ func (s *Server) enqueue(r *stock.Request) (*pending, stock.Result) {
 		go w.run()
 	}
 	p := &pending{req: r, done: make(chan stock.Result, 1)}
-	select {
-	case w.queue <- p:
-		return p, stock.Result{}
-	default:
+	if !w.queue.Push(p) {
 		s.metrics.rejected.Inc()
 		return nil, unavailable("shard queue is full")
 	}
+	return p, stock.Result{}
 }
 
 // remove forgets w if it is still the shard's writer.
@@ -282,7 +280,7 @@ func (s *Server) remove(w *writer) {
 func (s *Server) retire(w *writer) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(w.queue) > 0 {
+	if w.queue.Len() > 0 {
 		return false
 	}
 	if s.writers[w.key] == w {

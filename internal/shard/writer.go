@@ -47,7 +47,7 @@ type writer struct {
 	db    *database
 	key   stock.ShardKey
 	fence stock.Fence
-	queue chan *pending
+	queue *batch.Queue[*pending]
 	stop  chan struct{} // closed: stop after the current batch
 	// loaded: counts is the row as of the last commit. A new writer has no
 	// copy: its first batch reads the row inside its own transaction.
@@ -74,7 +74,7 @@ func newWriter(s *Server, key stock.ShardKey, epoch int64) *writer {
 		srv:   s,
 		key:   key,
 		fence: stock.Fence{Partition: key.Partition(), Epoch: epoch, ServerID: s.id},
-		queue: make(chan *pending, queueLenMax),
+		queue: batch.NewQueue[*pending](queueLenMax),
 		stop:  make(chan struct{}),
 	}
 }
@@ -97,9 +97,8 @@ func (w *writer) run() {
 			return
 		default:
 		}
-		var first *pending
 		select {
-		case first = <-w.queue:
+		case <-w.queue.Ready():
 		case <-w.stop:
 			w.drain(unavailable("shard server gave up the shard's partition"))
 			return
@@ -111,7 +110,11 @@ func (w *writer) run() {
 			idle.Reset(writerIdleMax)
 			continue
 		}
-		switch w.apply(batch.Fill(first, w.queue, w.srv.batchMax)) {
+		reqs := w.queue.Take(w.srv.batchMax)
+		if len(reqs) == 0 {
+			continue
+		}
+		switch w.apply(reqs) {
 		case writerStop:
 			w.srv.remove(w)
 			w.drain(unavailable("shard writer stopped"))
@@ -452,11 +455,12 @@ func (w *writer) drain(r stock.Result) {
 // drainFunc answers everything still queued with answer(request).
 func (w *writer) drainFunc(answer func(*stock.Request) stock.Result) {
 	for {
-		select {
-		case p := <-w.queue:
-			p.done <- answer(p.req)
-		default:
+		ps := w.queue.Take(queueLenMax)
+		if len(ps) == 0 {
 			return
+		}
+		for _, p := range ps {
+			p.done <- answer(p.req)
 		}
 	}
 }
