@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	neturl "net/url"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -147,21 +146,11 @@ func TestE2E_LinkFaultsUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
 	defer cancel()
 	dbURL := pgtest.NewDB(t)
-	u, err := neturl.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgProxy, err := faultproxy.Start(u.Host)
+	pgProxy, proxied, err := faultproxy.StartPostgres(dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pgProxy.Close() })
-	// exec mode sends every statement's text, so the proxy sees each COMMIT.
-	pu := *u
-	pu.Host = pgProxy.Addr()
-	q := pu.Query()
-	q.Set("default_query_exec_mode", "exec")
-	pu.RawQuery = q.Encode()
 
 	var proxies []*faultproxy.Proxy
 	s := newStackOpts(t, stackOpts{dbURL: dbURL, startShards: func(s *stack) {
@@ -177,7 +166,7 @@ func TestE2E_LinkFaultsUnderLoad(t *testing.T) {
 			t.Cleanup(func() { p.Close() })
 			proxies = append(proxies, p)
 			id := fmt.Sprintf("s%d", i)
-			s.shards[id] = s.startEnv(id, []string{"DATABASE_URL=" + pu.String()}, filepath.Join(bin, "shard"),
+			s.shards[id] = s.startEnv(id, []string{"DATABASE_URL=" + proxied}, filepath.Join(bin, "shard"),
 				"-id", id, "-addr", fmt.Sprintf("127.0.0.1:%d", port),
 				"-advertise", p.Addr(), "-lease-ttl", s.leaseTTL.String(), "-db-max-conns", "8", "-log-level", "warn")
 		}
@@ -185,7 +174,6 @@ func TestE2E_LinkFaultsUnderLoad(t *testing.T) {
 	const sku = "linkfault"
 	s.createSKU(sku, linStock, 8)
 
-	commit := []byte("\x00COMMIT\x00") // a Parse message of the unnamed statement
 	h := runHistory(ctx, t, s, sku, func(ctx context.Context, since func() int64) {
 		rnd := rand.New(rand.NewPCG(3, 5))
 		tick := time.NewTicker(150 * time.Millisecond)
@@ -216,7 +204,7 @@ func TestE2E_LinkFaultsUnderLoad(t *testing.T) {
 			// Any request of this SKU: its name is in every request's body.
 			proxies[rnd.IntN(len(proxies))].Arm([]byte(sku), cut)
 			if i%4 == 0 {
-				pgProxy.Arm(commit, []faultproxy.Cut{faultproxy.CutReply, faultproxy.CutRequest}[i/4%2])
+				pgProxy.Arm(faultproxy.Commit, []faultproxy.Cut{faultproxy.CutReply, faultproxy.CutRequest}[i/4%2])
 			}
 			switch i {
 			case 6: // about 0.9 s in

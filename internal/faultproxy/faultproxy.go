@@ -10,6 +10,7 @@ package faultproxy
 import (
 	"bytes"
 	"net"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,31 @@ func Start(target string) (*Proxy, error) {
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
+}
+
+// Commit is what a Postgres client sends to commit, as the proxy sees it
+// through a URL of StartPostgres: a Parse message of the unnamed statement.
+var Commit = []byte("\x00COMMIT\x00")
+
+// StartPostgres starts a proxy to the Postgres server of dbURL and returns
+// it with the URL that goes through it. That URL's connections send every
+// statement's text (default_query_exec_mode=exec, no cached statements),
+// so that a cut armed on Commit fires at each COMMIT.
+func StartPostgres(dbURL string) (*Proxy, string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return nil, "", err
+	}
+	p, err := Start(u.Host)
+	if err != nil {
+		return nil, "", err
+	}
+	pu := *u
+	pu.Host = p.Addr()
+	q := pu.Query()
+	q.Set("default_query_exec_mode", "exec")
+	pu.RawQuery = q.Encode()
+	return p, pu.String(), nil
 }
 
 // Addr is the proxy's host:port.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	neturl "net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -272,35 +271,23 @@ func TestShard_PostgresCrash(t *testing.T) {
 func TestShard_CommitAnswerLost(t *testing.T) {
 	const cutsEach = 8
 	url := pgtest.NewDB(t)
-	u, err := neturl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := faultproxy.Start(u.Host)
+	proxy, proxied, err := faultproxy.StartPostgres(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	// exec mode sends every statement's text (no cached statements), so
-	// the proxy sees each COMMIT.
-	pu := *u
-	pu.Host = proxy.Addr()
-	q := pu.Query()
-	q.Set("default_query_exec_mode", "exec")
-	pu.RawQuery = q.Encode()
-	st := newDurableStack(t, url, pu.String(), 2, 2, 4)
+	st := newDurableStack(t, url, proxied, 2, 2, 4)
 
 	stop := make(chan struct{})
 	var acked map[string]ack
 	loaded := make(chan struct{})
 	go func() { acked, _ = st.load(t, stop); close(loaded) }()
-	commit := []byte("\x00COMMIT\x00") // a Parse message of the unnamed statement
 	for i := range 2 * cutsEach {
 		cut := faultproxy.CutReply
 		if i%2 == 1 {
 			cut = faultproxy.CutRequest
 		}
-		proxy.Arm(commit, cut)
+		proxy.Arm(faultproxy.Commit, cut)
 		deadline := time.Now().Add(10 * time.Second)
 		for proxy.Armed() && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
