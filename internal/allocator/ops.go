@@ -135,25 +135,13 @@ func (a *Allocator) GetStock(ctx context.Context, name string) (*Stock, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := a.db.Shards(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	inTransit, err := a.db.InTransit(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	total, err := a.db.Totals(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	moving, err := a.db.OpenTransfers(ctx, name, movingListed)
+	read, err := a.db.StockRead(ctx, name, movingListed)
 	if err != nil {
 		return nil, err
 	}
 	view := a.topo()
-	st := &Stock{SKU: sku, InTransit: inTransit, Total: total, Moving: moving}
-	for _, r := range rows {
+	st := &Stock{SKU: sku, InTransit: read.InTransit, Total: read.Totals, Moving: read.Moving}
+	for _, r := range read.Shards {
 		srv, _, _ := view.Owner(stock.PartitionOf(name, r.Index))
 		st.Shards = append(st.Shards, ShardStock{Index: r.Index, ServerID: srv.ID, Counts: r.Counts, HaltReason: r.HaltReason, Retiring: r.Retiring})
 	}

@@ -18,15 +18,15 @@ type Store interface {
 	UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*stock.SKU, error)
 	Shards(ctx context.Context, sku string) ([]stock.ShardRow, error)
 	ResumeShard(ctx context.Context, k stock.ShardKey) (string, error)
-	InTransit(ctx context.Context, sku string) (int64, error)
 	// Sweep reads a SKU's shards, its stock in transit and the operations
 	// of keys, as of one instant (the check before OUT_OF_STOCK).
 	Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error)
 	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
 	CreateTransfer(ctx context.Context, t *stock.Transfer) error
 	ListTransfers(ctx context.Context, f stock.TransferFilter, afterID string, limit int) ([]*stock.Transfer, error)
-	OpenTransfers(ctx context.Context, sku string, limit int) ([]*stock.Transfer, error)
-	Totals(ctx context.Context, sku string) (stock.Counts, error)
+	// StockRead reads a SKU's shards, totals, stock in transit and open
+	// transfers in one snapshot.
+	StockRead(ctx context.Context, sku string, movingMax int) (*stock.StockRead, error)
 	InTransitTotal(ctx context.Context) (int64, error)
 	// The rebalancer's: see internal/postgres.
 	RaiseMoveFence(ctx context.Context, sku string, token int64, holder string) error

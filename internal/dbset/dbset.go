@@ -243,15 +243,6 @@ func (s *Set) ResumeShard(ctx context.Context, k stock.ShardKey) (string, error)
 	return db.ResumeShard(ctx, k)
 }
 
-// InTransit is the SKU's stock in transit.
-func (s *Set) InTransit(ctx context.Context, sku string) (int64, error) {
-	db, err := s.of(ctx, sku)
-	if err != nil {
-		return 0, err
-	}
-	return db.InTransit(ctx, sku)
-}
-
 // Sweep reads the SKU's shards, stock in transit and operations of keys.
 func (s *Set) Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
 	db, err := s.of(ctx, sku)
@@ -279,22 +270,14 @@ func (s *Set) CreateTransfer(ctx context.Context, t *stock.Transfer) error {
 	return db.CreateTransfer(ctx, t)
 }
 
-// OpenTransfers lists the SKU's unfinished transfers.
-func (s *Set) OpenTransfers(ctx context.Context, sku string, limit int) ([]*stock.Transfer, error) {
+// StockRead reads what GetStock shows of the SKU in one snapshot of its
+// database.
+func (s *Set) StockRead(ctx context.Context, sku string, movingMax int) (*stock.StockRead, error) {
 	db, err := s.of(ctx, sku)
 	if err != nil {
 		return nil, err
 	}
-	return db.OpenTransfers(ctx, sku, limit)
-}
-
-// Totals sums the SKU's shards.
-func (s *Set) Totals(ctx context.Context, sku string) (stock.Counts, error) {
-	db, err := s.of(ctx, sku)
-	if err != nil {
-		return stock.Counts{}, err
-	}
-	return db.Totals(ctx, sku)
+	return db.StockRead(ctx, sku, movingMax)
 }
 
 // RaiseMoveFence raises the SKU's move fence.

@@ -81,7 +81,17 @@ const sqlShardsInSpan = `FROM shards s JOIN skus k ON k.sku = s.sku WHERE s.sku 
 func (db *DB) Shards(ctx context.Context, sku string) ([]stock.ShardRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT s.idx, s.available, s.reserved, s.sold, s.halted_reason, s.idx >= k.shards `+sqlShardsInSpan, sku)
+	return shardsOf(ctx, db.pool, sku)
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func shardsOf(ctx context.Context, q querier, sku string) ([]stock.ShardRow, error) {
+	rows, err := q.Query(ctx, `SELECT s.idx, s.available, s.reserved, s.sold, s.halted_reason, s.idx >= k.shards `+sqlShardsInSpan, sku)
 	if err != nil {
 		return nil, err
 	}
@@ -92,14 +102,40 @@ func (db *DB) Shards(ctx context.Context, sku string) ([]stock.ShardRow, error) 
 	})
 }
 
-// Totals sums a SKU's shards, retired ones included.
-func (db *DB) Totals(ctx context.Context, sku string) (stock.Counts, error) {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
+// totalsOf sums a SKU's shards, retired ones included.
+func totalsOf(ctx context.Context, q querier, sku string) (stock.Counts, error) {
 	var c stock.Counts
-	err := db.pool.QueryRow(ctx, `SELECT coalesce(sum(available), 0), coalesce(sum(reserved), 0), coalesce(sum(sold), 0)
+	err := q.QueryRow(ctx, `SELECT coalesce(sum(available), 0), coalesce(sum(reserved), 0), coalesce(sum(sold), 0)
 		FROM shards WHERE sku = $1`, sku).Scan(&c.Available, &c.Reserved, &c.Sold)
 	return c, err
+}
+
+// StockRead reads a SKU's shards, totals, stock in transit and at most
+// movingMax open transfers in one snapshot (a read-only REPEATABLE READ
+// transaction): read one by one, a transfer debited between two reads
+// would be counted twice or nowhere.
+func (db *DB) StockRead(ctx context.Context, sku string, movingMax int) (*stock.StockRead, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	out := &stock.StockRead{}
+	err := pgx.BeginTxFunc(ctx, db.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var err error
+		if out.Shards, err = shardsOf(ctx, tx, sku); err != nil {
+			return err
+		}
+		if out.Totals, err = totalsOf(ctx, tx, sku); err != nil {
+			return err
+		}
+		if out.InTransit, err = inTransitOf(ctx, tx, sku); err != nil {
+			return err
+		}
+		out.Moving, err = openTransfersOf(ctx, tx, sku, movingMax)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // DueShards lists shards in the given partitions that have held

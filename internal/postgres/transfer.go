@@ -148,12 +148,10 @@ func (db *DB) StaleTransfers(ctx context.Context, partitions []int32, age time.D
 	})
 }
 
-// OpenTransfers lists up to limit of a SKU's transfers in flight (pending
+// openTransfersOf lists up to limit of a SKU's transfers in flight (pending
 // or debited), oldest first.
-func (db *DB) OpenTransfers(ctx context.Context, sku string, limit int) ([]*stock.Transfer, error) {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	rows, err := db.pool.Query(ctx, sqlSelectTransfers+` WHERE sku = $1 AND state IN ('pending', 'debited')
+func openTransfersOf(ctx context.Context, q querier, sku string, limit int) ([]*stock.Transfer, error) {
+	rows, err := q.Query(ctx, sqlSelectTransfers+` WHERE sku = $1 AND state IN ('pending', 'debited')
 		ORDER BY created_at, id LIMIT $2`, sku, limit)
 	if err != nil {
 		return nil, err
@@ -174,8 +172,12 @@ func (db *DB) InTransitTotal(ctx context.Context) (int64, error) {
 func (db *DB) InTransit(ctx context.Context, sku string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
+	return inTransitOf(ctx, db.pool, sku)
+}
+
+func inTransitOf(ctx context.Context, q querier, sku string) (int64, error) {
 	var n int64
-	err := db.pool.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited'`, sku).Scan(&n)
+	err := q.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited'`, sku).Scan(&n)
 	return n, err
 }
 

@@ -145,6 +145,15 @@ type ShardRow struct {
 	Retiring bool
 }
 
+// StockRead is what GetStock shows of a SKU, read in one database
+// snapshot, so that its counts add up even while transfers step.
+type StockRead struct {
+	Shards    []ShardRow // in its span, by index
+	Totals    Counts     // over every shard, retired ones included
+	InTransit int64      // debited, not yet credited
+	Moving    []*Transfer
+}
+
 // ShardCheck is a shard's row beside what its ledger says the row must be:
 // the opening balance plus the sum of every entry's deltas.
 type ShardCheck struct {
