@@ -744,3 +744,63 @@ func TestLedger_ServiceRoleCannotRewrite(t *testing.T) {
 		t.Errorf("ledger rows intact = %d, want 1", n)
 	}
 }
+
+// TestStockRead_OneSnapshot: while transfers are debited and credited,
+// each in its own transaction, every StockRead adds up: what the shards
+// hold plus what is in transit is the initial stock.
+func TestStockRead_OneSnapshot(t *testing.T) {
+	db, url := mustOpen(t)
+	const sku, initial, steps = "snap", 1000, 300
+	createSKU(t, db, stock.SKU{Name: "snap", Shards: 2}, initial)
+	conn := connect(t, url)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx := context.Background()
+		for i := range steps {
+			id := fmt.Sprintf("t%d", i)
+			debit := pgx.Batch{}
+			debit.Queue(`UPDATE shards SET available = available - 1 WHERE sku = $1 AND idx = 0`, sku)
+			debit.Queue(`INSERT INTO transfers (id, sku, from_shard, to_shard, from_partition, to_partition, quantity, state)
+				VALUES ($1, $2, 0, 1, 0, 0, 1, 'debited')`, id, sku)
+			credit := pgx.Batch{}
+			credit.Queue(`UPDATE shards SET available = available + 1 WHERE sku = $1 AND idx = 1`, sku)
+			credit.Queue(`UPDATE transfers SET state = 'credited' WHERE id = $1`, id)
+			for _, b := range []*pgx.Batch{&debit, &credit} {
+				if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() }); err != nil {
+					t.Errorf("step %s: %v", id, err)
+					return
+				}
+			}
+		}
+	}()
+	reads, wrong := 0, 0
+	for running := true; running; reads++ {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		r, err := db.StockRead(context.Background(), sku, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Totals.Available + r.Totals.Reserved + r.Totals.Sold + r.InTransit; got != initial {
+			wrong++
+			if wrong == 1 {
+				t.Errorf("a read does not add up: totals %+v + in transit %d = %d, want %d", r.Totals, r.InTransit, got, initial)
+			}
+		}
+		var shards int64
+		for _, s := range r.Shards {
+			shards += s.Available
+		}
+		if shards != r.Totals.Available {
+			wrong++
+			if wrong == 1 {
+				t.Errorf("shards hold %d, totals say %d", shards, r.Totals.Available)
+			}
+		}
+	}
+	t.Logf("%d reads during %d transfers, %d that did not add up", reads, steps, wrong)
+}
