@@ -367,57 +367,64 @@ func retryable(err error) bool {
 	return false
 }
 
-// takeUntilDefinite sends a deduct or a reserve (op) and retries it with
-// the same key after every unknown outcome: ok is a success (or a
-// replayed one), !ok OUT_OF_STOCK; id is a reservation's id.
-func takeUntilDefinite(ctx context.Context, s *stack, sku, key string, op stockOp) (id string, ok bool, err error) {
-	for try := 0; try < linRetryMax && ctx.Err() == nil; try++ {
-		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-		if op.kind == stock.OpReserve {
-			var resp *connect.Response[v1.ReserveResponse]
-			resp, err = s.inv.Reserve(actx, connect.NewRequest(&v1.ReserveRequest{Sku: sku, Quantity: op.q, IdempotencyKey: key, Ttl: durationpb.New(time.Hour)}))
-			if err == nil {
-				id = resp.Msg.GetReservation().GetReservationId()
-			}
-		} else {
-			_, err = s.deduct(actx, sku, key, op.q)
-		}
-		acancel()
-		if err == nil {
-			return id, true, nil
-		}
-		if reason(err) == "OUT_OF_STOCK" {
-			return "", false, nil
-		}
-		if !retryable(err) {
-			return "", false, fmt.Errorf("%s(%s) = %v: not a retryable answer", op.kind, key, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return "", false, fmt.Errorf("key %s had no definite answer after %d tries or %s: %v", key, linRetryMax, linRunTimeout, err)
-}
-
-// endUntilDefinite commits or releases a reservation, retrying after every
-// unknown outcome until it has (a replayed answer counts).
-func endUntilDefinite(ctx context.Context, s *stack, id string, kind stock.OpKind) error {
+// untilDefinite calls send (with a 3 s deadline each time) until it
+// returns nil or an error definite reports as an answer, retrying after
+// every unknown outcome (a retryable code), as the API asks of clients.
+// It returns send's last error: nil, or the definite one.
+func untilDefinite(ctx context.Context, what string, send func(context.Context) error, definite func(error) bool) error {
 	var err error
 	for try := 0; try < linRetryMax && ctx.Err() == nil; try++ {
 		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-		if kind == stock.OpCommit {
-			_, err = s.inv.Commit(actx, connect.NewRequest(&v1.CommitRequest{ReservationId: id}))
-		} else {
-			_, err = s.inv.Release(actx, connect.NewRequest(&v1.ReleaseRequest{ReservationId: id, Reason: "test"}))
-		}
+		err = send(actx)
 		acancel()
-		if err == nil {
-			return nil
+		if err == nil || definite(err) {
+			return err
 		}
 		if !retryable(err) {
-			return fmt.Errorf("%s(%s) = %v: not a retryable answer", kind, id, err)
+			return fmt.Errorf("%s = %v: not a retryable answer", what, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("%s of %s had no definite answer after %d tries or %s: %v", kind, id, linRetryMax, linRunTimeout, err)
+	return fmt.Errorf("%s had no definite answer after %d tries or %s: %v", what, linRetryMax, linRunTimeout, err)
+}
+
+// takeUntilDefinite sends a deduct or a reserve (op) with key until a
+// definite answer: ok is a success (or a replayed one), !ok OUT_OF_STOCK;
+// id is a reservation's id.
+func takeUntilDefinite(ctx context.Context, s *stack, sku, key string, op stockOp) (id string, ok bool, err error) {
+	outOfStock := func(err error) bool { return reason(err) == "OUT_OF_STOCK" }
+	err = untilDefinite(ctx, fmt.Sprintf("%s(%s)", op.kind, key), func(ctx context.Context) error {
+		if op.kind != stock.OpReserve {
+			_, err := s.deduct(ctx, sku, key, op.q)
+			return err
+		}
+		resp, err := s.inv.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{Sku: sku, Quantity: op.q, IdempotencyKey: key, Ttl: durationpb.New(time.Hour)}))
+		if err == nil {
+			id = resp.Msg.GetReservation().GetReservationId()
+		}
+		return err
+	}, outOfStock)
+	switch {
+	case err == nil:
+		return id, true, nil
+	case outOfStock(err):
+		return "", false, nil
+	}
+	return "", false, err
+}
+
+// endUntilDefinite commits or releases a reservation until it has (a
+// replayed answer counts).
+func endUntilDefinite(ctx context.Context, s *stack, id string, kind stock.OpKind) error {
+	never := func(error) bool { return false }
+	return untilDefinite(ctx, fmt.Sprintf("%s(%s)", kind, id), func(ctx context.Context) error {
+		if kind == stock.OpCommit {
+			_, err := s.inv.Commit(ctx, connect.NewRequest(&v1.CommitRequest{ReservationId: id}))
+			return err
+		}
+		_, err := s.inv.Release(ctx, connect.NewRequest(&v1.ReleaseRequest{ReservationId: id, Reason: "test"}))
+		return err
+	}, never)
 }
 
 // checkHistory checks a run: no oversell and no provable false sold-out;
