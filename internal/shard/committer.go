@@ -18,6 +18,12 @@ const (
 	// committerQueueLenMax bounds the batches waiting for a lane; every
 	// writer has at most one batch waiting, so this bounds writers too.
 	committerQueueLenMax = 4096
+	// followWaitMax bounds how long a lane holds a group back for the
+	// writers of the last group that had requests queued when it ended
+	// (see lane). They submit as soon as they have answered theirs, with
+	// no I/O in between, so the wait is a few scheduler turns; the bound
+	// is for a writer that stopped instead.
+	followWaitMax = time.Millisecond
 )
 
 // database is one of the databases a server writes to: its store, its
@@ -40,15 +46,21 @@ type committer struct {
 	db    *database
 	queue chan *groupItem
 	stop  chan struct{}
+	// followWait is followWaitMax; longer in tests.
+	followWait time.Duration
 }
 
 type groupItem struct {
 	unit *stock.Unit
 	done chan error // buffered 1
+	// queued reports how many requests the unit's writer has waiting; a
+	// writer with some submits its next batch as soon as it has this one's
+	// answer.
+	queued func() int
 }
 
 func newCommitter(s *Server, d *database) *committer {
-	c := &committer{srv: s, db: d, queue: make(chan *groupItem, committerQueueLenMax), stop: make(chan struct{})}
+	c := &committer{srv: s, db: d, queue: make(chan *groupItem, committerQueueLenMax), stop: make(chan struct{}), followWait: followWaitMax}
 	for range committerLanes {
 		go c.lane()
 	}
@@ -57,8 +69,8 @@ func newCommitter(s *Server, d *database) *committer {
 
 // commit runs one shard's batch within some group and returns its outcome,
 // as postgres.Batch would.
-func (c *committer) commit(ctx context.Context, f stock.Fence, q stock.BatchQuery, decide stock.Decide) error {
-	it := &groupItem{unit: &stock.Unit{Fence: f, Query: q, Decide: decide}, done: make(chan error, 1)}
+func (c *committer) commit(ctx context.Context, f stock.Fence, q stock.BatchQuery, decide stock.Decide, queued func() int) error {
+	it := &groupItem{unit: &stock.Unit{Fence: f, Query: q, Decide: decide}, done: make(chan error, 1), queued: queued}
 	select {
 	case c.queue <- it:
 	case <-ctx.Done():
@@ -67,7 +79,19 @@ func (c *committer) commit(ctx context.Context, f stock.Fence, q stock.BatchQuer
 	return <-it.done // a lane always answers
 }
 
+// lane runs groups one after another. A group is whatever queued while the
+// last one ran, and also the next batch of each writer of the last group
+// that had requests waiting when it ended: such a writer was blocked on
+// the last group, so without the wait its batch would miss this group and
+// open the next, and under load the writers would split into two halves
+// that alternate, each paying a group's fixed statements and commit for
+// half the requests (docs/benchmarks.md measured the difference). The
+// wait is for those writers only, and ends when all have submitted or
+// followWaitMax passed: at low load nothing is queued, and nothing waits.
 func (c *committer) lane() {
+	var follow map[stock.ShardKey]bool // writers of the last group with requests queued
+	timer := time.NewTimer(c.followWait)
+	timer.Stop()
 	for {
 		var first *groupItem
 		select {
@@ -75,8 +99,49 @@ func (c *committer) lane() {
 		case <-c.stop:
 			return
 		}
-		c.run(batch.Fill(first, c.queue, groupUnitsMax))
+		items := batch.Fill(first, c.queue, groupUnitsMax)
+		if len(follow) > 0 {
+			items = c.gather(items, follow, timer)
+		}
+		c.run(items)
+		follow = map[stock.ShardKey]bool{}
+		for _, it := range items {
+			if it.queued != nil && it.queued() > 0 {
+				follow[it.unit.Query.Shard] = true
+			}
+		}
 	}
+}
+
+// gather adds to items the batches of the writers in follow as they
+// arrive (and any other batch queued meanwhile), until every one of them
+// is in, the group is full, or followWait has passed.
+func (c *committer) gather(items []*groupItem, follow map[stock.ShardKey]bool, timer *time.Timer) []*groupItem {
+	missing := len(follow)
+	for _, it := range items {
+		if follow[it.unit.Query.Shard] {
+			missing--
+		}
+	}
+	if missing <= 0 || len(items) >= groupUnitsMax {
+		return items
+	}
+	timer.Reset(c.followWait)
+	defer timer.Stop()
+	for missing > 0 && len(items) < groupUnitsMax {
+		select {
+		case it := <-c.queue:
+			items = append(items, it)
+			if follow[it.unit.Query.Shard] {
+				missing--
+			}
+		case <-timer.C:
+			return items
+		case <-c.stop:
+			return items
+		}
+	}
+	return items
 }
 
 // run commits items as one group. When the group fails for a reason that

@@ -209,7 +209,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 		loading := b.q.LoadShard
-		err = w.db.committer.commit(ctx, w.fence, b.q, b.decide)
+		err = w.db.committer.commit(ctx, w.fence, b.q, b.decide, w.queue.Len)
 		cancel()
 		if err == nil {
 			return b.committed(loading)

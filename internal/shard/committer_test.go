@@ -1,0 +1,50 @@
+package shard
+
+import (
+	"testing"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+func groupItemOf(sku string, idx int32) *groupItem {
+	return &groupItem{unit: &stock.Unit{Query: stock.BatchQuery{Shard: stock.ShardKey{SKU: sku, Index: idx}}}, done: make(chan error, 1)}
+}
+
+// The lane holds a group back for the writers of the last group that had
+// requests queued, and for no one else.
+func TestCommitter_GatherWaitsForFollowers(t *testing.T) {
+	c := &committer{queue: make(chan *groupItem, 16), stop: make(chan struct{}), followWait: time.Minute}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	follow := map[stock.ShardKey]bool{{SKU: "a", Index: 0}: true, {SKU: "a", Index: 1}: true}
+
+	// Both followers arrive late, one of them after another writer's batch:
+	// all three are in the group.
+	go func() {
+		time.Sleep(100 * time.Microsecond)
+		c.queue <- groupItemOf("b", 0)
+		c.queue <- groupItemOf("a", 1)
+		time.Sleep(100 * time.Microsecond)
+		c.queue <- groupItemOf("a", 0)
+	}()
+	items := c.gather([]*groupItem{groupItemOf("c", 0)}, follow, timer)
+	if len(items) != 4 {
+		t.Fatalf("group of %d batches, want 4 (the first, another writer's, both followers)", len(items))
+	}
+
+	// A follower that never comes costs followWait, not more.
+	c.followWait = 20 * time.Millisecond
+	start := time.Now()
+	items = c.gather([]*groupItem{groupItemOf("a", 0)}, follow, timer)
+	if waited := time.Since(start); len(items) != 1 || waited < c.followWait || waited > 10*time.Second {
+		t.Fatalf("group of %d after %v, want 1 after about %v", len(items), waited, c.followWait)
+	}
+
+	// With every follower in already, or none expected, nothing waits.
+	c.queue <- groupItemOf("z", 0)
+	items = c.gather([]*groupItem{groupItemOf("a", 0), groupItemOf("a", 1)}, follow, timer)
+	if len(items) != 2 || len(c.queue) != 1 {
+		t.Fatalf("group of %d with %d left queued, want 2 and 1: a complete group took more", len(items), len(c.queue))
+	}
+}
