@@ -92,11 +92,11 @@ const (
 )
 
 // writeGroup is the group's second round trip, ending in COMMIT. Operations
-// are inserted with ON CONFLICT DO NOTHING in key order (so two batches never
-// deadlock on the unique index); a key that conflicts was taken by another
-// shard meanwhile, and the statement's own row count check aborts the
-// transaction, so that the batch is rerun (the rerun's lookup then sees the
-// key as a replay) rather than counted a success. Each shard row is updated
+// are inserted in key order (so two batches never deadlock on the unique
+// index); a key that conflicts was taken by another shard meanwhile, and
+// the unique violation aborts the transaction, so that the batch is rerun
+// (the rerun's lookup then sees the key as a replay) rather than counted a
+// success. Each shard row is updated
 // once, compare-and-set against its writer's copy.
 //
 // The group's commit mark goes first: it is how a lost COMMIT's outcome is

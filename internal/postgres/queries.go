@@ -94,6 +94,13 @@ func scanReservations(res pgx.BatchResults) ([]*stock.Reservation, error) {
 	return out, rows.Err()
 }
 
+// queueInsertOps inserts the group's operations, in key order. A key taken
+// meanwhile (by another shard's batch, or twice in this group) is a
+// unique violation (23505): the group aborts with stock.ErrConflict and
+// is rerun, and the rerun's lookup sees the key as a replay. A plain
+// INSERT says so by itself; ON CONFLICT DO NOTHING with a count of the
+// rows inserted said the same at twice the cost per row (measured with
+// pg_stat_statements, docs/benchmarks.md).
 func queueInsertOps(b *pgx.Batch, ops []*stock.Operation) {
 	n := len(ops)
 	sku, key, kind, res, oref, cref := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -104,11 +111,9 @@ func queueInsertOps(b *pgx.Batch, ops []*stock.Operation) {
 		sku[i], key[i], kind[i], hash[i], qty[i], shard[i] = o.SKU, o.IdempotencyKey, string(o.Kind), o.ParamsHash, o.Quantity, o.Shard
 		res[i], oref[i], cref[i] = o.ReservationID, o.OrderRef, o.CustomerRef
 	}
-	b.Queue(`WITH ins AS (INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref, customer_ref)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::text[])
-		ON CONFLICT DO NOTHING RETURNING 1)
-		SELECT shardstock_expect(count(*), $10, 'operations', 'SS001') FROM ins`,
-		sku, key, kind, hash, qty, shard, res, oref, cref, n)
+	b.Queue(`INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref, customer_ref)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::text[])`,
+		sku, key, kind, hash, qty, shard, res, oref, cref)
 }
 
 // queueUsageAdd adds units to customers' usage; the WHERE guard refuses an
