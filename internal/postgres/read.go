@@ -44,12 +44,17 @@ type groupQuery struct {
 
 func newGroupQuery(units []*stock.Unit) *groupQuery {
 	q := &groupQuery{}
+	skus := make(map[string]bool, len(units))
 	for _, u := range units {
 		if u.Query.LoadShard {
 			q.loadSKUs, q.loadIdx = append(q.loadSKUs, u.Query.Shard.SKU), append(q.loadIdx, u.Query.Shard.Index)
 		}
 		q.parts = append(q.parts, u.Fence.Partition)
-		q.skus = append(q.skus, u.Query.Shard.SKU)
+		if !skus[u.Query.Shard.SKU] {
+			// A hot SKU's shards share a group: its row is read once.
+			skus[u.Query.Shard.SKU] = true
+			q.skus = append(q.skus, u.Query.Shard.SKU)
+		}
 		q.keys = append(q.keys, u.Query.Keys...)
 		q.rids = append(q.rids, u.Query.ReservationIDs...)
 		q.tids = append(q.tids, u.Query.TransferIDs...)
