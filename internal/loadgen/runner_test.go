@@ -280,14 +280,29 @@ func TestWriteTable_CPU(t *testing.T) {
 	cfg := loadgen.Config{Model: loadgen.ModelCase, Concurrency: 8, RunID: "t2"}
 	a := run(t, &loadgentest.Memory{}, cfg) // 500 requests
 	a.CPU = &loadgen.CPU{Procs: "the in-memory server", Server: 50 * time.Millisecond, Client: 25 * time.Millisecond}
+	a.Target = loadgen.CeilingTarget
 	b := run(t, &loadgentest.Memory{}, cfg)
 	b.Target = "other"
 	b.CPU = &loadgen.CPU{Client: 10 * time.Millisecond, Err: errors.New("no server processes")}
+	// shardstock: 2.5 times the ceiling's server CPU per request, at half
+	// its throughput.
+	c := run(t, &loadgentest.Memory{}, cfg)
+	c.Target = "shardstock"
+	c.Requests, c.Elapsed = a.Requests, 2*a.Elapsed
+	c.CPU = &loadgen.CPU{Procs: "allocator", Server: 125 * time.Millisecond, Client: 25 * time.Millisecond}
+	// Paced: no ratio (latency below the peak, not cost at it).
+	d := run(t, &loadgentest.Memory{}, cfg)
+	d.Target = "paced"
+	d.Config.Rate = 100
+	d.CPU = &loadgen.CPU{Procs: "allocator", Server: 125 * time.Millisecond, Client: 25 * time.Millisecond}
 	var buf bytes.Buffer
-	if err := loadgen.WriteTable(&buf, []*loadgen.Result{a, b}); err != nil {
+	if err := loadgen.WriteTable(&buf, []*loadgen.Result{a, b, c, d}); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"cpu per answered request", "server 100µs, client 50µs (the in-memory server)", "other: server not measured (no server processes); client 20µs"} {
+	for _, want := range []string{"cpu per answered request", "server 100µs, client 50µs (the in-memory server)\n",
+		"other: server not measured (no server processes); client 20µs",
+		"shardstock: server 250µs, client 50µs (allocator): 2.50x the ceiling's server CPU per request, 0.50x its req/s\n",
+		"paced: server 250µs, client 50µs (allocator)\n"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, buf.String())
 		}

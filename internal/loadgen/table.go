@@ -88,10 +88,23 @@ func WriteTable(w io.Writer, results []*Result) error {
 	return err
 }
 
+// CeilingTarget is the in-memory server's target name: the API's ceiling,
+// against which writeCPU states every other run's server CPU and
+// throughput.
+const CeilingTarget = "memory"
+
 // writeCPU writes the CPU per answered request of each run that measured
 // it: the server side's (what carries to a deployment where the client is
-// elsewhere) and the load generator's own.
+// elsewhere) and the load generator's own; and, when the in-memory ceiling
+// ran unpaced in the same table, each other unpaced run's server CPU per
+// request and throughput as multiples of the ceiling's.
 func writeCPU(b *strings.Builder, results []*Result) {
+	var ceiling *Result
+	for _, r := range results {
+		if r.Target == CeilingTarget && r.Config.Rate == 0 && r.CPU != nil && r.CPU.Err == nil && r.Requests > 0 {
+			ceiling = r
+		}
+	}
 	header := false
 	for _, r := range results {
 		c := r.CPU
@@ -106,8 +119,19 @@ func writeCPU(b *strings.Builder, results []*Result) {
 			fmt.Fprintf(b, "  %s: server not measured (%v); client %s\n", r.Target, c.Err, perRequest(c.Client, r.Requests))
 			continue
 		}
-		fmt.Fprintf(b, "  %s: server %s, client %s (%s)\n", r.Target, perRequest(c.Server, r.Requests), perRequest(c.Client, r.Requests), c.Procs)
+		fmt.Fprintf(b, "  %s: server %s, client %s (%s)%s\n", r.Target, perRequest(c.Server, r.Requests), perRequest(c.Client, r.Requests), c.Procs, againstCeiling(r, ceiling))
 	}
+}
+
+// againstCeiling is r's server CPU per request and throughput as multiples
+// of the ceiling's, or "" when there is nothing to compare (no ceiling, r
+// is it, or r was paced: a paced run measures latency, not cost at peak).
+func againstCeiling(r, ceiling *Result) string {
+	if ceiling == nil || r == ceiling || r.Config.Rate != 0 || r.Requests == 0 || ceiling.CPU.Server <= 0 || ceiling.Throughput() == 0 {
+		return ""
+	}
+	per := func(x *Result) float64 { return float64(x.CPU.Server) / float64(x.Requests) }
+	return fmt.Sprintf(": %.2fx the ceiling's server CPU per request, %.2fx its req/s", per(r)/per(ceiling), r.Throughput()/ceiling.Throughput())
 }
 
 // perRequest is d spread over n requests, in microseconds.
