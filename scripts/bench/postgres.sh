@@ -7,6 +7,9 @@
 # so that the dev stack (up to 112 connections) and the Postgres baselines
 # (50 each) fit. `start` prints the connection URL on stdout; `stop` stops
 # the server (fast shutdown) and leaves DIR to the caller.
+#
+# POSTGRES_OPTS adds server options to start's, e.g. "-c
+# shared_preload_libraries=pg_stat_statements" (scripts/bench/statements.sh).
 set -euo pipefail
 
 readonly max_connections=300
@@ -44,7 +47,7 @@ start() {
 		# A port something answers on is taken; postgres would fail on it.
 		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then continue; fi
 		if as "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t "$ready_timeout_s" \
-			-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=$max_connections" start >/dev/null; then
+			-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=$max_connections ${POSTGRES_OPTS:-}" start >/dev/null; then
 			echo "$port" >"$dir/port"
 			echo "postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
 			return
