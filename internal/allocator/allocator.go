@@ -48,11 +48,11 @@ const (
 	// bytes, so this is tens of MB at most; a SKU evicted costs one query
 	// when it is next asked for, as after its TTL.
 	skuCacheLenMax = 1 << 16
-	// hintsLenMax bounds the shards whose hint is kept (skuCacheLenMax SKUs
-	// of 4 shards each); the least recently used is evicted first. A shard
-	// without a hint is tried as unknown, which costs at most one call that
-	// refuses.
-	hintsLenMax = 1 << 18
+	// hintsSKUsMax bounds the SKUs whose shards' hints are kept (16 bytes
+	// a shard: 4 MiB for as many SKUs of 8 shards, 128 MiB if every one had
+	// 256); the least recently used SKU is evicted first. A shard without a
+	// hint is tried as unknown, which costs at most one call that refuses.
+	hintsSKUsMax = 1 << 15
 	// inTransitScrapeTimeout bounds the query behind the in-transit gauge.
 	inTransitScrapeTimeout = 2 * time.Second
 )
@@ -101,9 +101,11 @@ type Allocator struct {
 
 	mu      sync.Mutex
 	servers map[string]*serverClient // by id + "@" + addr
-	// hints and skus lock themselves; they are bounded (hintsLenMax,
+	// hints and skus lock themselves; they are bounded (hintsSKUsMax,
 	// skuCacheLenMax) so that a million SKUs do not grow them without end.
-	hints *lru.Cache[stock.ShardKey, hint]
+	// A SKU's hints are one entry, so that routing a request costs one
+	// lookup, not one per shard.
+	hints *lru.Cache[string, *skuHints]
 	skus  *lru.Cache[string, cachedSKU]
 	// transitWait is inTransitWait; longer in tests.
 	transitWait time.Duration
@@ -145,7 +147,7 @@ func New(cfg Config) *Allocator {
 		scheme:      cmp.Or(cfg.ShardScheme, "http"),
 		log:         log,
 		servers:     map[string]*serverClient{},
-		hints:       mustLRU[stock.ShardKey, hint](hintsLenMax),
+		hints:       mustLRU[string, *skuHints](hintsSKUsMax),
 		skus:        mustLRU[string, cachedSKU](skuCacheLenMax),
 		transitWait: inTransitWait,
 		metrics:     newMetrics(cfg.Registerer),
@@ -336,15 +338,36 @@ func (a *Allocator) exec(ctx context.Context, r *stock.Request) stock.Result {
 	return res
 }
 
+// skuHints are the hints of one SKU's shards, by index.
+type skuHints struct {
+	mu sync.Mutex
+	hs []hint
+}
+
 func (a *Allocator) setHint(k stock.ShardKey, available int64) {
-	a.hints.Add(k, hint{available: available, known: true})
+	h, ok := a.hints.Get(k.SKU)
+	if !ok {
+		// Two first hints of one SKU at once may each add an entry: the
+		// last one added wins and the other's hint is lost, which only
+		// makes that shard unknown (tried) once more.
+		h = &skuHints{}
+		a.hints.Add(k.SKU, h)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if int(k.Index) >= len(h.hs) {
+		h.hs = append(h.hs, make([]hint, int(k.Index)+1-len(h.hs))...)
+	}
+	h.hs[k.Index] = hint{available: available, known: true}
 }
 
 // hintsOf returns the hints of a SKU's n shards; an evicted one is unknown.
 func (a *Allocator) hintsOf(sku string, n int32) []hint {
 	hs := make([]hint, n)
-	for i := range hs {
-		hs[i], _ = a.hints.Get(stock.ShardKey{SKU: sku, Index: int32(i)})
+	if h, ok := a.hints.Get(sku); ok {
+		h.mu.Lock()
+		copy(hs, h.hs)
+		h.mu.Unlock()
 	}
 	return hs
 }

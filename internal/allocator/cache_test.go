@@ -23,26 +23,34 @@ func openDB(t *testing.T) *postgres.DB {
 	return db
 }
 
-// TestAllocator_CacheBounds: the hints and the SKU cache hold at most
-// hintsLenMax and skuCacheLenMax entries; the least recently used goes
-// first.
+// TestAllocator_CacheBounds: the hints hold at most hintsSKUsMax SKUs and
+// the SKU cache skuCacheLenMax entries; the least recently used goes first.
 func TestAllocator_CacheBounds(t *testing.T) {
 	t.Run("Hints", func(t *testing.T) {
 		a := New(Config{Topology: func() topology.View { return topology.View{} }})
 		defer a.Close()
-		key := func(i int) stock.ShardKey { return stock.ShardKey{SKU: fmt.Sprint("h", i/256), Index: int32(i % 256)} }
-		for i := range hintsLenMax + 1 {
-			a.setHint(key(i), int64(i))
+		// Every SKU gets hints for shards 0 and 3 (1 and 2 stay unknown).
+		key := func(i, idx int) stock.ShardKey { return stock.ShardKey{SKU: fmt.Sprint("h", i), Index: int32(idx)} }
+		for i := range hintsSKUsMax + 1 {
+			a.setHint(key(i, 3), int64(i))
+			a.setHint(key(i, 0), int64(i)+1)
 		}
-		if n := a.hints.Len(); n != hintsLenMax {
-			t.Errorf("hints.Len() = %d after %d hints, want %d", n, hintsLenMax+1, hintsLenMax)
+		if n := a.hints.Len(); n != hintsSKUsMax {
+			t.Errorf("hints.Len() = %d after %d SKUs, want %d", n, hintsSKUsMax+1, hintsSKUsMax)
 		}
-		if h := a.hintsOf(key(0).SKU, 1)[0]; h.known {
-			t.Errorf("hintsOf(%v) = %+v, want it evicted (unknown)", key(0), h)
+		if h := a.hintsOf(key(0, 0).SKU, 4); h[0].known || h[3].known {
+			t.Errorf("hintsOf(%s) = %+v, want it evicted (unknown)", key(0, 0).SKU, h)
 		}
-		last := key(hintsLenMax)
-		if h := a.hintsOf(last.SKU, last.Index+1)[last.Index]; !h.known || h.available != hintsLenMax {
-			t.Errorf("hintsOf(%v) = %+v, want the newest hint kept", last, h)
+		last := hintsSKUsMax
+		h := a.hintsOf(key(last, 0).SKU, 5)
+		want := []hint{{available: int64(last) + 1, known: true}, {}, {}, {available: int64(last), known: true}, {}}
+		if fmt.Sprint(h) != fmt.Sprint(want) {
+			t.Errorf("hintsOf(%s, 5) = %+v, want %+v: the newest SKU's hints kept, by index", key(last, 0).SKU, h, want)
+		}
+		// A hint of a higher index than any before grows the SKU's entry.
+		a.setHint(key(last, 7), 70)
+		if h := a.hintsOf(key(last, 0).SKU, 8); !h[7].known || h[7].available != 70 || h[0].available != int64(last)+1 {
+			t.Errorf("hintsOf after a hint for shard 7 = %+v", h)
 		}
 	})
 	t.Run("SKUs", func(t *testing.T) {
@@ -95,7 +103,10 @@ func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
 		done <- a.Allocate(rctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: s.Name}, Quantity: 1, Key: "k"})
 	}()
 	// The request reaches the wait: its first sweep has run.
-	waitFor(t, func() bool { return a.hints.Len() == int(s.Shards) })
+	waitFor(t, func() bool {
+		h := a.hintsOf(s.Name, s.Shards)
+		return h[0].known && h[1].known
+	})
 	cancel()
 	select {
 	case res := <-done:

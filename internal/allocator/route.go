@@ -19,7 +19,9 @@ type hint struct {
 // skip says to avoid, or known to have less than q, are left out. It is pure.
 func candidates(n int32, first int32, hints []hint, q int64, skip func(int32) bool) []int32 {
 	fits := func(i int32) bool {
-		return (skip == nil || !skip(i)) && (!hints[i].known || hints[i].available >= q)
+		// The hint first: skip looks the shard's server up, and a sold-out
+		// SKU's shards are all known to lack q.
+		return (!hints[i].known || hints[i].available >= q) && (skip == nil || !skip(i))
 	}
 	out := make([]int32, 0, n)
 	if fits(first) {
