@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-rebalance bench-statements bench-cold soak soak-crash
+.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-rebalance bench-statements bench-cold soak soak-crash
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -78,6 +78,9 @@ bench: ## load-test shardstock, the in-memory ceiling, the five baselines and th
 
 bench-rebalance: ## the rebalancer off and on, model skew and model C: loadgen's tables and the sweeps, consolidations and reroutes routing needed (about 2 min)
 	scripts/bench/rebalance.sh
+
+bench-ab: ## the working tree against BASE=<git revision>, ROUNDS (default 3) alternated rounds of hot deducts, reserve+commit and model C, each beside the ceiling and the Connect-fronted Redis; prints the medians of the ratios (about 3 min a round)
+	scripts/bench/ab.sh "$(BASE)" $(or $(ROUNDS),3)
 
 bench-statements: ## where Postgres's share of a deduct goes: pg_stat_statements over a hot-SKU load on a private Postgres, per call and per request (about 1 min)
 	scripts/bench/statements.sh

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# ab.sh BASE [ROUNDS]: `make bench-ab BASE=<commit>`. The same loads on two
+# builds of the dev stack, alternated round by round, each run with the
+# in-memory ceiling and the Connect-fronted Redis beside it: the working
+# tree's build against BASE's (any git revision, built in a temporary
+# worktree). The machine is shared and its speed moves by more than most
+# changes do between runs minutes apart, so only ratios within a run are
+# compared, and their medians over ROUNDS rounds (default 3) are printed.
+#
+# Workloads (BENCH_AB_WORKLOADS, default "hot rc C"): hot = one SKU of
+# 1,000,000,000 units in 16 shards, deducts; rc = the same SKU, reserve
+# then commit; C = model C. 64 clients, BENCH_DURATION (default 5s) per
+# target; the stack is one allocator with its own shard server on
+# DATABASE_URL (default 127.0.0.1:5432), Redis on 127.0.0.1:6379.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+[[ $# -ge 1 ]] || { echo "usage: $0 BASE [ROUNDS]" >&2; exit 2; }
+readonly base=$1 rounds=${2:-3}
+readonly duration=${BENCH_DURATION:-5s}
+readonly workloads=${BENCH_AB_WORKLOADS:-hot rc C}
+readonly url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
+
+tmp=$(mktemp -d)
+cleanup() {
+	git worktree remove --force "$tmp/base" >/dev/null 2>&1 || true
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+git worktree add --detach "$tmp/base" "$base" >/dev/null
+(cd "$tmp/base" && go build -o "$tmp/base-dev" ./cmd/shardstock-dev)
+go build -o "$tmp/head-dev" ./cmd/shardstock-dev
+go build -o bin/loadgen ./cmd/loadgen
+
+args_of() {
+	case $1 in
+	hot) echo "-model A -skus 1 -stock 1000000000 -shards 16" ;;
+	rc) echo "-model A -skus 1 -stock 1000000000 -shards 16 -mix deduct=0,commit=100" ;;
+	C) echo "-model C" ;;
+	*) echo "ab.sh: unknown workload $1" >&2; exit 2 ;;
+	esac
+}
+
+echo "ab.sh: base $(git rev-parse --short "$base") against the working tree on $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes'); $rounds rounds of: $workloads" >&2
+for ((round = 1; round <= rounds; round++)); do
+	for w in $workloads; do
+		for build in base head; do
+			read -r -a wargs <<<"$(args_of "$w")"
+			echo "ab.sh: round $round, $w, $build ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
+			bin/loadgen -stack "$tmp/$build-dev" -stack-args "-shard-servers 0 -allocator-shard" -database-url "$url" \
+				-target memory,shardstock,redis-api -concurrency 64 -duration "$duration" -progress=false "${wargs[@]}" \
+				>"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
+			# One line per run: workload build ceiling-µs shardstock-µs redis-µs ceiling-req/s shardstock-req/s redis-req/s
+			awk -v w="$w" -v b="$build" '
+				$1 ~ /^(memory|shardstock|redis-api)$/ && $2 ~ /^[0-9]+$/ { rps[$1] = $7 }
+				$1 ~ /^(memory|shardstock|redis-api):$/ && $2 == "server" { t = $1; sub(":", "", t); v = $3; sub("µs,?", "", v); cpu[t] = v }
+				/oversold [1-9]|undersold [1-9]|duplicates [1-9]|lost acknowledged [1-9]|reconciliation differences [1-9]/ { bad = 1 }
+				END {
+					if (bad) { print "ab.sh: a correctness number was not 0" > "/dev/stderr"; exit 1 }
+					print w, b, cpu["memory"], cpu["shardstock"], cpu["redis-api"], rps["memory"], rps["shardstock"], rps["redis-api"]
+				}' "$tmp/out" >>"$tmp/runs"
+		done
+	done
+done
+
+echo
+echo "medians over $rounds rounds (server CPU per request, and shardstock's as a multiple of the ceiling's and of the Connect-fronted Redis's in the same run):"
+printf '%-4s %-5s %14s %10s %10s %13s %13s\n' load build "shardstock µs" "x ceiling" "x redis" "req/s x ceil" "req/s x redis"
+for w in $workloads; do
+	for build in base head; do
+		awk -v w="$w" -v b="$build" '
+			function median(a, n,   i, j, t) {
+				for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+				return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
+			}
+			$1 == w && $2 == b { n++; us[n] = $4; xc[n] = $4 / $3; xr[n] = $4 / $5; tc[n] = $7 / $6; tr[n] = $7 / $8 }
+			END { if (n) printf "%-4s %-5s %14.0f %10.2f %10.2f %13.2f %13.2f\n", w, b, median(us, n), median(xc, n), median(xr, n), median(tc, n), median(tr, n) }
+		' "$tmp/runs"
+	done
+done
+echo
+echo "every run (load build ceiling-µs shardstock-µs redis-µs ceiling-req/s shardstock-req/s redis-req/s):"
+cat "$tmp/runs"
