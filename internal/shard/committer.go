@@ -103,14 +103,21 @@ func (c *committer) lane() {
 		if len(follow) > 0 {
 			items = c.gather(items, follow, timer)
 		}
-		c.run(items)
-		follow = map[stock.ShardKey]bool{}
-		for _, it := range items {
-			if it.queued != nil && it.queued() > 0 {
-				follow[it.unit.Query.Shard] = true
-			}
+		follow = c.run(items)
+	}
+}
+
+// followers returns the writers of items that have requests queued. Read
+// before their answers are delivered: after, a writer may have taken its
+// queue already and be planning its next batch, and would be missed.
+func followers(items []*groupItem) map[stock.ShardKey]bool {
+	follow := map[stock.ShardKey]bool{}
+	for _, it := range items {
+		if it.queued != nil && it.queued() > 0 {
+			follow[it.unit.Query.Shard] = true
 		}
 	}
+	return follow
 }
 
 // gather adds to items the batches of the writers in follow as they
@@ -147,8 +154,9 @@ func (c *committer) gather(items []*groupItem, follow map[stock.ShardKey]bool, t
 // run commits items as one group. When the group fails for a reason that
 // one unit may have caused (a key or quota taken meanwhile, a diverged row,
 // an invariant), every unit is run alone, so that one shard's trouble is
-// not everyone's.
-func (c *committer) run(items []*groupItem) {
+// not everyone's. It returns the writers of items that had requests
+// queued when the group ended (followers).
+func (c *committer) run(items []*groupItem) (follow map[stock.ShardKey]bool) {
 	units := make([]*stock.Unit, len(items))
 	for i, it := range items {
 		units[i] = it.unit
@@ -165,8 +173,9 @@ func (c *committer) run(items []*groupItem) {
 			e := c.db.store.Group(ctx, []*stock.Unit{it.unit})
 			it.done <- errors.Join(e, it.unit.Err)
 		}
-		return
+		return nil // each has been answered on its own: they follow whenever they do
 	}
+	follow = followers(items)
 	for _, it := range items {
 		if err != nil {
 			it.done <- err
@@ -174,6 +183,7 @@ func (c *committer) run(items []*groupItem) {
 		}
 		it.done <- it.unit.Err
 	}
+	return follow
 }
 
 func (c *committer) close() { close(c.stop) }

@@ -48,3 +48,15 @@ func TestCommitter_GatherWaitsForFollowers(t *testing.T) {
 		t.Fatalf("group of %d with %d left queued, want 2 and 1: a complete group took more", len(items), len(c.queue))
 	}
 }
+
+// The writers a lane waits for are those with requests queued, read before
+// their answers go out.
+func TestCommitter_Followers(t *testing.T) {
+	queued := func(n int) func() int { return func() int { return n } }
+	a, b, c := groupItemOf("a", 0), groupItemOf("a", 1), groupItemOf("b", 0)
+	a.queued, b.queued = queued(3), queued(0) // c: none (a batch of a test)
+	got := followers([]*groupItem{a, b, c})
+	if len(got) != 1 || !got[stock.ShardKey{SKU: "a", Index: 0}] {
+		t.Fatalf("followers = %v, want only a/0 (the writer with requests queued)", got)
+	}
+}
