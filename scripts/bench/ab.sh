@@ -15,8 +15,10 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
-[[ $# -ge 1 ]] || { echo "usage: $0 BASE [ROUNDS]" >&2; exit 2; }
+[[ $# -ge 1 && -n $1 ]] || { echo "usage: $0 BASE [ROUNDS] (make bench-ab BASE=<git revision> [ROUNDS=N])" >&2; exit 2; }
 readonly base=$1 rounds=${2:-3}
+[[ $rounds =~ ^[1-9][0-9]?$ ]] || { echo "ab.sh: ROUNDS $rounds: want 1 to 99" >&2; exit 2; }
+git rev-parse --verify --quiet "$base^{commit}" >/dev/null || { echo "ab.sh: BASE $base is not a git revision here" >&2; exit 2; }
 readonly duration=${BENCH_DURATION:-5s}
 readonly workloads=${BENCH_AB_WORKLOADS:-hot rc C}
 readonly url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
