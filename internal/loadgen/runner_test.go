@@ -295,14 +295,18 @@ func TestWriteTable_CPU(t *testing.T) {
 	d.Target = "paced"
 	d.Config.Rate = 100
 	d.CPU = &loadgen.CPU{Procs: "allocator", Server: 125 * time.Millisecond, Client: 25 * time.Millisecond}
+	// A baseline: its server side is only a database, not an API server.
+	e := run(t, &loadgentest.Memory{}, cfg)
+	e.Target, e.Baseline = "onerow", true
+	e.CPU = &loadgen.CPU{Procs: "Postgres", Server: 125 * time.Millisecond, Client: 25 * time.Millisecond}
 	var buf bytes.Buffer
-	if err := loadgen.WriteTable(&buf, []*loadgen.Result{a, b, c, d}); err != nil {
+	if err := loadgen.WriteTable(&buf, []*loadgen.Result{a, b, c, d, e}); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"cpu per answered request", "server 100µs, client 50µs (the in-memory server)\n",
 		"other: server not measured (no server processes); client 20µs",
 		"shardstock: server 250µs, client 50µs (allocator): 2.50x the ceiling's server CPU per request, 0.50x its req/s\n",
-		"paced: server 250µs, client 50µs (allocator)\n"} {
+		"paced: server 250µs, client 50µs (allocator)\n", "onerow: server 250µs, client 50µs (Postgres)\n"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, buf.String())
 		}

@@ -124,10 +124,12 @@ func writeCPU(b *strings.Builder, results []*Result) {
 }
 
 // againstCeiling is r's server CPU per request and throughput as multiples
-// of the ceiling's, or "" when there is nothing to compare (no ceiling, r
-// is it, or r was paced: a paced run measures latency, not cost at peak).
+// of the ceiling's, or "" when there is nothing to compare: no ceiling, r
+// is it, r was paced (a paced run measures latency, not cost at peak), or
+// r is one of the five baselines, whose logic runs in this load generator
+// and whose server side is only a database, not a server of the API.
 func againstCeiling(r, ceiling *Result) string {
-	if ceiling == nil || r == ceiling || r.Config.Rate != 0 || r.Requests == 0 || ceiling.CPU.Server <= 0 || ceiling.Throughput() == 0 {
+	if ceiling == nil || r == ceiling || r.Baseline || r.Config.Rate != 0 || r.Requests == 0 || ceiling.CPU.Server <= 0 || ceiling.Throughput() == 0 {
 		return ""
 	}
 	per := func(x *Result) float64 { return float64(x.CPU.Server) / float64(x.Requests) }
