@@ -60,7 +60,7 @@ func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Targ
 			return mr.serverPids, fmt.Sprintf("processes %v (-server-pids) and their children", mr.serverPids), nil
 		}
 		return nil, "", errors.New("start the stack with -stack, or name its processes with -server-pids")
-	case "memory":
+	case loadgen.CeilingTarget:
 		pid, err := serverPid(t)
 		if err != nil {
 			return nil, "", err

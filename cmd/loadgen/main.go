@@ -87,8 +87,8 @@ var targets = map[string]func(options) loadgen.Target{
 	"redis-fsync": func(o options) loadgen.Target {
 		return baseline.NewRedis(baseline.RedisConfig{Addr: o.redisAddr, PoolSize: o.redisPool, Fsync: true})
 	},
-	"memory":    newMemoryTarget,
-	"redis-api": newRedisAPITarget,
+	loadgen.CeilingTarget: newMemoryTarget,
+	"redis-api":           newRedisAPITarget,
 }
 
 // groups name several targets at once, in the order they run.
