@@ -347,11 +347,12 @@ type skuHints struct {
 func (a *Allocator) setHint(k stock.ShardKey, available int64) {
 	h, ok := a.hints.Get(k.SKU)
 	if !ok {
-		// Two first hints of one SKU at once may each add an entry: the
-		// last one added wins and the other's hint is lost, which only
-		// makes that shard unknown (tried) once more.
+		// Added only if still absent: two first hints of one SKU at once
+		// share the entry one of them added.
 		h = &skuHints{}
-		a.hints.Add(k.SKU, h)
+		if prev, found, _ := a.hints.PeekOrAdd(k.SKU, h); found {
+			h = prev
+		}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -118,5 +119,31 @@ func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Take still waits 10s after its context ended")
+	}
+}
+
+// TestAllocator_FirstHintsAtOnce: the first hints of one SKU's shards, set
+// at once, all land in one entry; none is lost to a second entry.
+func TestAllocator_FirstHintsAtOnce(t *testing.T) {
+	a := New(Config{Topology: func() topology.View { return topology.View{} }})
+	defer a.Close()
+	const shards = 64
+	for round := range 500 {
+		sku := fmt.Sprint("race-", round)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range shards {
+			wg.Go(func() {
+				<-start
+				a.setHint(stock.ShardKey{SKU: sku, Index: int32(i)}, int64(i)+1)
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, h := range a.hintsOf(sku, shards) {
+			if !h.known || h.available != int64(i)+1 {
+				t.Fatalf("%s: shard %d's hint %+v after every shard's first hint at once, want %d known", sku, i, h, i+1)
+			}
+		}
 	}
 }
