@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -116,5 +117,74 @@ func TestShard_CommitRacesRelease(t *testing.T) {
 	if c := total(t, db, sku); c.Sold != 2*committed || c.Reserved != 0 || c.Available != 1000-2*committed {
 		t.Errorf("total = %+v after %d commits and %d releases", c, committed, released)
 	}
+	reconcile(t, db, sku)
+}
+
+// TestShard_GroupTakesFollowers: a writer whose group has just committed
+// and that has requests queued joins the next group, beside the batch that
+// queued while its group ran, instead of the two writers taking turns in
+// groups of one.
+func TestShard_GroupTakesFollowers(t *testing.T) {
+	db, url := openDB(t)
+	const sku, perShard = "followers", 20
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 2}, 10_000)
+	reg := prometheus.NewRegistry()
+	s := newServerWith(t, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg})
+	acquire(t, s, sku, 1, 0, 1)
+	ctx := context.Background()
+
+	// Shard 0's first batch waits at its fence, in a group of its own,
+	// while shard 0's next requests queue behind it and shard 1's first
+	// batch queues for the next group.
+	lock, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close(ctx)
+	tx, err := lock.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM partitions WHERE partition = $1 FOR UPDATE", stock.PartitionOf(sku, 0)); err != nil {
+		t.Fatal(err)
+	}
+	deduct := func(idx int32, k string) {
+		if r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: idx}, Quantity: 1, Key: k}); r.Err != nil {
+			t.Errorf("deduct %s on shard %d = %v", k, idx, r.Err)
+		}
+	}
+	first := make(chan struct{})
+	go func() { defer close(first); deduct(0, "first") }()
+	time.Sleep(200 * time.Millisecond) // the first batch is at the fence
+	released := make(chan struct{})
+	go func() { defer close(released); time.Sleep(300 * time.Millisecond); tx.Rollback(ctx) }()
+	parallel(t, 2*perShard, 30*time.Second, func(i int) { deduct(int32(i%2), key("follow", i)) })
+	<-first
+	<-released
+
+	var count, single uint64
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "shardstock_shard_group_batches" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		count = h.GetSampleCount()
+		for _, b := range h.GetBucket() {
+			if b.GetUpperBound() == 1 {
+				single = b.GetCumulativeCount()
+			}
+		}
+	}
+	if count == 0 {
+		t.Fatal("no group observed")
+	}
+	if count == single {
+		t.Errorf("all %d groups carried one shard's batch: the writers took turns instead of sharing groups", count)
+	}
+	t.Logf("%d groups, %d of one batch", count, single)
 	reconcile(t, db, sku)
 }
