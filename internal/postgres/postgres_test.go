@@ -804,3 +804,34 @@ func TestStockRead_OneSnapshot(t *testing.T) {
 	}
 	t.Logf("%d reads during %d transfers, %d that did not add up", reads, steps, wrong)
 }
+
+// TestStockRead_RetiredInTotals: shards past the SKU's span are left out
+// of the rows but counted in the totals (their sales happened).
+func TestStockRead_RetiredInTotals(t *testing.T) {
+	db, url := mustOpen(t)
+	createSKU(t, db, stock.SKU{Name: "retired", Shards: 3}, 30)
+	conn := connect(t, url)
+	ctx := context.Background()
+	// Shard 2 sold its 10 and was retired: the span is back to 2.
+	for _, q := range []string{
+		`UPDATE shards SET available = 0, sold = 10 WHERE sku = 'retired' AND idx = 2`,
+		`UPDATE skus SET shards = 2, shard_span = 2 WHERE sku = 'retired'`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := db.StockRead(ctx, "retired", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Shards) != 2 || r.Shards[0].Index != 0 || r.Shards[1].Index != 1 {
+		t.Errorf("shards = %+v, want 0 and 1 (the span)", r.Shards)
+	}
+	if want := (stock.Counts{Available: 20, Sold: 10}); r.Totals != want {
+		t.Errorf("totals = %+v, want %+v (the retired shard's sales included)", r.Totals, want)
+	}
+	if rows, err := db.Shards(ctx, "retired"); err != nil || len(rows) != 2 {
+		t.Errorf("Shards = %+v, %v; want the 2 in the span", rows, err)
+	}
+}

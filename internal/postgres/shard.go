@@ -77,11 +77,12 @@ const sqlShardsInSpan = `FROM shards s JOIN skus k ON k.sku = s.sku WHERE s.sku 
 
 // Shards reads every shard of a SKU in its span (in service or being
 // retired), by index. Shards retired hold nothing and are left out; their
-// sales are counted in Totals.
+// sales are counted in StockRead's totals.
 func (db *DB) Shards(ctx context.Context, sku string) ([]stock.ShardRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	return shardsOf(ctx, db.pool, sku)
+	rows, _, err := shardsOf(ctx, db.pool, sku)
+	return rows, err
 }
 
 // querier is a pool or a transaction.
@@ -90,28 +91,28 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func shardsOf(ctx context.Context, q querier, sku string) ([]stock.ShardRow, error) {
-	rows, err := q.Query(ctx, `SELECT s.idx, s.available, s.reserved, s.sold, s.halted_reason, s.idx >= k.shards `+sqlShardsInSpan, sku)
+// shardsOf reads every shard row of a SKU once: it returns those in the
+// SKU's span, by index, and the sum of all of them, retired ones included.
+func shardsOf(ctx context.Context, q querier, sku string) (inSpan []stock.ShardRow, total stock.Counts, err error) {
+	rows, err := q.Query(ctx, `SELECT s.idx, s.available, s.reserved, s.sold, s.halted_reason, s.idx >= k.shards, s.idx < k.shard_span
+		FROM shards s JOIN skus k ON k.sku = s.sku WHERE s.sku = $1 ORDER BY s.idx`, sku)
 	if err != nil {
-		return nil, err
+		return nil, total, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (stock.ShardRow, error) {
-		var s stock.ShardRow
-		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &s.HaltReason, &s.Retiring)
-		return s, err
+	var s stock.ShardRow
+	var spanned bool
+	_, err = pgx.ForEachRow(rows, []any{&s.Index, &s.Available, &s.Reserved, &s.Sold, &s.HaltReason, &s.Retiring, &spanned}, func() error {
+		total.Available, total.Reserved, total.Sold = total.Available+s.Available, total.Reserved+s.Reserved, total.Sold+s.Sold
+		if spanned {
+			inSpan = append(inSpan, s)
+		}
+		return nil
 	})
+	return inSpan, total, err
 }
 
-// totalsOf sums a SKU's shards, retired ones included.
-func totalsOf(ctx context.Context, q querier, sku string) (stock.Counts, error) {
-	var c stock.Counts
-	err := q.QueryRow(ctx, `SELECT coalesce(sum(available), 0), coalesce(sum(reserved), 0), coalesce(sum(sold), 0)
-		FROM shards WHERE sku = $1`, sku).Scan(&c.Available, &c.Reserved, &c.Sold)
-	return c, err
-}
-
-// StockRead reads a SKU's shards, totals, stock in transit and at most
-// movingMax open transfers in one snapshot (a read-only REPEATABLE READ
+// StockRead reads a SKU's shards and their totals, its stock in transit
+// and at most movingMax open transfers in one snapshot (a read-only REPEATABLE READ
 // transaction): read one by one, a transfer debited between two reads
 // would be counted twice or nowhere.
 func (db *DB) StockRead(ctx context.Context, sku string, movingMax int) (*stock.StockRead, error) {
@@ -120,10 +121,7 @@ func (db *DB) StockRead(ctx context.Context, sku string, movingMax int) (*stock.
 	out := &stock.StockRead{}
 	err := pgx.BeginTxFunc(ctx, db.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var err error
-		if out.Shards, err = shardsOf(ctx, tx, sku); err != nil {
-			return err
-		}
-		if out.Totals, err = totalsOf(ctx, tx, sku); err != nil {
+		if out.Shards, out.Totals, err = shardsOf(ctx, tx, sku); err != nil {
 			return err
 		}
 		if out.InTransit, err = inTransitOf(ctx, tx, sku); err != nil {
