@@ -28,21 +28,7 @@ func TestShard_KeyRacesAcrossShards(t *testing.T) {
 	// Hold the four partition rows so that every writer's first batch
 	// waits at its fence while the rest queue up; then let them all go at
 	// once, with the same keys in every shard's next batch.
-	lock, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close(ctx)
-	tx, err := lock.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for idx := int32(0); idx < 4; idx++ {
-		if _, err := tx.Exec(ctx, "SELECT 1 FROM partitions WHERE partition = $1 FOR UPDATE", stock.PartitionOf(sku, idx)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	go func() { time.Sleep(500 * time.Millisecond); tx.Rollback(ctx) }()
+	released := holdFences(t, url, sku, 500*time.Millisecond, 0, 1, 2, 3)
 
 	const keys = 100
 	results := make([][4]stock.Result, keys)
@@ -50,6 +36,7 @@ func TestShard_KeyRacesAcrossShards(t *testing.T) {
 		k, idx := i/4, int32(i%4)
 		results[k][idx] = servers[idx].Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: idx}, Quantity: 3, Key: key("race", k)})
 	})
+	<-released
 	for k, rs := range results {
 		firsts := 0
 		for idx, r := range rs {
@@ -136,18 +123,7 @@ func TestShard_GroupTakesFollowers(t *testing.T) {
 	// Shard 0's first batch waits at its fence, in a group of its own,
 	// while shard 0's next requests queue behind it and shard 1's first
 	// batch queues for the next group.
-	lock, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close(ctx)
-	tx, err := lock.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM partitions WHERE partition = $1 FOR UPDATE", stock.PartitionOf(sku, 0)); err != nil {
-		t.Fatal(err)
-	}
+	released := holdFences(t, url, sku, 500*time.Millisecond, 0)
 	deduct := func(idx int32, k string) {
 		if r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: idx}, Quantity: 1, Key: k}); r.Err != nil {
 			t.Errorf("deduct %s on shard %d = %v", k, idx, r.Err)
@@ -156,8 +132,6 @@ func TestShard_GroupTakesFollowers(t *testing.T) {
 	first := make(chan struct{})
 	go func() { defer close(first); deduct(0, "first") }()
 	time.Sleep(200 * time.Millisecond) // the first batch is at the fence
-	released := make(chan struct{})
-	go func() { defer close(released); time.Sleep(300 * time.Millisecond); tx.Rollback(ctx) }()
 	parallel(t, 2*perShard, 30*time.Second, func(i int) { deduct(int32(i%2), key("follow", i)) })
 	<-first
 	<-released
@@ -187,4 +161,35 @@ func TestShard_GroupTakesFollowers(t *testing.T) {
 	}
 	t.Logf("%d groups, %d of one batch", count, single)
 	reconcile(t, db, sku)
+}
+
+// holdFences locks the partition rows of sku's shards idx, in a
+// transaction of its own, so that every batch of those shards waits at its
+// fence until d has passed; the channel is closed once they are released.
+func holdFences(tb testing.TB, url, sku string, d time.Duration, idx ...int32) <-chan struct{} {
+	tb.Helper()
+	ctx := context.Background()
+	lock, err := pgx.Connect(ctx, url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tx, err := lock.Begin(ctx)
+	if err != nil {
+		lock.Close(ctx)
+		tb.Fatal(err)
+	}
+	for _, i := range idx {
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM partitions WHERE partition = $1 FOR UPDATE", stock.PartitionOf(sku, i)); err != nil {
+			lock.Close(ctx)
+			tb.Fatal(err)
+		}
+	}
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(d)
+		tx.Rollback(ctx)
+		lock.Close(ctx)
+	}()
+	return released
 }
