@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -91,31 +94,34 @@ const (
 	sqlstateUnique   = "23505"
 )
 
-// writeGroup is the group's second round trip, ending in COMMIT. Operations
-// are inserted in key order (so two batches never deadlock on the unique
-// index); a key that conflicts was taken by another shard meanwhile, and
-// the unique violation aborts the transaction, so that the batch is rerun
-// (the rerun's lookup then sees the key as a replay) rather than counted a
-// success. Each shard row is updated
-// once, compare-and-set against its writer's copy.
+// writeGroup is the group's second round trip, ending in COMMIT. Its rows
+// are written by one statement (groupWrite.statement): each statement
+// costs Postgres a bind, an executor start and end and a portal whatever
+// its rows, and a hot group wrote four kinds of row with four (measured,
+// docs/benchmarks.md). Operations are inserted in key order (so two
+// batches never deadlock on the unique index); a key that conflicts was
+// taken by another shard meanwhile, and the unique violation aborts the
+// transaction, so that the batch is rerun (the rerun's lookup then sees
+// the key as a replay) rather than counted a success. Each shard row is
+// updated once, compare-and-set against its writer's copy.
 //
-// The group's commit mark goes first: it is how a lost COMMIT's outcome is
-// learnt (commitOutcome), and a void of it that got in first (the outcome
-// was asked while this transaction still ran) then aborts it at once.
+// The group's commit mark is in the same statement: it is how a lost
+// COMMIT's outcome is learnt (commitOutcome), and a void of it that got in
+// first (the outcome was asked while this transaction still ran) then
+// aborts it at once.
 //
 // committing is true when the error may have come from the COMMIT itself,
 // whose outcome must then be learnt.
 func writeGroup(ctx context.Context, conn *pgx.Conn, mark commitMark, writes []unitWrite) (committing bool, err error) {
 	g := mergeWrites(writes)
 	b := &pgx.Batch{}
-	queueInsertMark(b, mark)
-	g.queue(b, writes[0].u.Fence.ServerID)
+	g.queue(b, mark)
 	b.Queue("COMMIT")
 	return sendCommit(ctx, conn, b)
 }
 
 // groupWrite is every unit's writes merged, so that each kind of row is
-// written by one statement for the whole group.
+// written once for the whole group.
 type groupWrite struct {
 	all                stock.BatchWrite
 	shards             []shardMove
@@ -149,13 +155,15 @@ func mergeWrites(writes []unitWrite) *groupWrite {
 	return g
 }
 
-// queue queues the group's write statements, in the order the planner
-// counted on.
-func (g *groupWrite) queue(b *pgx.Batch, server string) {
-	slices.SortFunc(g.all.Ops, func(a, b *stock.Operation) int { return compareStrings(a.IdempotencyKey, b.IdempotencyKey) })
-	if len(g.all.Ops) > 0 {
-		queueInsertOps(b, g.all.Ops)
-	}
+// queue queues the group's write statements: first the one statement of
+// the rows only this group writes or inserts (mark, operations,
+// reservations, shard rows, ledger), then the rows that other groups may
+// write too, each kind in one order for every group, so that two groups
+// never deadlock: operations by key (in the first statement), customer
+// usage by SKU and customer, then transfers.
+func (g *groupWrite) queue(b *pgx.Batch, mark commitMark) {
+	sql, args := g.statement(mark)
+	b.Queue(sql, args...)
 	// Give units back before taking more, as the planner counted them.
 	if len(g.usageSub) > 0 {
 		queueUsageSub(b, g.usageSub)
@@ -163,22 +171,89 @@ func (g *groupWrite) queue(b *pgx.Batch, server string) {
 	if len(g.usageAdd) > 0 {
 		queueUsageAdd(b, g.usageAdd)
 	}
-	if len(g.all.NewReservations) > 0 {
-		queueInsertReservations(b, g.all.NewReservations)
-	}
-	if len(g.all.Ended) > 0 {
-		queueEndReservations(b, g.all.Ended)
-	}
 	if len(g.all.Steps) > 0 {
 		queueStepTransfers(b, g.all.Steps)
 	}
+}
+
+// statement is the group's rows in one statement: each kind is a
+// data-modifying WITH query, and the rows of each are disjoint from the
+// others' (no part reads what another writes), so that running them on one
+// snapshot changes nothing. Usage and transfer steps stay statements of
+// their own: one group may touch one usage row twice (given back, then
+// taken), which one statement may not.
+func (g *groupWrite) statement(mark commitMark) (string, []any) {
+	slices.SortFunc(g.all.Ops, func(a, b *stock.Operation) int { return compareStrings(a.IdempotencyKey, b.IdempotencyKey) })
+	server := mark.server
+	parts := []writePart{markPart(mark)}
+	if len(g.all.Ops) > 0 {
+		parts = append(parts, opsPart(g.all.Ops))
+	}
+	if len(g.all.NewReservations) > 0 {
+		parts = append(parts, reservationsPart(g.all.NewReservations))
+	}
+	if len(g.all.Ended) > 0 {
+		parts = append(parts, endsPart(g.all.Ended))
+	}
 	if len(g.shards) > 0 {
-		queueMoveShards(b, g.shards)
+		parts = append(parts, shardsPart(g.shards))
 	}
 	if len(g.all.Ledger) > 0 {
-		queueInsertLedger(b, server, g.epochs, g.all.Ledger)
+		parts = append(parts, ledgerPart(server, g.epochs, g.all.Ledger))
 	}
+	return joinParts(parts)
 }
+
+// writePart is one data-modifying WITH query of a group's write
+// statement: its SQL numbers its own arguments from $1.
+type writePart struct {
+	name  string // the WITH query's name
+	sql   string
+	args  []any
+	check *rowCheck // nil: its rows are not counted
+}
+
+// rowCheck is the number of rows a part must return (it ends in
+// RETURNING), checked with shardstock_expect: another count aborts the
+// transaction with code before the COMMIT queued behind it.
+type rowCheck struct {
+	want       int
+	what, code string
+}
+
+// joinParts makes one statement of parts: each part's arguments are
+// renumbered after those of the parts before it, and the statement's
+// result is the check of every part that has one.
+func joinParts(parts []writePart) (string, []any) {
+	var sb strings.Builder
+	var args []any
+	var checks []string
+	sb.WriteString("WITH ")
+	for i, p := range parts {
+		if i > 0 {
+			sb.WriteString(",\n")
+		}
+		offset := len(args)
+		fmt.Fprintf(&sb, "%s AS (%s)", p.name, placeholder.ReplaceAllStringFunc(p.sql, func(m string) string {
+			n, _ := strconv.Atoi(m[1:])
+			return "$" + strconv.Itoa(n+offset)
+		}))
+		args = append(args, p.args...)
+		if p.check != nil {
+			args = append(args, p.check.want)
+			checks = append(checks, fmt.Sprintf("shardstock_expect((SELECT count(*) FROM %s), $%d, '%s', '%s')", p.name, len(args), p.check.what, p.check.code))
+		}
+	}
+	sb.WriteString("\nSELECT ")
+	if len(checks) == 0 {
+		sb.WriteString("1")
+	}
+	sb.WriteString(strings.Join(checks, ", "))
+	return sb.String(), args
+}
+
+// placeholder matches an argument's placeholder in a part's SQL.
+var placeholder = regexp.MustCompile(`\$[0-9]+`)
 
 // sendCommit sends b, whose last statement is COMMIT, and reads every
 // answer. committing is true when the error may have come from the COMMIT

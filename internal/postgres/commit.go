@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -69,8 +68,9 @@ func (m commitMark) uuid() pgtype.UUID { return pgtype.UUID{Bytes: m.id, Valid: 
 
 func (m commitMark) String() string { return m.uuid().String() }
 
-func queueInsertMark(b *pgx.Batch, m commitMark) {
-	b.Queue(`INSERT INTO commit_marks (id, server_id) VALUES ($1, $2)`, m.uuid(), m.server)
+// markPart inserts the group's commit mark.
+func markPart(m commitMark) writePart {
+	return writePart{name: "mark", sql: `INSERT INTO commit_marks (id, server_id) VALUES ($1, $2)`, args: []any{m.uuid(), m.server}}
 }
 
 // commitOutcome learns whether a group whose COMMIT went unanswered

@@ -691,6 +691,55 @@ func TestDB_Group(t *testing.T) {
 			t.Errorf("operations = %d, want 0", n)
 		}
 	})
+	// A group's rows are written by one statement: a row count that is not
+	// what a unit decided, in any part, must abort it all (every unit's
+	// operations, ledger entries, shard rows and the commit mark).
+	nothingWritten := func(t *testing.T, conn *pgx.Conn) {
+		t.Helper()
+		for _, q := range []string{`SELECT count(*) FROM operations`, `SELECT count(*) FROM ledger WHERE source = 'api'`,
+			`SELECT count(*) FROM commit_marks`, `SELECT count(*) FROM shards WHERE sku = 'g-sku' AND available <> 10`} {
+			if n := count(t, conn, q); n != 0 {
+				t.Errorf("%s = %d after an aborted group, want 0", q, n)
+			}
+		}
+	}
+	t.Run("DivergedShardWritesNothing", func(t *testing.T) {
+		db, conn, ks, fs := setup(t)
+		wrong := func(read *stock.BatchRead) (*stock.BatchWrite, error) {
+			w, err := deduct(ks[2], "k2")(read)
+			w.From.Available = 9 // the row is 10: not what this writer believes
+			return w, err
+		}
+		units := []*stock.Unit{
+			{Fence: fs[0], Query: stock.BatchQuery{Shard: ks[0], Keys: []string{"k0"}}, Decide: deduct(ks[0], "k0")},
+			{Fence: fs[2], Query: stock.BatchQuery{Shard: ks[2], Keys: []string{"k2"}}, Decide: wrong},
+		}
+		if err := db.Group(ctx, units); !errors.Is(err, stock.ErrDiverged) {
+			t.Errorf("Group with a shard row not as its writer believes = %v, want stock.ErrDiverged", err)
+		}
+		nothingWritten(t, conn)
+	})
+	t.Run("EndedTwiceWritesNothing", func(t *testing.T) {
+		db, conn, ks, fs := setup(t)
+		exec(t, conn, `INSERT INTO reservations (id, sku, shard, partition, idempotency_key, quantity, state, expires_at)
+			VALUES ('r-gone', 'g-sku', 0, $1, 'rk', 1, 'released', now())`, fs[0].Partition)
+		ending := func(read *stock.BatchRead) (*stock.BatchWrite, error) {
+			w, err := deduct(ks[0], "k0")(read)
+			w.Ended = []stock.ReservationEnd{{ID: "r-gone", State: stock.ReservationCommitted}}
+			return w, err
+		}
+		units := []*stock.Unit{
+			{Fence: fs[0], Query: stock.BatchQuery{Shard: ks[0], Keys: []string{"k0"}}, Decide: ending},
+			{Fence: fs[2], Query: stock.BatchQuery{Shard: ks[2], Keys: []string{"k2"}}, Decide: deduct(ks[2], "k2")},
+		}
+		if err := db.Group(ctx, units); !errors.Is(err, stock.ErrDiverged) {
+			t.Errorf("Group ending a reservation no longer held = %v, want stock.ErrDiverged", err)
+		}
+		nothingWritten(t, conn)
+		if n := count(t, conn, `SELECT count(*) FROM reservations WHERE state = 'released'`); n != 1 {
+			t.Errorf("released reservations = %d, want the 1 left as it was", n)
+		}
+	})
 }
 
 // With MigrateURL the schema's owner migrates and the service's own role

@@ -94,14 +94,14 @@ func scanReservations(res pgx.BatchResults) ([]*stock.Reservation, error) {
 	return out, rows.Err()
 }
 
-// queueInsertOps inserts the group's operations, in key order. A key taken
+// opsPart inserts the group's operations, in key order. A key taken
 // meanwhile (by another shard's batch, or twice in this group) is a
 // unique violation (23505): the group aborts with stock.ErrConflict and
 // is rerun, and the rerun's lookup sees the key as a replay. A plain
 // INSERT says so by itself; ON CONFLICT DO NOTHING with a count of the
 // rows inserted said the same at twice the cost per row (measured with
 // pg_stat_statements, docs/benchmarks.md).
-func queueInsertOps(b *pgx.Batch, ops []*stock.Operation) {
+func opsPart(ops []*stock.Operation) writePart {
 	n := len(ops)
 	sku, key, kind, res, oref, cref := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	hash := make([][]byte, n)
@@ -111,9 +111,10 @@ func queueInsertOps(b *pgx.Batch, ops []*stock.Operation) {
 		sku[i], key[i], kind[i], hash[i], qty[i], shard[i] = o.SKU, o.IdempotencyKey, string(o.Kind), o.ParamsHash, o.Quantity, o.Shard
 		res[i], oref[i], cref[i] = o.ReservationID, o.OrderRef, o.CustomerRef
 	}
-	b.Queue(`INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref, customer_ref)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::text[])`,
-		sku, key, kind, hash, qty, shard, res, oref, cref)
+	return writePart{name: "ops", sql: `INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref, customer_ref)
+		SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]), unnest($4::bytea[]), unnest($5::bigint[]), unnest($6::int[]),
+		unnest($7::text[]), unnest($8::text[]), unnest($9::text[])`,
+		args: []any{sku, key, kind, hash, qty, shard, res, oref, cref}}
 }
 
 // queueUsageAdd adds units to customers' usage; the WHERE guard refuses an
@@ -150,10 +151,10 @@ func queueUsageSub(b *pgx.Batch, ds []usageDelta) {
 		FROM unnest($1::text[], $2::text[], $3::bigint[]) AS d(s, c, q) WHERE u.sku = d.s AND u.customer_ref = d.c`, sku, c, q)
 }
 
-// queueMoveShards updates every moved shard row, each compare-and-set
+// shardsPart updates every moved shard row, each compare-and-set
 // against its writer's copy: a row that is not what its only writer
 // believes is a divergence (SS002), and aborts the group.
-func queueMoveShards(b *pgx.Batch, ms []shardMove) {
+func shardsPart(ms []shardMove) writePart {
 	n := len(ms)
 	sku := make([]string, n)
 	idx := make([]int32, n)
@@ -162,14 +163,15 @@ func queueMoveShards(b *pgx.Batch, ms []shardMove) {
 		sku[i], idx[i] = m.shard.SKU, m.shard.Index
 		ta[i], tr[i], ts[i], fa[i], fr[i], fs[i] = m.to.Available, m.to.Reserved, m.to.Sold, m.from.Available, m.from.Reserved, m.from.Sold
 	}
-	b.Queue(`WITH u AS (UPDATE shards s SET available = m.ta, reserved = m.tr, sold = m.ts, updated_at = now()
-		FROM unnest($1::text[], $2::int[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[])
-			AS m(sku, idx, ta, tr, ts, fa, fr, fs)
-		WHERE s.sku = m.sku AND s.idx = m.idx AND s.available = m.fa AND s.reserved = m.fr AND s.sold = m.fs RETURNING 1)
-		SELECT shardstock_expect(count(*), $9, 'shard rows', 'SS002') FROM u`, sku, idx, ta, tr, ts, fa, fr, fs, n)
+	return writePart{name: "moved", sql: `UPDATE shards s SET available = m.ta, reserved = m.tr, sold = m.ts, updated_at = now()
+		FROM (SELECT unnest($1::text[]) AS sku, unnest($2::int[]) AS idx, unnest($3::bigint[]) AS ta, unnest($4::bigint[]) AS tr,
+			unnest($5::bigint[]) AS ts, unnest($6::bigint[]) AS fa, unnest($7::bigint[]) AS fr, unnest($8::bigint[]) AS fs) AS m
+		WHERE s.sku = m.sku AND s.idx = m.idx AND s.available = m.fa AND s.reserved = m.fr AND s.sold = m.fs RETURNING 1`,
+		args: []any{sku, idx, ta, tr, ts, fa, fr, fs}, check: &rowCheck{want: n, what: "shard rows", code: sqlstateDiverged}}
 }
 
-func queueInsertReservations(b *pgx.Batch, rs []*stock.Reservation) {
+// reservationsPart inserts the group's new reservations, held.
+func reservationsPart(rs []*stock.Reservation) writePart {
 	n := len(rs)
 	id, sku, key, oref, cref := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	shard, part := make([]int32, n), make([]int32, n)
@@ -179,28 +181,29 @@ func queueInsertReservations(b *pgx.Batch, rs []*stock.Reservation) {
 		id[i], sku[i], key[i], oref[i], cref[i] = r.ID, r.SKU, r.IdempotencyKey, r.OrderRef, r.CustomerRef
 		shard[i], part[i], qty[i], exp[i] = r.Shard, stock.PartitionOf(r.SKU, r.Shard), r.Quantity, r.ExpiresAt
 	}
-	b.Queue(`INSERT INTO reservations (id, sku, shard, partition, idempotency_key, quantity, state, expires_at, order_ref, customer_ref)
-		SELECT id, sku, shard, part, key, qty, 'held', exp, oref, cref
-		FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::timestamptz[], $8::text[], $9::text[])
-		AS u(id, sku, shard, part, key, qty, exp, oref, cref)`,
-		id, sku, shard, part, key, qty, exp, oref, cref)
+	return writePart{name: "held", sql: `INSERT INTO reservations (id, sku, shard, partition, idempotency_key, quantity, state, expires_at, order_ref, customer_ref)
+		SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::int[]), unnest($4::int[]), unnest($5::text[]), unnest($6::bigint[]),
+		'held', unnest($7::timestamptz[]), unnest($8::text[]), unnest($9::text[])`,
+		args: []any{id, sku, shard, part, key, qty, exp, oref, cref}}
 }
 
-// queueEndReservations ends held reservations; the state = 'held' guard
-// makes a second end a no-op that the row count reveals.
-func queueEndReservations(b *pgx.Batch, ends []stock.ReservationEnd) {
+// endsPart ends held reservations; the state = 'held' guard makes a
+// second end a no-op that the row count reveals (SS002).
+func endsPart(ends []stock.ReservationEnd) writePart {
 	n := len(ends)
 	id, state, reason := make([]string, n), make([]string, n), make([]string, n)
 	for i, e := range ends {
 		id[i], state[i], reason[i] = e.ID, string(e.State), e.Reason
 	}
-	b.Queue(`WITH e AS (UPDATE reservations r SET state = u.state, ended_at = now(), end_reason = u.reason
-		FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, state, reason)
-		WHERE r.id = u.id AND r.state = 'held' RETURNING 1)
-		SELECT shardstock_expect(count(*), $4, 'held reservations', 'SS002') FROM e`, id, state, reason, n)
+	return writePart{name: "ended", sql: `UPDATE reservations r SET state = u.state, ended_at = now(), end_reason = u.reason
+		FROM (SELECT unnest($1::text[]) AS id, unnest($2::text[]) AS state, unnest($3::text[]) AS reason) AS u
+		WHERE r.id = u.id AND r.state = 'held' RETURNING 1`,
+		args: []any{id, state, reason}, check: &rowCheck{want: n, what: "held reservations", code: sqlstateDiverged}}
 }
 
-func queueInsertLedger(b *pgx.Batch, server string, epochs []int64, es []*stock.LedgerEntry) {
+// ledgerPart appends the group's ledger entries, each with its writer's
+// epoch.
+func ledgerPart(server string, epochs []int64, es []*stock.LedgerEntry) writePart {
 	n := len(es)
 	sku, kind, key, rid, tid, oref, src, reason, appr := make([]string, n), make([]string, n), make([]string, n),
 		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -212,10 +215,10 @@ func queueInsertLedger(b *pgx.Batch, server string, epochs []int64, es []*stock.
 		ab[i], aa[i], rb[i], ra[i], sb[i], sa[i] = e.Before.Available, e.After.Available, e.Before.Reserved, e.After.Reserved, e.Before.Sold, e.After.Sold
 		key[i], rid[i], tid[i], oref[i], src[i], reason[i], appr[i] = e.IdempotencyKey, e.ReservationID, e.TransferID, e.OrderRef, e.Source, e.Reason, e.Approver
 	}
-	b.Queue(`INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after, reserved_before, reserved_after,
+	return writePart{name: "ledgered", sql: `INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after, reserved_before, reserved_after,
 		sold_before, sold_after, idempotency_key, reservation_id, transfer_id, order_ref, source, reason, approver, epoch, server_id)
-		SELECT u.*, $19 FROM unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
-		$8::bigint[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[],
-		$18::bigint[]) AS u`,
-		sku, shard, kind, qty, ab, aa, rb, ra, sb, sa, key, rid, tid, oref, src, reason, appr, epochs, server)
+		SELECT unnest($1::text[]), unnest($2::int[]), unnest($3::text[]), unnest($4::bigint[]), unnest($5::bigint[]), unnest($6::bigint[]),
+		unnest($7::bigint[]), unnest($8::bigint[]), unnest($9::bigint[]), unnest($10::bigint[]), unnest($11::text[]), unnest($12::text[]),
+		unnest($13::text[]), unnest($14::text[]), unnest($15::text[]), unnest($16::text[]), unnest($17::text[]), unnest($18::bigint[]), $19`,
+		args: []any{sku, shard, kind, qty, ab, aa, rb, ra, sb, sa, key, rid, tid, oref, src, reason, appr, epochs, server}}
 }
