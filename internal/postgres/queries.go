@@ -33,9 +33,13 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 // that tests every row against every key (measured: 3 ms for 64 keys over
 // 1,800 rows), where one index probe per key costs microseconds whatever
 // the statistics say.
+//
+// Arrays are unnested in a SELECT list (a ProjectSet) rather than in FROM
+// (a function scan, which first copies every element into a tuplestore):
+// every group statement does so, reads and writes alike.
 const sqlSelectOps = `SELECT o.sku, o.idempotency_key, o.kind, o.params_hash, o.quantity, o.shard,
 	o.reservation_id, o.order_ref, o.customer_ref, o.created_at, coalesce(r.state, ''), coalesce(r.expires_at, o.created_at)
-	FROM unnest($1::text[]) AS k(key)
+	FROM (SELECT unnest($1::text[]) AS key) AS k
 	CROSS JOIN LATERAL (SELECT * FROM operations WHERE idempotency_key = k.key) o
 	LEFT JOIN LATERAL (SELECT state, expires_at FROM reservations WHERE id = o.reservation_id AND o.reservation_id <> '') r ON true`
 
@@ -67,7 +71,7 @@ func scanOps(res pgx.BatchResults, into map[string]*stock.Operation) error {
 
 const sqlSelectReservations = `SELECT id, sku, shard, idempotency_key, quantity, state, expires_at, order_ref, customer_ref FROM reservations`
 
-const sqlSelectReservationsByID = `SELECT r.* FROM unnest($1::text[]) AS k(id) CROSS JOIN LATERAL (` + sqlSelectReservations + ` WHERE id = k.id) r`
+const sqlSelectReservationsByID = `SELECT r.* FROM (SELECT unnest($1::text[]) AS id) AS k CROSS JOIN LATERAL (` + sqlSelectReservations + ` WHERE id = k.id) r`
 
 func scanReservation(row pgx.Row) (*stock.Reservation, error) {
 	var r stock.Reservation

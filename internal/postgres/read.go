@@ -74,9 +74,9 @@ func (q *groupQuery) queue(b *pgx.Batch) {
 	b.Queue("BEGIN")
 	b.Queue(`SELECT partition, owner, epoch, now() FROM partitions
 		WHERE partition = ANY($1::int[]) ORDER BY partition FOR SHARE`, q.parts)
-	b.Queue(`SELECT s.* FROM unnest($1::text[]) AS k(sku) CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, q.skus)
+	b.Queue(`SELECT s.* FROM (SELECT unnest($1::text[]) AS sku) AS k CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, q.skus)
 	if len(q.loadSKUs) > 0 {
-		b.Queue(`SELECT sh.sku, sh.idx, sh.available, sh.reserved, sh.sold, sh.halted_reason FROM unnest($1::text[], $2::int[]) AS k(sku, idx)
+		b.Queue(`SELECT sh.sku, sh.idx, sh.available, sh.reserved, sh.sold, sh.halted_reason FROM (SELECT unnest($1::text[]) AS sku, unnest($2::int[]) AS idx) AS k
 			CROSS JOIN LATERAL (SELECT sku, idx, available, reserved, sold, halted_reason FROM shards WHERE sku = k.sku AND idx = k.idx) sh`,
 			q.loadSKUs, q.loadIdx)
 	}
@@ -94,7 +94,7 @@ func (q *groupQuery) queue(b *pgx.Batch) {
 		b.Queue(sqlSelectTransfersFenced, q.tids)
 	}
 	if len(q.usageClients) > 0 {
-		b.Queue(`SELECT u.sku, u.customer_ref, u.quantity FROM unnest($1::text[], $2::text[]) AS k(sku, c)
+		b.Queue(`SELECT u.sku, u.customer_ref, u.quantity FROM (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS c) AS k
 			CROSS JOIN LATERAL (SELECT sku, customer_ref, quantity FROM customer_usage WHERE sku = k.sku AND customer_ref = k.c) u`,
 			q.usageSKUs, q.usageClients)
 	}

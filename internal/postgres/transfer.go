@@ -51,7 +51,7 @@ func queueStepTransfers(b *pgx.Batch, steps []stock.TransferStep) {
 // sqlSelectTransfersFenced reads transfers by id with their SKU's move
 // fence, for the planner.
 const sqlSelectTransfersFenced = `SELECT t.*, coalesce((SELECT f.token FROM move_fences f WHERE f.sku = t.sku), 0)
-	FROM unnest($1::text[]) AS k(id) CROSS JOIN LATERAL (` + sqlSelectTransfers + ` WHERE id = k.id) t`
+	FROM (SELECT unnest($1::text[]) AS id) AS k CROSS JOIN LATERAL (` + sqlSelectTransfers + ` WHERE id = k.id) t`
 
 // scanTransfersFenced scans sqlSelectTransfersFenced into transfers by id
 // and fences by SKU.
