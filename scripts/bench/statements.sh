@@ -53,10 +53,12 @@ echo "Postgres statements called at least $calls_min times during the run ($requ
 psql "$url" -XAq -F $'\t' -P footer=off <<SQL | column -t -s $'\t'
 SELECT calls, rows, round((total_exec_time / calls * 1000)::numeric) AS "µs/call",
 	round((total_exec_time * 1000 / $requests)::numeric, 1) AS "µs/request",
+	round(wal_bytes / $requests) AS "WAL B/request",
 	left(regexp_replace(query, '\s+', ' ', 'g'), 90) AS statement
 FROM pg_stat_statements
 WHERE calls >= $calls_min AND query NOT LIKE '%pg_stat_statements%'
 ORDER BY total_exec_time DESC LIMIT $top;
 SQL
-psql "$url" -XAtq -c "SELECT 'all statements: ' || round((sum(total_exec_time) * 1000 / $requests)::numeric, 1) || ' µs of execution per request'
+psql "$url" -XAtq -c "SELECT 'all statements: ' || round((sum(total_exec_time) * 1000 / $requests)::numeric, 1) || ' µs of execution and '
+	|| round(sum(wal_bytes) / $requests) || ' bytes of WAL per request'
 	FROM pg_stat_statements WHERE calls >= $calls_min AND query NOT LIKE '%pg_stat_statements%'"
