@@ -29,7 +29,9 @@ func (db *DB) Batch(ctx context.Context, f stock.Fence, q stock.BatchQuery, deci
 // (fences, lookups), then each unit decides in memory, then every write with
 // COMMIT. The statements are the same whatever the number of units (each
 // reads or writes the rows of all units at once), so a group costs Postgres
-// about what one batch costs, and concurrent writers share one commit.
+// about what one batch costs, and concurrent writers share one commit. A
+// group that needs no read but its keys' is first tried in one round trip
+// (speculate), and runs the usual way only when that attempt wrote nothing.
 //
 // A unit whose fence fails gets Err = stock.ErrFenced and writes nothing; the
 // others go on. Any other failure is the group's: Group returns it and no
@@ -53,9 +55,20 @@ func (db *DB) Group(ctx context.Context, units []*stock.Unit) (err error) {
 		conn.Release()
 	}()
 
+	if speculable(units) {
+		if done, err := db.speculate(ctx, conn.Conn(), units); done {
+			return err
+		}
+	}
 	reads, err := readGroup(ctx, conn.Conn(), units)
 	if err != nil {
 		return err
+	}
+	for _, r := range reads {
+		if r != nil {
+			db.spec.observeClock(r.Now)
+			break
+		}
 	}
 	var writes []unitWrite
 	for i, u := range units {
@@ -162,7 +175,7 @@ func mergeWrites(writes []unitWrite) *groupWrite {
 // never deadlock: operations by key (in the first statement), customer
 // usage by SKU and customer, then transfers.
 func (g *groupWrite) queue(b *pgx.Batch, mark commitMark) {
-	sql, args := g.statement(mark)
+	sql, args := joinParts(g.parts(mark))
 	b.Queue(sql, args...)
 	// Give units back before taking more, as the planner counted them.
 	if len(g.usageSub) > 0 {
@@ -176,13 +189,13 @@ func (g *groupWrite) queue(b *pgx.Batch, mark commitMark) {
 	}
 }
 
-// statement is the group's rows in one statement: each kind is a
-// data-modifying WITH query, and the rows of each are disjoint from the
+// parts are the group's rows as the parts of one statement: each kind is
+// a data-modifying WITH query, and the rows of each are disjoint from the
 // others' (no part reads what another writes), so that running them on one
 // snapshot changes nothing. Usage and transfer steps stay statements of
 // their own: one group may touch one usage row twice (given back, then
 // taken), which one statement may not.
-func (g *groupWrite) statement(mark commitMark) (string, []any) {
+func (g *groupWrite) parts(mark commitMark) []writePart {
 	slices.SortFunc(g.all.Ops, func(a, b *stock.Operation) int { return compareStrings(a.IdempotencyKey, b.IdempotencyKey) })
 	server := mark.server
 	parts := []writePart{markPart(mark)}
@@ -201,7 +214,7 @@ func (g *groupWrite) statement(mark commitMark) (string, []any) {
 	if len(g.all.Ledger) > 0 {
 		parts = append(parts, ledgerPart(server, g.epochs, g.all.Ledger))
 	}
-	return joinParts(parts)
+	return parts
 }
 
 // writePart is one data-modifying WITH query of a group's write

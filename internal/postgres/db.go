@@ -34,6 +34,7 @@ type DB struct {
 	pool *pgxpool.Pool
 	// lost counts the lost commits whose outcome was asked, by answer.
 	lost struct{ committed, voided, unknown atomic.Int64 }
+	spec speculation
 }
 
 // Options tune Open.

@@ -884,3 +884,188 @@ func TestStockRead_RetiredInTotals(t *testing.T) {
 		t.Errorf("Shards = %+v, %v; want the 2 in the span", rows, err)
 	}
 }
+
+// decision records what a test batch's Decide was given, call by call.
+type decision struct {
+	calls    int
+	replayed bool // the last call saw the key recorded
+	sku      *stock.SKU
+	now      time.Time
+}
+
+// deductOne is a Decide for one deduct of key from a shard the writer
+// believes at from: a replay when the read holds the key, nothing when the
+// SKU is not active or refuse is set (an OUT_OF_STOCK, say), else one unit.
+func deductOne(k stock.ShardKey, key string, from stock.Counts, refuse bool, d *decision) stock.Decide {
+	return func(read *stock.BatchRead) (*stock.BatchWrite, error) {
+		d.calls++
+		d.sku, d.now, d.replayed = read.SKU, read.Now, read.Ops[key] != nil
+		if d.replayed || read.SKU == nil || read.SKU.Status != stock.StatusActive || refuse {
+			return &stock.BatchWrite{From: from, To: from}, nil
+		}
+		to := from.Add(stock.OpDeduct.Delta(1))
+		return &stock.BatchWrite{
+			Ops: []*stock.Operation{{SKU: k.SKU, IdempotencyKey: key, Kind: stock.OpDeduct, Quantity: 1, Shard: k.Index,
+				ParamsHash: []byte{1}, CreatedAt: read.Now}},
+			Ledger: []*stock.LedgerEntry{{Shard: k, Kind: stock.OpDeduct, Quantity: 1, IdempotencyKey: key, Before: from, After: to, Source: "api"}},
+			From:   from, To: to,
+		}, nil
+	}
+}
+
+// TestDB_GroupSpeculative: a group of writers that know their SKU, whose
+// batches need no read but their keys', is decided before anything is read
+// and written in one round trip; when a key is not new, the SKU changed or
+// a fence moved, nothing of it is written and the group is decided again
+// from what is read, with the same answers as without speculation.
+func TestDB_GroupSpeculative(t *testing.T) {
+	ctx := context.Background()
+	ten := stock.Counts{Available: 10}
+	setup := func(t *testing.T) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []stock.Fence, *stock.SKU) {
+		t.Helper()
+		db, url := mustOpen(t)
+		createSKU(t, db, stock.SKU{Name: "s-sku", Shards: 3}, 30)
+		var ks []stock.ShardKey
+		var fs []stock.Fence
+		for i := int32(0); i < 3; i++ {
+			k := stock.ShardKey{SKU: "s-sku", Index: i}
+			f := stock.Fence{Partition: k.Partition(), Epoch: 7, ServerID: "srv"}
+			if err := db.TakeOver(ctx, f.Partition, f.ServerID, f.Epoch); err != nil {
+				t.Fatalf("TakeOver = %v", err)
+			}
+			ks, fs = append(ks, k), append(fs, f)
+		}
+		sku, err := db.GetSKU(ctx, "s-sku")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return db, connect(t, url), ks, fs, sku
+	}
+	unit := func(f stock.Fence, k stock.ShardKey, key string, known *stock.SKU, decide stock.Decide) *stock.Unit {
+		return &stock.Unit{Fence: f, Query: stock.BatchQuery{Shard: k, Keys: []string{key}, KnownSKU: known}, Decide: decide}
+	}
+	speculated := func(t *testing.T, db *postgres.DB, committed, fellBack int64) {
+		t.Helper()
+		if c, f := db.Speculated(); c != committed || f != fellBack {
+			t.Errorf("Speculated() = %d committed, %d fell back; want %d and %d", c, f, committed, fellBack)
+		}
+	}
+
+	t.Run("OneRoundTrip", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		var d0, d1 decision
+		units := []*stock.Unit{unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", ten, false, &d0)),
+			unit(fs[1], ks[1], "k1", sku, deductOne(ks[1], "k1", ten, false, &d1))}
+		if err := db.Group(ctx, units); err != nil || units[0].Err != nil || units[1].Err != nil {
+			t.Fatalf("Group = %v (units %v, %v), want nil", err, units[0].Err, units[1].Err)
+		}
+		speculated(t, db, 1, 0)
+		if d0.calls != 1 || d0.sku != sku {
+			t.Errorf("Decide called %d times with SKU %p, want once with the known SKU %p", d0.calls, d0.sku, sku)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM ledger WHERE source = 'api' AND epoch = 7`); n != 2 {
+			t.Errorf("ledger entries = %d, want 2", n)
+		}
+		if n := count(t, conn, `SELECT sum(available) FROM shards WHERE sku = 's-sku'`); n != 28 {
+			t.Errorf("available = %d, want 28", n)
+		}
+		// The operation's time is the one its first answer gave.
+		var created time.Time
+		var skew float64
+		if err := conn.QueryRow(ctx, `SELECT created_at, abs(extract(epoch FROM created_at - now())) FROM operations WHERE idempotency_key = 'k0'`).
+			Scan(&created, &skew); err != nil {
+			t.Fatal(err)
+		}
+		if !created.Equal(d0.now.Truncate(time.Microsecond)) || skew > 60 {
+			t.Errorf("operation created_at = %v (%.1fs from the database's clock), want the answer's %v", created, skew, d0.now)
+		}
+	})
+	t.Run("KeyNotNew", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		var first decision
+		if err := db.Group(ctx, []*stock.Unit{unit(fs[0], ks[0], "k0", nil, deductOne(ks[0], "k0", ten, false, &first))}); err != nil {
+			t.Fatalf("Group(k0) = %v", err)
+		}
+		speculated(t, db, 0, 0) // no known SKU: read first
+		// k0 again on shard 0 (a retry), k1 new on shard 1: the insert
+		// refuses k0, and the group is decided again: k0 a replay.
+		var d0, d1 decision
+		nine := ten.Add(stock.OpDeduct.Delta(1))
+		units := []*stock.Unit{unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", nine, false, &d0)),
+			unit(fs[1], ks[1], "k1", sku, deductOne(ks[1], "k1", ten, false, &d1))}
+		if err := db.Group(ctx, units); err != nil || units[0].Err != nil || units[1].Err != nil {
+			t.Fatalf("Group = %v (units %v, %v), want nil", err, units[0].Err, units[1].Err)
+		}
+		speculated(t, db, 0, 1)
+		if d0.calls != 2 || !d0.replayed {
+			t.Errorf("k0 decided %d times, replayed %v; want twice, the second a replay", d0.calls, d0.replayed)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM ledger WHERE idempotency_key = 'k0'`); n != 1 {
+			t.Errorf("ledger entries of k0 = %d, want 1 (a retry deducts nothing)", n)
+		}
+		if n := count(t, conn, `SELECT sum(available) FROM shards WHERE sku = 's-sku'`); n != 28 {
+			t.Errorf("available = %d, want 28", n)
+		}
+		// After a key that was not new, the next groups read first.
+		var d2 decision
+		if err := db.Group(ctx, []*stock.Unit{unit(fs[2], ks[2], "k2", sku, deductOne(ks[2], "k2", ten, false, &d2))}); err != nil {
+			t.Fatalf("Group(k2) = %v", err)
+		}
+		speculated(t, db, 0, 1)
+	})
+	t.Run("RefusedNotSent", func(t *testing.T) {
+		// A refusal decided without the read may be wrong (the key is a
+		// replay): such a group is not sent, and the read decides.
+		db, _, ks, fs, sku := setup(t)
+		var first decision
+		if err := db.Group(ctx, []*stock.Unit{unit(fs[0], ks[0], "k0", nil, deductOne(ks[0], "k0", ten, false, &first))}); err != nil {
+			t.Fatalf("Group(k0) = %v", err)
+		}
+		var d decision
+		nine := ten.Add(stock.OpDeduct.Delta(1))
+		if err := db.Group(ctx, []*stock.Unit{unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", nine, true, &d))}); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		speculated(t, db, 0, 0)
+		if d.calls != 2 || !d.replayed {
+			t.Errorf("k0 decided %d times, replayed %v; want twice, the second a replay", d.calls, d.replayed)
+		}
+	})
+	t.Run("FenceMoved", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		if err := db.TakeOver(ctx, fs[1].Partition, "other", 8); err != nil {
+			t.Fatal(err)
+		}
+		var d0, d1 decision
+		units := []*stock.Unit{unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", ten, false, &d0)),
+			unit(fs[1], ks[1], "k1", sku, deductOne(ks[1], "k1", ten, false, &d1))}
+		if err := db.Group(ctx, units); err != nil {
+			t.Fatalf("Group = %v, want nil", err)
+		}
+		speculated(t, db, 0, 1)
+		if units[0].Err != nil || !errors.Is(units[1].Err, stock.ErrFenced) {
+			t.Errorf("unit errors = %v, %v; want nil and stock.ErrFenced", units[0].Err, units[1].Err)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM operations WHERE idempotency_key = 'k1'`); n != 0 {
+			t.Errorf("operations of the fenced writer = %d, want 0", n)
+		}
+	})
+	t.Run("SKUChanged", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		paused := true
+		if _, err := db.UpdateSKU(ctx, "s-sku", stock.SKUUpdate{Paused: &paused}); err != nil {
+			t.Fatal(err)
+		}
+		var d decision
+		if err := db.Group(ctx, []*stock.Unit{unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", ten, false, &d))}); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		speculated(t, db, 0, 1)
+		if d.calls != 2 || d.sku == nil || d.sku.Status != stock.StatusPaused {
+			t.Errorf("decided %d times, last with SKU %+v; want twice, the second with the paused SKU", d.calls, d.sku)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM operations`); n != 0 {
+			t.Errorf("operations = %d on a paused SKU, want 0", n)
+		}
+	})
+}

@@ -111,14 +111,18 @@ func opsPart(ops []*stock.Operation) writePart {
 	hash := make([][]byte, n)
 	qty := make([]int64, n)
 	shard := make([]int32, n)
+	created := make([]time.Time, n)
 	for i, o := range ops {
 		sku[i], key[i], kind[i], hash[i], qty[i], shard[i] = o.SKU, o.IdempotencyKey, string(o.Kind), o.ParamsHash, o.Quantity, o.Shard
-		res[i], oref[i], cref[i] = o.ReservationID, o.OrderRef, o.CustomerRef
+		res[i], oref[i], cref[i], created[i] = o.ReservationID, o.OrderRef, o.CustomerRef, o.CreatedAt
 	}
-	return writePart{name: "ops", sql: `INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref, customer_ref)
+	// created_at is the time the first answer gave (BatchRead.Now), so
+	// that a replay gives the same.
+	return writePart{name: "ops", sql: `INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref,
+			customer_ref, created_at)
 		SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]), unnest($4::bytea[]), unnest($5::bigint[]), unnest($6::int[]),
-		unnest($7::text[]), unnest($8::text[]), unnest($9::text[])`,
-		args: []any{sku, key, kind, hash, qty, shard, res, oref, cref}}
+		unnest($7::text[]), unnest($8::text[]), unnest($9::text[]), unnest($10::timestamptz[])`,
+		args: []any{sku, key, kind, hash, qty, shard, res, oref, cref, created}}
 }
 
 // queueUsageAdd adds units to customers' usage; the WHERE guard refuses an

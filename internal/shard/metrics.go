@@ -24,7 +24,7 @@ type metrics struct {
 	dueShards, staleTransfers prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer, lostCommits func() stock.LostCommits) *metrics {
+func newMetrics(reg prometheus.Registerer, lostCommits func() stock.LostCommits, speculated func() (committed, fellBack int64)) *metrics {
 	m := &metrics{
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "shardstock_shard_batch_size", Help: "Requests per batch transaction.",
@@ -81,6 +81,21 @@ func newMetrics(reg prometheus.Registerer, lostCommits func() stock.LostCommits)
 			lost("committed", func(l stock.LostCommits) int64 { return l.Committed }),
 			lost("voided", func(l stock.LostCommits) int64 { return l.Voided }),
 			lost("unknown", func(l stock.LostCommits) int64 { return l.Unknown }))
+		spec := func(outcome string, fellBack bool) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "shardstock_shard_speculative_groups_total",
+				Help: "Groups decided before any read and sent in one round trip, by outcome: committed, or fell_back " +
+					"(a key was not new, a SKU or a fence had changed; nothing was written and the group ran with its reads).",
+				ConstLabels: prometheus.Labels{"outcome": outcome},
+			}, func() float64 {
+				c, f := speculated()
+				if fellBack {
+					return float64(f)
+				}
+				return float64(c)
+			})
+		}
+		reg.MustRegister(spec("committed", false), spec("fell_back", true))
 	}
 	return m
 }

@@ -193,3 +193,55 @@ func holdFences(tb testing.TB, url, sku string, d time.Duration, idx ...int32) <
 	}()
 	return released
 }
+
+// TestShard_SpeculatesWarmBatches: a writer that has its row and its SKU
+// sends its deducts in one round trip (postgres.DB's speculative groups);
+// a retry of a recorded key falls back to the read and is answered as the
+// replay it is, deducting nothing.
+func TestShard_SpeculatesWarmBatches(t *testing.T) {
+	db, _ := openDB(t)
+	const sku = "speculate"
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 100)
+	reg := prometheus.NewRegistry()
+	s := newServerWith(t, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg})
+	acquire(t, s, sku, 1, 0)
+	ctx := context.Background()
+	deduct := func(k string) stock.Result {
+		return s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku}, Quantity: 1, Key: k})
+	}
+	for i := range 5 {
+		if r := deduct(key("k", i)); r.Err != nil || r.Replayed {
+			t.Fatalf("deduct %s = %+v, want a new success", key("k", i), r)
+		}
+	}
+	if r := deduct(key("k", 2)); r.Err != nil || !r.Replayed || r.Operation == nil || r.Operation.Quantity != 1 {
+		t.Errorf("retry of %s = %+v, want a replay of its first answer", key("k", 2), r)
+	}
+	committed := speculativeGroups(t, reg, "committed")
+	if fellBack := speculativeGroups(t, reg, "fell_back"); committed < 4 || fellBack != 1 {
+		t.Errorf("speculative groups: %v committed, %v fell back; want the 4 warm deducts in one round trip each, and the retry fallen back", committed, fellBack)
+	}
+	reconcile(t, db, sku)
+}
+
+func speculativeGroups(tb testing.TB, reg *prometheus.Registry, outcome string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "shardstock_shard_speculative_groups_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	tb.Fatalf("no shardstock_shard_speculative_groups_total{outcome=%q}", outcome)
+	return 0
+}

@@ -101,7 +101,7 @@ func New(cfg Config) *Server {
 		s.names = append(s.names, name)
 	}
 	slices.Sort(s.names)
-	s.metrics = newMetrics(cfg.Registerer, s.lostCommits)
+	s.metrics = newMetrics(cfg.Registerer, s.lostCommits, s.speculated)
 	s.staleAge = transferStaleAge
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(s.gauges()...)
@@ -184,6 +184,16 @@ func (s *Server) fencedIn(d *database, partition int32, epoch int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return d.fenced[partition] == epoch
+}
+
+// speculated sums every database's speculative groups: committed, then
+// fallen back.
+func (s *Server) speculated() (committed, fellBack int64) {
+	for _, d := range s.dbs {
+		c, f := d.store.Speculated()
+		committed, fellBack = committed+c, fellBack+f
+	}
+	return committed, fellBack
 }
 
 // lostCommits sums every database's lost commits.

@@ -28,4 +28,7 @@ type Store interface {
 	StaleTransfers(ctx context.Context, partitions []int32, age time.Duration, limit int) ([]stock.StaleStep, error)
 	PruneCommitMarks(ctx context.Context) (int64, error)
 	LostCommits() stock.LostCommits
+	// Speculated counts the groups written in one round trip, and those
+	// sent so that ran the usual way after all (postgres.DB.Speculated).
+	Speculated() (committed, fellBack int64)
 }

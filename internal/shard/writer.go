@@ -209,6 +209,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 		loading := b.q.LoadShard
+		b.q.KnownSKU = w.sku
 		err = w.db.committer.commit(ctx, w.fence, b.q, b.decide, w.queue.Len)
 		cancel()
 		if err == nil {

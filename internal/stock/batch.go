@@ -48,6 +48,14 @@ type BatchQuery struct {
 	// LoadShard: also read the shard's row, for a writer that has no copy
 	// of it yet (a cold shard's first batch costs no query of its own).
 	LoadShard bool
+	// KnownSKU is the SKU as the writer last read it (nil: not yet). With
+	// it, storage may decide a batch that needs no read but its keys'
+	// before reading anything, assuming every key new and the SKU and the
+	// fence unchanged, and check all three in the write itself; when one
+	// does not hold, nothing is written and the batch is decided again
+	// from what storage reads. Decide must therefore not depend on being
+	// called once.
+	KnownSKU *SKU
 }
 
 // BatchRead is what the batch read, inside its transaction.

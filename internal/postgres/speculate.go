@@ -1,0 +1,182 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// A group whose batches need no read but their keys' (deducts and
+// reserves, on SKUs without a customer limit, of writers that have their
+// shard's row and SKU) is decided before anything is read, and written in
+// one round trip instead of two: BEGIN, one statement, COMMIT. The
+// decisions assume what the read would have said in the common case, and
+// the statement checks each assumption before anything it wrote can
+// commit:
+//   - every key is new: each keyed request of each batch must have become
+//     an operation, which the insert's unique index then proves new (a
+//     request refused under this assumption, e.g. OUT_OF_STOCK, might have
+//     been a replay, so such a group is not sent at all);
+//   - the SKUs are as their writers last read them (every column the
+//     planner uses);
+//   - the fences: each partition's owner and epoch, locked FOR SHARE as
+//     the read would have.
+//
+// When one does not hold, the transaction aborts and the group runs the
+// usual way, on the same connection: its batches are decided again from
+// what is read, so a replay, a paused SKU or a takeover is answered
+// exactly as before. After a key that was not new, speculation pauses for
+// speculateSkipAfterConflict groups: a load of retries and duplicates
+// would otherwise pay for an aborted transaction in every group.
+const (
+	speculateSkipAfterConflict = 32
+	// sqlstateStale is raised by the statement when a fence or a SKU is
+	// not what the group assumed.
+	sqlstateStale = "SS003"
+)
+
+// speculation is a DB's state and counts of speculative groups.
+type speculation struct {
+	// clockOffset is the database clock less this process's, in
+	// nanoseconds, as last read by a group: a speculative group's
+	// BatchRead.Now is this process's clock plus it.
+	clockOffset atomic.Int64
+	skip        atomic.Int32 // groups left before speculating again
+	committed   atomic.Int64
+	fellBack    atomic.Int64
+}
+
+// Speculated returns how many groups committed in one round trip, and how
+// many were sent so but ran the usual way, since Open.
+func (db *DB) Speculated() (committed, fellBack int64) {
+	return db.spec.committed.Load(), db.spec.fellBack.Load()
+}
+
+// observeClock records the database clock now read by a group.
+func (s *speculation) observeClock(dbNow time.Time) {
+	s.clockOffset.Store(int64(dbNow.Sub(time.Now())))
+}
+
+// speculable reports whether every unit's batch can be decided without a
+// read.
+func speculable(units []*stock.Unit) bool {
+	for _, u := range units {
+		q := u.Query
+		if q.KnownSKU == nil || q.LoadShard || len(q.Keys) == 0 || len(q.ReservationIDs) > 0 || len(q.TransferIDs) > 0 ||
+			q.SweepMax > 0 || (len(q.Customers) > 0 && q.KnownSKU.CustomerLimit > 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// speculate tries units as one speculative group on conn. done is false
+// when the group must run the usual way: it was not sent (a request was
+// refused, or an error decided), or the database refused an assumption
+// (nothing was written). Otherwise err is the group's outcome, as Group's.
+func (db *DB) speculate(ctx context.Context, conn *pgx.Conn, units []*stock.Unit) (done bool, err error) {
+	if db.spec.skip.Load() > 0 {
+		db.spec.skip.Add(-1)
+		return false, nil
+	}
+	now := time.Now().Add(time.Duration(db.spec.clockOffset.Load()))
+	writes := make([]unitWrite, 0, len(units))
+	for _, u := range units {
+		read := &stock.BatchRead{SKU: u.Query.KnownSKU, Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{},
+			Usage: map[string]int64{}, Transfers: map[string]*stock.Transfer{}, MoveFences: map[string]int64{}, Now: now}
+		w, err := u.Decide(read)
+		if err != nil || !everyKeyNew(u.Query.Keys, w) {
+			return false, nil
+		}
+		writes = append(writes, unitWrite{u: u, w: w})
+	}
+	mark := newCommitMark(writes[0].u.Fence.ServerID)
+	g := mergeWrites(writes)
+	sql, args := joinParts(append(assumedParts(units), g.parts(mark)...))
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(sql, args...)
+	b.Queue("COMMIT")
+	committing, err := sendCommit(ctx, conn, b)
+	switch {
+	case err == nil:
+		db.spec.committed.Add(1)
+		return true, nil
+	case committing:
+		return true, db.commitOutcome(ctx, mark, err)
+	}
+	// The database refused before COMMIT: nothing was written, and the
+	// statements after the refusal (COMMIT too) were skipped, which leaves
+	// the transaction open, failed, until it is rolled back.
+	db.spec.fellBack.Add(1)
+	if errors.Is(err, stock.ErrConflict) {
+		db.spec.skip.Store(speculateSkipAfterConflict)
+	}
+	if conn.PgConn().TxStatus() != 'I' {
+		if _, rerr := conn.Exec(ctx, "ROLLBACK"); rerr != nil {
+			return true, notCommitted("rollback", rerr)
+		}
+	}
+	return false, nil
+}
+
+// everyKeyNew reports whether every key of a batch became one of its
+// operations: then the insert checks the lot.
+func everyKeyNew(keys []string, w *stock.BatchWrite) bool {
+	written := make(map[string]bool, len(w.Ops))
+	for _, o := range w.Ops {
+		written[o.IdempotencyKey] = true
+	}
+	for _, k := range keys {
+		if !written[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// assumedParts check a speculative group's fences and SKUs, first in the
+// statement (checks run in order), so that a stale group writes nothing.
+func assumedParts(units []*stock.Unit) []writePart {
+	type fence struct {
+		part  int32
+		owner string
+		epoch int64
+	}
+	var parts, skuShards, skuSpan []int32
+	var owners, skus, status []string
+	var epochs, maxPerOrder, customerLimit, ttlMS []int64
+	var auto []bool
+	seenFence, seenSKU := map[fence]bool{}, map[string]bool{}
+	for _, u := range units {
+		f := fence{u.Fence.Partition, u.Fence.ServerID, u.Fence.Epoch}
+		if !seenFence[f] {
+			seenFence[f] = true
+			parts, owners, epochs = append(parts, f.part), append(owners, f.owner), append(epochs, f.epoch)
+		}
+		if s := u.Query.KnownSKU; !seenSKU[s.Name] {
+			seenSKU[s.Name] = true
+			skus, status, skuShards, skuSpan = append(skus, s.Name), append(status, string(s.Status)), append(skuShards, s.Shards), append(skuSpan, s.ShardSpan)
+			maxPerOrder, customerLimit = append(maxPerOrder, s.MaxPerOrder), append(customerLimit, s.CustomerLimit)
+			ttlMS, auto = append(ttlMS, s.ReservationTTL.Milliseconds()), append(auto, s.AutoShards)
+		}
+	}
+	return []writePart{
+		{name: "fenced", sql: `SELECT 1 FROM partitions p
+			JOIN (SELECT unnest($1::int[]) AS part, unnest($2::text[]) AS owner, unnest($3::bigint[]) AS epoch) f ON p.partition = f.part
+			WHERE p.owner = f.owner AND p.epoch = f.epoch ORDER BY p.partition FOR SHARE OF p`,
+			args: []any{parts, owners, epochs}, check: &rowCheck{want: len(parts), what: "fences as assumed", code: sqlstateStale}},
+		{name: "known", sql: `SELECT 1 FROM skus s
+			JOIN (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS status, unnest($3::int[]) AS shards, unnest($4::int[]) AS span,
+				unnest($5::bigint[]) AS mpo, unnest($6::bigint[]) AS cl, unnest($7::bigint[]) AS ttl, unnest($8::bool[]) AS auto) k ON s.sku = k.sku
+			WHERE s.status = k.status AND s.shards = k.shards AND s.shard_span = k.span AND s.max_per_order = k.mpo
+				AND s.customer_limit = k.cl AND s.reservation_ttl_ms = k.ttl AND s.auto_shards = k.auto`,
+			args:  []any{skus, status, skuShards, skuSpan, maxPerOrder, customerLimit, ttlMS, auto},
+			check: &rowCheck{want: len(skus), what: "SKUs as assumed", code: sqlstateStale}},
+	}
+}
