@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -236,25 +237,52 @@ type rowCheck struct {
 
 // joinParts makes one statement of parts: each part's arguments are
 // renumbered after those of the parts before it, and the statement's
-// result is the check of every part that has one.
+// result is the check of every part that has one. The SQL depends only on
+// which parts there are (each kind's SQL and number of arguments are
+// fixed), so it is built once per combination (joinedSQL).
 func joinParts(parts []writePart) (string, []any) {
+	var key strings.Builder
+	n := 0
+	for _, p := range parts {
+		n += len(p.args) + 1
+		fmt.Fprintf(&key, "%s/%d/%t,", p.name, len(p.args), p.check != nil)
+	}
+	args := make([]any, 0, n)
+	for _, p := range parts {
+		args = append(args, p.args...)
+		if p.check != nil {
+			args = append(args, p.check.want)
+		}
+	}
+	if sql, ok := joinedSQL.Load(key.String()); ok {
+		return sql.(string), args
+	}
+	sql := joinSQL(parts)
+	joinedSQL.Store(key.String(), sql)
+	return sql, args
+}
+
+// joinedSQL caches joinSQL by the parts' names, argument counts and
+// checks: a few dozen combinations at most.
+var joinedSQL sync.Map
+
+func joinSQL(parts []writePart) string {
 	var sb strings.Builder
-	var args []any
 	var checks []string
 	sb.WriteString("WITH ")
+	offset := 0
 	for i, p := range parts {
 		if i > 0 {
 			sb.WriteString(",\n")
 		}
-		offset := len(args)
 		fmt.Fprintf(&sb, "%s AS (%s)", p.name, placeholder.ReplaceAllStringFunc(p.sql, func(m string) string {
 			n, _ := strconv.Atoi(m[1:])
 			return "$" + strconv.Itoa(n+offset)
 		}))
-		args = append(args, p.args...)
+		offset += len(p.args)
 		if p.check != nil {
-			args = append(args, p.check.want)
-			checks = append(checks, fmt.Sprintf("shardstock_expect((SELECT count(*) FROM %s), $%d, '%s', '%s')", p.name, len(args), p.check.what, p.check.code))
+			offset++
+			checks = append(checks, fmt.Sprintf("shardstock_expect((SELECT count(*) FROM %s), $%d, '%s', '%s')", p.name, offset, p.check.what, p.check.code))
 		}
 	}
 	sb.WriteString("\nSELECT ")
@@ -262,7 +290,7 @@ func joinParts(parts []writePart) (string, []any) {
 		sb.WriteString("1")
 	}
 	sb.WriteString(strings.Join(checks, ", "))
-	return sb.String(), args
+	return sb.String()
 }
 
 // placeholder matches an argument's placeholder in a part's SQL.
