@@ -82,7 +82,7 @@ bench-rebalance: ## the rebalancer off and on, model skew and model C: loadgen's
 bench-ab: ## the working tree against BASE=<git revision>, ROUNDS (default 3) alternated rounds of hot deducts, reserve+commit and model C, each beside the ceiling and the Connect-fronted Redis; prints the medians of the ratios (about 3 min a round)
 	scripts/bench/ab.sh "$(BASE)" $(or $(ROUNDS),3)
 
-bench-statements: ## where Postgres's share of a deduct goes: pg_stat_statements over a hot-SKU load on a private Postgres, per call and per request (about 1 min)
+bench-statements: ## where Postgres's share of a deduct goes: pg_stat_statements over a hot-SKU load on a private Postgres, per call and per request, with its WAL bytes (about 1 min)
 	scripts/bench/statements.sh
 
 bench-cold: ## a shard server's start-up time, memory and the etcd keys with 1,000,000 cold SKUs, against none (about 2 min)
