@@ -620,26 +620,32 @@ func TestDB_Batch(t *testing.T) {
 	})
 }
 
+// ownedShards creates sku with 3 shards of 10 units in a database of the
+// test's own, each shard's partition owned by server "srv" at epoch 7.
+func ownedShards(t *testing.T, sku string) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []stock.Fence) {
+	t.Helper()
+	db, url := mustOpen(t)
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 3}, 30)
+	var ks []stock.ShardKey
+	var fs []stock.Fence
+	for i := int32(0); i < 3; i++ {
+		k := stock.ShardKey{SKU: sku, Index: i}
+		f := stock.Fence{Partition: k.Partition(), Epoch: 7, ServerID: "srv"}
+		if err := db.TakeOver(context.Background(), f.Partition, f.ServerID, f.Epoch); err != nil {
+			t.Fatalf("TakeOver = %v", err)
+		}
+		ks, fs = append(ks, k), append(fs, f)
+	}
+	return db, connect(t, url), ks, fs
+}
+
 // TestDB_Group: many shards' batches in one transaction. A unit with a stale
 // fence is left out and the others commit; a key taken twice in one group is
 // a conflict of the whole group, which writes nothing.
 func TestDB_Group(t *testing.T) {
 	ctx := context.Background()
 	setup := func(t *testing.T) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []stock.Fence) {
-		t.Helper()
-		db, url := mustOpen(t)
-		createSKU(t, db, stock.SKU{Name: "g-sku", Shards: 3}, 30)
-		var ks []stock.ShardKey
-		var fs []stock.Fence
-		for i := int32(0); i < 3; i++ {
-			k := stock.ShardKey{SKU: "g-sku", Index: i}
-			f := stock.Fence{Partition: k.Partition(), Epoch: 7, ServerID: "srv"}
-			if err := db.TakeOver(ctx, f.Partition, f.ServerID, f.Epoch); err != nil {
-				t.Fatalf("TakeOver = %v", err)
-			}
-			ks, fs = append(ks, k), append(fs, f)
-		}
-		return db, connect(t, url), ks, fs
+		return ownedShards(t, "g-sku")
 	}
 	deduct := func(k stock.ShardKey, key string) stock.Decide {
 		return func(read *stock.BatchRead) (*stock.BatchWrite, error) {
@@ -923,23 +929,12 @@ func TestDB_GroupSpeculative(t *testing.T) {
 	ten := stock.Counts{Available: 10}
 	setup := func(t *testing.T) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []stock.Fence, *stock.SKU) {
 		t.Helper()
-		db, url := mustOpen(t)
-		createSKU(t, db, stock.SKU{Name: "s-sku", Shards: 3}, 30)
-		var ks []stock.ShardKey
-		var fs []stock.Fence
-		for i := int32(0); i < 3; i++ {
-			k := stock.ShardKey{SKU: "s-sku", Index: i}
-			f := stock.Fence{Partition: k.Partition(), Epoch: 7, ServerID: "srv"}
-			if err := db.TakeOver(ctx, f.Partition, f.ServerID, f.Epoch); err != nil {
-				t.Fatalf("TakeOver = %v", err)
-			}
-			ks, fs = append(ks, k), append(fs, f)
-		}
+		db, conn, ks, fs := ownedShards(t, "s-sku")
 		sku, err := db.GetSKU(ctx, "s-sku")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return db, connect(t, url), ks, fs, sku
+		return db, conn, ks, fs, sku
 	}
 	unit := func(f stock.Fence, k stock.ShardKey, key string, known *stock.SKU, decide stock.Decide) *stock.Unit {
 		return &stock.Unit{Fence: f, Query: stock.BatchQuery{Shard: k, Keys: []string{key}, KnownSKU: known}, Decide: decide}

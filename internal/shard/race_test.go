@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -136,21 +137,12 @@ func TestShard_GroupTakesFollowers(t *testing.T) {
 	<-first
 	<-released
 
-	var count, single uint64
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "shardstock_shard_group_batches" {
-			continue
-		}
-		h := mf.GetMetric()[0].GetHistogram()
-		count = h.GetSampleCount()
-		for _, b := range h.GetBucket() {
-			if b.GetUpperBound() == 1 {
-				single = b.GetCumulativeCount()
-			}
+	var single uint64
+	h := metricFamily(t, reg, "shardstock_shard_group_batches").GetMetric()[0].GetHistogram()
+	count := h.GetSampleCount()
+	for _, b := range h.GetBucket() {
+		if b.GetUpperBound() == 1 {
+			single = b.GetCumulativeCount()
 		}
 	}
 	if count == 0 {
@@ -226,22 +218,29 @@ func TestShard_SpeculatesWarmBatches(t *testing.T) {
 
 func speculativeGroups(tb testing.TB, reg *prometheus.Registry, outcome string) float64 {
 	tb.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "shardstock_shard_speculative_groups_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == outcome {
-					return m.GetCounter().GetValue()
-				}
+	for _, m := range metricFamily(tb, reg, "shardstock_shard_speculative_groups_total").GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "outcome" && l.GetValue() == outcome {
+				return m.GetCounter().GetValue()
 			}
 		}
 	}
 	tb.Fatalf("no shardstock_shard_speculative_groups_total{outcome=%q}", outcome)
 	return 0
+}
+
+// metricFamily gathers reg and returns the family called name.
+func metricFamily(tb testing.TB, reg *prometheus.Registry, name string) *dto.MetricFamily {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf
+		}
+	}
+	tb.Fatalf("no metric %s", name)
+	return nil
 }
