@@ -316,6 +316,12 @@ func TestE2E_MoverKilledAtEachStep(t *testing.T) {
 				t.Fatalf("%s: no transfer %v at the failpoint", step.point, step.want)
 			}
 		}
+		if step.want == v1.TransferState_TRANSFER_STATE_CREDITED {
+			// The mover runs its transfers at once and each stops at the
+			// failpoint after its own credit: the first to get there is not
+			// the last, whose units are in transit until it does.
+			at = s.waitSettled(sku, 5*time.Second)
+		}
 		mover.stop(syscall.SIGKILL)
 		all := s.transfers(sku, v1.TransferState_TRANSFER_STATE_UNSPECIFIED)
 		if step.want == v1.TransferState_TRANSFER_STATE_UNSPECIFIED && len(all) != 0 {
@@ -371,6 +377,20 @@ func (s *stack) transfers(sku string, state v1.TransferState) []*v1.Transfer {
 }
 
 // waitTransfers waits until a SKU has transfers in a state and returns them.
+// waitSettled waits until no transfer of sku is pending or debited, and
+// returns its credited transfers.
+func (s *stack) waitSettled(sku string, timeout time.Duration) []*v1.Transfer {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		open := len(s.transfers(sku, v1.TransferState_TRANSFER_STATE_PENDING)) + len(s.transfers(sku, v1.TransferState_TRANSFER_STATE_DEBITED))
+		if open == 0 || time.Now().After(deadline) {
+			return s.transfers(sku, v1.TransferState_TRANSFER_STATE_CREDITED)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func (s *stack) waitTransfers(sku string, state v1.TransferState, timeout time.Duration) []*v1.Transfer {
 	s.t.Helper()
 	deadline := time.Now().Add(timeout)
