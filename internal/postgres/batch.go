@@ -44,15 +44,7 @@ func (db *DB) Group(ctx context.Context, units []*stock.Unit) (err error) {
 		return fmt.Errorf("%w: acquire: %v", stock.ErrNotCommitted, err)
 	}
 	defer func() {
-		// A transaction left open (refused, failed or empty) is rolled
-		// back; a broken connection is dropped by the pool on release.
-		if st := conn.Conn().PgConn().TxStatus(); st != 'I' && !conn.Conn().IsClosed() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
-			if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
-				conn.Conn().Close(rctx)
-			}
-			cancel()
-		}
+		endTx(ctx, conn.Conn()) // a transaction left open (empty, or failed reading)
 		conn.Release()
 	}()
 
@@ -311,6 +303,11 @@ func sendCommit(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (committing b
 			if !errors.As(err, &pgErr) {
 				return true, err
 			}
+			// The statements behind it, COMMIT too, were skipped up to the
+			// batch's Sync, which leaves the transaction open and failed:
+			// end it, so that the connection can run the next one.
+			res.Close()
+			endTx(ctx, conn)
 			return false, classify(err)
 		}
 	}
@@ -325,6 +322,20 @@ func sendCommit(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (committing b
 		return false, fmt.Errorf("%w: transaction still open after COMMIT (%c)", stock.ErrNotCommitted, st)
 	}
 	return false, nil
+}
+
+// endTx rolls back a transaction left open on conn (empty, refused or
+// failed); a connection that cannot is closed, and the pool drops it on
+// release.
+func endTx(ctx context.Context, conn *pgx.Conn) {
+	if conn.PgConn().TxStatus() == 'I' || conn.IsClosed() {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
+	defer cancel()
+	if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
+		conn.Close(rctx)
+	}
 }
 
 // shardMove is one shard row's compare-and-set.

@@ -86,10 +86,14 @@ func (db *DB) speculate(ctx context.Context, conn *pgx.Conn, units []*stock.Unit
 	}
 	now := time.Now().Add(time.Duration(db.spec.clockOffset.Load()))
 	writes := make([]unitWrite, 0, len(units))
+	// What the read would have found, assumed: nothing. The planner only
+	// reads these, so every unit shares them, as the usual way's do.
+	nothing := stock.BatchRead{Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{},
+		Usage: map[string]int64{}, Transfers: map[string]*stock.Transfer{}, MoveFences: map[string]int64{}, Now: now}
 	for _, u := range units {
-		read := &stock.BatchRead{SKU: u.Query.KnownSKU, Ops: map[string]*stock.Operation{}, Reservations: map[string]*stock.Reservation{},
-			Usage: map[string]int64{}, Transfers: map[string]*stock.Transfer{}, MoveFences: map[string]int64{}, Now: now}
-		w, err := u.Decide(read)
+		read := nothing
+		read.SKU = u.Query.KnownSKU
+		w, err := u.Decide(&read)
 		if err != nil || !everyKeyNew(u.Query.Keys, w) {
 			return false, nil
 		}
@@ -110,17 +114,11 @@ func (db *DB) speculate(ctx context.Context, conn *pgx.Conn, units []*stock.Unit
 	case committing:
 		return true, db.commitOutcome(ctx, mark, err)
 	}
-	// The database refused before COMMIT: nothing was written, and the
-	// statements after the refusal (COMMIT too) were skipped, which leaves
-	// the transaction open, failed, until it is rolled back.
+	// The database refused before COMMIT: nothing was written, and
+	// sendCommit ended the failed transaction.
 	db.spec.fellBack.Add(1)
 	if errors.Is(err, stock.ErrConflict) {
 		db.spec.skip.Store(speculateSkipAfterConflict)
-	}
-	if conn.PgConn().TxStatus() != 'I' {
-		if _, rerr := conn.Exec(ctx, "ROLLBACK"); rerr != nil {
-			return true, notCommitted("rollback", rerr)
-		}
 	}
 	return false, nil
 }
