@@ -1045,6 +1045,52 @@ func TestDB_GroupSpeculative(t *testing.T) {
 			t.Errorf("operations of the fenced writer = %d, want 0", n)
 		}
 	})
+	// A takeover waits for a speculative group of the old owner that is in
+	// flight, as for any batch: the statement locks the fences FOR SHARE
+	// before anything else, and holds them until COMMIT. Here the group
+	// waits, after its fences, on a key another transaction is inserting.
+	t.Run("TakeoverWaitsForIt", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		other, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Rollback(ctx)
+		if _, err := other.Exec(ctx, `INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard)
+			VALUES ('s-sku', 'k0', 'deduct', '\x01', 1, 0)`); err != nil {
+			t.Fatal(err)
+		}
+		var d decision
+		group := make(chan error, 1)
+		unit0 := unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", ten, false, &d))
+		go func() { group <- db.Group(ctx, []*stock.Unit{unit0}) }()
+		for deadline := time.Now().Add(5 * time.Second); count(t, conn, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fenced%'`) != 1; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the speculative group never waited on the key")
+			}
+		}
+		takeover := make(chan error, 1)
+		go func() { takeover <- db.TakeOver(ctx, fs[0].Partition, "other", 8) }()
+		select {
+		case err := <-takeover:
+			t.Fatalf("TakeOver = %v while a speculative group of the old owner was in flight, want it to wait", err)
+		case <-time.After(100 * time.Millisecond): // under blockerGrace
+		}
+		if err := other.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-group; err != nil || unit0.Err != nil {
+			t.Fatalf("Group = %v (unit %v), want the group committed before the takeover", err, unit0.Err)
+		}
+		if err := <-takeover; err != nil {
+			t.Fatalf("TakeOver = %v", err)
+		}
+		speculated(t, db, 1, 0)
+		if o, e, err := db.PartitionOwner(ctx, fs[0].Partition); err != nil || o != "other" || e != 8 {
+			t.Errorf("PartitionOwner = %s@%d, %v; want other@8", o, e, err)
+		}
+	})
 	t.Run("SKUChanged", func(t *testing.T) {
 		db, conn, ks, fs, sku := setup(t)
 		paused := true
