@@ -31,11 +31,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-git worktree add --detach "$tmp/base" "$base" >/dev/null
-(cd "$tmp/base" && go build -o "$tmp/base-dev" ./cmd/shardstock-dev)
-go build -o "$tmp/head-dev" ./cmd/shardstock-dev
-go build -o bin/loadgen ./cmd/loadgen
-
 args_of() {
 	case $1 in
 	hot) echo "-model A -skus 1 -stock 1000000000 -shards 16" ;;
@@ -44,6 +39,13 @@ args_of() {
 	*) echo "ab.sh: unknown workload $1" >&2; exit 2 ;;
 	esac
 }
+
+for w in $workloads; do args_of "$w" >/dev/null; done # an unknown workload stops here, before any build
+
+git worktree add --detach "$tmp/base" "$base" >/dev/null
+(cd "$tmp/base" && go build -o "$tmp/base-dev" ./cmd/shardstock-dev)
+go build -o "$tmp/head-dev" ./cmd/shardstock-dev
+go build -o bin/loadgen ./cmd/loadgen
 
 echo "ab.sh: base $(git rev-parse --short "$base") against the working tree on $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes'); $rounds rounds of: $workloads" >&2
 for ((round = 1; round <= rounds; round++)); do
