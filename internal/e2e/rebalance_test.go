@@ -317,10 +317,11 @@ func TestE2E_MoverKilledAtEachStep(t *testing.T) {
 			}
 		}
 		if step.want == v1.TransferState_TRANSFER_STATE_CREDITED {
-			// The mover runs its transfers at once and each stops at the
-			// failpoint after its own credit: the first to get there is not
-			// the last, whose units are in transit until it does.
-			at = s.waitSettled(sku, 5*time.Second)
+			// The mover runs its transfers at once (one per new shard: 1 to
+			// 4) and each stops at the failpoint after its own credit: the
+			// first to get there is not the last, whose units are in transit
+			// until it does, nor is every transfer even created by then.
+			at = s.waitCredited(sku, 3, 5*time.Second)
 		}
 		mover.stop(syscall.SIGKILL)
 		all := s.transfers(sku, v1.TransferState_TRANSFER_STATE_UNSPECIFIED)
@@ -376,21 +377,22 @@ func (s *stack) transfers(sku string, state v1.TransferState) []*v1.Transfer {
 	return resp.Msg.Transfers
 }
 
-// waitTransfers waits until a SKU has transfers in a state and returns them.
-// waitSettled waits until no transfer of sku is pending or debited, and
-// returns its credited transfers.
-func (s *stack) waitSettled(sku string, timeout time.Duration) []*v1.Transfer {
+// waitCredited waits until sku has n credited transfers and none pending
+// or debited, and returns the credited ones.
+func (s *stack) waitCredited(sku string, n int, timeout time.Duration) []*v1.Transfer {
 	s.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		open := len(s.transfers(sku, v1.TransferState_TRANSFER_STATE_PENDING)) + len(s.transfers(sku, v1.TransferState_TRANSFER_STATE_DEBITED))
-		if open == 0 || time.Now().After(deadline) {
-			return s.transfers(sku, v1.TransferState_TRANSFER_STATE_CREDITED)
+		credited := s.transfers(sku, v1.TransferState_TRANSFER_STATE_CREDITED)
+		if open == 0 && len(credited) >= n || time.Now().After(deadline) {
+			return credited
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
+// waitTransfers waits until a SKU has transfers in a state and returns them.
 func (s *stack) waitTransfers(sku string, state v1.TransferState, timeout time.Duration) []*v1.Transfer {
 	s.t.Helper()
 	deadline := time.Now().Add(timeout)
