@@ -1064,7 +1064,10 @@ func TestDB_GroupSpeculative(t *testing.T) {
 		group := make(chan error, 1)
 		unit0 := unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", ten, false, &d))
 		go func() { group <- db.Group(ctx, []*stock.Unit{unit0}) }()
-		for deadline := time.Now().Add(5 * time.Second); count(t, conn, `SELECT count(*) FROM pg_stat_activity
+		// Watched from a connection of its own: within a transaction,
+		// pg_stat_activity is a snapshot taken at its first read.
+		watch := connect(t, conn.Config().ConnString())
+		for deadline := time.Now().Add(5 * time.Second); count(t, watch, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fenced%'`) != 1; time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("the speculative group never waited on the key")
