@@ -16,24 +16,43 @@ import (
 // process, into *out. The target is read at the start, after Setup (the
 // memory target starts its server there).
 func (mr *modelRun) cpuHooks(ctx context.Context, name string, target func() loadgen.Target, started, ended func(), out **loadgen.CPU) (func(), func()) {
-	var roots []int
+	var parts []serverPart
 	var c loadgen.CPU
-	var server0, client0 time.Duration
+	var server0 []time.Duration
+	var client0 time.Duration
+	// read is each part's CPU time now.
+	read := func() ([]time.Duration, error) {
+		ts := make([]time.Duration, len(parts))
+		for i, p := range parts {
+			t, err := proccpu.Tree(p.pids...)
+			if err != nil {
+				return nil, err
+			}
+			ts[i] = t
+		}
+		return ts, nil
+	}
 	return func() {
 			if started != nil {
 				started()
 			}
-			roots, c.Procs, c.Err = mr.serverRoots(ctx, name, target())
+			parts, c.Procs, c.Err = mr.serverRoots(ctx, name, target())
 			if c.Err == nil {
-				server0, c.Err = proccpu.Tree(roots...)
+				server0, c.Err = read()
 			}
 			client0 = proccpu.Self()
 		}, func() {
 			c.Client = proccpu.Self() - client0
 			if c.Err == nil {
-				var server1 time.Duration
-				server1, c.Err = proccpu.Tree(roots...)
-				c.Server = server1 - server0
+				var server1 []time.Duration
+				server1, c.Err = read()
+				for i := range server1 {
+					d := server1[i] - server0[i]
+					c.Server += d
+					if len(parts) > 1 {
+						c.Parts = append(c.Parts, loadgen.CPUPart{Name: parts[i].label, Time: d})
+					}
+				}
 			}
 			*out = &c
 			if ended != nil {
@@ -42,11 +61,18 @@ func (mr *modelRun) cpuHooks(ctx context.Context, name string, target func() loa
 		}
 }
 
-// serverRoots returns the processes of a target's server side, and what
+// serverPart is one part of a target's server side: processes rooted at
+// pids, named label in the CPU split.
+type serverPart struct {
+	label string
+	pids  []int
+}
+
+// serverRoots returns the parts of a target's server side, and what
 // they are: the dev stack's and its Postgres for shardstock under -stack
 // (-server-pids otherwise), the in-memory server, the Postgres of the
 // Postgres baselines, the redis-server of the Redis ones.
-func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Target) ([]int, string, error) {
+func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Target) ([]serverPart, string, error) {
 	switch name {
 	case "shardstock":
 		if mr.stack != nil && mr.stack.cmd != nil && mr.stack.cmd.Process != nil {
@@ -54,10 +80,10 @@ func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Targ
 			if err != nil {
 				return nil, "", err
 			}
-			return []int{mr.stack.cmd.Process.Pid, pm}, "allocator, shard servers and their Postgres", nil
+			return []serverPart{{"Go", []int{mr.stack.cmd.Process.Pid}}, {"Postgres", []int{pm}}}, "allocator, shard servers and their Postgres", nil
 		}
 		if len(mr.serverPids) > 0 {
-			return mr.serverPids, fmt.Sprintf("processes %v (-server-pids) and their children", mr.serverPids), nil
+			return []serverPart{{"given", mr.serverPids}}, fmt.Sprintf("processes %v (-server-pids) and their children", mr.serverPids), nil
 		}
 		return nil, "", errors.New("start the stack with -stack, or name its processes with -server-pids")
 	case loadgen.CeilingTarget:
@@ -65,7 +91,7 @@ func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Targ
 		if err != nil {
 			return nil, "", err
 		}
-		return []int{pid}, "the in-memory server", nil
+		return []serverPart{{"server", []int{pid}}}, "the in-memory server", nil
 	case "redis-api":
 		pid, err := serverPid(t)
 		if err != nil {
@@ -75,19 +101,19 @@ func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Targ
 		if err != nil {
 			return nil, "", err
 		}
-		return append([]int{pid}, pids...), "the API server and redis-server", nil
+		return []serverPart{{"API server", []int{pid}}, {"redis-server", pids}}, "the API server and redis-server", nil
 	case "naive", "onerow", "subrows":
 		pm, err := proccpu.Postmaster(ctx, mr.opts.databaseURL)
 		if err != nil {
 			return nil, "", err
 		}
-		return []int{pm}, "Postgres", nil
+		return []serverPart{{"Postgres", []int{pm}}}, "Postgres", nil
 	case "redis", "redis-fsync":
 		pids, err := redisServerPids(mr.opts.redisAddr)
 		if err != nil {
 			return nil, "", err
 		}
-		return pids, "redis-server", nil
+		return []serverPart{{"redis-server", pids}}, "redis-server", nil
 	}
 	return nil, "", fmt.Errorf("no server processes known for target %s", name)
 }

@@ -289,7 +289,8 @@ func TestWriteTable_CPU(t *testing.T) {
 	c := run(t, &loadgentest.Memory{}, cfg)
 	c.Target = "shardstock"
 	c.Requests, c.Elapsed = a.Requests, 2*a.Elapsed
-	c.CPU = &loadgen.CPU{Procs: "allocator", Server: 125 * time.Millisecond, Client: 25 * time.Millisecond}
+	c.CPU = &loadgen.CPU{Procs: "allocator", Server: 125 * time.Millisecond, Client: 25 * time.Millisecond,
+		Parts: []loadgen.CPUPart{{Name: "Go", Time: 75 * time.Millisecond}, {Name: "Postgres", Time: 50 * time.Millisecond}}}
 	// Paced: no ratio (latency below the peak, not cost at it).
 	d := run(t, &loadgentest.Memory{}, cfg)
 	d.Target = "paced"
@@ -305,7 +306,7 @@ func TestWriteTable_CPU(t *testing.T) {
 	}
 	for _, want := range []string{"cpu per answered request", "server 100µs, client 50µs (the in-memory server)\n",
 		"other: server not measured (no server processes); client 20µs",
-		"shardstock: server 250µs, client 50µs (allocator): 2.50x the ceiling's server CPU per request, 0.50x its req/s\n",
+		"shardstock: server 250µs = Go 150µs + Postgres 100µs, client 50µs (allocator): 2.50x the ceiling's server CPU per request, 0.50x its req/s\n",
 		"paced: server 250µs, client 50µs (allocator)\n", "onerow: server 250µs, client 50µs (Postgres)\n"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, buf.String())

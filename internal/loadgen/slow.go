@@ -92,7 +92,16 @@ func (r *Result) MatchSlow(ws []Window) SlowMatch {
 type CPU struct {
 	Procs          string
 	Server, Client time.Duration
-	Err            error // the server side could not be measured
+	// Parts split Server by part of the server side (the Go processes and
+	// Postgres, the API server and redis-server), when it has more than one.
+	Parts []CPUPart
+	Err   error // the server side could not be measured
+}
+
+// CPUPart is one part's share of a server side's CPU time.
+type CPUPart struct {
+	Name string
+	Time time.Duration
 }
 
 // Disk is what a disk probe (package diskprobe) saw during a run: how long a

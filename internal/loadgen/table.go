@@ -119,7 +119,15 @@ func writeCPU(b *strings.Builder, results []*Result) {
 			fmt.Fprintf(b, "  %s: server not measured (%v); client %s\n", r.Target, c.Err, perRequest(c.Client, r.Requests))
 			continue
 		}
-		fmt.Fprintf(b, "  %s: server %s, client %s (%s)%s\n", r.Target, perRequest(c.Server, r.Requests), perRequest(c.Client, r.Requests), c.Procs, againstCeiling(r, ceiling))
+		split := ""
+		for i, p := range c.Parts {
+			sep := " = "
+			if i > 0 {
+				sep = " + "
+			}
+			split += sep + p.Name + " " + perRequest(p.Time, r.Requests)
+		}
+		fmt.Fprintf(b, "  %s: server %s%s, client %s (%s)%s\n", r.Target, perRequest(c.Server, r.Requests), split, perRequest(c.Client, r.Requests), c.Procs, againstCeiling(r, ceiling))
 	}
 }
 
