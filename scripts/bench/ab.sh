@@ -57,13 +57,17 @@ for ((round = 1; round <= rounds; round++)); do
 				-target memory,shardstock,redis-api -concurrency 64 -duration "$duration" -progress=false "${wargs[@]}" \
 				>"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
 			# One line per run: workload build ceiling-µs shardstock-µs redis-µs ceiling-req/s shardstock-req/s redis-req/s
+			# shardstock-Go-µs shardstock-Postgres-µs
 			awk -v w="$w" -v b="$build" '
 				$1 ~ /^(memory|shardstock|redis-api)$/ && $2 ~ /^[0-9]+$/ { rps[$1] = $7 }
 				$1 ~ /^(memory|shardstock|redis-api):$/ && $2 == "server" { t = $1; sub(":", "", t); v = $3; sub("µs,?", "", v); cpu[t] = v }
+				$1 == "shardstock:" && $2 == "server" {
+					for (i = 4; i < NF; i++) if ($i == "Go" || $i == "Postgres") { v = $(i+1); sub("µs,?", "", v); part[$i] = v }
+				}
 				/oversold [1-9]|undersold [1-9]|duplicates [1-9]|lost acknowledged [1-9]|reconciliation differences [1-9]/ { bad = 1 }
 				END {
 					if (bad) { print "ab.sh: a correctness number was not 0" > "/dev/stderr"; exit 1 }
-					print w, b, cpu["memory"], cpu["shardstock"], cpu["redis-api"], rps["memory"], rps["shardstock"], rps["redis-api"]
+					print w, b, cpu["memory"], cpu["shardstock"], cpu["redis-api"], rps["memory"], rps["shardstock"], rps["redis-api"], part["Go"], part["Postgres"]
 				}' "$tmp/out" >>"$tmp/runs"
 		done
 	done
@@ -71,7 +75,7 @@ done
 
 echo
 echo "medians over $rounds rounds (server CPU per request, and shardstock's as a multiple of the ceiling's and of the Connect-fronted Redis's in the same run):"
-printf '%-4s %-5s %14s %10s %10s %13s %13s\n' load build "shardstock µs" "x ceiling" "x redis" "req/s x ceil" "req/s x redis"
+printf '%-4s %-5s %14s %7s %7s %10s %10s %13s %13s\n' load build "shardstock µs" "Go" "Postgres" "x ceiling" "x redis" "req/s x ceil" "req/s x redis"
 for w in $workloads; do
 	for build in base head; do
 		awk -v w="$w" -v b="$build" '
@@ -79,11 +83,11 @@ for w in $workloads; do
 				for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
 				return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
 			}
-			$1 == w && $2 == b { n++; us[n] = $4; xc[n] = $4 / $3; xr[n] = $4 / $5; tc[n] = $7 / $6; tr[n] = $7 / $8 }
-			END { if (n) printf "%-4s %-5s %14.0f %10.2f %10.2f %13.2f %13.2f\n", w, b, median(us, n), median(xc, n), median(xr, n), median(tc, n), median(tr, n) }
+			$1 == w && $2 == b { n++; us[n] = $4; xc[n] = $4 / $3; xr[n] = $4 / $5; tc[n] = $7 / $6; tr[n] = $7 / $8; g[n] = $9; pg[n] = $10 }
+			END { if (n) printf "%-4s %-5s %14.0f %7.0f %7.0f %10.2f %10.2f %13.2f %13.2f\n", w, b, median(us, n), median(g, n), median(pg, n), median(xc, n), median(xr, n), median(tc, n), median(tr, n) }
 		' "$tmp/runs"
 	done
 done
 echo
-echo "every run (load build ceiling-µs shardstock-µs redis-µs ceiling-req/s shardstock-req/s redis-req/s):"
+echo "every run (load build ceiling-µs shardstock-µs redis-µs ceiling-req/s shardstock-req/s redis-req/s shardstock-Go-µs shardstock-Postgres-µs):"
 cat "$tmp/runs"

@@ -7,8 +7,8 @@
 # BENCH_DURATION change that), then prints each statement the load ran with
 # its calls, rows, execution time per call and per answered request. Time
 # outside statements (parse, bind, protocol, commit, WAL) is not in
-# pg_stat_statements: loadgen's "server" CPU less the allocator's profile
-# is the whole.
+# pg_stat_statements: loadgen's "Postgres" share of the server CPU is the
+# whole.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
