@@ -17,6 +17,7 @@ type metrics struct {
 	rejected      prometheus.Counter
 	halted        prometheus.Counter
 	divergences   *prometheus.CounterVec
+	reruns        *prometheus.CounterVec
 	haltedShards  *prometheus.GaugeVec
 	// dueShards and staleTransfers are what the last sweep found: shards
 	// with held reservations past their expiry, transfers left half-way.
@@ -55,6 +56,10 @@ func newMetrics(reg prometheus.Registerer, lostCommits func() stock.LostCommits,
 			Name: "shardstock_shard_divergences_total",
 			Help: "Shard rows found not to be their writer's copy, by outcome: recovered (reloaded; the ledger accounts for the row) or halted.",
 		}, []string{"outcome"}),
+		reruns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_shard_batch_reruns_total",
+			Help: "Batches run again after an attempt failed, by cause: conflict (a concurrent batch took a key or a quota), diverged (the row was reloaded), not_committed.",
+		}, []string{"cause"}),
 		haltedShards: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "shardstock_shard_halted",
 			Help: "1 for each shard this server refuses as halted; GetStock shows the reason, AdminService.ResumeShard resumes it.",
@@ -69,7 +74,7 @@ func newMetrics(reg prometheus.Registerer, lostCommits func() stock.LostCommits,
 	if reg != nil {
 		reg.MustRegister(m.dueShards, m.staleTransfers)
 		reg.MustRegister(m.batchSize, m.groupSize, m.groupDuration, m.batchDuration, m.results, m.rejected, m.halted,
-			m.divergences, m.haltedShards)
+			m.divergences, m.reruns, m.haltedShards)
 		lost := func(outcome string, get func(stock.LostCommits) int64) prometheus.Collector {
 			return prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name:        "shardstock_shard_lost_commits_total",

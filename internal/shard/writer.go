@@ -303,6 +303,7 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 	w, n := b.w, len(b.reqs)
 	switch {
 	case errors.Is(err, stock.ErrConflict):
+		w.srv.metrics.reruns.WithLabelValues("conflict").Inc()
 		return nil, 0, false // a concurrent batch took a key or a quota: the rerun sees it
 	case errors.Is(err, stock.ErrFenced):
 		w.srv.log.Warn("batch fenced: another server owns the partition", "shard", w.key.String(), "err", err)
@@ -320,6 +321,7 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 				return all(n, r), next, true
 			}
 			b.q.LoadShard = false
+			w.srv.metrics.reruns.WithLabelValues("diverged").Inc()
 			return nil, 0, false
 		}
 		reason := fmt.Sprintf("the row diverged again right after it was reloaded and checked against the ledger: %v", err)
@@ -336,6 +338,7 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 		w.srv.log.Debug("batch not committed; rerunning", "shard", w.key.String(), "attempt", attempt, "err", err)
 		w.loaded = false // the rerun reads the row again
 		b.q.LoadShard = true
+		w.srv.metrics.reruns.WithLabelValues("not_committed").Inc()
 		return nil, 0, false
 	}
 	w.srv.log.Error("batch failed", "shard", w.key.String(), "err", err)
