@@ -53,6 +53,13 @@ func (db *DB) Group(ctx context.Context, units []*stock.Unit) (err error) {
 			return err
 		}
 	}
+	// With its reads, a group decides from what it reads: a writer's seed
+	// is not that (only a speculative write checks it).
+	for _, u := range units {
+		if u.Query.Seeded {
+			u.Query.LoadShard = true
+		}
+	}
 	reads, err := readGroup(ctx, conn.Conn(), units)
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -1112,4 +1113,112 @@ func TestDB_GroupSpeculative(t *testing.T) {
 			t.Errorf("operations = %d on a paused SKU, want 0", n)
 		}
 	})
+	// A writer started from a seed (a sibling's read of its row) decides
+	// from it only in a speculative group, whose write compares the row:
+	// a stale seed, or a halt the seed does not show, writes nothing
+	// speculatively, and the group decides again from the row it reads.
+	seeded := func(f stock.Fence, k stock.ShardKey, key string, known *stock.SKU, seed stock.Counts, d *seedDecision) *stock.Unit {
+		u := unit(f, k, key, known, d.decide(k, key, seed))
+		u.Query.Seeded = true
+		return u
+	}
+	t.Run("SeedFresh", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		var d seedDecision
+		if err := db.Group(ctx, []*stock.Unit{seeded(fs[0], ks[0], "k0", sku, ten, &d)}); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		speculated(t, db, 1, 0)
+		if d.calls != 1 || d.shardRead {
+			t.Errorf("decided %d times, the last from the row read: %v; want once, from the seed", d.calls, d.shardRead)
+		}
+		if n := count(t, conn, `SELECT available FROM shards WHERE sku = 's-sku' AND idx = 0`); n != 9 {
+			t.Errorf("available = %d, want 9", n)
+		}
+	})
+	t.Run("SeedStale", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		var d seedDecision
+		stale := stock.Counts{Available: 4}
+		if err := db.Group(ctx, []*stock.Unit{seeded(fs[0], ks[0], "k0", sku, stale, &d)}); err != nil {
+			t.Fatalf("Group = %v, want nil (the row read, not the stale seed)", err)
+		}
+		speculated(t, db, 0, 1)
+		if d.calls != 2 || !d.shardRead {
+			t.Errorf("decided %d times, the last from the row read: %v; want twice, the second from the row", d.calls, d.shardRead)
+		}
+		if n := count(t, conn, `SELECT available FROM shards WHERE sku = 's-sku' AND idx = 0`); n != 9 {
+			t.Errorf("available = %d, want 9", n)
+		}
+	})
+	t.Run("SeedOfHaltedShard", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		if _, err := conn.Exec(ctx, `UPDATE shards SET halted_reason = 'test: halted' WHERE sku = 's-sku' AND idx = 0`); err != nil {
+			t.Fatal(err)
+		}
+		var d seedDecision
+		// The seed's counts are the row's: only the halt differs.
+		if err := db.Group(ctx, []*stock.Unit{seeded(fs[0], ks[0], "k0", sku, ten, &d)}); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		speculated(t, db, 0, 1)
+		if d.halt != "test: halted" {
+			t.Errorf("the last decision saw halt %q, want the row's", d.halt)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM ledger WHERE kind = 'deduct'`); n != 0 {
+			t.Errorf("deducts in the ledger = %d after a seeded write to a halted shard, want 0", n)
+		}
+		if n := count(t, conn, `SELECT available FROM shards WHERE sku = 's-sku' AND idx = 0`); n != 10 {
+			t.Errorf("available of the halted shard = %d, want 10", n)
+		}
+	})
+}
+
+// TestDB_GroupLoadsSiblings: a unit that loads its row also gets the SKU's
+// other shards that are not halted, as seeds for their writers.
+func TestDB_GroupLoadsSiblings(t *testing.T) {
+	ctx := context.Background()
+	db, conn, ks, fs := ownedShards(t, "l-sku")
+	if _, err := conn.Exec(ctx, `UPDATE shards SET halted_reason = 'test: halted' WHERE sku = 'l-sku' AND idx = 2`); err != nil {
+		t.Fatal(err)
+	}
+	var got *stock.BatchRead
+	u := &stock.Unit{Fence: fs[0], Query: stock.BatchQuery{Shard: ks[0], LoadShard: true}, Decide: func(read *stock.BatchRead) (*stock.BatchWrite, error) {
+		got = read
+		return &stock.BatchWrite{}, nil
+	}}
+	if err := db.Group(ctx, []*stock.Unit{u}); err != nil || u.Err != nil {
+		t.Fatalf("Group = %v, %v", err, u.Err)
+	}
+	if !got.ShardRead || got.Counts == nil || *got.Counts != (stock.Counts{Available: 10}) {
+		t.Fatalf("read: ShardRead %v, Counts %v; want the row (10 available)", got.ShardRead, got.Counts)
+	}
+	want := []stock.ShardRow{{Index: 1, Counts: stock.Counts{Available: 10}}}
+	if !reflect.DeepEqual(got.Siblings, want) {
+		t.Errorf("Siblings = %+v, want %+v (shard 2 is halted)", got.Siblings, want)
+	}
+}
+
+// seedDecision is a Decide of one deduct by a writer that starts from a
+// seed: from the row instead when the group read it, nothing when the
+// row is halted; it records what its last call saw.
+type seedDecision struct {
+	calls     int
+	shardRead bool
+	halt      string
+}
+
+func (d *seedDecision) decide(k stock.ShardKey, key string, seed stock.Counts) stock.Decide {
+	return func(read *stock.BatchRead) (*stock.BatchWrite, error) {
+		d.calls++
+		d.shardRead, d.halt = read.ShardRead, read.HaltReason
+		from := seed
+		if read.ShardRead {
+			if read.Counts == nil || read.HaltReason != "" {
+				return &stock.BatchWrite{}, nil
+			}
+			from = *read.Counts
+		}
+		return deductOne(k, key, from, false, &decision{})(read)
+	}
 }

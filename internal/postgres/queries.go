@@ -161,7 +161,9 @@ func queueUsageSub(b *pgx.Batch, ds []usageDelta) {
 
 // shardsPart updates every moved shard row, each compare-and-set
 // against its writer's copy: a row that is not what its only writer
-// believes is a divergence (SS002), and aborts the group.
+// believes is a divergence (SS002), and aborts the group. A halted row is
+// never moved, whatever its writer believes: a writer that started from a
+// seed (stock.BatchQuery.Seeded) has not read the halt.
 func shardsPart(ms []shardMove) writePart {
 	n := len(ms)
 	sku := make([]string, n)
@@ -174,7 +176,8 @@ func shardsPart(ms []shardMove) writePart {
 	return writePart{name: "moved", sql: `UPDATE shards s SET available = m.ta, reserved = m.tr, sold = m.ts, updated_at = now()
 		FROM (SELECT unnest($1::text[]) AS sku, unnest($2::int[]) AS idx, unnest($3::bigint[]) AS ta, unnest($4::bigint[]) AS tr,
 			unnest($5::bigint[]) AS ts, unnest($6::bigint[]) AS fa, unnest($7::bigint[]) AS fr, unnest($8::bigint[]) AS fs) AS m
-		WHERE s.sku = m.sku AND s.idx = m.idx AND s.available = m.fa AND s.reserved = m.fr AND s.sold = m.fs RETURNING 1`,
+		WHERE s.sku = m.sku AND s.idx = m.idx AND s.available = m.fa AND s.reserved = m.fr AND s.sold = m.fs
+			AND s.halted_reason = '' RETURNING 1`,
 		args: []any{sku, idx, ta, tr, ts, fa, fr, fs}, check: &rowCheck{want: n, what: "shard rows", code: sqlstateDiverged}}
 }
 

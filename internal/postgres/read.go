@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,16 +39,15 @@ type groupQuery struct {
 	parts                                           []int32
 	skus, keys, rids, tids, usageSKUs, usageClients []string
 	sweeps                                          []*stock.Unit
-	loadSKUs                                        []string
-	loadIdx                                         []int32
+	loadSKUs                                        []string // of the units that load their row: every shard of each is read
 }
 
 func newGroupQuery(units []*stock.Unit) *groupQuery {
 	q := &groupQuery{}
 	skus := make(map[string]bool, len(units))
 	for _, u := range units {
-		if u.Query.LoadShard {
-			q.loadSKUs, q.loadIdx = append(q.loadSKUs, u.Query.Shard.SKU), append(q.loadIdx, u.Query.Shard.Index)
+		if u.Query.LoadShard && !slices.Contains(q.loadSKUs, u.Query.Shard.SKU) {
+			q.loadSKUs = append(q.loadSKUs, u.Query.Shard.SKU)
 		}
 		q.parts = append(q.parts, u.Fence.Partition)
 		if !skus[u.Query.Shard.SKU] {
@@ -76,9 +76,10 @@ func (q *groupQuery) queue(b *pgx.Batch) {
 		WHERE partition = ANY($1::int[]) ORDER BY partition FOR SHARE`, q.parts)
 	b.Queue(`SELECT s.* FROM (SELECT unnest($1::text[]) AS sku) AS k CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, q.skus)
 	if len(q.loadSKUs) > 0 {
-		b.Queue(`SELECT sh.sku, sh.idx, sh.available, sh.reserved, sh.sold, sh.halted_reason FROM (SELECT unnest($1::text[]) AS sku, unnest($2::int[]) AS idx) AS k
-			CROSS JOIN LATERAL (SELECT sku, idx, available, reserved, sold, halted_reason FROM shards WHERE sku = k.sku AND idx = k.idx) sh`,
-			q.loadSKUs, q.loadIdx)
+		// Every shard of the SKU, not only the unit's: the others are
+		// seeds for their writers (BatchRead.Siblings), a few rows more
+		// for the SKU's first batch instead of a read in each shard's.
+		b.Queue(`SELECT sku, idx, available, reserved, sold, halted_reason FROM shards WHERE sku = ANY($1::text[])`, q.loadSKUs)
 	}
 	if len(q.keys) > 0 {
 		b.Queue(sqlSelectOps, q.keys)
@@ -106,6 +107,7 @@ type groupRead struct {
 	now          time.Time
 	skus         map[string]*stock.SKU
 	loaded       map[stock.ShardKey]*loadedShard
+	healthy      map[string][]stock.ShardRow // loaded and not halted, by SKU; built by siblings
 	ops          map[string]*stock.Operation
 	reservations map[string]*stock.Reservation
 	due          map[*stock.Unit][]*stock.Reservation
@@ -242,6 +244,26 @@ func scanUsage(res pgx.BatchResults, into map[string]map[string]int64) error {
 	return err
 }
 
+// siblings are the loaded shards of k's SKU other than k that are not
+// halted.
+func (g *groupRead) siblings(k stock.ShardKey) []stock.ShardRow {
+	if g.healthy == nil {
+		g.healthy = map[string][]stock.ShardRow{}
+		for sk, l := range g.loaded {
+			if l.halt == "" {
+				g.healthy[sk.SKU] = append(g.healthy[sk.SKU], stock.ShardRow{Index: sk.Index, Counts: l.counts})
+			}
+		}
+	}
+	var out []stock.ShardRow
+	for _, r := range g.healthy[k.SKU] {
+		if r.Index != k.Index {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // reads gives every unit what it read, or Err = ErrFenced when its
 // partition's fence is not its writer's.
 func (g *groupRead) reads(units []*stock.Unit) []*stock.BatchRead {
@@ -256,8 +278,12 @@ func (g *groupRead) reads(units []*stock.Unit) []*stock.BatchRead {
 		// unit is refused by the planner's own checks (SKU, shard).
 		read := &stock.BatchRead{SKU: g.skus[u.Query.Shard.SKU], Ops: g.ops, Reservations: g.reservations, Due: g.due[u],
 			Usage: g.usage[u.Query.Shard.SKU], Transfers: g.transfers, MoveFences: g.moveFences, Now: g.now}
-		if l := g.loaded[u.Query.Shard]; u.Query.LoadShard && l != nil {
-			read.Counts, read.HaltReason = &l.counts, l.halt
+		if u.Query.LoadShard {
+			read.ShardRead = true
+			if l := g.loaded[u.Query.Shard]; l != nil {
+				read.Counts, read.HaltReason = &l.counts, l.halt
+			}
+			read.Siblings = g.siblings(u.Query.Shard)
 		}
 		if read.Usage == nil {
 			read.Usage = map[string]int64{}

@@ -216,6 +216,98 @@ func TestShard_SpeculatesWarmBatches(t *testing.T) {
 	reconcile(t, db, sku)
 }
 
+// TestShard_SeedsSiblings: the first batch of a SKU on a server reads every
+// shard of it; the writers of the others then start from those rows, and
+// their first batches are speculative (one round trip, no read). A seed
+// that turned stale writes nothing on its own: the group reads the row and
+// decides from it, with no divergence and no halt. A seed of an earlier
+// ownership is not used.
+func TestShard_SeedsSiblings(t *testing.T) {
+	db, url := openDB(t)
+	const sku = "seeds"
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 4}, 100)
+	reg := prometheus.NewRegistry()
+	s := newServerWith(t, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg})
+	acquire(t, s, sku, 1, 0, 1, 2, 3)
+	ctx := context.Background()
+	deduct := func(idx int32, k string) {
+		t.Helper()
+		if r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: idx}, Quantity: 1, Key: k}); r.Err != nil || r.Replayed {
+			t.Fatalf("deduct %s on shard %d = %+v, want a new success", k, idx, r)
+		}
+	}
+	deduct(0, "k0") // cold: reads the SKU's four rows
+	if c, f := speculativeGroups(t, reg, "committed"), speculativeGroups(t, reg, "fell_back"); c != 0 || f != 0 {
+		t.Fatalf("speculative groups after the cold batch: %v committed, %v fell back; want none", c, f)
+	}
+	deduct(1, "k1")
+	deduct(2, "k2")
+	if c, f := speculativeGroups(t, reg, "committed"), speculativeGroups(t, reg, "fell_back"); c != 2 || f != 0 {
+		t.Errorf("speculative groups: %v committed, %v fell back; want the seeded shards' first batches, 2, in one round trip each", c, f)
+	}
+	// Shard 3's row changes behind the server's back after its seed was
+	// taken: the speculative write compares it and writes nothing, and the
+	// group reads the row.
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `UPDATE shards SET available = available + 5 WHERE sku = $1 AND idx = 3`, sku); err != nil {
+		t.Fatal(err)
+	}
+	deduct(3, "k3")
+	if f := speculativeGroups(t, reg, "fell_back"); f != 1 {
+		t.Errorf("speculative groups fallen back = %v, want 1 (the stale seed)", f)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "shardstock_shard_divergences_total" {
+			t.Errorf("divergences after a stale seed: %v, want none (the row is read, not rechecked)", mf.GetMetric())
+		}
+	}
+	if got, want := total(t, db, sku), (stock.Counts{Available: 100 + 5 - 4, Sold: 4}); got != want {
+		t.Errorf("total = %+v, want %+v", got, want)
+	}
+	// A seed read under an earlier ownership is not used: after the
+	// partitions are taken over again, a first batch reads its row.
+	const sku2 = "seeds-2"
+	createSKU(t, db, stock.SKU{Name: sku2, Shards: 2}, 10)
+	acquire(t, s, sku2, 1, 0, 1)
+	deduct2 := func(idx int32, k string) {
+		t.Helper()
+		if r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku2, Index: idx}, Quantity: 1, Key: k}); r.Err != nil || r.Replayed {
+			t.Fatalf("deduct %s on shard %d = %+v, want a new success", k, idx, r)
+		}
+	}
+	deduct2(0, "m0") // seeds shard 1 at epoch 1
+	acquire(t, s, sku2, 2, 0, 1)
+	before := speculativeGroups(t, reg, "committed")
+	deduct2(1, "m1")
+	if c := speculativeGroups(t, reg, "committed"); c != before {
+		t.Errorf("shard 1's first batch after a takeover was speculative (%v groups, %v before): it started from a seed of the earlier ownership", c, before)
+	}
+	reconcile(t, db, sku2)
+
+	// Nothing is refused from a seed without a transaction: shard 1 of
+	// sku3 holds 5 units by its seed and 10 by its row.
+	const sku3 = "seeds-3"
+	createSKU(t, db, stock.SKU{Name: sku3, Shards: 2}, 10)
+	acquire(t, s, sku3, 1, 0, 1)
+	if r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku3, Index: 0}, Quantity: 1, Key: "n0"}); r.Err != nil {
+		t.Fatalf("deduct n0 = %+v", r)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE shards SET available = available + 5 WHERE sku = $1 AND idx = 1`, sku3); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku3, Index: 1}, Quantity: 8, Key: "n1"}); r.Err != nil {
+		t.Errorf("deduct of 8 from a shard of 10 whose seed says 5 = %+v, want a success", r)
+	}
+}
+
 func speculativeGroups(tb testing.TB, reg *prometheus.Registry, outcome string) float64 {
 	tb.Helper()
 	for _, m := range metricFamily(tb, reg, "shardstock_shard_speculative_groups_total").GetMetric() {

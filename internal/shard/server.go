@@ -63,6 +63,65 @@ type Server struct {
 	owned   map[int32]int64 // partition -> epoch
 	writers map[stock.ShardKey]*writer
 	halted  map[stock.ShardKey]halt
+	seeds   map[stock.ShardKey]shardSeed
+}
+
+// shardSeed is a shard's row as a sibling's batch read it (the SKU's first
+// batch on this server reads every shard of the SKU), kept for the shard's
+// writer when it starts: its first batch then needs no read of the row and
+// can be speculative. A seed may be stale (another server owned the
+// partition meanwhile, an operator changed the row); the speculative write
+// compares the row, halt included, and a group that runs with its reads
+// reads it (stock.BatchQuery.Seeded), so a stale seed costs an attempt,
+// never a wrong write. A seed serves only a writer of the ownership it was
+// read in (epoch): within it, only this server writes the row.
+type shardSeed struct {
+	counts stock.Counts
+	sku    *stock.SKU
+	epoch  int64
+	at     time.Time
+}
+
+// Bounds of the seeds.
+const (
+	// seedsMax bounds the seeds kept; planting past it starts afresh.
+	seedsMax = 1 << 16
+	// seedTTL is how long a seed is used: about as long as a writer
+	// lives idle.
+	seedTTL = writerIdleMax
+)
+
+// plant keeps the rows a batch of sku read of its sibling shards as seeds,
+// except for shards that have a writer (its copy is newer) or that this
+// server does not own.
+func (s *Server) plant(skuName string, sku *stock.SKU, rows []stock.ShardRow) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.seeds)+len(rows) > seedsMax {
+		s.seeds = nil
+	}
+	if s.seeds == nil {
+		s.seeds = make(map[stock.ShardKey]shardSeed, len(rows))
+	}
+	for _, r := range rows {
+		k := stock.ShardKey{SKU: skuName, Index: r.Index}
+		epoch, owned := s.owned[k.Partition()]
+		if !owned || s.writers[k] != nil {
+			continue
+		}
+		s.seeds[k] = shardSeed{counts: r.Counts, sku: sku, epoch: epoch, at: now}
+	}
+}
+
+// takeSeed returns k's seed for a writer at epoch, if it has a fresh one
+// of that ownership, and forgets it; s.mu is held.
+func (s *Server) takeSeed(k stock.ShardKey, epoch int64) (shardSeed, bool) {
+	sd, ok := s.seeds[k]
+	if ok {
+		delete(s.seeds, k)
+	}
+	return sd, ok && sd.epoch == epoch && time.Since(sd.at) < seedTTL
 }
 
 // halt is why a shard was found halted, and when: the reason is on its
@@ -266,6 +325,9 @@ func (s *Server) enqueue(r *stock.Request) (*pending, stock.Result) {
 	w := s.writers[key]
 	if w == nil {
 		w = newWriter(s, key, epoch)
+		if sd, ok := s.takeSeed(key, epoch); ok {
+			w.seed(sd)
+		}
 		s.writers[key] = w
 		go w.run()
 	}

@@ -61,12 +61,22 @@ type writer struct {
 	// the check against the ledger could not be made yet: make it before
 	// the next batch.
 	suspect bool
+	// seeded: counts is a seed (a sibling's read, Server.seeds), not
+	// known committed: only a speculative write may start from it, and
+	// nothing is answered from it without a transaction.
+	seeded bool
 }
 
 func (w *writer) setCounts(c stock.Counts) {
-	w.loaded = true
+	w.loaded, w.seeded = true, false
 	w.counts = c
 	w.committed.Store(&c)
+}
+
+// seed starts the writer from a sibling's read of its row.
+func (w *writer) seed(sd shardSeed) {
+	w.loaded, w.seeded = true, true
+	w.counts, w.sku = sd.counts, sd.sku
 }
 
 func newWriter(s *Server, key stock.ShardKey, epoch int64) *writer {
@@ -201,7 +211,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 	}
 	b := &batchRun{w: w, reqs: reqs}
 	b.q, b.sweep = query(w.key, reqs)
-	b.q.LoadShard = !w.loaded
+	b.q.LoadShard, b.q.Seeded = !w.loaded, w.seeded
 	var err error
 	for attempt := 0; attempt < batchAttemptsMax; attempt++ {
 		if attempt > 0 && !w.pause(retryBackoff*time.Duration(attempt)) {
@@ -209,7 +219,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 		loading := b.q.LoadShard
-		b.q.KnownSKU = w.sku
+		b.q.KnownSKU, b.q.Seeded = w.sku, w.seeded
 		err = w.db.committer.commit(ctx, w.fence, b.q, b.decide, w.queue.Len)
 		cancel()
 		if err == nil {
@@ -249,6 +259,7 @@ type batchRun struct {
 	missing   bool   // the shard does not exist
 	halted    string // the loaded row says the shard is halted, and why
 	rechecked bool   // the row was reloaded and checked once already
+	siblings  []stock.ShardRow
 }
 
 // decide is the batch's stock.Decide: it runs inside the transaction,
@@ -256,8 +267,9 @@ type batchRun struct {
 func (b *batchRun) decide(read *stock.BatchRead) (*stock.BatchWrite, error) {
 	w := b.w
 	counts := w.counts
-	b.missing, b.halted = false, ""
-	if b.q.LoadShard {
+	b.missing, b.halted, b.siblings = false, "", nil
+	if read.ShardRead {
+		b.siblings = read.Siblings
 		if read.Counts == nil {
 			b.missing = true
 			b.write, b.results = &stock.BatchWrite{}, make([]stock.Result, len(b.reqs))
@@ -293,6 +305,9 @@ func (b *batchRun) committed(loaded bool) ([]stock.Result, writerNext) {
 	w.setCounts(b.write.To)
 	if loaded {
 		w.srv.running(w.key)
+	}
+	if len(b.siblings) > 0 {
+		w.srv.plant(w.key.SKU, w.sku, b.siblings)
 	}
 	return b.results, writerGoOn
 }
@@ -393,7 +408,7 @@ func haltedResult(k stock.ShardKey) stock.Result {
 // all are reserves or deducts larger than what is available. Such a batch
 // needs no transaction, only the read that tells replays apart.
 func (w *writer) refusable(reqs []*stock.Request) bool {
-	if w.sku == nil || !w.loaded {
+	if w.sku == nil || !w.loaded || w.seeded {
 		return false
 	}
 	for _, r := range reqs {

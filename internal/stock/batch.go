@@ -47,7 +47,14 @@ type BatchQuery struct {
 	TransferIDs    []string // transfers stepped
 	// LoadShard: also read the shard's row, for a writer that has no copy
 	// of it yet (a cold shard's first batch costs no query of its own).
+	// The read then also returns the SKU's other shards (BatchRead.Siblings),
+	// so that their writers, when they start, need not read theirs.
 	LoadShard bool
+	// Seeded: the writer's copy of the row is a sibling's read (a seed),
+	// not one of its own. Storage may decide from it only in a speculative
+	// group, whose write compares the row; a group that runs with its reads
+	// reads the row instead, as for LoadShard.
+	Seeded bool
 	// KnownSKU is the SKU as the writer last read it (nil: not yet). With
 	// it, storage may decide a batch that needs no read but its keys'
 	// before reading anything, assuming every key new and the SKU and the
@@ -70,12 +77,17 @@ type BatchRead struct {
 	// transfer whose token is below its SKU's fence is aborted, not debited.
 	MoveFences map[string]int64
 	Now        time.Time // the database clock
-	// Counts is the shard's row as read under the fence, when the query
-	// asked (LoadShard); nil then means the shard does not exist.
-	Counts *Counts
+	// ShardRead: the shard's row was read (the query asked: LoadShard, or
+	// Seeded in a group that ran with its reads). Counts is then the row as
+	// read under the fence; nil means the shard does not exist.
+	ShardRead bool
+	Counts    *Counts
 	// HaltReason is why the loaded shard is halted ("" if it is not): its
 	// writer must refuse every write (see CheckShard).
 	HaltReason string
+	// Siblings are the other shards of the SKU that are not halted, as read
+	// with this one's row (ShardRead): seeds for their writers.
+	Siblings []ShardRow
 }
 
 // BatchWrite is what the batch decided to write.
