@@ -11,6 +11,7 @@ type metrics struct {
 	// shard server and those sent to shard servers over RPC.
 	local, remote  prometheus.Counter
 	sweeps         prometheus.Counter
+	sweepTime      prometheus.Histogram
 	consolidations prometheus.Counter
 	// reroutes counts shard calls to other shards than a request's first
 	// choice: what skewed stock costs routing before any sweep.
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardstock_allocator_sweeps_total", Help: "Sweeps of all of a SKU's shards before an OUT_OF_STOCK.",
 		}),
+		sweepTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "shardstock_allocator_sweep_seconds", Help: "Time of one sweep (the read of every shard of a SKU, and of the keys that joined it).",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
+		}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardstock_allocator_replays_total", Help: "Reserves and deducts answered with their first result (replayed: a client's retry).",
 		}),
@@ -112,7 +117,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "shardstock_rebalancer_retirements_total", Help: "SKUs whose shards out of service finished retiring.",
 	})
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.reroutes, m.replays, m.reconciles, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused,
+		reg.MustRegister(paths, m.sweeps, m.sweepTime, m.reroutes, m.replays, m.reconciles, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused,
 			m.leasesHeld, m.plans, m.transfersStarted, m.transfersEnded, m.inTransit, m.unitsMoved, m.reshards, m.retirements)
 	}
 	return m

@@ -104,8 +104,10 @@ func (s *sweeper) loop(sku *stock.SKU, st *sweepState) {
 		run := st.running
 		keys := run.keys
 		s.mu.Unlock()
+		start := time.Now()
 		run.res = s.a.sweepOnce(sku, keys)
 		s.a.metrics.sweeps.Inc()
+		s.a.metrics.sweepTime.Observe(time.Since(start).Seconds())
 		close(run.done)
 		s.mu.Lock()
 		st.running, st.next = st.next, nil
