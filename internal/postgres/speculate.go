@@ -63,12 +63,27 @@ func (s *speculation) observeClock(dbNow time.Time) {
 }
 
 // speculable reports whether every unit's batch can be decided without a
-// read.
+// read: keyed requests, and commits and releases of reservations its
+// writer knows held (not on a SKU with a customer limit, whose usage a
+// release gives back).
 func speculable(units []*stock.Unit) bool {
 	for _, u := range units {
 		q := u.Query
-		if q.KnownSKU == nil || q.LoadShard || len(q.Keys) == 0 || len(q.ReservationIDs) > 0 || len(q.TransferIDs) > 0 ||
+		if q.KnownSKU == nil || q.LoadShard || (len(q.Keys) == 0 && len(q.ReservationIDs) == 0) || len(q.TransferIDs) > 0 ||
 			q.SweepMax > 0 || (len(q.Customers) > 0 && q.KnownSKU.CustomerLimit > 0) {
+			return false
+		}
+		if len(q.ReservationIDs) > 0 && (q.KnownSKU.CustomerLimit > 0 || !knowsAll(q.KnownHeld, q.ReservationIDs)) {
+			return false
+		}
+	}
+	return true
+}
+
+// knowsAll reports whether held has every one of ids.
+func knowsAll(held map[string]*stock.Reservation, ids []string) bool {
+	for _, id := range ids {
+		if held[id] == nil {
 			return false
 		}
 	}
@@ -93,6 +108,12 @@ func (db *DB) speculate(ctx context.Context, conn *pgx.Conn, units []*stock.Unit
 	for _, u := range units {
 		read := nothing
 		read.SKU = u.Query.KnownSKU
+		if len(u.Query.ReservationIDs) > 0 {
+			// Assumed held: the write ends each only if it is
+			// (endsPart's check), so a commit or release decided
+			// from a reservation ended meanwhile writes nothing.
+			read.Reservations = u.Query.KnownHeld
+		}
 		w, err := u.Decide(&read)
 		if err != nil || !everyKeyNew(u.Query.Keys, w) {
 			return false, nil

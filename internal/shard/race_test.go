@@ -308,6 +308,81 @@ func TestShard_SeedsSiblings(t *testing.T) {
 	}
 }
 
+// TestShard_SpeculatesCommits: commits and releases of reservations their
+// writer made are decided before any read (one round trip); a retry, the
+// writer having forgotten the reservation it ended, reads and is answered
+// as a replay; a reservation ended behind the writer's back writes nothing
+// speculatively and is answered from what is read.
+func TestShard_SpeculatesCommits(t *testing.T) {
+	db, url := openDB(t)
+	const sku = "spec-commit"
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 100)
+	reg := prometheus.NewRegistry()
+	s := newServerWith(t, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg})
+	acquire(t, s, sku, 1, 0)
+	ctx := context.Background()
+	k := stock.ShardKey{SKU: sku}
+	reserve := func(key string) *stock.Reservation {
+		t.Helper()
+		r := s.Do(ctx, &stock.Request{Kind: stock.OpReserve, Shard: k, Quantity: 2, Key: key, Source: stock.SourceAPI})
+		if r.Err != nil || r.Reservation == nil {
+			t.Fatalf("reserve %s = %+v", key, r)
+		}
+		return r.Reservation
+	}
+	end := func(kind stock.OpKind, id string) stock.Result {
+		return s.Do(ctx, &stock.Request{Kind: kind, Shard: k, ReservationID: id, Source: stock.SourceAPI})
+	}
+	r0, r1 := reserve("r0"), reserve("r1")
+	before := speculativeGroups(t, reg, "committed")
+	if r := end(stock.OpCommit, r0.ID); r.Err != nil || r.Replayed || r.Reservation.State != stock.ReservationCommitted {
+		t.Errorf("commit of r0 = %+v, want it committed", r)
+	}
+	// A retry, while r1 is still held (so that a commit decided again
+	// from the writer's memory would be a valid write): the writer
+	// forgot r0, reads it, and answers a replay.
+	if r := end(stock.OpCommit, r0.ID); r.Err != nil || !r.Replayed || r.Reservation.State != stock.ReservationCommitted {
+		t.Errorf("retry of r0's commit = %+v, want a replay", r)
+	}
+	if f := speculativeGroups(t, reg, "fell_back"); f != 0 {
+		t.Errorf("speculative groups fallen back = %v, want 0 (the writer forgets what it ended)", f)
+	}
+	if r := end(stock.OpRelease, r1.ID); r.Err != nil || r.Replayed || r.Reservation.State != stock.ReservationReleased {
+		t.Errorf("release of r1 = %+v, want it released", r)
+	}
+	if c := speculativeGroups(t, reg, "committed"); c != before+2 {
+		t.Errorf("speculative groups: %v committed, want %v (the commit and the release in one round trip each)", c, before+2)
+	}
+	if got, want := total(t, db, sku), (stock.Counts{Available: 98, Sold: 2}); got != want {
+		t.Errorf("total = %+v, want %+v", got, want)
+	}
+	reconcile(t, db, sku)
+
+	// r2 ends behind the writer's back (as only another writer of the
+	// shard could): the commit decided from the writer's memory writes
+	// nothing, and the one decided from the read refuses it.
+	r2 := reserve("r2")
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `UPDATE reservations SET state = 'expired', ended_at = now() WHERE id = $1`, r2.ID); err != nil {
+		t.Fatal(err)
+	}
+	fellBack := speculativeGroups(t, reg, "fell_back")
+	if r := end(stock.OpCommit, r2.ID); r.Err == nil || r.Err.Code != stock.CodeReservationExpired {
+		t.Errorf("commit of r2, expired behind the writer's back = %+v, want RESERVATION_EXPIRED", r)
+	}
+	if f := speculativeGroups(t, reg, "fell_back"); f != fellBack+1 {
+		t.Errorf("speculative groups fallen back = %v, want %v", f, fellBack+1)
+	}
+	var commits int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM ledger WHERE reservation_id = $1 AND kind = 'commit'`, r2.ID).Scan(&commits); err != nil || commits != 0 {
+		t.Errorf("commit entries of r2 = %d (%v), want 0", commits, err)
+	}
+}
+
 func speculativeGroups(tb testing.TB, reg *prometheus.Registry, outcome string) float64 {
 	tb.Helper()
 	for _, m := range metricFamily(tb, reg, "shardstock_shard_speculative_groups_total").GetMetric() {

@@ -27,6 +27,9 @@ const (
 	// writerIdleMax: a writer with nothing to do for this long exits and
 	// drops its cached row, so cold shards cost no goroutine.
 	writerIdleMax = time.Minute
+	// heldMax bounds the reservations a writer remembers held; commits and
+	// releases of the others read theirs.
+	heldMax = 4096
 	// sweepMax bounds how many due reservations one sweep expires.
 	sweepMax = 256
 	// retryBackoff is the pause before rerunning a batch after an error.
@@ -65,12 +68,58 @@ type writer struct {
 	// known committed: only a speculative write may start from it, and
 	// nothing is answered from it without a transaction.
 	seeded bool
+	// held are the reservations this writer made and has not ended
+	// since, by id (at most heldMax): commits and releases of them can be
+	// decided before any read (stock.BatchQuery.KnownHeld). Forgotten with
+	// the writer's copy of its row, when what was committed is not known.
+	held map[string]*stock.Reservation
 }
 
 func (w *writer) setCounts(c stock.Counts) {
 	w.loaded, w.seeded = true, false
 	w.counts = c
 	w.committed.Store(&c)
+}
+
+// forget drops the writer's copy of its row, and what it knew of its
+// reservations: the next batch reads the row.
+func (w *writer) forget() {
+	w.loaded, w.held = false, nil
+}
+
+// remember notes the reservations a committed write made and ended.
+func (w *writer) remember(write *stock.BatchWrite) {
+	for _, e := range write.Ended {
+		delete(w.held, e.ID)
+	}
+	for _, r := range write.NewReservations {
+		if len(w.held) >= heldMax {
+			break
+		}
+		if w.held == nil {
+			w.held = map[string]*stock.Reservation{}
+		}
+		c := *r
+		c.ExpiresAt = c.ExpiresAt.Truncate(time.Microsecond) // as stored
+		w.held[c.ID] = &c
+	}
+}
+
+// knownHeld returns the reservations ids as the writer knows them held, or
+// nil unless it knows them all.
+func (w *writer) knownHeld(ids []string) map[string]*stock.Reservation {
+	if len(ids) == 0 || len(w.held) == 0 {
+		return nil
+	}
+	known := make(map[string]*stock.Reservation, len(ids))
+	for _, id := range ids {
+		r := w.held[id]
+		if r == nil {
+			return nil
+		}
+		known[id] = r
+	}
+	return known
 }
 
 // seed starts the writer from a sibling's read of its row.
@@ -219,7 +268,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 		loading := b.q.LoadShard
-		b.q.KnownSKU, b.q.Seeded = w.sku, w.seeded
+		b.q.KnownSKU, b.q.Seeded, b.q.KnownHeld = w.sku, w.seeded, w.knownHeld(b.q.ReservationIDs)
 		err = w.db.committer.commit(ctx, w.fence, b.q, b.decide, w.queue.Len)
 		cancel()
 		if err == nil {
@@ -303,6 +352,7 @@ func (b *batchRun) committed(loaded bool) ([]stock.Result, writerNext) {
 		return b.results, writerStop
 	}
 	w.setCounts(b.write.To)
+	w.remember(b.write)
 	if loaded {
 		w.srv.running(w.key)
 	}
@@ -347,11 +397,11 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 		// Whether the batch committed is not known: reload the row and
 		// tell everyone to retry with the same key, which is safe.
 		w.srv.log.Warn("batch outcome unknown", "shard", w.key.String(), "err", err)
-		w.loaded = false // the next batch reads the row again
+		w.forget() // the next batch reads the row again
 		return all(n, unavailable("database connection lost; retry with the same key")), writerGoOn, true
 	case errors.Is(err, stock.ErrNotCommitted):
 		w.srv.log.Debug("batch not committed; rerunning", "shard", w.key.String(), "attempt", attempt, "err", err)
-		w.loaded = false // the rerun reads the row again
+		w.forget() // the rerun reads the row again
 		b.q.LoadShard = true
 		w.srv.metrics.reruns.WithLabelValues("not_committed").Inc()
 		return nil, 0, false
@@ -381,7 +431,8 @@ func (w *writer) recheck(cause error) (next writerNext, r stock.Result, resumed 
 		return writerNoShard, unavailable("shard no longer exists"), false
 	case err != nil:
 		w.srv.log.Warn("shard check against the ledger failed; retrying before the next batch", "shard", w.key.String(), "err", err)
-		w.suspect, w.loaded = true, false
+		w.suspect = true
+		w.forget()
 		return writerGoOn, unavailable("database unavailable; retry with the same key"), false
 	case c.HaltReason != "":
 		w.srv.halt(w, c.HaltReason, false)
@@ -396,6 +447,7 @@ func (w *writer) recheck(cause error) (next writerNext, r stock.Result, resumed 
 	w.srv.metrics.divergences.WithLabelValues("recovered").Inc()
 	w.suspect = false
 	w.setCounts(c.Row)
+	w.held = nil // what ended meanwhile is not known either
 	return writerGoOn, stock.Result{}, true
 }
 

@@ -63,6 +63,13 @@ type BatchQuery struct {
 	// from what storage reads. Decide must therefore not depend on being
 	// called once.
 	KnownSKU *SKU
+	// KnownHeld has every reservation of ReservationIDs as the writer
+	// knows it: held (the writer made it, and has not ended it since); nil
+	// when the writer does not know them all. With KnownSKU, storage may
+	// decide commits and releases from it before reading, as for keys: the
+	// write ends each only if it is still held, else nothing is written and
+	// the batch is decided again from what storage reads.
+	KnownHeld map[string]*Reservation
 }
 
 // BatchRead is what the batch read, inside its transaction.
