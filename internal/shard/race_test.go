@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -191,12 +192,8 @@ func holdFences(tb testing.TB, url, sku string, d time.Duration, idx ...int32) <
 // a retry of a recorded key falls back to the read and is answered as the
 // replay it is, deducting nothing.
 func TestShard_SpeculatesWarmBatches(t *testing.T) {
-	db, _ := openDB(t)
 	const sku = "speculate"
-	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 100)
-	reg := prometheus.NewRegistry()
-	s := newServerWith(t, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg})
-	acquire(t, s, sku, 1, 0)
+	db, _, s, reg := meteredServer(t, sku, 1, 100)
 	ctx := context.Background()
 	deduct := func(k string) stock.Result {
 		return s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku}, Quantity: 1, Key: k})
@@ -223,12 +220,8 @@ func TestShard_SpeculatesWarmBatches(t *testing.T) {
 // decides from it, with no divergence and no halt. A seed of an earlier
 // ownership is not used.
 func TestShard_SeedsSiblings(t *testing.T) {
-	db, url := openDB(t)
 	const sku = "seeds"
-	createSKU(t, db, stock.SKU{Name: sku, Shards: 4}, 100)
-	reg := prometheus.NewRegistry()
-	s := newServerWith(t, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg})
-	acquire(t, s, sku, 1, 0, 1, 2, 3)
+	db, url, s, reg := meteredServer(t, sku, 4, 100)
 	ctx := context.Background()
 	deduct := func(idx int32, k string) {
 		t.Helper()
@@ -314,12 +307,8 @@ func TestShard_SeedsSiblings(t *testing.T) {
 // as a replay; a reservation ended behind the writer's back writes nothing
 // speculatively and is answered from what is read.
 func TestShard_SpeculatesCommits(t *testing.T) {
-	db, url := openDB(t)
 	const sku = "spec-commit"
-	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 100)
-	reg := prometheus.NewRegistry()
-	s := newServerWith(t, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg})
-	acquire(t, s, sku, 1, 0)
+	db, url, s, reg := meteredServer(t, sku, 1, 100)
 	ctx := context.Background()
 	k := stock.ShardKey{SKU: sku}
 	reserve := func(key string) *stock.Reservation {
@@ -381,6 +370,20 @@ func TestShard_SpeculatesCommits(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM ledger WHERE reservation_id = $1 AND kind = 'commit'`, r2.ID).Scan(&commits); err != nil || commits != 0 {
 		t.Errorf("commit entries of r2 = %d (%v), want 0", commits, err)
 	}
+}
+
+// meteredServer starts server "a" with a metrics registry of its own on a
+// new database, owning every shard of a new SKU at epoch 1.
+func meteredServer(tb testing.TB, sku string, shards int32, initial int64) (*postgres.DB, string, *shard.Server, *prometheus.Registry) {
+	tb.Helper()
+	db, url := openDB(tb)
+	createSKU(tb, db, stock.SKU{Name: sku, Shards: shards}, initial)
+	reg := prometheus.NewRegistry()
+	s := newServerWith(tb, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg})
+	for i := range shards {
+		acquire(tb, s, sku, 1, i)
+	}
+	return db, url, s, reg
 }
 
 func speculativeGroups(tb testing.TB, reg *prometheus.Registry, outcome string) float64 {
