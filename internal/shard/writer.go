@@ -84,7 +84,7 @@ func (w *writer) setCounts(c stock.Counts) {
 // forget drops the writer's copy of its row, and what it knew of its
 // reservations: the next batch reads the row.
 func (w *writer) forget() {
-	w.loaded, w.held = false, nil
+	w.loaded, w.seeded, w.held = false, false, nil
 }
 
 // remember notes the reservations a committed write made and ended.
