@@ -383,8 +383,17 @@ func (s *stack) waitCredited(sku string, n int, timeout time.Duration) []*v1.Tra
 	s.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		open := len(s.transfers(sku, v1.TransferState_TRANSFER_STATE_PENDING)) + len(s.transfers(sku, v1.TransferState_TRANSFER_STATE_DEBITED))
-		credited := s.transfers(sku, v1.TransferState_TRANSFER_STATE_CREDITED)
+		// One listing of every state: one view of them all.
+		open := 0
+		var credited []*v1.Transfer
+		for _, t := range s.transfers(sku, v1.TransferState_TRANSFER_STATE_UNSPECIFIED) {
+			switch t.GetState() {
+			case v1.TransferState_TRANSFER_STATE_PENDING, v1.TransferState_TRANSFER_STATE_DEBITED:
+				open++
+			case v1.TransferState_TRANSFER_STATE_CREDITED:
+				credited = append(credited, t)
+			}
+		}
 		if open == 0 && len(credited) >= n || time.Now().After(deadline) {
 			return credited
 		}

@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer, lostCommits func() stock.LostCommits,
 		}, []string{"outcome"}),
 		reruns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_shard_batch_reruns_total",
-			Help: "Batches run again after an attempt failed, by cause: conflict (a concurrent batch took a key or a quota), diverged (the row was reloaded), not_committed.",
+			Help: "Batches run again after an attempt failed, by cause: conflict (a concurrent batch took a key or a quota), not_committed (a divergence is in shardstock_shard_divergences_total).",
 		}, []string{"cause"}),
 		haltedShards: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "shardstock_shard_halted",

@@ -385,8 +385,7 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 			if next, r, resumed := w.recheck(err); !resumed {
 				return all(n, r), next, true
 			}
-			b.q.LoadShard = false
-			w.srv.metrics.reruns.WithLabelValues("diverged").Inc()
+			b.q.LoadShard = false // counted as shardstock_shard_divergences_total{outcome="recovered"}
 			return nil, 0, false
 		}
 		reason := fmt.Sprintf("the row diverged again right after it was reloaded and checked against the ledger: %v", err)
