@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -106,7 +108,8 @@ func TestShard_BackendTerminated(t *testing.T) {
 	db, url := openDB(t)
 	const sku = "kill-sku"
 	createSKU(t, db, stock.SKU{Name: sku, Shards: 4}, 1_000_000)
-	s := newServer(t, db, "a")
+	reg := prometheus.NewRegistry()
+	s := newServerWith(t, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg})
 	acquire(t, s, sku, 1, 0, 1, 2, 3)
 	ctx := context.Background()
 
@@ -117,7 +120,10 @@ func TestShard_BackendTerminated(t *testing.T) {
 	defer killer.Close(ctx)
 	stop := make(chan struct{})
 	killerDone := make(chan struct{})
-	var kills atomic.Int64
+	// A kill hits a batch when the batch's group fails on it: the batch
+	// is rerun (its group did not commit) or answered retryably (whether
+	// it committed is not known).
+	var kills, unavailable, reruns atomic.Int64
 	go func() {
 		defer close(killerDone)
 		for {
@@ -132,23 +138,22 @@ func TestShard_BackendTerminated(t *testing.T) {
 				WHERE application_name = 'shardtest' AND datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'`).Scan(&n); err == nil {
 				kills.Add(n)
 			}
+			reruns.Store(int64(counterValue(reg, "shardstock_shard_batch_reruns_total", "cause", "not_committed")))
 		}
 	}()
 
-	// The clients go on until kills have hit batches (retryable answers;
-	// a kill between groups is a silent rerun), within bounds: a group is
-	// one round trip (speculative), so a backend is busy for well under a
-	// millisecond at a time, and a fixed count of deducts could be over
-	// before the killer hit one.
+	// The clients go on until kills have hit batches, within bounds: a
+	// group is one round trip (speculative), so a backend is busy for well
+	// under a millisecond at a time, and a fixed count of deducts could be
+	// over before the killer hit one.
 	const clients, perClientMin, perClientMax = 16, 40, 20_000
 	const killsWanted, hitsWanted, loadMax = 10, 5, 20 * time.Second
 	acked := make([]bool, clients*perClientMax)
 	issued := make([]bool, clients*perClientMax)
-	var unavailable atomic.Int64
 	deadline := time.Now().Add(loadMax)
 	parallel(t, clients, 90*time.Second, func(g int) {
 		for i := 0; i < perClientMax && time.Now().Before(deadline) &&
-			(i < perClientMin || kills.Load() < killsWanted || unavailable.Load() < hitsWanted); i++ {
+			(i < perClientMin || kills.Load() < killsWanted || unavailable.Load()+reruns.Load() < hitsWanted); i++ {
 			n := g*perClientMax + i
 			issued[n] = true
 			r := &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: int32(n % 4)}, Quantity: 1, Key: key("kill", n)}
@@ -172,11 +177,12 @@ func TestShard_BackendTerminated(t *testing.T) {
 	// Whether the kills hit anything is checked last: a loss they caused
 	// must be reported even if no answer showed them.
 	defer func() {
-		if kills.Load() == 0 || unavailable.Load() == 0 {
-			t.Errorf("backends terminated: %d, batches hit: %d: the test tested nothing", kills.Load(), unavailable.Load())
+		if hits := unavailable.Load() + reruns.Load(); kills.Load() == 0 || hits == 0 {
+			t.Errorf("backends terminated: %d, batches hit: %d: the test tested nothing", kills.Load(), hits)
 		}
 	}()
-	t.Logf("backends terminated: %d, retryable answers: %d", kills.Load(), unavailable.Load())
+	reruns.Store(int64(counterValue(reg, "shardstock_shard_batch_reruns_total", "cause", "not_committed")))
+	t.Logf("backends terminated: %d; batches hit: %d answered retryably, %d rerun (not committed)", kills.Load(), unavailable.Load(), reruns.Load())
 
 	ackedN := 0
 	for n, ok := range acked {

@@ -399,6 +399,26 @@ func speculativeGroups(tb testing.TB, reg *prometheus.Registry, outcome string) 
 	return 0
 }
 
+// counterValue is the counter name{label=value} of reg, 0 if it is not
+// there (yet); for goroutines other than the test's, which must not stop
+// the test.
+func counterValue(reg *prometheus.Registry, name, label, value string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
 // metricFamily gathers reg and returns the family called name.
 func metricFamily(tb testing.TB, reg *prometheus.Registry, name string) *dto.MetricFamily {
 	tb.Helper()
