@@ -264,8 +264,63 @@ func (m *makeRun) checkStopped(t *testing.T, tree []osProc) {
 			makeRunGoneTimeout, formatProcs(tree), formatProcs(left))
 	}
 	if err := dial(m.addr); err == nil {
-		t.Errorf("%s still answers after make run stopped", m.addr)
+		// The port is free once the stack is gone, and other packages'
+		// tests run beside this one and listen on ports of their own: a
+		// listener of another process, or none (a dial that met its own
+		// ephemeral port), is not the stack still serving.
+		owners := listeners(m.addr)
+		if len(owners) == 0 {
+			t.Logf("%s answered a dial, but no process listens there (a TCP self-connect)", m.addr)
+		}
+		for _, p := range owners {
+			if p.pgrp == m.pgid || slices.ContainsFunc(tree, func(q osProc) bool { return q.pid == p.pid }) {
+				t.Errorf("%s still answers after make run stopped: %s", m.addr, formatProcs([]osProc{p}))
+			} else {
+				t.Logf("%s was taken again, by a process not of the stack: %s", m.addr, formatProcs([]osProc{p}))
+			}
+		}
 	}
+}
+
+// listeners returns the live processes with a TCP socket listening on
+// addr's port (from /proc/net/tcp and tcp6, and each process's fds).
+func listeners(addr string) []osProc {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		return nil
+	}
+	inodes := map[string]bool{}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		// sl local_address rem_address st ... uid timeout inode
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" { // 0A: LISTEN
+				continue
+			}
+			if i := strings.LastIndexByte(f[1], ':'); i >= 0 && f[1][i+1:] == fmt.Sprintf("%04X", n) {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	var out []osProc
+	for pid, p := range processes() {
+		fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+		for _, fd := range fds {
+			if link, err := os.Readlink(fd); err == nil && inodes[link] {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // osProc is one live process, from /proc/PID/stat.
@@ -352,4 +407,24 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// TestListeners: the port check of checkStopped names the process that
+// listens, on IPv4 and IPv6, and no process once the listener is closed.
+func TestListeners(t *testing.T) {
+	for _, network := range []string{"127.0.0.1:0", "[::1]:0"} {
+		l, err := net.Listen("tcp", network)
+		if err != nil {
+			t.Logf("%s: %v (skipped)", network, err)
+			continue
+		}
+		addr := l.Addr().String()
+		if ps := listeners(addr); len(ps) != 1 || ps[0].pid != os.Getpid() {
+			t.Errorf("listeners(%s) = %v, want this process (%d)", addr, ps, os.Getpid())
+		}
+		l.Close()
+		if ps := listeners(addr); len(ps) != 0 {
+			t.Errorf("listeners(%s) after close = %v, want none", addr, ps)
+		}
+	}
 }
