@@ -161,8 +161,12 @@ func mergeWrites(writes []unitWrite) *groupWrite {
 		for c, q := range w.UsageSub {
 			g.usageSub = addUsage(g.usageSub, usageDelta{sku: sku, customer: c, quantity: q})
 		}
-		if w.From != w.To {
-			g.shards = append(g.shards, shardMove{shard: uw.u.Query.Shard, from: w.From, to: w.To})
+		// A speculative seeded batch decided from a seed, which is never
+		// trusted: its row is compared even when its counts do not move
+		// (a replenish and an adjust that cancel), else its ledger would
+		// start from the seed and a halt go unseen.
+		if q := uw.u.Query; w.From != w.To || (q.Seeded && !q.LoadShard) {
+			g.shards = append(g.shards, shardMove{shard: q.Shard, from: w.From, to: w.To})
 		}
 	}
 	return g

@@ -1172,6 +1172,60 @@ func TestDB_GroupSpeculative(t *testing.T) {
 			t.Errorf("available of the halted shard = %d, want 10", n)
 		}
 	})
+	// A first batch that nets to nothing (a replenish and an adjust that
+	// cancel) moves no counts, yet its ledger entries start from the
+	// seed: its row must be checked all the same.
+	netZero := func(f stock.Fence, k stock.ShardKey, known *stock.SKU, seed stock.Counts, d *seedDecision) *stock.Unit {
+		u := unit(f, k, "nz-add", known, func(read *stock.BatchRead) (*stock.BatchWrite, error) {
+			d.calls++
+			d.shardRead, d.halt = read.ShardRead, read.HaltReason
+			from := seed
+			if read.ShardRead {
+				if read.Counts == nil || read.HaltReason != "" {
+					return &stock.BatchWrite{}, nil
+				}
+				from = *read.Counts
+			}
+			mid := from.Add(stock.OpReplenish.Delta(1))
+			return &stock.BatchWrite{
+				Ops: []*stock.Operation{
+					{SKU: k.SKU, IdempotencyKey: "nz-add", Kind: stock.OpReplenish, Quantity: 1, Shard: k.Index, ParamsHash: []byte{1}, CreatedAt: read.Now},
+					{SKU: k.SKU, IdempotencyKey: "nz-sub", Kind: stock.OpAdjust, Quantity: -1, Shard: k.Index, ParamsHash: []byte{1}, CreatedAt: read.Now}},
+				Ledger: []*stock.LedgerEntry{
+					{Shard: k, Kind: stock.OpReplenish, Quantity: 1, IdempotencyKey: "nz-add", Before: from, After: mid, Source: "api"},
+					{Shard: k, Kind: stock.OpAdjust, Quantity: -1, IdempotencyKey: "nz-sub", Before: mid, After: from, Source: "api"}},
+				From: from, To: from,
+			}, nil
+		})
+		u.Query.Keys = []string{"nz-add", "nz-sub"}
+		u.Query.Seeded = true
+		return u
+	}
+	t.Run("SeedStaleNetZero", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		var d seedDecision
+		if err := db.Group(ctx, []*stock.Unit{netZero(fs[0], ks[0], sku, stock.Counts{Available: 4}, &d)}); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		speculated(t, db, 0, 1)
+		if n := count(t, conn, `SELECT count(*) FROM ledger WHERE available_before <> 10 AND kind = 'replenish'`); n != 0 {
+			t.Errorf("%d ledger entries start from the stale seed (4), not the row (10)", n)
+		}
+	})
+	t.Run("SeedOfHaltedShardNetZero", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		if _, err := conn.Exec(ctx, `UPDATE shards SET halted_reason = 'test: halted' WHERE sku = 's-sku' AND idx = 0`); err != nil {
+			t.Fatal(err)
+		}
+		var d seedDecision
+		if err := db.Group(ctx, []*stock.Unit{netZero(fs[0], ks[0], sku, ten, &d)}); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		speculated(t, db, 0, 1)
+		if n := count(t, conn, `SELECT count(*) FROM ledger`); n != 0 {
+			t.Errorf("ledger entries = %d after a seeded write to a halted shard, want 0", n)
+		}
+	})
 }
 
 // TestDB_GroupLoadsSiblings: a unit that loads its row also gets the SKU's
