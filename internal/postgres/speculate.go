@@ -122,6 +122,12 @@ func (db *DB) speculate(ctx context.Context, conn *pgx.Conn, units []*stock.Unit
 	}
 	mark := newCommitMark(writes[0].u.Fence.ServerID)
 	g := mergeWrites(writes)
+	if len(g.usageAdd) > 0 || len(g.usageSub) > 0 || len(g.all.Steps) > 0 {
+		// Statements of their own (groupWrite.queue), which this one round
+		// trip does not send; speculable keeps them out, and this makes
+		// sure a decision that has them runs the usual way.
+		return false, nil
+	}
 	sql, args := joinParts(append(assumedParts(units), g.parts(mark)...))
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
