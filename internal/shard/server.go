@@ -107,8 +107,8 @@ func (s *Server) plant(skuName string, sku *stock.SKU, rows []stock.ShardRow) {
 	for _, r := range rows {
 		k := stock.ShardKey{SKU: skuName, Index: r.Index}
 		epoch, owned := s.owned[k.Partition()]
-		if !owned || s.writers[k] != nil {
-			continue
+		if _, halted := s.halted[k]; !owned || halted || s.writers[k] != nil {
+			continue // a shard halted while the read was in flight is not seeded
 		}
 		s.seeds[k] = shardSeed{counts: r.Counts, sku: sku, epoch: epoch, at: now}
 	}

@@ -267,7 +267,9 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 			return all(len(reqs), unavailable("shard server gave up the shard's partition")), writerStop
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-		loading := b.q.LoadShard
+		// A writer's first commit, from its row or a seed: the shard
+		// serves (a halted gauge of an earlier halt goes).
+		loading := b.q.LoadShard || b.q.Seeded
 		b.q.KnownSKU, b.q.Seeded, b.q.KnownHeld = w.sku, w.seeded, w.knownHeld(b.q.ReservationIDs)
 		err = w.db.committer.commit(ctx, w.fence, b.q, b.decide, w.queue.Len)
 		cancel()
@@ -368,7 +370,7 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 	w, n := b.w, len(b.reqs)
 	switch {
 	case errors.Is(err, stock.ErrConflict):
-		w.srv.metrics.reruns.WithLabelValues("conflict").Inc()
+		w.rerun("conflict", attempt)
 		return nil, 0, false // a concurrent batch took a key or a quota: the rerun sees it
 	case errors.Is(err, stock.ErrFenced):
 		w.srv.log.Warn("batch fenced: another server owns the partition", "shard", w.key.String(), "err", err)
@@ -402,11 +404,19 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 		w.srv.log.Debug("batch not committed; rerunning", "shard", w.key.String(), "attempt", attempt, "err", err)
 		w.forget() // the rerun reads the row again
 		b.q.LoadShard = true
-		w.srv.metrics.reruns.WithLabelValues("not_committed").Inc()
+		w.rerun("not_committed", attempt)
 		return nil, 0, false
 	}
 	w.srv.log.Error("batch failed", "shard", w.key.String(), "err", err)
 	return all(n, unavailable("batch failed")), writerGoOn, true
+}
+
+// rerun counts a batch run again after a failed attempt, by cause; the
+// last attempt's failure is not followed by a rerun.
+func (w *writer) rerun(cause string, attempt int) {
+	if attempt+1 < batchAttemptsMax {
+		w.srv.metrics.reruns.WithLabelValues(cause).Inc()
+	}
 }
 
 // recheck reloads the shard's row under the writer's fence and checks it
