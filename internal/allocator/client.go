@@ -22,8 +22,17 @@ import (
 
 // Bounds of a shard-server client.
 const (
-	// rpcsInFlightMax: each server gets this many Execute calls at once;
-	// what queues meanwhile rides the next call (smart batching again).
+	// rpcsSteady: each server gets this many Execute calls at once while
+	// they answer within rpcSlotHoldMax; what queues meanwhile rides the
+	// next call (smart batching again). The shard server groups what
+	// arrives during a group's commit anyway, so more calls in flight only
+	// cut the ops into more HTTP/2 calls, each costing both processes a
+	// call's CPU: with 16, a call carried about two ops under a hot SKU.
+	rpcsSteady = 2
+	// rpcSlotHoldMax: a call slower than this gives its place up, so that
+	// a slow op (a shard's long queue, a lock) holds back the server's
+	// others by at most this much; rpcsInFlightMax bounds the calls then.
+	rpcSlotHoldMax  = 50 * time.Millisecond
 	rpcsInFlightMax = 16
 	// opsPerRPCMax caps the ops coalesced into one Execute call.
 	opsPerRPCMax = 512
@@ -67,6 +76,7 @@ type serverClient struct {
 	breaker  *gobreaker.CircuitBreaker[*connect.Response[v1.ExecuteResponse]]
 	queue    chan *call
 	stop     chan struct{}
+	slots    chan struct{} // a place among the rpcsSteady calls
 	// topo is the allocator's current topology view.
 	topo    func() topology.View
 	metrics serverMetrics
@@ -84,6 +94,7 @@ func newServerClient(id, scheme, addr string, hc *http.Client, topo func() topol
 		client:  shardstockv1connect.NewShardServiceClient(hc, scheme+"://"+addr, transport.InternalClientOptions()...),
 		queue:   make(chan *call, clientQueueLenMax),
 		stop:    make(chan struct{}),
+		slots:   make(chan struct{}, rpcsSteady),
 		topo:    topo,
 		metrics: m,
 		pending: map[*call]struct{}{},
@@ -213,15 +224,29 @@ func (c *serverClient) abandonLocked(k *call) {
 	}
 }
 
+// loop makes Execute calls: it takes a place among the steady calls,
+// waits for an op, and sends it with whatever queued meanwhile. A call
+// that runs past rpcSlotHoldMax gives its place to another loop.
 func (c *serverClient) loop() {
 	for {
+		select {
+		case c.slots <- struct{}{}:
+		case <-c.stop:
+			return
+		}
 		var first *call
 		select {
 		case first = <-c.queue:
 		case <-c.stop:
+			<-c.slots
 			return
 		}
+		var once sync.Once
+		free := func() { once.Do(func() { <-c.slots }) }
+		slow := time.AfterFunc(rpcSlotHoldMax, free)
 		c.send(batch.Fill(first, c.queue, opsPerRPCMax))
+		slow.Stop()
+		free()
 	}
 }
 
