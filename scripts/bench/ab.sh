@@ -12,6 +12,8 @@
 # then commit; C = model C. 64 clients, BENCH_DURATION (default 5s) per
 # target; the stack is one allocator with its own shard server on
 # DATABASE_URL (default 127.0.0.1:5432), Redis on 127.0.0.1:6379.
+# BENCH_AB_STACK_ARGS sets the dev stack's flags instead, e.g. "" for
+# `make run`'s (an allocator and three shard servers, each a process).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -20,6 +22,7 @@ readonly base=$1 rounds=${2:-3}
 [[ $rounds =~ ^[1-9][0-9]?$ ]] || { echo "ab.sh: ROUNDS $rounds: want 1 to 99" >&2; exit 2; }
 git rev-parse --verify --quiet "$base^{commit}" >/dev/null || { echo "ab.sh: BASE $base is not a git revision here" >&2; exit 2; }
 readonly duration=${BENCH_DURATION:-5s}
+readonly stack_args=${BENCH_AB_STACK_ARGS--shard-servers 0 -allocator-shard}
 readonly workloads=${BENCH_AB_WORKLOADS:-hot rc C}
 readonly url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 
@@ -47,13 +50,13 @@ git worktree add --detach "$tmp/base" "$base" >/dev/null
 go build -o "$tmp/head-dev" ./cmd/shardstock-dev
 go build -o bin/loadgen ./cmd/loadgen
 
-echo "ab.sh: base $(git rev-parse --short "$base") against the working tree on $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes'); $rounds rounds of: $workloads" >&2
+echo "ab.sh: base $(git rev-parse --short "$base") against the working tree on $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes'); $rounds rounds of: $workloads; stack flags: ${stack_args:-none}" >&2
 for ((round = 1; round <= rounds; round++)); do
 	for w in $workloads; do
 		for build in base head; do
 			read -r -a wargs <<<"$(args_of "$w")"
 			echo "ab.sh: round $round, $w, $build ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
-			bin/loadgen -stack "$tmp/$build-dev" -stack-args "-shard-servers 0 -allocator-shard" -database-url "$url" \
+			bin/loadgen -stack "$tmp/$build-dev" -stack-args "$stack_args" -database-url "$url" \
 				-target memory,shardstock,redis-api -concurrency 64 -duration "$duration" -progress=false "${wargs[@]}" \
 				>"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
 			# One line per run: workload build ceiling-µs shardstock-µs redis-µs ceiling-req/s shardstock-req/s redis-req/s
