@@ -26,7 +26,7 @@ const (
 	// service must serve at 80% of its peak again within them.
 	overloadRecoverWindows = 3
 	overloadOutstanding    = 20000         // the burst's requests waiting at once, client side
-	overloadRSSMax         = 512 << 20     // the allocator's resident memory bound during the burst
+	overloadRSSMax         = 512 << 20     // the allocator's resident memory bound during the burst: its pod's limit (deploy/k8s)
 	overloadStock          = 1_000_000_000 // never sells out
 	overloadNice           = 10            // the service's processes' niceness during the burst
 )
@@ -46,7 +46,11 @@ func TestE2E_Overload(t *testing.T) {
 		}
 		burst = time.Duration(n) * time.Second
 	}
-	s := newStackOpts(t, stackOpts{shardServers: 2, allocArgs: []string{"-max-in-flight", strconv.Itoa(overloadInFlight)}})
+	// The allocator as deploy/k8s runs it: in a pod of overloadRSSMax,
+	// whose cgroup limit internal/cmd/startup turns into a soft memory
+	// limit of 90% (automemlimit); this machine's cgroup has no such limit.
+	s := newStackOpts(t, stackOpts{shardServers: 2, allocArgs: []string{"-max-in-flight", strconv.Itoa(overloadInFlight)},
+		allocEnv: []string{fmt.Sprintf("GOMEMLIMIT=%d", overloadRSSMax/10*9)}})
 	const sku = "overload"
 	s.createSKU(sku, overloadStock, 8)
 	var seq atomic.Int64
