@@ -264,10 +264,11 @@ func (m *makeRun) checkStopped(t *testing.T, tree []osProc) {
 			makeRunGoneTimeout, formatProcs(tree), formatProcs(left))
 	}
 	if err := dial(m.addr); err == nil {
-		// The port is free once the stack is gone, and other packages'
-		// tests run beside this one and listen on ports of their own: a
-		// listener of another process, or none (a dial that met its own
-		// ephemeral port), is not the stack still serving.
+		// The port is free once the stack is gone, and anything may take
+		// it then (this test's own process listens on ports the kernel
+		// picks: embedded etcd, test servers): a listener of a process not
+		// of the stack, or none (a dial that met its own ephemeral port),
+		// is not the stack still serving.
 		owners := listeners(m.addr)
 		if len(owners) == 0 {
 			t.Logf("%s answered a dial, but no process listens there (a TCP self-connect)", m.addr)

@@ -143,9 +143,8 @@ func TestE2E_Overload(t *testing.T) {
 	close(stopRSS)
 	// Recovered: a window at 80% of the peak within overloadRecoverWindows
 	// of them. One window alone reads the machine's moment as much as the
-	// service's: on two cores other packages' tests run beside this one,
-	// and a shard server whose lease keep-alives the burst starved
-	// registers again first.
+	// service's: the machine is shared, and a shard server whose lease
+	// keep-alives the burst starved registers again first.
 	after := time.Now()
 	var recovered float64
 	for w := 0; w < overloadRecoverWindows && recovered < 0.8*peak; w++ {
