@@ -352,13 +352,13 @@ func TestE2E_MoverKilledAtEachStep(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	for sku, at := range left {
-		credited := map[string]bool{}
-		for _, tr := range s.transfers(sku, v1.TransferState_TRANSFER_STATE_CREDITED) {
-			credited[tr.TransferId] = true
+		now := map[string]*v1.Transfer{}
+		for _, tr := range s.transfers(sku, v1.TransferState_TRANSFER_STATE_UNSPECIFIED) {
+			now[tr.TransferId] = tr
 		}
 		for _, tr := range at {
-			if !credited[tr.TransferId] {
-				t.Errorf("%s: transfer %s, %v when the mover died, did not end credited", sku, tr.TransferId, tr.State)
+			if end := now[tr.TransferId]; end.GetState() != v1.TransferState_TRANSFER_STATE_CREDITED {
+				t.Errorf("%s: transfer %s, %v when the mover died, did not end credited: now %v", sku, tr.TransferId, tr.State, end)
 			}
 		}
 		conserved(t, s.stock(sku), initial)
