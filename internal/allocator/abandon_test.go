@@ -41,7 +41,7 @@ func (h *hungShard) Execute(ctx context.Context, req *connect.Request[v1.Execute
 }
 
 // serveShard serves h on a new local port and returns its address.
-func serveShard(t *testing.T, h *hungShard) string {
+func serveShard(t *testing.T, h shardstockv1connect.ShardServiceHandler) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

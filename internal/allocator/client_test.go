@@ -3,7 +3,6 @@ package allocator
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +16,6 @@ import (
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
-	"github.com/shardstock/shardstock/internal/transport"
 	"github.com/shardstock/shardstock/internal/wire"
 )
 
@@ -68,18 +66,8 @@ func gatedAllocator(t *testing.T, g *gatedShard) (*Allocator, *serverClient) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := topology.NewWatcher(e.Client(), stock.Partitions)
 	go w.Run(ctx)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_, handler := shardstockv1connect.NewShardServiceHandler(g)
-		transport.Serve(ctx, lis, handler)
-	}()
-	t.Cleanup(func() { cancel(); <-served })
-	addr := lis.Addr().String()
+	t.Cleanup(cancel)
+	addr := serveShard(t, g)
 	member(t, e, "s1", addr)
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()

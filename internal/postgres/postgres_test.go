@@ -1122,6 +1122,12 @@ func TestDB_GroupSpeculative(t *testing.T) {
 		u.Query.Seeded = true
 		return u
 	}
+	haltShard0 := func(t *testing.T, conn *pgx.Conn) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `UPDATE shards SET halted_reason = 'test: halted' WHERE sku = 's-sku' AND idx = 0`); err != nil {
+			t.Fatal(err)
+		}
+	}
 	t.Run("SeedFresh", func(t *testing.T) {
 		db, conn, ks, fs, sku := setup(t)
 		var d seedDecision
@@ -1153,9 +1159,7 @@ func TestDB_GroupSpeculative(t *testing.T) {
 	})
 	t.Run("SeedOfHaltedShard", func(t *testing.T) {
 		db, conn, ks, fs, sku := setup(t)
-		if _, err := conn.Exec(ctx, `UPDATE shards SET halted_reason = 'test: halted' WHERE sku = 's-sku' AND idx = 0`); err != nil {
-			t.Fatal(err)
-		}
+		haltShard0(t, conn)
 		var d seedDecision
 		// The seed's counts are the row's: only the halt differs.
 		if err := db.Group(ctx, []*stock.Unit{seeded(fs[0], ks[0], "k0", sku, ten, &d)}); err != nil {
@@ -1177,15 +1181,11 @@ func TestDB_GroupSpeculative(t *testing.T) {
 	// seed: its row must be checked all the same.
 	netZero := func(f stock.Fence, k stock.ShardKey, known *stock.SKU, seed stock.Counts, d *seedDecision) *stock.Unit {
 		u := unit(f, k, "nz-add", known, func(read *stock.BatchRead) (*stock.BatchWrite, error) {
-			d.calls++
-			d.shardRead, d.halt = read.ShardRead, read.HaltReason
-			from := seed
-			if read.ShardRead {
-				if read.Counts == nil || read.HaltReason != "" {
-					return &stock.BatchWrite{}, nil
-				}
-				from = *read.Counts
+			at := d.from(read, seed)
+			if at == nil {
+				return &stock.BatchWrite{}, nil
 			}
+			from := *at
 			mid := from.Add(stock.OpReplenish.Delta(1))
 			return &stock.BatchWrite{
 				Ops: []*stock.Operation{
@@ -1214,9 +1214,7 @@ func TestDB_GroupSpeculative(t *testing.T) {
 	})
 	t.Run("SeedOfHaltedShardNetZero", func(t *testing.T) {
 		db, conn, ks, fs, sku := setup(t)
-		if _, err := conn.Exec(ctx, `UPDATE shards SET halted_reason = 'test: halted' WHERE sku = 's-sku' AND idx = 0`); err != nil {
-			t.Fatal(err)
-		}
+		haltShard0(t, conn)
 		var d seedDecision
 		if err := db.Group(ctx, []*stock.Unit{netZero(fs[0], ks[0], sku, ten, &d)}); err != nil {
 			t.Fatalf("Group = %v", err)
@@ -1264,15 +1262,24 @@ type seedDecision struct {
 
 func (d *seedDecision) decide(k stock.ShardKey, key string, seed stock.Counts) stock.Decide {
 	return func(read *stock.BatchRead) (*stock.BatchWrite, error) {
-		d.calls++
-		d.shardRead, d.halt = read.ShardRead, read.HaltReason
-		from := seed
-		if read.ShardRead {
-			if read.Counts == nil || read.HaltReason != "" {
-				return &stock.BatchWrite{}, nil
-			}
-			from = *read.Counts
+		from := d.from(read, seed)
+		if from == nil {
+			return &stock.BatchWrite{}, nil
 		}
-		return deductOne(k, key, from, false, &decision{})(read)
+		return deductOne(k, key, *from, false, &decision{})(read)
 	}
+}
+
+// from records a decision and returns the counts it starts from: the row
+// read, else the seed; nil when the read found no row, or a halt.
+func (d *seedDecision) from(read *stock.BatchRead, seed stock.Counts) *stock.Counts {
+	d.calls++
+	d.shardRead, d.halt = read.ShardRead, read.HaltReason
+	switch {
+	case !read.ShardRead:
+		return &seed
+	case read.Counts == nil || read.HaltReason != "":
+		return nil
+	}
+	return read.Counts
 }
