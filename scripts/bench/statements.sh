@@ -4,7 +4,8 @@
 # (scripts/bench/postgres.sh) with pg_stat_statements loaded, runs loadgen
 # against the dev stack on it (one allocator with its own shard server; one
 # hot SKU of 16 shards, 64 clients, deducts; BENCH_MODEL_ARGS and
-# BENCH_DURATION change that), then prints each statement the load ran with
+# BENCH_DURATION change that; BENCH_STACK_ARGS the dev stack's flags, e.g.
+# "" for `make run`'s three shard servers), then prints each statement the load ran with
 # its calls, rows, execution time per call and per answered request. Time
 # outside statements (parse, bind, protocol, commit, WAL) is not in
 # pg_stat_statements: loadgen's "Postgres" share of the server CPU is the
@@ -13,6 +14,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/../.."
 readonly duration=${BENCH_DURATION:-8s}
+readonly stack_args=${BENCH_STACK_ARGS--shard-servers 0 -allocator-shard}
 read -r -a model_args <<<"${BENCH_MODEL_ARGS:--model A -skus 1 -stock 1000000000 -shards 16}"
 readonly top=${BENCH_STATEMENTS_TOP:-14}
 readonly calls_min=100
@@ -39,7 +41,7 @@ psql "$url" -XAtq -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
 # SKUs' setup and the verification after the load call their statements a
 # few times each; the load's are called thousands of times, so only
 # statements called at least $calls_min times are listed and summed.
-bin/loadgen -stack bin/shardstock-dev -stack-args "-shard-servers 0 -allocator-shard" -database-url "$url" \
+bin/loadgen -stack bin/shardstock-dev -stack-args "$stack_args" -database-url "$url" \
 	-database-note "a private durable Postgres with pg_stat_statements" -target shardstock "${model_args[@]}" \
 	-concurrency 64 -duration "$duration" -progress=false 2>&1 | tee "$tmp/loadgen.out" | while IFS= read -r line; do
 	[[ $line == *"shardstock: model"* ]] && psql "$url" -XAtq -c "SELECT pg_stat_statements_reset()" >/dev/null
