@@ -27,7 +27,7 @@ const (
 	// next call (smart batching again). The shard server groups what
 	// arrives during a group's commit anyway, so more calls in flight only
 	// cut the ops into more HTTP/2 calls, each costing both processes a
-	// call's CPU: with 16, a call carried about two ops under a hot SKU.
+	// call's CPU: with 16, a call carried 1.3 ops under a hot SKU.
 	rpcsSteady = 2
 	// rpcSlotHoldMax: a call slower than this gives its place up, so that
 	// a slow op (a shard's long queue, a lock) holds back the server's
