@@ -2,11 +2,13 @@ package shard_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/shard"
@@ -133,4 +135,70 @@ func TestShard_HaltedUntilResumed(t *testing.T) {
 	if h := b.Halted(); len(h) != 0 {
 		t.Errorf("Halted() after resume = %v, want none", h)
 	}
+}
+
+// TestShard_SeededWriterClearsHaltedGauge: a shard halted here is resumed by
+// an operator and its partition taken again (which forgets the halt here);
+// its next writer starts from a sibling's seed, and its first commit
+// clears shardstock_shard_halted, as a writer that read its row does.
+func TestShard_SeededWriterClearsHaltedGauge(t *testing.T) {
+	const sku = "halt-gauge"
+	db, url, s, reg := meteredServer(t, sku, 2, 100)
+	ctx := context.Background()
+	sh0, sh1 := stock.ShardKey{SKU: sku}, stock.ShardKey{SKU: sku, Index: 1}
+	deduct := func(sh stock.ShardKey, key string) stock.Result {
+		return s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: sh, Quantity: 1, Key: key})
+	}
+	if res := deduct(sh1, "k1"); res.Err != nil {
+		t.Fatalf("Deduct(k1) = %v", res.Err)
+	}
+	tamper(t, url, `UPDATE shards SET available = available - 5 WHERE sku = $1 AND idx = 1`, sku)
+	if res := deduct(sh1, "k2"); res.Err == nil || !strings.Contains(res.Err.Message, "halted") {
+		t.Fatalf("Deduct(k2) after an unledgered change = %+v, want halted", res)
+	}
+	if g := haltedGauge(t, reg, sh1); g != 1 {
+		t.Fatalf("shardstock_shard_halted{shard=1} = %v after the halt, want 1", g)
+	}
+	if _, err := db.ResumeShard(ctx, sh1); err != nil {
+		t.Fatal(err)
+	}
+	acquire(t, s, sku, 2, 0, 1)
+	// Shard 0's first batch reads shard 1's row as a seed.
+	if res := deduct(sh0, "k3"); res.Err != nil {
+		t.Fatalf("Deduct(k3) = %v", res.Err)
+	}
+	before := speculativeGroups(t, reg, "committed")
+	if res := deduct(sh1, "k4"); res.Err != nil {
+		t.Fatalf("Deduct(k4) after the resume = %v", res.Err)
+	}
+	if c := speculativeGroups(t, reg, "committed"); c != before+1 {
+		t.Fatalf("speculative groups committed %v -> %v: shard 1's writer did not start from a seed", before, c)
+	}
+	if g := haltedGauge(t, reg, sh1); g != 0 {
+		t.Errorf("shardstock_shard_halted{shard=1} = %v after the resumed shard served, want none", g)
+	}
+}
+
+// haltedGauge is shardstock_shard_halted of sh in reg, 0 if absent.
+func haltedGauge(t *testing.T, reg *prometheus.Registry, sh stock.ShardKey) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "shardstock_shard_halted" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["sku"] == sh.SKU && labels["shard"] == strconv.Itoa(int(sh.Index)) {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
 }
