@@ -120,7 +120,6 @@ func (db *DB) speculate(ctx context.Context, conn *pgx.Conn, units []*stock.Unit
 		}
 		writes = append(writes, unitWrite{u: u, w: w})
 	}
-	mark := newCommitMark(writes[0].u.Fence.ServerID)
 	g := mergeWrites(writes)
 	if len(g.usageAdd) > 0 || len(g.usageSub) > 0 || len(g.all.Steps) > 0 {
 		// Statements of their own (groupWrite.queue), which this one round
@@ -128,6 +127,7 @@ func (db *DB) speculate(ctx context.Context, conn *pgx.Conn, units []*stock.Unit
 		// sure a decision that has them runs the usual way.
 		return false, nil
 	}
+	mark := newCommitMark(writes[0].u.Fence.ServerID)
 	sql, args := joinParts(append(assumedParts(units), g.parts(mark)...))
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")

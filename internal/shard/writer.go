@@ -267,10 +267,10 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 			return all(len(reqs), unavailable("shard server gave up the shard's partition")), writerStop
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		b.q.KnownSKU, b.q.Seeded, b.q.KnownHeld = w.sku, w.seeded, w.knownHeld(b.q.ReservationIDs)
 		// A writer's first commit, from its row or a seed: the shard
 		// serves (a halted gauge of an earlier halt goes).
 		loading := b.q.LoadShard || b.q.Seeded
-		b.q.KnownSKU, b.q.Seeded, b.q.KnownHeld = w.sku, w.seeded, w.knownHeld(b.q.ReservationIDs)
 		err = w.db.committer.commit(ctx, w.fence, b.q, b.decide, w.queue.Len)
 		cancel()
 		if err == nil {
