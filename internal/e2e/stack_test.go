@@ -38,6 +38,9 @@ const (
 var bin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(etcdChildEnv) != "" {
+		os.Exit(etcdChild())
+	}
 	dir, err := os.MkdirTemp("", "shardstock-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -113,6 +116,7 @@ type stackOpts struct {
 	allocEnv     []string      // more environment of the allocator
 	dbURL        string        // the database named main; "": a new one of pgtest's
 	etcd         string        // client URLs of an etcd of the test's own; "": a new embedded one
+	etcdProcess  bool          // the new etcd in a process of its own (startEtcdProcess), not in the test's
 	// startShards starts the shard servers instead of shardServers plain ones.
 	startShards func(s *stack)
 	env         []string // more environment of every process
@@ -120,7 +124,11 @@ type stackOpts struct {
 
 func newStackOpts(t *testing.T, o stackOpts) *stack {
 	t.Helper()
-	if o.etcd == "" {
+	switch {
+	case o.etcd != "":
+	case o.etcdProcess:
+		o.etcd = startEtcdProcess(t)
+	default:
 		o.etcd = strings.Join(etcdtest.Start(t).Endpoints(), ",")
 	}
 	if o.dbURL == "" {
