@@ -18,6 +18,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -143,7 +145,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	env := append(childEnv(os.Environ()), "DATABASE_URL="+dbURL, "SHARDSTOCK_DATABASES="+more, "ETCD_ENDPOINTS="+etcd, "SHARDSTOCK_ADMIN_TOKEN="+token)
+	env := append(shareCores(childEnv(os.Environ()), *servers+1, runtime.NumCPU()), "DATABASE_URL="+dbURL, "SHARDSTOCK_DATABASES="+more, "ETCD_ENDPOINTS="+etcd, "SHARDSTOCK_ADMIN_TOKEN="+token)
 	kids := newChildren(ctx, *servers+1)
 	defer kids.stop()
 	for i := 1; i <= *servers; i++ {
@@ -377,6 +379,21 @@ func childEnv(env []string) []string {
 		out = append(out, kv)
 	}
 	return out
+}
+
+// shareCores gives each of procs processes an equal share of cpus cores
+// (GOMAXPROCS, at least 1) unless env sets GOMAXPROCS already: the stack's
+// processes share one machine, and each Go runtime sized for every core
+// spins for cores its neighbours need (docs/benchmarks.md measured it on
+// two cores). A deployment gives each process a CPU limit of its own, from
+// which Go sizes GOMAXPROCS; this is that, for one machine.
+func shareCores(env []string, procs, cpus int) []string {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "GOMAXPROCS=") {
+			return env
+		}
+	}
+	return append(env, "GOMAXPROCS="+strconv.Itoa(max(1, cpus/max(1, procs))))
 }
 
 // createDemo creates the demo SKU unless it exists.
