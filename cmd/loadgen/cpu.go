@@ -20,6 +20,7 @@ func (mr *modelRun) cpuHooks(ctx context.Context, name string, target func() loa
 	var c loadgen.CPU
 	var server0 []time.Duration
 	var client0 time.Duration
+	marks := make([]proccpu.Marks, 0)
 	// read is each part's CPU time now.
 	read := func() ([]time.Duration, error) {
 		ts := make([]time.Duration, len(parts))
@@ -37,12 +38,27 @@ func (mr *modelRun) cpuHooks(ctx context.Context, name string, target func() loa
 				started()
 			}
 			parts, c.Procs, c.Err = mr.serverRoots(ctx, name, target())
+			for _, p := range parts {
+				if c.Err != nil {
+					break
+				}
+				var m proccpu.Marks
+				m, c.Err = proccpu.Mark(p.pids...)
+				marks = append(marks, m)
+			}
 			if c.Err == nil {
 				server0, c.Err = read()
 			}
 			client0 = proccpu.Self()
 		}, func() {
 			c.Client = proccpu.Self() - client0
+			for i, m := range marks {
+				if pid, gone := m.Gone(); gone && c.Err == nil {
+					// A crash-restarted Postgres, say: what the old
+					// processes used is nowhere to be read.
+					c.Err = fmt.Errorf("%s's process %d ended during the load", parts[i].label, pid)
+				}
+			}
 			if c.Err == nil {
 				var server1 []time.Duration
 				server1, c.Err = read()

@@ -29,6 +29,7 @@ const clockTick = 10 * time.Millisecond
 type stat struct {
 	ppid                         int
 	utime, stime, cutime, cstime int64 // clock ticks
+	start                        int64 // clock ticks after boot: with the pid, names one process
 }
 
 // readStat parses /proc/<pid>/stat. The command name (field 2) may hold
@@ -47,8 +48,9 @@ func parseStat(s string) (stat, error) {
 		return stat{}, errors.New("proccpu: no command name in stat")
 	}
 	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); ppid is field 4, utime..cstime 14..17.
-	if len(f) < 15 {
+	// f[0] is field 3 (state); ppid is field 4, utime..cstime 14..17,
+	// starttime 22.
+	if len(f) < 20 {
 		return stat{}, errors.New("proccpu: short stat")
 	}
 	var st stat
@@ -60,6 +62,7 @@ func parseStat(s string) (stat, error) {
 	}
 	st.ppid = int(num(1))
 	st.utime, st.stime, st.cutime, st.cstime = num(11), num(12), num(13), num(14)
+	st.start = num(19)
 	return st, err
 }
 
@@ -103,6 +106,36 @@ func Tree(roots ...int) (time.Duration, error) {
 		walk(r)
 	}
 	return time.Duration(ticks) * clockTick, nil
+}
+
+// Marks names processes by pid and start time, so that a pid the kernel
+// gave to a new process is told from the one marked.
+type Marks map[int]int64
+
+// Mark returns the marks of pids, all of which must be running.
+func Mark(pids ...int) (Marks, error) {
+	m := Marks{}
+	for _, pid := range pids {
+		st, err := readStat(pid)
+		if err != nil {
+			return nil, fmt.Errorf("proccpu: process %d: %w", pid, err)
+		}
+		m[pid] = st.start
+	}
+	return m, nil
+}
+
+// Gone returns a marked process that has ended since (or whose pid now
+// names another), and whether there is one. Tree counts nothing of a
+// root that is gone, nor what it had used: a difference of two Trees
+// over its end is not its CPU.
+func (m Marks) Gone() (int, bool) {
+	for pid, start := range m {
+		if st, err := readStat(pid); err != nil || st.start != start {
+			return pid, true
+		}
+	}
+	return 0, false
 }
 
 // Self returns this process's CPU time, user and system.
