@@ -77,6 +77,12 @@ func TestMarks_Gone(t *testing.T) {
 	if pid, gone := m.Gone(); gone {
 		t.Fatalf("Gone() = %d with both processes running", pid)
 	}
+	// The same pid with another start time is another process (a pid the
+	// kernel gave again).
+	reused := Marks{sleep.Process.Pid: m[sleep.Process.Pid] + 1}
+	if pid, gone := reused.Gone(); !gone || pid != sleep.Process.Pid {
+		t.Fatalf("Gone() = %d, %v for a pid now naming another process", pid, gone)
+	}
 	sleep.Process.Kill()
 	sleep.Wait()
 	if pid, gone := m.Gone(); !gone || pid != sleep.Process.Pid {
