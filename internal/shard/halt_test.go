@@ -182,23 +182,5 @@ func TestShard_SeededWriterClearsHaltedGauge(t *testing.T) {
 // haltedGauge is shardstock_shard_halted of sh in reg, 0 if absent.
 func haltedGauge(t *testing.T, reg *prometheus.Registry, sh stock.ShardKey) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "shardstock_shard_halted" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["sku"] == sh.SKU && labels["shard"] == strconv.Itoa(int(sh.Index)) {
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	return 0
+	return series(reg, "shardstock_shard_halted", map[string]string{"sku": sh.SKU, "shard": strconv.Itoa(int(sh.Index))}).GetGauge().GetValue()
 }

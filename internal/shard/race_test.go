@@ -388,35 +388,44 @@ func meteredServer(tb testing.TB, sku string, shards int32, initial int64) (*pos
 
 func speculativeGroups(tb testing.TB, reg *prometheus.Registry, outcome string) float64 {
 	tb.Helper()
-	for _, m := range metricFamily(tb, reg, "shardstock_shard_speculative_groups_total").GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "outcome" && l.GetValue() == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
+	m := series(reg, "shardstock_shard_speculative_groups_total", map[string]string{"outcome": outcome})
+	if m == nil {
+		tb.Fatalf("no shardstock_shard_speculative_groups_total{outcome=%q}", outcome)
 	}
-	tb.Fatalf("no shardstock_shard_speculative_groups_total{outcome=%q}", outcome)
-	return 0
+	return m.GetCounter().GetValue()
 }
 
 // counterValue is the counter name{label=value} of reg, 0 if it is not
 // there (yet); for goroutines other than the test's, which must not stop
 // the test.
 func counterValue(reg *prometheus.Registry, name, label, value string) float64 {
+	return series(reg, name, map[string]string{label: value}).GetCounter().GetValue()
+}
+
+// series is the series of family name in reg with every label of labels,
+// nil if there is none (yet, or reg cannot be gathered). It fails no test,
+// so goroutines other than the test's may call it.
+func series(reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
 	mfs, _ := reg.Gather()
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
 		}
+	metrics:
 		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue metrics
 				}
 			}
+			return m
 		}
 	}
-	return 0
+	return nil
 }
 
 // metricFamily gathers reg and returns the family called name.
