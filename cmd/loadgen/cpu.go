@@ -20,7 +20,7 @@ func (mr *modelRun) cpuHooks(ctx context.Context, name string, target func() loa
 	var c loadgen.CPU
 	var server0 []time.Duration
 	var client0 time.Duration
-	marks := make([]proccpu.Marks, 0)
+	var marks []proccpu.Marks // of each part's roots at the start, to tell whether one ended
 	// read is each part's CPU time now.
 	read := func() ([]time.Duration, error) {
 		ts := make([]time.Duration, len(parts))
