@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/subtle"
 	"net"
+	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,22 +24,34 @@ import (
 // wrong token is unauthenticated, reason UNAUTHENTICATED, and reaches no
 // handler. An empty token admits nothing.
 func TokenAuth(what string, tokens ...string) connect.UnaryInterceptorFunc {
-	msg := "this call needs Authorization: Bearer <" + what + ">"
+	refused := unauthenticated(what)
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			got, ok := strings.CutPrefix(req.Header().Get("Authorization"), "Bearer ")
-			admitted := 0
-			for _, want := range tokens {
-				if want != "" {
-					admitted |= subtle.ConstantTimeCompare([]byte(got), []byte(want))
-				}
-			}
-			if !ok || admitted != 1 {
-				return nil, wire.ToConnect(stock.Errorf(stock.CodeUnauthenticated, "%s", msg))
+			if !bearerAdmitted(req.Header().Get("Authorization"), tokens) {
+				return nil, refused
 			}
 			return next(ctx, req)
 		}
 	}
+}
+
+// bearerAdmitted says whether an Authorization header value is
+// `Bearer <token>` for one of tokens (never an empty one), comparing every
+// token in constant time.
+func bearerAdmitted(header string, tokens []string) bool {
+	got, ok := strings.CutPrefix(header, "Bearer ")
+	admitted := 0
+	for _, want := range tokens {
+		if want != "" {
+			admitted |= subtle.ConstantTimeCompare([]byte(got), []byte(want))
+		}
+	}
+	return ok && admitted == 1
+}
+
+// unauthenticated is the error of a call without the token what names.
+func unauthenticated(what string) error {
+	return wire.ToConnect(stock.Errorf(stock.CodeUnauthenticated, "this call needs Authorization: Bearer <%s>", what))
 }
 
 // Bounds of the limiter.
@@ -47,8 +61,13 @@ const (
 	clientsMax = 100_000
 )
 
-// LimitConfig configures Limit.
-type LimitConfig struct {
+// AdmitConfig configures Admit.
+type AdmitConfig struct {
+	// Tokens, if any is not empty: a request needs `Authorization: Bearer
+	// <token>` for one of them (TokenAuth's rule); TokenName names the
+	// token in the error ("API token").
+	Tokens    []string
+	TokenName string
 	// PerClient is the sustained requests per second one client may send
 	// (its burst is the same number); 0: no per-client limit. A client is
 	// its peer's IP address.
@@ -58,12 +77,25 @@ type LimitConfig struct {
 	InFlight int
 }
 
-// Limit returns an interceptor that sheds load before it reaches the
-// service: RATE_LIMITED (resource_exhausted, retry later with the same key)
-// for a client over its rate or when InFlight requests are already being
-// served. A refused request changes nothing. Memory is bounded: clientsMax
-// limiters and InFlight requests.
-func Limit(cfg LimitConfig) connect.UnaryInterceptorFunc {
+// Admit returns h behind admission control decided from a request's
+// headers and peer alone, before its body is read or decoded: the token
+// (UNAUTHENTICATED), then the client's rate and the bound on requests in
+// flight (RATE_LIMITED, resource_exhausted: retry later with the same
+// key). A refused request reaches no handler and changes nothing; its
+// error is written in the request's protocol (Connect, gRPC, gRPC-Web) by
+// connect's ErrorWriter, and refused(procedure, reason) counts it (nil:
+// not counted).
+//
+// Refusing here rather than in an interceptor is what keeps a shed cheap:
+// under a burst beyond what the server can serve, a refusal costs the
+// transport's work and three header reads, not the message's decoding and
+// the handler's stack (an interceptor runs after both), so the server
+// keeps answering every request promptly, if only to refuse it, at rates
+// far above its peak. A stranger's request costs no limiter: the token is
+// checked first. Memory is bounded: clientsMax limiters and InFlight
+// requests.
+func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason string)) http.Handler {
+	tokens := slices.DeleteFunc(slices.Clone(cfg.Tokens), func(s string) bool { return s == "" })
 	var clients *lru.Cache[string, *rate.Limiter]
 	var mu sync.Mutex
 	if cfg.PerClient > 0 {
@@ -74,34 +106,51 @@ func Limit(cfg LimitConfig) connect.UnaryInterceptorFunc {
 		slots = make(chan struct{}, cfg.InFlight)
 	}
 	burst := max(1, int(cfg.PerClient))
-	return func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			if clients != nil {
-				host := req.Peer().Addr
-				if h, _, err := net.SplitHostPort(host); err == nil {
-					host = h
-				}
-				mu.Lock()
-				l, ok := clients.Get(host)
-				if !ok {
-					l = rate.NewLimiter(rate.Limit(cfg.PerClient), burst)
-					clients.Add(host, l)
-				}
-				allowed := l.AllowN(time.Now(), 1)
-				mu.Unlock()
-				if !allowed {
-					return nil, wire.ToConnect(stock.Errorf(stock.CodeRateLimited, "over %g requests a second from this client; retry later with the same key", cfg.PerClient))
-				}
-			}
-			if slots != nil {
-				select {
-				case slots <- struct{}{}:
-					defer func() { <-slots }()
-				default:
-					return nil, wire.ToConnect(stock.Errorf(stock.CodeRateLimited, "the server is at its bound of %d requests in flight; retry later with the same key", cfg.InFlight))
-				}
-			}
-			return next(ctx, req)
+	// The errors are built once: ErrorWriter only reads them.
+	var (
+		noToken  = unauthenticated(cfg.TokenName)
+		overRate = wire.ToConnect(stock.Errorf(stock.CodeRateLimited, "over %g requests a second from this client; retry later with the same key", cfg.PerClient))
+		full     = wire.ToConnect(stock.Errorf(stock.CodeRateLimited, "the server is at its bound of %d requests in flight; retry later with the same key", cfg.InFlight))
+	)
+	errs := connect.NewErrorWriter()
+	refuse := func(w http.ResponseWriter, r *http.Request, err error) {
+		if refused != nil {
+			refused(r.URL.Path, wire.Reason(err))
 		}
+		_ = errs.Write(w, r, err) // a client gone is all that can fail
 	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(tokens) > 0 && !bearerAdmitted(r.Header.Get("Authorization"), tokens) {
+			refuse(w, r, noToken)
+			return
+		}
+		if clients != nil {
+			host := r.RemoteAddr
+			if h, _, err := net.SplitHostPort(host); err == nil {
+				host = h
+			}
+			mu.Lock()
+			l, ok := clients.Get(host)
+			if !ok {
+				l = rate.NewLimiter(rate.Limit(cfg.PerClient), burst)
+				clients.Add(host, l)
+			}
+			allowed := l.AllowN(time.Now(), 1)
+			mu.Unlock()
+			if !allowed {
+				refuse(w, r, overRate)
+				return
+			}
+		}
+		if slots != nil {
+			select {
+			case slots <- struct{}{}:
+				defer func() { <-slots }()
+			default:
+				refuse(w, r, full)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -183,17 +183,19 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}()
 	fmt.Fprintf(stdout, "operator listening on %s://%s\n", scheme, opsLis.Addr())
 	metrics := transport.NewMetrics(reg)
-	// Metrics first, so that refused calls are counted too; then the API
-	// token, then the limits, so that a stranger's calls cost no limiter.
-	public := []connect.Interceptor{metrics}
+	// The InventoryService's admission (API token, per-client rate,
+	// requests in flight) runs before Connect reads a request, so that a
+	// burst is shed at the transport's cost; its refusals are counted in
+	// the call metrics too.
+	admit := api.AdmitConfig{TokenName: "API token", PerClient: *rateLimit, InFlight: *inFlight}
 	if *apiToken != "" {
 		// The admin token is accepted too: an operator's tools (stockctl,
 		// the dashboard) read stock with it.
-		public = append(public, api.TokenAuth("API token", *apiToken, *token))
+		admit.Tokens = []string{*apiToken, *token}
 	}
-	public = append(public, api.Limit(api.LimitConfig{PerClient: *rateLimit, InFlight: *inFlight}))
-	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: alloc},
-		append(transport.PublicHandlerOptions(), connect.WithInterceptors(public...))...))
+	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: alloc},
+		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
+	mux.Handle(invPath, api.Admit(admit, invHandler, metrics.Refused))
 	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc, Placement: proc.DBs},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())
