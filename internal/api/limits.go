@@ -1,8 +1,10 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -75,25 +77,43 @@ type AdmitConfig struct {
 	// InFlight bounds the requests being served at once, all clients; a
 	// request beyond it is refused at once. 0: no bound.
 	InFlight int
+	// BodyTimeout bounds the wait for a request's message once its headers
+	// are in (with InFlight); 0: bodyTimeoutDefault.
+	BodyTimeout time.Duration
 }
 
-// Admit returns h behind admission control decided from a request's
-// headers and peer alone, before its body is read or decoded: the token
-// (UNAUTHENTICATED), then the client's rate and the bound on requests in
-// flight (RATE_LIMITED, resource_exhausted: retry later with the same
-// key). A refused request reaches no handler and changes nothing; its
-// error is written in the request's protocol (Connect, gRPC, gRPC-Web) by
-// connect's ErrorWriter, and refused(procedure, reason) counts it (nil:
-// not counted).
+// Bounds of Admit's read ahead.
+const (
+	// bodyAheadMax is the most of a message read before the request takes
+	// a place in flight: the public API's message bound
+	// (transport.PublicHandlerOptions), so that any message it accepts is
+	// in hand first.
+	bodyAheadMax = 64 << 10
+	// bodyTimeoutDefault: a message not in within this long of its headers
+	// is refused, INVALID_ARGUMENT. A unary call's message follows its
+	// headers at once; a client that withholds it holds a stream, not a
+	// place in flight, and not for longer than this.
+	bodyTimeoutDefault = 10 * time.Second
+)
+
+// Admit returns h behind admission control decided before a request's
+// message is decoded: the token (UNAUTHENTICATED) and the client's rate
+// (RATE_LIMITED, resource_exhausted: retry later with the same key) from
+// its headers and peer alone; then, with its message read (up to
+// bodyAheadMax bytes, within BodyTimeout, else INVALID_ARGUMENT), the
+// bound on requests in flight (RATE_LIMITED). The message is read before
+// the request takes a place so that a client that sends headers and
+// withholds the message cannot hold the places of others. A refused
+// request reaches no handler and changes nothing; its error is written in
+// the request's protocol (Connect, gRPC, gRPC-Web) by connect's
+// ErrorWriter, and refused(procedure, reason) counts it (nil: not
+// counted).
 //
-// Refusing here rather than in an interceptor is what keeps a shed cheap:
-// under a burst beyond what the server can serve, a refusal costs the
-// transport's work and three header reads, not the message's decoding and
-// the handler's stack (an interceptor runs after both), so the server
-// keeps answering every request promptly, if only to refuse it, at rates
-// far above its peak. A stranger's request costs no limiter: the token is
-// checked first. Memory is bounded: clientsMax limiters and InFlight
-// requests.
+// Refusing here rather than in an interceptor keeps a shed cheap: it costs
+// the transport's work, a few header reads and a copy of the message, not
+// the message's decoding and the handler's stack (an interceptor runs
+// after both). A stranger's request costs no limiter: the token is checked
+// first. Memory is bounded: clientsMax limiters and InFlight requests.
 func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason string)) http.Handler {
 	tokens := slices.DeleteFunc(slices.Clone(cfg.Tokens), func(s string) bool { return s == "" })
 	var clients *lru.Cache[string, *rate.Limiter]
@@ -106,11 +126,16 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 		slots = make(chan struct{}, cfg.InFlight)
 	}
 	burst := max(1, int(cfg.PerClient))
+	bodyTimeout := cfg.BodyTimeout
+	if bodyTimeout <= 0 {
+		bodyTimeout = bodyTimeoutDefault
+	}
 	// The errors are built once: ErrorWriter only reads them.
 	var (
 		noToken  = unauthenticated(cfg.TokenName)
 		overRate = wire.ToConnect(stock.Errorf(stock.CodeRateLimited, "over %g requests a second from this client; retry later with the same key", cfg.PerClient))
 		full     = wire.ToConnect(stock.Errorf(stock.CodeRateLimited, "the server is at its bound of %d requests in flight; retry later with the same key", cfg.InFlight))
+		late     = wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "the request's message did not arrive within %s of its headers", bodyTimeout))
 	)
 	errs := connect.NewErrorWriter()
 	refuse := func(w http.ResponseWriter, r *http.Request, err error) {
@@ -143,6 +168,10 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 			}
 		}
 		if slots != nil {
+			if err := readAhead(w, r, bodyTimeout); err != nil {
+				refuse(w, r, late)
+				return
+			}
 			select {
 			case slots <- struct{}{}:
 				defer func() { <-slots }()
@@ -153,4 +182,22 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// readAhead reads the start of r's message (up to bodyAheadMax bytes)
+// within timeout and puts it back in front of the rest, for the handler.
+func readAhead(w http.ResponseWriter, r *http.Request, timeout time.Duration) error {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(timeout)) // HTTP/1 and HTTP/2 writers support it
+	var ahead bytes.Buffer
+	_, err := ahead.ReadFrom(io.LimitReader(r.Body, bodyAheadMax))
+	_ = rc.SetReadDeadline(time.Time{})
+	if err != nil {
+		return err
+	}
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(&ahead, r.Body), r.Body}
+	return nil
 }

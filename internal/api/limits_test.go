@@ -130,6 +130,69 @@ func TestAdmit_InFlight(t *testing.T) {
 	}
 }
 
+// A client that sends a call's headers and withholds its message holds no
+// place in flight: with a bound of one, other calls are admitted while it
+// waits, and it is refused, INVALID_ARGUMENT, once BodyTimeout has passed.
+// (Seen failing with the place taken before the message is read: the
+// other calls were RATE_LIMITED.)
+func TestAdmit_WithheldMessage(t *testing.T) {
+	inv := &blockingInventory{entered: make(chan struct{}, 8), release: make(chan struct{})}
+	close(inv.release)
+	const bodyTimeout = 2 * time.Second
+	path, h := shardstockv1connect.NewInventoryServiceHandler(inv)
+	admit := Admit(AdmitConfig{InFlight: 1, BodyTimeout: bodyTimeout}, h, nil)
+	started := make(chan struct{})
+	base := serveH2C(t, path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Withheld") != "" {
+			close(started)
+		}
+		admit.ServeHTTP(w, r)
+	}))
+	body, withhold := io.Pipe()
+	defer withhold.Close()
+	req, err := http.NewRequest(http.MethodPost, base+shardstockv1connect.InventoryServiceGetStockProcedure, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/proto")
+	req.Header.Set("X-Withheld", "1")
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	withheld := make(chan answer, 1)
+	sent := time.Now()
+	go func() {
+		resp, err := transport.NewClient().Do(req)
+		if err != nil {
+			withheld <- answer{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		withheld <- answer{resp.StatusCode, string(b), err}
+	}()
+	<-started
+	client := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base)
+	for i := range 3 {
+		if _, err := client.GetStock(context.Background(), connect.NewRequest(&v1.GetStockRequest{Sku: "s"})); err != nil {
+			t.Errorf("call %d while a message is withheld = %v, want admitted", i, err)
+		}
+	}
+	select {
+	case a := <-withheld:
+		if a.err != nil || a.status != http.StatusBadRequest || !strings.Contains(a.body, "did not arrive") {
+			t.Errorf("the withheld call = %d %q %v, want 400 invalid_argument: did not arrive", a.status, a.body, a.err)
+		}
+		if took := time.Since(sent); took < bodyTimeout {
+			t.Errorf("the withheld call was refused after %s, before BodyTimeout %s", took, bodyTimeout)
+		}
+	case <-time.After(bodyTimeout + 10*time.Second):
+		t.Fatalf("the withheld call not refused within %s", bodyTimeout+10*time.Second)
+	}
+}
+
 // Admit checks the token before the client's rate: a stranger's calls are
 // UNAUTHENTICATED and take nothing from the rate of the client they come
 // from; a client over its rate is RATE_LIMITED.
