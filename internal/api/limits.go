@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/transport"
 	"github.com/shardstock/shardstock/internal/wire"
 )
 
@@ -85,10 +86,9 @@ type AdmitConfig struct {
 // Bounds of Admit's read ahead.
 const (
 	// bodyAheadMax is the most of a message read before the request takes
-	// a place in flight: the public API's message bound
-	// (transport.PublicHandlerOptions), so that any message it accepts is
-	// in hand first.
-	bodyAheadMax = 64 << 10
+	// a place in flight: the public API's message bound, so that any
+	// message it accepts is in hand first.
+	bodyAheadMax = transport.PublicReadMaxBytes
 	// bodyTimeoutDefault: a message not in within this long of its headers
 	// is refused, INVALID_ARGUMENT. A unary call's message follows its
 	// headers at once; a client that withholds it holds a stream, not a
@@ -169,6 +169,9 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 		}
 		if slots != nil {
 			if err := readAhead(w, r, bodyTimeout); err != nil {
+				if r.Context().Err() != nil {
+					return // the client is gone: nobody to answer
+				}
 				refuse(w, r, late)
 				return
 			}
@@ -191,6 +194,8 @@ func readAhead(w http.ResponseWriter, r *http.Request, timeout time.Duration) er
 	_ = rc.SetReadDeadline(time.Now().Add(timeout)) // HTTP/1 and HTTP/2 writers support it
 	var ahead bytes.Buffer
 	_, err := ahead.ReadFrom(io.LimitReader(r.Body, bodyAheadMax))
+	// The deadline goes once the message is in: the handler's own reads
+	// and writes are bounded by the call's deadline.
 	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		return err

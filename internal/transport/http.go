@@ -125,10 +125,10 @@ const (
 	// readMaxBytes bounds a message a peer may send between shardstock's
 	// own processes (an Execute call carries up to 4,096 operations).
 	readMaxBytes = 4 << 20
-	// publicReadMaxBytes bounds a message of the public and admin APIs,
+	// PublicReadMaxBytes bounds a message of the public and admin APIs,
 	// after decompression: every request is one SKU's, well under 1 KiB.
 	// A larger one is resource_exhausted and reaches no handler.
-	publicReadMaxBytes = 64 << 10
+	PublicReadMaxBytes = 64 << 10
 )
 
 // HandlerOptions are the options of the internal ShardService's handlers.
@@ -139,7 +139,7 @@ func HandlerOptions() []connect.HandlerOption {
 // PublicHandlerOptions are the options of the public and admin APIs'
 // handlers: HandlerOptions with the smaller message bound.
 func PublicHandlerOptions() []connect.HandlerOption {
-	return []connect.HandlerOption{connect.WithCompressMinBytes(compressMinBytes), connect.WithReadMaxBytes(publicReadMaxBytes)}
+	return []connect.HandlerOption{connect.WithCompressMinBytes(compressMinBytes), connect.WithReadMaxBytes(PublicReadMaxBytes)}
 }
 
 // InternalClientOptions are the options of clients between shardstock's own
