@@ -168,13 +168,15 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 			}
 		}
 		if slots != nil {
-			if err := readAhead(w, r, bodyTimeout); err != nil {
+			done, err := readAhead(w, r, bodyTimeout)
+			if err != nil {
 				if r.Context().Err() != nil {
 					return // the client is gone: nobody to answer
 				}
 				refuse(w, r, late)
 				return
 			}
+			defer done()
 			select {
 			case slots <- struct{}{}:
 				defer func() { <-slots }()
@@ -187,22 +189,36 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 	})
 }
 
+// aheads are the buffers of readAhead.
+var aheads = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // readAhead reads the start of r's message (up to bodyAheadMax bytes)
-// within timeout and puts it back in front of the rest, for the handler.
-func readAhead(w http.ResponseWriter, r *http.Request, timeout time.Duration) error {
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(timeout)) // HTTP/1 and HTTP/2 writers support it
-	var ahead bytes.Buffer
-	_, err := ahead.ReadFrom(io.LimitReader(r.Body, bodyAheadMax))
-	// The deadline goes once the message is in: the handler's own reads
-	// and writes are bounded by the call's deadline.
-	_ = rc.SetReadDeadline(time.Time{})
+// within timeout and puts it back in front of the rest, for the handler;
+// done returns its buffer once the handler has ended.
+//
+// The timeout is a timer of its own that, only if it fires, sets a read
+// deadline in the past, which ends the read at once: setting and clearing
+// a deadline on every request would cost two messages to the HTTP/2
+// connection's serving goroutine each (ResponseController.SetReadDeadline
+// on a stream), where the timer costs nothing the connection shares.
+func readAhead(w http.ResponseWriter, r *http.Request, timeout time.Duration) (done func(), err error) {
+	ahead := aheads.Get().(*bytes.Buffer)
+	done = func() {
+		ahead.Reset()
+		aheads.Put(ahead)
+	}
+	t := time.AfterFunc(timeout, func() {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
+	})
+	_, err = ahead.ReadFrom(io.LimitReader(r.Body, bodyAheadMax))
+	t.Stop()
 	if err != nil {
-		return err
+		done()
+		return nil, err
 	}
 	r.Body = struct {
 		io.Reader
 		io.Closer
-	}{io.MultiReader(&ahead, r.Body), r.Body}
-	return nil
+	}{io.MultiReader(ahead, r.Body), r.Body}
+	return done, nil
 }
