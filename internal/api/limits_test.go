@@ -287,3 +287,39 @@ func BenchmarkShed(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdmitted: a call admitted through Admit (token, in-flight
+// bound, the message read ahead) against the same call with no admission,
+// over a real h2c connection, client and server in this process: what
+// admission adds to every call the allocator serves.
+func BenchmarkAdmitted(b *testing.B) {
+	for _, name := range []string{"None", "Admit"} {
+		b.Run(name, func(b *testing.B) {
+			path, h := shardstockv1connect.NewInventoryServiceHandler(okInventory{})
+			served := http.Handler(h)
+			if name == "Admit" {
+				served = Admit(AdmitConfig{InFlight: 4096}, served, nil)
+			}
+			client := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), serveH2C(b, path, served))
+			req := &v1.GetStockRequest{Sku: "sku-000123"}
+			b.ReportAllocs()
+			b.SetParallelism(32)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := client.GetStock(context.Background(), connect.NewRequest(req)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// okInventory answers GetStock at once.
+type okInventory struct {
+	shardstockv1connect.UnimplementedInventoryServiceHandler
+}
+
+func (okInventory) GetStock(context.Context, *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error) {
+	return connect.NewResponse(&v1.GetStockResponse{}), nil
+}
