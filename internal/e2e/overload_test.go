@@ -48,7 +48,10 @@ const (
 	// thousands of dials, the listen queue dropped their SYNs (21,175 in
 	// three runs) and calls waited for SYN retransmits past their
 	// deadline. (Its StrictMaxConcurrentRequests, which waits for a stream
-	// instead, stalled whole connections: golang/go#70809.)
+	// instead, stalled whole connections: golang/go#70809.) Not 20,000
+	// waiting: with that many this process, at a full core, was the
+	// queue (the allocator's frame readers sat idle, waiting for data),
+	// and answers came back late for want of the client's own CPU.
 	overloadConns   = 100
 	overloadStreams = 50
 )
