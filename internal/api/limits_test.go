@@ -103,7 +103,7 @@ func TestAdmit_InFlight(t *testing.T) {
 		}
 	}
 	// A body that does not decode is refused for the bound all the same:
-	// the bound is checked before the message is read.
+	// the bound is checked before the message is decoded.
 	resp, err := transport.NewClient().Post(base+shardstockv1connect.InventoryServiceGetStockProcedure, "application/proto", strings.NewReader("\xff\xff\xff"))
 	if err != nil {
 		t.Fatal(err)
