@@ -184,8 +184,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fmt.Fprintf(stdout, "operator listening on %s://%s\n", scheme, opsLis.Addr())
 	metrics := transport.NewMetrics(reg)
 	// The InventoryService's admission (API token, per-client rate,
-	// requests in flight) runs before Connect reads a request, so that a
-	// burst is shed at the transport's cost; its refusals are counted in
+	// requests in flight) runs before Connect decodes a request, so that
+	// a burst is shed at the transport's cost; its refusals are counted in
 	// the call metrics too.
 	admit := api.AdmitConfig{TokenName: "API token", PerClient: *rateLimit, InFlight: *inFlight}
 	if *apiToken != "" {

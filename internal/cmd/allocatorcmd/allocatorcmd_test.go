@@ -172,7 +172,8 @@ func TestRun_Allocator(t *testing.T) {
 func TestRun_TokenAndLimits(t *testing.T) {
 	ctx := context.Background()
 	const apiToken = "api-token-0123456789abcdef"
-	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-api-token", apiToken, "-rate-limit", "20")
+	ops := freeAddr(t)
+	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-api-token", apiToken, "-rate-limit", "20", "-operator-addr", ops)
 	if !ready(base, startTimeout) {
 		t.Fatalf("/readyz not 200 within %s", startTimeout)
 	}
@@ -222,6 +223,30 @@ func TestRun_TokenAndLimits(t *testing.T) {
 	if got := st.Msg.Stock.GetSold(); got != int64(ok) {
 		t.Errorf("sold %d after %d acknowledged deducts: refused calls must change nothing", got, ok)
 	}
+	// The refusals, made before any interceptor, are in the call metrics.
+	resp, err := http.Get("http://" + ops + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for reason, want := range map[string]int{"RATE_LIMITED": limited, "UNAUTHENTICATED": 3, "OK": ok} {
+		line := fmt.Sprintf(`shardstock_rpc_calls_total{procedure="%s",reason="%s"} %d`, shardstockv1connect.InventoryServiceDeductProcedure, reason, want)
+		if !strings.Contains(string(body), line+"\n") {
+			t.Errorf("/metrics lacks %s", line)
+		}
+	}
+}
+
+// freeAddr returns a 127.0.0.1 address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return lis.Addr().String()
 }
 
 // TestRun_Refuses: bad configuration ends Run at once with a reason.
