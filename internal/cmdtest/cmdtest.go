@@ -2,8 +2,10 @@
 package cmdtest
 
 import (
+	"net"
 	"strings"
 	"sync"
+	"testing"
 )
 
 // Output is an io.Writer that keeps what a command prints, safe for the
@@ -35,4 +37,16 @@ func (o *Output) Line(prefix string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// FreeAddr returns a 127.0.0.1 address whose port was free a moment ago,
+// for a listener a command opens itself.
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }

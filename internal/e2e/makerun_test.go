@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardstock/shardstock/internal/cmdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 )
 
@@ -147,7 +148,7 @@ type makeRun struct {
 func startMakeRun(t *testing.T, db string) *makeRun {
 	t.Helper()
 	m := &makeRun{
-		addr:   freeAddr(t),
+		addr:   cmdtest.FreeAddr(t),
 		stdout: &tailBuffer{max: makeRunOutputMax},
 		all:    &tailBuffer{max: makeRunOutputMax},
 		exited: make(chan struct{}),
@@ -398,16 +399,6 @@ func (w *tailBuffer) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return string(w.b)
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // TestListeners: the port check of checkStopped names the process that

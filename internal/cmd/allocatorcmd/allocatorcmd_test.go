@@ -172,7 +172,7 @@ func TestRun_Allocator(t *testing.T) {
 func TestRun_TokenAndLimits(t *testing.T) {
 	ctx := context.Background()
 	const apiToken = "api-token-0123456789abcdef"
-	ops := freeAddr(t)
+	ops := cmdtest.FreeAddr(t)
 	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-api-token", apiToken, "-rate-limit", "20", "-operator-addr", ops)
 	if !ready(base, startTimeout) {
 		t.Fatalf("/readyz not 200 within %s", startTimeout)
@@ -236,17 +236,6 @@ func TestRun_TokenAndLimits(t *testing.T) {
 			t.Errorf("/metrics lacks %s", line)
 		}
 	}
-}
-
-// freeAddr returns a 127.0.0.1 address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	return lis.Addr().String()
 }
 
 // TestRun_Refuses: bad configuration ends Run at once with a reason.
