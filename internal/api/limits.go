@@ -130,19 +130,27 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 	if bodyTimeout <= 0 {
 		bodyTimeout = bodyTimeoutDefault
 	}
-	// The errors are built once: ErrorWriter only reads them.
+	// The refusals are built once, their reasons with them: ErrorWriter
+	// only reads an error, and a shed reads no detail back.
+	type refusal struct {
+		err    error
+		reason string
+	}
+	refusalOf := func(code stock.Code, format string, args ...any) refusal {
+		return refusal{wire.ToConnect(stock.Errorf(code, format, args...)), string(code)}
+	}
 	var (
-		noToken  = unauthenticated(cfg.TokenName)
-		overRate = wire.ToConnect(stock.Errorf(stock.CodeRateLimited, "over %g requests a second from this client; retry later with the same key", cfg.PerClient))
-		full     = wire.ToConnect(stock.Errorf(stock.CodeRateLimited, "the server is at its bound of %d requests in flight; retry later with the same key", cfg.InFlight))
-		late     = wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "the request's message did not arrive within %s of its headers", bodyTimeout))
+		noToken  = refusal{unauthenticated(cfg.TokenName), string(stock.CodeUnauthenticated)}
+		overRate = refusalOf(stock.CodeRateLimited, "over %g requests a second from this client; retry later with the same key", cfg.PerClient)
+		full     = refusalOf(stock.CodeRateLimited, "the server is at its bound of %d requests in flight; retry later with the same key", cfg.InFlight)
+		late     = refusalOf(stock.CodeInvalidArgument, "the request's message did not arrive within %s of its headers", bodyTimeout)
 	)
 	errs := connect.NewErrorWriter()
-	refuse := func(w http.ResponseWriter, r *http.Request, err error) {
+	refuse := func(w http.ResponseWriter, r *http.Request, f refusal) {
 		if refused != nil {
-			refused(r.URL.Path, wire.Reason(err))
+			refused(r.URL.Path, f.reason)
 		}
-		_ = errs.Write(w, r, err) // a client gone is all that can fail
+		_ = errs.Write(w, r, f.err) // a client gone is all that can fail
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(tokens) > 0 && !bearerAdmitted(r.Header.Get("Authorization"), tokens) {
