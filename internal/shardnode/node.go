@@ -84,7 +84,8 @@ func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool, interceptors ..
 	mux := transport.NewMux(transport.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: gatherer, Pprof: pprof,
 		Ready: n.Ready})
 	opts := append(transport.HandlerOptions(), connect.WithInterceptors(interceptors...))
-	mux.Handle(shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, opts...))
+	path, h := shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, opts...)
+	mux.Handle(path, transport.Warm(h, 0))
 	mux.HandleFunc("/drain", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), drainTimeout)
 		defer cancel()

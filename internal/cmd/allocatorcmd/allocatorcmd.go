@@ -195,7 +195,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: alloc},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
-	mux.Handle(invPath, api.Admit(admit, invHandler, metrics.Refused))
+	mux.Handle(invPath, api.Admit(admit, transport.Warm(invHandler, 0), metrics.Refused))
 	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc, Placement: proc.DBs},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
 	mux.Handle("/", api.Dashboard())

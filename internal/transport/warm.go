@@ -1,0 +1,90 @@
+package transport
+
+import (
+	"net/http"
+	"sync"
+)
+
+// WarmIdleMax bounds the idle goroutines Warm keeps between calls.
+const WarmIdleMax = 256
+
+// Warm serves each request on a goroutine kept from an earlier one, whose
+// stack has already grown to what a call needs. net/http starts every
+// HTTP/2 stream's handler on a new goroutine with the smallest stack, and
+// a call through Connect, the API's handlers and a shard's writer grows
+// it several times, each a copy of every frame (runtime.copystack was 6%
+// to 10% of the allocator's CPU under load). The request's own goroutine
+// waits for the call, so the ResponseWriter is used while ServeHTTP is
+// still running, as net/http requires; a panic is carried back and raised
+// there, where net/http handles it as it would have. At most idleMax
+// goroutines wait between calls (WarmIdleMax if idleMax <= 0); beyond
+// them, a goroutine ends after its call.
+func Warm(h http.Handler, idleMax int) http.Handler {
+	if idleMax <= 0 {
+		idleMax = WarmIdleMax
+	}
+	p := &warmPool{h: h, idleMax: idleMax}
+	return p
+}
+
+type warmPool struct {
+	h       http.Handler
+	idleMax int
+	mu      sync.Mutex
+	idle    []*warmWorker // LIFO: the most recently used stack is the warmest
+}
+
+type warmWorker struct {
+	calls chan warmCall
+	done  chan any // the call's panic value, or nil
+}
+
+type warmCall struct {
+	w http.ResponseWriter
+	r *http.Request
+}
+
+func (p *warmPool) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	var wk *warmWorker
+	if n := len(p.idle); n > 0 {
+		wk = p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+	}
+	p.mu.Unlock()
+	if wk == nil {
+		wk = &warmWorker{calls: make(chan warmCall), done: make(chan any, 1)}
+		go p.work(wk)
+	}
+	wk.calls <- warmCall{w, r}
+	if v := <-wk.done; v != nil {
+		p.release(wk)
+		panic(v)
+	}
+	p.release(wk)
+}
+
+// release puts wk back among the idle, or ends it if enough wait.
+func (p *warmPool) release(wk *warmWorker) {
+	p.mu.Lock()
+	if len(p.idle) < p.idleMax {
+		p.idle = append(p.idle, wk)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	close(wk.calls)
+}
+
+func (p *warmPool) work(wk *warmWorker) {
+	for c := range wk.calls {
+		wk.done <- p.serve(c)
+	}
+}
+
+func (p *warmPool) serve(c warmCall) (panicked any) {
+	defer func() { panicked = recover() }()
+	p.h.ServeHTTP(c.w, c.r)
+	return nil
+}
