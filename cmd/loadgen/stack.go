@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -25,6 +24,7 @@ import (
 
 	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/freeport"
 	"github.com/shardstock/shardstock/internal/loadgen"
 	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/proc"
@@ -110,12 +110,12 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 	if err := s.database(ctx, cfg); err != nil {
 		return s, err
 	}
-	port, err := freePort()
+	port, err := freeport.Port()
 	if err != nil {
 		return s, err
 	}
 	s.baseURL = "http://127.0.0.1:" + strconv.Itoa(port)
-	opsPort, err := freePort()
+	opsPort, err := freeport.Port()
 	if err != nil {
 		return s, err
 	}
@@ -400,15 +400,6 @@ func hostOf(raw string) string {
 		return u.Host
 	}
 	return "the given server"
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pick a port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func randomHex(n int) string {

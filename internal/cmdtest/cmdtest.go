@@ -2,10 +2,11 @@
 package cmdtest
 
 import (
-	"net"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/shardstock/shardstock/internal/freeport"
 )
 
 // Output is an io.Writer that keeps what a command prints, safe for the
@@ -40,13 +41,12 @@ func (o *Output) Line(prefix string) (string, bool) {
 }
 
 // FreeAddr returns a 127.0.0.1 address whose port was free a moment ago,
-// for a listener a command opens itself.
+// for a listener a command opens itself (freeport.Addr).
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/shardstock/shardstock/internal/freeport"
 )
 
 // etcdCluster is a 3-member embedded etcd of a test's own.
@@ -24,11 +26,11 @@ func startEtcdCluster(t *testing.T, n int) *etcdCluster {
 	c := &etcdCluster{}
 	var peers, initial []string
 	for i := range n {
-		pp, err := freePort()
+		pp, err := freeport.Port()
 		if err != nil {
 			t.Fatal(err)
 		}
-		cp, err := freePort()
+		cp, err := freeport.Port()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -19,6 +18,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/internal/faultproxy"
+	"github.com/shardstock/shardstock/internal/freeport"
 	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -155,7 +155,7 @@ func TestE2E_LinkFaultsUnderLoad(t *testing.T) {
 	var proxies []*faultproxy.Proxy
 	s := newStackOpts(t, stackOpts{dbURL: dbURL, startShards: func(s *stack) {
 		for i := 1; i <= 3; i++ {
-			port, err := freePort()
+			port, err := freeport.Port()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -542,14 +542,4 @@ func provablyWrong(initial int64, history []porcupine.Operation) error {
 		}
 	}
 	return nil
-}
-
-// freePort returns a port of 127.0.0.1 that nothing listens on now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -7,7 +7,6 @@ package pgcluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardstock/shardstock/internal/freeport"
 	"github.com/shardstock/shardstock/internal/proc"
 )
 
@@ -160,9 +160,11 @@ func (c *Cluster) start(ctx context.Context, binDir string) error {
 // launch starts postgres on port (0: a free one) and waits until it answers.
 func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *syscall.Credential, port int) error {
 	if port == 0 {
-		p, err := freePort()
+		// Another process may take it before postgres binds; start
+		// retries in that case.
+		p, err := freeport.Port()
 		if err != nil {
-			return err
+			return fmt.Errorf("pgcluster: %w", err)
 		}
 		port = p
 	}
@@ -382,15 +384,4 @@ func writeOwned(path string, b []byte, cred *syscall.Credential) error {
 		}
 	}
 	return nil
-}
-
-// freePort asks the kernel for a free TCP port on 127.0.0.1. Another
-// process may take it before postgres binds; start retries in that case.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgcluster: pick a port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

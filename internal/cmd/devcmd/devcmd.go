@@ -16,7 +16,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -33,6 +32,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cmd/shardcmd"
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/etcdembed"
+	"github.com/shardstock/shardstock/internal/freeport"
 	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/proc"
@@ -161,7 +161,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		members++
 	}
 	if *opsAddr == "" {
-		if *opsAddr, err = freeAddr(); err != nil {
+		if *opsAddr, err = freeport.Addr(); err != nil {
 			return err
 		}
 	}
@@ -213,17 +213,6 @@ func resetFences(ctx context.Context, url string) error {
 	}
 	defer db.Close()
 	return db.ResetFences(ctx)
-}
-
-// freeAddr returns an address on 127.0.0.1 with a port nothing listens on
-// now (the kernel's choice).
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 func randomToken() string {

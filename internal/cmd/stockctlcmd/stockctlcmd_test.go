@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -180,7 +179,7 @@ func TestStockctl(t *testing.T) {
 		{"bad flag", env, []string{"stock", "-nope", "tee"}, stockctlcmd.ExitUsage},
 		{"unknown command", env, []string{"steal"}, stockctlcmd.ExitUsage},
 		{"missing argument", env, []string{"set-shards", "tee"}, stockctlcmd.ExitUsage},
-		{"nothing listening", map[string]string{"SHARDSTOCK_URL": "http://" + freeAddr(t), "SHARDSTOCK_ADMIN_TOKEN": token}, []string{"topology"}, stockctlcmd.ExitUnavailable},
+		{"nothing listening", map[string]string{"SHARDSTOCK_URL": "http://" + cmdtest.FreeAddr(t), "SHARDSTOCK_ADMIN_TOKEN": token}, []string{"topology"}, stockctlcmd.ExitUnavailable},
 		{"help", env, []string{"help"}, stockctlcmd.ExitOK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -196,17 +195,6 @@ func TestStockctl(t *testing.T) {
 			}
 		})
 	}
-}
-
-// freeAddr returns an address nothing listens on.
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 // TestStockctl_TLS: against an allocator serving TLS with a certificate of

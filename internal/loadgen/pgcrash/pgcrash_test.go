@@ -3,7 +3,6 @@ package pgcrash
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardstock/shardstock/internal/freeport"
 	"github.com/shardstock/shardstock/internal/pgcluster"
 )
 
@@ -127,7 +127,10 @@ func startCluster(t *testing.T) (dataDir, url string) {
 		}
 	}
 	runAs("initdb", "-D", dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
-	port := freePort(t)
+	port, err := freeport.Port()
+	if err != nil {
+		t.Fatal(err)
+	}
 	runAs("pg_ctl", "-D", dataDir, "-l", filepath.Join(dir, "postgres.log"), "-w", "-t", "60",
 		"-o", "-p "+strconv.Itoa(port)+" -k "+dir+" -c listen_addresses=127.0.0.1", "start")
 	t.Cleanup(func() {
@@ -136,17 +139,6 @@ func startCluster(t *testing.T) (dataDir, url string) {
 		_ = cmd.Run()
 	})
 	return dataDir, "postgres://postgres@127.0.0.1:" + strconv.Itoa(port) + "/postgres?sslmode=disable"
-}
-
-// freePort asks the kernel for a free port on 127.0.0.1.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func postmasterPID(t *testing.T, dataDir string) string {
