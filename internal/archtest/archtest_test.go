@@ -21,9 +21,10 @@ const module = "github.com/shardstock/shardstock/"
 // test-support packages: only tests and other test-support packages may
 // import them, and only they may import "testing".
 var layers = map[string]int{
-	"internal/stock": 0, // the domain
-	"internal/batch": 0,
-	"internal/proc":  0,
+	"internal/stock":    0, // the domain
+	"internal/batch":    0,
+	"internal/proc":     0,
+	"internal/freeport": 0,
 
 	"internal/reconcile":   1, // pure logic over the domain
 	"internal/rebalance":   1,
