@@ -442,7 +442,7 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 // a shard refused the request for stock.
 func (a *Allocator) tryShards(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, first int32) (res stock.Result, asked, done bool) {
 	var last stock.Result
-	for _, idx := range candidates(sku.Shards, first, a.hintsOf(sku.Name, sku.Shards), q, a.skipper(sku.Name)) {
+	for idx := range candidates(sku.Shards, first, a.hintsOf(sku.Name, sku.Shards), q, a.skipper(sku.Name)) {
 		if idx != first {
 			a.metrics.reroutes.Inc()
 		}

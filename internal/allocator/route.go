@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"cmp"
+	"iter"
 	"slices"
 )
 
@@ -17,30 +18,37 @@ type hint struct {
 // available first (unknown ones before known ones, to learn them), ties
 // broken by distance from the first choice so that load spreads. Shards that
 // skip says to avoid, or known to have less than q, are left out. It is pure.
-func candidates(n int32, first int32, hints []hint, q int64, skip func(int32) bool) []int32 {
-	fits := func(i int32) bool {
-		// The hint first: skip looks the shard's server up, and a sold-out
-		// SKU's shards are all known to lack q.
-		return (!hints[i].known || hints[i].available >= q) && (skip == nil || !skip(i))
-	}
-	out := make([]int32, 0, n)
-	if fits(first) {
-		out = append(out, first)
-	}
-	rest := make([]int32, 0, n)
-	for d := int32(1); d < n; d++ {
-		if i := (first + d) % n; fits(i) {
-			rest = append(rest, i)
+// The others are looked at only once the first choice is passed: most
+// requests end at it, and skip looks a shard's server up.
+func candidates(n int32, first int32, hints []hint, q int64, skip func(int32) bool) iter.Seq[int32] {
+	return func(yield func(int32) bool) {
+		fits := func(i int32) bool {
+			// The hint first: skip looks the shard's server up, and a
+			// sold-out SKU's shards are all known to lack q.
+			return (!hints[i].known || hints[i].available >= q) && (skip == nil || !skip(i))
+		}
+		if fits(first) && !yield(first) {
+			return
+		}
+		rest := make([]int32, 0, n)
+		for d := int32(1); d < n; d++ {
+			if i := (first + d) % n; fits(i) {
+				rest = append(rest, i)
+			}
+		}
+		rank := func(i int32) int64 {
+			if !hints[i].known {
+				return 1 << 62
+			}
+			return hints[i].available
+		}
+		slices.SortStableFunc(rest, func(a, b int32) int { return cmp.Compare(rank(b), rank(a)) })
+		for _, i := range rest {
+			if !yield(i) {
+				return
+			}
 		}
 	}
-	rank := func(i int32) int64 {
-		if !hints[i].known {
-			return 1 << 62
-		}
-		return hints[i].available
-	}
-	slices.SortStableFunc(rest, func(a, b int32) int { return cmp.Compare(rank(b), rank(a)) })
-	return append(out, rest...)
 }
 
 // consolidation plans moving stock so that one shard holds q: the target is

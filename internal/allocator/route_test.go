@@ -39,11 +39,27 @@ func TestRoute_Candidates(t *testing.T) {
 		{"NoneEnough", 3, 0, []hint{known(1), known(2), known(3)}, 4, nil, []int32{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := candidates(tc.n, tc.first, tc.hints, tc.q, tc.skip)
+			got := slices.Collect(candidates(tc.n, tc.first, tc.hints, tc.q, tc.skip))
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("candidates(%d, %d, %v, %d) = %v, want %v", tc.n, tc.first, tc.hints, tc.q, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRoute_CandidatesLazy: a request that ends at its first choice looks
+// no other shard's server up.
+func TestRoute_CandidatesLazy(t *testing.T) {
+	var looked []int32
+	skip := func(i int32) bool { looked = append(looked, i); return false }
+	for i := range candidates(16, 5, make([]hint, 16), 1, skip) {
+		if i != 5 {
+			t.Fatalf("first candidate %d, want the first choice 5", i)
+		}
+		break
+	}
+	if !slices.Equal(looked, []int32{5}) {
+		t.Errorf("skip asked about %v, want only the first choice [5]", looked)
 	}
 }
 
