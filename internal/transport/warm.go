@@ -1,7 +1,9 @@
 package transport
 
 import (
+	"fmt"
 	"net/http"
+	"runtime/debug"
 	"sync"
 )
 
@@ -84,7 +86,26 @@ func (p *warmPool) work(wk *warmWorker) {
 }
 
 func (p *warmPool) serve(c warmCall) (panicked any) {
-	defer func() { panicked = recover() }()
+	defer func() {
+		if v := recover(); v != nil {
+			panicked = v
+			if v != http.ErrAbortHandler { // net/http ends that one quietly
+				panicked = warmPanic{v: v, stack: debug.Stack()}
+			}
+		}
+	}()
 	p.h.ServeHTTP(c.w, c.r)
 	return nil
+}
+
+// warmPanic is a handler's panic raised again on the request's goroutine,
+// with the stack of the kept goroutine where it happened (net/http logs
+// the value with %v, then the request goroutine's own stack).
+type warmPanic struct {
+	v     any
+	stack []byte
+}
+
+func (p warmPanic) String() string {
+	return fmt.Sprintf("%v\n\nraised on a kept goroutine (transport.Warm):\n%s", p.v, p.stack)
 }

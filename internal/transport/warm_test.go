@@ -131,6 +131,23 @@ func TestWarm_Panic(t *testing.T) {
 	}
 }
 
+// TestWarm_PanicStack: a handler's own panic reaches net/http with the
+// stack where it happened, not only the request goroutine's wait.
+func TestWarm_PanicStack(t *testing.T) {
+	var got any
+	h := Warm(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panicInHandler() }), 0)
+	func() {
+		defer func() { got = recover() }()
+		h.ServeHTTP(nil, nil)
+	}()
+	if s := fmt.Sprint(got); !strings.Contains(s, "boom") || !strings.Contains(s, "panicInHandler") {
+		t.Errorf("the panic raised again = %q, want its value and the handler's stack", s)
+	}
+}
+
+//go:noinline
+func panicInHandler() { panic("boom") }
+
 // useStack recurses n frames of about 300 bytes each, as a call through
 // the API's layers grows its goroutine's stack.
 //
