@@ -79,7 +79,7 @@ bench: ## load-test shardstock, the in-memory ceiling, the five baselines and th
 bench-rebalance: ## the rebalancer off and on, model skew and model C: loadgen's tables and the sweeps, consolidations and reroutes routing needed (about 2 min)
 	scripts/bench/rebalance.sh
 
-bench-ab: ## the working tree against BASE=<git revision>, ROUNDS (default 3) alternated rounds of hot deducts, reserve+commit and model C, each beside the ceiling and the Connect-fronted Redis; prints the medians of the ratios (about 3 min a round)
+bench-ab: ## the working tree against BASE=<git revision>, ROUNDS (default 3) alternated rounds of hot deducts, reserve+commit and model C, each beside the ceiling and the Connect-fronted Redis; prints the medians of the ratios and of head/base per round; BENCH_AB_RATE=N paces every target (about 3 min a round)
 	scripts/bench/ab.sh "$(BASE)" $(or $(ROUNDS),3)
 
 bench-statements: ## where Postgres's share of a deduct goes: pg_stat_statements over a hot-SKU load on a private Postgres, per call and per request, with its WAL bytes (about 1 min)
