@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 	"net/http"
+	"runtime"
 	"runtime/debug"
 	"sync"
 )
@@ -42,8 +43,9 @@ type warmWorker struct {
 }
 
 type warmCall struct {
-	w http.ResponseWriter
-	r *http.Request
+	w    http.ResponseWriter
+	r    *http.Request
+	done chan any // the worker's
 }
 
 func (p *warmPool) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -59,13 +61,22 @@ func (p *warmPool) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		wk = &warmWorker{calls: make(chan warmCall), done: make(chan any, 1)}
 		go p.work(wk)
 	}
-	wk.calls <- warmCall{w, r}
-	if v := <-wk.done; v != nil {
+	wk.calls <- warmCall{w, r, wk.done}
+	switch v := <-wk.done; v {
+	case nil:
+		p.release(wk)
+	case warmGoexit:
+		// The handler called runtime.Goexit, which ended the kept
+		// goroutine; end this one so, as the handler would have.
+		runtime.Goexit()
+	default:
 		p.release(wk)
 		panic(v)
 	}
-	p.release(wk)
 }
+
+// warmGoexit is sent for a handler that called runtime.Goexit.
+var warmGoexit = new(struct{ goexit bool })
 
 // release puts wk back among the idle, or ends it if enough wait.
 func (p *warmPool) release(wk *warmWorker) {
@@ -86,15 +97,22 @@ func (p *warmPool) work(wk *warmWorker) {
 }
 
 func (p *warmPool) serve(c warmCall) (panicked any) {
+	returned := false
 	defer func() {
-		if v := recover(); v != nil {
+		switch v := recover(); {
+		case v != nil:
 			panicked = v
 			if v != http.ErrAbortHandler { // net/http ends that one quietly
 				panicked = warmPanic{v: v, stack: debug.Stack()}
 			}
+		case !returned:
+			// runtime.Goexit: this goroutine ends after the defers, and
+			// the request's goroutine must not wait for it.
+			c.done <- warmGoexit
 		}
 	}()
 	p.h.ServeHTTP(c.w, c.r)
+	returned = true
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -128,6 +129,36 @@ func TestWarm_Panic(t *testing.T) {
 	}
 	if n := p.idleCount(); n != 1 {
 		t.Errorf("%d goroutines kept, want 1: the one that panicked is reused", n)
+	}
+}
+
+// TestWarm_Goexit: a handler that calls runtime.Goexit ends its call as it
+// would without Warm (the stream is reset at once, not left waiting for a
+// goroutine that is gone), and the next call is served.
+func TestWarm_Goexit(t *testing.T) {
+	url, p := serveWarm(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/goexit") {
+			runtime.Goexit()
+		}
+		io.WriteString(w, "ok")
+	}), 0)
+	c := NewClient()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/goexit", nil)
+	res, err := c.Do(req)
+	if err == nil {
+		_, err = io.ReadAll(res.Body)
+		res.Body.Close()
+	}
+	if err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the call whose handler called Goexit = %v, want its stream reset at once", err)
+	}
+	if code, body := get(t, c, url+"/"); code != http.StatusOK || body != "ok" {
+		t.Errorf("the call after = %d %q", code, body)
+	}
+	if n := p.idleCount(); n != 1 {
+		t.Errorf("%d goroutines kept, want 1 (the ended one is not kept)", n)
 	}
 }
 
