@@ -101,64 +101,47 @@ func TestWarm_ReusesAndBounds(t *testing.T) {
 	}
 }
 
-// TestWarm_Panic: a handler's panic reaches net/http on the request's own
-// goroutine, which aborts that call as it would without Warm; the process
-// lives (a panic left on a kept goroutine would end it) and the next call
-// is served.
-func TestWarm_Panic(t *testing.T) {
-	url, p := serveWarm(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/abort") {
-			panic(http.ErrAbortHandler)
-		}
-		io.WriteString(w, "ok")
-	}), 0)
-	c := NewClient()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/abort", nil)
-	res, err := c.Do(req)
-	if err == nil {
-		_, err = io.ReadAll(res.Body)
-		res.Body.Close()
-	}
-	if err == nil || errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("the aborted call = %v, want its stream reset", err)
-	}
-	if code, body := get(t, c, url+"/"); code != http.StatusOK || body != "ok" {
-		t.Errorf("the call after the panic = %d %q", code, body)
-	}
-	if n := p.idleCount(); n != 1 {
-		t.Errorf("%d goroutines kept, want 1: the one that panicked is reused", n)
-	}
-}
-
-// TestWarm_Goexit: a handler that calls runtime.Goexit ends its call as it
-// would without Warm (the stream is reset at once, not left waiting for a
-// goroutine that is gone), and the next call is served.
-func TestWarm_Goexit(t *testing.T) {
-	url, p := serveWarm(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/goexit") {
-			runtime.Goexit()
-		}
-		io.WriteString(w, "ok")
-	}), 0)
-	c := NewClient()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/goexit", nil)
-	res, err := c.Do(req)
-	if err == nil {
-		_, err = io.ReadAll(res.Body)
-		res.Body.Close()
-	}
-	if err == nil || errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("the call whose handler called Goexit = %v, want its stream reset at once", err)
-	}
-	if code, body := get(t, c, url+"/"); code != http.StatusOK || body != "ok" {
-		t.Errorf("the call after = %d %q", code, body)
-	}
-	if n := p.idleCount(); n != 1 {
-		t.Errorf("%d goroutines kept, want 1 (the ended one is not kept)", n)
+// TestWarm_EndedCalls: a handler that panics with http.ErrAbortHandler or
+// calls runtime.Goexit ends its call as it would without Warm: net/http
+// resets the stream at once (neither a panic left on a kept goroutine,
+// which would end the process, nor a wait for a goroutine that is gone),
+// and the next call is served, on the kept goroutine if it still exists.
+func TestWarm_EndedCalls(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func()
+	}{
+		{"ErrAbortHandler", func() { panic(http.ErrAbortHandler) }},
+		{"Goexit", runtime.Goexit},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, p := serveWarm(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if strings.HasSuffix(r.URL.Path, "/end") {
+					tc.end()
+				}
+				io.WriteString(w, "ok")
+			}), 0)
+			c := NewClient()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/end", nil)
+			res, err := c.Do(req)
+			if err == nil {
+				_, err = io.ReadAll(res.Body)
+				res.Body.Close()
+			}
+			if err == nil || errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("the ended call = %v, want its stream reset at once", err)
+			}
+			if code, body := get(t, c, url+"/"); code != http.StatusOK || body != "ok" {
+				t.Errorf("the call after = %d %q", code, body)
+			}
+			// After a panic the goroutine is kept and serves the next call;
+			// after Goexit a new one does. One is kept either way.
+			if n := p.idleCount(); n != 1 {
+				t.Errorf("%d goroutines kept, want 1", n)
+			}
+		})
 	}
 }
 
