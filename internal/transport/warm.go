@@ -5,11 +5,18 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
+	"time"
 )
 
-// WarmIdleMax bounds the idle goroutines Warm keeps between calls.
-const WarmIdleMax = 256
+const (
+	// WarmIdleMax bounds the idle goroutines Warm keeps between calls.
+	WarmIdleMax = 256
+	// warmIdleTimeout ends a goroutine that served no call for this long,
+	// so that a pool no longer called (its server stopped) is let go.
+	warmIdleTimeout = 30 * time.Second
+)
 
 // Warm serves each request on a goroutine kept from an earlier one, whose
 // stack has already grown to what a call needs. net/http starts every
@@ -19,34 +26,41 @@ const WarmIdleMax = 256
 // to 10% of the allocator's CPU under load). The request's own goroutine
 // waits for the call, so the ResponseWriter is used while ServeHTTP is
 // still running, as net/http requires; a panic is carried back and raised
-// there, where net/http handles it as it would have. At most idleMax
-// goroutines wait between calls (WarmIdleMax if idleMax <= 0); beyond
-// them, a goroutine ends after its call.
+// there, where net/http handles it as it would have, and a runtime.Goexit
+// ends the request's goroutine too. At most idleMax goroutines wait
+// between calls (WarmIdleMax if idleMax <= 0), each for at most 30 s;
+// beyond them, a goroutine ends after its call.
+//
+// A kept goroutine carries goroutine-local state from call to call: the
+// pprof labels of the request that started it, and whatever a handler
+// leaves set (labels, a locked OS thread). shardstock's handlers set none.
 func Warm(h http.Handler, idleMax int) http.Handler {
 	if idleMax <= 0 {
 		idleMax = WarmIdleMax
 	}
-	p := &warmPool{h: h, idleMax: idleMax}
-	return p
+	return &warmPool{h: h, idleMax: idleMax, idleTimeout: warmIdleTimeout}
 }
 
 type warmPool struct {
-	h       http.Handler
-	idleMax int
-	mu      sync.Mutex
-	idle    []*warmWorker // LIFO: the most recently used stack is the warmest
+	h           http.Handler
+	idleMax     int
+	idleTimeout time.Duration
+	mu          sync.Mutex
+	idle        []*warmWorker // LIFO: the most recently used stack is the warmest
 }
 
 type warmWorker struct {
 	calls chan warmCall
-	done  chan any // the call's panic value, or nil
+	done  chan any // buffered 1: nil, the call's panic, or warmGoexit
 }
 
 type warmCall struct {
-	w    http.ResponseWriter
-	r    *http.Request
-	done chan any // the worker's
+	w http.ResponseWriter
+	r *http.Request
 }
+
+// warmGoexit is sent for a handler that called runtime.Goexit.
+var warmGoexit = new(struct{ goexit bool })
 
 func (p *warmPool) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
@@ -61,7 +75,7 @@ func (p *warmPool) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		wk = &warmWorker{calls: make(chan warmCall), done: make(chan any, 1)}
 		go p.work(wk)
 	}
-	wk.calls <- warmCall{w, r, wk.done}
+	wk.calls <- warmCall{w, r}
 	switch v := <-wk.done; v {
 	case nil:
 		p.release(wk)
@@ -75,9 +89,6 @@ func (p *warmPool) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// warmGoexit is sent for a handler that called runtime.Goexit.
-var warmGoexit = new(struct{ goexit bool })
-
 // release puts wk back among the idle, or ends it if enough wait.
 func (p *warmPool) release(wk *warmWorker) {
 	p.mu.Lock()
@@ -90,40 +101,72 @@ func (p *warmPool) release(wk *warmWorker) {
 	close(wk.calls)
 }
 
+// work serves wk's calls until it is let go: its calls closed, or idle for
+// idleTimeout.
 func (p *warmPool) work(wk *warmWorker) {
-	for c := range wk.calls {
-		wk.done <- p.serve(c)
+	// A handler's runtime.Goexit ends this goroutine in the middle of a
+	// call, even one whose deferred calls panic and recover: the request's
+	// goroutine is told here, where Goexit cannot be missed.
+	ended := false
+	defer func() {
+		if !ended {
+			wk.done <- warmGoexit
+		}
+	}()
+	timer := time.NewTimer(p.idleTimeout)
+	defer timer.Stop()
+	for {
+		select {
+		case c, ok := <-wk.calls:
+			if !ok {
+				ended = true
+				return
+			}
+			wk.done <- p.serve(c)
+			timer.Reset(p.idleTimeout)
+		case <-timer.C:
+			p.mu.Lock()
+			i := slices.Index(p.idle, wk)
+			if i >= 0 {
+				p.idle = slices.Delete(p.idle, i, i+1)
+			}
+			p.mu.Unlock()
+			if i >= 0 {
+				ended = true
+				return
+			}
+			// Taken just now: its call is on the way.
+		}
 	}
 }
 
 func (p *warmPool) serve(c warmCall) (panicked any) {
-	returned := false
 	defer func() {
-		switch v := recover(); {
-		case v != nil:
+		if v := recover(); v != nil {
 			panicked = v
 			if v != http.ErrAbortHandler { // net/http ends that one quietly
-				panicked = warmPanic{v: v, stack: debug.Stack()}
+				panicked = &warmPanic{v: v, stack: debug.Stack()}
 			}
-		case !returned:
-			// runtime.Goexit: this goroutine ends after the defers, and
-			// the request's goroutine must not wait for it.
-			c.done <- warmGoexit
 		}
 	}()
 	p.h.ServeHTTP(c.w, c.r)
-	returned = true
 	return nil
 }
 
 // warmPanic is a handler's panic raised again on the request's goroutine,
 // with the stack of the kept goroutine where it happened (net/http logs
-// the value with %v, then the request goroutine's own stack).
+// the value with %v, then the request goroutine's own stack). It is an
+// error that unwraps to the panic's value when that is one.
 type warmPanic struct {
 	v     any
 	stack []byte
 }
 
-func (p warmPanic) String() string {
+func (p *warmPanic) Error() string {
 	return fmt.Sprintf("%v\n\nraised on a kept goroutine (transport.Warm):\n%s", p.v, p.stack)
+}
+
+func (p *warmPanic) Unwrap() error {
+	err, _ := p.v.(error)
+	return err
 }

@@ -113,6 +113,12 @@ func TestWarm_EndedCalls(t *testing.T) {
 	}{
 		{"ErrAbortHandler", func() { panic(http.ErrAbortHandler) }},
 		{"Goexit", runtime.Goexit},
+		{"GoexitThenPanicRecovered", func() {
+			// Warm's own recover takes this panic while the Goexit is
+			// pending, which still ends the goroutine.
+			defer func() { panic("in a deferred call") }()
+			runtime.Goexit()
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			url, p := serveWarm(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -146,10 +152,12 @@ func TestWarm_EndedCalls(t *testing.T) {
 }
 
 // TestWarm_PanicStack: a handler's own panic reaches net/http with the
-// stack where it happened, not only the request goroutine's wait.
+// stack where it happened, not only the request goroutine's wait, and a
+// panic with an error still matches it.
 func TestWarm_PanicStack(t *testing.T) {
+	errBoom := errors.New("boom")
+	h := Warm(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panicInHandler(errBoom) }), 0)
 	var got any
-	h := Warm(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panicInHandler() }), 0)
 	func() {
 		defer func() { got = recover() }()
 		h.ServeHTTP(nil, nil)
@@ -157,10 +165,36 @@ func TestWarm_PanicStack(t *testing.T) {
 	if s := fmt.Sprint(got); !strings.Contains(s, "boom") || !strings.Contains(s, "panicInHandler") {
 		t.Errorf("the panic raised again = %q, want its value and the handler's stack", s)
 	}
+	if err, ok := got.(error); !ok || !errors.Is(err, errBoom) {
+		t.Errorf("the panic raised again = %T, want an error that is the handler's", got)
+	}
 }
 
 //go:noinline
-func panicInHandler() { panic("boom") }
+func panicInHandler(err error) { panic(err) }
+
+// TestWarm_IdleTimeout: a kept goroutine that serves nothing for the idle
+// timeout ends, so a pool whose server stopped is let go.
+func TestWarm_IdleTimeout(t *testing.T) {
+	p := Warm(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), 0).(*warmPool)
+	p.idleTimeout = 50 * time.Millisecond
+	before := runtime.NumGoroutine()
+	p.ServeHTTP(nil, nil)
+	if n := p.idleCount(); n != 1 {
+		t.Fatalf("%d goroutines kept after a call, want 1", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for p.idleCount() != 0 || runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 5s: %d kept, %d goroutines (%d before the call); want the kept one ended", p.idleCount(), runtime.NumGoroutine(), before)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.ServeHTTP(nil, nil) // a new one serves the next call
+	if n := p.idleCount(); n != 1 {
+		t.Errorf("%d goroutines kept after the next call, want 1", n)
+	}
+}
 
 // useStack recurses n frames of about 300 bytes each, as a call through
 // the API's layers grows its goroutine's stack.
