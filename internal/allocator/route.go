@@ -17,9 +17,11 @@ type hint struct {
 // key's stable first choice, then the others that may have enough, by most
 // available first (unknown ones before known ones, to learn them), ties
 // broken by distance from the first choice so that load spreads. Shards that
-// skip says to avoid, or known to have less than q, are left out. It is pure.
-// The others are looked at only once the first choice is passed: most
-// requests end at it, and skip looks a shard's server up.
+// skip says to avoid, or known to have less than q, are left out. Apart
+// from skip (which looks a shard's server up, and may make its client) it
+// is pure. The others are looked at only once the first choice is passed,
+// so skip answers for them as it stands then: most requests end at the
+// first choice.
 func candidates(n int32, first int32, hints []hint, q int64, skip func(int32) bool) iter.Seq[int32] {
 	return func(yield func(int32) bool) {
 		fits := func(i int32) bool {
