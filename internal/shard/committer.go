@@ -48,6 +48,9 @@ type committer struct {
 	stop  chan struct{}
 	// followWait is followWaitMax; longer in tests.
 	followWait time.Duration
+	// groupDelay is how long a lane holds a group that is not full for
+	// more batches (Config.GroupDelay); 0: not at all.
+	groupDelay time.Duration
 }
 
 type groupItem struct {
@@ -61,6 +64,7 @@ type groupItem struct {
 
 func newCommitter(s *Server, d *database) *committer {
 	c := &committer{srv: s, db: d, queue: make(chan *groupItem, committerQueueLenMax), stop: make(chan struct{}), followWait: followWaitMax}
+	c.groupDelay = s.groupDelay
 	for range committerLanes {
 		go c.lane()
 	}
@@ -103,8 +107,34 @@ func (c *committer) lane() {
 		if len(follow) > 0 {
 			items = c.gather(items, follow, timer)
 		}
+		if c.groupDelay > 0 && len(items) < groupUnitsMax {
+			items = c.linger(items, timer)
+		}
 		follow = c.run(items)
 	}
+}
+
+// linger adds to items whatever queues within groupDelay, until the group
+// is full. Below the peak a group carries few requests (1.9 deducts at
+// 3,000 a second on one hot SKU) and its fixed cost (the statement's
+// executor, BEGIN and COMMIT, the WAL flush) is most of Postgres's share
+// of each; holding it back a fraction of a millisecond shares that cost
+// by more. At the peak groups fill while the last one runs, and the wait
+// ends at once (docs/benchmarks.md).
+func (c *committer) linger(items []*groupItem, timer *time.Timer) []*groupItem {
+	timer.Reset(c.groupDelay)
+	defer timer.Stop()
+	for len(items) < groupUnitsMax {
+		select {
+		case it := <-c.queue:
+			items = append(items, it)
+		case <-timer.C:
+			return items
+		case <-c.stop:
+			return items
+		}
+	}
+	return items
 }
 
 // followers returns the writers of items that have requests queued. Read

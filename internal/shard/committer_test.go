@@ -60,3 +60,51 @@ func TestCommitter_Followers(t *testing.T) {
 		t.Fatalf("followers = %v, want only a/0 (the writer with requests queued)", got)
 	}
 }
+
+// A lane with a group delay holds a group that is not full for batches
+// that arrive within it, sends a full group at once, and holds an empty
+// wait for the delay only.
+func TestCommitter_Linger(t *testing.T) {
+	c := &committer{queue: make(chan *groupItem, 2*groupUnitsMax), stop: make(chan struct{}), groupDelay: time.Minute}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+
+	// Three batches arrive one by one after the group's first; the group
+	// fills to the cap and goes without waiting for the minute.
+	go func() {
+		for i := range groupUnitsMax - 1 {
+			if i < 3 {
+				time.Sleep(time.Millisecond)
+			}
+			c.queue <- groupItemOf("b", int32(i))
+		}
+	}()
+	start := time.Now()
+	items := c.linger([]*groupItem{groupItemOf("a", 0)}, timer)
+	if len(items) != groupUnitsMax || time.Since(start) > 10*time.Second {
+		t.Fatalf("group of %d after %v, want %d (full) long before the delay", len(items), time.Since(start), groupUnitsMax)
+	}
+
+	// Nothing more comes: the group goes after the delay, not later.
+	c.groupDelay = 20 * time.Millisecond
+	start = time.Now()
+	items = c.linger([]*groupItem{groupItemOf("a", 0)}, timer)
+	if waited := time.Since(start); len(items) != 1 || waited < c.groupDelay || waited > 10*time.Second {
+		t.Fatalf("group of %d after %v, want 1 after about %v", len(items), waited, c.groupDelay)
+	}
+}
+
+// The server's group delay reaches its committers, bounded.
+func TestServer_GroupDelay(t *testing.T) {
+	for _, tc := range []struct{ set, want time.Duration }{
+		{0, 0}, {500 * time.Microsecond, 500 * time.Microsecond}, {time.Hour, GroupDelayMax}, {-time.Second, 0},
+	} {
+		s := New(Config{ServerID: "gd", GroupDelay: tc.set})
+		for name, d := range s.dbs {
+			if d.committer.groupDelay != tc.want {
+				t.Errorf("GroupDelay %v: database %s's committer waits %v, want %v", tc.set, name, d.committer.groupDelay, tc.want)
+			}
+			d.committer.close()
+		}
+	}
+}

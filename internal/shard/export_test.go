@@ -16,3 +16,12 @@ func SetBatchSizeMax(s *Server, n int) {
 // SetTransferStaleAge makes s's sweep finish transfers left half-way after
 // d instead of transferStaleAge. Call it before s serves.
 func SetTransferStaleAge(s *Server, d time.Duration) { s.staleAge = d }
+
+// SetGroupDelay makes s's committers hold a group that is not full for d,
+// past GroupDelayMax if need be (a test's margin over a slow machine).
+// Call it before s serves.
+func SetGroupDelay(s *Server, d time.Duration) {
+	for _, db := range s.dbs {
+		db.committer.groupDelay = d
+	}
+}

@@ -443,3 +443,39 @@ func metricFamily(tb testing.TB, reg *prometheus.Registry, name string) *dto.Met
 	tb.Fatalf("no metric %s", name)
 	return nil
 }
+
+// TestShard_GroupDelay: with a group delay, deducts to several shards that
+// arrive a few milliseconds apart share one group, where without it each
+// would go alone, and each is answered after about the delay, not before.
+func TestShard_GroupDelay(t *testing.T) {
+	db, _ := openDB(t)
+	const sku, shards, delay = "lingers", 4, 300 * time.Millisecond
+	createSKU(t, db, stock.SKU{Name: sku, Shards: shards}, 10_000)
+	reg := prometheus.NewRegistry()
+	s := newServerWith(t, shard.Config{ServerID: "a", DB: db, Logger: testLogger(), Registerer: reg},
+		func(s *shard.Server) { shard.SetGroupDelay(s, delay) })
+	acquire(t, s, sku, 1, 0, 1, 2, 3)
+	ctx := context.Background()
+	// Warm every writer (its row read), then count the groups of the
+	// spaced deducts alone.
+	parallel(t, shards, 30*time.Second, func(i int) {
+		if r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: int32(i)}, Quantity: 1, Key: key("warm", i)}); r.Err != nil {
+			t.Errorf("warm-up deduct on shard %d = %v", i, r.Err)
+		}
+	})
+	groups := func() uint64 {
+		return metricFamily(t, reg, "shardstock_shard_group_batches").GetMetric()[0].GetHistogram().GetSampleCount()
+	}
+	before := groups()
+	start := time.Now()
+	parallel(t, shards, 30*time.Second, func(i int) {
+		time.Sleep(time.Duration(i) * 20 * time.Millisecond) // well apart, well within the delay
+		if r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: int32(i)}, Quantity: 1, Key: key("spaced", i)}); r.Err != nil {
+			t.Errorf("deduct on shard %d = %v", i, r.Err)
+		}
+	})
+	if took, n := time.Since(start), groups()-before; n != 1 || took < delay {
+		t.Errorf("%d deducts 20ms apart: %d groups in %v, want 1 group after at least the delay %v", shards, n, took, delay)
+	}
+	reconcile(t, db, sku)
+}

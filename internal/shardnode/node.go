@@ -42,6 +42,8 @@ type Config struct {
 	LeaseTTL  time.Duration
 	Logger    *slog.Logger
 	Registry  prometheus.Registerer
+	// GroupDelay is shard.Config.GroupDelay.
+	GroupDelay time.Duration
 }
 
 // Node is a shard server wired into a process: the server, its member of
@@ -63,7 +65,8 @@ func New(cfg Config) *Node {
 	for _, name := range cfg.DBs.Names() {
 		stores[name] = cfg.DBs.DB(name)
 	}
-	srv := shard.New(shard.Config{ServerID: cfg.ID, DBs: stores, Locate: cfg.DBs.Locate, Logger: cfg.Logger, Registerer: cfg.Registry})
+	srv := shard.New(shard.Config{ServerID: cfg.ID, DBs: stores, Locate: cfg.DBs.Locate, Logger: cfg.Logger, Registerer: cfg.Registry,
+		GroupDelay: cfg.GroupDelay})
 	return &Node{
 		Server: srv,
 		drain:  make(chan struct{}),
@@ -96,6 +99,20 @@ func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool, interceptors ..
 		fmt.Fprintln(w, "drained")
 	})
 	return mux
+}
+
+// GroupDelayUsage documents the -group-delay flag of both commands that
+// run a shard server.
+const GroupDelayUsage = "how long a group transaction that is not full waits for more shard batches before it is sent, " +
+	"0 to 10ms: below the peak, less CPU per request for that much more latency (at 3,000 deducts/s of one hot SKU, 500us " +
+	"took 30% off the server's CPU per deduct and added about 1 ms to the median); 0 sends at once (env SHARDSTOCK_GROUP_DELAY)"
+
+// CheckGroupDelay refuses a -group-delay outside 0 to shard.GroupDelayMax.
+func CheckGroupDelay(d time.Duration) error {
+	if d < 0 || d > shard.GroupDelayMax {
+		return fmt.Errorf("-group-delay %s: want 0 to %s", d, shard.GroupDelayMax)
+	}
+	return nil
 }
 
 // drainTimeout bounds a /drain call: leaving the topology is one etcd

@@ -59,6 +59,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	shardAddr := fs.String("shard-addr", startup.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:0"), "with -shard-id, the internal listen address of its ShardService, which has no authentication and must not be the public one; port 0 picks one (env SHARDSTOCK_SHARD_ADDR)")
 	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "with -shard-id, the address other allocators dial; default: the -shard-addr listener's address (env SHARDSTOCK_ADVERTISE)")
 	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "with -shard-id, the etcd lease TTL of its shard server (env SHARDSTOCK_LEASE_TTL)")
+	groupDelay := fs.Duration("group-delay", 0, "with -shard-id, its shard server's: "+shardnode.GroupDelayUsage)
 	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ on the operator listener (env SHARDSTOCK_PPROF=1)")
 	operatorAddr := fs.String("operator-addr", startup.Env(getenv, "SHARDSTOCK_OPERATOR_ADDR", "127.0.0.1:0"), "listen address of the operator listener: /metrics, /debug/pprof/ (with -pprof), /healthz and /readyz, never on the public port; port 0 picks one (env SHARDSTOCK_OPERATOR_ADDR)")
 	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
@@ -77,11 +78,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if err := startup.FlagsFromEnv(fs, getenv, map[string]string{"lease-ttl": "SHARDSTOCK_LEASE_TTL",
 		"db-max-conns": "SHARDSTOCK_DB_MAX_CONNS", "log-format": "SHARDSTOCK_LOG_FORMAT",
-		"rate-limit": "SHARDSTOCK_RATE_LIMIT", "max-in-flight": "SHARDSTOCK_MAX_IN_FLIGHT"}); err != nil {
+		"rate-limit": "SHARDSTOCK_RATE_LIMIT", "max-in-flight": "SHARDSTOCK_MAX_IN_FLIGHT", "group-delay": "SHARDSTOCK_GROUP_DELAY"}); err != nil {
 		return err
 	}
 	log, err := startup.Logger(stderr, *level, *format)
 	if err != nil {
+		return err
+	}
+	if err := shardnode.CheckGroupDelay(*groupDelay); err != nil {
 		return err
 	}
 	dbs, err := startup.Databases(*dbURL, *moreDBs)
@@ -160,7 +164,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			*advertise = shardLis.Addr().String()
 		}
 		node = shardnode.New(shardnode.Config{ID: *shardID, Advertise: *advertise, DBs: proc.DBs, Etcd: client,
-			LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
+			LeaseTTL: *leaseTTL, Logger: log, Registry: reg, GroupDelay: *groupDelay})
 		acfg.Local, acfg.LocalID = node.Server, *shardID
 	}
 	alloc := allocator.New(acfg)

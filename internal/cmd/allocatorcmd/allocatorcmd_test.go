@@ -250,6 +250,7 @@ func TestRun_Refuses(t *testing.T) {
 		{"BadFlag", []string{"-no-such-flag"}, "no-such-flag"},
 		{"ShortAPIToken", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-api-token", "short"}, "API token"},
 		{"NegativeRate", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-rate-limit", "-1"}, "rate-limit"},
+		{"LongGroupDelay", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-group-delay", "1s"}, "-group-delay 1s: want 0 to 10ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

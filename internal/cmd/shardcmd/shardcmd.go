@@ -44,12 +44,16 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	tlsCert := fs.String("tls-cert", getenv("SHARDSTOCK_TLS_CERT"), startup.TLSUsage)
 	tlsKey := fs.String("tls-key", getenv("SHARDSTOCK_TLS_KEY"), "see -tls-cert")
 	clientCA := fs.String("tls-client-ca", getenv("SHARDSTOCK_TLS_CLIENT_CA"), "with -tls-cert: the CA whose certificates allocators must present to call the ShardService (mTLS); /healthz, /readyz, /metrics and /drain need none (env SHARDSTOCK_TLS_CLIENT_CA)")
+	groupDelay := fs.Duration("group-delay", 0, shardnode.GroupDelayUsage)
 	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := startup.FlagsFromEnv(fs, getenv, map[string]string{"lease-ttl": "SHARDSTOCK_LEASE_TTL",
-		"db-max-conns": "SHARDSTOCK_DB_MAX_CONNS", "log-format": "SHARDSTOCK_LOG_FORMAT"}); err != nil {
+		"db-max-conns": "SHARDSTOCK_DB_MAX_CONNS", "log-format": "SHARDSTOCK_LOG_FORMAT", "group-delay": "SHARDSTOCK_GROUP_DELAY"}); err != nil {
+		return err
+	}
+	if err := shardnode.CheckGroupDelay(*groupDelay); err != nil {
 		return err
 	}
 	log, err := startup.Logger(stderr, *level, *format)
@@ -85,7 +89,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		*advertise = lis.Addr().String()
 	}
 
-	node := shardnode.New(shardnode.Config{ID: *id, Advertise: *advertise, DBs: proc.DBs, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg})
+	node := shardnode.New(shardnode.Config{ID: *id, Advertise: *advertise, DBs: proc.DBs, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg,
+		GroupDelay: *groupDelay})
 
 	// Shut down in reverse: stop serving, leave the topology (others take
 	// the partitions at once), stop the writers, close the database.

@@ -44,3 +44,22 @@ func TestRun_Durability(t *testing.T) {
 		})
 	}
 }
+
+// TestRun_GroupDelayBounds: a -group-delay outside 0 to 10ms is refused,
+// by flag or by environment, before anything starts.
+func TestRun_GroupDelayBounds(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"-group-delay", "1s"}, nil},
+		{[]string{"-group-delay", "-1ms"}, nil},
+		{nil, map[string]string{"SHARDSTOCK_GROUP_DELAY": "11ms"}},
+	} {
+		args := append([]string{"-addr", "127.0.0.1:0", "-id", "g1", "-database-url", "postgres://nowhere.invalid/x"}, tc.args...)
+		err := shardcmd.Run(context.Background(), args, func(k string) string { return tc.env[k] }, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "-group-delay") || !strings.Contains(err.Error(), "want 0 to 10ms") {
+			t.Errorf("Run(%v, env %v) = %v, want the -group-delay bound named", tc.args, tc.env, err)
+		}
+	}
+}
