@@ -119,15 +119,24 @@ func (c *committer) lane() {
 // 3,000 a second on one hot SKU) and its fixed cost (the statement's
 // executor, BEGIN and COMMIT, the WAL flush) is most of Postgres's share
 // of each; holding it back a fraction of a millisecond shares that cost
-// by more. At the peak groups fill while the last one runs, and the wait
-// ends at once (docs/benchmarks.md).
+// by more. At the peak the lane waits too, but batches keep queueing
+// meanwhile, and no change was measured there (docs/benchmarks.md).
 func (c *committer) linger(items []*groupItem, timer *time.Timer) []*groupItem {
-	timer.Reset(c.groupDelay)
+	return c.collect(items, timer, c.groupDelay, nil)
+}
+
+// collect adds to items the batches that queue within d, until the group
+// is full or complete (if set) says it is after a batch came.
+func (c *committer) collect(items []*groupItem, timer *time.Timer, d time.Duration, complete func(*groupItem) bool) []*groupItem {
+	timer.Reset(d)
 	defer timer.Stop()
 	for len(items) < groupUnitsMax {
 		select {
 		case it := <-c.queue:
 			items = append(items, it)
+			if complete != nil && complete(it) {
+				return items
+			}
 		case <-timer.C:
 			return items
 		case <-c.stop:
@@ -163,22 +172,12 @@ func (c *committer) gather(items []*groupItem, follow map[stock.ShardKey]bool, t
 	if missing <= 0 || len(items) >= groupUnitsMax {
 		return items
 	}
-	timer.Reset(c.followWait)
-	defer timer.Stop()
-	for missing > 0 && len(items) < groupUnitsMax {
-		select {
-		case it := <-c.queue:
-			items = append(items, it)
-			if follow[it.unit.Query.Shard] {
-				missing--
-			}
-		case <-timer.C:
-			return items
-		case <-c.stop:
-			return items
+	return c.collect(items, timer, c.followWait, func(it *groupItem) bool {
+		if follow[it.unit.Query.Shard] {
+			missing--
 		}
-	}
-	return items
+		return missing <= 0
+	})
 }
 
 // run commits items as one group. When the group fails for a reason that
