@@ -44,11 +44,12 @@ func TestOutsideOf(t *testing.T) {
 		first, last int
 		lo, hi      int
 	}{
-		{32768, 60999, low, 32768},     // Linux's default: below
-		{49152, 65535, low, 49152},     // IANA's: below
-		{1024, 60999, 61000, high + 1}, // no room below: above
-		{1024, 65535, 0, 0},            // no room anywhere: the kernel's pick
-		{low, high - 10, 0, 0},         // too little room either side
+		{32768, 60999, low, 32768},      // Linux's default: below
+		{49152, 65535, low, 49152},      // IANA's: below
+		{1024, 60999, 61000, high + 1},  // no room below: above
+		{20000, 30000, 30001, high + 1}, // room both sides, more above
+		{1024, 65535, 0, 0},             // no room anywhere: the kernel's pick
+		{low, high - 10, 0, 0},          // too little room either side
 	} {
 		if lo, hi := outsideOf(tc.first, tc.last); lo != tc.lo || hi != tc.hi {
 			t.Errorf("outsideOf(%d, %d) = [%d, %d), want [%d, %d)", tc.first, tc.last, lo, hi, tc.lo, tc.hi)
