@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-rebalance bench-statements bench-cold soak soak-crash
+.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-rebalance bench-statements bench-pgsettings bench-cold soak soak-crash
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -84,6 +84,9 @@ bench-ab: ## the working tree against BASE=<git revision>, ROUNDS (default 3) al
 
 bench-statements: ## where Postgres's share of a deduct goes: pg_stat_statements over a hot-SKU load on a private Postgres, per call and per request, with its WAL bytes (about 1 min)
 	scripts/bench/statements.sh
+
+bench-pgsettings: ## what Postgres's own settings are worth to a durable deduct: a private Postgres restarted with each set (BENCH_PG_SETS; fsync, synchronous_commit and full_page_writes always on), alternated over ROUNDS (default 3), paced; CPU per request against the defaults (about 3 min a round)
+	scripts/bench/pgsettings.sh $(or $(ROUNDS),3)
 
 bench-cold: ## a shard server's start-up time, memory and the etcd keys with 1,000,000 cold SKUs, against none (about 2 min)
 	scripts/bench/cold-skus.sh
