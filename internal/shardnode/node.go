@@ -105,7 +105,8 @@ func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool, interceptors ..
 // run a shard server.
 const GroupDelayUsage = "how long a group transaction that is not full waits for more shard batches before it is sent, " +
 	"0 to 10ms: below the peak, less CPU per request for that much more latency (at 3,000 deducts/s of one hot SKU, 500us " +
-	"took 30% off the server's CPU per deduct and added about 1 ms to the median); 0 sends at once (env SHARDSTOCK_GROUP_DELAY)"
+	"took 30% off the server's CPU per deduct and added about 1 ms to the median; a wait under 1ms lasts about 1ms when the process is " +
+	"otherwise idle, the Go runtime's timer resolution); 0 sends at once (env SHARDSTOCK_GROUP_DELAY)"
 
 // CheckGroupDelay refuses a -group-delay outside 0 to shard.GroupDelayMax.
 func CheckGroupDelay(d time.Duration) error {
