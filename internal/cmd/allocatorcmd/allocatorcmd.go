@@ -53,6 +53,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	apiToken := fs.String("api-token", getenv("SHARDSTOCK_API_TOKEN"), "bearer token the InventoryService requires (the admin token is accepted too); empty: none (env SHARDSTOCK_API_TOKEN)")
 	rateLimit := fs.Float64("rate-limit", 0, "InventoryService requests a second one client (IP address) may send, sustained and in a burst; over it RATE_LIMITED; 0: no limit (env SHARDSTOCK_RATE_LIMIT)")
 	inFlight := fs.Int("max-in-flight", 4096, "InventoryService requests served at once, all clients; beyond it RATE_LIMITED at once; 0: no bound (env SHARDSTOCK_MAX_IN_FLIGHT)")
+	clientConns := fs.Int("max-client-conns", clientConnsDefault, "client connections held at once on the public listener; one more is reset as soon as accepted, "+
+		"so a storm of dials costs an accept and a close each and the listen queue keeps draining; 0: no bound (env SHARDSTOCK_MAX_CLIENT_CONNS)")
 	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most (with -shard-id, shared with the shard server) (env SHARDSTOCK_DB_MAX_CONNS)")
 	format := fs.String("log-format", "text", startup.LogFormatUsage)
 	shardID := fs.String("shard-id", getenv("SHARDSTOCK_LOCAL_SHARD_ID"), "also run a shard server with this id in this process: it takes its share of the partitions, serves other allocators on -shard-addr, and this allocator calls it without RPC (env SHARDSTOCK_LOCAL_SHARD_ID)")
@@ -78,7 +80,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if err := startup.FlagsFromEnv(fs, getenv, map[string]string{"lease-ttl": "SHARDSTOCK_LEASE_TTL",
 		"db-max-conns": "SHARDSTOCK_DB_MAX_CONNS", "log-format": "SHARDSTOCK_LOG_FORMAT",
-		"rate-limit": "SHARDSTOCK_RATE_LIMIT", "max-in-flight": "SHARDSTOCK_MAX_IN_FLIGHT", "group-delay": "SHARDSTOCK_GROUP_DELAY"}); err != nil {
+		"rate-limit": "SHARDSTOCK_RATE_LIMIT", "max-in-flight": "SHARDSTOCK_MAX_IN_FLIGHT", "group-delay": "SHARDSTOCK_GROUP_DELAY",
+		"max-client-conns": "SHARDSTOCK_MAX_CLIENT_CONNS"}); err != nil {
 		return err
 	}
 	log, err := startup.Logger(stderr, *level, *format)
@@ -110,8 +113,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	if *rateLimit < 0 || *inFlight < 0 {
-		return errors.New("-rate-limit and -max-in-flight must not be negative")
+	if *rateLimit < 0 || *inFlight < 0 || *clientConns < 0 {
+		return errors.New("-rate-limit, -max-in-flight and -max-client-conns must not be negative")
 	}
 
 	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, dbs, *migrateURL, *migrateDBs)
@@ -226,7 +229,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	fmt.Fprintf(stdout, "allocator listening on %s://%s\n", scheme, lis.Addr())
 	log.Info("allocator started", "addr", lis.Addr().String())
-	serveErr := transport.ServeTLS(ctx, lis, transport.CORS(mux, splitList(*corsOrigins)), tlsCfg)
+	public := transport.LimitConns(lis, *clientConns, transport.NewConnMetrics(reg, "shardstock_allocator_client"))
+	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(*corsOrigins)), tlsCfg)
 	cancel()
 	serr, nerr, oerr := <-shardDone, <-nodeDone, <-opsDone
 	<-watchDone
@@ -247,3 +251,10 @@ func splitList(s string) []string {
 
 // adminTokenLenMin keeps guessable tokens out.
 const adminTokenLenMin = 16
+
+// clientConnsDefault bounds the public listener's connections
+// (-max-client-conns): at about 16 KB an idle connection (client and
+// server together, transport's BenchmarkIdleConnMemory), 8,192 hold about
+// 130 MB of deploy/k8s's 512 MiB; a client multiplexes its calls over a
+// few connections, so a fleet needs far fewer.
+const clientConnsDefault = 8192

@@ -250,6 +250,7 @@ func TestRun_Refuses(t *testing.T) {
 		{"BadFlag", []string{"-no-such-flag"}, "no-such-flag"},
 		{"ShortAPIToken", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-api-token", "short"}, "API token"},
 		{"NegativeRate", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-rate-limit", "-1"}, "rate-limit"},
+		{"NegativeClientConns", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-max-client-conns", "-1"}, "max-client-conns"},
 		{"LongGroupDelay", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-group-delay", "1s"}, "-group-delay 1s: want 0 to 10ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -263,6 +264,40 @@ func TestRun_Refuses(t *testing.T) {
 				t.Errorf("Run(%v) returned only when its context ended", tc.args)
 			}
 		})
+	}
+}
+
+// TestRun_ClientConns: with -max-client-conns 2 two clients' connections
+// are served and a third client's is refused at once, counted on the
+// operator's /metrics.
+func TestRun_ClientConns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	ops := cmdtest.FreeAddr(t)
+	base, _ := start(t, "-max-client-conns", "2", "-operator-addr", ops)
+	getStock := func() error {
+		inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base) // a connection of its own
+		_, err := inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: "nosuch"}))
+		return err
+	}
+	for i := range 2 {
+		if err := getStock(); wire.Reason(err) != string(stock.CodeSKUNotFound) {
+			t.Fatalf("client %d: GetStock(nosuch) = %v, want SKU_NOT_FOUND (served)", i, err)
+		}
+	}
+	if err := getStock(); err == nil || wire.Reason(err) != "" {
+		t.Errorf("a third client's GetStock = %v, want its connection refused", err)
+	}
+	resp, err := http.Get("http://" + ops + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, line := range []string{"shardstock_allocator_client_conns 2\n", "shardstock_allocator_client_conns_refused_total 1\n"} {
+		if !strings.Contains(string(body), line) {
+			t.Errorf("/metrics lacks %q", line)
+		}
 	}
 }
 
