@@ -53,19 +53,9 @@ args_of() {
 }
 for w in $workloads; do args_of "$w" >/dev/null; done
 
-tmp=$(mktemp -d)
-chmod 755 "$tmp" # the postgres OS user must reach its data directory
-cleanup() {
-	local rc=$?
-	scripts/bench/postgres.sh stop "$tmp/pg" || true
-	rm -rf "$tmp"
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-go build -o bin/shardstock-dev ./cmd/shardstock-dev
-go build -o bin/loadgen ./cmd/loadgen
+# shellcheck source=scripts/bench/lib.sh
+. scripts/bench/lib.sh
+private_pg_setup
 
 rate_args=()
 [[ $rate -gt 0 ]] && rate_args=(-rate "$rate")

@@ -19,19 +19,9 @@ read -r -a model_args <<<"${BENCH_MODEL_ARGS:--model A -skus 1 -stock 1000000000
 readonly top=${BENCH_STATEMENTS_TOP:-14}
 readonly calls_min=100
 
-tmp=$(mktemp -d)
-chmod 755 "$tmp" # the postgres OS user must reach its data directory
-cleanup() {
-	local rc=$?
-	scripts/bench/postgres.sh stop "$tmp/pg" || true
-	rm -rf "$tmp"
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-go build -o bin/shardstock-dev ./cmd/shardstock-dev
-go build -o bin/loadgen ./cmd/loadgen
+# shellcheck source=scripts/bench/lib.sh
+. scripts/bench/lib.sh
+private_pg_setup
 url=$(POSTGRES_OPTS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" \
 	scripts/bench/postgres.sh start "$tmp/pg")
 psql "$url" -XAtq -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
