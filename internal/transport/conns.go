@@ -79,6 +79,16 @@ type limitConn struct {
 	l    *limitListener
 }
 
+// CloseWrite half-closes a TCP connection: net/http does that before it
+// closes an HTTP/1.1 connection, so that the client reads the whole
+// response before the reset (the wrapper would otherwise hide it).
+func (c *limitConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {

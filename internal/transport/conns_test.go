@@ -107,6 +107,48 @@ func TestLimitConns(t *testing.T) {
 	held[1].CloseIdleConnections()
 }
 
+// TestLimitConns_HalfClose: an accepted connection still half-closes
+// (net/http's CloseWrite before closing an HTTP/1.1 connection, so that
+// the client reads the whole response): the peer reads EOF while the
+// connection stays open for what it sends.
+func TestLimitConns_HalfClose(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limited := LimitConns(lis, 1, NewConnMetrics(prometheus.NewRegistry(), "test"))
+	defer limited.Close()
+	client, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := limited.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	cw, ok := server.(interface{ CloseWrite() error })
+	if !ok {
+		t.Fatalf("the accepted connection (%T) cannot half-close: net/http would skip its CloseWrite", server)
+	}
+	if err := cw.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := client.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Errorf("the client read %d bytes, %v after the server's CloseWrite, want EOF", n, err)
+	}
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatalf("the client's write after a half-close: %v", err)
+	}
+	buf := make([]byte, 1)
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(server, buf); err != nil || buf[0] != 'x' {
+		t.Errorf("the server read %q, %v after its half-close, want x", buf, err)
+	}
+}
+
 // BenchmarkIdleConnMemory reports the memory one idle h2c connection holds,
 // client and server together (both are in this process, so this is an
 // upper bound on the server's share): what -max-client-conns bounds.
