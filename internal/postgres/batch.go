@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -39,17 +40,15 @@ func (db *DB) Batch(ctx context.Context, f stock.Fence, q stock.BatchQuery, deci
 // unit committed (stock.ErrConflict, stock.ErrDiverged, stock.ErrNotCommitted, or an error of
 // a stock.Decide), except stock.ErrOutcomeUnknown, after which none is known.
 func (db *DB) Group(ctx context.Context, units []*stock.Unit) (err error) {
-	conn, err := db.pool.Acquire(ctx)
+	pc, err := db.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: acquire: %v", stock.ErrNotCommitted, err)
 	}
-	defer func() {
-		endTx(ctx, conn.Conn()) // a transaction left open (empty, or failed reading)
-		conn.Release()
-	}()
+	conn := &groupConn{Conn: pc}
+	defer conn.release(ctx) // a transaction left open (empty, or failed reading)
 
 	if speculable(units) {
-		if done, err := db.speculate(ctx, conn.Conn(), units); done {
+		if done, err := db.speculate(ctx, conn, units); done {
 			return err
 		}
 	}
@@ -60,7 +59,7 @@ func (db *DB) Group(ctx context.Context, units []*stock.Unit) (err error) {
 			u.Query.LoadShard = true
 		}
 	}
-	reads, err := readGroup(ctx, conn.Conn(), units)
+	reads, err := readGroup(ctx, conn.Conn.Conn(), units)
 	if err != nil {
 		return err
 	}
@@ -87,7 +86,7 @@ func (db *DB) Group(ctx context.Context, units []*stock.Unit) (err error) {
 		return nil // nothing to write: the deferred rollback ends it
 	}
 	mark := newCommitMark(writes[0].u.Fence.ServerID)
-	committing, err := writeGroup(ctx, conn.Conn(), mark, writes)
+	committing, err := writeGroup(ctx, conn, mark, writes)
 	if err != nil && committing {
 		return db.commitOutcome(ctx, mark, err)
 	}
@@ -125,7 +124,7 @@ const (
 //
 // committing is true when the error may have come from the COMMIT itself,
 // whose outcome must then be learnt.
-func writeGroup(ctx context.Context, conn *pgx.Conn, mark commitMark, writes []unitWrite) (committing bool, err error) {
+func writeGroup(ctx context.Context, conn *groupConn, mark commitMark, writes []unitWrite) (committing bool, err error) {
 	g := mergeWrites(writes)
 	b := &pgx.Batch{}
 	g.queue(b, mark)
@@ -299,10 +298,67 @@ func joinSQL(parts []writePart) string {
 // placeholder matches an argument's placeholder in a part's SQL.
 var placeholder = regexp.MustCompile(`\$[0-9]+`)
 
+// groupConn is the connection a group runs on. A COMMIT that outlives the
+// group's deadline keeps it (sendCommit): the group then leaves its
+// release to the COMMIT.
+type groupConn struct {
+	*pgxpool.Conn
+	detached bool
+}
+
+// release ends a transaction left open and gives the connection back to
+// the pool, unless a COMMIT still waiting on it has kept it.
+func (c *groupConn) release(ctx context.Context) {
+	if c.detached {
+		return
+	}
+	endTx(ctx, c.Conn.Conn())
+	c.Conn.Release()
+}
+
 // sendCommit sends b, whose last statement is COMMIT, and reads every
-// answer. committing is true when the error may have come from the COMMIT
-// itself, whose outcome must then be learnt.
-func sendCommit(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (committing bool, err error) {
+// answer until ctx ends. committing is true when the error may have come
+// from the COMMIT itself, whose outcome must then be learnt.
+//
+// b runs without ctx's deadline, on a goroutine of its own. A COMMIT that
+// waits for a synchronous standby has committed locally and must be left
+// waiting: pgx answers a deadline by closing the connection, which sends
+// Postgres a cancel request, and a cancelled wait for the standby shows
+// the commit to everyone before the standby has it ("canceling wait for
+// synchronous replication due to user request"). A failover would then
+// lose what others had read, and a replay or GetOperation acknowledged.
+// So when ctx ends first, sendCommit returns (its outcome is unknown, and
+// commitOutcome waits for it through the commit mark) and leaves the
+// connection to the goroutine, which releases it once Postgres answers or
+// the connection breaks. At most the pool's connections wait so: a group
+// that finds none is not committed.
+func sendCommit(ctx context.Context, conn *groupConn, b *pgx.Batch) (committing bool, err error) {
+	type answer struct {
+		committing bool
+		err        error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		c, err := sendCommitWait(context.WithoutCancel(ctx), conn.Conn.Conn(), b)
+		done <- answer{c, err}
+	}()
+	select {
+	case a := <-done:
+		return a.committing, a.err
+	case <-ctx.Done():
+	}
+	conn.detached = true
+	go func() {
+		<-done
+		endTx(context.Background(), conn.Conn.Conn())
+		conn.Conn.Release()
+	}()
+	return true, fmt.Errorf("postgres: commit not answered in time, left to finish: %w", ctx.Err())
+}
+
+// sendCommitWait is sendCommit's wait for every answer, on the calling
+// goroutine.
+func sendCommitWait(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (committing bool, err error) {
 	res := conn.SendBatch(ctx, b)
 	defer res.Close()
 	for i := 0; i < b.Len()-1; i++ {

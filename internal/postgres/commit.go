@@ -134,16 +134,55 @@ func (db *DB) settleMark(ctx context.Context, mark commitMark) (committed bool, 
 	if err := conn.QueryRow(ctx, `SELECT voided FROM commit_marks WHERE id = $1`, mark.uuid()).Scan(&voided); err != nil {
 		return false, err
 	}
-	return !voided, nil
+	if voided {
+		return false, nil
+	}
+	// The batch committed, but a commit is visible before a synchronous
+	// standby holds it if its wait for the standby was cut short (its
+	// backend ended or cancelled: by an operator, by Postgres shutting
+	// down, or by endBlockers in the moment before it began to wait).
+	// Answer no one until the database's durability covers it.
+	if err := confirmDurable(ctx, conn, mark.server); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// confirmDurable commits a write of server's own and returns once the
+// database confirmed it as it confirms any commit. Its commit record
+// follows in the WAL every commit visible before it began, so with a
+// synchronous standby (synchronous_commit on or remote_apply) its COMMIT
+// returns only once the standby holds all of them: what was read before it
+// is then as durable as an acknowledged sale must be. Without a standby it
+// costs one small local commit. With the standby gone it waits, for ctx:
+// the caller then knows nothing more, and says so.
+func confirmDurable(ctx context.Context, conn *pgxpool.Conn, server string) error {
+	_, err := conn.Exec(ctx, `INSERT INTO durability_confirms (server_id) VALUES ($1)
+		ON CONFLICT (server_id) DO UPDATE SET confirmed_at = now()`, server)
+	if err != nil {
+		return fmt.Errorf("postgres: confirm durability: %w", err)
+	}
+	return nil
 }
 
 // execEndingBlockers runs sql on conn and, every blockerGrace while it
-// waits for a lock, ends the backends that hold the lock. The callers wait
-// only on transactions that must end anyway: the void of a commit mark on
-// the lost batch's own transaction (it alone holds that mark's id), a
-// takeover on the previous owner's batches (they hold the partition's row
-// FOR SHARE). An ended transaction commits or aborts at once; a commit
-// record already being written is not interrupted.
+// waits for a lock, ends the backends that hold the lock, except those
+// that wait for a synchronous standby. The callers wait only on
+// transactions that must end anyway: the void of a commit mark on the lost
+// batch's own transaction (it alone holds that mark's id), a takeover on
+// the previous owner's batches (they hold the partition's row FOR SHARE).
+// An ended transaction aborts at once; a commit record already being
+// written is not interrupted.
+//
+// A transaction that waits for a synchronous standby has committed
+// locally and holds its locks until the standby has its WAL. Ending its
+// backend makes Postgres give the wait up and show the commit to everyone
+// ("the transaction has already committed locally, but might not have
+// been replicated to the standby"): the void would then read the batch as
+// committed and its sales be acknowledged, and a failover to the standby
+// would lose them. So such a transaction is left to finish: the void or the
+// takeover waits with it, for its deadline, and the batch's outcome stays
+// unknown (retry with the same key) until the standby is back or replaced.
 func (db *DB) execEndingBlockers(ctx context.Context, conn *pgxpool.Conn, sql string, args ...any) (pgconn.CommandTag, error) {
 	waiting := make(chan struct{})
 	ended := make(chan struct{})
@@ -155,7 +194,10 @@ func (db *DB) execEndingBlockers(ctx context.Context, conn *pgxpool.Conn, sql st
 }
 
 // endBlockers ends, every blockerGrace until waiting closes, the backends
-// that block backend waiter.
+// that block backend waiter, but none that waits for a synchronous standby
+// (wait event SyncRep; see execEndingBlockers). A backend that begins that
+// wait between the read and the signal gives it up: settleMark and
+// TakeOver confirm durability after they read what it wrote.
 func (db *DB) endBlockers(ctx context.Context, waiter uint32, waiting <-chan struct{}) {
 	t := time.NewTicker(blockerGrace)
 	defer t.Stop()
@@ -167,7 +209,8 @@ func (db *DB) endBlockers(ctx context.Context, waiter uint32, waiting <-chan str
 			return
 		case <-t.C:
 		}
-		db.pool.Exec(ctx, `SELECT pg_terminate_backend(b) FROM unnest(pg_blocking_pids($1)) AS b`, int32(waiter))
+		db.pool.Exec(ctx, `SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a
+			WHERE a.pid = ANY (pg_blocking_pids($1)) AND a.wait_event IS DISTINCT FROM 'SyncRep'`, int32(waiter))
 	}
 }
 

@@ -18,7 +18,12 @@ var ErrStaleEpoch = errors.New("postgres: partition owned at a newer epoch")
 // once it returns no batch at an older epoch can commit. A batch that holds
 // it past blockerGrace (its server stopped or cut off mid-transaction) is
 // ended: its server lost the partition in etcd already, and learns its
-// batch's outcome from the commit mark when it wakes.
+// batch's outcome from the commit mark when it wakes. A batch that waits
+// for a synchronous standby is not ended (execEndingBlockers): the
+// takeover waits for the standby with it. The UPDATE's own commit follows
+// every batch it waited for, so once it returns, with a synchronous
+// standby, the standby holds them all, and the rows the new owner reads
+// are durable.
 func (db *DB) TakeOver(ctx context.Context, partition int32, server string, epoch int64) error {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
@@ -41,7 +46,13 @@ func (db *DB) TakeOver(ctx context.Context, partition int32, server string, epoc
 		return fmt.Errorf("postgres: take over partition %d: %w", partition, err)
 	}
 	if owner == server && cur == epoch {
-		return nil // already ours at this epoch
+		// Already ours at this epoch: an earlier attempt's UPDATE
+		// committed, but its answer was lost, and with it the word that a
+		// synchronous standby holds it. The caller reads the rows next.
+		if err := confirmDurable(ctx, conn, server); err != nil {
+			return fmt.Errorf("postgres: take over partition %d: %w", partition, err)
+		}
+		return nil
 	}
 	return fmt.Errorf("%w: partition %d is %s@%d, asked %s@%d", ErrStaleEpoch, partition, owner, cur, server, epoch)
 }

@@ -94,7 +94,7 @@ func knowsAll(held map[string]*stock.Reservation, ids []string) bool {
 // when the group must run the usual way: it was not sent (a request was
 // refused, or an error decided), or the database refused an assumption
 // (nothing was written). Otherwise err is the group's outcome, as Group's.
-func (db *DB) speculate(ctx context.Context, conn *pgx.Conn, units []*stock.Unit) (done bool, err error) {
+func (db *DB) speculate(ctx context.Context, conn *groupConn, units []*stock.Unit) (done bool, err error) {
 	if db.spec.skip.Load() > 0 {
 		db.spec.skip.Add(-1)
 		return false, nil
