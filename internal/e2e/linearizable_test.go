@@ -389,11 +389,23 @@ func untilDefinite(ctx context.Context, what string, send func(context.Context) 
 }
 
 // takeUntilDefinite sends a deduct or a reserve (op) with key until a
-// definite answer: ok is a success (or a replayed one), !ok OUT_OF_STOCK;
-// id is a reservation's id.
+// definite answer: ok is a success (or a replayed one, or the key's
+// operation found by GetOperation before a retry), !ok OUT_OF_STOCK; id is
+// a reservation's id.
 func takeUntilDefinite(ctx context.Context, s *stack, sku, key string, op stockOp) (id string, ok bool, err error) {
 	outOfStock := func(err error) bool { return reason(err) == "OUT_OF_STOCK" }
+	tries := 0
 	err = untilDefinite(ctx, fmt.Sprintf("%s(%s)", op.kind, key), func(ctx context.Context) error {
+		// After an unknown outcome the client first asks for the key's
+		// operation, as the API offers: an operation found is an
+		// acknowledgement as much as a success answered.
+		if tries++; tries > 1 {
+			resp, err := s.inv.GetOperation(ctx, connect.NewRequest(&v1.GetOperationRequest{Sku: sku, IdempotencyKey: key}))
+			if err == nil {
+				id = resp.Msg.GetOperation().GetReservationId()
+				return nil
+			}
+		}
 		if op.kind != stock.OpReserve {
 			_, err := s.deduct(ctx, sku, key, op.q)
 			return err
@@ -414,17 +426,22 @@ func takeUntilDefinite(ctx context.Context, s *stack, sku, key string, op stockO
 }
 
 // endUntilDefinite commits or releases a reservation until it has (a
-// replayed answer counts).
+// replayed answer counts). RESERVATION_NOT_FOUND ends it with an error: the
+// reserve was acknowledged, so its reservation was lost.
 func endUntilDefinite(ctx context.Context, s *stack, id string, kind stock.OpKind) error {
-	never := func(error) bool { return false }
-	return untilDefinite(ctx, fmt.Sprintf("%s(%s)", kind, id), func(ctx context.Context) error {
+	lost := func(err error) bool { return reason(err) == "RESERVATION_NOT_FOUND" }
+	err := untilDefinite(ctx, fmt.Sprintf("%s(%s)", kind, id), func(ctx context.Context) error {
 		if kind == stock.OpCommit {
 			_, err := s.inv.Commit(ctx, connect.NewRequest(&v1.CommitRequest{ReservationId: id}))
 			return err
 		}
 		_, err := s.inv.Release(ctx, connect.NewRequest(&v1.ReleaseRequest{ReservationId: id, Reason: "test"}))
 		return err
-	}, never)
+	}, lost)
+	if lost(err) {
+		return fmt.Errorf("%s of reservation %s, whose reserve was acknowledged: %v (an acknowledged reserve was lost)", kind, id, err)
+	}
+	return err
 }
 
 // checkHistory checks a run: no oversell and no provable false sold-out;
