@@ -333,7 +333,7 @@ func (a *Allocator) exec(ctx context.Context, r *stock.Request) stock.Result {
 		}
 	}
 	if res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
-		a.setHint(r.Shard, res.Available)
+		a.setHint(r.Shard, hint{available: res.Available, known: true})
 	}
 	return res
 }
@@ -344,7 +344,8 @@ type skuHints struct {
 	hs []hint
 }
 
-func (a *Allocator) setHint(k stock.ShardKey, available int64) {
+// setHint records what k's shard was last seen to hold.
+func (a *Allocator) setHint(k stock.ShardKey, hs hint) {
 	h, ok := a.hints.Get(k.SKU)
 	if !ok {
 		// Added only if still absent: two first hints of one SKU at once
@@ -359,7 +360,7 @@ func (a *Allocator) setHint(k stock.ShardKey, available int64) {
 	if int(k.Index) >= len(h.hs) {
 		h.hs = append(h.hs, make([]hint, int(k.Index)+1-len(h.hs))...)
 	}
-	h.hs[k.Index] = hint{available: available, known: true}
+	h.hs[k.Index] = hs
 }
 
 // hintsOf returns the hints of a SKU's n shards; an evicted one is unknown.
@@ -477,12 +478,13 @@ func (a *Allocator) afterSweep(ctx context.Context, r *stock.Request, sku *stock
 	case sw.available+sw.inTransit < q && sw.unknown == 0:
 		return sku, a.outOfStock(ctx, r, sku, asked, sw), true
 	case sw.available+sw.inTransit < q:
-		// Shards that did not answer may hold the stock: not a sold-out.
-		// A partition changing hands answers again in moments.
+		// Shards that did not answer, or are halted, may hold the stock:
+		// not a sold-out. A partition changing hands answers again in
+		// moments; a halted shard when an operator resumes it.
 		if !sleep(ctx, a.transitWait) {
-			return sku, unavailable("deadline passed while shards of %s were unreachable; retry with the same key", sku.Name), true
+			return sku, unavailable("deadline passed while shards of %s were unreachable or halted; retry with the same key", sku.Name), true
 		}
-		return sku, unavailable("some shards of %s are unreachable; retry with the same key", sku.Name), false
+		return sku, unavailable("some shards of %s holding stock are unreachable or halted; retry with the same key", sku.Name), false
 	case sw.maxShard >= q:
 		return sku, stock.Result{}, false // a shard holds enough now: try again with fresh hints
 	case refused(r, sku):

@@ -33,8 +33,8 @@ func TestAllocator_CacheBounds(t *testing.T) {
 		// Every SKU gets hints for shards 0 and 3 (1 and 2 stay unknown).
 		key := func(i, idx int) stock.ShardKey { return stock.ShardKey{SKU: fmt.Sprint("h", i), Index: int32(idx)} }
 		for i := range hintsSKUsMax + 1 {
-			a.setHint(key(i, 3), int64(i))
-			a.setHint(key(i, 0), int64(i)+1)
+			a.setHint(key(i, 3), known(int64(i)))
+			a.setHint(key(i, 0), known(int64(i)+1))
 		}
 		if n := a.hints.Len(); n != hintsSKUsMax {
 			t.Errorf("hints.Len() = %d after %d SKUs, want %d", n, hintsSKUsMax+1, hintsSKUsMax)
@@ -49,7 +49,7 @@ func TestAllocator_CacheBounds(t *testing.T) {
 			t.Errorf("hintsOf(%s, 5) = %+v, want %+v: the newest SKU's hints kept, by index", key(last, 0).SKU, h, want)
 		}
 		// A hint of a higher index than any before grows the SKU's entry.
-		a.setHint(key(last, 7), 70)
+		a.setHint(key(last, 7), known(70))
 		if h := a.hintsOf(key(last, 0).SKU, 8); !h[7].known || h[7].available != 70 || h[0].available != int64(last)+1 {
 			t.Errorf("hintsOf after a hint for shard 7 = %+v", h)
 		}
@@ -135,7 +135,7 @@ func TestAllocator_FirstHintsAtOnce(t *testing.T) {
 		for i := range shards {
 			wg.Go(func() {
 				<-start
-				a.setHint(stock.ShardKey{SKU: sku, Index: int32(i)}, int64(i)+1)
+				a.setHint(stock.ShardKey{SKU: sku, Index: int32(i)}, known(int64(i)+1))
 			})
 		}
 		close(start)

@@ -11,6 +11,11 @@ import (
 type hint struct {
 	available int64
 	known     bool
+	// halted: the last sweep found the shard halted. It refuses every
+	// write until an operator resumes it, a transfer's credit included, so
+	// it is never part of a consolidation. A shard that answers a request
+	// is not halted: its answer clears this.
+	halted bool
 }
 
 // candidates orders the shards to try for a request of quantity q: first the
@@ -56,13 +61,17 @@ func candidates(n int32, first int32, hints []hint, q int64, skip func(int32) bo
 // consolidation plans moving stock so that one shard holds q: the target is
 // the shard in service (index below serving) with the most available, and
 // sources (shards being retired included) give what they have, most first,
-// until the target would hold q. It returns nil when the known shards do
-// not hold q in total. It is pure.
+// until the target would hold q. Halted shards, and those skip says to
+// avoid, take no part: a halted target would refuse the credits and leave
+// the units in transit until it is resumed, a halted source refuses the
+// debit. It returns nil when the other known shards do not hold q in total.
+// It is pure.
 func consolidation(hints []hint, serving int32, q int64, skip func(int32) bool) (target int32, moves []move) {
+	usable := func(i int32) bool { return !hints[i].halted && (skip == nil || !skip(i)) }
 	var order []int32
-	for i := range hints {
-		if hints[i].known && hints[i].available > 0 && (skip == nil || !skip(int32(i))) {
-			order = append(order, int32(i))
+	for i := range int32(len(hints)) {
+		if hints[i].known && hints[i].available > 0 && usable(i) {
+			order = append(order, i)
 		}
 	}
 	slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(hints[b].available, hints[a].available) })
@@ -73,11 +82,13 @@ func consolidation(hints []hint, serving int32, q int64, skip func(int32) bool) 
 			break
 		}
 	}
-	if target < 0 {
-		if serving < 1 || (skip != nil && skip(0)) {
-			return -1, nil
+	for i := int32(0); target < 0 && i < min(serving, int32(len(hints))); i++ {
+		if usable(i) {
+			target = i // every usable shard in service is empty: gather on the first
 		}
-		target = 0 // every shard in service is empty: gather on the first
+	}
+	if target < 0 {
+		return -1, nil
 	}
 	need := q - max(hints[target].available, 0)
 	for _, i := range order {

@@ -6,8 +6,10 @@ import (
 	"testing"
 )
 
-// known and unknown build hints for the tables.
+// known, halted and unknown build hints for the tables.
 func known(available int64) hint { return hint{available: available, known: true} }
+
+func halted(available int64) hint { return hint{available: available, known: true, halted: true} }
 
 var unknown = hint{}
 
@@ -81,6 +83,8 @@ func TestRoute_Consolidation(t *testing.T) {
 		{"TargetHoldsEnough", []hint{known(40), known(10)}, 30, nil, 0, nil},
 		{"SkippedNotTarget", []hint{known(40), known(30), known(20)}, 45, skipOnly(0), 1, []move{{from: 2, quantity: 15}}},
 		{"SkippedNotSource", []hint{known(40), known(30), known(20)}, 75, skipOnly(2), -1, nil},
+		{"HaltedNotTarget", []hint{halted(40), known(10), known(10), known(10)}, 25, nil, 1, []move{{from: 2, quantity: 10}, {from: 3, quantity: 5}}},
+		{"HaltedNotSource", []hint{halted(40), known(10), known(10)}, 45, nil, -1, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target, moves := consolidation(tc.hints, int32(len(tc.hints)), tc.q, tc.skip)
@@ -106,6 +110,10 @@ func TestRoute_ConsolidationRetiring(t *testing.T) {
 		{"ServingEmpty", []hint{known(0), known(0), known(30)}, 2, 20, 0, []move{{from: 2, quantity: 20}}},
 		{"RetiringHoldsMostNotTarget", []hint{known(1), known(2), known(30)}, 2, 3, 1, []move{{from: 2, quantity: 1}}},
 		{"NotEnough", []hint{known(1), known(0), known(3)}, 2, 5, -1, nil},
+		// Every shard in service is empty and the first is halted: gather
+		// on the next one.
+		{"ServingEmptyFirstHalted", []hint{halted(0), known(0), known(30)}, 2, 20, 1, []move{{from: 2, quantity: 20}}},
+		{"ServingAllHalted", []hint{halted(0), halted(5), known(30)}, 2, 20, -1, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target, moves := consolidation(tc.hints, tc.serving, tc.q, nil)

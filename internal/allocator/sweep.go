@@ -23,7 +23,7 @@ type sweepResult struct {
 	available int64 // sum over the shards that answered
 	maxShard  int64 // the most any one shard holds
 	inTransit int64
-	unknown   int // shards with stock that cannot be reached now
+	unknown   int // shards with stock that cannot be reached (or are halted) now
 	// ops are the operations recorded for the keys of the requests that
 	// joined the sweep (read in its round trip): a sold-out answer replays
 	// them. nil: the caller's key was not looked up.
@@ -138,16 +138,20 @@ func (a *Allocator) sweepOnce(sku *stock.SKU, keys []string) sweepResult {
 	skip := a.skipper(sku.Name)
 	var serving int32
 	for _, r := range rows {
-		a.setHint(stock.ShardKey{SKU: sku.Name, Index: r.Index}, r.Available)
-		if r.Available > 0 && skip(r.Index) {
-			// Its server is down or failing: the stock is there but cannot
-			// be sold right now, which is not a sold-out.
+		halted := r.HaltReason != ""
+		a.setHint(stock.ShardKey{SKU: sku.Name, Index: r.Index}, hint{available: r.Available, known: true, halted: halted})
+		if !r.Retiring {
+			serving++
+		}
+		if r.Available > 0 && (halted || skip(r.Index)) {
+			// Halted, or its server is down or failing: the stock is there
+			// but cannot be sold (nor moved) right now, which is not a
+			// sold-out.
 			res.unknown++
 			continue
 		}
 		res.available += r.Available
 		if !r.Retiring {
-			serving++
 			res.maxShard = max(res.maxShard, r.Available) // only a shard in service sells
 		}
 	}

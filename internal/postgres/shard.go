@@ -199,16 +199,17 @@ func (db *DB) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 	return o, nil
 }
 
-// Sweep reads every shard of a SKU and its stock in transit in one
-// statement, so in one snapshot: a transfer is counted exactly once, on its
-// source, in transit or on its destination, however its steps interleave
-// with the read. In the same round trip it looks keys up (the operations a
-// sold-out answer must replay), as LookupOperations does.
+// Sweep reads every shard of a SKU (with why it is halted, if it is) and
+// its stock in transit in one statement, so in one snapshot: a transfer is
+// counted exactly once, on its source, in transit or on its destination,
+// however its steps interleave with the read. In the same round trip it
+// looks keys up (the operations a sold-out answer must replay), as
+// LookupOperations does.
 func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	b := &pgx.Batch{}
-	b.Queue(`SELECT s.idx, s.available, s.reserved, s.sold, s.idx >= k.shards,
+	b.Queue(`SELECT s.idx, s.available, s.reserved, s.sold, s.halted_reason, s.idx >= k.shards,
 		(SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited') `+sqlShardsInSpan, sku)
 	if len(keys) > 0 {
 		b.Queue(sqlSelectOps, keys)
@@ -222,7 +223,7 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.Sha
 	var inTransit int64
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stock.ShardRow, error) {
 		var s stock.ShardRow
-		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &s.Retiring, &inTransit)
+		err := r.Scan(&s.Index, &s.Available, &s.Reserved, &s.Sold, &s.HaltReason, &s.Retiring, &inTransit)
 		return s, err
 	})
 	if err != nil {

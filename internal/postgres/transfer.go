@@ -97,19 +97,35 @@ func (db *DB) RaiseMoveFence(ctx context.Context, sku string, token int64, holde
 }
 
 // CreateTransfer records a pending transfer, if its fence token is at
-// least the SKU's move fence (locked FOR SHARE, so a raise waits for it);
-// else MOVE_FENCED and nothing is written.
+// least the SKU's move fence (locked FOR SHARE, so a raise waits for it),
+// else MOVE_FENCED; and if its destination would hold at most
+// stock.ShardCountMax once credited, else INVALID_QUANTITY. A refused
+// transfer writes nothing. The destination's row is read, not locked: its
+// writer would wait on the lock, and a credit is never refused (the units
+// must land), so inflows racing the move may take it past the ceiling by
+// at most the moves in flight.
 func (db *DB) CreateTransfer(ctx context.Context, t *stock.Transfer) error {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	tag, err := db.pool.Exec(ctx, `INSERT INTO transfers (id, sku, from_shard, to_shard, from_partition, to_partition, quantity, state, fence_token, reason)
-		SELECT $1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9
-		WHERE $8 >= coalesce((SELECT token FROM move_fences WHERE sku = $2 FOR SHARE), 0)`,
-		t.ID, t.SKU, t.From, t.To, stock.PartitionOf(t.SKU, t.From), stock.PartitionOf(t.SKU, t.To), t.Quantity, t.FenceToken, t.Reason)
-	if err == nil && tag.RowsAffected() == 0 {
+	var fence, held, created int64
+	err := db.pool.QueryRow(ctx, `WITH f AS (SELECT coalesce((SELECT token FROM move_fences WHERE sku = $2 FOR SHARE), 0) AS token),
+			d AS (SELECT coalesce((SELECT available + reserved FROM shards WHERE sku = $2 AND idx = $4), 0) AS held),
+			ins AS (INSERT INTO transfers (id, sku, from_shard, to_shard, from_partition, to_partition, quantity, state, fence_token, reason)
+				SELECT $1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9 FROM f, d
+				WHERE $8 >= f.token AND d.held <= $10::bigint - $7
+				RETURNING 1)
+		SELECT f.token, d.held, (SELECT count(*) FROM ins) FROM f, d`,
+		t.ID, t.SKU, t.From, t.To, stock.PartitionOf(t.SKU, t.From), stock.PartitionOf(t.SKU, t.To), t.Quantity, t.FenceToken, t.Reason,
+		int64(stock.ShardCountMax)).Scan(&fence, &held, &created)
+	switch {
+	case err != nil || created == 1:
+		return err
+	case t.FenceToken < fence:
 		return stock.Errorf(stock.CodeMoveFenced, "a newer mover holds %q: transfer with token %d refused", t.SKU, t.FenceToken)
+	default:
+		return stock.Errorf(stock.CodeInvalidQuantity, "a transfer of %d would take shard %d of %q past %d units held (available plus reserved); it holds %d",
+			t.Quantity, t.To, t.SKU, int64(stock.ShardCountMax), held)
 	}
-	return err
 }
 
 // GetTransfer reads one transfer.

@@ -207,3 +207,88 @@ func TestShard_Limits(t *testing.T) {
 	}
 	reconcile(t, db, sku)
 }
+
+// TestShard_Ceiling: a shard holding stock.ShardCountMax (available plus
+// reserved) takes nothing more in. A replenish, a positive adjustment or a
+// transfer to it that would pass the ceiling is refused INVALID_QUANTITY
+// and changes nothing (row, ledger, operations, transfers); up to the
+// ceiling is accepted, and what takes stock out still works.
+func TestShard_Ceiling(t *testing.T) {
+	db, url := openDB(t)
+	const sku = "ceiling-sku"
+	createSKU(t, db, stock.SKU{Name: sku, Shards: 2}, 20) // 10 and 10
+	// Shard 0 starts 5 below the ceiling, set before any writer has a copy
+	// of its row; through the API it takes a thousand maximal adjustments.
+	// Its opening balance moves with it, so the books still reconcile.
+	tamper(t, url, `UPDATE shards SET available = $2, opening_available = $2 WHERE sku = $1 AND idx = 0`, sku, int64(stock.ShardCountMax)-5)
+	s := newServer(t, db, "a")
+	acquire(t, s, sku, 1, 0, 1)
+	ctx := context.Background()
+	sh0 := stock.ShardKey{SKU: sku, Index: 0}
+	// A hold counts against the ceiling: 2 reserved, ShardCountMax-7
+	// available, room for 5.
+	hold := s.Do(ctx, &stock.Request{Kind: stock.OpReserve, Shard: sh0, Quantity: 2, Key: "hold-2"})
+	if hold.Err != nil {
+		t.Fatalf("Do(reserve 2) = %v", hold.Err)
+	}
+	replenish := func(key string, q int64) *stock.Request {
+		return &stock.Request{Kind: stock.OpReplenish, Shard: sh0, Quantity: q, Key: key}
+	}
+	transfer := func(q int64) error {
+		return db.CreateTransfer(ctx, &stock.Transfer{ID: stock.NewTransferID(), SKU: sku, From: 1, To: 0, Quantity: q, Reason: "test"})
+	}
+	// refused checks that r is refused INVALID_QUANTITY (r nil: a transfer
+	// of q from shard 1) and that nothing changed.
+	refused := func(t *testing.T, r *stock.Request, q int64) {
+		t.Helper()
+		before := stateOf(t, db, sku)
+		if r == nil {
+			if err := transfer(q); stock.CodeOf(err) != stock.CodeInvalidQuantity {
+				t.Errorf("CreateTransfer(%d from shard 1 to shard 0) = %v, want INVALID_QUANTITY", q, err)
+			}
+		} else {
+			if res := s.Do(ctx, r); res.Err == nil || res.Err.Code != stock.CodeInvalidQuantity {
+				t.Errorf("Do(%s %d on shard 0) = %+v, want INVALID_QUANTITY", r.Kind, r.Quantity, res)
+			}
+			if _, err := db.GetOperation(ctx, sku, r.Key); stock.CodeOf(err) != stock.CodeOperationNotFound {
+				t.Errorf("GetOperation(%s) after the refusal = %v, want OPERATION_NOT_FOUND", r.Key, err)
+			}
+		}
+		if got := stateOf(t, db, sku); got != before {
+			t.Errorf("state after the refusal = %+v, want %+v", got, before)
+		}
+		if ts, err := db.ListTransfers(ctx, stock.TransferFilter{SKU: sku}, "", 10); err != nil || len(ts) != 0 {
+			t.Errorf("ListTransfers(%s) = %d transfers, %v, want none", sku, len(ts), err)
+		}
+	}
+
+	t.Run("Replenish", func(t *testing.T) { refused(t, replenish("r-6", 6), 0) })
+	t.Run("Adjust", func(t *testing.T) {
+		refused(t, &stock.Request{Kind: stock.OpAdjust, Shard: sh0, Quantity: 6, Key: "a-6", Reason: "recount", Approver: "alice"}, 0)
+	})
+	t.Run("TransferIn", func(t *testing.T) { refused(t, nil, 6) })
+	t.Run("UpToCeiling", func(t *testing.T) {
+		if res := s.Do(ctx, replenish("r-5", 5)); res.Err != nil {
+			t.Fatalf("Do(replenish 5) with room for 5 = %v, want success", res.Err)
+		}
+		rows, err := db.Shards(ctx, sku)
+		if err != nil || rows[0].Available+rows[0].Reserved != stock.ShardCountMax {
+			t.Fatalf("Shards(%s) = %+v, %v, want shard 0 holding %d", sku, rows, err, int64(stock.ShardCountMax))
+		}
+		refused(t, replenish("r-1", 1), 0)
+		refused(t, nil, 1)
+	})
+	t.Run("StillTakesOut", func(t *testing.T) {
+		if res := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: sh0, Quantity: 1, Key: "d-1"}); res.Err != nil {
+			t.Errorf("Do(deduct 1) at the ceiling = %v, want success", res.Err)
+		}
+		if res := s.Do(ctx, &stock.Request{Kind: stock.OpCommit, Shard: sh0, ReservationID: hold.Reservation.ID}); res.Err != nil {
+			t.Errorf("Do(commit) at the ceiling = %v, want success", res.Err)
+		}
+		// 3 units left the shard: room for 3 again.
+		if res := s.Do(ctx, replenish("r-3", 3)); res.Err != nil {
+			t.Errorf("Do(replenish 3) with room for 3 = %v, want success", res.Err)
+		}
+	})
+	reconcile(t, db, sku)
+}

@@ -161,6 +161,13 @@ func (p *planner) refuse(r *stock.Request) (stock.Code, string) {
 		if r.Kind == stock.OpAdjust && p.cur.Available+r.Quantity < 0 {
 			return stock.CodeOutOfStock, "not enough available stock on this shard to remove"
 		}
+		// The ceiling is checked here, in memory against the running
+		// counts, so that the batch never writes past it: nothing but an
+		// inflow (this, or a transfer's credit) raises what a shard holds.
+		if r.Quantity > 0 && r.Quantity > p.cur.Room() {
+			return stock.CodeInvalidQuantity, fmt.Sprintf("%s of %d would take this shard past %d units held (available plus reserved); it holds %d",
+				r.Kind, r.Quantity, int64(stock.ShardCountMax), p.cur.Available+p.cur.Reserved)
+		}
 		return "", ""
 	}
 	if code, msg := sku.Refuse(r, p.usage(r.CustomerRef)); code != "" {
@@ -291,6 +298,10 @@ func (p *planner) transfer(i int, r *stock.Request) {
 		p.fail(i, stock.CodeOutOfStock, "not enough available stock to transfer; transfer aborted")
 		return
 	case !out && state == stock.TransferDebited:
+		// Never refused for ShardCountMax: the units left the source
+		// already and must land. CreateTransfer refused a move that would
+		// take this shard past it, so only inflows racing the move can take
+		// it past, by at most the moves in flight.
 		step(stock.TransferCredited, stock.OpTransferIn)
 	case !out && state == stock.TransferPending:
 		p.fail(i, stock.CodeShardUnavailable, "transfer not debited yet")

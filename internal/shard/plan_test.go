@@ -387,6 +387,17 @@ func TestPlan_Keyed(t *testing.T) {
 			want: []outcome{refused(stock.CodeOutOfStock), okay}, to: stock.Counts{Available: 9}, ledger: []stock.OpKind{stock.OpAdjust},
 		},
 		{
+			name: "Ceiling",
+			// Held (available plus reserved) may reach ShardCountMax, not
+			// pass it; a refusal leaves room for what fits after it, and
+			// what takes stock out makes room.
+			from:   stock.Counts{Available: stock.ShardCountMax - 4, Reserved: 1},
+			reqs:   []*stock.Request{replenish("k-1", 4), adjust("k-2", 4), replenish("k-3", 3), adjust("k-4", 1), deduct("k-5", 2), adjust("k-6", 2)},
+			want:   []outcome{refused(stock.CodeInvalidQuantity), refused(stock.CodeInvalidQuantity), okay, refused(stock.CodeInvalidQuantity), okay, okay},
+			to:     stock.Counts{Available: stock.ShardCountMax - 1, Reserved: 1, Sold: 2},
+			ledger: []stock.OpKind{stock.OpReplenish, stock.OpDeduct, stock.OpAdjust},
+		},
+		{
 			name: "Mixed",
 			from: stock.Counts{Available: 10, Reserved: 2, Sold: 1},
 			reqs: []*stock.Request{reserve("k-1", 3), deduct("k-2", 2), replenish("k-3", 4), adjust("k-4", -1)},

@@ -25,6 +25,24 @@ const (
 	ReservationTTLDefault = 15 * time.Minute
 )
 
+// ShardCountMax is the most units one shard may hold, available plus
+// reserved. A replenish or adjustment that would take a shard past it is
+// refused INVALID_QUANTITY before anything is written, and no transfer is
+// created that would take its destination past it; a shard that holds
+// more already (a row older than the ceiling) takes nothing more in. Why
+// 10^15: it is 1,000 times StockMax, the most one adjustment or a new SKU
+// may bring, so honest stock never comes near it; and 3 counts of
+// ShardsMax shards at 10^15 (7.7·10^17) stay far below 2^63 (9.2·10^18), so
+// neither a shard's counts nor a SKU's totals can wrap an int64, which
+// would otherwise be caught only by halting the shard. Sold is not held:
+// it rises only by units first held, at most QuantityMax a request, so it
+// needs over 9·10^12 requests on one shard to wrap.
+const ShardCountMax = 1_000_000_000_000_000
+
+// Room returns how many more units a shard of counts c may take in before
+// it holds ShardCountMax; negative when it holds more already.
+func (c Counts) Room() int64 { return ShardCountMax - c.Available - c.Reserved }
+
 // Partitions is the fixed number of fencing partitions. Shard servers own
 // partitions, not SKUs, so a million SKUs need only this many etcd keys.
 const Partitions = 256
