@@ -280,6 +280,7 @@ func (g *groupRead) siblings(k stock.ShardKey) []stock.ShardRow {
 // partition's fence is not its writer's.
 func (g *groupRead) reads(units []*stock.Unit) []*stock.BatchRead {
 	reads := make([]*stock.BatchRead, len(units))
+	none := map[string]*stock.Operation{} // of every unit whose SKU has none (read only)
 	for i, u := range units {
 		got, ok := g.fences[u.Fence.Partition]
 		if !ok || got.owner != u.Fence.ServerID || got.epoch != u.Fence.Epoch {
@@ -292,7 +293,7 @@ func (g *groupRead) reads(units []*stock.Unit) []*stock.BatchRead {
 		// planner's own checks (SKU, shard).
 		ops := g.ops[u.Query.Shard.SKU]
 		if ops == nil {
-			ops = map[string]*stock.Operation{}
+			ops = none
 		}
 		read := &stock.BatchRead{SKU: g.skus[u.Query.Shard.SKU], Ops: ops, Reservations: g.reservations, Due: g.due[u],
 			Usage: g.usage[u.Query.Shard.SKU], Transfers: g.transfers, MoveFences: g.moveFences, Now: g.now}
