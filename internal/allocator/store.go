@@ -18,8 +18,9 @@ type Store interface {
 	UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*stock.SKU, error)
 	Shards(ctx context.Context, sku string) ([]stock.ShardRow, error)
 	ResumeShard(ctx context.Context, k stock.ShardKey) (string, error)
-	// Sweep reads a SKU's shards, its stock in transit and the operations
-	// of keys, as of one instant (the check before OUT_OF_STOCK).
+	// Sweep reads a SKU's shards, its stock in transit and its operations
+	// of keys (by key; the same key on another SKU is another operation),
+	// as of one instant (the check before OUT_OF_STOCK).
 	Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error)
 	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
 	CreateTransfer(ctx context.Context, t *stock.Transfer) error

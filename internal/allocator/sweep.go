@@ -24,9 +24,10 @@ type sweepResult struct {
 	maxShard  int64 // the most any one shard holds
 	inTransit int64
 	unknown   int // shards with stock that cannot be reached (or are halted) now
-	// ops are the operations recorded for the keys of the requests that
-	// joined the sweep (read in its round trip): a sold-out answer replays
-	// them. nil: the caller's key was not looked up.
+	// ops are the SKU's operations recorded for the keys of the requests
+	// that joined the sweep (read in its round trip): a sold-out answer
+	// replays them on the shard that recorded them. nil: the caller's key
+	// was not looked up.
 	ops map[string]*stock.Operation
 	err *stock.Error
 }

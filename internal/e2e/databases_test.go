@@ -20,7 +20,8 @@ import (
 
 // TestE2E_TwoDatabases: SKUs placed on two Postgres clusters of their own.
 // New SKUs spread over both; the source document's case holds on a SKU of
-// each, at once; with one cluster crashed its SKUs answer a retryable
+// each, at once; one key on two SKUs of one database and on a SKU of the
+// other is an operation on each; with one cluster crashed its SKUs answer a retryable
 // unavailable while the other's keep selling, every sale acknowledged
 // exactly once; once it is back its SKUs sell again, and every SKU's books
 // balance.
@@ -78,6 +79,28 @@ func TestE2E_TwoDatabases(t *testing.T) {
 	}
 	wg.Wait()
 
+	// An operation is identified by (sku, idempotency_key), wherever the
+	// SKU lives: one key on two SKUs of main and one of second is three
+	// operations, each replayed on retry, each read back as its own.
+	if len(on["main"]) < 3 || len(on["second"]) < 4 {
+		t.Fatalf("SKUs spread %v, want 3 on main and 4 on second", on)
+	}
+	shared := []string{on["main"][1], on["main"][2], on["second"][3]}
+	for _, replayed := range []bool{false, true} {
+		for _, name := range shared {
+			resp, err := s.deduct(ctx, name, "shared-key", 1)
+			if err != nil || resp.Replayed != replayed || resp.Operation.GetSku() != name {
+				t.Errorf("Deduct(%s, shared-key) = %v, %v; want its own operation (replayed %v)", name, resp, err, replayed)
+			}
+		}
+	}
+	for _, name := range shared {
+		resp, err := s.inv.GetOperation(ctx, connect.NewRequest(&v1.GetOperationRequest{Sku: name, IdempotencyKey: "shared-key"}))
+		if err != nil || resp.Msg.Operation.GetSku() != name {
+			t.Errorf("GetOperation(%s, shared-key) = %v, %v; want its own operation", name, resp, err)
+		}
+	}
+
 	// Crash the second cluster: its SKUs are unavailable (retryable), the
 	// main's keep selling, even on the partitions of a shard server killed
 	// meanwhile, which the other takes over with one database down.
@@ -134,7 +157,7 @@ func TestE2E_TwoDatabases(t *testing.T) {
 			s.reconcile(name)
 		}
 	}
-	if want := 200 + sold.Load() + 2; total != want {
+	if want := 200 + int64(len(shared)) + sold.Load() + 2; total != want {
 		t.Errorf("sold %d over all SKUs, want %d (acknowledged)", total, want)
 	}
 }

@@ -110,9 +110,10 @@ const (
 // are written by one statement (groupWrite.statement): each statement
 // costs Postgres a bind, an executor start and end and a portal whatever
 // its rows, and a hot group wrote four kinds of row with four (measured,
-// docs/benchmarks.md). Operations are inserted in key order (so two
-// batches never deadlock on the unique index); a key that conflicts was
-// taken by another shard meanwhile, and the unique violation aborts the
+// docs/benchmarks.md). Operations are inserted in the order of their key,
+// (sku, idempotency_key) (so two batches never deadlock on the unique
+// index); a key that conflicts was taken by another shard of its SKU
+// meanwhile, and the unique violation aborts the
 // transaction, so that the batch is rerun (the rerun's lookup then sees
 // the key as a replay) rather than counted a success. Each shard row is
 // updated once, compare-and-set against its writer's copy.
@@ -175,7 +176,7 @@ func mergeWrites(writes []unitWrite) *groupWrite {
 // the rows only this group writes or inserts (mark, operations,
 // reservations, shard rows, ledger), then the rows that other groups may
 // write too, each kind in one order for every group, so that two groups
-// never deadlock: operations by key (in the first statement), customer
+// never deadlock: operations by SKU and key (in the first statement), customer
 // usage by SKU and customer, then transfers.
 func (g *groupWrite) queue(b *pgx.Batch, mark commitMark) {
 	sql, args := joinParts(g.parts(mark))
@@ -199,7 +200,7 @@ func (g *groupWrite) queue(b *pgx.Batch, mark commitMark) {
 // their own: one group may touch one usage row twice (given back, then
 // taken), which one statement may not.
 func (g *groupWrite) parts(mark commitMark) []writePart {
-	slices.SortFunc(g.all.Ops, func(a, b *stock.Operation) int { return compareStrings(a.IdempotencyKey, b.IdempotencyKey) })
+	slices.SortFunc(g.all.Ops, compareOps)
 	server := mark.server
 	parts := []writePart{markPart(mark)}
 	if len(g.all.Ops) > 0 {
@@ -445,6 +446,16 @@ func classify(err error) error {
 
 func notCommitted(step string, err error) error {
 	return fmt.Errorf("%w: %s: %v", stock.ErrNotCommitted, step, err)
+}
+
+// compareOps orders operations as their primary key, (sku,
+// idempotency_key), orders them: every group inserts its keys in that
+// order, so that two never wait for each other's keys crosswise.
+func compareOps(a, b *stock.Operation) int {
+	if c := compareStrings(a.SKU, b.SKU); c != 0 {
+		return c
+	}
+	return compareStrings(a.IdempotencyKey, b.IdempotencyKey)
 }
 
 func compareStrings(a, b string) int {

@@ -26,7 +26,9 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 	return &s, nil
 }
 
-// sqlSelectOps reads operations by key, with their reservation's state.
+// sqlSelectOps reads operations by (sku, idempotency_key), the operations'
+// primary key, with their reservation's state: $1 and $2 are the pairs'
+// SKUs and keys, element by element (opKeys).
 //
 // Lookups by a list of keys are written as a LATERAL probe per key rather
 // than "= ANY($1)": on a young table the planner prefers a sequential scan
@@ -39,8 +41,8 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 // every group statement does so, reads and writes alike.
 const sqlSelectOps = `SELECT o.sku, o.idempotency_key, o.kind, o.params_hash, o.quantity, o.shard,
 	o.reservation_id, o.order_ref, o.customer_ref, o.created_at, coalesce(r.state, ''), coalesce(r.expires_at, o.created_at)
-	FROM (SELECT unnest($1::text[]) AS key) AS k
-	CROSS JOIN LATERAL (SELECT * FROM operations WHERE idempotency_key = k.key) o
+	FROM (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS key) AS k
+	CROSS JOIN LATERAL (SELECT * FROM operations WHERE sku = k.sku AND idempotency_key = k.key) o
 	LEFT JOIN LATERAL (SELECT state, expires_at FROM reservations WHERE id = o.reservation_id AND o.reservation_id <> '') r ON true`
 
 func scanOp(row pgx.Row) (*stock.Operation, error) {
@@ -53,8 +55,22 @@ func scanOp(row pgx.Row) (*stock.Operation, error) {
 	return &o, err
 }
 
-func scanOps(res pgx.BatchResults, into map[string]*stock.Operation) error {
-	rows, err := res.Query()
+// opKeys are sqlSelectOps's arguments for keys of one SKU.
+func opKeys(sku string, keys []string) []any {
+	return []any{slices.Repeat([]string{sku}, len(keys)), keys}
+}
+
+// scanOps reads sqlSelectOps's rows into a map by key: the caller asked
+// for one SKU's keys only, so that a key of another SKU is never taken for
+// one of its own.
+func scanOps(rows pgx.Rows, err error) (map[string]*stock.Operation, error) {
+	out := map[string]*stock.Operation{}
+	err = scanOpsFunc(rows, err, func(o *stock.Operation) { out[o.IdempotencyKey] = o })
+	return out, err
+}
+
+// scanOpsFunc calls add with each of sqlSelectOps's rows.
+func scanOpsFunc(rows pgx.Rows, err error, add func(*stock.Operation)) error {
 	if err != nil {
 		return err
 	}
@@ -64,7 +80,7 @@ func scanOps(res pgx.BatchResults, into map[string]*stock.Operation) error {
 		if err != nil {
 			return err
 		}
-		into[o.IdempotencyKey] = o
+		add(o)
 	}
 	return rows.Err()
 }
@@ -98,10 +114,11 @@ func scanReservations(res pgx.BatchResults) ([]*stock.Reservation, error) {
 	return out, rows.Err()
 }
 
-// opsPart inserts the group's operations, in key order. A key taken
-// meanwhile (by another shard's batch, or twice in this group) is a
-// unique violation (23505): the group aborts with stock.ErrConflict and
-// is rerun, and the rerun's lookup sees the key as a replay. A plain
+// opsPart inserts the group's operations, in the order of their primary
+// key, (sku, idempotency_key). A key of a SKU taken meanwhile (by a batch
+// of another shard of the SKU, or twice in this group) is a unique
+// violation (23505): the group aborts with stock.ErrConflict and is rerun,
+// and the rerun's lookup sees the key as a replay. A plain
 // INSERT says so by itself; ON CONFLICT DO NOTHING with a count of the
 // rows inserted said the same at twice the cost per row (measured with
 // pg_stat_statements, docs/benchmarks.md).

@@ -36,10 +36,10 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*stock.Unit) ([]*sto
 
 // groupQuery is what a group reads, gathered from its units.
 type groupQuery struct {
-	parts                                           []int32
-	skus, keys, rids, tids, usageSKUs, usageClients []string
-	sweeps                                          []*stock.Unit
-	loadSKUs                                        []string // of the units that load their row: every shard of each is read
+	parts                                                    []int32
+	skus, keySKUs, keys, rids, tids, usageSKUs, usageClients []string
+	sweeps                                                   []*stock.Unit
+	loadSKUs                                                 []string // of the units that load their row: every shard of each is read
 }
 
 func newGroupQuery(units []*stock.Unit) *groupQuery {
@@ -55,7 +55,10 @@ func newGroupQuery(units []*stock.Unit) *groupQuery {
 			skus[u.Query.Shard.SKU] = true
 			q.skus = append(q.skus, u.Query.Shard.SKU)
 		}
-		q.keys = append(q.keys, u.Query.Keys...)
+		// Each key with its unit's SKU: operations are keyed by the pair.
+		for _, k := range u.Query.Keys {
+			q.keySKUs, q.keys = append(q.keySKUs, u.Query.Shard.SKU), append(q.keys, k)
+		}
 		q.rids = append(q.rids, u.Query.ReservationIDs...)
 		q.tids = append(q.tids, u.Query.TransferIDs...)
 		for _, c := range u.Query.Customers {
@@ -82,7 +85,7 @@ func (q *groupQuery) queue(b *pgx.Batch) {
 		b.Queue(`SELECT sku, idx, available, reserved, sold, halted_reason FROM shards WHERE sku = ANY($1::text[])`, q.loadSKUs)
 	}
 	if len(q.keys) > 0 {
-		b.Queue(sqlSelectOps, q.keys)
+		b.Queue(sqlSelectOps, q.keySKUs, q.keys)
 	}
 	if len(q.rids) > 0 {
 		b.Queue(sqlSelectReservationsByID, q.rids)
@@ -107,8 +110,8 @@ type groupRead struct {
 	now          time.Time
 	skus         map[string]*stock.SKU
 	loaded       map[stock.ShardKey]*loadedShard
-	healthy      map[string][]stock.ShardRow // loaded and not halted, by SKU; built by siblings
-	ops          map[string]*stock.Operation
+	healthy      map[string][]stock.ShardRow            // loaded and not halted, by SKU; built by siblings
+	ops          map[string]map[string]*stock.Operation // by SKU, then key
 	reservations map[string]*stock.Reservation
 	due          map[*stock.Unit][]*stock.Reservation
 	transfers    map[string]*stock.Transfer
@@ -129,7 +132,7 @@ type loadedShard struct {
 // scan reads the answers of the statements queue queued, in their order.
 // Any error means the transaction did not commit (nothing was written).
 func (q *groupQuery) scan(res pgx.BatchResults) (*groupRead, error) {
-	g := &groupRead{ops: map[string]*stock.Operation{}, reservations: map[string]*stock.Reservation{},
+	g := &groupRead{ops: map[string]map[string]*stock.Operation{}, reservations: map[string]*stock.Reservation{},
 		due: map[*stock.Unit][]*stock.Reservation{}, transfers: map[string]*stock.Transfer{}, moveFences: map[string]int64{}, usage: map[string]map[string]int64{}}
 	if _, err := res.Exec(); err != nil {
 		return nil, notCommitted("begin", err)
@@ -147,7 +150,8 @@ func (q *groupQuery) scan(res pgx.BatchResults) (*groupRead, error) {
 		}
 	}
 	if len(q.keys) > 0 {
-		if err := scanOps(res, g.ops); err != nil {
+		rows, err := res.Query()
+		if err := scanOpsFunc(rows, err, g.addOp); err != nil {
 			return nil, notCommitted("operations", err)
 		}
 	}
@@ -244,6 +248,14 @@ func scanUsage(res pgx.BatchResults, into map[string]map[string]int64) error {
 	return err
 }
 
+// addOp files an operation read under its SKU.
+func (g *groupRead) addOp(o *stock.Operation) {
+	if g.ops[o.SKU] == nil {
+		g.ops[o.SKU] = map[string]*stock.Operation{}
+	}
+	g.ops[o.SKU][o.IdempotencyKey] = o
+}
+
 // siblings are the loaded shards of k's SKU other than k that are not
 // halted.
 func (g *groupRead) siblings(k stock.ShardKey) []stock.ShardRow {
@@ -268,15 +280,22 @@ func (g *groupRead) siblings(k stock.ShardKey) []stock.ShardRow {
 // partition's fence is not its writer's.
 func (g *groupRead) reads(units []*stock.Unit) []*stock.BatchRead {
 	reads := make([]*stock.BatchRead, len(units))
+	none := map[string]*stock.Operation{} // of every unit whose SKU has none (read only)
 	for i, u := range units {
 		got, ok := g.fences[u.Fence.Partition]
 		if !ok || got.owner != u.Fence.ServerID || got.epoch != u.Fence.Epoch {
 			u.Err = fmt.Errorf("%w: partition %d is %s@%d, writer is %s@%d", stock.ErrFenced, u.Fence.Partition, got.owner, got.epoch, u.Fence.ServerID, u.Fence.Epoch)
 			continue
 		}
-		// Every unit sees every lookup: a key or a reservation of another
-		// unit is refused by the planner's own checks (SKU, shard).
-		read := &stock.BatchRead{SKU: g.skus[u.Query.Shard.SKU], Ops: g.ops, Reservations: g.reservations, Due: g.due[u],
+		// A unit sees its SKU's operations, those of every shard of it:
+		// a key recorded on one shard is a replay on another. It sees
+		// every reservation read: one of another unit is refused by the
+		// planner's own checks (SKU, shard).
+		ops := g.ops[u.Query.Shard.SKU]
+		if ops == nil {
+			ops = none
+		}
+		read := &stock.BatchRead{SKU: g.skus[u.Query.Shard.SKU], Ops: ops, Reservations: g.reservations, Due: g.due[u],
 			Usage: g.usage[u.Query.Shard.SKU], Transfers: g.transfers, MoveFences: g.moveFences, Now: g.now}
 		if u.Query.LoadShard {
 			read.ShardRead = true

@@ -164,36 +164,23 @@ func (db *DB) DueShards(ctx context.Context, partitions []int32, limit int) ([]s
 	})
 }
 
-// LookupOperations reads operations by key without a transaction: the read
-// a writer does before refusing a batch for stock, so that a replay is never
-// answered OUT_OF_STOCK.
-func (db *DB) LookupOperations(ctx context.Context, keys []string) (map[string]*stock.Operation, error) {
+// LookupOperations reads a SKU's operations of keys, by key, without a
+// transaction: the read a writer does before refusing a batch for stock,
+// so that a replay is never answered OUT_OF_STOCK.
+func (db *DB) LookupOperations(ctx context.Context, sku string, keys []string) (map[string]*stock.Operation, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, sqlSelectOps, keys)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]*stock.Operation{}
-	for rows.Next() {
-		o, err := scanOp(rows)
-		if err != nil {
-			return nil, err
-		}
-		out[o.IdempotencyKey] = o
-	}
-	return out, rows.Err()
+	return scanOps(db.pool.Query(ctx, sqlSelectOps, opKeys(sku, keys)...))
 }
 
 // GetOperation reads one operation by SKU and key.
 func (db *DB) GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error) {
-	ops, err := db.LookupOperations(ctx, []string{key})
+	ops, err := db.LookupOperations(ctx, sku, []string{key})
 	if err != nil {
 		return nil, err
 	}
 	o := ops[key]
-	if o == nil || o.SKU != sku {
+	if o == nil {
 		return nil, stock.Errorf(stock.CodeOperationNotFound, "no operation with key %q on sku %q", key, sku)
 	}
 	return o, nil
@@ -203,8 +190,8 @@ func (db *DB) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 // its stock in transit in one statement, so in one snapshot: a transfer is
 // counted exactly once, on its source, in transit or on its destination,
 // however its steps interleave with the read. In the same round trip it
-// looks keys up (the operations a sold-out answer must replay), as
-// LookupOperations does.
+// looks the SKU's keys up (the operations a sold-out answer must replay),
+// as LookupOperations does.
 func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
@@ -212,7 +199,7 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.Sha
 	b.Queue(`SELECT s.idx, s.available, s.reserved, s.sold, s.halted_reason, s.idx >= k.shards,
 		(SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited') `+sqlShardsInSpan, sku)
 	if len(keys) > 0 {
-		b.Queue(sqlSelectOps, keys)
+		b.Queue(sqlSelectOps, opKeys(sku, keys)...)
 	}
 	res := db.pool.SendBatch(ctx, b)
 	defer res.Close()
@@ -231,7 +218,7 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.Sha
 	}
 	ops := map[string]*stock.Operation{}
 	if len(keys) > 0 {
-		if err := scanOps(res, ops); err != nil {
+		if ops, err = scanOps(res.Query()); err != nil {
 			return nil, 0, nil, err
 		}
 	}

@@ -172,16 +172,20 @@ func (st *durableStack) check(t *testing.T, acked map[string]ack) {
 			t.Errorf("ledger holds deduct %s that no client was told of", k)
 		}
 	}
-	keys := make([]string, 0, len(acked))
-	for k := range acked {
-		keys = append(keys, k)
+	keys := map[string][]string{} // by SKU: operations are keyed by (sku, key)
+	for k, a := range acked {
+		keys[a.shard.SKU] = append(keys[a.shard.SKU], k)
 	}
-	ops, err := st.db.LookupOperations(ctx, keys)
-	if err != nil {
-		t.Fatalf("LookupOperations = %v", err)
+	found := 0
+	for sku, ks := range keys {
+		ops, err := st.db.LookupOperations(ctx, sku, ks)
+		if err != nil {
+			t.Fatalf("LookupOperations(%s) = %v", sku, err)
+		}
+		found += len(ops)
 	}
-	if len(ops) != len(acked) {
-		t.Errorf("operations hold %d of the %d acknowledged keys", len(ops), len(acked))
+	if found != len(acked) {
+		t.Errorf("operations hold %d of the %d acknowledged keys", found, len(acked))
 	}
 	if lost > 0 || doubled > 0 {
 		t.Errorf("%d acknowledged deducts lost, %d doubled, of %d", lost, doubled, len(acked))

@@ -99,7 +99,7 @@ func TestShard_HaltedUntilResumed(t *testing.T) {
 	if rows[0].HaltReason == "" {
 		t.Errorf("Shards(%s)[0].HaltReason is empty, want the halt recorded on the row", sku)
 	}
-	if ops, _ := db.LookupOperations(ctx, []string{"k2"}); len(ops) != 0 {
+	if ops, _ := db.LookupOperations(ctx, sku, []string{"k2"}); len(ops) != 0 {
 		t.Errorf("a refused request on a halted shard wrote operation %v", ops)
 	}
 

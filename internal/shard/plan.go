@@ -195,7 +195,9 @@ func (p *planner) usage(customer string) int64 {
 }
 
 // replay answers a key that already has an operation: its first result if
-// the parameters match, IDEMPOTENCY_KEY_REUSED if not.
+// the parameters match, IDEMPOTENCY_KEY_REUSED if not. Storage reads only
+// the SKU's own operations (BatchRead.Ops); an operation of another SKU
+// here would be its bug, and is refused rather than replayed.
 func (p *planner) replay(i int, r *stock.Request, op *stock.Operation) {
 	if op.SKU != r.Shard.SKU || op.Kind != r.Kind || !bytes.Equal(op.ParamsHash, p.hashes[i]) {
 		p.fail(i, stock.CodeIdempotencyKeyReused, "idempotency_key %q was used with other parameters", r.Key)

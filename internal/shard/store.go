@@ -19,7 +19,8 @@ type Store interface {
 	// Group runs the batches of many shards in one transaction; see
 	// postgres.DB.Group for the failures it reports.
 	Group(ctx context.Context, units []*stock.Unit) error
-	LookupOperations(ctx context.Context, keys []string) (map[string]*stock.Operation, error)
+	// LookupOperations reads a SKU's operations of keys, by key.
+	LookupOperations(ctx context.Context, sku string, keys []string) (map[string]*stock.Operation, error)
 	LoadShard(ctx context.Context, k stock.ShardKey) (stock.Counts, error)
 	CheckShard(ctx context.Context, f stock.Fence, k stock.ShardKey) (stock.ShardCheck, error)
 	HaltShard(ctx context.Context, f stock.Fence, k stock.ShardKey, reason string) error

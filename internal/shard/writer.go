@@ -486,7 +486,7 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 	q, _ := query(w.key, reqs)
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
-	ops, err := w.db.store.LookupOperations(ctx, q.Keys)
+	ops, err := w.db.store.LookupOperations(ctx, w.key.SKU, q.Keys)
 	if err != nil {
 		return nil, err
 	}

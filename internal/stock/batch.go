@@ -40,7 +40,7 @@ type Fence struct {
 // BatchQuery says what a batch must read before it decides.
 type BatchQuery struct {
 	Shard          ShardKey
-	Keys           []string // idempotency keys of keyed requests
+	Keys           []string // idempotency keys of keyed requests, all of the shard's SKU
 	ReservationIDs []string // reservations committed or released
 	Customers      []string // customer refs of reserves and deducts
 	SweepMax       int      // >0: also read up to this many due holds
@@ -74,7 +74,10 @@ type BatchQuery struct {
 
 // BatchRead is what the batch read, inside its transaction.
 type BatchRead struct {
-	SKU          *SKU // nil: no such SKU
+	SKU *SKU // nil: no such SKU
+	// Ops are the SKU's recorded operations of the query's keys, by key:
+	// an operation is identified by (sku, idempotency_key), so the same
+	// key on another SKU is not here.
 	Ops          map[string]*Operation
 	Reservations map[string]*Reservation
 	Due          []*Reservation   // held and expired, for the sweep
