@@ -22,7 +22,7 @@ func (a *Allocator) Allocate(ctx context.Context, r *stock.Request) stock.Result
 	flight := r.Shard.SKU + "\x00" + r.Key
 	a.inflight.Store(flight, struct{}{})
 	defer a.inflight.Delete(flight)
-	res := a.take(ctx, r, sku)
+	res, _ := a.take(ctx, r, sku)
 	if res.Replayed {
 		a.metrics.replays.Inc()
 	}
@@ -68,7 +68,8 @@ func (a *Allocator) AdjustStock(ctx context.Context, r *stock.Request) stock.Res
 		return errResult(err)
 	}
 	if r.Kind == stock.OpAdjust && r.Quantity < 0 {
-		return a.take(ctx, r, sku)
+		res, _ := a.take(ctx, r, sku)
+		return res
 	}
 	first := firstChoice(r.Key, sku.Shards)
 	res := unavailable("no shard of %s is reachable; retry with the same key", sku.Name)
