@@ -112,7 +112,8 @@ type Allocator struct {
 	transitWait time.Duration
 
 	sweeps   sweeper
-	inflight sync.Map // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
+	inflight sync.Map  // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
+	doubts   doubtBook // keys a shard may still apply: OPERATION_IN_PROGRESS
 	metrics  *metrics
 	stop     chan struct{} // closed by Close: ends followTopology and the rebalancer
 	followed chan struct{} // closed when followTopology has returned

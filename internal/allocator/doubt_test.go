@@ -113,8 +113,9 @@ const doubtAnswerTimeout = 2 * time.Second
 // unit fails after the shard queued it (behind the release of a hold on
 // that unit, waiting for a row lock) is not answered OUT_OF_STOCK although
 // the other shard refuses it and the sweep finds nothing available, since
-// the first shard then applies it. A retry with the same key gets the
-// deduct's first result.
+// the first shard then applies it; and GetOperation does not answer
+// OPERATION_NOT_FOUND meanwhile, since a client would buy again under a new
+// key. A retry with the same key gets the deduct's first result.
 func TestAllocator_InDoubt(t *testing.T) {
 	s := newStack(t, []string{"s1"}, "")
 	ctx := context.Background()
@@ -177,6 +178,7 @@ func TestAllocator_InDoubt(t *testing.T) {
 		t.Fatalf("the call carrying %s was not cut after delivery (Allocate = %+v): the fault did not land", key, got)
 	}
 	t.Logf("Allocate(deduct %s) with its call cut after delivery = %+v", key, got.Err)
+	_, opErr := a.GetOperation(ctx, sku, key)
 
 	// Let shard s1 go on: the release returns the unit, and the queued
 	// deduct takes it.
@@ -199,6 +201,9 @@ func TestAllocator_InDoubt(t *testing.T) {
 	// must not have been a refusal.
 	if got.Err != nil && got.Err.Code != stock.CodeShardUnavailable {
 		t.Errorf("Allocate(deduct %s) = %v, want success or SHARD_UNAVAILABLE: shard %d applied it afterwards", key, got.Err, held)
+	}
+	if c := codeOfErr(opErr); c != stock.CodeOperationInProgress {
+		t.Errorf("GetOperation(%s) while shard %d held the deduct = %v, want OPERATION_IN_PROGRESS", key, held, opErr)
 	}
 	again := a.Allocate(ctx, deduct(sku, key, 1))
 	if again.Err != nil || !again.Replayed || again.Operation.Shard != held {
