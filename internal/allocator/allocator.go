@@ -10,6 +10,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -111,7 +112,8 @@ type Allocator struct {
 	transitWait time.Duration
 
 	sweeps   sweeper
-	inflight sync.Map // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
+	inflight sync.Map  // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
+	doubts   doubtBook // keys a shard may still apply: OPERATION_IN_PROGRESS
 	metrics  *metrics
 	stop     chan struct{} // closed by Close: ends followTopology and the rebalancer
 	followed chan struct{} // closed when followTopology has returned
@@ -309,33 +311,41 @@ func (a *Allocator) forgetGone(v topology.View) {
 // When the partition gets a new owner while the request waits for the old
 // one, it is sent again to the new owner (at most ownerMovesMax times).
 func (a *Allocator) exec(ctx context.Context, r *stock.Request) stock.Result {
-	var res stock.Result
+	res, _ := a.send(ctx, r)
+	return res
+}
+
+// send is exec, and also reports whether the request reached a shard
+// server (was handed to one, whatever came back): a request that did and
+// was answered SHARD_UNAVAILABLE may still be applied there.
+func (a *Allocator) send(ctx context.Context, r *stock.Request) (res stock.Result, reached bool) {
 	for moves := 0; ; moves++ {
 		c, local := a.client(r.Shard)
 		var moved bool
 		switch {
 		case local:
 			a.metrics.local.Inc()
-			res = a.local.Do(ctx, r)
+			res, reached = a.local.Do(ctx, r), true
 		case c == nil:
-			return unavailable("no shard server owns %s right now; retry with the same key", r.Shard)
+			return unavailable("no shard server owns %s right now; retry with the same key", r.Shard), reached
 		case c.open():
-			return unavailable("shard server %s is failing; retry with the same key", c.id)
+			return unavailable("shard server %s is failing; retry with the same key", c.id), reached
 		default:
 			a.metrics.remote.Inc()
+			reached = true
 			res, moved = c.do(ctx, wire.RequestToProto(r), r.Shard.Partition())
 		}
 		if !moved {
 			break
 		}
 		if moves+1 >= ownerMovesMax {
-			return unavailable("the owner of %s changed %d times during the request; retry with the same key", r.Shard, ownerMovesMax)
+			return unavailable("the owner of %s changed %d times during the request; retry with the same key", r.Shard, ownerMovesMax), reached
 		}
 	}
 	if res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
 		a.setHint(r.Shard, hint{available: res.Available, known: true})
 	}
-	return res
+	return res, reached
 }
 
 // skuHints are the hints of one SKU's shards, by index.
@@ -394,8 +404,55 @@ func (a *Allocator) skipper(sku string) func(int32) bool {
 // negative adjustment): try the shards that may have enough, then sweep
 // them all; answer OUT_OF_STOCK only when the sweep (counting stock in
 // transit) says the SKU holds less than q; consolidate when the stock is
-// there but split.
-func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) stock.Result {
+// there but split. doubt lists the shards that may still apply r; it is
+// not empty only when the answer is SHARD_UNAVAILABLE.
+func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) (res stock.Result, doubt []int32) {
+	res = a.route(ctx, r, sku, &doubt)
+	switch {
+	case len(doubt) == 0 || res.Err == nil:
+		// A success anywhere holds the key in the SKU's database: a shard
+		// in doubt can no longer apply it (its insert conflicts, a replay).
+		return res, nil
+	case res.Err.Code == stock.CodeShardUnavailable:
+		return res, doubt
+	}
+	return a.settleDoubt(ctx, r, res, doubt)
+}
+
+// settleDoubt answers a request that route refused (out of stock, or by the
+// SKU's rules) while some shards may still apply it: a call to them came
+// back SHARD_UNAVAILABLE after it reached them (a ping timeout, a lost
+// connection, a call abandoned for a new owner, a deadline), and the op may
+// sit in their writer's queue or batch. The refusal must not be final then:
+// the buyer would be told no and sold the unit. So it sends the request
+// again, with the same key, to each of them: a shard's writer decides its
+// queue in order, and a new owner fences the old one before it writes, so
+// that answer comes after the first copy's fate is sealed: a success (the
+// first copy's result replayed, or applied now, once) is the answer; a
+// refusal from that shard settles it; SHARD_UNAVAILABLE leaves the doubt,
+// and the answer is SHARD_UNAVAILABLE (retry with the same key), never a
+// refusal. Only requests that had a shard fail them get here.
+func (a *Allocator) settleDoubt(ctx context.Context, r *stock.Request, refusal stock.Result, doubt []int32) (stock.Result, []int32) {
+	for i, idx := range doubt {
+		rr := *r
+		rr.Shard.Index = idx
+		res := a.exec(ctx, &rr)
+		switch {
+		case res.Err == nil:
+			a.metrics.settles.WithLabelValues("served").Inc()
+			return res, nil
+		case res.Err.Code == stock.CodeShardUnavailable:
+			a.metrics.settles.WithLabelValues("unavailable").Inc()
+			return unavailable("shard %d of %s may still apply the request; retry with the same key", idx, r.Shard.SKU), doubt[i:]
+		}
+	}
+	a.metrics.settles.WithLabelValues("refused").Inc()
+	return refusal, nil
+}
+
+// route is take's rounds; it adds to doubt the shards that may still apply
+// r.
+func (a *Allocator) route(ctx context.Context, r *stock.Request, sku *stock.SKU, doubt *[]int32) stock.Result {
 	q := r.Quantity
 	if r.Kind == stock.OpAdjust {
 		q = -r.Quantity
@@ -404,7 +461,7 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 	a.demand.add(sku.Name, first, q)
 	var last stock.Result
 	for round := 0; round < routeRoundsMax; round++ {
-		res, asked, done := a.tryShards(ctx, r, sku, q, first)
+		res, asked, done := a.tryShards(ctx, r, sku, q, first, doubt)
 		if done {
 			return res
 		}
@@ -440,8 +497,10 @@ func (a *Allocator) take(ctx context.Context, r *stock.Request, sku *stock.SKU) 
 // tryShards tries the candidate shards for q units in order. done: res is
 // the answer (a success, or a refusal that no other shard would change);
 // else res is the last SHARD_UNAVAILABLE, if any, and asked tells whether
-// a shard refused the request for stock.
-func (a *Allocator) tryShards(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, first int32) (res stock.Result, asked, done bool) {
+// a shard refused the request for stock. A shard that the request reached
+// and that answered SHARD_UNAVAILABLE is added to doubt; one that refused
+// it for stock since is taken out (its refusal came after that copy).
+func (a *Allocator) tryShards(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, first int32, doubt *[]int32) (res stock.Result, asked, done bool) {
 	var last stock.Result
 	for idx := range candidates(sku.Shards, first, a.hintsOf(sku.Name, sku.Shards), q, a.skipper(sku.Name)) {
 		if idx != first {
@@ -449,15 +508,21 @@ func (a *Allocator) tryShards(ctx context.Context, r *stock.Request, sku *stock.
 		}
 		rr := *r
 		rr.Shard.Index = idx
-		res := a.exec(ctx, &rr)
+		res, reached := a.send(ctx, &rr)
 		if res.Err == nil {
 			return res, asked, true
 		}
 		switch res.Err.Code {
 		case stock.CodeOutOfStock:
 			asked = true
+			if len(*doubt) > 0 {
+				*doubt = slices.DeleteFunc(*doubt, func(i int32) bool { return i == idx })
+			}
 		case stock.CodeShardUnavailable:
 			last = res
+			if reached && !slices.Contains(*doubt, idx) {
+				*doubt = append(*doubt, idx)
+			}
 		default:
 			return res, asked, true
 		}

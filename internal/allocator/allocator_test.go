@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
@@ -39,6 +40,8 @@ type stack struct {
 	db      *postgres.DB
 	topo    func() topology.View
 	servers map[string]*shard.Server
+	// metrics are each shard server's own registry.
+	metrics map[string]*prometheus.Registry
 	local   string
 	alloc   *allocator.Allocator
 	etcd    *etcdtest.Etcd
@@ -73,14 +76,15 @@ func newStack(t *testing.T, remote []string, local string) *stack {
 	}
 	w := topology.NewWatcher(e.Client(), stock.Partitions)
 	run(func() { w.Run(ctx) })
-	s := &stack{t: t, url: url, db: db, topo: w.Snapshot, servers: map[string]*shard.Server{}, local: local, etcd: e}
+	s := &stack{t: t, url: url, db: db, topo: w.Snapshot, servers: map[string]*shard.Server{}, metrics: map[string]*prometheus.Registry{}, local: local, etcd: e}
 	ids := slices.Clone(remote)
 	if local != "" {
 		ids = append(ids, local)
 	}
 	for _, id := range ids {
-		srv := shard.New(shard.Config{ServerID: id, DB: db, Logger: quiet()})
-		s.servers[id] = srv
+		reg := prometheus.NewRegistry()
+		srv := shard.New(shard.Config{ServerID: id, DB: db, Logger: quiet(), Registerer: reg})
+		s.servers[id], s.metrics[id] = srv, reg
 		run(func() { srv.Run(ctx) })
 		addr := "127.0.0.1:1" // the local server is never dialled
 		if id != local {

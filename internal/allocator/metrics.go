@@ -25,6 +25,11 @@ type metrics struct {
 	// abandoned counts, by shard server, the calls its callers stopped
 	// waiting for because their partition got a new owner.
 	abandoned *prometheus.CounterVec
+	// settles counts refusals held back because a shard may still apply
+	// the request (Allocator.settleDoubt), by outcome: refused (the shards in
+	// doubt refused it too), served (one of them served it) or unavailable
+	// (one could not be asked: SHARD_UNAVAILABLE instead of the refusal).
+	settles *prometheus.CounterVec
 	// calls and refused count, by shard server, the Execute calls its
 	// breaker let through and those it refused.
 	calls, refused *prometheus.CounterVec
@@ -85,6 +90,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_abandoned_calls_total", Help: "Calls to a shard server abandoned because their partition got a new owner (then sent to it).",
 		}, []string{"server"}),
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_allocator_settles_total", Help: "Refusals held back because a shard whose call failed after it reached it may still apply the request, by outcome: refused (asked again, it refused too), served (asked again, it served it), unavailable (it could not be asked: SHARD_UNAVAILABLE, retry with the same key, instead of the refusal).",
+		}, []string{"outcome"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_execute_calls_total", Help: "Execute calls sent to shard servers (let through by their circuit breaker).",
 		}, []string{"server"}),
@@ -117,7 +125,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "shardstock_rebalancer_retirements_total", Help: "SKUs whose shards out of service finished retiring.",
 	})
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.sweepTime, m.reroutes, m.replays, m.reconciles, m.consolidations, m.breaker, m.abandoned, m.calls, m.refused,
+		reg.MustRegister(paths, m.sweeps, m.sweepTime, m.reroutes, m.replays, m.reconciles, m.consolidations, m.breaker, m.abandoned, m.settles, m.calls, m.refused,
 			m.leasesHeld, m.plans, m.transfersStarted, m.transfersEnded, m.inTransit, m.unitsMoved, m.reshards, m.retirements)
 	}
 	return m

@@ -22,7 +22,14 @@ func (a *Allocator) Allocate(ctx context.Context, r *stock.Request) stock.Result
 	flight := r.Shard.SKU + "\x00" + r.Key
 	a.inflight.Store(flight, struct{}{})
 	defer a.inflight.Delete(flight)
-	res := a.take(ctx, r, sku)
+	res, doubt := a.take(ctx, r, sku)
+	// Held in doubt before the in-flight mark goes: GetOperation never
+	// sees the key in neither while a shard may still apply it.
+	if len(doubt) > 0 {
+		a.doubts.hold(flight)
+	} else {
+		a.doubts.forget(flight)
+	}
 	if res.Replayed {
 		a.metrics.replays.Inc()
 	}
@@ -68,7 +75,8 @@ func (a *Allocator) AdjustStock(ctx context.Context, r *stock.Request) stock.Res
 		return errResult(err)
 	}
 	if r.Kind == stock.OpAdjust && r.Quantity < 0 {
-		return a.take(ctx, r, sku)
+		res, _ := a.take(ctx, r, sku)
+		return res
 	}
 	first := firstChoice(r.Key, sku.Shards)
 	res := unavailable("no shard of %s is reachable; retry with the same key", sku.Name)
@@ -92,7 +100,8 @@ func (a *Allocator) GetOperation(ctx context.Context, sku, key string) (*stock.O
 	}
 	op, err := a.db.GetOperation(ctx, sku, key)
 	if stock.CodeOf(err) == stock.CodeOperationNotFound {
-		if _, busy := a.inflight.Load(sku + "\x00" + key); busy {
+		flight := sku + "\x00" + key
+		if _, busy := a.inflight.Load(flight); busy || a.doubts.holds(flight) {
 			return nil, stock.Errorf(stock.CodeOperationInProgress, "the operation with key %q is in progress; ask again", key)
 		}
 	}

@@ -134,8 +134,9 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 // kinds of link: between the allocator and each shard server (the address
 // a shard server registers is its proxy's) and between the shard servers
 // and Postgres. Through the load: every 150 ms a link to a shard server is
-// cut, either before a request reaches it or after it acted, losing only
-// the answer (each cut closes the HTTP/2 connection and every call on
+// cut, before a request reaches it, after it acted (losing only the
+// answer), or right after it was delivered, while the server may still be
+// deciding it (each cut closes the HTTP/2 connection and every call on
 // it); every 600 ms a shard server's link to Postgres is cut at a COMMIT,
 // before Postgres sees it or after, losing only its answer; one shard
 // server's answers are slowed by 400 ms for 2 s (a slow shard server: the
@@ -191,10 +192,9 @@ func TestE2E_LinkFaultsUnderLoad(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			cut := faultproxy.CutReply
-			if i%2 == 1 {
-				cut = faultproxy.CutRequest
-			}
+			// In turn: lost before the shard server, lost after it
+			// answered, and lost once delivered, the server still deciding.
+			cut := []faultproxy.Cut{faultproxy.CutReply, faultproxy.CutRequest, faultproxy.CutDelivered}[i%3]
 			// A cut lasts one tick: one that waited would fire on the
 			// first message through its link, the breaker's lone probe of
 			// a server it opened on, every time.

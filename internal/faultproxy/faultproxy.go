@@ -31,6 +31,10 @@ const (
 	// CutReply forwards the message, then drops the target's next answer
 	// and closes both sides: the target acted, the client never hears.
 	CutReply
+	// CutDelivered forwards the message and closes both sides at once:
+	// the target has it and may still be deciding it when the client
+	// learns its call failed.
+	CutDelivered
 )
 
 // Proxy listens on 127.0.0.1 and forwards every connection to its target.
@@ -234,14 +238,15 @@ func (p *Proxy) forward(l *link) {
 	for {
 		n, err := l.client.Read(buf)
 		if n > 0 {
-			switch p.fire(buf[:n]) {
+			cut := p.fire(buf[:n])
+			switch cut {
 			case CutRequest:
 				return
 			case CutReply:
 				l.dropReply.Store(true)
 			}
-			if _, werr := l.target.Write(buf[:n]); werr != nil {
-				return
+			if _, werr := l.target.Write(buf[:n]); werr != nil || cut == CutDelivered {
+				return // CutDelivered: the message is on its way, then the close
 			}
 		}
 		if err != nil {
