@@ -130,3 +130,22 @@ func (db *DB) ClaimPlacement(ctx context.Context, fence int64, sku string) (stoc
 	}
 	return p, has, tx.Commit(ctx)
 }
+
+// HighestFence is the highest etcd revision this database has recorded as
+// a fence: a partition's epoch, a SKU's move-lease token or the placement
+// lock's token. An etcd whose revision is below it (restored from an
+// older snapshot without --bump-revision, or rebuilt empty) would hand out
+// epochs and tokens that this database refuses.
+func (db *DB) HighestFence(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var n int64
+	err := db.pool.QueryRow(ctx, `SELECT greatest(
+		(SELECT coalesce(max(epoch), 0) FROM partitions),
+		(SELECT coalesce(max(token), 0) FROM move_fences),
+		(SELECT fence FROM placement_record))`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("postgres: highest fence: %w", err)
+	}
+	return n, nil
+}
