@@ -11,9 +11,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -33,8 +35,11 @@ const locatedMax = 100_000
 // *topology.Placements, or Fixed for a deployment of one database.
 type Placement interface {
 	Current() stock.Placement
-	Locked(ctx context.Context, f func(stock.Placement) error) error
-	Publish(ctx context.Context, databases []string) (stock.Placement, error)
+	// Locked runs f under the placement lock with the placement and the
+	// lock's fencing token (growing from holder to holder).
+	Locked(ctx context.Context, f func(p stock.Placement, fence int64) error) error
+	// Put publishes a placement; only inside Locked's f.
+	Put(ctx context.Context, next stock.Placement) error
 }
 
 // Fixed is a placement that never changes, for one database without etcd.
@@ -46,16 +51,17 @@ type Fixed struct {
 // Current is f.P.
 func (f *Fixed) Current() stock.Placement { return f.P }
 
-// Locked runs fn under a process-local lock.
-func (f *Fixed) Locked(_ context.Context, fn func(stock.Placement) error) error {
+// Locked runs fn under a process-local lock, with fence 1: one process,
+// one holder at a time.
+func (f *Fixed) Locked(_ context.Context, fn func(stock.Placement, int64) error) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return fn(f.P)
+	return fn(f.P, 1)
 }
 
-// Publish refuses: a fixed placement does not change.
-func (f *Fixed) Publish(context.Context, []string) (stock.Placement, error) {
-	return f.P, stock.Errorf(stock.CodeUnimplemented, "the placement is fixed: run with etcd to change it")
+// Put refuses: a fixed placement does not change.
+func (f *Fixed) Put(context.Context, stock.Placement) error {
+	return stock.Errorf(stock.CodeUnimplemented, "the placement is fixed: run with etcd to change it")
 }
 
 var _ Placement = (*topology.Placements)(nil)
@@ -66,6 +72,12 @@ type Set struct {
 	names     []string // sorted
 	placement Placement
 	located   *lru.Cache[string, string] // sku -> database, looked up
+	// strays is set once a SKU was found in a database that no placement
+	// version gives its slot (its version was lost before the databases
+	// recorded placements): from then on located is read even for SKUs
+	// whose placement names one database.
+	strays atomic.Bool
+	log    *slog.Logger
 }
 
 // New returns a Set over dbs (by name) placed by p.
@@ -77,13 +89,17 @@ func New(dbs map[string]*postgres.DB, p Placement) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Set{dbs: dbs, placement: p, located: located}
+	s := &Set{dbs: dbs, placement: p, located: located, log: slog.Default()}
 	for name := range dbs {
 		s.names = append(s.names, name)
 	}
 	sort.Strings(s.names)
 	return s, nil
 }
+
+// SetLogger sets the logger of what the Set finds wrong with the
+// placement (slog's default until then).
+func (s *Set) SetLogger(l *slog.Logger) { s.log = l }
 
 // Names are the databases this process can reach, sorted.
 func (s *Set) Names() []string { return s.names }
@@ -99,7 +115,10 @@ func (s *Set) Configured(name string) bool { return s.dbs[name] != nil }
 
 // SetPlacement publishes a version that spreads new SKUs over databases,
 // each of which this process must have (the others need it too: an
-// operator adds a database to every process's -databases first).
+// operator adds a database to every process's -databases first). Under the
+// placement lock it shows the lock's fence to every database, records the
+// new version in every one, and only then publishes it in etcd: a version
+// etcd has is one the databases can give back if etcd loses it.
 func (s *Set) SetPlacement(ctx context.Context, databases []string) (stock.Placement, error) {
 	if err := stock.ValidateDatabases(databases); err != nil {
 		return stock.Placement{}, err
@@ -109,7 +128,108 @@ func (s *Set) SetPlacement(ctx context.Context, databases []string) (stock.Place
 			return stock.Placement{}, stock.Errorf(stock.CodeInvalidArgument, "database %q is not configured on this allocator (-databases)", name)
 		}
 	}
-	return s.placement.Publish(ctx, databases)
+	var out stock.Placement
+	err := s.placement.Locked(ctx, func(p stock.Placement, fence int64) error {
+		recorded, _, err := s.claim(ctx, fence, "")
+		if err != nil {
+			return err
+		}
+		if p, err = s.newest(ctx, p, recorded); err != nil {
+			return err
+		}
+		next, err := p.Next(databases)
+		if err != nil {
+			return err
+		}
+		if err := s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
+			return db.RecordPlacement(ctx, next, fence)
+		}); err != nil {
+			return fenceError(err)
+		}
+		if err := s.placement.Put(ctx, next); err != nil {
+			return stock.Errorf(stock.CodeShardUnavailable, "%v", err)
+		}
+		out = next
+		return nil
+	})
+	return out, err
+}
+
+// claim shows fence, the placement lock's token, to every database at
+// once and returns the newest placement they recorded and the one that
+// holds a SKU named sku ("": none, or not asked).
+func (s *Set) claim(ctx context.Context, fence int64, sku string) (stock.Placement, string, error) {
+	var mu sync.Mutex
+	var recorded stock.Placement
+	holder := ""
+	err := s.each(ctx, func(ctx context.Context, name string, db *postgres.DB) error {
+		p, has, err := db.ClaimPlacement(ctx, fence, sku)
+		mu.Lock()
+		defer mu.Unlock()
+		if p.Version() > recorded.Version() {
+			recorded = p
+		}
+		if has && sku != "" {
+			holder = name
+		}
+		return err
+	})
+	if err != nil {
+		return recorded, holder, fenceError(err)
+	}
+	return recorded, holder, nil
+}
+
+// fenceError is err for a client: retryable whether a database did not
+// answer or a newer holder of the placement lock fenced this one.
+func fenceError(err error) error {
+	if errors.Is(err, postgres.ErrPlacementFenced) {
+		return stock.Errorf(stock.CodeShardUnavailable, "the placement lock was lost to a newer holder (retry; if it persists, etcd is behind the databases: docs/operations.md, \"etcd restored or rebuilt\"): %v", err)
+	}
+	if stock.CodeOf(err) != stock.CodeInternal {
+		return err
+	}
+	return stock.Errorf(stock.CodeShardUnavailable, "%v", err)
+}
+
+// newest is the newer of p, etcd's placement, and recorded, the newest the
+// databases recorded; if the databases have the newer, it is put back
+// into etcd (under the lock), which lost it.
+func (s *Set) newest(ctx context.Context, p, recorded stock.Placement) (stock.Placement, error) {
+	if recorded.Version() <= p.Version() {
+		return p, nil
+	}
+	s.log.Warn("placement in etcd older than the databases recorded: restoring", "etcd_version", p.Version(), "recorded_version", recorded.Version())
+	if err := s.placement.Put(ctx, recorded); err != nil {
+		return p, stock.Errorf(stock.CodeShardUnavailable, "restoring the placement: %v", err)
+	}
+	return recorded, nil
+}
+
+// Recorded is the newest placement any of dbs recorded (no version if
+// none has): what LoadPlacements restores if etcd lost it.
+func Recorded(ctx context.Context, dbs map[string]*postgres.DB) (stock.Placement, error) {
+	var out stock.Placement
+	for name, db := range dbs {
+		p, _, err := db.RecordedPlacement(ctx)
+		if err != nil {
+			return out, fmt.Errorf("database %q: %w", name, err)
+		}
+		if p.Version() > out.Version() {
+			out = p
+		}
+	}
+	return out, nil
+}
+
+// Record records the current placement in every database that has an
+// older one (a database added since, or one that never recorded it), so
+// that each can give it back if etcd loses it.
+func (s *Set) Record(ctx context.Context) error {
+	p := s.placement.Current()
+	return s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
+		return db.RecordPlacement(ctx, p, 0)
+	})
 }
 
 // unconfigured is the error for a database the placement names but this
@@ -120,10 +240,12 @@ func unconfigured(name string) error {
 
 // Locate names the database that holds sku: the newest placement's choice
 // when no version placed the SKU's slot elsewhere (no query), else the
-// first of its candidates, newest first, that has the SKU. A SKU found
-// nowhere is placed where a new one would be (its calls then answer
-// SKU_NOT_FOUND there). A candidate that does not answer before the SKU is
-// found makes the answer SHARD_UNAVAILABLE.
+// first of its candidates, newest first, that has the SKU. A SKU that no
+// candidate has is looked for in every other database (a lookup that
+// misses costs one read per database); one found nowhere is placed where
+// a new one would be (its calls then answer SKU_NOT_FOUND there). A
+// database that does not answer before the SKU is found makes the answer
+// SHARD_UNAVAILABLE.
 func (s *Set) Locate(ctx context.Context, sku string) (string, error) {
 	name, _, err := s.locate(ctx, sku)
 	return name, err
@@ -133,11 +255,14 @@ func (s *Set) Locate(ctx context.Context, sku string) (string, error) {
 // placement alone named the database, or a cached lookup did).
 func (s *Set) locate(ctx context.Context, sku string) (string, *stock.SKU, error) {
 	cands := s.placement.Current().Candidates(sku)
-	if len(cands) == 1 {
+	if len(cands) == 1 && !s.strays.Load() {
 		return cands[0], nil, nil
 	}
 	if name, ok := s.located.Get(sku); ok {
 		return name, nil, nil
+	}
+	if len(cands) == 1 {
+		return cands[0], nil, nil
 	}
 	for _, name := range cands {
 		db := s.dbs[name]
@@ -153,7 +278,30 @@ func (s *Set) locate(ctx context.Context, sku string) (string, *stock.SKU, error
 			return "", nil, stock.Errorf(stock.CodeShardUnavailable, "database %q: %v", name, err)
 		}
 	}
-	return cands[0], nil, nil
+	return s.search(ctx, sku, cands)
+}
+
+// search looks for sku in the databases other than tried (which did not
+// have it); found, it is remembered there. Found nowhere, it is placed
+// where a new one would be (tried[0]).
+func (s *Set) search(ctx context.Context, sku string, tried []string) (string, *stock.SKU, error) {
+	for _, name := range s.names {
+		if slices.Contains(tried, name) {
+			continue
+		}
+		found, err := s.dbs[name].GetSKU(ctx, sku)
+		if err == nil {
+			s.located.Add(sku, name)
+			s.strays.Store(true)
+			s.log.Error("SKU found in a database its placement does not name: a placement version was lost before the databases recorded it",
+				"sku", sku, "database", name, "candidates", tried)
+			return name, found, nil
+		}
+		if stock.CodeOf(err) != stock.CodeSKUNotFound {
+			return "", nil, stock.Errorf(stock.CodeShardUnavailable, "database %q: %v", name, err)
+		}
+	}
+	return tried[0], nil, nil
 }
 
 // of is the database that holds sku.
@@ -170,40 +318,49 @@ func (s *Set) of(ctx context.Context, sku string) (*postgres.DB, error) {
 }
 
 // CreateSKU creates the SKU in the database the newest placement gives
-// it, under the placement lock, after checking that no older version's
-// database holds it already.
+// it, under the placement lock. It first shows the lock's fencing token to
+// every database this process has and looks for the name in each (a SKU
+// lives in one database whatever happened to etcd's placement: a version
+// lost or rolled back must not let the name be created again elsewhere),
+// then inserts under the same token, which a database refuses if a newer
+// holder has shown it a higher one since.
 func (s *Set) CreateSKU(ctx context.Context, sku stock.SKU, initial int64) error {
-	return s.placement.Locked(ctx, func(p stock.Placement) error {
-		cands := p.Candidates(sku.Name)
-		for _, name := range cands[1:] {
-			db := s.dbs[name]
-			if db == nil {
-				return unconfigured(name)
-			}
-			_, err := db.GetSKU(ctx, sku.Name)
-			if err == nil {
-				return stock.Errorf(stock.CodeSKUExists, "sku %q exists", sku.Name)
-			}
-			if stock.CodeOf(err) != stock.CodeSKUNotFound {
-				return stock.Errorf(stock.CodeShardUnavailable, "database %q: %v", name, err)
-			}
-		}
-		db := s.dbs[cands[0]]
-		if db == nil {
-			return unconfigured(cands[0])
-		}
-		if err := db.CreateSKU(ctx, sku, initial); err != nil {
+	return s.placement.Locked(ctx, func(p stock.Placement, fence int64) error {
+		recorded, holder, err := s.claim(ctx, fence, sku.Name)
+		if err != nil {
 			return err
 		}
-		if len(cands) > 1 {
-			s.located.Add(sku.Name, cands[0])
+		if holder != "" {
+			return stock.Errorf(stock.CodeSKUExists, "sku %q exists", sku.Name)
+		}
+		if p, err = s.newest(ctx, p, recorded); err != nil {
+			return err
+		}
+		if createHook != nil {
+			createHook(s, sku.Name)
+		}
+		name := p.Newest(sku.Name)
+		db := s.dbs[name]
+		if db == nil {
+			return unconfigured(name)
+		}
+		if err := db.CreateSKUFenced(ctx, sku, initial, fence); err != nil {
+			return fenceError(err)
+		}
+		if len(p.Candidates(sku.Name)) > 1 {
+			s.located.Add(sku.Name, name)
 		}
 		return nil
 	})
 }
 
+// createHook, if set (by tests), runs inside CreateSKU between the claims
+// and the insert.
+var createHook func(s *Set, sku string)
+
 // GetSKU reads the SKU from its database (once: a lookup that found it
-// answers).
+// answers). A SKU that the database the placement names does not have is
+// looked for in the others.
 func (s *Set) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
 	name, found, err := s.locate(ctx, sku)
 	if err != nil || found != nil {
@@ -213,7 +370,14 @@ func (s *Set) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
 	if db == nil {
 		return nil, unconfigured(name)
 	}
-	return db.GetSKU(ctx, sku)
+	got, err := db.GetSKU(ctx, sku)
+	if stock.CodeOf(err) != stock.CodeSKUNotFound || len(s.placement.Current().Candidates(sku)) > 1 {
+		return got, err // locate looked everywhere already when there were several
+	}
+	if _, found, serr := s.search(ctx, sku, []string{name}); serr != nil || found != nil {
+		return found, serr
+	}
+	return got, err
 }
 
 // UpdateSKU updates the SKU in its database.

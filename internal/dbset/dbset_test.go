@@ -6,14 +6,10 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
-	"github.com/shardstock/shardstock/internal/topology"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -21,6 +17,13 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // newSet opens databases named names (each a fresh database) and a Set
 // over them whose first placement spreads SKUs over first.
 func newSet(t *testing.T, names []string, first []string) (*Set, map[string]*postgres.DB) {
+	t.Helper()
+	s, dbs, _ := newSetAt(t, names, first)
+	return s, dbs
+}
+
+// newSetAt is newSet, with the endpoints of the Set's etcd.
+func newSetAt(t *testing.T, names []string, first []string) (*Set, map[string]*postgres.DB, []string) {
 	t.Helper()
 	ctx := context.Background()
 	dbs := map[string]*postgres.DB{}
@@ -33,20 +36,7 @@ func newSet(t *testing.T, names []string, first []string) (*Set, map[string]*pos
 		dbs[name] = db
 	}
 	e := etcdtest.Start(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	p, err := topology.LoadPlacements(ctx, cli, first, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(dbs, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, dbs
+	return openSet(t, dbs, e.Endpoints(), first), dbs, e.Endpoints()
 }
 
 func sku(name string) stock.SKU {

@@ -225,8 +225,9 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.Sha
 	return out, inTransit, ops, res.Close()
 }
 
-// ResetFences forgets every partition's owner and epoch, and every SKU's
-// move fence. Epochs and move tokens are etcd
+// ResetFences forgets every partition's owner and epoch, every SKU's
+// move fence and the placement lock's fence (the placement recorded stays:
+// a new etcd gets it back from it). Epochs and tokens are etcd
 // revisions, so a new etcd cluster starts them again from 1, below the
 // epochs a database kept from the last one, and no takeover could pass. Only
 // for a database that no shard server is using: the dev stack calls it when
@@ -235,6 +236,9 @@ func (db *DB) ResetFences(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	if _, err := db.pool.Exec(ctx, `UPDATE partitions SET owner = '', epoch = 0, updated_at = now() WHERE epoch <> 0`); err != nil {
+		return err
+	}
+	if _, err := db.pool.Exec(ctx, `UPDATE placement_record SET fence = 0, updated_at = now() WHERE fence <> 0`); err != nil {
 		return err
 	}
 	_, err := db.pool.Exec(ctx, `DELETE FROM move_fences`) // tokens are etcd revisions too

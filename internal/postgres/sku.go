@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -13,6 +14,19 @@ import (
 // (the first initial%shards shards get one unit more). The shards' opening
 // balances are what reconciliation starts from.
 func (db *DB) CreateSKU(ctx context.Context, s stock.SKU, initial int64) error {
+	return db.createSKU(ctx, s, initial, 0, false)
+}
+
+// CreateSKUFenced is CreateSKU by a holder of the placement lock whose
+// fence is fence: it fails with ErrPlacementFenced if a newer holder has
+// shown this database a higher one (ClaimPlacement), and holds the fence
+// row until it commits, so that a newer holder's claim waits for it and
+// then sees the SKU.
+func (db *DB) CreateSKUFenced(ctx context.Context, s stock.SKU, initial, fence int64) error {
+	return db.createSKU(ctx, s, initial, fence, true)
+}
+
+func (db *DB) createSKU(ctx context.Context, s stock.SKU, initial, fence int64, fenced bool) error {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	tx, err := db.pool.Begin(ctx)
@@ -20,6 +34,15 @@ func (db *DB) CreateSKU(ctx context.Context, s stock.SKU, initial int64) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	if fenced {
+		var cur int64
+		if err := tx.QueryRow(ctx, `SELECT fence FROM placement_record FOR SHARE`).Scan(&cur); err != nil {
+			return err
+		}
+		if cur > fence {
+			return fmt.Errorf("%w (fence %d, asked %d)", ErrPlacementFenced, cur, fence)
+		}
+	}
 	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms)
 		VALUES ($1, $2, $3, $3, $4, $5, $6)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds())
 	var pgErr *pgconn.PgError

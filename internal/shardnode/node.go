@@ -44,6 +44,16 @@ type Config struct {
 	Registry  prometheus.Registerer
 	// GroupDelay is shard.Config.GroupDelay.
 	GroupDelay time.Duration
+	// EtcdCheck, if set, holds the node out of the topology until etcd's
+	// revision is past the databases' fences (startup.CheckEtcd): before,
+	// every partition it claimed would be refused by the databases.
+	EtcdCheck EtcdCheck
+}
+
+// EtcdCheck is what a node needs of startup.EtcdCheck.
+type EtcdCheck interface {
+	Wait(ctx context.Context) error
+	Reason() string
 }
 
 // Node is a shard server wired into a process: the server, its member of
@@ -57,6 +67,7 @@ type Node struct {
 	drain     chan struct{}
 	drainOnce sync.Once
 	left      chan struct{}
+	etcd      EtcdCheck
 }
 
 // New returns a node; Run starts it.
@@ -69,6 +80,7 @@ func New(cfg Config) *Node {
 		GroupDelay: cfg.GroupDelay})
 	return &Node{
 		Server: srv,
+		etcd:   cfg.EtcdCheck,
 		drain:  make(chan struct{}),
 		left:   make(chan struct{}),
 		member: topology.NewMember(topology.MemberConfig{Client: cfg.Etcd, ServerID: cfg.ID, Addr: cfg.Advertise,
@@ -85,7 +97,7 @@ func New(cfg Config) *Node {
 // transport.RequireClientCert.
 func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool, interceptors ...connect.Interceptor) http.Handler {
 	mux := transport.NewMux(transport.MuxConfig{Services: []string{shardstockv1connect.ShardServiceName}, Gatherer: gatherer, Pprof: pprof,
-		Ready: n.Ready})
+		Ready: n.Ready, Reason: n.Reason})
 	opts := append(transport.HandlerOptions(), connect.WithInterceptors(interceptors...))
 	path, h := shardstockv1connect.NewShardServiceHandler(&api.ShardHandler{Server: n.Server}, opts...)
 	mux.Handle(path, transport.Warm(h, 0))
@@ -136,8 +148,16 @@ func (n *Node) Drain(ctx context.Context) error {
 }
 
 // Ready reports whether the node owns exactly the partitions assigned to
-// it (topology.Member.Settled).
-func (n *Node) Ready() bool { return n.member.Settled() }
+// it (topology.Member.Settled), etcd being ahead of the databases.
+func (n *Node) Ready() bool { return n.Reason() == "" && n.member.Settled() }
+
+// Reason says why the node is not ready, if etcd is the cause ("" else).
+func (n *Node) Reason() string {
+	if n.etcd == nil {
+		return ""
+	}
+	return n.etcd.Reason()
+}
 
 // Run takes part in the topology and sweeps expiries until ctx ends, then
 // leaves the topology (others take the partitions at once) and stops the
@@ -154,7 +174,15 @@ func (n *Node) Run(ctx context.Context) error {
 		case <-mctx.Done():
 		}
 	}()
-	err := n.member.Run(mctx)
+	var err error
+	if n.etcd != nil {
+		err = n.etcd.Wait(mctx)
+	}
+	if err == nil {
+		err = n.member.Run(mctx)
+	} else if ctx.Err() != nil || mctx.Err() != nil {
+		err = nil // stopped or drained while waiting for etcd: nothing to leave
+	}
 	close(n.left)
 	<-sweepDone
 	return err

@@ -37,23 +37,41 @@ type Placements struct {
 	log    *slog.Logger
 
 	mu  sync.Mutex
-	cur stock.Placement
-	rev int64 // the key's ModRevision for cur
+	cur stock.Placement // the newest version seen, in etcd or recorded
+	// keyRev is the key's ModRevision as last read or watched (0: the key
+	// was missing); watches resume after it.
+	keyRev int64
 
 	sessMu sync.Mutex
 	sess   *concurrency.Session // for the lock, kept while it lives
+
+	// lockMu serializes this process's holders: etcd's mutex is per
+	// session, and two Mutexes of one session share a key, so both
+	// would hold the lock at once.
+	lockMu sync.Mutex
+	held   *concurrency.Mutex // the lock while Locked's f runs
 }
 
-// LoadPlacements reads the placement, creating its first version over
-// databases (sorted as given) if there is none yet: the first process to
-// start decides, and every later one reads its decision.
-func LoadPlacements(ctx context.Context, client *clientv3.Client, databases []string, log *slog.Logger) (*Placements, error) {
+// LoadPlacements reads the placement. If etcd has none, or an older one
+// than recorded (the newest placement the databases recorded: etcd lost
+// the key, or was restored from an older snapshot), it puts recorded back
+// and says so in the log; only if neither has one does it create the
+// first version over databases (sorted as given): the first process to
+// start decides, and every later one reads its decision. A lower version
+// is never taken over a newer one the databases recorded: SKUs placed by
+// the newer version would be looked for in the wrong databases.
+func LoadPlacements(ctx context.Context, client *clientv3.Client, databases []string, recorded stock.Placement, log *slog.Logger) (*Placements, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	first, err := stock.Placement{}.Next(databases)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	first := recorded
+	if first.Version() == 0 {
+		var err error
+		if first, err = (stock.Placement{}).Next(databases); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		}
+	} else if err := first.Check(); err != nil {
+		return nil, fmt.Errorf("recorded placement: %w", err)
 	}
 	val, err := json.Marshal(first)
 	if err != nil {
@@ -70,8 +88,12 @@ func LoadPlacements(ctx context.Context, client *clientv3.Client, databases []st
 	}
 	p := &Placements{client: client, log: log}
 	if resp.Succeeded {
-		p.cur, p.rev = first, resp.Header.Revision
-		log.Info("placement created", "version", first.Version(), "databases", databases)
+		p.cur, p.keyRev = first, resp.Header.Revision
+		if recorded.Version() > 0 {
+			log.Warn("placement missing in etcd: restored the version the databases recorded", "version", first.Version())
+		} else {
+			log.Info("placement created", "version", first.Version(), "databases", databases)
+		}
 		return p, nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
@@ -81,10 +103,45 @@ func LoadPlacements(ctx context.Context, client *clientv3.Client, databases []st
 	if err := p.set(kvs[0].Value, kvs[0].ModRevision); err != nil {
 		return nil, err
 	}
+	if recorded.Version() > p.Current().Version() {
+		if err := p.restore(ctx, recorded); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
-// set decodes and takes val if it is newer than what p holds.
+// restore puts pl, newer than etcd's placement, back into etcd (unless the
+// key changed since p read it: then the next read decides) and takes it.
+func (p *Placements) restore(ctx context.Context, pl stock.Placement) error {
+	val, err := json.Marshal(pl)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	had, keyRev := p.cur.Version(), p.keyRev
+	p.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := p.client.Txn(rctx).
+		If(clientv3.Compare(clientv3.ModRevision(placementKey), "=", keyRev)).
+		Then(clientv3.OpPut(placementKey, string(val))).Commit()
+	if err != nil {
+		return fmt.Errorf("restore placement: %w", err)
+	}
+	p.take(pl)
+	if resp.Succeeded {
+		p.mu.Lock()
+		p.keyRev = resp.Header.Revision
+		p.mu.Unlock()
+		p.log.Warn("placement in etcd older than the databases recorded: restored", "etcd_version", had, "restored_version", pl.Version())
+	}
+	return nil
+}
+
+// set decodes and takes val, the key's value at revision rev, if its
+// version is newer than what p holds. Versions, not revisions, decide:
+// after an etcd restore, revisions can go back while versions may not.
 func (p *Placements) set(val []byte, rev int64) error {
 	var pl stock.Placement
 	if err := json.Unmarshal(val, &pl); err != nil {
@@ -94,11 +151,24 @@ func (p *Placements) set(val []byte, rev int64) error {
 		return fmt.Errorf("placement at revision %d: %w", rev, err)
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if rev > p.rev {
-		p.cur, p.rev = pl, rev
+	p.keyRev = rev
+	p.mu.Unlock()
+	if !p.take(pl) {
+		p.log.Warn("placement in etcd older than this process's: kept the newer", "etcd_version", pl.Version(), "version", p.Current().Version())
 	}
 	return nil
+}
+
+// take makes pl current if it is at least as new as the current one, and
+// reports whether it did.
+func (p *Placements) take(pl stock.Placement) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl.Version() < p.cur.Version() {
+		return false
+	}
+	p.cur = pl
+	return true
 }
 
 // Current is the newest placement this process has seen.
@@ -112,7 +182,7 @@ func (p *Placements) Current() stock.Placement {
 func (p *Placements) Watch(ctx context.Context) {
 	for failures := 0; ctx.Err() == nil; {
 		p.mu.Lock()
-		from := p.rev + 1
+		from := p.keyRev + 1
 		p.mu.Unlock()
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		for resp := range p.client.Watch(wctx, placementKey, clientv3.WithRev(from)) {
@@ -134,31 +204,48 @@ func (p *Placements) Watch(ctx context.Context) {
 		if !sleep(ctx, backoff(failures, placementWatchRetryMin, placementWatchRetryMax)) {
 			return
 		}
-		if err := p.refresh(ctx); err != nil {
+		if _, err := p.refresh(ctx); err != nil {
 			p.log.Warn("placement read", "err", err)
 		}
 	}
 }
 
-// refresh reads the key (linearizably) into Current.
-func (p *Placements) refresh(ctx context.Context) error {
+// refresh reads the key (linearizably) into Current and returns the
+// version etcd has (0: the key is missing, which is no error: Current
+// keeps the version this process had).
+func (p *Placements) refresh(ctx context.Context) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	resp, err := p.client.Get(rctx, placementKey)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if len(resp.Kvs) == 0 {
-		return errors.New("placement key missing")
+		p.mu.Lock()
+		p.keyRev = 0
+		p.mu.Unlock()
+		p.log.Warn("placement key missing in etcd", "version", p.Current().Version())
+		return 0, nil
 	}
-	return p.set(resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+	var pl stock.Placement
+	_ = json.Unmarshal(resp.Kvs[0].Value, &pl) // set reports a bad value
+	return pl.Version(), p.set(resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
 }
 
 // Locked runs f holding the placement lock, with the placement as of the
-// moment the lock was taken. CreateSku runs under it; Publish takes it.
+// moment the lock was taken and the lock's fencing token: the etcd
+// revision at which this holder got the lock, larger than any earlier
+// holder's. f shows the token to every database it relies on
+// (internal/dbset), so that a holder whose lock is gone (its lease expired
+// while it was paused) is refused there once a newer holder has shown its
+// own. If etcd's placement is missing or older than the one this process
+// holds, Locked puts this process's back first. CreateSku runs under it,
+// and so does SetPlacement (which publishes with Put).
 // The lock's session (an etcd lease of placementLockTTL) is kept between
 // calls, so a lock costs a few round trips, not a lease each.
-func (p *Placements) Locked(ctx context.Context, f func(stock.Placement) error) error {
+func (p *Placements) Locked(ctx context.Context, f func(stock.Placement, int64) error) error {
+	p.lockMu.Lock()
+	defer p.lockMu.Unlock()
 	sess, err := p.session(ctx)
 	if err != nil {
 		return fmt.Errorf("placement lock: %w", err)
@@ -170,16 +257,65 @@ func (p *Placements) Locked(ctx context.Context, f func(stock.Placement) error) 
 		return fmt.Errorf("placement lock: %w", err)
 	}
 	defer func() {
+		p.held = nil
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 		defer cancel()
 		if err := mu.Unlock(uctx); err != nil {
 			p.log.Warn("placement unlock", "err", err)
 		}
 	}()
-	if err := p.refresh(ctx); err != nil {
+	p.held = mu
+	// The header of the response that granted the lock: every later
+	// holder is granted after this one's key is gone, at a later revision.
+	fence := mu.Header().Revision
+	inEtcd, err := p.refresh(ctx)
+	if err != nil {
 		return fmt.Errorf("placement: %w", err)
 	}
-	return f(p.Current())
+	if cur := p.Current(); inEtcd < cur.Version() {
+		if err := p.Put(ctx, cur); err != nil {
+			return err
+		}
+		p.log.Warn("placement in etcd missing or older than this process's: restored", "etcd_version", inEtcd, "restored_version", cur.Version())
+	}
+	return f(p.Current(), fence)
+}
+
+// Put writes next as the placement in etcd and takes it; only inside
+// Locked's f, and only while the lock is still this holder's (a holder
+// whose lock is gone writes nothing). internal/dbset records next in every
+// database before it calls Put, so that etcd never has a version the
+// databases could not give back.
+func (p *Placements) Put(ctx context.Context, next stock.Placement) error {
+	if err := next.Check(); err != nil {
+		return err
+	}
+	if p.held == nil {
+		return errors.New("placement: Put outside Locked")
+	}
+	val, err := json.Marshal(next)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	keyRev := p.keyRev
+	p.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := p.client.Txn(rctx).
+		If(p.held.IsOwner(), clientv3.Compare(clientv3.ModRevision(placementKey), "=", keyRev)).
+		Then(clientv3.OpPut(placementKey, string(val))).Commit()
+	if err != nil {
+		return fmt.Errorf("put placement: %w", err)
+	}
+	if !resp.Succeeded {
+		return errors.New("put placement: the lock was lost or the placement changed meanwhile")
+	}
+	p.mu.Lock()
+	p.keyRev = resp.Header.Revision
+	p.mu.Unlock()
+	p.take(next)
+	return nil
 }
 
 // session returns the lock's session, making a new one if there is none or
@@ -213,40 +349,4 @@ func (p *Placements) Close() {
 		p.sess.Close()
 		p.sess = nil
 	}
-}
-
-// Publish adds a version that spreads new SKUs over databases (existing
-// SKUs stay where they are) and returns the new placement.
-func (p *Placements) Publish(ctx context.Context, databases []string) (stock.Placement, error) {
-	var out stock.Placement
-	err := p.Locked(ctx, func(cur stock.Placement) error {
-		next, err := cur.Next(databases)
-		if err != nil {
-			return err
-		}
-		val, err := json.Marshal(next)
-		if err != nil {
-			return err
-		}
-		p.mu.Lock()
-		rev := p.rev
-		p.mu.Unlock()
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		defer cancel()
-		resp, err := p.client.Txn(rctx).
-			If(clientv3.Compare(clientv3.ModRevision(placementKey), "=", rev)).
-			Then(clientv3.OpPut(placementKey, string(val))).Commit()
-		if err != nil {
-			return fmt.Errorf("publish placement: %w", err)
-		}
-		if !resp.Succeeded {
-			return errors.New("publish placement: changed meanwhile")
-		}
-		if err := p.set(val, resp.Header.Revision); err != nil {
-			return err
-		}
-		out = next
-		return nil
-	})
-	return out, err
 }

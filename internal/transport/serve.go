@@ -26,7 +26,10 @@ type MuxConfig struct {
 	// (which lists grpc.health.v1.Health besides them).
 	Services []string
 	// Ready reports readiness for /readyz and gRPC health; nil: always.
-	Ready    func() bool
+	Ready func() bool
+	// Reason, if set, says why the process is not ready, in /readyz's
+	// answer (the status code is the contract; the text is for people).
+	Reason   func() string
 	Gatherer prometheus.Gatherer
 	// Pprof serves net/http/pprof under /debug/pprof/ (off by default:
 	// profiles show internals).
@@ -51,7 +54,13 @@ func NewMux(cfg MuxConfig) *http.ServeMux {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			msg := "not ready"
+			if cfg.Reason != nil {
+				if why := cfg.Reason(); why != "" {
+					msg += ": " + why
+				}
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")

@@ -130,6 +130,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Not ready while etcd is behind the databases' fences (restored or
+	// rebuilt): its moves and CreateSku would all be fenced.
+	etcdCheck := startup.CheckEtcd(ctx, proc.DBs, client, log)
 	watcher := topology.NewWatcher(client, stock.Partitions)
 	watchDone := make(chan error, 1)
 	go func() { watchDone <- watcher.Run(ctx) }()
@@ -167,17 +170,19 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			*advertise = shardLis.Addr().String()
 		}
 		node = shardnode.New(shardnode.Config{ID: *shardID, Advertise: *advertise, DBs: proc.DBs, Etcd: client,
-			LeaseTTL: *leaseTTL, Logger: log, Registry: reg, GroupDelay: *groupDelay})
+			LeaseTTL: *leaseTTL, Logger: log, Registry: reg, GroupDelay: *groupDelay, EtcdCheck: etcdCheck})
 		acfg.Local, acfg.LocalID = node.Server, *shardID
 	}
 	alloc := allocator.New(acfg)
 	defer alloc.Close()
+	ready := func() bool { return etcdCheck.Reason() == "" && alloc.Ready() }
 
 	// The public mux has no /metrics and no /debug/pprof: those are on the
 	// operator listener.
 	mux := transport.NewMux(transport.MuxConfig{
 		Services: services,
-		Ready:    alloc.Ready,
+		Ready:    ready,
+		Reason:   etcdCheck.Reason,
 	})
 	opsLis, err := startup.Listen(ctx, *operatorAddr)
 	if err != nil {
@@ -186,7 +191,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer opsLis.Close()
 	opsDone := make(chan error, 1)
 	go func() {
-		opsDone <- transport.ServeTLS(ctx, opsLis, transport.NewOperatorMux(reg, *pprofOn, alloc.Ready), tlsCfg)
+		opsDone <- transport.ServeTLS(ctx, opsLis, transport.NewMux(transport.MuxConfig{Gatherer: reg, Pprof: *pprofOn, Ready: ready, Reason: etcdCheck.Reason}), tlsCfg)
 	}()
 	fmt.Fprintf(stdout, "operator listening on %s://%s\n", scheme, opsLis.Addr())
 	metrics := transport.NewMetrics(reg)

@@ -89,13 +89,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		*advertise = lis.Addr().String()
 	}
 
-	node := shardnode.New(shardnode.Config{ID: *id, Advertise: *advertise, DBs: proc.DBs, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg,
-		GroupDelay: *groupDelay})
-
 	// Shut down in reverse: stop serving, leave the topology (others take
 	// the partitions at once), stop the writers, close the database.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The node joins the topology only once etcd is past the databases'
+	// fences (restored or rebuilt, it may be behind them).
+	node := shardnode.New(shardnode.Config{ID: *id, Advertise: *advertise, DBs: proc.DBs, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg,
+		GroupDelay: *groupDelay, EtcdCheck: startup.CheckEtcd(ctx, proc.DBs, client, log)})
 	nodeDone := make(chan error, 1)
 	go func() { nodeDone <- node.Run(ctx) }()
 	fmt.Fprintf(stdout, "shard %s listening on %s\n", *id, lis.Addr())

@@ -158,11 +158,24 @@ func Open(ctx context.Context, dbs map[string]string, dbOpts map[string]postgres
 		closeAll()
 		return nil, err
 	}
-	placements, err := topology.LoadPlacements(ctx, p.Etcd, names, log)
+	// The placement etcd has, or the newest the databases recorded if etcd
+	// lost it; then recorded in every database that lacks it.
+	recorded, err := dbset.Recorded(ctx, opened)
+	var placements *topology.Placements
+	if err == nil {
+		placements, err = topology.LoadPlacements(ctx, p.Etcd, names, recorded, log)
+	}
 	if err == nil {
 		p.DBs, err = dbset.New(opened, placements)
 	}
+	if err == nil {
+		p.DBs.SetLogger(log)
+		err = p.DBs.Record(ctx)
+	}
 	if err != nil {
+		if placements != nil {
+			placements.Close()
+		}
 		closeAll()
 		p.Etcd.Close()
 		return nil, err

@@ -30,6 +30,8 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/cmd/startup"
+	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
@@ -93,6 +95,9 @@ commands:
   reconcile SKU
   resume-shard SKU INDEX -approver A -reason R
   set-placement DB [DB...]               new SKUs spread over these databases
+  bump-etcd-revision PAST [-etcd-endpoints E -etcd-ca F -etcd-cert F -etcd-key F]
+                                         writes etcd (not the admin API) until its revision is at least
+                                         PAST, the number a process not ready because etcd is behind names
   import FILE.csv [-progress] [-stop-on-error]
                                          columns: sku,stock[,shards,max_per_order,customer_limit]; a header
                                          line is skipped; SKUs that exist are counted as skipped
@@ -151,6 +156,7 @@ type cli struct {
 	json    bool
 	out     io.Writer
 	errw    io.Writer
+	getenv  func(string) string
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -195,6 +201,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		json:    *asJSON,
 		out:     stdout,
 		errw:    stderr,
+		getenv:  getenv,
 	}
 	cmd, ok := commands[rest[0]]
 	if !ok {
@@ -248,22 +255,23 @@ var commands map[string]func(ctx context.Context, c *cli, args []string) error
 
 func init() {
 	commands = map[string]func(ctx context.Context, c *cli, args []string) error{
-		"stock":         cmdStock,
-		"operation":     cmdOperation,
-		"create-sku":    cmdCreateSKU,
-		"update-sku":    cmdUpdateSKU,
-		"pause":         func(ctx context.Context, c *cli, a []string) error { return cmdPause(ctx, c, a, true) },
-		"resume":        func(ctx context.Context, c *cli, a []string) error { return cmdPause(ctx, c, a, false) },
-		"adjust-stock":  cmdAdjust,
-		"set-shards":    cmdSetShards,
-		"rebalance":     cmdRebalance,
-		"transfers":     cmdTransfers,
-		"topology":      cmdTopology,
-		"ledger":        cmdLedger,
-		"reconcile":     cmdReconcile,
-		"resume-shard":  cmdResumeShard,
-		"set-placement": cmdSetPlacement,
-		"import":        cmdImport,
+		"stock":              cmdStock,
+		"operation":          cmdOperation,
+		"create-sku":         cmdCreateSKU,
+		"update-sku":         cmdUpdateSKU,
+		"pause":              func(ctx context.Context, c *cli, a []string) error { return cmdPause(ctx, c, a, true) },
+		"resume":             func(ctx context.Context, c *cli, a []string) error { return cmdPause(ctx, c, a, false) },
+		"adjust-stock":       cmdAdjust,
+		"set-shards":         cmdSetShards,
+		"rebalance":          cmdRebalance,
+		"transfers":          cmdTransfers,
+		"topology":           cmdTopology,
+		"ledger":             cmdLedger,
+		"reconcile":          cmdReconcile,
+		"resume-shard":       cmdResumeShard,
+		"set-placement":      cmdSetPlacement,
+		"import":             cmdImport,
+		"bump-etcd-revision": cmdBumpEtcdRevision,
 	}
 }
 
@@ -740,6 +748,37 @@ func cmdSetPlacement(ctx context.Context, c *cli, args []string) error {
 			fmt.Fprintf(w, "%s\t%d\t%v\t\n", d.GetName(), d.GetSlots(), d.GetConfigured())
 		}
 	})
+}
+
+// cmdBumpEtcdRevision is the way back after etcd was restored without
+// --bump-revision or rebuilt (docs/operations.md, "etcd restored or
+// rebuilt"): it talks to etcd itself, not to the admin API, whose
+// allocators are not ready then.
+func cmdBumpEtcdRevision(ctx context.Context, c *cli, args []string) error {
+	fs := flag.NewFlagSet("bump-etcd-revision", flag.ContinueOnError)
+	endpoints := fs.String("etcd-endpoints", c.getenv("ETCD_ENDPOINTS"), "")
+	ca := fs.String("etcd-ca", c.getenv("ETCD_CACERT"), "")
+	cert := fs.String("etcd-cert", c.getenv("ETCD_CERT"), "")
+	key := fs.String("etcd-key", c.getenv("ETCD_KEY"), "")
+	pos, err := parse(fs, args, 1, "PAST")
+	if err != nil {
+		return err
+	}
+	past, err := strconv.ParseInt(pos[0], 10, 64)
+	if err != nil || past <= 0 {
+		return usagef("bump-etcd-revision: PAST %q: want a positive revision", pos[0])
+	}
+	client, err := startup.EtcdTLS(startup.EtcdConfig{Endpoints: *endpoints, CA: *ca, Cert: *cert, Key: *key})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	rev, err := topology.BumpRevision(ctx, client, past)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "etcd revision %d (asked at least %d)\n", rev, past)
+	return nil
 }
 
 // importRow is one CSV line of import.
