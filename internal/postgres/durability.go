@@ -59,6 +59,9 @@ func (d Durability) Check(requireSyncStandby bool) (problems, warnings []string)
 		problems = append(problems, fmt.Sprintf("synchronous replication is required but not in force "+
 			"(synchronous_standby_names=%q, synchronous_commit=%s): a failover to a standby could lose acknowledged sales; "+
 			"set synchronous_standby_names and synchronous_commit=on or remote_apply", d.SynchronousStandbyNames, d.SynchronousCommit))
+	case syncStandby && d.SynchronousCommit == "remote_write":
+		warnings = append(warnings, "synchronous_commit=remote_write acknowledges a commit the standby has written but not flushed: "+
+			"a failover loses it if the standby's operating system crashes with the primary; set it to on or remote_apply")
 	case !syncStandby && d.Standbys > 0:
 		warnings = append(warnings, fmt.Sprintf("%d standbys replicate asynchronously: a failover to one may lose the last "+
 			"acknowledged sales; set synchronous_standby_names (and synchronous_commit=on or remote_apply)", d.Standbys))

@@ -71,8 +71,10 @@ func (db *DB) RecordPlacement(ctx context.Context, p stock.Placement, fence int6
 			return err
 		}
 	}
+	// As text: a connection in the simple protocol (the fault proxy's
+	// tests use it) sends []byte as bytea, which jsonb refuses.
 	if _, err := tx.Exec(ctx, `UPDATE placement_record SET version = $1, placement = $2, updated_at = now()
-		WHERE version < $1`, p.Version(), val); err != nil {
+		WHERE version < $1`, p.Version(), string(val)); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
