@@ -15,8 +15,12 @@ import (
 )
 
 // etcdChildEnv, set in the environment of this package's test binary,
-// makes it an etcd process (etcdChild) instead of running tests.
-const etcdChildEnv = "SHARDSTOCK_E2E_ETCD_CHILD"
+// makes it an etcd process (etcdChild) instead of running tests;
+// etcdHostEnv is then the address it listens on ("": 127.0.0.1).
+const (
+	etcdChildEnv = "SHARDSTOCK_E2E_ETCD_CHILD"
+	etcdHostEnv  = "SHARDSTOCK_E2E_ETCD_HOST"
+)
 
 // startEtcdProcess starts an embedded etcd in a process of its own (this
 // test binary again, as etcdChild) and returns its client URLs; the
@@ -27,8 +31,19 @@ const etcdChildEnv = "SHARDSTOCK_E2E_ETCD_CHILD"
 // behind them (on CI, nine seconds: every lease of the stack expired).
 func startEtcdProcess(t *testing.T) string {
 	t.Helper()
+	return startEtcdProcessIn(t, "", "")
+}
+
+// startEtcdProcessIn is startEtcdProcess with the process inside network
+// namespace netns (ip netns exec; "": ours), listening on addr ("":
+// 127.0.0.1), an address of that namespace.
+func startEtcdProcessIn(t *testing.T, netns, addr string) string {
+	t.Helper()
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), etcdChildEnv+"=1")
+	if netns != "" {
+		cmd = exec.Command("ip", "netns", "exec", netns, os.Args[0])
+	}
+	cmd.Env = append(os.Environ(), etcdChildEnv+"=1", etcdHostEnv+"="+addr)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -73,7 +88,11 @@ func startEtcdProcess(t *testing.T) string {
 // etcdChild runs an embedded etcd, prints its client URLs on one line and
 // serves until its standard input closes (its parent ended or let go).
 func etcdChild() int {
-	e, err := etcdembed.Start(context.Background(), "")
+	host := os.Getenv(etcdHostEnv)
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	e, err := etcdembed.StartHost(context.Background(), "", host)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "etcd process:", err)
 		return 1

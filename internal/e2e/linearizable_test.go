@@ -243,6 +243,7 @@ type history struct {
 	ended    map[string]stockOp // reservation id -> its commit or release
 	reserved map[string]string  // reservation id -> its reserve's key
 	took     time.Duration
+	unknown  int64 // calls whose outcome was unknown (a retryable error), each retried
 }
 
 // sold returns the units the history sold: acknowledged deducts and
@@ -290,6 +291,7 @@ func runHistory(ctx context.Context, t *testing.T, s *stack, sku string, faults 
 		next++
 		return next - 1
 	}
+	unknownBefore := unknownOutcomes.Load()
 	fctx, stopFaults := context.WithCancel(ctx)
 	faultsDone := make(chan struct{})
 	go func() {
@@ -350,6 +352,7 @@ func runHistory(ctx context.Context, t *testing.T, s *stack, sku string, faults 
 	stopFaults()
 	<-faultsDone
 	h.took = time.Since(start)
+	h.unknown = unknownOutcomes.Load() - unknownBefore
 	if t.Failed() {
 		t.FailNow()
 	}
@@ -367,6 +370,10 @@ func retryable(err error) bool {
 	return false
 }
 
+// unknownOutcomes counts the calls of untilDefinite whose outcome was
+// unknown (a retryable error), in this test binary.
+var unknownOutcomes atomic.Int64
+
 // untilDefinite calls send (with a 3 s deadline each time) until it
 // returns nil or an error definite reports as an answer, retrying after
 // every unknown outcome (a retryable code), as the API asks of clients.
@@ -383,6 +390,7 @@ func untilDefinite(ctx context.Context, what string, send func(context.Context) 
 		if !retryable(err) {
 			return fmt.Errorf("%s = %v: not a retryable answer", what, err)
 		}
+		unknownOutcomes.Add(1)
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("%s had no definite answer after %d tries or %s: %v", what, linRetryMax, linRunTimeout, err)
@@ -473,9 +481,9 @@ func checkHistory(t *testing.T, s *stack, sku string, h *history, after int64, f
 		}
 	}
 	sold := h.sold()
-	t.Logf("%d operations (%d deducts, %d reserves, %d commits, %d releases acknowledged; %d units sold, %d successes after %s; %d refused) over %s with %s: %s",
+	t.Logf("%d operations (%d deducts, %d reserves, %d commits, %d releases acknowledged; %d units sold, %d successes after %s; %d refused; %d calls retried after an unknown outcome) over %s with %s: %s",
 		len(h.ops), counts[stock.OpDeduct], counts[stock.OpReserve], counts[stock.OpCommit], counts[stock.OpRelease], sold, late,
-		time.Duration(after), len(h.refused), h.took.Round(time.Millisecond), faults, res)
+		time.Duration(after), len(h.refused), h.unknown, h.took.Round(time.Millisecond), faults, res)
 	if res != porcupine.Ok {
 		t.Fatalf("the history is not linearizable against one exact stock counter: %s", res)
 	}

@@ -68,7 +68,8 @@ func TestMain(m *testing.M) {
 type stack struct {
 	t         *testing.T
 	dbURL     string
-	env       []string // more environment of every process
+	env       []string          // more environment of every process
+	netns     map[string]string // process name -> the network namespace it runs in (ip netns exec)
 	etcd      string
 	shards    map[string]*proc
 	allocator *proc
@@ -119,7 +120,8 @@ type stackOpts struct {
 	etcdProcess  bool          // the new etcd in a process of its own (startEtcdProcess), not in the test's
 	// startShards starts the shard servers instead of shardServers plain ones.
 	startShards func(s *stack)
-	env         []string // more environment of every process
+	env         []string          // more environment of every process
+	netns       map[string]string // see stack.netns
 }
 
 func newStackOpts(t *testing.T, o stackOpts) *stack {
@@ -137,7 +139,7 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 	if o.ttl == 0 {
 		o.ttl = leaseTTL
 	}
-	s := &stack{t: t, dbURL: o.dbURL, env: o.env, etcd: o.etcd, shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl}
+	s := &stack{t: t, dbURL: o.dbURL, env: o.env, netns: o.netns, etcd: o.etcd, shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl}
 	if o.startShards != nil {
 		o.startShards(s)
 	}
@@ -213,6 +215,12 @@ func (s *stack) start(name, path string, args ...string) *proc {
 // startEnv is start with env added to the process's environment.
 func (s *stack) startEnv(name string, env []string, path string, args ...string) *proc {
 	s.t.Helper()
+	if ns := s.netns[name]; ns != "" {
+		// ip execs the command once it has entered ns: one process, so
+		// that the stack's signals (kill -9, SIGSTOP) reach it.
+		args = append([]string{"netns", "exec", ns, path}, args...)
+		path = "ip"
+	}
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(append(append(os.Environ(), "DATABASE_URL="+s.dbURL, "ETCD_ENDPOINTS="+s.etcd), s.env...), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -1,11 +1,13 @@
-// Package etcdembed runs an embedded single-member etcd on 127.0.0.1, for
-// local development (`make run`) and for tests (internal/etcdtest wraps
-// it). It imports no testing code, so that commands may link it.
+// Package etcdembed runs an embedded single-member etcd on 127.0.0.1 (or an
+// address given), for local development (`make run`) and for tests
+// (internal/etcdtest wraps it). It imports no testing code, so that
+// commands may link it.
 package etcdembed
 
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"sync"
@@ -21,9 +23,8 @@ const (
 	readyTimeout = 20 * time.Second
 	// dialTimeout bounds the client's first connection.
 	dialTimeout = 5 * time.Second
-	// anyPort lets the kernel pick a free port; the real one is read back
-	// from the listener, so concurrent servers never collide.
-	anyPort = "http://127.0.0.1:0"
+	// loopback is the address a server listens on unless StartHost says.
+	loopback = "127.0.0.1"
 	// memberName names the single member in its initial cluster.
 	memberName = "etcdembed"
 )
@@ -34,6 +35,7 @@ type Server struct {
 	client    *clientv3.Client
 	endpoints []string
 	dir       string
+	host      string // the address it listens on
 	removeDir bool
 	closeOnce sync.Once
 }
@@ -43,7 +45,13 @@ type Server struct {
 // until ctx ends. An empty dir means a new temporary directory, removed by
 // Close. fsync is off: fine for tests and local development only.
 func Start(ctx context.Context, dir string) (*Server, error) {
-	e := &Server{dir: dir}
+	return StartHost(ctx, dir, loopback)
+}
+
+// StartHost is Start with the server listening on the IPv4 address host
+// (one of this network namespace's) instead of 127.0.0.1.
+func StartHost(ctx context.Context, dir, host string) (*Server, error) {
+	e := &Server{dir: dir, host: host}
 	if e.dir == "" {
 		var err error
 		if e.dir, err = os.MkdirTemp("", "etcdembed-"); err != nil {
@@ -82,7 +90,7 @@ func (e *Server) Close() {
 
 // start launches the server, waits until it is ready and connects a client.
 func (e *Server) start(ctx context.Context) error {
-	cfg, err := config(e.dir)
+	cfg, err := config(e.dir, e.host)
 	if err != nil {
 		return err
 	}
@@ -121,9 +129,12 @@ func (e *Server) waitReady(ctx context.Context) error {
 	}
 }
 
-// config returns a quiet single-member configuration on 127.0.0.1 ports
+// config returns a quiet single-member configuration on host, on ports
 // picked by the kernel, with data in dir.
-func config(dir string) (*embed.Config, error) {
+func config(dir, host string) (*embed.Config, error) {
+	// Port 0 lets the kernel pick a free port; the real one is read back
+	// from the listener, so concurrent servers never collide.
+	anyPort := "http://" + net.JoinHostPort(host, "0")
 	u, err := url.Parse(anyPort)
 	if err != nil {
 		return nil, fmt.Errorf("etcdembed: %w", err)

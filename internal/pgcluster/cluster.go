@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -30,6 +31,8 @@ const (
 	pgLibDir = "/usr/lib/postgresql"
 	// installHint names the package that provides initdb and postgres.
 	installHint = "apt-get install postgresql"
+	// loopback is the address a cluster listens on unless its Host says.
+	loopback = "127.0.0.1"
 	// superuser is the role initdb creates; it matches CI's DATABASE_URL.
 	superuser = "postgres"
 	// osUser runs the server when we are root: postgres refuses to run as root.
@@ -50,10 +53,12 @@ const (
 )
 
 // Cluster is a throwaway Postgres server run from the local binaries,
-// listening on 127.0.0.1 on a port of its own with trust authentication.
+// listening on 127.0.0.1 (or its Host's address) on a port of its own with
+// trust authentication.
 type Cluster struct {
 	maxConns  int  // the server's max_connections
 	tls       *TLS // nil: no TLS
+	host      Host
 	url       string
 	port      int
 	dir       string
@@ -78,7 +83,28 @@ func Start(ctx context.Context, dir string) (*Cluster, error) {
 
 // StartMaxConns is Start with max_connections set to maxConns.
 func StartMaxConns(ctx context.Context, dir string, maxConns int) (*Cluster, error) {
-	return startWith(ctx, dir, maxConns, nil)
+	return startWith(ctx, dir, Host{}, maxConns, nil)
+}
+
+// Host is where a cluster's server runs: the address it listens on (and
+// URL names), and the network namespace it runs in. The zero Host is
+// 127.0.0.1 in this process's namespace.
+type Host struct {
+	// Addr is the IPv4 address to listen on; "" means 127.0.0.1. Other
+	// than loopback, the server trusts clients of the subnets it is on
+	// (pg_hba's samenet), as it trusts 127.0.0.1.
+	Addr string
+	// Netns names a network namespace (ip netns) to run the server in;
+	// "" means this process's. It needs root and ip(8): the server is
+	// started with `ip netns exec`, which only root may run, and drops to
+	// the postgres OS user with setpriv(1) after it.
+	Netns string
+}
+
+// StartHost is Start with the server on host: listening on host.Addr,
+// inside host.Netns.
+func StartHost(ctx context.Context, dir string, host Host) (*Cluster, error) {
+	return startWith(ctx, dir, host, MaxConnsDefault, nil)
 }
 
 // TLS is what a Cluster serves TLS with: its certificate and key (PEM
@@ -92,17 +118,20 @@ type TLS struct {
 // refused, and URL verifies the server's certificate against tls.CAFile
 // (sslmode=verify-full).
 func StartTLS(ctx context.Context, dir string, tls TLS) (*Cluster, error) {
-	return startWith(ctx, dir, MaxConnsDefault, &tls)
+	return startWith(ctx, dir, Host{}, MaxConnsDefault, &tls)
 }
 
-func startWith(ctx context.Context, dir string, maxConns int, tls *TLS) (*Cluster, error) {
+func startWith(ctx context.Context, dir string, host Host, maxConns int, tls *TLS) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	binDir, err := findBinDir()
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, maxConns: maxConns, tls: tls}
+	if host.Addr == "" {
+		host.Addr = loopback
+	}
+	c := &Cluster{dir: dir, maxConns: maxConns, tls: tls, host: host}
 	if c.dir == "" {
 		if c.dir, err = os.MkdirTemp("", "pgcluster-"); err != nil {
 			return nil, fmt.Errorf("pgcluster: %w", err)
@@ -149,6 +178,11 @@ func (c *Cluster) start(ctx context.Context, binDir string) error {
 			return err
 		}
 	}
+	if c.host.Addr != loopback {
+		if err := trustSameNet(dataDir); err != nil {
+			return err
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		err := c.launch(ctx, binDir, dataDir, cred, 0)
 		if err == nil || attempt == portAttemptsMax || ctx.Err() != nil {
@@ -175,17 +209,33 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 		return fmt.Errorf("pgcluster: %w", err)
 	}
 	defer logFile.Close() // the child keeps its own copy of the descriptor
-	c.cmd = proc.Command(context.Background(), os.Interrupt, stopTimeout, filepath.Join(binDir, "postgres"),
+	args := []string{
 		"-D", dataDir,
 		"-p", strconv.Itoa(port),
 		"-k", c.dir, // own socket dir: a system server may own /var/run/postgresql
-		"-c", "listen_addresses=127.0.0.1",
+		"-c", "listen_addresses=" + c.host.Addr,
 		"-c", "fsync=off",
-		"-c", "max_connections="+strconv.Itoa(c.maxConns),
-	)
-	if c.tls != nil {
-		c.cmd.Args = append(c.cmd.Args, "-c", "ssl=on", "-c", "ssl_cert_file="+serverCert, "-c", "ssl_key_file="+serverKey)
+		"-c", "max_connections=" + strconv.Itoa(c.maxConns),
 	}
+	if c.tls != nil {
+		args = append(args, "-c", "ssl=on", "-c", "ssl_cert_file="+serverCert, "-c", "ssl_key_file="+serverKey)
+	}
+	path := filepath.Join(binDir, "postgres")
+	if c.host.Netns != "" {
+		// ip execs setpriv, which execs postgres: one process, whose pid
+		// is the server's, so that signals reach the server. ip needs
+		// root, so the drop to the server's user is setpriv's; changing
+		// user clears the parent-death signal, which setpriv sets again.
+		wrap := []string{"netns", "exec", c.host.Netns}
+		if cred != nil {
+			wrap = append(wrap, "setpriv", "--reuid", strconv.Itoa(int(cred.Uid)), "--regid", strconv.Itoa(int(cred.Gid)),
+				"--clear-groups", "--pdeathsig", "keep", "--")
+			cred = nil
+		}
+		args = append(append(wrap, path), args...)
+		path = "ip"
+	}
+	c.cmd = proc.Command(context.Background(), os.Interrupt, stopTimeout, path, args...)
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	// Its own process group, so that a terminal's Ctrl-C reaches only our
 	// process (which then calls Stop); SIGINT if we die first, so that a
@@ -201,9 +251,9 @@ func (c *Cluster) launch(ctx context.Context, binDir, dataDir string, cred *sysc
 		c.waitErr = c.cmd.Wait()
 		close(c.exited)
 	}()
-	c.url = fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", superuser, port)
+	c.url = fmt.Sprintf("postgres://%s@%s:%d/postgres?sslmode=disable", superuser, c.host.Addr, port)
 	if c.tls != nil {
-		c.url = fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=%s", superuser, port, url.QueryEscape(c.tls.CAFile))
+		c.url = fmt.Sprintf("postgres://%s@%s:%d/postgres?sslmode=verify-full&sslrootcert=%s", superuser, c.host.Addr, port, url.QueryEscape(c.tls.CAFile))
 	}
 	if err := c.waitReady(ctx); err != nil {
 		c.stopServer()
@@ -340,6 +390,29 @@ func initDB(ctx context.Context, binDir, dataDir string, cred *syscall.Credentia
 		return fmt.Errorf("pgcluster: initdb %s: %w\n%s%s", dataDir, err, hint, out)
 	}
 	return nil
+}
+
+// trustSameNet adds to pg_hba.conf a line trusting clients of the subnets
+// the server is on (initdb trusts only 127.0.0.1 and local sockets), once.
+func trustSameNet(dataDir string) error {
+	const line = "host all all samenet trust\n"
+	path := filepath.Join(dataDir, "pg_hba.conf")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	if strings.Contains(string(b), line) {
+		return nil // a reused data directory
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	if _, err := f.WriteString(line); err != nil {
+		f.Close()
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	return f.Close()
 }
 
 // The server's certificate and key, in its data directory.
