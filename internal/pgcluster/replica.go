@@ -23,7 +23,8 @@ const promoteWaitSeconds = 60
 // backup carries the settings and the connection to c it streams from)
 // into a new temporary directory and starts it as a streaming standby of c
 // on a port of its own. name is its application_name at c, the name
-// synchronous_standby_names matches. The standby inherits c's
+// synchronous_standby_names matches. The standby listens on 127.0.0.1,
+// and streams from c there: c must be on the zero Host. It inherits c's
 // postgresql.auto.conf: call SetSynchronousStandbys after StartStandby, so
 // that the standby, once promoted, does not itself wait for a standby.
 // The caller must call Stop.
@@ -38,7 +39,7 @@ func (c *Cluster) StartStandby(ctx context.Context, name string) (*Cluster, erro
 	if err != nil {
 		return nil, err
 	}
-	s := &Cluster{maxConns: c.maxConns, removeDir: true}
+	s := &Cluster{maxConns: c.maxConns, host: Host{Addr: loopback}, removeDir: true}
 	if s.dir, err = os.MkdirTemp("", "pgcluster-standby-"); err != nil {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
@@ -47,7 +48,10 @@ func (c *Cluster) StartStandby(ctx context.Context, name string) (*Cluster, erro
 		return nil, err
 	}
 	dataDir := filepath.Join(s.dir, "data")
-	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=%s", c.port, superuser, name)
+	if c.host.Addr != loopback || c.host.Netns != "" {
+		return nil, errors.New("pgcluster: a standby of a cluster on another host is not built")
+	}
+	conninfo := fmt.Sprintf("host=%s port=%d user=%s application_name=%s", loopback, c.port, superuser, name)
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "pg_basebackup"),
 		"-D", dataDir, "-d", conninfo, "-R", "-X", "stream", "--no-sync", "-c", "fast")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
