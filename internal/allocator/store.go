@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -35,5 +35,5 @@ type Store interface {
 	FinishRetirement(ctx context.Context, sku string, grace time.Duration) (bool, error)
 	RetiringSKUs(ctx context.Context, limit int) ([]string, error)
 	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
-	Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, error)
+	Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error)
 }

@@ -26,7 +26,7 @@ var layers = map[string]int{
 	"internal/proc":     0,
 	"internal/freeport": 0,
 
-	"internal/reconcile":   1, // pure logic over the domain
+	"internal/ledger":      1, // pure logic over the domain
 	"internal/rebalance":   1,
 	"gen":                  1, // the API's generated types and Connect stubs
 	"internal/pgcluster":   1, // the throwaway Postgres and the embedded etcd

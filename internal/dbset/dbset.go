@@ -20,8 +20,8 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/postgres"
-	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -481,10 +481,10 @@ func (s *Set) ListLedger(ctx context.Context, sku string, after int64, limit int
 }
 
 // Snapshot reads the SKU's books for reconciliation.
-func (s *Set) Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, error) {
+func (s *Set) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error) {
 	db, err := s.of(ctx, sku)
 	if err != nil {
-		return reconcile.Snapshot{}, err
+		return ledger.Snapshot{}, err
 	}
 	return db.Snapshot(ctx, sku)
 }

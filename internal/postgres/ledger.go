@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -17,10 +17,10 @@ const mismatchesMax = 100
 // Snapshot reads everything reconciliation needs of a SKU in one
 // repeatable-read transaction, so that all of it is of one instant: the
 // shard rows, then one step per check, each reading its own query.
-func (db *DB) Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, error) {
+func (db *DB) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	snap := reconcile.Snapshot{SKU: sku}
+	snap := ledger.Snapshot{SKU: sku}
 	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return snap, err
@@ -44,8 +44,8 @@ func (db *DB) Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, err
 type snapshot struct {
 	tx      pgx.Tx
 	sku     string
-	snap    *reconcile.Snapshot
-	byIndex map[int32]*reconcile.Shard
+	snap    *ledger.Snapshot
+	byIndex map[int32]*ledger.Shard
 }
 
 // shards reads the SKU's shard rows; none is SKU_NOT_FOUND.
@@ -54,8 +54,8 @@ func (sn *snapshot) shards(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sn.snap.Shards, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (reconcile.Shard, error) {
-		s := reconcile.Shard{Kinds: map[stock.OpKind]reconcile.KindSum{}}
+	sn.snap.Shards, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Shard, error) {
+		s := ledger.Shard{Kinds: map[stock.OpKind]ledger.KindSum{}}
 		err := r.Scan(&s.Index, &s.Row.Available, &s.Row.Reserved, &s.Row.Sold, &s.Opening.Available)
 		return s, err
 	})
@@ -65,7 +65,7 @@ func (sn *snapshot) shards(ctx context.Context) error {
 	if len(sn.snap.Shards) == 0 {
 		return stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sn.sku)
 	}
-	sn.byIndex = map[int32]*reconcile.Shard{}
+	sn.byIndex = map[int32]*ledger.Shard{}
 	for i := range sn.snap.Shards {
 		sn.byIndex[sn.snap.Shards[i].Index] = &sn.snap.Shards[i]
 	}
@@ -74,7 +74,7 @@ func (sn *snapshot) shards(ctx context.Context) error {
 
 // shard returns the shard of index i; the ledger naming a shard the SKU
 // lacks is an error.
-func (sn *snapshot) shard(i int32) (*reconcile.Shard, error) {
+func (sn *snapshot) shard(i int32) (*ledger.Shard, error) {
 	if s := sn.byIndex[i]; s != nil {
 		return s, nil
 	}
@@ -96,7 +96,7 @@ func (sn *snapshot) each(ctx context.Context, dest []any, row func() error, sql 
 func (sn *snapshot) kindSums(ctx context.Context) error {
 	var idx int32
 	var kind string
-	var k reconcile.KindSum
+	var k ledger.KindSum
 	return sn.each(ctx, []any{&idx, &kind, &k.Entries, &k.Quantity, &k.Delta.Available, &k.Delta.Reserved, &k.Delta.Sold}, func() error {
 		s, err := sn.shard(idx)
 		if err == nil {
@@ -144,7 +144,7 @@ func (sn *snapshot) held(ctx context.Context) error {
 // keyed lists the operations and keyed ledger entries that do not pair
 // one to one.
 func (sn *snapshot) keyed(ctx context.Context) error {
-	var m reconcile.KeyMismatch
+	var m ledger.KeyMismatch
 	return sn.each(ctx, []any{&m.Key, &m.Operations, &m.Entries}, func() error {
 		sn.snap.KeyedMismatches = append(sn.snap.KeyedMismatches, m)
 		return nil
@@ -159,7 +159,7 @@ func (sn *snapshot) keyed(ctx context.Context) error {
 // ends lists the reservations whose end entries are wrong: every ended
 // one has exactly one, of its kind; a held one none.
 func (sn *snapshot) ends(ctx context.Context) error {
-	var e reconcile.EndMismatch
+	var e ledger.EndMismatch
 	var state string
 	return sn.each(ctx, []any{&e.ReservationID, &state, &e.Entries}, func() error {
 		e.State = stock.ReservationState(state)
@@ -179,7 +179,7 @@ func (sn *snapshot) ends(ctx context.Context) error {
 // transfers lists the transfers whose steps in the ledger are not the ones
 // their state says happened, once each.
 func (sn *snapshot) transfers(ctx context.Context) error {
-	var tm reconcile.TransferMismatch
+	var tm ledger.TransferMismatch
 	var state string
 	return sn.each(ctx, []any{&tm.TransferID, &state, &tm.Outs, &tm.Ins}, func() error {
 		tm.State = stock.TransferState(state)

@@ -1,7 +1,9 @@
-// Package reconcile proves a SKU's books balance. Check is a pure function
-// of a Snapshot that the Postgres adapter reads in one repeatable-read
-// transaction; it returns every discrepancy it finds, not only the first.
-package reconcile
+// Package ledger keeps the books: what a SKU's ledger means and how it is
+// read. Check proves a SKU's books balance: a pure function of a Snapshot
+// that the Postgres adapter reads in one repeatable-read transaction,
+// starting at each shard's latest checkpoint; it returns every discrepancy
+// it finds, not only the first. The scheduler reconciles every SKU in turn.
+package ledger
 
 import (
 	"fmt"
