@@ -489,6 +489,26 @@ func (s *Set) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error)
 	return db.Snapshot(ctx, sku)
 }
 
+// SKUs returns up to limit SKU names above after, in order, from every
+// database. A database that does not answer fails the listing: a pass
+// over every SKU must not skip its SKUs unseen.
+func (s *Set) SKUs(ctx context.Context, after string, limit int) ([]string, error) {
+	var mu sync.Mutex
+	var out []string
+	err := s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
+		names, err := db.SKUs(ctx, after, limit)
+		mu.Lock()
+		out = append(out, names...)
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(out)
+	return out[:min(len(out), limit)], nil
+}
+
 // each runs f on every database at once and joins the errors, each named
 // by its database.
 func (s *Set) each(ctx context.Context, f func(ctx context.Context, name string, db *postgres.DB) error) error {

@@ -1,6 +1,10 @@
 package topology
 
-import "context"
+import (
+	"context"
+
+	"github.com/shardstock/shardstock/internal/ledger"
+)
 
 // reconcileKey is held by the allocator running scheduled reconciliation
 // (internal/ledger.Scheduler), bound to its process's lease: one pass at a
@@ -10,8 +14,11 @@ const reconcileKey = "/shardstock/reconcile"
 
 // TryReconcile takes the lease of scheduled reconciliation if no one holds
 // it, bound to the process's etcd lease like its move leases; nil, nil
-// when another allocator holds it.
-func (m *MoveLeases) TryReconcile(ctx context.Context) (*MoveLease, error) {
+// when another allocator holds it (ledger.SchedulerConfig.TryLease).
+func (m *MoveLeases) TryReconcile(ctx context.Context) (ledger.Lease, error) {
 	got, _, _, err := m.try(ctx, reconcileKey, "")
-	return got, err
+	if got == nil {
+		return nil, err
+	}
+	return got, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/dbset"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -141,6 +142,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	host, _ := os.Hostname()
 	moves := topology.NewMoveLeases(client, fmt.Sprintf("allocator/%s/%d@%s", host, os.Getpid(), lis.Addr()), 0, log)
 	defer moves.Close()
+	reconciled := make(chan struct{})
+	go func() {
+		defer close(reconciled)
+		ledger.NewScheduler(ledger.SchedulerConfig{Store: proc.DBs, TryLease: moves.TryReconcile, Registerer: reg, Logger: log}).Run(ctx)
+	}()
+	defer func() { cancel(); <-reconciled }()
 	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: reg, Moves: moves,
 		Rebalance: allocator.RebalanceConfig{Off: !*rebalanceOn, Auto: allocator.AutoShards{Off: !*autoShards}, RetireGrace: *retireGrace}}
 	if shardClientTLS != nil {
