@@ -27,26 +27,22 @@ func (db *DB) CheckShard(ctx context.Context, f stock.Fence, k stock.ShardKey) (
 	if err := checkFence(ctx, tx, f); err != nil {
 		return c, err
 	}
-	var start stock.Counts
-	var after int64
-	err = tx.QueryRow(ctx, `SELECT s.available, s.reserved, s.sold, s.halted_reason, coalesce(c.entry_id, 0),
-			coalesce(c.available, s.opening_available), coalesce(c.reserved, 0), coalesce(c.sold, 0)
-		FROM shards s LEFT JOIN LATERAL (`+sqlLatestCheckpoint+`) c ON true WHERE s.sku = $1 AND s.idx = $2`,
-		k.SKU, k.Index).Scan(&c.Row.Available, &c.Row.Reserved, &c.Row.Sold, &c.HaltReason, &after,
-		&start.Available, &start.Reserved, &start.Sold)
+	// One read: the row, its latest checkpoint (or its opening balance)
+	// and the sums of the entries after it (OFFSET 0: see sqlTail).
+	err = tx.QueryRow(ctx, `SELECT s.available, s.reserved, s.sold, s.halted_reason,
+			coalesce(c.available, s.opening_available) + t.a, coalesce(c.reserved, 0) + t.r, coalesce(c.sold, 0) + t.s
+		FROM shards s LEFT JOIN LATERAL (`+sqlLatestCheckpoint+`) c ON true
+		CROSS JOIN LATERAL (SELECT coalesce(sum(available_after - available_before), 0) AS a,
+			coalesce(sum(reserved_after - reserved_before), 0) AS r, coalesce(sum(sold_after - sold_before), 0) AS s
+			FROM (SELECT * FROM ledger l WHERE l.sku = s.sku AND l.shard = s.idx AND l.id > coalesce(c.entry_id, 0) OFFSET 0) l) t
+		WHERE s.sku = $1 AND s.idx = $2`, k.SKU, k.Index).Scan(&c.Row.Available, &c.Row.Reserved, &c.Row.Sold, &c.HaltReason,
+		&c.Ledger.Available, &c.Ledger.Reserved, &c.Ledger.Sold)
 	if isNoRows(err) {
 		return c, stock.Errorf(stock.CodeSKUNotFound, "sku %q has no shard %d", k.SKU, k.Index)
 	}
 	if err != nil {
 		return c, err
 	}
-	err = tx.QueryRow(ctx, `SELECT coalesce(sum(available_after - available_before), 0), coalesce(sum(reserved_after - reserved_before), 0),
-		coalesce(sum(sold_after - sold_before), 0) FROM ledger WHERE sku = $1 AND shard = $2 AND id > $3`, k.SKU, k.Index, after).
-		Scan(&c.Ledger.Available, &c.Ledger.Reserved, &c.Ledger.Sold)
-	if err != nil {
-		return c, err
-	}
-	c.Ledger = c.Ledger.Add(start)
 	return c, tx.Commit(ctx)
 }
 

@@ -113,13 +113,16 @@ const sqlLatestCheckpoint = `SELECT entry_id, available, reserved, sold, receive
 // sqlTail starts a query of a SKU's ($1) entries after each shard's
 // latest checkpoint: cp is each shard's start (its checkpoint, or its
 // opening balance: entry 0, at the beginning of time), tail the entries
-// after it, each shard's read from the end of ledger_shard.
+// after it, each shard's read from the end of ledger_shard. OFFSET 0 keeps
+// each shard's read a subquery of its own, run once per shard with its
+// checkpoint's id: flattened, the planner does not know how far that id
+// is, and scans the SKU's whole ledger for it.
 const sqlTail = `WITH cp AS (SELECT s.idx AS shard, coalesce(c.entry_id, 0) AS entry_id,
 		coalesce(c.created_at, '-infinity') AS created_at, coalesce(c.available, s.opening_available) AS available,
 		coalesce(c.reserved, 0) AS reserved, coalesce(c.sold, 0) AS sold
 		FROM shards s LEFT JOIN LATERAL (` + sqlLatestCheckpoint + `) c ON true WHERE s.sku = $1),
 	tail AS (SELECT l.* FROM cp CROSS JOIN LATERAL (SELECT * FROM ledger l
-		WHERE l.sku = $1 AND l.shard = cp.shard AND l.id > cp.entry_id) l)
+		WHERE l.sku = $1 AND l.shard = cp.shard AND l.id > cp.entry_id OFFSET 0) l)
 	`
 
 // kindSums reads the sums of the entries after each shard's checkpoint,
@@ -186,8 +189,8 @@ func (sn *snapshot) keyed(ctx context.Context) error {
 	}, sqlTail+`, l AS (SELECT idempotency_key AS k, kind, count(*) AS n FROM tail
 			WHERE kind IN ('reserve', 'deduct', 'replenish', 'adjust') GROUP BY 1, 2),
 		o AS (SELECT idempotency_key AS k, kind FROM operations WHERE sku = $1 AND idempotency_key IN (SELECT k FROM l)
-			UNION SELECT o.idempotency_key, o.kind FROM cp JOIN operations o
-				ON o.sku = $1 AND o.shard = cp.shard AND o.created_at > cp.created_at)
+			UNION SELECT o.idempotency_key, o.kind FROM cp CROSS JOIN LATERAL (SELECT idempotency_key, kind FROM operations o
+				WHERE o.sku = $1 AND o.shard = cp.shard AND o.created_at > cp.created_at OFFSET 0) o)
 		SELECT coalesce(o.k, l.k), (o.k IS NOT NULL)::int::int8, coalesce(l.n, 0)
 		FROM o FULL JOIN l ON o.k = l.k AND o.kind = l.kind
 		WHERE o.k IS NULL OR l.k IS NULL OR l.n <> 1 LIMIT $2`, mismatchesMax)
