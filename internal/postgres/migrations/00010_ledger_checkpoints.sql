@@ -44,6 +44,17 @@ CREATE INDEX operations_recent ON operations (sku, shard, created_at);
 -- of them, do not maintain it.
 CREATE INDEX ledger_transfers ON ledger (sku, transfer_id) WHERE transfer_id <> '';
 
+-- Every shard with entries starts at a checkpoint after its last one, so
+-- that no writer's first checkpoint has to sum a long ledger in its write
+-- statement: this one read of the whole ledger is the migration's.
+INSERT INTO ledger_checkpoints (sku, shard, entry_id, available, reserved, sold, received)
+SELECT l.sku, l.shard, l.id, l.available_after, l.reserved_after, l.sold_after, s.opening_available + t.inflow
+FROM (SELECT sku, shard, max(id) AS id,
+        coalesce(sum(available_after - available_before) FILTER (WHERE kind IN ('replenish', 'adjust')), 0) AS inflow
+    FROM ledger GROUP BY sku, shard) t
+JOIN ledger l ON l.sku = t.sku AND l.id = t.id
+JOIN shards s ON s.sku = t.sku AND s.idx = t.shard;
+
 -- +goose Down
 DROP INDEX ledger_transfers;
 DROP INDEX operations_recent;
