@@ -200,7 +200,7 @@ func (sn *snapshot) keyed(ctx context.Context) error {
 // one has exactly one, of its kind; a held one none. It reads the end
 // entries after the checkpoints, and the reservations they end or that
 // ended after their shard's checkpoint (an end and its entry are written
-// by one statement).
+// by one statement; reservations_ended finds those).
 func (sn *snapshot) ends(ctx context.Context) error {
 	var e ledger.EndMismatch
 	var state string
@@ -210,12 +210,14 @@ func (sn *snapshot) ends(ctx context.Context) error {
 		return nil
 	}, sqlTail+`, e AS (SELECT reservation_id AS id, kind, count(*) AS n FROM tail
 			WHERE kind IN ('commit', 'release', 'expire') GROUP BY 1, 2),
+		r AS (SELECT id, state FROM reservations WHERE sku = $1 AND id IN (SELECT id FROM e)
+			UNION SELECT r.id, r.state FROM cp CROSS JOIN LATERAL (SELECT id, state FROM reservations r
+				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.ended_at > cp.created_at OFFSET 0) r),
 		t AS (SELECT r.id, r.state,
 			coalesce(sum(e.n) FILTER (WHERE e.kind = CASE r.state WHEN 'committed' THEN 'commit'
 				WHEN 'released' THEN 'release' WHEN 'expired' THEN 'expire' END), 0) AS right_n,
 			coalesce(sum(e.n), 0) AS all_n
-			FROM reservations r JOIN cp ON cp.shard = r.shard LEFT JOIN e ON e.id = r.id
-			WHERE r.sku = $1 AND (r.ended_at > cp.created_at OR e.id IS NOT NULL) GROUP BY r.id, r.state)
+			FROM r LEFT JOIN e ON e.id = r.id GROUP BY r.id, r.state)
 		SELECT id, state, all_n::int8 FROM t
 		WHERE all_n <> right_n OR right_n <> CASE WHEN state = 'held' THEN 0 ELSE 1 END LIMIT $2`, mismatchesMax)
 }

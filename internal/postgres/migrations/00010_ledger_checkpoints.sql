@@ -39,6 +39,12 @@ CREATE INDEX ledger_shard ON ledger (sku, shard, id);
 -- them with the entries after the checkpoint).
 CREATE INDEX operations_recent ON operations (sku, shard, created_at);
 
+-- A SKU's reservations ended after a checkpoint's time (reconciliation
+-- pairs them with the end entries after the checkpoint). An end already
+-- updates every index of its row (its state is in the partial indexes'
+-- predicates): this one adds an entry to them.
+CREATE INDEX reservations_ended ON reservations (sku, shard, ended_at) WHERE state <> 'held';
+
 -- A SKU's transfer entries (reconciliation pairs each transfer with its
 -- steps, whenever they were): partial, so that other entries, nearly all
 -- of them, do not maintain it.
@@ -56,6 +62,7 @@ JOIN ledger l ON l.sku = t.sku AND l.id = t.id
 JOIN shards s ON s.sku = t.sku AND s.idx = t.shard;
 
 -- +goose Down
+DROP INDEX reservations_ended;
 DROP INDEX ledger_transfers;
 DROP INDEX operations_recent;
 DROP INDEX ledger_shard;
