@@ -209,7 +209,7 @@ func skuOf(n int) string { return "long-" + strconv.Itoa(n) }
 // caught by reconciliation and by CheckShard.
 func TestCheckpoint_Wrong(t *testing.T) {
 	const n = 2*ledger.CheckpointEntries + 100 // two checkpoints, then 100 entries
-	last := int64(n - 10)                       // the wrong checkpoint's entry
+	last := int64(n - 10)                      // the wrong checkpoint's entry
 	for _, tt := range []struct {
 		name                string
 		available, received int64

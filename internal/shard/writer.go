@@ -437,7 +437,7 @@ func (w *writer) rerun(cause string, attempt int) {
 }
 
 // recheck reloads the shard's row under the writer's fence and checks it
-// against the ledger (opening balance plus every entry's deltas), after
+// against the ledger (its latest checkpoint plus the entries after it), after
 // cause showed that the writer's copy was wrong. When the ledger accounts
 // for the row, the row becomes the writer's copy and the writer goes on
 // (writerGoOn, suspect cleared). When it does not, the shard is halted: a

@@ -202,7 +202,8 @@ type StockRead struct {
 }
 
 // ShardCheck is a shard's row beside what its ledger says the row must be:
-// the opening balance plus the sum of every entry's deltas.
+// its latest checkpoint (or its opening balance) plus the deltas of the
+// entries after it.
 type ShardCheck struct {
 	Row    Counts
 	Ledger Counts
