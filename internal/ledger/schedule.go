@@ -85,16 +85,15 @@ func NewScheduler(cfg SchedulerConfig) *Scheduler {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	}
 	s.metrics = schedulerMetrics{
-		unbalanced: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "shardstock_reconcile_unbalanced", Help: "SKUs whose books the last scheduled reconciliation pass of this allocator found unbalanced (look at once: Reconcile lists the discrepancies).",
-		}),
-		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "shardstock_reconcile_last_success_timestamp_seconds", Help: "When this allocator last finished a scheduled reconciliation pass over every SKU (Unix seconds; 0: never).",
-		}),
-		checked: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "shardstock_reconcile_pass_skus", Help: "SKUs checked by this allocator's last finished scheduled reconciliation pass.",
-		}),
+		unbalanced: gauge("shardstock_reconcile_unbalanced",
+			"SKUs whose books the last scheduled reconciliation pass of this allocator found unbalanced (look at once: Reconcile lists the discrepancies)."),
+		lastSuccess: gauge("shardstock_reconcile_last_success_timestamp_seconds",
+			"When this allocator last finished a scheduled reconciliation pass over every SKU (Unix seconds; 0: never)."),
+		checked: gauge("shardstock_reconcile_pass_skus", "SKUs checked by this allocator's last finished scheduled reconciliation pass."),
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_reconcile_passes_total", Help: "Scheduled reconciliation passes by result: balanced, unbalanced, failed, or skipped (another allocator held the lease).",
 		}, []string{"result"}),
