@@ -22,6 +22,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -142,7 +143,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	moves := topology.NewMoveLeases(client, fmt.Sprintf("allocator/%s/%d@%s", host, os.Getpid(), lis.Addr()), 0, log)
 	defer moves.Close()
 	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: reg, Moves: moves,
-		Rebalance: allocator.RebalanceConfig{Off: !*rebalanceOn, Auto: allocator.AutoShards{Off: !*autoShards}, RetireGrace: *retireGrace}}
+		Rebalance: rebalance.Config{Off: !*rebalanceOn, Auto: rebalance.AutoShards{Off: !*autoShards}, RetireGrace: *retireGrace}}
 	if shardClientTLS != nil {
 		acfg.HTTPClient, acfg.ShardScheme = transport.NewInternalTLSClient(shardClientTLS), "https"
 	}
