@@ -33,8 +33,10 @@ const (
 	routeRoundsMax = 4
 	// skuCacheTTL is how long a SKU's configuration is trusted. The shard
 	// servers check status and limits in every batch regardless; the
-	// allocator uses its copy to route (the shard count, which nothing
-	// changes yet) and to word refusals. A short TTL costs a cold SKU a
+	// allocator uses its copy to route (the shard count, which SetShards
+	// and the rebalancer's automatic split and merge change: this allocator
+	// forgets its copy when it changes the count or a sweep finds another
+	// layout) and to word refusals. A short TTL costs a cold SKU a
 	// query for nearly every request (docs/benchmarks.md measured it); a
 	// change made through another allocator shows here within this TTL.
 	skuCacheTTL = 10 * time.Second
@@ -188,7 +190,9 @@ func mustLRU[K comparable, V any](size int) *lru.Cache[K, V] {
 	return c
 }
 
-// Close stops every shard-server client. Call it once.
+// Close stops the allocator's background work and waits for it: the
+// topology follower, the rebalancer and SetShards's moves still settling;
+// then it closes every shard-server client. Call it once.
 func (a *Allocator) Close() {
 	close(a.stop)
 	<-a.followed
