@@ -1,7 +1,8 @@
 // Package allocator is the public front door's logic: it routes each
 // idempotent request to a shard with stock, coalesces the requests bound for
 // one shard server into one call, sweeps every shard before it answers
-// OUT_OF_STOCK, and consolidates fragmented stock with transfers.
+// OUT_OF_STOCK, and has the rebalancer (internal/rebalance, which runs in
+// the allocator's process) consolidate fragmented stock with transfers.
 package allocator
 
 import (
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/transport"
@@ -31,8 +33,10 @@ const (
 	routeRoundsMax = 4
 	// skuCacheTTL is how long a SKU's configuration is trusted. The shard
 	// servers check status and limits in every batch regardless; the
-	// allocator uses its copy to route (the shard count, which nothing
-	// changes yet) and to word refusals. A short TTL costs a cold SKU a
+	// allocator uses its copy to route (the shard count, which SetShards
+	// and the rebalancer's automatic split and merge change: this allocator
+	// forgets its copy when it changes the count or a sweep finds another
+	// layout) and to word refusals. A short TTL costs a cold SKU a
 	// query for nearly every request (docs/benchmarks.md measured it); a
 	// change made through another allocator shows here within this TTL.
 	skuCacheTTL = 10 * time.Second
@@ -77,11 +81,11 @@ type Config struct {
 	// no HTTP/2 hop, no protobuf, no second process to wake).
 	Local   LocalServer
 	LocalID string
-	// Moves hands out the SKUs' move leases (etcd); nil runs no rebalancer
-	// rounds and moves stock under token 0 (tests without etcd).
+	// Moves hands out the SKUs' move leases (etcd); nil moves stock under
+	// token 0 (tests without etcd).
 	Moves *topology.MoveLeases
 	// Rebalance configures the rebalancer.
-	Rebalance RebalanceConfig
+	Rebalance rebalance.Config
 }
 
 // LocalServer is a shard server in the allocator's own process
@@ -92,7 +96,8 @@ type LocalServer interface {
 
 // Allocator routes requests over the shard servers.
 type Allocator struct {
-	db      Store
+	db      RouteStore
+	admin   AdminStore
 	topo    func() topology.View
 	hc      *http.Client
 	scheme  string // of the shard servers' URLs
@@ -115,14 +120,12 @@ type Allocator struct {
 	inflight sync.Map  // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
 	doubts   doubtBook // keys a shard may still apply: OPERATION_IN_PROGRESS
 	metrics  *metrics
-	stop     chan struct{} // closed by Close: ends followTopology and the rebalancer
+	stop     chan struct{} // closed by Close: ends followTopology
 	followed chan struct{} // closed when followTopology has returned
 
-	moves        *topology.MoveLeases
-	rebalanceCfg RebalanceConfig
-	demand       demandBook
-	settling     sync.WaitGroup // SetShards's background plans
-	rebalanced   chan struct{}  // closed when the rebalancer has returned
+	// rebal moves stock: the rounds, SetShards, Rebalance and the
+	// consolidations routing asks for.
+	rebal *rebalance.Rebalancer
 }
 
 type cachedSKU struct {
@@ -142,6 +145,7 @@ func New(cfg Config) *Allocator {
 	}
 	a := &Allocator{
 		db:          cfg.DB,
+		admin:       cfg.DB,
 		topo:        cfg.Topology,
 		local:       cfg.Local,
 		localID:     cfg.LocalID,
@@ -157,37 +161,23 @@ func New(cfg Config) *Allocator {
 		followed:    make(chan struct{}),
 	}
 	a.sweeps.a, a.sweeps.keysMax = a, sweepKeysMax
-	a.moves, a.rebalanceCfg = cfg.Moves, cfg.Rebalance
-	a.rebalanceCfg.fill()
-	a.rebalanced = make(chan struct{})
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "shardstock_units_in_transit", Help: "Units of every SKU debited by a transfer and not yet credited (read from the database at each scrape; -1 if it could not be read).",
 		}, func() float64 {
 			ctx, cancel := context.WithTimeout(context.Background(), inTransitScrapeTimeout)
 			defer cancel()
-			n, err := a.db.InTransitTotal(ctx)
+			n, err := a.admin.InTransitTotal(ctx)
 			if err != nil {
 				return -1
 			}
 			return float64(n)
 		}))
 	}
+	a.rebal = rebalance.New(rebalance.Host{Store: cfg.DB, Exec: a.exec, SKU: a.sku, Forget: a.forgetSKU,
+		Moves: cfg.Moves, Logger: log, Registerer: cfg.Registerer}, cfg.Rebalance)
 	go a.followTopology()
-	go a.rebalance()
 	return a
-}
-
-// rebalance runs the rebalancer's rounds until Close.
-func (a *Allocator) rebalance() {
-	defer close(a.rebalanced)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		<-a.stop
-		cancel()
-	}()
-	(&rebalancer{a: a, cfg: a.rebalanceCfg}).run(ctx)
 }
 
 // mustLRU returns an LRU cache of size entries at most; lru.New fails only
@@ -200,12 +190,13 @@ func mustLRU[K comparable, V any](size int) *lru.Cache[K, V] {
 	return c
 }
 
-// Close stops every shard-server client. Call it once.
+// Close stops the allocator's background work and waits for it: the
+// topology follower, the rebalancer and SetShards's moves still settling;
+// then it closes every shard-server client. Call it once.
 func (a *Allocator) Close() {
 	close(a.stop)
 	<-a.followed
-	<-a.rebalanced
-	a.settling.Wait()
+	a.rebal.Close()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, c := range a.servers {
@@ -458,7 +449,7 @@ func (a *Allocator) route(ctx context.Context, r *stock.Request, sku *stock.SKU,
 		q = -r.Quantity
 	}
 	first := firstChoice(r.Key, sku.Shards)
-	a.demand.add(sku.Name, first, q)
+	a.rebal.AddDemand(sku.Name, first, q)
 	var last stock.Result
 	for round := 0; round < routeRoundsMax; round++ {
 		res, asked, done := a.tryShards(ctx, r, sku, q, first, doubt)

@@ -21,6 +21,7 @@ import (
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -111,7 +112,7 @@ func (s *stack) newAllocator() *allocator.Allocator {
 	// The rebalancer's rounds would move stock under the tests' feet; the
 	// rebalancer's own tests turn them on (newMover).
 	cfg := allocator.Config{DB: s.db, Topology: s.topo, Logger: quiet(),
-		Rebalance: allocator.RebalanceConfig{Off: true, Auto: allocator.AutoShards{Off: true}}}
+		Rebalance: rebalance.Config{Off: true, Auto: rebalance.AutoShards{Off: true}}}
 	if s.local != "" {
 		cfg.Local, cfg.LocalID = s.servers[s.local], s.local
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/transport"
 )
@@ -169,7 +170,7 @@ func TestAllocator_InDoubt(t *testing.T) {
 	link := &cutAfterDelivery{base: transport.NewInternalClient().Transport, key: []byte(key),
 		queued: func() bool { return s.queueDepth("s1") >= 1 }}
 	a := allocator.New(allocator.Config{DB: s.db, Topology: s.topo, Logger: quiet(), HTTPClient: &http.Client{Transport: link},
-		Rebalance: allocator.RebalanceConfig{Off: true, Auto: allocator.AutoShards{Off: true}}})
+		Rebalance: rebalance.Config{Off: true, Auto: rebalance.AutoShards{Off: true}}})
 	t.Cleanup(a.Close)
 	dctx, cancel := context.WithTimeout(ctx, doubtAnswerTimeout)
 	got := a.Allocate(dctx, deduct(sku, key, 1))

@@ -2,8 +2,7 @@ package allocator
 
 import "github.com/prometheus/client_golang/prometheus/testutil"
 
-// RoutingCounts returns the sweeps, consolidations and reroutes the
-// allocator needed.
-func (a *Allocator) RoutingCounts() (sweeps, consolidations, reroutes float64) {
-	return testutil.ToFloat64(a.metrics.sweeps), testutil.ToFloat64(a.metrics.consolidations), testutil.ToFloat64(a.metrics.reroutes)
+// RoutingCounts returns the sweeps and reroutes the allocator needed.
+func (a *Allocator) RoutingCounts() (sweeps, reroutes float64) {
+	return testutil.ToFloat64(a.metrics.sweeps), testutil.ToFloat64(a.metrics.reroutes)
 }

@@ -85,7 +85,7 @@ func TestAllocator_HaltedShard(t *testing.T) {
 		}
 		untouched(t, sku)
 	})
-	// The rebalancer's policies (rebalancer.go's decide) leave a halted
+	// The rebalancer's policies (rebalance.Rebalancer.decide) leave a halted
 	// shard out too: an empty halted shard is not refilled.
 	t.Run("NotARebalanceTarget", func(t *testing.T) {
 		const sku = "halted-refill"

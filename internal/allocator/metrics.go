@@ -9,10 +9,9 @@ import (
 type metrics struct {
 	// local and remote count the requests handed to the allocator's own
 	// shard server and those sent to shard servers over RPC.
-	local, remote  prometheus.Counter
-	sweeps         prometheus.Counter
-	sweepTime      prometheus.Histogram
-	consolidations prometheus.Counter
+	local, remote prometheus.Counter
+	sweeps        prometheus.Counter
+	sweepTime     prometheus.Histogram
 	// reroutes counts shard calls to other shards than a request's first
 	// choice: what skewed stock costs routing before any sweep.
 	reroutes prometheus.Counter
@@ -33,16 +32,6 @@ type metrics struct {
 	// calls and refused count, by shard server, the Execute calls its
 	// breaker let through and those it refused.
 	calls, refused *prometheus.CounterVec
-
-	// The rebalancer's.
-	leasesHeld       prometheus.Gauge
-	plans            *prometheus.CounterVec // by policy
-	transfersStarted *prometheus.CounterVec // by policy
-	transfersEnded   *prometheus.CounterVec // by outcome: credited, or the code that stopped it
-	inTransit        prometheus.Gauge
-	unitsMoved       prometheus.Counter
-	reshards         *prometheus.CounterVec // by direction (split, merge) and by (set, auto)
-	retirements      prometheus.Counter
 }
 
 // serverMetrics are the counters of one shard server's client.
@@ -81,9 +70,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reroutes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardstock_allocator_reroutes_total", Help: "Shard calls made to another shard than the request's first choice (its stock was elsewhere).",
 		}),
-		consolidations: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "shardstock_allocator_consolidations_total", Help: "Consolidating transfers for requests larger than any one shard.",
-		}),
 		breaker: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_breaker_transitions_total", Help: "Circuit breaker state changes by shard server.",
 		}, []string{"server", "state"}),
@@ -100,33 +86,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "shardstock_allocator_execute_refused_total", Help: "Execute calls refused by a shard server's open or half-open circuit breaker.",
 		}, []string{"server"}),
 	}
-	m.leasesHeld = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "shardstock_rebalancer_leases_held", Help: "SKU move leases this allocator holds now.",
-	})
-	m.plans = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "shardstock_rebalancer_plans_total", Help: "Plans carried out, by policy (drain, tail, refill, consolidate).",
-	}, []string{"policy"})
-	m.transfersStarted = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "shardstock_rebalancer_transfers_started_total", Help: "Transfers created, by policy.",
-	}, []string{"policy"})
-	m.transfersEnded = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "shardstock_rebalancer_transfers_ended_total", Help: "Transfers this allocator saw end, by outcome: credited, or the code that stopped it (OUT_OF_STOCK and MOVE_FENCED abort it; others leave it to the sweep).",
-	}, []string{"outcome"})
-	m.inTransit = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "shardstock_rebalancer_units_in_transit", Help: "Units of this allocator's transfers between their debit and their credit.",
-	})
-	m.unitsMoved = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "shardstock_rebalancer_units_moved_total", Help: "Units moved by transfers this allocator completed.",
-	})
-	m.reshards = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "shardstock_rebalancer_reshards_total", Help: "Changes of a SKU's shard count, by direction (split, merge) and by whom (set: SetShards; auto: the automatic split and merge).",
-	}, []string{"direction", "by"})
-	m.retirements = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "shardstock_rebalancer_retirements_total", Help: "SKUs whose shards out of service finished retiring.",
-	})
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.sweepTime, m.reroutes, m.replays, m.reconciles, m.consolidations, m.breaker, m.abandoned, m.settles, m.calls, m.refused,
-			m.leasesHeld, m.plans, m.transfersStarted, m.transfersEnded, m.inTransit, m.unitsMoved, m.reshards, m.retirements)
+		reg.MustRegister(paths, m.sweeps, m.sweepTime, m.reroutes, m.replays, m.reconciles, m.breaker, m.abandoned, m.settles, m.calls, m.refused)
 	}
 	return m
 }

@@ -140,11 +140,11 @@ func (a *Allocator) GetStock(ctx context.Context, name string) (*Stock, error) {
 	if err := stock.ValidateSKU(name); err != nil {
 		return nil, err
 	}
-	sku, err := a.db.GetSKU(ctx, name)
+	sku, err := a.admin.GetSKU(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	read, err := a.db.StockRead(ctx, name, movingListed)
+	read, err := a.admin.StockRead(ctx, name, movingListed)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +172,7 @@ func (a *Allocator) CreateSKU(ctx context.Context, s stock.SKU, initial int64) (
 	if err := stock.PrepareNewSKU(&s, initial); err != nil {
 		return nil, err
 	}
-	if err := a.db.CreateSKU(ctx, s, initial); err != nil {
+	if err := a.admin.CreateSKU(ctx, s, initial); err != nil {
 		return nil, err
 	}
 	return a.GetStock(ctx, s.Name)
@@ -194,7 +194,7 @@ func (a *Allocator) UpdateSKU(ctx context.Context, name string, u stock.SKUUpdat
 		return nil, err
 	}
 	defer a.forgetSKU(name)
-	return a.db.UpdateSKU(ctx, name, u)
+	return a.admin.UpdateSKU(ctx, name, u)
 }
 
 // Topology returns the current view of servers and owners.
@@ -205,10 +205,10 @@ func (a *Allocator) ListLedger(ctx context.Context, sku string, after int64, lim
 	if err := stock.ValidateSKU(sku); err != nil {
 		return nil, err
 	}
-	if _, err := a.db.GetSKU(ctx, sku); err != nil {
+	if _, err := a.admin.GetSKU(ctx, sku); err != nil {
 		return nil, err
 	}
-	return a.db.ListLedger(ctx, sku, after, limit)
+	return a.admin.ListLedger(ctx, sku, after, limit)
 }
 
 // ListTransfers pages through transfers.
@@ -218,7 +218,7 @@ func (a *Allocator) ListTransfers(ctx context.Context, f stock.TransferFilter, a
 			return nil, err
 		}
 	}
-	return a.db.ListTransfers(ctx, f, after, limit)
+	return a.admin.ListTransfers(ctx, f, after, limit)
 }
 
 // Reconcile checks a SKU's books.
@@ -226,7 +226,7 @@ func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]ledger.Discrep
 	if err := stock.ValidateSKU(sku); err != nil {
 		return nil, err
 	}
-	snap, err := a.db.Snapshot(ctx, sku)
+	snap, err := a.admin.Snapshot(ctx, sku)
 	if err != nil {
 		return nil, err
 	}
@@ -264,7 +264,7 @@ func (a *Allocator) ResumeShard(ctx context.Context, k stock.ShardKey, approver,
 	if err := stock.ValidateText("reason", reason, stock.ReasonLenMax); err != nil {
 		return "", err
 	}
-	was, err := a.db.ResumeShard(ctx, k)
+	was, err := a.admin.ResumeShard(ctx, k)
 	if err != nil {
 		return "", err
 	}

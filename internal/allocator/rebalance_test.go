@@ -9,23 +9,31 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
 
 // newMover returns an allocator over the stack that moves stock under move
 // leases of its own (holder id), with cfg as its rebalancer's.
-func (s *stack) newMover(id string, cfg allocator.RebalanceConfig) (*allocator.Allocator, *topology.MoveLeases) {
+func (s *stack) newMover(id string, cfg rebalance.Config) (*allocator.Allocator, *topology.MoveLeases) {
+	s.t.Helper()
+	return s.newMoverIn(id, cfg, nil)
+}
+
+// newMoverIn is newMover with the allocator's metrics registered in reg.
+func (s *stack) newMoverIn(id string, cfg rebalance.Config, reg prometheus.Registerer) (*allocator.Allocator, *topology.MoveLeases) {
 	s.t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: s.etcd.Endpoints(), DialTimeout: 2 * time.Second})
 	if err != nil {
 		s.t.Fatal(err)
 	}
 	moves := topology.NewMoveLeases(cli, id, time.Second, quiet())
-	a := allocator.New(allocator.Config{DB: s.db, Topology: s.topo, Logger: quiet(), Moves: moves, Rebalance: cfg})
+	a := allocator.New(allocator.Config{DB: s.db, Topology: s.topo, Logger: quiet(), Moves: moves, Rebalance: cfg, Registerer: reg})
 	s.t.Cleanup(func() {
 		a.Close()
 		moves.Close()
@@ -35,7 +43,7 @@ func (s *stack) newMover(id string, cfg allocator.RebalanceConfig) (*allocator.A
 }
 
 // quietRebalancer: no background rounds, only what a test asks for.
-var quietRebalancer = allocator.RebalanceConfig{Off: true, Auto: allocator.AutoShards{Off: true}, RetireGrace: 200 * time.Millisecond}
+var quietRebalancer = rebalance.Config{Off: true, Auto: rebalance.AutoShards{Off: true}, RetireGrace: 200 * time.Millisecond}
 
 // owner returns the shard server that owns shard k now.
 func (s *stack) owner(k stock.ShardKey) interface {
@@ -257,10 +265,11 @@ func TestRebalance_SkewedDemand(t *testing.T) {
 		if rebalancing {
 			cfg = on
 		}
-		a, _ := s.newMover(fmt.Sprintf("alloc-%v", rebalancing), cfg)
+		reg := prometheus.NewRegistry()
+		a, _ := s.newMoverIn(fmt.Sprintf("alloc-%v", rebalancing), cfg, reg)
 		sku := fmt.Sprintf("skew-%v", rebalancing)
 		s.createSKU(sku, 16, 8000)
-		counts[rebalancing] = sellSkewed(t, a, sku, 8000)
+		counts[rebalancing] = sellSkewed(t, a, reg, sku, 8000)
 		s.balanced(sku)
 	}
 	off, on2 := counts[false], counts[true]
@@ -285,9 +294,9 @@ func TestRebalance_SkewedDemand(t *testing.T) {
 // OUT_OF_STOCK of q came before a success of q or more that started after
 // it (the stock only goes down: the refusal was false), and returns the
 // sweeps and consolidations the allocator needed.
-func sellSkewed(t *testing.T, a *allocator.Allocator, sku string, initial int64) routing {
+func sellSkewed(t *testing.T, a *allocator.Allocator, g prometheus.Gatherer, sku string, initial int64) routing {
 	t.Helper()
-	reg := metricsOf(a)
+	reg := metricsOf(t, a, g)
 	before := reg()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -357,10 +366,21 @@ func sellSkewed(t *testing.T, a *allocator.Allocator, sku string, initial int64)
 // routing is what routing needed: sweeps, consolidations, reroutes.
 type routing [3]float64
 
-// metricsOf returns a reader of an allocator's routing counts.
-func metricsOf(a *allocator.Allocator) func() routing {
+// metricsOf returns a reader of an allocator's routing counts; the
+// consolidations are its rebalancer's, read from g, where it registered.
+func metricsOf(t *testing.T, a *allocator.Allocator, g prometheus.Gatherer) func() routing {
 	return func() routing {
-		sw, co, re := a.RoutingCounts()
+		sw, re := a.RoutingCounts()
+		var co float64
+		mfs, err := g.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "shardstock_allocator_consolidations_total" {
+				co = mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
 		return routing{sw, co, re}
 	}
 }
@@ -375,7 +395,7 @@ func TestRebalance_AutoShards(t *testing.T) {
 	ctx := context.Background()
 	cfg := quietRebalancer
 	cfg.Interval = 100 * time.Millisecond
-	cfg.Auto = allocator.AutoShards{SplitRatePerShard: 50, SplitAfter: 300 * time.Millisecond, ShardsMax: 4, MergeAfter: 2 * time.Second}
+	cfg.Auto = rebalance.AutoShards{SplitRatePerShard: 50, SplitAfter: 300 * time.Millisecond, ShardsMax: 4, MergeAfter: 2 * time.Second}
 	a, _ := s.newMover("alloc-auto", cfg)
 	s.createSKU("hot", 1, 100000)
 	s.createSKU("pinned", 1, 100000)

@@ -2,8 +2,12 @@ package allocator
 
 import (
 	"cmp"
+	"context"
 	"iter"
 	"slices"
+
+	"github.com/shardstock/shardstock/internal/rebalance"
+	"github.com/shardstock/shardstock/internal/stock"
 )
 
 // hint is what the allocator believes a shard has available: the shard's
@@ -58,58 +62,17 @@ func candidates(n int32, first int32, hints []hint, q int64, skip func(int32) bo
 	}
 }
 
-// consolidation plans moving stock so that one shard holds q: the target is
-// the shard in service (index below serving) with the most available, and
-// sources (shards being retired included) give what they have, most first,
-// until the target would hold q. Halted shards, and those skip says to
-// avoid, take no part: a halted target would refuse the credits and leave
-// the units in transit until it is resumed, a halted source refuses the
-// debit. It returns nil when the other known shards do not hold q in total.
-// It is pure.
-func consolidation(hints []hint, serving int32, q int64, skip func(int32) bool) (target int32, moves []move) {
-	usable := func(i int32) bool { return !hints[i].halted && (skip == nil || !skip(i)) }
-	var order []int32
-	for i := range int32(len(hints)) {
-		if hints[i].known && hints[i].available > 0 && usable(i) {
-			order = append(order, i)
+// consolidate has the rebalancer gather q units of sku on one shard in
+// service, planned from this allocator's hints as they stand once it holds
+// the SKU's move lease.
+func (a *Allocator) consolidate(ctx context.Context, sku *stock.SKU, q int64) error {
+	hints := func() []rebalance.Hint {
+		hs := a.hintsOf(sku.Name, max(sku.ShardSpan, sku.Shards))
+		out := make([]rebalance.Hint, len(hs))
+		for i, h := range hs {
+			out[i] = rebalance.Hint{Available: h.available, Known: h.known, Halted: h.halted}
 		}
+		return out
 	}
-	slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(hints[b].available, hints[a].available) })
-	target = -1
-	for _, i := range order {
-		if i < serving {
-			target = i
-			break
-		}
-	}
-	for i := int32(0); target < 0 && i < min(serving, int32(len(hints))); i++ {
-		if usable(i) {
-			target = i // every usable shard in service is empty: gather on the first
-		}
-	}
-	if target < 0 {
-		return -1, nil
-	}
-	need := q - max(hints[target].available, 0)
-	for _, i := range order {
-		if need <= 0 {
-			break
-		}
-		if i == target {
-			continue
-		}
-		take := min(need, hints[i].available)
-		moves = append(moves, move{from: i, quantity: take})
-		need -= take
-	}
-	if need > 0 {
-		return -1, nil
-	}
-	return target, moves
-}
-
-// move is one transfer of a consolidation.
-type move struct {
-	from     int32
-	quantity int64
+	return a.rebal.Consolidate(ctx, sku, q, hints, a.skipper(sku.Name))
 }

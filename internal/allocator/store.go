@@ -2,38 +2,46 @@ package allocator
 
 import (
 	"context"
-	"time"
 
 	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// Store is the storage the allocator reads (and writes SKUs and transfers
-// to): internal/postgres implements it (checked where the two are wired
-// together, internal/cmd/allocatorcmd). Declared by its consumer, like
-// shard.Store: it names only what routing, sweeps and the admin calls need.
+// Store is all the storage an allocator is given: what its routing, its
+// admin calls and its rebalancer each read and write. internal/postgres
+// implements it, through internal/dbset when SKUs are placed on several
+// databases (each part checked in dbset's tests; the whole where the two
+// are wired together, internal/cmd/allocatorcmd).
 type Store interface {
-	CreateSKU(ctx context.Context, s stock.SKU, initial int64) error
+	RouteStore
+	AdminStore
+	rebalance.Store
+}
+
+// RouteStore is the storage routing reads: a SKU's configuration, and the
+// sweep before OUT_OF_STOCK. Declared by its consumer, like shard.Store.
+type RouteStore interface {
 	GetSKU(ctx context.Context, sku string) (*stock.SKU, error)
-	UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*stock.SKU, error)
-	Shards(ctx context.Context, sku string) ([]stock.ShardRow, error)
-	ResumeShard(ctx context.Context, k stock.ShardKey) (string, error)
 	// Sweep reads a SKU's shards, its stock in transit and its operations
 	// of keys (by key; the same key on another SKU is another operation),
 	// as of one instant (the check before OUT_OF_STOCK).
 	Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error)
 	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
-	CreateTransfer(ctx context.Context, t *stock.Transfer) error
+}
+
+// AdminStore is the storage the admin calls read and write, and the
+// in-transit gauge reads.
+type AdminStore interface {
+	CreateSKU(ctx context.Context, s stock.SKU, initial int64) error
+	GetSKU(ctx context.Context, sku string) (*stock.SKU, error)
+	UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*stock.SKU, error)
+	ResumeShard(ctx context.Context, k stock.ShardKey) (string, error)
 	ListTransfers(ctx context.Context, f stock.TransferFilter, afterID string, limit int) ([]*stock.Transfer, error)
 	// StockRead reads a SKU's shards, totals, stock in transit and open
 	// transfers in one snapshot.
 	StockRead(ctx context.Context, sku string, movingMax int) (*stock.StockRead, error)
 	InTransitTotal(ctx context.Context) (int64, error)
-	// The rebalancer's: see internal/postgres.
-	RaiseMoveFence(ctx context.Context, sku string, token int64, holder string) error
-	SetShards(ctx context.Context, sku string, n int32) (*stock.SKU, error)
-	FinishRetirement(ctx context.Context, sku string, grace time.Duration) (bool, error)
-	RetiringSKUs(ctx context.Context, limit int) ([]string, error)
 	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
 	Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error)
 }

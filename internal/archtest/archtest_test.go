@@ -27,7 +27,6 @@ var layers = map[string]int{
 	"internal/freeport": 0,
 
 	"internal/ledger":      1, // pure logic over the domain
-	"internal/rebalance":   1,
 	"gen":                  1, // the API's generated types and Connect stubs
 	"internal/pgcluster":   1, // the throwaway Postgres and the embedded etcd
 	"internal/etcdembed":   1,
@@ -36,6 +35,7 @@ var layers = map[string]int{
 	"internal/wire":        2,
 	"internal/transport":   3, // HTTP/2 servers and clients for Connect
 	"internal/dbset":       3, // several databases: a SKU's calls to its own
+	"internal/rebalance":   3, // the rebalancer: the allocator runs it, it imports no allocator code
 	"internal/shard":       4, // the services
 	"internal/allocator":   4,
 	"internal/api":         5, // handlers, and what the commands do at start

@@ -2,7 +2,7 @@
 // as loadgen Targets driven by the same client on the same Postgres and
 // Redis:
 //
-//  1. naive: the source document's 误区一, SELECT the stock, decide in the
+//  1. naive: the source document's 误区一 (section 三.1), SELECT the stock, decide in the
 //     client, UPDATE without a condition, in separate statements;
 //  2. onerow: one row per SKU, one transaction per request: an idempotency
 //     record, a conditional UPDATE (available >= q) and a ledger row;

@@ -2,9 +2,10 @@
 // Postgres databases: a Set holds one internal/postgres.DB per database,
 // by name, and the placement (internal/topology.Placements), and answers
 // each SKU's calls from the SKU's own database. It implements the
-// allocator's Store and the shard server's Databases. A database that
-// does not answer makes its own SKUs unavailable (retryable), never the
-// others'.
+// allocator's Store, and gives a shard server its databases by name (Names,
+// DB) and the database of each SKU (Locate) for shard.Config's DBs and
+// Locate. A database that does not answer makes its own SKUs unavailable
+// (retryable), never the others'.
 package dbset
 
 import (

@@ -76,7 +76,9 @@ const (
 // SKU through the public API from 24 clients while faults land: a shard
 // server killed (-9) and restarted, another stopped (SIGSTOP) past its
 // lease and continued (the zombie must be fenced), and Postgres crashed and
-// restarted. The history is checked by checkHistory.
+// restarted; meanwhile, every 300 ms, a call to the third is cut once
+// delivered, while it may still be deciding it (10 in all). The history is checked by
+// checkHistory.
 func TestE2E_LinearizableUnderFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
 	defer cancel()
@@ -85,12 +87,23 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pg.Stop() })
-	s := newStackOpts(t, stackOpts{shardServers: 3, dbURL: pg.URL()})
 	const sku = "linear"
+	// s3 registers the address of a fault-injecting proxy: its calls are
+	// cut once delivered, while it may still be deciding them.
+	var s3 *faultproxy.Proxy
+	s := newStackOpts(t, stackOpts{shardServers: 2, dbURL: pg.URL(), startShards: func(s *stack) {
+		s3 = startProxiedShard(t, s, "s3", "")
+	}})
 	s.createSKU(sku, linStock, 8)
 
 	var restarted atomic.Int64 // when Postgres answered again, since the run's start
 	h := runHistory(ctx, t, s, sku, func(ctx context.Context, since func() int64) {
+		cutting := make(chan struct{})
+		go func() {
+			defer close(cutting)
+			cutDelivered(ctx, s3, sku)
+		}()
+		defer func() { <-cutting }()
 		step := func(d time.Duration) bool {
 			select {
 			case <-ctx.Done():
@@ -127,7 +140,66 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 		}
 		restarted.Store(since())
 	})
-	checkHistory(t, s, sku, h, restarted.Load(), "a shard server killed, one stopped past its lease, Postgres crashed")
+	if s3.Cuts() < linDeliveredCutsMin {
+		t.Errorf("%d calls to s3 cut once delivered, want at least %d", s3.Cuts(), linDeliveredCutsMin)
+	}
+	checkHistory(t, s, sku, h, restarted.Load(), fmt.Sprintf("a shard server killed, one stopped past its lease, Postgres crashed, "+
+		"%d calls cut once delivered to a third", s3.Cuts()))
+}
+
+// Delivered cuts in TestE2E_LinearizableUnderFaults: at least
+// linDeliveredCutsMin for the run to count, and no more than
+// linDeliveredCutsMax, so that the server's breaker, once the cuts open it,
+// closes again: a cut always armed would catch its lone probe each time.
+const (
+	linDeliveredCutsMin = 5
+	linDeliveredCutsMax = 10
+)
+
+// cutDelivered arms p, every linCutEvery until ctx ends or
+// linDeliveredCutsMax cuts landed, to cut the next call of sku once
+// delivered (faultproxy.CutDelivered): the shard server has it, and may
+// still be deciding it, when the allocator's call fails.
+func cutDelivered(ctx context.Context, p *faultproxy.Proxy, sku string) {
+	tick := time.NewTicker(linCutEvery)
+	defer tick.Stop()
+	defer p.Disarm()
+	for p.Cuts() < linDeliveredCutsMax {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		p.Disarm() // a cut lasts one tick (see TestE2E_LinkFaultsUnderLoad)
+		p.Arm([]byte(sku), faultproxy.CutDelivered)
+	}
+}
+
+// linCutEvery is the pause between two delivered cuts.
+const linCutEvery = 300 * time.Millisecond
+
+// startProxiedShard starts shard server id behind a fault-injecting proxy,
+// whose address it registers (-advertise), with dbURL as its DATABASE_URL
+// ("": the stack's).
+func startProxiedShard(t *testing.T, s *stack, id, dbURL string) *faultproxy.Proxy {
+	t.Helper()
+	port, err := freeport.Port()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	var env []string
+	if dbURL != "" {
+		env = []string{"DATABASE_URL=" + dbURL}
+	}
+	s.shards[id] = s.startEnv(id, env, filepath.Join(bin, "shard"),
+		"-id", id, "-addr", fmt.Sprintf("127.0.0.1:%d", port),
+		"-advertise", p.Addr(), "-lease-ttl", s.leaseTTL.String(), "-db-max-conns", "8", "-log-level", "warn")
+	return p
 }
 
 // TestE2E_LinkFaultsUnderLoad puts fault-injecting TCP proxies on both
@@ -156,20 +228,7 @@ func TestE2E_LinkFaultsUnderLoad(t *testing.T) {
 	var proxies []*faultproxy.Proxy
 	s := newStackOpts(t, stackOpts{dbURL: dbURL, startShards: func(s *stack) {
 		for i := 1; i <= 3; i++ {
-			port, err := freeport.Port()
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := faultproxy.Start(fmt.Sprintf("127.0.0.1:%d", port))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { p.Close() })
-			proxies = append(proxies, p)
-			id := fmt.Sprintf("s%d", i)
-			s.shards[id] = s.startEnv(id, []string{"DATABASE_URL=" + proxied}, filepath.Join(bin, "shard"),
-				"-id", id, "-addr", fmt.Sprintf("127.0.0.1:%d", port),
-				"-advertise", p.Addr(), "-lease-ttl", s.leaseTTL.String(), "-db-max-conns", "8", "-log-level", "warn")
+			proxies = append(proxies, startProxiedShard(t, s, fmt.Sprintf("s%d", i), proxied))
 		}
 	}})
 	const sku = "linkfault"

@@ -28,7 +28,7 @@ const (
 	// covers etcd's lease expiry check (every 500 ms), the watch events,
 	// the new owner's claim and takeover, and one batch: measured 0.4 to
 	// 0.5 s on the 2-core machine, up to 0.7 s with two CPU hogs beside
-	// it (docs/architecture.md).
+	// it (docs/reliability.md).
 	stopRecoveryBound = time.Second
 	// stoppedFor is how long the server stays stopped: longer than the
 	// callers' deadline, as in the issue, so that a caller that waits for

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -231,35 +232,63 @@ func TestReconcile(t *testing.T) {
 			got, want := summarise(ds), tt.want
 			slices.SortFunc(want, func(a, b found) int { return strings.Compare(a.String(), b.String()) })
 			if !slices.Equal(got, want) {
-				t.Errorf("Reconcile(%s) = %v, want %v", tt.name, got, want)
+				t.Errorf("Check(%s) = %v, want %v", tt.name, got, want)
 			}
 			for _, d := range ds {
 				if d.Detail == "" {
-					t.Errorf("Reconcile(%s): discrepancy %+v has no detail", tt.name, d)
+					t.Errorf("Check(%s): discrepancy %+v has no detail", tt.name, d)
 				}
 			}
 			if tt.detail != "" && len(ds) > 0 {
 				if !slices.ContainsFunc(ds, func(d ledger.Discrepancy) bool { return strings.Contains(d.Detail, tt.detail) }) {
-					t.Errorf("Reconcile(%s) details = %+v, want one mentioning %q", tt.name, ds, tt.detail)
+					t.Errorf("Check(%s) details = %+v, want one mentioning %q", tt.name, ds, tt.detail)
 				}
 			}
 		})
 	}
 }
 
-// TestReconcile_Pure: Reconcile neither changes its snapshot nor depends on
-// map order (it runs twice with the same answer).
+// TestReconcile_Pure: Check neither changes its snapshot nor depends on map
+// order (it runs many times with the same answer). The snapshot has a fault
+// in every part, so that Check walks all of it, and every field of every
+// shard and of the SKU is compared with an untouched copy afterwards.
 func TestReconcile_Pure(t *testing.T) {
-	snap := balanced()
-	snap.Shards[0].Row.Available++
-	snap.Shards[0].BrokenChain = 1
+	faulty := func() ledger.Snapshot {
+		s := balanced()
+		s.Shards[0].Row.Available++
+		s.Shards[0].BrokenChain = 1
+		s.Shards[1].Kinds = map[stock.OpKind]ledger.KindSum{
+			stock.OpDeduct:    {Entries: 1, Quantity: 5, Delta: stock.Counts{Available: -5, Sold: 5}},
+			stock.OpReplenish: {Entries: 1, Quantity: 5, Delta: stock.Counts{Available: 4}},
+		}
+		s.Shards[1].HeldReserved = 3
+		s.KeyedMismatches = []ledger.KeyMismatch{{Key: "k-2", Entries: 2}, {Key: "k-1", Operations: 1}}
+		s.EndMismatches = []ledger.EndMismatch{{ReservationID: "r-2", State: stock.ReservationHeld, Entries: 1}, {ReservationID: "r-1", State: stock.ReservationReleased}}
+		s.TransferMismatches = []ledger.TransferMismatch{{TransferID: "t-2", State: stock.TransferCredited, Outs: 1}, {TransferID: "t-1", State: stock.TransferPending, Ins: 1}}
+		s.InTransit = 2
+		return s
+	}
+	snap, want := faulty(), faulty()
 	first := ledger.Check(snap)
 	for range 20 {
 		if got := ledger.Check(snap); !slices.Equal(got, first) {
-			t.Fatalf("Reconcile(same snapshot) = %+v, want %+v", got, first)
+			t.Fatalf("Check(same snapshot) = %+v, want %+v", got, first)
 		}
 	}
-	if snap.Shards[0].Row.Available != 108 || len(snap.Shards[0].Kinds) != 7 {
-		t.Errorf("Reconcile changed its snapshot: %+v", snap.Shards[0])
+	if len(first) == 0 {
+		t.Fatal("Check(faulty snapshot) found nothing: the snapshot does not exercise it")
+	}
+	if len(snap.Shards) != len(want.Shards) {
+		t.Fatalf("Check changed its snapshot's shards: %d, want %d", len(snap.Shards), len(want.Shards))
+	}
+	for i := range want.Shards {
+		if !reflect.DeepEqual(snap.Shards[i], want.Shards[i]) {
+			t.Errorf("Check changed shard %d: %+v, want %+v", i, snap.Shards[i], want.Shards[i])
+		}
+	}
+	sku, wantSKU := snap, want // the SKU's own fields, the shards compared above
+	sku.Shards, wantSKU.Shards = nil, nil
+	if !reflect.DeepEqual(sku, wantSKU) {
+		t.Errorf("Check changed its snapshot: %+v, want %+v", sku, wantSKU)
 	}
 }

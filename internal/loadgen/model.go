@@ -10,7 +10,8 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// Model is a traffic model of the source document (section 八.2).
+// Model is a traffic model of the source document (section 四.2, its
+// scenarios A, B and C; 八.4 asks for such models).
 type Model string
 
 // Traffic models.
@@ -27,7 +28,7 @@ const (
 	// the allocator sends it first) is one of SkewShards: demand lands on
 	// a few shards while the stock starts spread over all.
 	ModelSkew Model = "skew"
-	// ModelCase is the source document's case (section 七): one SKU with
+	// ModelCase is the source document's case (section 七.1): one SKU with
 	// CaseStock units, CaseRequests deducts of one unit, CaseReusedKeys of
 	// them reusing another request's idempotency key.
 	ModelCase Model = "case"

@@ -109,8 +109,8 @@ const (
 // writeGroup is the group's second round trip, ending in COMMIT. Its rows
 // are written by one statement (groupWrite.statement): each statement
 // costs Postgres a bind, an executor start and end and a portal whatever
-// its rows, and a hot group wrote four kinds of row with four (measured,
-// docs/benchmarks.md). Operations are inserted in the order of their key,
+// its rows, and a hot group wrote four kinds of row with four (measured:
+// docs/bench-log/2026-12-04.md). Operations are inserted in the order of their key,
 // (sku, idempotency_key) (so two batches never deadlock on the unique
 // index); a key that conflicts was taken by another shard of its SKU
 // meanwhile, and the unique violation aborts the

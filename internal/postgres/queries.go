@@ -121,8 +121,8 @@ func scanReservations(res pgx.BatchResults) ([]*stock.Reservation, error) {
 // violation (23505): the group aborts with stock.ErrConflict and is rerun,
 // and the rerun's lookup sees the key as a replay. A plain
 // INSERT says so by itself; ON CONFLICT DO NOTHING with a count of the
-// rows inserted said the same at twice the cost per row (measured with
-// pg_stat_statements, docs/benchmarks.md).
+// rows inserted said the same at a higher cost per row (measured with
+// pg_stat_statements: docs/bench-log/2026-12-04.md).
 func opsPart(ops []*stock.Operation) writePart {
 	n := len(ops)
 	sku, key, kind, res, oref, cref := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)

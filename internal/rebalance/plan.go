@@ -1,7 +1,11 @@
-// Package rebalance plans the movement of leftover available stock between
-// a SKU's shards. It is pure: Decide and Plan return moves from a snapshot,
-// and the allocator's rebalancer, under the SKU's move lease, carries each
-// out as a two-phase, ledgered transfer.
+// Package rebalance is the rebalancer: it decides and carries out the
+// movement of available stock between a SKU's shards. Its policies and
+// plans are pure (Decide, Plan and the consolidation's planner return moves
+// from a snapshot); a Rebalancer runs them inside an allocator process:
+// rounds by demand, automatic split and merge, SetShards and its settling,
+// the retirement of shards out of service, and each move as a two-phase,
+// ledgered transfer under the SKU's move lease. It reaches the rest of the
+// allocator only through what Host hands it.
 package rebalance
 
 import (

@@ -89,7 +89,7 @@ func (c *committer) commit(ctx context.Context, f stock.Fence, q stock.BatchQuer
 // the last group, so without the wait its batch would miss this group and
 // open the next, and under load the writers would split into two halves
 // that alternate, each paying a group's fixed statements and commit for
-// half the requests (docs/benchmarks.md measured the difference). The
+// half the requests (docs/bench-log/2026-12-04.md measured the difference). The
 // wait is for those writers only, and ends when all have submitted or
 // followWaitMax passed: at low load nothing is queued, and nothing waits.
 func (c *committer) lane() {
@@ -115,12 +115,12 @@ func (c *committer) lane() {
 }
 
 // linger adds to items whatever queues within groupDelay, until the group
-// is full. Below the peak a group carries few requests (1.9 deducts at
-// 3,000 a second on one hot SKU) and its fixed cost (the statement's
-// executor, BEGIN and COMMIT, the WAL flush) is most of Postgres's share
-// of each; holding it back a fraction of a millisecond shares that cost
-// by more. At the peak the lane waits too, but batches keep queueing
-// meanwhile, and no change was measured there (docs/benchmarks.md).
+// is full. Below the peak a group carries few requests and its fixed cost
+// (the statement's executor, BEGIN and COMMIT, the WAL flush) is most of
+// Postgres's share of each; holding it back a fraction of a millisecond
+// shares that cost by more. At the peak groups are full or batches keep
+// queueing while the lane waits, so the wait buys little there. The
+// figures: docs/benchmarks.md, "-group-delay".
 func (c *committer) linger(items []*groupItem, timer *time.Timer) []*groupItem {
 	return c.collect(items, timer, c.groupDelay, nil)
 }

@@ -95,7 +95,10 @@ func TestShard_SourceCase(t *testing.T) {
 }
 
 // TestShard_ReleaseRacesSweeper: reservations released by two callers at once
-// while the sweeper expires them return their stock once.
+// while the sweeper expires them return their stock once. The releases are
+// spread from before each reservation's expiry to past the next sweep, so
+// some end it first and the sweeper ends the others under them; the test
+// first proves both happened, then checks that every reservation ended once.
 func TestShard_ReleaseRacesSweeper(t *testing.T) {
 	db, _ := openDB(t)
 	const sku = "race-sku"
@@ -105,31 +108,27 @@ func TestShard_ReleaseRacesSweeper(t *testing.T) {
 	ctx := context.Background()
 
 	const n = 40
-	ids := make([]string, n)
-	for i := range ids {
+	holds := make([]*stock.Reservation, n)
+	for i := range holds {
 		res := s.Do(ctx, &stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: sku}, Quantity: 3, Key: key("hold", i), TTL: time.Second})
 		if res.Err != nil {
 			t.Fatalf("Reserve = %v", res.Err)
 		}
-		ids[i] = res.Reservation.ID
+		holds[i] = res.Reservation
 	}
-	// Release around the moment of expiry, so releases race the sweeper
-	// (which runs every 500 ms) and each other.
-	time.Sleep(900 * time.Millisecond)
+	// Reservation i is released at raceFrom + i*raceStep after its expiry:
+	// the window is longer than a sweep interval (500 ms), so a sweep lands
+	// inside it whenever it ticks.
+	const raceFrom, raceStep = -300 * time.Millisecond, 40 * time.Millisecond
 	got := make([]stock.Result, 2*n)
 	parallel(t, 2*n, 30*time.Second, func(i int) {
-		time.Sleep(time.Duration(i%10) * 30 * time.Millisecond)
-		got[i] = s.Do(ctx, &stock.Request{Kind: stock.OpRelease, Shard: stock.ShardKey{SKU: sku}, ReservationID: ids[i/2], Reason: "cancel"})
+		h := holds[i/2]
+		time.Sleep(time.Until(h.ExpiresAt.Add(raceFrom + time.Duration(i/2)*raceStep)))
+		got[i] = s.Do(ctx, &stock.Request{Kind: stock.OpRelease, Shard: stock.ShardKey{SKU: sku}, ReservationID: h.ID, Reason: "cancel"})
 	})
 	for i, res := range got {
 		if res.Err != nil {
-			t.Errorf("Release(%s) = %v", ids[i/2], res.Err)
-		}
-	}
-	for i := 0; i < n; i++ {
-		a, b := got[2*i], got[2*i+1]
-		if !a.Replayed && !b.Replayed {
-			t.Errorf("reservation %s: both releases claim to have released it", ids[i])
+			t.Fatalf("Release(%s) = %v", holds[i/2].ID, res.Err)
 		}
 	}
 	// Let the sweeper finish whatever the releases did not.
@@ -137,12 +136,50 @@ func TestShard_ReleaseRacesSweeper(t *testing.T) {
 	for total(t, db, sku).Reserved != 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
+	es := ledgerEntries(t, db, sku)
+	ends := map[string][]*stock.LedgerEntry{} // reservation -> its release and expire entries
+	for _, e := range es {
+		if e.Kind == stock.OpRelease || e.Kind == stock.OpExpire {
+			ends[e.ReservationID] = append(ends[e.ReservationID], e)
+		}
+	}
+
+	// The race: the sweeper expired some reservations under their releases
+	// (both releases lost and report the expiry), and releases ended others
+	// before the sweeper reached them (the sweeper lost).
+	var sweeperWon, releaseWon int
+	for i, h := range holds {
+		if len(ends[h.ID]) == 0 {
+			continue // reported below
+		}
+		a, b := got[2*i], got[2*i+1]
+		switch e := ends[h.ID][0]; {
+		case e.Kind == stock.OpExpire && e.Source == stock.SourceSweeper:
+			if !a.Replayed || !b.Replayed || a.Reservation.State != stock.ReservationExpired || b.Reservation.State != stock.ReservationExpired {
+				t.Errorf("reservation %s: the sweeper expired it, but releases = (replayed %v, %s), (replayed %v, %s); want both replayed, expired",
+					h.ID, a.Replayed, a.Reservation.State, b.Replayed, b.Reservation.State)
+			}
+			sweeperWon++
+		default:
+			releaseWon++
+		}
+	}
+	t.Logf("ended by the sweeper under their releases: %d; ended by a release first: %d", sweeperWon, releaseWon)
+	if sweeperWon == 0 || releaseWon == 0 {
+		t.Fatalf("ended by the sweeper = %d, by a release = %d: the race did not happen", sweeperWon, releaseWon)
+	}
+
+	// The outcome: every reservation ended once, by one of them.
+	for i, h := range holds {
+		if es := ends[h.ID]; len(es) != 1 {
+			t.Errorf("reservation %s: %d release and expire entries, want 1", h.ID, len(es))
+		}
+		if a, b := got[2*i], got[2*i+1]; !a.Replayed && !b.Replayed {
+			t.Errorf("reservation %s: both releases claim to have released it", h.ID)
+		}
+	}
 	if c := total(t, db, sku); c != (stock.Counts{Available: 1000}) {
 		t.Errorf("total = %+v, want every unit back once: available 1000", c)
-	}
-	es := ledgerEntries(t, db, sku)
-	if ends := countKind(es, stock.OpRelease) + countKind(es, stock.OpExpire); ends != n {
-		t.Errorf("release+expire entries = %d, want %d (one per reservation)", ends, n)
 	}
 	reconcile(t, db, sku)
 }

@@ -116,9 +116,9 @@ func (n *Node) Handler(gatherer prometheus.Gatherer, pprof bool, interceptors ..
 // GroupDelayUsage documents the -group-delay flag of both commands that
 // run a shard server.
 const GroupDelayUsage = "how long a group transaction that is not full waits for more shard batches before it is sent, " +
-	"0 to 10ms: below the peak, less CPU per request for that much more latency (at 3,000 deducts/s of one hot SKU, 500us " +
-	"took 30% off the server's CPU per deduct and added about 1 ms to the median; a wait under 1ms lasts about 1ms when the process is " +
-	"otherwise idle, the Go runtime's timer resolution); 0 sends at once (env SHARDSTOCK_GROUP_DELAY)"
+	"0 to 10ms: below the peak, less CPU per request (a group's fixed cost shared by more requests) for that much more latency; " +
+	"a wait under 1ms lasts about 1ms when the process is otherwise idle, the Go runtime's timer resolution; measured in " +
+	"docs/benchmarks.md; 0 sends at once (env SHARDSTOCK_GROUP_DELAY)"
 
 // CheckGroupDelay refuses a -group-delay outside 0 to shard.GroupDelayMax.
 func CheckGroupDelay(d time.Duration) error {

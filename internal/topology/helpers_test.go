@@ -2,10 +2,12 @@ package topology
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -190,8 +192,14 @@ func (r *runningMember) stop(t *testing.T) {
 // startWatcher runs a Watcher until cleanup.
 func startWatcher(t *testing.T, c *clientv3.Client) *Watcher {
 	t.Helper()
+	return startWatcherLogged(t, c, testLogger(t))
+}
+
+// startWatcherLogged runs a Watcher logging to logger until cleanup.
+func startWatcherLogged(t *testing.T, c *clientv3.Client, logger *slog.Logger) *Watcher {
+	t.Helper()
 	w := NewWatcher(c, testPartitions)
-	w.logger = testLogger(t)
+	w.logger = logger
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
@@ -249,6 +257,37 @@ func ownedAsAssigned(servers ...string) func(View) bool {
 		}
 		return true
 	}
+}
+
+// watchFailures is a slog.Handler that keeps the errors a Watcher logs
+// (its "err" attribute), so that a test can tell why a watch failed.
+type watchFailures struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (f *watchFailures) Enabled(context.Context, slog.Level) bool { return true }
+
+func (f *watchFailures) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok && a.Key == "err" {
+			f.mu.Lock()
+			f.errs = append(f.errs, err)
+			f.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (f *watchFailures) WithAttrs([]slog.Attr) slog.Handler { return f }
+func (f *watchFailures) WithGroup(string) slog.Handler      { return f }
+
+// seen reports whether a logged error is target.
+func (f *watchFailures) seen(target error) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.ContainsFunc(f.errs, func(err error) bool { return errors.Is(err, target) })
 }
 
 func describe(v View) string {

@@ -3,9 +3,13 @@ package topology
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardstock/shardstock/internal/etcdtest"
 )
@@ -112,21 +116,45 @@ func TestWatcher_Keys(t *testing.T) {
 	}
 }
 
-// TestWatcher_Resync cuts the watcher off etcd while the topology changes:
-// once healed, it loads again and sees the change.
+// TestWatcher_Resync cuts the watcher off etcd while the topology changes
+// and compacts etcd past what it saw, so that its watch cannot resume: it
+// must fail with ErrCompacted and load again. The test first proves the
+// watch broke that way, then that the new load sees the change.
 func TestWatcher_Resync(t *testing.T) {
 	e := etcdtest.Start(t)
 	l := newLedger(t)
 	px := startProxy(t, e.Endpoints()[0])
-	w := startWatcher(t, newClient(t, px.endpoints()))
+	failures := &watchFailures{}
+	w := startWatcherLogged(t, newClient(t, px.endpoints()), slog.New(failures))
 	startMember(t, e, l, "shard-a", memberOpts{})
 	waitView(t, w, 10*time.Second, "shard-a owns all", ownedAsAssigned("shard-a"))
 
 	px.setCut(true)
-	// Let the watcher notice the cut before the change.
-	time.Sleep(200 * time.Millisecond)
 	startMember(t, e, l, "shard-b", memberOpts{})
-	time.Sleep(500 * time.Millisecond)
+	share := 0
+	for _, s := range Assign(testPartitions, []string{"shard-a", "shard-b"}) {
+		if s == "shard-b" {
+			share++
+		}
+	}
+	waitFor(t, 15*time.Second, "shard-b holds its share", func() bool { return l.holders()["shard-b"] == share })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := e.Client().Get(ctx, "compact-point")
+	if err != nil {
+		t.Fatalf("Get = %v", err)
+	}
+	if _, err := e.Client().Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatalf("Compact(%d) = %v", resp.Header.Revision, err)
+	}
+	if v := w.Snapshot(); ownedAsAssigned("shard-a", "shard-b")(v) {
+		t.Fatalf("the cut-off watcher saw the change already: %s", describe(v))
+	}
 	px.setCut(false)
+
+	// The fault: the watch broke on the compaction and was loaded again.
+	waitFor(t, 15*time.Second, "a watch failure with ErrCompacted", func() bool {
+		return failures.seen(rpctypes.ErrCompacted)
+	})
 	waitView(t, w, 15*time.Second, "both own their shares after the heal", ownedAsAssigned("shard-a", "shard-b"))
 }

@@ -22,8 +22,8 @@ const (
 // stack has already grown to what a call needs. net/http starts every
 // HTTP/2 stream's handler on a new goroutine with the smallest stack, and
 // a call through Connect, the API's handlers and a shard's writer grows
-// it several times, each a copy of every frame (runtime.copystack was 6%
-// to 10% of the allocator's CPU under load). The request's own goroutine
+// it several times, each a copy of every frame (runtime.copystack's share
+// of the allocator's CPU: docs/benchmarks.md). The request's own goroutine
 // waits for the call, so the ResponseWriter is used while ServeHTTP is
 // still running, as net/http requires; a panic is carried back and raised
 // there, where net/http handles it as it would have, and a runtime.Goexit

@@ -9,10 +9,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -23,6 +25,7 @@ import (
 	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -37,217 +40,323 @@ var (
 )
 
 // Run runs the command until ctx ends; args are the command-line arguments
-// without the program name.
+// without the program name. It reads its configuration, opens its adapters
+// (databases, etcd, the public listener), wires the allocator over them,
+// serves until ctx ends or the public listener fails, and shuts down in
+// reverse order.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allocator", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "listen address (env SHARDSTOCK_ADDR)")
-	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the database named main (env DATABASE_URL)")
-	moreDBs := fs.String("databases", getenv("SHARDSTOCK_DATABASES"), startup.DatabasesUsage)
-	migrateURL := fs.String("migrate-url", getenv("SHARDSTOCK_MIGRATE_URL"), startup.MigrateUsage)
-	migrateDBs := fs.String("migrate-databases", getenv("SHARDSTOCK_MIGRATE_DATABASES"), startup.MigrateDatabasesUsage)
-	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
-	etcdCA := fs.String("etcd-ca", getenv("ETCD_CACERT"), startup.EtcdTLSUsage)
-	etcdCert := fs.String("etcd-cert", getenv("ETCD_CERT"), "see -etcd-ca")
-	etcdKey := fs.String("etcd-key", getenv("ETCD_KEY"), "see -etcd-ca")
-	token := fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
-	apiToken := fs.String("api-token", getenv("SHARDSTOCK_API_TOKEN"), "bearer token the InventoryService requires (the admin token is accepted too); empty: none (env SHARDSTOCK_API_TOKEN)")
-	rateLimit := fs.Float64("rate-limit", 0, "InventoryService requests a second one client (IP address) may send, sustained and in a burst; over it RATE_LIMITED; 0: no limit (env SHARDSTOCK_RATE_LIMIT)")
-	inFlight := fs.Int("max-in-flight", 4096, "InventoryService requests served at once, all clients; beyond it RATE_LIMITED at once; 0: no bound (env SHARDSTOCK_MAX_IN_FLIGHT)")
-	clientConns := fs.Int("max-client-conns", clientConnsDefault, "client connections held at once on the public listener; one more is reset as soon as accepted, "+
-		"so a storm of dials costs an accept and a close each and the listen queue keeps draining; 0: no bound (env SHARDSTOCK_MAX_CLIENT_CONNS)")
-	maxConns := fs.Int("db-max-conns", 16, "Postgres connections at most (with -shard-id, shared with the shard server) (env SHARDSTOCK_DB_MAX_CONNS)")
-	format := fs.String("log-format", "text", startup.LogFormatUsage)
-	shardID := fs.String("shard-id", getenv("SHARDSTOCK_LOCAL_SHARD_ID"), "also run a shard server with this id in this process: it takes its share of the partitions, serves other allocators on -shard-addr, and this allocator calls it without RPC (env SHARDSTOCK_LOCAL_SHARD_ID)")
-	shardAddr := fs.String("shard-addr", startup.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:0"), "with -shard-id, the internal listen address of its ShardService, which has no authentication and must not be the public one; port 0 picks one (env SHARDSTOCK_SHARD_ADDR)")
-	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "with -shard-id, the address other allocators dial; default: the -shard-addr listener's address (env SHARDSTOCK_ADVERTISE)")
-	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "with -shard-id, the etcd lease TTL of its shard server (env SHARDSTOCK_LEASE_TTL)")
-	groupDelay := fs.Duration("group-delay", 0, "with -shard-id, its shard server's: "+shardnode.GroupDelayUsage)
-	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ on the operator listener (env SHARDSTOCK_PPROF=1)")
-	operatorAddr := fs.String("operator-addr", startup.Env(getenv, "SHARDSTOCK_OPERATOR_ADDR", "127.0.0.1:0"), "listen address of the operator listener: /metrics, /debug/pprof/ (with -pprof), /healthz and /readyz, never on the public port; port 0 picks one (env SHARDSTOCK_OPERATOR_ADDR)")
-	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
-	rebalanceOn := fs.Bool("rebalance", getenv("SHARDSTOCK_REBALANCE") != "0", "run the rebalancer's refill and tail plans (env SHARDSTOCK_REBALANCE=0 turns them off); drains of retired shards, SetShards, Rebalance and consolidation run regardless")
-	autoShards := fs.Bool("auto-shards", getenv("SHARDSTOCK_AUTO_SHARDS") != "0", "split hot SKUs and merge them back when cold, automatically (env SHARDSTOCK_AUTO_SHARDS=0 turns it off)")
-	retireGrace := fs.Duration("retire-grace", 0, "how long after a SKU's shard count last changed its shards out of service may retire, once empty; 0 means 15s, and it must exceed the longest a shard batch runs (10 s)")
-	tlsCert := fs.String("tls-cert", getenv("SHARDSTOCK_TLS_CERT"), startup.TLSUsage)
-	shardCert := fs.String("shard-tls-cert", getenv("SHARDSTOCK_SHARD_TLS_CERT"), "the client certificate this allocator presents to shard servers that require one (mTLS); with -shard-tls-key and -shard-tls-ca, the CA of the shard servers' certificates (env SHARDSTOCK_SHARD_TLS_CERT, _KEY, _CA)")
-	shardKey := fs.String("shard-tls-key", getenv("SHARDSTOCK_SHARD_TLS_KEY"), "see -shard-tls-cert")
-	shardCA := fs.String("shard-tls-ca", getenv("SHARDSTOCK_SHARD_TLS_CA"), "see -shard-tls-cert; with -shard-id, also the CA its own shard listener requires of callers")
-	tlsKey := fs.String("tls-key", getenv("SHARDSTOCK_TLS_KEY"), "see -tls-cert")
-	corsOrigins := fs.String("cors-origins", getenv("SHARDSTOCK_CORS_ORIGINS"), "comma-separated origins whose browser clients may call the API (CORS), e.g. https://shop.example.com; empty: none (env SHARDSTOCK_CORS_ORIGINS)")
-	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := startup.FlagsFromEnv(fs, getenv, map[string]string{"lease-ttl": "SHARDSTOCK_LEASE_TTL",
-		"db-max-conns": "SHARDSTOCK_DB_MAX_CONNS", "log-format": "SHARDSTOCK_LOG_FORMAT",
-		"rate-limit": "SHARDSTOCK_RATE_LIMIT", "max-in-flight": "SHARDSTOCK_MAX_IN_FLIGHT", "group-delay": "SHARDSTOCK_GROUP_DELAY",
-		"max-client-conns": "SHARDSTOCK_MAX_CLIENT_CONNS"}); err != nil {
-		return err
-	}
-	log, err := startup.Logger(stderr, *level, *format)
+	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
 		return err
 	}
-	if err := shardnode.CheckGroupDelay(*groupDelay); err != nil {
-		return err
-	}
-	dbs, err := startup.Databases(*dbURL, *moreDBs)
+	log, err := startup.Logger(stderr, cfg.level, cfg.logFormat)
 	if err != nil {
 		return err
 	}
-	if len(*token) < adminTokenLenMin {
-		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", adminTokenLenMin)
+	if err := cfg.check(); err != nil {
+		return err
 	}
-	if *apiToken != "" && len(*apiToken) < adminTokenLenMin {
-		return fmt.Errorf("the API token must be at least %d characters (-api-token, SHARDSTOCK_API_TOKEN)", adminTokenLenMin)
-	}
-	tlsCfg, err := startup.TLSConfig(*tlsCert, *tlsKey, "")
+	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(cfg.maxConns), ApplicationName: "shardstock-allocator"}, cfg.dbs, cfg.migrateURL, cfg.migrateDBs)
 	if err != nil {
 		return err
 	}
-	scheme := "http"
-	if tlsCfg != nil {
-		scheme = "https"
-	}
-	shardClientTLS, err := startup.ClientTLSConfig(*shardCert, *shardKey, *shardCA)
-	if err != nil {
-		return err
-	}
-	if *rateLimit < 0 || *inFlight < 0 || *clientConns < 0 {
-		return errors.New("-rate-limit, -max-in-flight and -max-client-conns must not be negative")
-	}
-
-	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-allocator"}, dbs, *migrateURL, *migrateDBs)
-	if err != nil {
-		return err
-	}
-	proc, err := startup.Open(ctx, dbs, dbOpts, startup.EtcdConfig{Endpoints: *etcd, CA: *etcdCA, Cert: *etcdCert, Key: *etcdKey}, *addr, log)
+	proc, err := startup.Open(ctx, cfg.dbs, dbOpts, cfg.etcd, cfg.addr, log)
 	if err != nil {
 		return err
 	}
 	defer proc.Close()
-	client, lis, reg := proc.Etcd, proc.Listener, proc.Registry
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Not ready while etcd is behind the databases' fences (restored or
-	// rebuilt): its moves and CreateSku would all be fenced.
-	etcdCheck := startup.CheckEtcd(ctx, proc.DBs, client, log)
-	watcher := topology.NewWatcher(client, stock.Partitions)
-	watchDone := make(chan error, 1)
-	go func() { watchDone <- watcher.Run(ctx) }()
+	w, err := wire(ctx, cfg, proc, log)
+	defer w.close()
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cancel, cfg, proc, w, log, stdout)
+}
 
-	services := []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}
-	host, _ := os.Hostname()
-	moves := topology.NewMoveLeases(client, fmt.Sprintf("allocator/%s/%d@%s", host, os.Getpid(), lis.Addr()), 0, log)
-	defer moves.Close()
-	reconciled := make(chan struct{})
-	go func() {
-		defer close(reconciled)
-		ledger.NewScheduler(ledger.SchedulerConfig{Store: proc.DBs, TryLease: moves.TryReconcile, Registerer: reg, Logger: log}).Run(ctx)
-	}()
-	defer func() { cancel(); <-reconciled }()
-	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: reg, Moves: moves,
-		Rebalance: allocator.RebalanceConfig{Off: !*rebalanceOn, Auto: allocator.AutoShards{Off: !*autoShards}, RetireGrace: *retireGrace}}
-	if shardClientTLS != nil {
-		acfg.HTTPClient, acfg.ShardScheme = transport.NewInternalTLSClient(shardClientTLS), "https"
+// config is the command's configuration: its flags, each with its
+// environment variable as its default, and what check derives from them.
+type config struct {
+	addr, operatorAddr                        string
+	dbURL, moreDBs, migrateURL, migrateDBs    string
+	etcd                                      startup.EtcdConfig
+	token, apiToken                           string
+	rateLimit                                 float64
+	inFlight, clientConns, maxConns           int
+	logFormat, level                          string
+	shardID, shardAddr, advertise             string
+	leaseTTL, groupDelay, retireGrace         time.Duration
+	pprof, rebalance, autoShards, requireSync bool
+	tlsCert, tlsKey                           string
+	shardCert, shardKey, shardCA              string
+	corsOrigins                               string
+
+	// Derived by check.
+	dbs            map[string]string // by name
+	tls            *tls.Config       // of every listener; nil: cleartext
+	scheme         string            // "https" with tls, else "http"
+	shardClientTLS *tls.Config       // to call shard servers; nil: cleartext
+	localTLS       *tls.Config       // of -shard-id's listener with mTLS
+}
+
+// parseConfig reads the flags.
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	env := startup.NewEnvDefaults(getenv)
+	fs := flag.NewFlagSet("allocator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.addr, "addr", env.String("SHARDSTOCK_ADDR", "127.0.0.1:8080"), "listen address (env SHARDSTOCK_ADDR)")
+	fs.StringVar(&c.dbURL, "database-url", env.String("DATABASE_URL", ""), "Postgres URL of the database named main (env DATABASE_URL)")
+	fs.StringVar(&c.moreDBs, "databases", env.String("SHARDSTOCK_DATABASES", ""), startup.DatabasesUsage)
+	fs.StringVar(&c.migrateURL, "migrate-url", env.String("SHARDSTOCK_MIGRATE_URL", ""), startup.MigrateUsage)
+	fs.StringVar(&c.migrateDBs, "migrate-databases", env.String("SHARDSTOCK_MIGRATE_DATABASES", ""), startup.MigrateDatabasesUsage)
+	fs.StringVar(&c.etcd.Endpoints, "etcd-endpoints", env.String("ETCD_ENDPOINTS", ""), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
+	fs.StringVar(&c.etcd.CA, "etcd-ca", env.String("ETCD_CACERT", ""), startup.EtcdTLSUsage)
+	fs.StringVar(&c.etcd.Cert, "etcd-cert", env.String("ETCD_CERT", ""), "see -etcd-ca")
+	fs.StringVar(&c.etcd.Key, "etcd-key", env.String("ETCD_KEY", ""), "see -etcd-ca")
+	fs.StringVar(&c.token, "admin-token", env.String("SHARDSTOCK_ADMIN_TOKEN", ""), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
+	fs.StringVar(&c.apiToken, "api-token", env.String("SHARDSTOCK_API_TOKEN", ""), "bearer token the InventoryService requires (the admin token is accepted too); empty: none (env SHARDSTOCK_API_TOKEN)")
+	fs.Float64Var(&c.rateLimit, "rate-limit", env.Float64("SHARDSTOCK_RATE_LIMIT", 0), "InventoryService requests a second one client (IP address) may send, sustained and in a burst; over it RATE_LIMITED; 0: no limit (env SHARDSTOCK_RATE_LIMIT)")
+	fs.IntVar(&c.inFlight, "max-in-flight", env.Int("SHARDSTOCK_MAX_IN_FLIGHT", 4096), "InventoryService requests served at once, all clients; beyond it RATE_LIMITED at once; 0: no bound (env SHARDSTOCK_MAX_IN_FLIGHT)")
+	fs.IntVar(&c.clientConns, "max-client-conns", env.Int("SHARDSTOCK_MAX_CLIENT_CONNS", clientConnsDefault), "client connections held at once on the public listener; one more is reset as soon as accepted, "+
+		"so a storm of dials costs an accept and a close each and the listen queue keeps draining; 0: no bound (env SHARDSTOCK_MAX_CLIENT_CONNS)")
+	fs.IntVar(&c.maxConns, "db-max-conns", env.Int("SHARDSTOCK_DB_MAX_CONNS", 16), "Postgres connections at most (with -shard-id, shared with the shard server) (env SHARDSTOCK_DB_MAX_CONNS)")
+	fs.StringVar(&c.logFormat, "log-format", env.String("SHARDSTOCK_LOG_FORMAT", "text"), startup.LogFormatUsage)
+	fs.StringVar(&c.shardID, "shard-id", env.String("SHARDSTOCK_LOCAL_SHARD_ID", ""), "also run a shard server with this id in this process: it takes its share of the partitions, serves other allocators on -shard-addr, and this allocator calls it without RPC (env SHARDSTOCK_LOCAL_SHARD_ID)")
+	fs.StringVar(&c.shardAddr, "shard-addr", env.String("SHARDSTOCK_SHARD_ADDR", "127.0.0.1:0"), "with -shard-id, the internal listen address of its ShardService, which has no authentication and must not be the public one; port 0 picks one (env SHARDSTOCK_SHARD_ADDR)")
+	fs.StringVar(&c.advertise, "advertise", env.String("SHARDSTOCK_ADVERTISE", ""), "with -shard-id, the address other allocators dial; default: the -shard-addr listener's address (env SHARDSTOCK_ADVERTISE)")
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", env.Duration("SHARDSTOCK_LEASE_TTL", shardnode.LeaseTTLDefault), "with -shard-id, the etcd lease TTL of its shard server (env SHARDSTOCK_LEASE_TTL)")
+	fs.DurationVar(&c.groupDelay, "group-delay", env.Duration("SHARDSTOCK_GROUP_DELAY", 0), "with -shard-id, its shard server's: "+shardnode.GroupDelayUsage)
+	fs.BoolVar(&c.pprof, "pprof", env.Bool("SHARDSTOCK_PPROF", false), "serve /debug/pprof/ on the operator listener (env SHARDSTOCK_PPROF=1)")
+	fs.StringVar(&c.operatorAddr, "operator-addr", env.String("SHARDSTOCK_OPERATOR_ADDR", "127.0.0.1:0"), "listen address of the operator listener: /metrics, /debug/pprof/ (with -pprof), /healthz and /readyz, never on the public port; port 0 picks one (env SHARDSTOCK_OPERATOR_ADDR)")
+	fs.StringVar(&c.level, "log-level", env.String("SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error (env SHARDSTOCK_LOG_LEVEL)")
+	fs.BoolVar(&c.rebalance, "rebalance", env.Bool("SHARDSTOCK_REBALANCE", true), "run the rebalancer's refill and tail plans (env SHARDSTOCK_REBALANCE=0 turns them off); drains of retired shards, SetShards, Rebalance and consolidation run regardless")
+	fs.BoolVar(&c.autoShards, "auto-shards", env.Bool("SHARDSTOCK_AUTO_SHARDS", true), "split hot SKUs and merge them back when cold, automatically (env SHARDSTOCK_AUTO_SHARDS=0 turns it off)")
+	fs.DurationVar(&c.retireGrace, "retire-grace", env.Duration("SHARDSTOCK_RETIRE_GRACE", 0), "how long after a SKU's shard count last changed its shards out of service may retire, once empty; 0 means 15s, and it must exceed the longest a shard batch runs (10 s) (env SHARDSTOCK_RETIRE_GRACE)")
+	fs.StringVar(&c.tlsCert, "tls-cert", env.String("SHARDSTOCK_TLS_CERT", ""), startup.TLSUsage)
+	fs.StringVar(&c.shardCert, "shard-tls-cert", env.String("SHARDSTOCK_SHARD_TLS_CERT", ""), "the client certificate this allocator presents to shard servers that require one (mTLS); with -shard-tls-key and -shard-tls-ca, the CA of the shard servers' certificates (env SHARDSTOCK_SHARD_TLS_CERT, _KEY, _CA)")
+	fs.StringVar(&c.shardKey, "shard-tls-key", env.String("SHARDSTOCK_SHARD_TLS_KEY", ""), "see -shard-tls-cert")
+	fs.StringVar(&c.shardCA, "shard-tls-ca", env.String("SHARDSTOCK_SHARD_TLS_CA", ""), "see -shard-tls-cert; with -shard-id, also the CA its own shard listener requires of callers")
+	fs.StringVar(&c.tlsKey, "tls-key", env.String("SHARDSTOCK_TLS_KEY", ""), "see -tls-cert")
+	fs.StringVar(&c.corsOrigins, "cors-origins", env.String("SHARDSTOCK_CORS_ORIGINS", ""), "comma-separated origins whose browser clients may call the API (CORS), e.g. https://shop.example.com; empty: none (env SHARDSTOCK_CORS_ORIGINS)")
+	fs.BoolVar(&c.requireSync, "require-sync-standby", env.Bool("SHARDSTOCK_REQUIRE_SYNC_STANDBY", false), "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return c, env.Err()
+}
+
+// check refuses a configuration that cannot work and derives the
+// databases and TLS configurations from it.
+func (c *config) check() error {
+	if err := shardnode.CheckGroupDelay(c.groupDelay); err != nil {
+		return err
+	}
+	var err error
+	if c.dbs, err = startup.Databases(c.dbURL, c.moreDBs); err != nil {
+		return err
+	}
+	if len(c.token) < adminTokenLenMin {
+		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", adminTokenLenMin)
+	}
+	if c.apiToken != "" && len(c.apiToken) < adminTokenLenMin {
+		return fmt.Errorf("the API token must be at least %d characters (-api-token, SHARDSTOCK_API_TOKEN)", adminTokenLenMin)
+	}
+	if c.tls, err = startup.TLSConfig(c.tlsCert, c.tlsKey, ""); err != nil {
+		return err
+	}
+	c.scheme = "http"
+	if c.tls != nil {
+		c.scheme = "https"
+	}
+	if c.shardClientTLS, err = startup.ClientTLSConfig(c.shardCert, c.shardKey, c.shardCA); err != nil {
+		return err
+	}
+	if c.rateLimit < 0 || c.inFlight < 0 || c.clientConns < 0 {
+		return errors.New("-rate-limit, -max-in-flight and -max-client-conns must not be negative")
 	}
 	// With mTLS, this allocator's own shard listener speaks it too: its
 	// -tls-cert, callers' certificates signed by -shard-tls-ca.
-	var localTLS *tls.Config
-	if shardClientTLS != nil && *shardID != "" {
-		if localTLS, err = startup.TLSConfig(*tlsCert, *tlsKey, *shardCA); err != nil || localTLS == nil {
+	if c.shardClientTLS != nil && c.shardID != "" {
+		if c.localTLS, err = startup.TLSConfig(c.tlsCert, c.tlsKey, c.shardCA); err != nil || c.localTLS == nil {
 			return fmt.Errorf("-shard-id with -shard-tls-*: its shard listener needs -tls-cert and -tls-key too (%v)", err)
 		}
 	}
-	var node *shardnode.Node
-	var shardLis net.Listener
-	if *shardID != "" {
-		if err := shardnode.CheckDurabilityAll(ctx, proc.DBs, *requireSync, log); err != nil {
-			return err
+	return nil
+}
+
+// wired is the allocator and what it runs with, over the process's
+// adapters: the topology, the move leases, the scheduled reconciliation,
+// and with -shard-id a shard server of its own and that server's listener.
+type wired struct {
+	etcdCheck *startup.EtcdCheck
+	watchDone chan error // the topology watcher's Run
+	moves     *topology.MoveLeases
+	// stopReconciling ends the scheduled reconciliation, whose Run closes
+	// reconciled.
+	stopReconciling context.CancelFunc
+	reconciled      chan struct{}
+	node            *shardnode.Node // nil without -shard-id
+	shardLis        net.Listener    // nil without -shard-id
+	alloc           *allocator.Allocator
+}
+
+// wire builds the allocator over proc. Whatever it built, even when it
+// fails, close undoes.
+func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Logger) (*wired, error) {
+	w := &wired{}
+	// Not ready while etcd is behind the databases' fences (restored or
+	// rebuilt): its moves and CreateSku would all be fenced.
+	w.etcdCheck = startup.CheckEtcd(ctx, proc.DBs, proc.Etcd, log)
+	watcher := topology.NewWatcher(proc.Etcd, stock.Partitions)
+	w.watchDone = make(chan error, 1)
+	go func() { w.watchDone <- watcher.Run(ctx) }()
+
+	host, _ := os.Hostname()
+	w.moves = topology.NewMoveLeases(proc.Etcd, fmt.Sprintf("allocator/%s/%d@%s", host, os.Getpid(), proc.Listener.Addr()), 0, log)
+	var rctx context.Context
+	rctx, w.stopReconciling = context.WithCancel(ctx)
+	w.reconciled = make(chan struct{})
+	go func() {
+		defer close(w.reconciled)
+		ledger.NewScheduler(ledger.SchedulerConfig{Store: proc.DBs, TryLease: w.moves.TryReconcile, Registerer: proc.Registry, Logger: log}).Run(rctx)
+	}()
+	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: proc.Registry, Moves: w.moves,
+		Rebalance: rebalance.Config{Off: !cfg.rebalance, Auto: rebalance.AutoShards{Off: !cfg.autoShards}, RetireGrace: cfg.retireGrace}}
+	if cfg.shardClientTLS != nil {
+		acfg.HTTPClient, acfg.ShardScheme = transport.NewInternalTLSClient(cfg.shardClientTLS), "https"
+	}
+	if cfg.shardID != "" {
+		if err := shardnode.CheckDurabilityAll(ctx, proc.DBs, cfg.requireSync, log); err != nil {
+			return w, err
 		}
 		// The ShardService answers any caller: it gets a listener of its
 		// own, as cmd/shard's, never the public port.
-		if shardLis, err = net.Listen("tcp", *shardAddr); err != nil {
-			return fmt.Errorf("-shard-addr: %w", err)
+		var err error
+		if w.shardLis, err = net.Listen("tcp", cfg.shardAddr); err != nil {
+			return w, fmt.Errorf("-shard-addr: %w", err)
 		}
-		defer shardLis.Close()
-		if *advertise == "" {
-			*advertise = shardLis.Addr().String()
+		if cfg.advertise == "" {
+			cfg.advertise = w.shardLis.Addr().String()
 		}
-		node = shardnode.New(shardnode.Config{ID: *shardID, Advertise: *advertise, DBs: proc.DBs, Etcd: client,
-			LeaseTTL: *leaseTTL, Logger: log, Registry: reg, GroupDelay: *groupDelay, EtcdCheck: etcdCheck})
-		acfg.Local, acfg.LocalID = node.Server, *shardID
+		w.node = shardnode.New(shardnode.Config{ID: cfg.shardID, Advertise: cfg.advertise, DBs: proc.DBs, Etcd: proc.Etcd,
+			LeaseTTL: cfg.leaseTTL, Logger: log, Registry: proc.Registry, GroupDelay: cfg.groupDelay, EtcdCheck: w.etcdCheck})
+		acfg.Local, acfg.LocalID = w.node.Server, cfg.shardID
 	}
-	alloc := allocator.New(acfg)
-	defer alloc.Close()
-	ready := func() bool { return etcdCheck.Reason() == "" && alloc.Ready() }
+	w.alloc = allocator.New(acfg)
+	return w, nil
+}
 
-	// The public mux has no /metrics and no /debug/pprof: those are on the
-	// operator listener.
-	mux := transport.NewMux(transport.MuxConfig{
-		Services: services,
-		Ready:    ready,
-		Reason:   etcdCheck.Reason,
-	})
-	opsLis, err := startup.Listen(ctx, *operatorAddr)
+// close stops the allocator and the scheduled reconciliation, then closes
+// the shard listener and the move leases: the reverse of wire.
+func (w *wired) close() {
+	if w.reconciled != nil {
+		w.stopReconciling()
+		<-w.reconciled
+	}
+	if w.alloc != nil {
+		w.alloc.Close()
+	}
+	if w.shardLis != nil {
+		w.shardLis.Close()
+	}
+	if w.moves != nil {
+		w.moves.Close()
+	}
+}
+
+// ready reports whether the allocator can serve: etcd is past the
+// databases' fences and every partition has a live owner.
+func (w *wired) ready() bool { return w.etcdCheck.Reason() == "" && w.alloc.Ready() }
+
+// serve serves the operator listener, the local shard server if any and
+// the public API until ctx ends or the public listener fails, then waits
+// for all of them to stop.
+func serve(ctx context.Context, cancel context.CancelFunc, cfg *config, proc *startup.Process, w *wired, log *slog.Logger, stdout io.Writer) error {
+	opsLis, err := startup.Listen(ctx, cfg.operatorAddr)
 	if err != nil {
 		return fmt.Errorf("-operator-addr: %w", err)
 	}
 	defer opsLis.Close()
 	opsDone := make(chan error, 1)
 	go func() {
-		opsDone <- transport.ServeTLS(ctx, opsLis, transport.NewMux(transport.MuxConfig{Gatherer: reg, Pprof: *pprofOn, Ready: ready, Reason: etcdCheck.Reason}), tlsCfg)
+		opsDone <- transport.ServeTLS(ctx, opsLis, transport.NewMux(transport.MuxConfig{Gatherer: proc.Registry, Pprof: cfg.pprof, Ready: w.ready, Reason: w.etcdCheck.Reason}), cfg.tls)
 	}()
-	fmt.Fprintf(stdout, "operator listening on %s://%s\n", scheme, opsLis.Addr())
-	metrics := transport.NewMetrics(reg)
+	fmt.Fprintf(stdout, "operator listening on %s://%s\n", cfg.scheme, opsLis.Addr())
+	metrics := transport.NewMetrics(proc.Registry)
+	mux := publicMux(cfg, proc, w, metrics)
+	nodeDone, shardDone := serveLocalShard(ctx, cancel, cfg, w, metrics, log, stdout)
+
+	fmt.Fprintf(stdout, "allocator listening on %s://%s\n", cfg.scheme, proc.Listener.Addr())
+	log.Info("allocator started", "addr", proc.Listener.Addr().String())
+	public := transport.LimitConns(proc.Listener, cfg.clientConns, transport.NewConnMetrics(proc.Registry, "shardstock_allocator_client"))
+	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(cfg.corsOrigins)), cfg.tls)
+
+	// Shut down: everything started above stops with ctx.
+	cancel()
+	serr, nerr, oerr := <-shardDone, <-nodeDone, <-opsDone
+	<-w.watchDone
+	log.Info("allocator stopped")
+	return errors.Join(serveErr, serr, nerr, oerr)
+}
+
+// publicMux is the public listener's handler: the InventoryService behind
+// its admission, the AdminService behind the admin token, and the
+// dashboard. It has no /metrics and no /debug/pprof: those are on the
+// operator listener.
+func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.Metrics) *http.ServeMux {
+	mux := transport.NewMux(transport.MuxConfig{
+		Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName},
+		Ready:    w.ready,
+		Reason:   w.etcdCheck.Reason,
+	})
 	// The InventoryService's admission (API token, per-client rate,
 	// requests in flight) runs before Connect decodes a request, so that
 	// a burst is shed at the transport's cost; its refusals are counted in
 	// the call metrics too.
-	admit := api.AdmitConfig{TokenName: "API token", PerClient: *rateLimit, InFlight: *inFlight}
-	if *apiToken != "" {
+	admit := api.AdmitConfig{TokenName: "API token", PerClient: cfg.rateLimit, InFlight: cfg.inFlight}
+	if cfg.apiToken != "" {
 		// The admin token is accepted too: an operator's tools (stockctl,
 		// the dashboard) read stock with it.
-		admit.Tokens = []string{*apiToken, *token}
+		admit.Tokens = []string{cfg.apiToken, cfg.token}
 	}
-	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: alloc},
+	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
 	mux.Handle(invPath, api.Admit(admit, transport.Warm(invHandler, 0), metrics.Refused))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: alloc, Placement: proc.DBs},
-		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(*token)))...))
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs},
+		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(cfg.token)))...))
 	mux.Handle("/", api.Dashboard())
-	nodeDone, shardDone := make(chan error, 1), make(chan error, 1)
-	if node != nil {
-		go func() { nodeDone <- node.Run(ctx) }()
-		var localShard http.Handler = node.Handler(nil, false, metrics)
-		if localTLS != nil {
-			localShard = transport.RequireClientCert(localShard, "/"+shardstockv1connect.ShardServiceName+"/")
-		}
-		go func() {
-			err := transport.ServeTLS(ctx, shardLis, localShard, localTLS)
-			if err != nil {
-				cancel() // a member others cannot reach must not stay one
-			}
-			shardDone <- err
-		}()
-		fmt.Fprintf(stdout, "shard %s listening on %s\n", *shardID, shardLis.Addr())
-		log.Info("shard server started", "id", *shardID, "addr", shardLis.Addr().String(), "advertise", *advertise, "in", "allocator")
-	} else {
+	return mux
+}
+
+// serveLocalShard runs -shard-id's shard server and serves its listener
+// until ctx ends; each channel receives the error each returned (nil at
+// once without -shard-id). A shard listener that fails cancels ctx: a
+// member others cannot reach must not stay one.
+func serveLocalShard(ctx context.Context, cancel context.CancelFunc, cfg *config, w *wired, metrics *transport.Metrics, log *slog.Logger, stdout io.Writer) (nodeDone, shardDone chan error) {
+	nodeDone, shardDone = make(chan error, 1), make(chan error, 1)
+	if w.node == nil {
 		nodeDone <- nil
 		shardDone <- nil
+		return nodeDone, shardDone
 	}
-
-	fmt.Fprintf(stdout, "allocator listening on %s://%s\n", scheme, lis.Addr())
-	log.Info("allocator started", "addr", lis.Addr().String())
-	public := transport.LimitConns(lis, *clientConns, transport.NewConnMetrics(reg, "shardstock_allocator_client"))
-	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(*corsOrigins)), tlsCfg)
-	cancel()
-	serr, nerr, oerr := <-shardDone, <-nodeDone, <-opsDone
-	<-watchDone
-	log.Info("allocator stopped")
-	return errors.Join(serveErr, serr, nerr, oerr)
+	go func() { nodeDone <- w.node.Run(ctx) }()
+	var localShard http.Handler = w.node.Handler(nil, false, metrics)
+	if cfg.localTLS != nil {
+		localShard = transport.RequireClientCert(localShard, "/"+shardstockv1connect.ShardServiceName+"/")
+	}
+	go func() {
+		err := transport.ServeTLS(ctx, w.shardLis, localShard, cfg.localTLS)
+		if err != nil {
+			cancel()
+		}
+		shardDone <- err
+	}()
+	fmt.Fprintf(stdout, "shard %s listening on %s\n", cfg.shardID, w.shardLis.Addr())
+	log.Info("shard server started", "id", cfg.shardID, "addr", w.shardLis.Addr().String(), "advertise", cfg.advertise, "in", "allocator")
+	return nodeDone, shardDone
 }
 
 // splitList splits a comma-separated list, dropping empty items.

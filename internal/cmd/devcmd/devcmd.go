@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,7 +67,11 @@ const (
 )
 
 // Run runs the dev stack, or one of its roles ("shard", "allocator") when
-// args start with one.
+// args start with one. It reads its configuration, starts what it was not
+// given (Postgres clusters, etcd), starts the shard servers and the
+// allocator, waits for them, creates the demo SKU and prints the banner,
+// then serves until ctx ends or a child exits; it stops everything it
+// started, the children first.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) > 0 {
 		switch args[0] {
@@ -76,124 +81,201 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return allocatorcmd.Run(ctx, args[1:], getenv, stdout, stderr)
 		}
 	}
-	fs := flag.NewFlagSet("shardstock-dev", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_ADDR", "127.0.0.1:8080"), "allocator listen address (env SHARDSTOCK_ADDR)")
-	servers := fs.Int("shard-servers", 3, "shard servers to start, each a process of its own")
-	opsAddr := fs.String("operator-addr", startup.Env(getenv, "SHARDSTOCK_OPERATOR_ADDR", ""), "the allocator's operator listener (/metrics, /debug/pprof/); empty: a free port on 127.0.0.1, printed (env SHARDSTOCK_OPERATOR_ADDR)")
-	databases := fs.Int("databases", 1, "Postgres databases to place SKUs on: main (DATABASE_URL, or a throwaway cluster) and db2..dbN, each a throwaway cluster of its own (unless SHARDSTOCK_DATABASES names them)")
-	local := fs.Bool("allocator-shard", false, "also run a shard server (id "+localShardID+") inside the allocator's process, called without RPC; with -shard-servers 0 it owns every partition")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *servers < 0 || (*servers == 0 && !*local) {
-		return errors.New("-shard-servers: at least 1, or 0 with -allocator-shard")
-	}
-	if *databases < 1 || *databases > 8 {
-		return errors.New("-databases: 1 to 8")
-	}
-	token := getenv("SHARDSTOCK_ADMIN_TOKEN")
-	if token == "" {
-		token = randomToken()
-	}
-
-	dbURL := getenv("DATABASE_URL")
-	if dbURL == "" {
-		fmt.Fprintln(stderr, "dev: DATABASE_URL is not set: starting a throwaway Postgres cluster")
-		c, err := pgcluster.Start(ctx, "")
-		if err != nil {
-			return fmt.Errorf("no Postgres: set DATABASE_URL, or install the PostgreSQL server (Debian: apt-get install postgresql): %w", err)
-		}
-		defer c.Stop()
-		dbURL = c.URL()
-	}
-	more := getenv("SHARDSTOCK_DATABASES")
-	if more == "" && *databases > 1 {
-		var pairs []string
-		for i := 2; i <= *databases; i++ {
-			fmt.Fprintf(stderr, "dev: starting a throwaway Postgres cluster for database db%d\n", i)
-			c, err := pgcluster.Start(ctx, "")
-			if err != nil {
-				return fmt.Errorf("database db%d: %w", i, err)
-			}
-			defer c.Stop()
-			pairs = append(pairs, fmt.Sprintf("db%d=%s", i, c.URL()))
-		}
-		more = strings.Join(pairs, ",")
-	}
-	dbs, err := startup.Databases(dbURL, more)
+	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
 		return err
 	}
-	etcd := getenv("ETCD_ENDPOINTS")
-	if etcd == "" {
-		e, err := etcdembed.Start(ctx, "")
-		if err != nil {
-			return fmt.Errorf("embedded etcd: %w", err)
-		}
-		defer e.Close()
-		etcd = strings.Join(e.Endpoints(), ",")
-		// A new etcd counts revisions, and so epochs, from 1 again.
-		for name, url := range dbs {
-			if err := resetFences(ctx, url); err != nil {
-				return fmt.Errorf("database %q: %w", name, err)
-			}
-		}
-	}
-
-	self, err := os.Executable()
-	if err != nil {
+	var deps adapters
+	defer deps.stop()
+	if err := deps.start(ctx, cfg, stderr); err != nil {
 		return err
 	}
-	env := append(shareCores(childEnv(os.Environ()), *servers+1, runtime.NumCPU()), "DATABASE_URL="+dbURL, "SHARDSTOCK_DATABASES="+more, "ETCD_ENDPOINTS="+etcd, "SHARDSTOCK_ADMIN_TOKEN="+token)
-	kids := newChildren(ctx, *servers+1)
+	kids := newChildren(ctx, cfg.servers+1)
 	defer kids.stop()
-	for i := 1; i <= *servers; i++ {
-		id := fmt.Sprintf("shard-%d", i)
-		if err := kids.start(self, env, stderr, id, "shard", "-id", id, "-addr", "127.0.0.1:0", "-db-max-conns", devShardConns); err != nil {
-			return err
-		}
-	}
-	conns, members := devAllocatorConns, *servers
-	var own []string
-	if *local {
-		conns, own = devShardConns, []string{"-shard-id", localShardID}
-		members++
-	}
-	if *opsAddr == "" {
-		if *opsAddr, err = freeport.Addr(); err != nil {
-			return err
-		}
-	}
-	allocArgs := append([]string{"allocator", "-addr", *addr, "-db-max-conns", conns, "-operator-addr", *opsAddr}, own...)
-	if err := kids.start(self, env, stderr, "allocator", allocArgs...); err != nil {
+	if err := startStack(kids, cfg, stderr); err != nil {
 		return err
 	}
 
-	base := "http://" + *addr
-	if err := waitReady(ctx, base, token, members, kids); err != nil {
+	base := "http://" + cfg.addr
+	if err := waitReady(ctx, base, cfg.token, cfg.members(), kids); err != nil {
 		if ctx.Err() != nil { // stopped during start-up
 			fmt.Fprintln(stderr, "dev: stopping")
 			return nil
 		}
 		return err
 	}
-	if err := createDemo(ctx, base, token); err != nil {
+	if err := createDemo(ctx, base, cfg.token); err != nil {
 		return err
 	}
+	printBanner(stdout, base, cfg)
+	return serve(ctx, kids, stderr)
+}
+
+// config is the dev stack's configuration: its flags, each with its
+// environment variable (if it has one) as its default.
+type config struct {
+	addr, opsAddr      string
+	servers, databases int
+	local              bool
+	token              string
+	dbURL, moreDBs     string
+	etcd               string
+}
+
+// parseConfig reads the flags. An empty admin token becomes a random one.
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	env := startup.NewEnvDefaults(getenv)
+	fs := flag.NewFlagSet("shardstock-dev", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.addr, "addr", env.String("SHARDSTOCK_ADDR", "127.0.0.1:8080"), "allocator listen address (env SHARDSTOCK_ADDR)")
+	fs.IntVar(&c.servers, "shard-servers", 3, "shard servers to start, each a process of its own")
+	fs.StringVar(&c.opsAddr, "operator-addr", env.String("SHARDSTOCK_OPERATOR_ADDR", ""), "the allocator's operator listener (/metrics, /debug/pprof/); empty: a free port on 127.0.0.1, printed (env SHARDSTOCK_OPERATOR_ADDR)")
+	fs.IntVar(&c.databases, "databases", 1, "Postgres databases to place SKUs on: main (-database-url, or a throwaway cluster) and db2..dbN, each a throwaway cluster of its own (unless -more-databases names them)")
+	fs.BoolVar(&c.local, "allocator-shard", false, "also run a shard server (id "+localShardID+") inside the allocator's process, called without RPC; with -shard-servers 0 it owns every partition")
+	fs.StringVar(&c.token, "admin-token", env.String("SHARDSTOCK_ADMIN_TOKEN", ""), "bearer token of the admin API; empty: a random one, printed (env SHARDSTOCK_ADMIN_TOKEN)")
+	fs.StringVar(&c.dbURL, "database-url", env.String("DATABASE_URL", ""), "Postgres URL of the database named main; empty: a throwaway cluster from the local PostgreSQL binaries (env DATABASE_URL)")
+	fs.StringVar(&c.moreDBs, "more-databases", env.String("SHARDSTOCK_DATABASES", ""), "the databases besides main, as the allocator's -databases: comma-separated name=URL pairs; empty: -databases decides (env SHARDSTOCK_DATABASES)")
+	fs.StringVar(&c.etcd, "etcd-endpoints", env.String("ETCD_ENDPOINTS", ""), "comma-separated etcd endpoints; empty: an embedded etcd (env ETCD_ENDPOINTS)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := env.Err(); err != nil {
+		return nil, err
+	}
+	if c.servers < 0 || (c.servers == 0 && !c.local) {
+		return nil, errors.New("-shard-servers: at least 1, or 0 with -allocator-shard")
+	}
+	if c.databases < 1 || c.databases > 8 {
+		return nil, errors.New("-databases: 1 to 8")
+	}
+	if c.token == "" {
+		c.token = randomToken()
+	}
+	return c, nil
+}
+
+// members is how many shard servers the stack has, the allocator's own
+// included.
+func (c *config) members() int {
+	if c.local {
+		return c.servers + 1
+	}
+	return c.servers
+}
+
+// adapters are the Postgres clusters and the etcd the dev stack started
+// because it was given none.
+type adapters struct {
+	clusters []*pgcluster.Cluster
+	etcd     *etcdembed.Server
+}
+
+// start starts a throwaway cluster for main without -database-url, one for
+// each of db2..dbN without -more-databases, and an embedded etcd without
+// -etcd-endpoints; it fills cfg in with their addresses.
+func (a *adapters) start(ctx context.Context, cfg *config, stderr io.Writer) error {
+	if cfg.dbURL == "" {
+		fmt.Fprintln(stderr, "dev: DATABASE_URL is not set: starting a throwaway Postgres cluster")
+		c, err := pgcluster.Start(ctx, "")
+		if err != nil {
+			return fmt.Errorf("no Postgres: set DATABASE_URL, or install the PostgreSQL server (Debian: apt-get install postgresql): %w", err)
+		}
+		a.clusters = append(a.clusters, c)
+		cfg.dbURL = c.URL()
+	}
+	if cfg.moreDBs == "" && cfg.databases > 1 {
+		var pairs []string
+		for i := 2; i <= cfg.databases; i++ {
+			fmt.Fprintf(stderr, "dev: starting a throwaway Postgres cluster for database db%d\n", i)
+			c, err := pgcluster.Start(ctx, "")
+			if err != nil {
+				return fmt.Errorf("database db%d: %w", i, err)
+			}
+			a.clusters = append(a.clusters, c)
+			pairs = append(pairs, fmt.Sprintf("db%d=%s", i, c.URL()))
+		}
+		cfg.moreDBs = strings.Join(pairs, ",")
+	}
+	dbs, err := startup.Databases(cfg.dbURL, cfg.moreDBs)
+	if err != nil {
+		return err
+	}
+	if cfg.etcd != "" {
+		return nil
+	}
+	if a.etcd, err = etcdembed.Start(ctx, ""); err != nil {
+		return fmt.Errorf("embedded etcd: %w", err)
+	}
+	cfg.etcd = strings.Join(a.etcd.Endpoints(), ",")
+	// A new etcd counts revisions, and so epochs, from 1 again.
+	for name, url := range dbs {
+		if err := resetFences(ctx, url); err != nil {
+			return fmt.Errorf("database %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// stop stops what start started, in reverse.
+func (a *adapters) stop() {
+	if a.etcd != nil {
+		a.etcd.Close()
+	}
+	for _, c := range slices.Backward(a.clusters) {
+		c.Stop()
+	}
+}
+
+// startStack starts the shard servers and the allocator as children: this
+// binary, re-executed with a role, the settings in their environment. The
+// allocator's operator listener gets a free port unless -operator-addr
+// names one.
+func startStack(kids *children, cfg *config, stderr io.Writer) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	env := append(shareCores(childEnv(os.Environ()), cfg.servers+1, runtime.NumCPU()),
+		"DATABASE_URL="+cfg.dbURL, "SHARDSTOCK_DATABASES="+cfg.moreDBs, "ETCD_ENDPOINTS="+cfg.etcd, "SHARDSTOCK_ADMIN_TOKEN="+cfg.token)
+	for i := 1; i <= cfg.servers; i++ {
+		id := fmt.Sprintf("shard-%d", i)
+		if err := kids.start(self, env, stderr, id, "shard", "-id", id, "-addr", "127.0.0.1:0", "-db-max-conns", devShardConns); err != nil {
+			return err
+		}
+	}
+	if cfg.opsAddr == "" {
+		if cfg.opsAddr, err = freeport.Addr(); err != nil {
+			return err
+		}
+	}
+	conns, own := devAllocatorConns, []string(nil)
+	if cfg.local {
+		conns, own = devShardConns, []string{"-shard-id", localShardID}
+	}
+	allocArgs := append([]string{"allocator", "-addr", cfg.addr, "-db-max-conns", conns, "-operator-addr", cfg.opsAddr}, own...)
+	return kids.start(self, env, stderr, "allocator", allocArgs...)
+}
+
+// printBanner says where the stack is and how to use it.
+func printBanner(stdout io.Writer, base string, cfg *config) {
 	fmt.Fprintf(stdout, `shardstock is running at %[1]s (dashboard: %[1]s/; metrics: http://%[4]s/metrics)
 admin token: %[2]s
 try:
   curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s","quantity":1,"idempotencyKey":"order-1"}' %[1]s/shardstock.v1.InventoryService/Deduct
   curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s"}' %[1]s/shardstock.v1.InventoryService/GetStock
 Ctrl-C stops everything.
-`, base, token, demoSKU, *opsAddr)
+`, base, cfg.token, demoSKU, cfg.opsAddr)
+}
 
+// serve waits until ctx ends or a child exits. A terminal's Ctrl-C
+// reaches the children too, and one may exit before this process has seen
+// its own SIGINT: a child's exit is a failure only if no signal follows it
+// within signalGrace.
+func serve(ctx context.Context, kids *children, stderr io.Writer) error {
 	select {
 	case <-ctx.Done():
 	case name := <-kids.exited:
-		// A terminal's Ctrl-C reaches the children too, and one may exit
-		// before this process has seen its own SIGINT.
 		select {
 		case <-ctx.Done():
 		case <-time.After(signalGrace):

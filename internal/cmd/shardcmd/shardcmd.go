@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 
@@ -22,71 +23,44 @@ import (
 // Run runs the command until ctx ends; args are the command-line arguments
 // without the program name.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	host, _ := os.Hostname()
-	fs := flag.NewFlagSet("shard", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("addr", startup.Env(getenv, "SHARDSTOCK_SHARD_ADDR", "127.0.0.1:7001"), "listen address (env SHARDSTOCK_SHARD_ADDR)")
-	advertise := fs.String("advertise", getenv("SHARDSTOCK_ADVERTISE"), "address allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
-	id := fs.String("id", startup.Env(getenv, "SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
-	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the database named main (env DATABASE_URL)")
-	moreDBs := fs.String("databases", getenv("SHARDSTOCK_DATABASES"), startup.DatabasesUsage)
-	migrateURL := fs.String("migrate-url", getenv("SHARDSTOCK_MIGRATE_URL"), startup.MigrateUsage)
-	migrateDBs := fs.String("migrate-databases", getenv("SHARDSTOCK_MIGRATE_DATABASES"), startup.MigrateDatabasesUsage)
-	etcd := fs.String("etcd-endpoints", getenv("ETCD_ENDPOINTS"), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
-	etcdCA := fs.String("etcd-ca", getenv("ETCD_CACERT"), startup.EtcdTLSUsage)
-	etcdCert := fs.String("etcd-cert", getenv("ETCD_CERT"), "see -etcd-ca")
-	etcdKey := fs.String("etcd-key", getenv("ETCD_KEY"), "see -etcd-ca")
-	leaseTTL := fs.Duration("lease-ttl", shardnode.LeaseTTLDefault, "etcd lease TTL: a dead server's partitions move after about this long (env SHARDSTOCK_LEASE_TTL)")
-	maxConns := fs.Int("db-max-conns", 32, "Postgres connections at most (env SHARDSTOCK_DB_MAX_CONNS)")
-	format := fs.String("log-format", "text", startup.LogFormatUsage)
-	pprofOn := fs.Bool("pprof", getenv("SHARDSTOCK_PPROF") == "1", "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
-	level := fs.String("log-level", startup.Env(getenv, "SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error")
-	tlsCert := fs.String("tls-cert", getenv("SHARDSTOCK_TLS_CERT"), startup.TLSUsage)
-	tlsKey := fs.String("tls-key", getenv("SHARDSTOCK_TLS_KEY"), "see -tls-cert")
-	clientCA := fs.String("tls-client-ca", getenv("SHARDSTOCK_TLS_CLIENT_CA"), "with -tls-cert: the CA whose certificates allocators must present to call the ShardService (mTLS); /healthz, /readyz, /metrics and /drain need none (env SHARDSTOCK_TLS_CLIENT_CA)")
-	groupDelay := fs.Duration("group-delay", 0, shardnode.GroupDelayUsage)
-	requireSync := fs.Bool("require-sync-standby", getenv("SHARDSTOCK_REQUIRE_SYNC_STANDBY") == "1", shardnode.RequireSyncStandbyUsage)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := startup.FlagsFromEnv(fs, getenv, map[string]string{"lease-ttl": "SHARDSTOCK_LEASE_TTL",
-		"db-max-conns": "SHARDSTOCK_DB_MAX_CONNS", "log-format": "SHARDSTOCK_LOG_FORMAT", "group-delay": "SHARDSTOCK_GROUP_DELAY"}); err != nil {
-		return err
-	}
-	if err := shardnode.CheckGroupDelay(*groupDelay); err != nil {
-		return err
-	}
-	log, err := startup.Logger(stderr, *level, *format)
+	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
 		return err
 	}
-	tlsCfg, err := startup.TLSConfig(*tlsCert, *tlsKey, *clientCA)
+	if err := shardnode.CheckGroupDelay(cfg.groupDelay); err != nil {
+		return err
+	}
+	log, err := startup.Logger(stderr, cfg.level, cfg.format)
 	if err != nil {
 		return err
 	}
-	dbs, err := startup.Databases(*dbURL, *moreDBs)
+	tlsCfg, err := startup.TLSConfig(cfg.tlsCert, cfg.tlsKey, cfg.clientCA)
 	if err != nil {
 		return err
 	}
-	if *id == "" {
+	dbs, err := startup.Databases(cfg.dbURL, cfg.moreDBs)
+	if err != nil {
+		return err
+	}
+	if cfg.id == "" {
 		return errors.New("no server id: set -id or SHARDSTOCK_SERVER_ID")
 	}
 
-	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(*maxConns), ApplicationName: "shardstock-shard-" + *id}, dbs, *migrateURL, *migrateDBs)
+	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(cfg.maxConns), ApplicationName: "shardstock-shard-" + cfg.id}, dbs, cfg.migrateURL, cfg.migrateDBs)
 	if err != nil {
 		return err
 	}
-	proc, err := startup.Open(ctx, dbs, dbOpts, startup.EtcdConfig{Endpoints: *etcd, CA: *etcdCA, Cert: *etcdCert, Key: *etcdKey}, *addr, log)
+	proc, err := startup.Open(ctx, dbs, dbOpts, cfg.etcd, cfg.addr, log)
 	if err != nil {
 		return err
 	}
 	defer proc.Close()
 	client, lis, reg := proc.Etcd, proc.Listener, proc.Registry
-	if err := shardnode.CheckDurabilityAll(ctx, proc.DBs, *requireSync, log); err != nil {
+	if err := shardnode.CheckDurabilityAll(ctx, proc.DBs, cfg.requireSync, log); err != nil {
 		return err
 	}
-	if *advertise == "" {
-		*advertise = lis.Addr().String()
+	if cfg.advertise == "" {
+		cfg.advertise = lis.Addr().String()
 	}
 
 	// Shut down in reverse: stop serving, leave the topology (others take
@@ -95,19 +69,66 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer cancel()
 	// The node joins the topology only once etcd is past the databases'
 	// fences (restored or rebuilt, it may be behind them).
-	node := shardnode.New(shardnode.Config{ID: *id, Advertise: *advertise, DBs: proc.DBs, Etcd: client, LeaseTTL: *leaseTTL, Logger: log, Registry: reg,
-		GroupDelay: *groupDelay, EtcdCheck: startup.CheckEtcd(ctx, proc.DBs, client, log)})
+	node := shardnode.New(shardnode.Config{ID: cfg.id, Advertise: cfg.advertise, DBs: proc.DBs, Etcd: client, LeaseTTL: cfg.leaseTTL, Logger: log, Registry: reg,
+		GroupDelay: cfg.groupDelay, EtcdCheck: startup.CheckEtcd(ctx, proc.DBs, client, log)})
 	nodeDone := make(chan error, 1)
 	go func() { nodeDone <- node.Run(ctx) }()
-	fmt.Fprintf(stdout, "shard %s listening on %s\n", *id, lis.Addr())
-	log.Info("shard server started", "id", *id, "addr", lis.Addr().String(), "advertise", *advertise)
-	var h http.Handler = node.Handler(reg, *pprofOn, transport.NewMetrics(reg))
-	if *clientCA != "" {
+	fmt.Fprintf(stdout, "shard %s listening on %s\n", cfg.id, lis.Addr())
+	log.Info("shard server started", "id", cfg.id, "addr", lis.Addr().String(), "advertise", cfg.advertise)
+	var h http.Handler = node.Handler(reg, cfg.pprof, transport.NewMetrics(reg))
+	if cfg.clientCA != "" {
 		h = transport.RequireClientCert(h, "/"+shardstockv1connect.ShardServiceName+"/")
 	}
 	serveErr := transport.ServeTLS(ctx, lis, h, tlsCfg)
 	cancel()
 	merr := <-nodeDone
-	log.Info("shard server stopped", "id", *id)
+	log.Info("shard server stopped", "id", cfg.id)
 	return errors.Join(serveErr, merr)
+}
+
+// config is the command's configuration: its flags, each with its
+// environment variable as its default.
+type config struct {
+	addr, advertise, id                    string
+	dbURL, moreDBs, migrateURL, migrateDBs string
+	etcd                                   startup.EtcdConfig
+	leaseTTL, groupDelay                   time.Duration
+	maxConns                               int
+	format, level                          string
+	pprof, requireSync                     bool
+	tlsCert, tlsKey, clientCA              string
+}
+
+// parseConfig reads the flags.
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	host, _ := os.Hostname()
+	env := startup.NewEnvDefaults(getenv)
+	fs := flag.NewFlagSet("shard", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.addr, "addr", env.String("SHARDSTOCK_SHARD_ADDR", "127.0.0.1:7001"), "listen address (env SHARDSTOCK_SHARD_ADDR)")
+	fs.StringVar(&c.advertise, "advertise", env.String("SHARDSTOCK_ADVERTISE", ""), "address allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
+	fs.StringVar(&c.id, "id", env.String("SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
+	fs.StringVar(&c.dbURL, "database-url", env.String("DATABASE_URL", ""), "Postgres URL of the database named main (env DATABASE_URL)")
+	fs.StringVar(&c.moreDBs, "databases", env.String("SHARDSTOCK_DATABASES", ""), startup.DatabasesUsage)
+	fs.StringVar(&c.migrateURL, "migrate-url", env.String("SHARDSTOCK_MIGRATE_URL", ""), startup.MigrateUsage)
+	fs.StringVar(&c.migrateDBs, "migrate-databases", env.String("SHARDSTOCK_MIGRATE_DATABASES", ""), startup.MigrateDatabasesUsage)
+	fs.StringVar(&c.etcd.Endpoints, "etcd-endpoints", env.String("ETCD_ENDPOINTS", ""), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
+	fs.StringVar(&c.etcd.CA, "etcd-ca", env.String("ETCD_CACERT", ""), startup.EtcdTLSUsage)
+	fs.StringVar(&c.etcd.Cert, "etcd-cert", env.String("ETCD_CERT", ""), "see -etcd-ca")
+	fs.StringVar(&c.etcd.Key, "etcd-key", env.String("ETCD_KEY", ""), "see -etcd-ca")
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", env.Duration("SHARDSTOCK_LEASE_TTL", shardnode.LeaseTTLDefault), "etcd lease TTL: a dead server's partitions move after about this long (env SHARDSTOCK_LEASE_TTL)")
+	fs.IntVar(&c.maxConns, "db-max-conns", env.Int("SHARDSTOCK_DB_MAX_CONNS", 32), "Postgres connections at most (env SHARDSTOCK_DB_MAX_CONNS)")
+	fs.StringVar(&c.format, "log-format", env.String("SHARDSTOCK_LOG_FORMAT", "text"), startup.LogFormatUsage)
+	fs.BoolVar(&c.pprof, "pprof", env.Bool("SHARDSTOCK_PPROF", false), "serve /debug/pprof/ (env SHARDSTOCK_PPROF=1)")
+	fs.StringVar(&c.level, "log-level", env.String("SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error (env SHARDSTOCK_LOG_LEVEL)")
+	fs.StringVar(&c.tlsCert, "tls-cert", env.String("SHARDSTOCK_TLS_CERT", ""), startup.TLSUsage)
+	fs.StringVar(&c.tlsKey, "tls-key", env.String("SHARDSTOCK_TLS_KEY", ""), "see -tls-cert")
+	fs.StringVar(&c.clientCA, "tls-client-ca", env.String("SHARDSTOCK_TLS_CLIENT_CA", ""), "with -tls-cert: the CA whose certificates allocators must present to call the ShardService (mTLS); /healthz, /readyz, /metrics and /drain need none (env SHARDSTOCK_TLS_CLIENT_CA)")
+	fs.DurationVar(&c.groupDelay, "group-delay", env.Duration("SHARDSTOCK_GROUP_DELAY", 0), shardnode.GroupDelayUsage)
+	fs.BoolVar(&c.requireSync, "require-sync-standby", env.Bool("SHARDSTOCK_REQUIRE_SYNC_STANDBY", false), shardnode.RequireSyncStandbyUsage)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return c, env.Err()
 }

@@ -109,9 +109,10 @@ func redact(s string) string {
 }
 
 // gcPercentDefault is the garbage collector's target when GOGC is not set.
-// A server's live heap is small (tens of MB) and every request allocates;
-// at Go's default of 100 the collector took 15% of an allocator's CPU under
-// load (docs/benchmarks.md). 400 trades some memory for most of that.
+// A server's live heap is small (tens of MB) and every request allocates,
+// so at Go's default of 100 the collector runs often and takes a large
+// share of an allocator's CPU under load (measured: docs/bench-log/2026-12-02.md,
+// "GOGC 400"). 400 trades some memory for most of that.
 const gcPercentDefault = 400
 
 // Open opens a Process; on error it closes what it opened. It also sets the

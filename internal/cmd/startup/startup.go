@@ -7,12 +7,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,23 +28,59 @@ func Env(getenv func(string) string, name, def string) string {
 	return def
 }
 
-// FlagsFromEnv sets each flag of fs named in env that the command line did
-// not set from the environment variable env names, if that is set: the
-// same parsing and checks as on the command line, so a bad value is an
-// error that names the variable. Call it after fs.Parse.
-func FlagsFromEnv(fs *flag.FlagSet, getenv func(string) string, env map[string]string) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for name, variable := range env {
-		v := getenv(variable)
-		if given[name] || v == "" {
-			continue
-		}
-		if err := fs.Set(name, v); err != nil {
-			return fmt.Errorf("%s=%q (for -%s): %w", variable, v, name, err)
-		}
+// EnvDefaults gives flags their defaults from the environment, so that
+// each setting is read one way: a flag, its environment variable named
+// beside it where it is defined, the command line winning over both. A
+// value that does not parse is not dropped: Err reports it, naming the
+// variable, and the flag keeps its built-in default meanwhile.
+type EnvDefaults struct {
+	getenv func(string) string
+	errs   []error
+}
+
+// NewEnvDefaults reads the environment through getenv.
+func NewEnvDefaults(getenv func(string) string) *EnvDefaults {
+	return &EnvDefaults{getenv: getenv}
+}
+
+// String is variable's value, or def when it is empty.
+func (e *EnvDefaults) String(variable, def string) string { return Env(e.getenv, variable, def) }
+
+// Bool is variable's value as strconv.ParseBool reads it ("1", "0",
+// "true", ...), or def when it is empty.
+func (e *EnvDefaults) Bool(variable string, def bool) bool {
+	return envValue(e, variable, def, strconv.ParseBool)
+}
+
+// Int is variable's value, or def when it is empty.
+func (e *EnvDefaults) Int(variable string, def int) int {
+	return envValue(e, variable, def, strconv.Atoi)
+}
+
+// Float64 is variable's value, or def when it is empty.
+func (e *EnvDefaults) Float64(variable string, def float64) float64 {
+	return envValue(e, variable, def, func(v string) (float64, error) { return strconv.ParseFloat(v, 64) })
+}
+
+// Duration is variable's value, or def when it is empty.
+func (e *EnvDefaults) Duration(variable string, def time.Duration) time.Duration {
+	return envValue(e, variable, def, time.ParseDuration)
+}
+
+// Err reports every variable whose value did not parse.
+func (e *EnvDefaults) Err() error { return errors.Join(e.errs...) }
+
+func envValue[T any](e *EnvDefaults, variable string, def T, parse func(string) (T, error)) T {
+	v := e.getenv(variable)
+	if v == "" {
+		return def
 	}
-	return nil
+	x, err := parse(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q: %w", variable, v, err))
+		return def
+	}
+	return x
 }
 
 // LogFormatUsage documents -log-format.

@@ -12,38 +12,41 @@ import (
 	"github.com/shardstock/shardstock/internal/postgres"
 )
 
-func TestFlagsFromEnv(t *testing.T) {
-	env := map[string]string{"lease-ttl": "T_LEASE_TTL", "db-max-conns": "T_CONNS"}
+func TestEnvDefaults(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		args     []string
 		vars     map[string]string
 		wantTTL  time.Duration
 		wantConn int
+		wantOn   bool
 		wantErr  string
 	}{
-		{"Defaults", nil, nil, 5 * time.Second, 16, ""},
-		{"FromEnv", nil, map[string]string{"T_LEASE_TTL": "9s", "T_CONNS": "40"}, 9 * time.Second, 40, ""},
-		{"FlagWins", []string{"-db-max-conns", "8"}, map[string]string{"T_CONNS": "40"}, 5 * time.Second, 8, ""},
-		{"BadEnv", nil, map[string]string{"T_LEASE_TTL": "soon"}, 0, 0, `T_LEASE_TTL="soon" (for -lease-ttl)`},
+		{"Defaults", nil, nil, 5 * time.Second, 16, true, ""},
+		{"FromEnv", nil, map[string]string{"T_LEASE_TTL": "9s", "T_CONNS": "40", "T_ON": "0"}, 9 * time.Second, 40, false, ""},
+		{"FlagWins", []string{"-db-max-conns", "8", "-on"}, map[string]string{"T_CONNS": "40", "T_ON": "0"}, 5 * time.Second, 8, true, ""},
+		{"BadEnv", nil, map[string]string{"T_LEASE_TTL": "soon"}, 0, 0, false, `T_LEASE_TTL="soon"`},
+		{"BadBool", nil, map[string]string{"T_ON": "maybe"}, 0, 0, false, `T_ON="maybe"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			env := NewEnvDefaults(func(k string) string { return tc.vars[k] })
 			fs := flag.NewFlagSet("t", flag.ContinueOnError)
 			fs.SetOutput(io.Discard)
-			ttl := fs.Duration("lease-ttl", 5*time.Second, "")
-			conns := fs.Int("db-max-conns", 16, "")
+			ttl := fs.Duration("lease-ttl", env.Duration("T_LEASE_TTL", 5*time.Second), "")
+			conns := fs.Int("db-max-conns", env.Int("T_CONNS", 16), "")
+			on := fs.Bool("on", env.Bool("T_ON", true), "")
 			if err := fs.Parse(tc.args); err != nil {
 				t.Fatal(err)
 			}
-			err := FlagsFromEnv(fs, func(k string) string { return tc.vars[k] }, env)
+			err := env.Err()
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("FlagsFromEnv = %v, want an error naming %s", err, tc.wantErr)
+					t.Fatalf("Err() = %v, want an error naming %s", err, tc.wantErr)
 				}
 				return
 			}
-			if err != nil || *ttl != tc.wantTTL || *conns != tc.wantConn {
-				t.Errorf("FlagsFromEnv = %v; lease-ttl %s, db-max-conns %d; want %s, %d", err, *ttl, *conns, tc.wantTTL, tc.wantConn)
+			if err != nil || *ttl != tc.wantTTL || *conns != tc.wantConn || *on != tc.wantOn {
+				t.Errorf("Err() = %v; lease-ttl %s, db-max-conns %d, on %v; want %s, %d, %v", err, *ttl, *conns, *on, tc.wantTTL, tc.wantConn, tc.wantOn)
 			}
 		})
 	}

@@ -1,11 +1,10 @@
-package allocator
+package rebalance
 
 import (
 	"context"
 	"sync"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -38,33 +37,33 @@ func (h *moveHold) gone() bool {
 	}
 }
 
-// holdSKU takes sku's move lease (waiting for it while another holder has
+// hold takes sku's move lease (waiting for it while another holder has
 // it when wait is set; else REBALANCE_IN_PROGRESS) and raises the SKU's
 // move fence to its token, so that no older holder's transfer starts from
 // then on. Without move leases (an allocator built without etcd, in tests)
 // the token is 0, which only a SKU never moved under a lease accepts.
-func (a *Allocator) holdSKU(ctx context.Context, sku string, wait bool) (*moveHold, error) {
-	if a.moves == nil {
+func (r *Rebalancer) hold(ctx context.Context, sku string, wait bool) (*moveHold, error) {
+	if r.moves == nil {
 		return &moveHold{sku: sku, lost: make(chan struct{}), release: func() {}}, nil
 	}
 	var l *topology.MoveLease
 	var err error
 	if wait {
-		l, err = a.moves.Acquire(ctx, sku)
+		l, err = r.moves.Acquire(ctx, sku)
 	} else {
-		l, err = a.moves.TryAcquire(ctx, sku)
+		l, err = r.moves.TryAcquire(ctx, sku)
 	}
 	if err != nil {
 		return nil, err
 	}
-	a.metrics.leasesHeld.Inc()
+	r.metrics.leasesHeld.Inc()
 	release := func() {
-		a.metrics.leasesHeld.Dec()
+		r.metrics.leasesHeld.Dec()
 		if err := l.Release(context.Background()); err != nil {
-			a.log.Warn("could not release a move lease; it ends with the process's etcd lease", "sku", sku, "err", err)
+			r.log.Warn("could not release a move lease; it ends with the process's etcd lease", "sku", sku, "err", err)
 		}
 	}
-	if err := a.db.RaiseMoveFence(ctx, sku, l.Token, l.Holder); err != nil {
+	if err := r.db.RaiseMoveFence(ctx, sku, l.Token, l.Holder); err != nil {
 		release()
 		return nil, err
 	}
@@ -73,7 +72,7 @@ func (a *Allocator) holdSKU(ctx context.Context, sku string, wait bool) (*moveHo
 
 // runMoves carries out moves under h, at most movesInFlightMax at once, and
 // returns each transfer as it ended.
-func (a *Allocator) runMoves(ctx context.Context, h *moveHold, moves []rebalance.Move, policy rebalance.Policy, source string) []*stock.Transfer {
+func (r *Rebalancer) runMoves(ctx context.Context, h *moveHold, moves []Move, policy Policy, source string) []*stock.Transfer {
 	out := make([]*stock.Transfer, len(moves))
 	sem := make(chan struct{}, movesInFlightMax)
 	var wg sync.WaitGroup
@@ -83,11 +82,11 @@ func (a *Allocator) runMoves(ctx context.Context, h *moveHold, moves []rebalance
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			out[i], _ = a.transfer(ctx, h, m, policy, source)
+			out[i], _ = r.transfer(ctx, h, m, policy, source)
 		}()
 	}
 	wg.Wait()
-	a.metrics.plans.WithLabelValues(string(policy)).Inc()
+	r.metrics.plans.WithLabelValues(string(policy)).Inc()
 	return out
 }
 
@@ -96,41 +95,41 @@ func (a *Allocator) runMoves(ctx context.Context, h *moveHold, moves []rebalance
 // through the destination's. A move cut off after the debit is completed by
 // the next mover or the shard servers' sweep; the units count as in transit
 // meanwhile. It returns the transfer as far as it got.
-func (a *Allocator) transfer(ctx context.Context, h *moveHold, m rebalance.Move, policy rebalance.Policy, source string) (*stock.Transfer, error) {
+func (r *Rebalancer) transfer(ctx context.Context, h *moveHold, m Move, policy Policy, source string) (*stock.Transfer, error) {
 	t := &stock.Transfer{ID: stock.NewTransferID(), SKU: h.sku, From: m.From, To: m.To, Quantity: m.Quantity,
 		FenceToken: h.token, Reason: string(policy)}
 	if h.gone() {
-		a.metrics.transfersEnded.WithLabelValues("lease_lost").Inc()
+		r.metrics.transfersEnded.WithLabelValues("lease_lost").Inc()
 		return t, stock.Errorf(stock.CodeMoveFenced, "the move lease of %s was lost", h.sku)
 	}
 	failpoint("before-create")
-	if err := a.db.CreateTransfer(ctx, t); err != nil {
-		a.metrics.transfersEnded.WithLabelValues(reasonOf(err)).Inc()
+	if err := r.db.CreateTransfer(ctx, t); err != nil {
+		r.metrics.transfersEnded.WithLabelValues(reasonOf(err)).Inc()
 		return t, err
 	}
 	t.State = stock.TransferPending
-	a.metrics.transfersStarted.WithLabelValues(string(policy)).Inc()
+	r.metrics.transfersStarted.WithLabelValues(string(policy)).Inc()
 	failpoint("created")
-	out := a.exec(ctx, &stock.Request{Kind: stock.OpTransferOut, Shard: stock.ShardKey{SKU: h.sku, Index: m.From}, TransferID: t.ID, Source: source})
+	out := r.exec(ctx, &stock.Request{Kind: stock.OpTransferOut, Shard: stock.ShardKey{SKU: h.sku, Index: m.From}, TransferID: t.ID, Source: source})
 	if out.Err != nil {
 		if out.Err.Code == stock.CodeOutOfStock || out.Err.Code == stock.CodeMoveFenced {
 			t.State = stock.TransferAborted
 		}
-		a.metrics.transfersEnded.WithLabelValues(string(out.Err.Code)).Inc()
+		r.metrics.transfersEnded.WithLabelValues(string(out.Err.Code)).Inc()
 		return t, out.Err
 	}
 	t.State = stock.TransferDebited
-	a.metrics.inTransit.Add(float64(m.Quantity))
+	r.metrics.inTransit.Add(float64(m.Quantity))
 	failpoint("debited")
-	in := a.exec(ctx, &stock.Request{Kind: stock.OpTransferIn, Shard: stock.ShardKey{SKU: h.sku, Index: m.To}, TransferID: t.ID, Source: source})
-	a.metrics.inTransit.Sub(float64(m.Quantity))
+	in := r.exec(ctx, &stock.Request{Kind: stock.OpTransferIn, Shard: stock.ShardKey{SKU: h.sku, Index: m.To}, TransferID: t.ID, Source: source})
+	r.metrics.inTransit.Sub(float64(m.Quantity))
 	if in.Err != nil {
-		a.metrics.transfersEnded.WithLabelValues(string(in.Err.Code)).Inc()
+		r.metrics.transfersEnded.WithLabelValues(string(in.Err.Code)).Inc()
 		return t, in.Err
 	}
 	t.State = stock.TransferCredited
-	a.metrics.transfersEnded.WithLabelValues("credited").Inc()
-	a.metrics.unitsMoved.Add(float64(m.Quantity))
+	r.metrics.transfersEnded.WithLabelValues("credited").Inc()
+	r.metrics.unitsMoved.Add(float64(m.Quantity))
 	failpoint("credited")
 	return t, nil
 }

@@ -1,13 +1,16 @@
-package allocator
+package rebalance
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/rebalance"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
 )
 
 // Bounds and defaults of the rebalancer.
@@ -58,16 +61,16 @@ var DefaultAutoShards = AutoShards{
 	MergeAfter:        10 * time.Minute,
 }
 
-// RebalanceConfig configures an allocator's rebalancer.
-type RebalanceConfig struct {
+// Config configures a rebalancer: the settings an operator chooses.
+type Config struct {
 	// Off turns the background refill and tail plans off for every SKU.
 	// Retired shards are still drained; SetShards, Rebalance and the
 	// per-request consolidation still move stock.
 	Off bool
 	// Interval is the time between rounds; 0 means rebalanceInterval.
 	Interval time.Duration
-	// Thresholds of the policies; zero means rebalance.DefaultThresholds.
-	Thresholds rebalance.Thresholds
+	// Thresholds of the policies; zero means DefaultThresholds.
+	Thresholds Thresholds
 	// Auto configures the automatic split and merge; zero means
 	// DefaultAutoShards (with its Off as given).
 	Auto AutoShards
@@ -77,15 +80,15 @@ type RebalanceConfig struct {
 	RetireGrace time.Duration
 }
 
-func (c *RebalanceConfig) fill() {
+func (c *Config) fill() {
 	if c.Interval == 0 {
 		c.Interval = rebalanceInterval
 	}
 	if c.RetireGrace == 0 {
 		c.RetireGrace = retireGrace
 	}
-	if c.Thresholds == (rebalance.Thresholds{}) {
-		c.Thresholds = rebalance.DefaultThresholds
+	if c.Thresholds == (Thresholds{}) {
+		c.Thresholds = DefaultThresholds
 	}
 	if c.Auto.SplitRatePerShard == 0 {
 		off := c.Auto.Off
@@ -94,14 +97,48 @@ func (c *RebalanceConfig) fill() {
 	}
 }
 
-// rebalancer is the allocator's background mover: every round it plans
-// the SKUs with the most demand here and those with shards being retired.
-type rebalancer struct {
-	a   *Allocator
-	cfg RebalanceConfig
+// Host is what the process the rebalancer runs in (an allocator) hands it:
+// its storage, its way to a shard, its SKU cache and its leases. The
+// rebalancer reaches nothing else of it.
+type Host struct {
+	Store Store
+	// Exec sends one request (a transfer's debit or credit) to its
+	// shard's owner and returns the answer.
+	Exec func(ctx context.Context, r *stock.Request) stock.Result
+	// SKU reads a SKU's configuration as the host caches it; Forget drops
+	// the cached copy once the rebalancer changed the SKU's layout.
+	SKU    func(ctx context.Context, name string) (*stock.SKU, error)
+	Forget func(name string)
+	// Moves hands out the SKUs' move leases (etcd); nil moves stock under
+	// token 0 (tests without etcd).
+	Moves      *topology.MoveLeases
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Rebalancer decides and runs the moves of stock between a SKU's shards:
+// every round it plans the SKUs with the most demand here and those with
+// shards being retired, splits and merges SKUs by demand, and it carries
+// out SetShards, Rebalance and the per-request consolidations.
+type Rebalancer struct {
+	db      Store
+	exec    func(ctx context.Context, r *stock.Request) stock.Result
+	sku     func(ctx context.Context, name string) (*stock.SKU, error)
+	forget  func(name string)
+	moves   *topology.MoveLeases
+	log     *slog.Logger
+	metrics *metrics
+	cfg     Config
+
+	demand demandBook
 
 	mu    sync.Mutex
 	split map[string]*autoSplit // SKUs this allocator split, by name
+
+	ctx      context.Context // ends with Close: the rounds' and settles'
+	cancel   context.CancelFunc
+	settling sync.WaitGroup // SetShards's background plans
+	done     chan struct{}  // closed when the rounds have returned
 }
 
 // autoSplit is what the automatic split remembers of a SKU it split.
@@ -110,8 +147,36 @@ type autoSplit struct {
 	lastHot time.Time // last round with demand
 }
 
+// New returns a Rebalancer and starts its rounds; Close stops them.
+func New(h Host, cfg Config) *Rebalancer {
+	cfg.fill()
+	log := h.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Rebalancer{db: h.Store, exec: h.Exec, sku: h.SKU, forget: h.Forget, moves: h.Moves, log: log,
+		metrics: newMetrics(h.Registerer), cfg: cfg, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	go r.run(ctx)
+	return r
+}
+
+// Close stops the rounds and waits for them and for SetShards's
+// background plans. Call it once.
+func (r *Rebalancer) Close() {
+	r.cancel()
+	<-r.done
+	r.settling.Wait()
+}
+
+// AddDemand counts q units asked of shard first (the key's first choice)
+// of sku: the demand the refill policy and the automatic split follow.
+// It is on every request's path: a read lock and an atomic add.
+func (r *Rebalancer) AddDemand(sku string, first int32, q int64) { r.demand.add(sku, first, q) }
+
 // run does rounds until ctx ends.
-func (r *rebalancer) run(ctx context.Context) {
+func (r *Rebalancer) run(ctx context.Context) {
+	defer close(r.done)
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
@@ -126,12 +191,11 @@ func (r *rebalancer) run(ctx context.Context) {
 
 // round plans the hot SKUs and drains the retiring ones, at most
 // leasesHeldMax at once.
-func (r *rebalancer) round(ctx context.Context) {
-	a := r.a
-	hot := a.demand.round(leasesHeldMax)
+func (r *Rebalancer) round(ctx context.Context) {
+	hot := r.demand.round(leasesHeldMax)
 	var retiring []string
-	if names, err := a.db.RetiringSKUs(ctx, retiringSKUsMax); err != nil {
-		a.log.Warn("rebalancer: could not list the SKUs being retired", "err", err)
+	if names, err := r.db.RetiringSKUs(ctx, retiringSKUsMax); err != nil {
+		r.log.Warn("rebalancer: could not list the SKUs being retired", "err", err)
 	} else {
 		retiring = names
 	}
@@ -151,8 +215,8 @@ func (r *rebalancer) round(ctx context.Context) {
 			if r.auto(ctx, h) || r.cfg.Off {
 				return
 			}
-			if _, _, err := a.plan(ctx, h.sku, h.recent, false, false); err != nil && stock.CodeOf(err) != stock.CodeRebalanceInProgress {
-				a.log.Debug("rebalancer: plan failed", "sku", h.sku, "err", err)
+			if _, _, err := r.plan(ctx, h.sku, h.recent, false, false); err != nil && stock.CodeOf(err) != stock.CodeRebalanceInProgress {
+				r.log.Debug("rebalancer: plan failed", "sku", h.sku, "err", err)
 			}
 		})
 	}
@@ -165,31 +229,29 @@ func (r *rebalancer) round(ctx context.Context) {
 
 // retire drains a SKU's shards being retired and retires them once they
 // hold nothing.
-func (r *rebalancer) retire(ctx context.Context, name string) {
-	a := r.a
-	if _, _, err := a.plan(ctx, name, a.demand.recentOf(name), true, false); err != nil && stock.CodeOf(err) != stock.CodeRebalanceInProgress {
-		a.log.Debug("rebalancer: drain failed", "sku", name, "err", err)
+func (r *Rebalancer) retire(ctx context.Context, name string) {
+	if _, _, err := r.plan(ctx, name, r.demand.recentOf(name), true, false); err != nil && stock.CodeOf(err) != stock.CodeRebalanceInProgress {
+		r.log.Debug("rebalancer: drain failed", "sku", name, "err", err)
 	}
-	done, err := a.db.FinishRetirement(ctx, name, r.cfg.RetireGrace)
+	done, err := r.db.FinishRetirement(ctx, name, r.cfg.RetireGrace)
 	switch {
 	case err != nil:
-		a.log.Warn("rebalancer: could not retire shards", "sku", name, "err", err)
+		r.log.Warn("rebalancer: could not retire shards", "sku", name, "err", err)
 	case done:
-		a.forgetSKU(name)
-		a.metrics.retirements.Inc()
-		a.log.Info("rebalancer: shards retired", "sku", name)
+		r.forget(name)
+		r.metrics.retirements.Inc()
+		r.log.Info("rebalancer: shards retired", "sku", name)
 	}
 }
 
 // auto splits a SKU whose demand per shard has stayed above the split rate;
 // it reports whether it did.
-func (r *rebalancer) auto(ctx context.Context, h skuRound) bool {
+func (r *Rebalancer) auto(ctx context.Context, h skuRound) bool {
 	c := r.cfg.Auto
 	if c.Off {
 		return false
 	}
-	a := r.a
-	sku, err := a.sku(ctx, h.sku)
+	sku, err := r.sku(ctx, h.sku)
 	if err != nil || !sku.AutoShards || sku.Shards >= c.ShardsMax || sku.ShardSpan > sku.Shards {
 		return false
 	}
@@ -209,8 +271,8 @@ func (r *rebalancer) auto(ctx context.Context, h skuRound) bool {
 		return false
 	}
 	to := min(sku.Shards*2, c.ShardsMax)
-	if _, err := a.SetShards(ctx, h.sku, to); err != nil {
-		a.log.Warn("rebalancer: automatic split failed", "sku", h.sku, "to", to, "err", err)
+	if err := r.SetShards(ctx, h.sku, to); err != nil {
+		r.log.Warn("rebalancer: automatic split failed", "sku", h.sku, "to", to, "err", err)
 		return false
 	}
 	r.mu.Lock()
@@ -222,18 +284,17 @@ func (r *rebalancer) auto(ctx context.Context, h skuRound) bool {
 	}
 	r.split[h.sku].lastHot = time.Now()
 	r.mu.Unlock()
-	a.metrics.reshards.WithLabelValues("split", "auto").Inc()
-	a.log.Info("rebalancer: automatic split", "sku", h.sku, "from", sku.Shards, "to", to, "units_per_shard_per_s", int64(perShard))
+	r.metrics.reshards.WithLabelValues("split", "auto").Inc()
+	r.log.Info("rebalancer: automatic split", "sku", h.sku, "from", sku.Shards, "to", to, "units_per_shard_per_s", int64(perShard))
 	return true
 }
 
 // merge halves, toward the shards it had, each SKU this allocator split
 // that has had no demand here for MergeAfter.
-func (r *rebalancer) merge(ctx context.Context, hot []skuRound) {
+func (r *Rebalancer) merge(ctx context.Context, hot []skuRound) {
 	if r.cfg.Auto.Off {
 		return
 	}
-	a := r.a
 	now := time.Now()
 	r.mu.Lock()
 	for _, h := range hot {
@@ -249,7 +310,7 @@ func (r *rebalancer) merge(ctx context.Context, hot []skuRound) {
 	}
 	r.mu.Unlock()
 	for _, name := range due {
-		sku, err := a.sku(ctx, name)
+		sku, err := r.sku(ctx, name)
 		if err != nil {
 			continue
 		}
@@ -270,12 +331,12 @@ func (r *rebalancer) merge(ctx context.Context, hot []skuRound) {
 		if to >= sku.Shards {
 			continue
 		}
-		if _, err := a.SetShards(ctx, name, to); err != nil {
-			a.log.Warn("rebalancer: automatic merge failed", "sku", name, "to", to, "err", err)
+		if err := r.SetShards(ctx, name, to); err != nil {
+			r.log.Warn("rebalancer: automatic merge failed", "sku", name, "to", to, "err", err)
 			continue
 		}
-		a.metrics.reshards.WithLabelValues("merge", "auto").Inc()
-		a.log.Info("rebalancer: automatic merge", "sku", name, "from", sku.Shards, "to", to)
+		r.metrics.reshards.WithLabelValues("merge", "auto").Inc()
+		r.log.Info("rebalancer: automatic merge", "sku", name, "from", sku.Shards, "to", to)
 	}
 }
 
@@ -285,8 +346,8 @@ func (r *rebalancer) merge(ctx context.Context, hot []skuRound) {
 // there is something to move. force skips the refill's trigger; dryRun
 // returns the moves (state planned) and moves nothing. A SKU another
 // holder moves is REBALANCE_IN_PROGRESS.
-func (a *Allocator) plan(ctx context.Context, sku string, recent []int64, force, dryRun bool) (rebalance.Policy, []*stock.Transfer, error) {
-	policy, moves, err := a.decide(ctx, sku, recent, force)
+func (r *Rebalancer) plan(ctx context.Context, sku string, recent []int64, force, dryRun bool) (Policy, []*stock.Transfer, error) {
+	policy, moves, err := r.decide(ctx, sku, recent, force)
 	if err != nil || len(moves) == 0 {
 		return policy, nil, err
 	}
@@ -299,38 +360,38 @@ func (a *Allocator) plan(ctx context.Context, sku string, recent []int64, force,
 	}
 	ctx, cancel := context.WithTimeout(ctx, planTimeout)
 	defer cancel()
-	h, err := a.holdSKU(ctx, sku, false)
+	h, err := r.hold(ctx, sku, false)
 	if err != nil {
 		return policy, nil, err
 	}
 	defer h.release()
 	// Decide again under the lease: the last holder may have moved it.
-	if policy, moves, err = a.decide(ctx, sku, recent, force); err != nil || len(moves) == 0 {
+	if policy, moves, err = r.decide(ctx, sku, recent, force); err != nil || len(moves) == 0 {
 		return policy, nil, err
 	}
-	return policy, a.runMoves(ctx, h, moves, policy, stock.SourceRebalancer), nil
+	return policy, r.runMoves(ctx, h, moves, policy, stock.SourceRebalancer), nil
 }
 
 // decide reads a SKU's shards and returns what its policies ask for.
-func (a *Allocator) decide(ctx context.Context, sku string, recent []int64, force bool) (rebalance.Policy, []rebalance.Move, error) {
-	rows, err := a.db.Shards(ctx, sku)
+func (r *Rebalancer) decide(ctx context.Context, sku string, recent []int64, force bool) (Policy, []Move, error) {
+	rows, err := r.db.Shards(ctx, sku)
 	if err != nil {
 		return "", nil, err
 	}
-	shards := make([]rebalance.Shard, len(rows))
-	for i, r := range rows {
-		shards[i] = rebalance.Shard{Index: r.Index, Available: r.Available, Retiring: r.Retiring}
-		if int(r.Index) < len(recent) && !r.Retiring {
-			shards[i].Demand = recent[r.Index]
+	shards := make([]Shard, len(rows))
+	for i, row := range rows {
+		shards[i] = Shard{Index: row.Index, Available: row.Available, Retiring: row.Retiring}
+		if int(row.Index) < len(recent) && !row.Retiring {
+			shards[i].Demand = recent[row.Index]
 		}
-		if r.HaltReason != "" {
+		if row.HaltReason != "" {
 			// A halted shard takes no transfer: neither a source nor a
 			// destination (a credit it refused would strand the units in
 			// transit until it is resumed).
 			shards[i].Available, shards[i].Retiring, shards[i].Demand = 0, true, 0
 		}
 	}
-	policy, moves := rebalance.Decide(shards, a.rebalanceCfg.Thresholds, force)
+	policy, moves := Decide(shards, r.cfg.Thresholds, force)
 	return policy, moves, nil
 }
 
@@ -339,14 +400,14 @@ func (a *Allocator) decide(ctx context.Context, sku string, recent []int64, forc
 // (state planned) and moves nothing. It plans whatever the thresholds say
 // (the refill's trigger is skipped). Another allocator moving the SKU is
 // REBALANCE_IN_PROGRESS.
-func (a *Allocator) Rebalance(ctx context.Context, sku string, dryRun bool) ([]*stock.Transfer, error) {
+func (r *Rebalancer) Rebalance(ctx context.Context, sku string, dryRun bool) ([]*stock.Transfer, error) {
 	if err := stock.ValidateSKU(sku); err != nil {
 		return nil, err
 	}
-	if _, err := a.db.GetSKU(ctx, sku); err != nil {
+	if _, err := r.db.GetSKU(ctx, sku); err != nil {
 		return nil, err
 	}
-	_, ts, err := a.plan(ctx, sku, a.demand.recentOf(sku), true, dryRun)
+	_, ts, err := r.plan(ctx, sku, r.demand.recentOf(sku), true, dryRun)
 	return ts, err
 }
 
@@ -355,58 +416,50 @@ func (a *Allocator) Rebalance(ctx context.Context, sku string, dryRun bool) ([]*
 // writers read it in every batch: no new reserve or deduct starts on a
 // shard out of service once it commits); the moves that spread stock to new
 // shards, or drain the ones being retired, go on in the background.
-func (a *Allocator) SetShards(ctx context.Context, name string, shards int32) (*Stock, error) {
+func (r *Rebalancer) SetShards(ctx context.Context, name string, shards int32) error {
 	if err := stock.ValidateSKU(name); err != nil {
-		return nil, err
+		return err
 	}
 	if err := stock.ValidateShards(shards); err != nil {
-		return nil, err
+		return err
 	}
-	before, err := a.db.GetSKU(ctx, name)
+	before, err := r.db.GetSKU(ctx, name)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if _, err := a.db.SetShards(ctx, name, shards); err != nil {
-		return nil, err
+	if _, err := r.db.SetShards(ctx, name, shards); err != nil {
+		return err
 	}
-	a.forgetSKU(name)
+	r.forget(name)
 	switch {
 	case shards > before.Shards:
-		a.metrics.reshards.WithLabelValues("split", "set").Inc()
+		r.metrics.reshards.WithLabelValues("split", "set").Inc()
 	case shards < before.Shards:
-		a.metrics.reshards.WithLabelValues("merge", "set").Inc()
+		r.metrics.reshards.WithLabelValues("merge", "set").Inc()
 	}
-	a.log.Info("shards set", "sku", name, "from", before.Shards, "to", shards)
-	a.settling.Add(1)
-	go a.settle(name)
-	return a.GetStock(ctx, name)
+	r.log.Info("shards set", "sku", name, "from", before.Shards, "to", shards)
+	r.settling.Add(1)
+	go r.settle(name)
+	return nil
 }
 
 // settle runs plans for a SKU whose layout changed until it has nothing to
 // move (at most settleRoundsMax), waiting for its move lease.
-func (a *Allocator) settle(name string) {
-	defer a.settling.Done()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-a.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+func (r *Rebalancer) settle(name string) {
+	defer r.settling.Done()
+	ctx := r.ctx
 	for range settleRoundsMax {
 		wctx, wcancel := context.WithTimeout(ctx, settleWait)
-		h, err := a.holdSKU(wctx, name, true)
+		h, err := r.hold(wctx, name, true)
 		wcancel()
 		if err != nil {
-			a.log.Warn("could not spread the stock of a SKU whose shards changed; the rebalancer's rounds will", "sku", name, "err", err)
+			r.log.Warn("could not spread the stock of a SKU whose shards changed; the rebalancer's rounds will", "sku", name, "err", err)
 			return
 		}
-		policy, moves, err := a.decide(ctx, name, a.demand.recentOf(name), true)
+		policy, moves, err := r.decide(ctx, name, r.demand.recentOf(name), true)
 		if err == nil && len(moves) > 0 {
 			pctx, pcancel := context.WithTimeout(ctx, planTimeout)
-			a.runMoves(pctx, h, moves, policy, stock.SourceRebalancer)
+			r.runMoves(pctx, h, moves, policy, stock.SourceRebalancer)
 			pcancel()
 		}
 		h.release()
@@ -417,9 +470,9 @@ func (a *Allocator) settle(name string) {
 }
 
 // MoveLeases lists the move leases held now, by SKU.
-func (a *Allocator) MoveLeases(ctx context.Context) ([]stock.MoveLease, error) {
-	if a.moves == nil {
+func (r *Rebalancer) MoveLeases(ctx context.Context) ([]stock.MoveLease, error) {
+	if r.moves == nil {
 		return nil, nil
 	}
-	return a.moves.List(ctx)
+	return r.moves.List(ctx)
 }

@@ -1,6 +1,6 @@
 //go:build shardstock_failpoints
 
-package allocator
+package rebalance
 
 import (
 	"os"

@@ -1,6 +1,6 @@
 //go:build !shardstock_failpoints
 
-package allocator
+package rebalance
 
 // failpoint is a fault-injection point of a transfer's steps; it does
 // nothing unless built with the shardstock_failpoints tag

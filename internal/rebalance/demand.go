@@ -1,4 +1,4 @@
-package allocator
+package rebalance
 
 import (
 	"cmp"
@@ -32,7 +32,7 @@ type skuDemand struct {
 	window [stock.ShardsMax]atomic.Int64 // units since the last round
 	recent [stock.ShardsMax]int64        // decayed: half the last value plus the window; under demandBook.mu
 	idle   int                           // rounds without demand; under demandBook.mu
-	hot    int                           // rounds in a row above the split rate; under rebalancer.mu
+	hot    int                           // rounds in a row above the split rate; under Rebalancer.mu
 }
 
 // add counts q units asked of shard first of sku.
