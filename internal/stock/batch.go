@@ -122,6 +122,7 @@ type Checkpointing int8
 
 // Checkpointings.
 const (
+	// CheckpointNone: fewer entries than enough since the last.
 	CheckpointNone Checkpointing = iota
 	// CheckpointAlways: the writer counted enough entries since the last.
 	CheckpointAlways
