@@ -162,8 +162,8 @@ func (w *writer) run() {
 			w.drain(unavailable("shard server gave up the shard's partition"))
 			return
 		case <-idle.C:
-			if w.srv.retire(w) {
-				w.drain(unavailable("shard writer retired"))
+			if w.srv.exitIdle(w) {
+				w.drain(unavailable("shard writer exited idle"))
 				return
 			}
 			idle.Reset(writerIdleMax)
