@@ -355,7 +355,7 @@ func (a *Allocator) Rebalance(ctx context.Context, sku string, dryRun bool) ([]*
 // writers read it in every batch: no new reserve or deduct starts on a
 // shard out of service once it commits); the moves that spread stock to new
 // shards, or drain the ones being retired, go on in the background.
-func (a *Allocator) SetShards(ctx context.Context, name string, shards int32) (*Stock, error) {
+func (a *Allocator) SetShards(ctx context.Context, name string, shards int32) (*stock.Stock, error) {
 	if err := stock.ValidateSKU(name); err != nil {
 		return nil, err
 	}

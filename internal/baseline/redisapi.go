@@ -12,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
-	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/loadgen/memory"
 	"github.com/shardstock/shardstock/internal/reconcile"
@@ -137,7 +136,7 @@ return {'ok', h[2]}
 
 // CreateSKU writes the SKU's counters, validated as shardstock's are; one
 // row whatever the shard count.
-func (s *RedisAPI) CreateSKU(ctx context.Context, cfg stock.SKU, initial int64) (*allocator.Stock, error) {
+func (s *RedisAPI) CreateSKU(ctx context.Context, cfg stock.SKU, initial int64) (*stock.Stock, error) {
 	if err := stock.PrepareNewSKU(&cfg, initial); err != nil {
 		return nil, err
 	}
@@ -160,7 +159,7 @@ func unavailable(err error) *stock.Error {
 }
 
 // GetStock reads the SKU's counters.
-func (s *RedisAPI) GetStock(ctx context.Context, name string) (*allocator.Stock, error) {
+func (s *RedisAPI) GetStock(ctx context.Context, name string) (*stock.Stock, error) {
 	if err := stock.ValidateSKU(name); err != nil {
 		return nil, err
 	}
@@ -174,7 +173,7 @@ func (s *RedisAPI) GetStock(ctx context.Context, name string) (*allocator.Stock,
 	n := func(i int) int64 { x, _ := strconv.ParseInt(fmt.Sprint(v[i]), 10, 64); return x }
 	c := stock.Counts{Available: n(0), Reserved: n(1), Sold: n(2)}
 	cfg := &stock.SKU{Name: name, Status: stock.StatusActive, Shards: 1, ShardSpan: 1, ReservationTTL: time.Duration(n(3)) * time.Millisecond, MaxPerOrder: n(4)}
-	return &allocator.Stock{SKU: cfg, Total: c, Shards: []allocator.ShardStock{{ServerID: "redis", Counts: c}}}, nil
+	return &stock.Stock{SKU: cfg, Total: c, Shards: []stock.ShardStock{{ServerID: "redis", Counts: c}}}, nil
 }
 
 // Allocate reserves or deducts, after the validation shardstock's

@@ -3,7 +3,6 @@ package memory
 import (
 	"context"
 
-	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -12,7 +11,7 @@ import (
 // CreateSKU creates a SKU with its initial stock, completed and validated
 // as shardstock's are. The shard count is checked and kept; the SKU is one
 // row.
-func (s *Server) CreateSKU(_ context.Context, cfg stock.SKU, initial int64) (*allocator.Stock, error) {
+func (s *Server) CreateSKU(_ context.Context, cfg stock.SKU, initial int64) (*stock.Stock, error) {
 	if err := stock.PrepareNewSKU(&cfg, initial); err != nil {
 		return nil, err
 	}
@@ -130,7 +129,7 @@ func (s *Server) ListTransfers(_ context.Context, f stock.TransferFilter, _ stri
 
 // SetShards: a SKU here is one row, and the memory target has no
 // rebalancer to spread or drain stock.
-func (s *Server) SetShards(context.Context, string, int32) (*allocator.Stock, error) {
+func (s *Server) SetShards(context.Context, string, int32) (*stock.Stock, error) {
 	return nil, noRebalancer("SetShards")
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -38,7 +37,7 @@ func (s *Server) GetOperation(_ context.Context, sku, key string) (*stock.Operat
 }
 
 // GetStock returns a SKU's counts: one row, shard 0.
-func (s *Server) GetStock(_ context.Context, name string) (*allocator.Stock, error) {
+func (s *Server) GetStock(_ context.Context, name string) (*stock.Stock, error) {
 	k, err := s.lookup(name)
 	if err != nil {
 		return nil, err
@@ -49,10 +48,10 @@ func (s *Server) GetStock(_ context.Context, name string) (*allocator.Stock, err
 }
 
 // stock is k's stock; k.mu is held.
-func (k *sku) stock() *allocator.Stock {
+func (k *sku) stock() *stock.Stock {
 	cfg := k.cfg
-	return &allocator.Stock{SKU: &cfg, Total: k.counts,
-		Shards: []allocator.ShardStock{{ServerID: serverID, Counts: k.counts}}}
+	return &stock.Stock{SKU: &cfg, Total: k.counts,
+		Shards: []stock.ShardStock{{ServerID: serverID, Counts: k.counts}}}
 }
 
 // unimplemented is the error of the calls the server does not serve.
