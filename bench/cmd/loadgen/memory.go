@@ -13,9 +13,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/loadgen/memory"
-	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/memory"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
 	"github.com/shardstock/shardstock/internal/proc"
 )
 

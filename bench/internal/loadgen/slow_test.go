@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/loadgen/loadgentest"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/loadgentest"
 )
 
 // slowEvery answers every tenth deduct after a pause of slowPause.

@@ -7,8 +7,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/loadgen/pgcrash"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/pgcrash"
 )
 
 // crashPlan is -pg-crash-count's: crash-restart the private Postgres during

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 

@@ -34,10 +34,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/baseline"
-	"github.com/shardstock/shardstock/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/loadgen/diskprobe"
-	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
+	"github.com/shardstock/shardstock/bench/internal/baseline"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/diskprobe"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
 )
 
 func main() {

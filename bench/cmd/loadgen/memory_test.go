@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
 )
 
 // memoryServers returns the pids of this process's children that run as

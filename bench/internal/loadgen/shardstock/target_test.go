@@ -14,10 +14,10 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
 	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
-	"github.com/shardstock/shardstock/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/loadgen/shardstock"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 

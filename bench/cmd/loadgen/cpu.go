@@ -7,8 +7,8 @@ import (
 	"net"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/loadgen/proccpu"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/proccpu"
 )
 
 // cpuHooks wraps a run's load hooks to read, at the load's start and end,

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/loadgen/diskprobe"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/diskprobe"
 )
 
 func TestProbe_Stalls(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
 )
 
 // TestNewCrashPlan checks that a crash soak is refused when it could not

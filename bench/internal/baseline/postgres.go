@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 

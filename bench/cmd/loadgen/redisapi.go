@@ -9,8 +9,8 @@ import (
 	"net"
 	"net/http"
 
-	"github.com/shardstock/shardstock/internal/baseline"
-	"github.com/shardstock/shardstock/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/baseline"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
