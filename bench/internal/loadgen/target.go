@@ -131,32 +131,15 @@ func ErrorFromContext(ctx context.Context) (Outcome, bool) {
 	}
 }
 
-// definiteCodes are error codes that say for certain that the request
-// changed nothing. Any other error (a transport error, a timeout, INTERNAL,
-// SHARD_UNAVAILABLE, OPERATION_IN_PROGRESS) leaves the outcome unknown.
-var definiteCodes = map[string]bool{}
-
-func init() {
-	for _, c := range []stock.Code{
-		stock.CodeInvalidSKU, stock.CodeInvalidQuantity, stock.CodeInvalidIdempotencyKey,
-		stock.CodeQuantityAboveMaxPerOrder, stock.CodeIdempotencyKeyReused, stock.CodeInvalidArgument,
-		stock.CodeSKUNotFound, stock.CodeReservationNotFound, stock.CodeOperationNotFound,
-		stock.CodeSKUPaused, stock.CodeReservationExpired, stock.CodeReservationAlreadyCommitted,
-		stock.CodeReservationAlreadyReleased, stock.CodeCustomerLimitReached, stock.CodeSKUExists,
-		stock.CodeRateLimited, stock.CodeUnauthenticated, stock.CodePermissionDenied,
-	} {
-		definiteCodes[string(c)] = true
-	}
-}
-
 // Definite reports whether the outcome tells for certain what happened: a
-// success, a replay, a refusal for stock, or an error that changed nothing.
+// success, a replay, a refusal for stock, or an error whose code says it
+// changed nothing (stock.Code.Definite; a transport's code never does).
 func (o Outcome) Definite() bool {
 	switch o.Status {
 	case StatusOK, StatusReplayed, StatusOutOfStock:
 		return true
 	case StatusError:
-		return definiteCodes[o.Code]
+		return stock.Code(o.Code).Definite()
 	}
 	return false
 }
