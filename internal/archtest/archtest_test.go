@@ -31,6 +31,8 @@ var layers = map[string]int{
 	"internal/proc":     0,
 	"internal/freeport": 0,
 
+	"internal/readiness": 0, // a leaf too: a process's readiness line
+
 	"internal/reconcile":   1, // pure logic over the domain
 	"internal/rebalance":   1,
 	"gen":                  1, // the API's generated types and Connect stubs

@@ -22,6 +22,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -105,10 +106,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	scheme := "http"
-	if tlsCfg != nil {
-		scheme = "https"
-	}
+	scheme := startup.Scheme(tlsCfg)
 	shardClientTLS, err := startup.ClientTLSConfig(*shardCert, *shardKey, *shardCA)
 	if err != nil {
 		return err
@@ -233,6 +231,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	fmt.Fprintf(stdout, "allocator listening on %s://%s\n", scheme, lis.Addr())
+	go readiness.Announce(ctx, stdout, readiness.Line{Role: readiness.RoleAllocator,
+		Addr: scheme + "://" + lis.Addr().String(), Operator: scheme + "://" + opsLis.Addr().String()}, ready)
 	log.Info("allocator started", "addr", lis.Addr().String())
 	public := transport.LimitConns(lis, *clientConns, transport.NewConnMetrics(reg, "shardstock_allocator_client"))
 	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(*corsOrigins)), tlsCfg)

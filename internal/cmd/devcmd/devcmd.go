@@ -36,6 +36,7 @@ import (
 	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/proc"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/transport"
@@ -171,7 +172,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	base := "http://" + *addr
-	if err := waitReady(ctx, base, token, members, kids); err != nil {
+	topo, err := waitReady(ctx, base, token, members, kids)
+	if err != nil {
 		if ctx.Err() != nil { // stopped during start-up
 			fmt.Fprintln(stderr, "dev: stopping")
 			return nil
@@ -188,6 +190,16 @@ try:
   curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s"}' %[1]s/shardstock.v1.InventoryService/GetStock
 Ctrl-C stops everything.
 `, base, token, demoSKU, *opsAddr)
+	// The same for a program (loadgen, the tests), after the banner.
+	line := readiness.Line{Role: readiness.RoleDev, Addr: base, Operator: "http://" + *opsAddr}
+	for _, srv := range topo.Servers {
+		if srv.ServerId != localShardID { // inside the allocator's process
+			line.Shards = append(line.Shards, readiness.Shard{ID: srv.ServerId, Addr: "http://" + srv.Address})
+		}
+	}
+	if err := readiness.Announce(ctx, stdout, line, nil); err != nil && ctx.Err() == nil {
+		return err
+	}
 
 	select {
 	case <-ctx.Done():
@@ -317,8 +329,8 @@ func (p *prefixWriter) flush() {
 
 // waitReady waits until every shard server has registered and every
 // partition is owned, so that start-up hand-overs are over when the banner
-// says the stack is ready.
-func waitReady(ctx context.Context, base, token string, servers int, k *children) error {
+// says the stack is ready, and returns the topology then.
+func waitReady(ctx context.Context, base, token string, servers int, k *children) (*v1.GetTopologyResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	admin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
@@ -327,13 +339,13 @@ func waitReady(ctx context.Context, base, token string, servers int, k *children
 		req.Header().Set("Authorization", "Bearer "+token)
 		if resp, err := admin.GetTopology(ctx, req); err == nil && len(resp.Msg.Servers) == servers &&
 			len(resp.Msg.Owners) == int(resp.Msg.Partitions) && ownedByAll(resp.Msg) {
-			return nil
+			return resp.Msg, nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the stack was not ready within %s", readyTimeout)
+			return nil, fmt.Errorf("the stack was not ready within %s", readyTimeout)
 		case name := <-k.exited:
-			return fmt.Errorf("%s exited during start-up", name)
+			return nil, fmt.Errorf("%s exited during start-up", name)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

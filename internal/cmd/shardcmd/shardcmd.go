@@ -15,6 +15,7 @@ import (
 
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/transport"
 )
@@ -100,6 +101,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	nodeDone := make(chan error, 1)
 	go func() { nodeDone <- node.Run(ctx) }()
 	fmt.Fprintf(stdout, "shard %s listening on %s\n", *id, lis.Addr())
+	go readiness.Announce(ctx, stdout, readiness.Line{Role: readiness.RoleShard, ID: *id, Addr: startup.Scheme(tlsCfg) + "://" + lis.Addr().String()}, node.Ready)
 	log.Info("shard server started", "id", *id, "addr", lis.Addr().String(), "advertise", *advertise)
 	var h http.Handler = node.Handler(reg, *pprofOn, transport.NewMetrics(reg))
 	if *clientCA != "" {
