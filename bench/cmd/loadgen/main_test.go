@@ -239,7 +239,10 @@ func buildStack(t *testing.T) string {
 		t.Skip("builds and starts the dev stack")
 	}
 	bin := filepath.Join(t.TempDir(), "shardstock-dev")
-	build := exec.Command("go", "build", "-o", bin, "github.com/shardstock/shardstock/cmd/shardstock-dev")
+	// In the product's own module (the root of the tree), with its
+	// go.mod, as make run builds it.
+	build := exec.Command("go", "build", "-o", bin, "./cmd/shardstock-dev")
+	build.Dir = "../../.."
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -265,6 +268,19 @@ func TestStack_Verify(t *testing.T) {
 			t.Errorf("stop() = %v", err)
 		}
 	}()
+	// The stack's readiness line named its three shard servers (the
+	// default), where each serves its /metrics (and its profiles).
+	for _, id := range []string{"shard-1", "shard-2", "shard-3"} {
+		resp, err := http.Get(st.shardURLs[id] + "/metrics")
+		if err != nil {
+			t.Errorf("shard server %s at %q (of %v): %v", id, st.shardURLs[id], st.shardURLs, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s/metrics = %s, want 200", st.shardURLs[id], resp.Status)
+		}
+	}
 
 	target := shardstock.New(shardstock.Config{Addr: st.baseURL, AdminToken: st.token})
 	defer target.Close()

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"strings"
 	"syscall"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/shardstock/shardstock/bench/internal/loadgen/memory"
 	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
 	"github.com/shardstock/shardstock/internal/proc"
+	"github.com/shardstock/shardstock/internal/readiness"
 )
 
 // serveMemoryArg, as loadgen's first argument, makes the process the
@@ -31,11 +31,10 @@ const (
 	// memoryStopTimeout is what the server gets to stop after SIGTERM
 	// before it is killed: its graceful shutdown takes at most 10 s.
 	memoryStopTimeout = 15 * time.Second
-	memoryListening   = "memory listening on "
 )
 
-// serveMemory serves the memory target's API on -addr, prints the address
-// it listens on as "memory listening on HOST:PORT" and serves until ctx
+// serveMemory serves the memory target's API on -addr, says where in its
+// readiness line (role serve-memory) and serves until ctx
 // ends (SIGINT, SIGTERM) or stdin closes, so that it stops when the
 // process that started it dies.
 func serveMemory(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -58,7 +57,10 @@ func serveMemory(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		_, _ = io.Copy(io.Discard, stdin)
 		cancel()
 	}()
-	fmt.Fprintf(stdout, "%s%s\n", memoryListening, l.Addr())
+	if err := readiness.Announce(ctx, stdout, readiness.Line{Role: serveMemoryArg, Addr: "http://" + l.Addr().String()}, nil); err != nil {
+		l.Close()
+		return err
+	}
 	return memory.Serve(ctx, l)
 }
 
@@ -81,7 +83,7 @@ func (t *memoryTarget) Baseline() bool { return true }
 
 // Setup starts the server on first use, then creates the SKUs through it.
 func (t *memoryTarget) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
-	if err := t.start(ctx, memoryListening, serveMemoryArg, "-addr", "127.0.0.1:0"); err != nil {
+	if err := t.start(ctx, serveMemoryArg, "-addr", "127.0.0.1:0"); err != nil {
 		return fmt.Errorf("memory: %w", err)
 	}
 	return t.Target.Setup(ctx, skus)
@@ -95,13 +97,13 @@ type childTarget struct {
 	server             *serverProcess
 }
 
-// start starts the server (args, printing listening and its address) on
-// first use and points the client at it.
-func (t *childTarget) start(ctx context.Context, listening string, args ...string) error {
+// start starts the server (args, a serve-* role first) on first use and
+// points the client at it.
+func (t *childTarget) start(ctx context.Context, args ...string) error {
 	if t.server != nil {
 		return nil
 	}
-	p, err := startServer(ctx, listening, args...)
+	p, err := startServer(ctx, args...)
 	if err != nil {
 		return err
 	}
@@ -140,9 +142,10 @@ type serverProcess struct {
 	waitErr error
 }
 
-// startServer starts this executable with args (a serve-* role) and
-// returns once it printed listening followed by the address it listens on.
-func startServer(ctx context.Context, listening string, args ...string) (p *serverProcess, err error) {
+// startServer starts this executable with args (a serve-* role first) and
+// returns once it printed its readiness line (package readiness) as that
+// role, with the URL it serves on.
+func startServer(ctx context.Context, args ...string) (p *serverProcess, err error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -169,9 +172,9 @@ func startServer(ctx context.Context, listening string, args ...string) (p *serv
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), listening); ok {
+			if l, ok := readiness.Parse(sc.Text()); ok && l.Role == args[0] {
 				select {
-				case addrc <- a:
+				case addrc <- l.Addr:
 				default:
 				}
 			}
@@ -184,8 +187,7 @@ func startServer(ctx context.Context, listening string, args ...string) (p *serv
 	t := time.NewTimer(memoryStartTimeout)
 	defer t.Stop()
 	select {
-	case a := <-addrc:
-		p.baseURL = "http://" + a
+	case p.baseURL = <-addrc:
 		return p, nil
 	case <-p.exited:
 		p.stdin.Close()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardstock/shardstock/bench/internal/baseline"
 	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
@@ -20,7 +21,6 @@ import (
 // ADDR -prefix P`.
 const (
 	serveRedisAPIArg   = "serve-redis-api"
-	redisAPIListening  = "redis-api listening on "
 	redisAPIKeysPrefix = "loadgen:redis-api:"
 )
 
@@ -49,7 +49,10 @@ func serveRedisAPI(ctx context.Context, args []string, stdin io.Reader, stdout, 
 		_, _ = io.Copy(io.Discard, stdin)
 		cancel()
 	}()
-	fmt.Fprintf(stdout, "%s%s\n", redisAPIListening, l.Addr())
+	if err := readiness.Announce(ctx, stdout, readiness.Line{Role: serveRedisAPIArg, Addr: "http://" + l.Addr().String()}, nil); err != nil {
+		l.Close()
+		return err
+	}
 	return transport.Serve(ctx, l, http.Handler(s.Handler()))
 }
 
@@ -82,7 +85,7 @@ func (t *redisAPITarget) Setup(ctx context.Context, skus []loadgen.SKUSpec) erro
 			return fmt.Errorf("redis-api: %w", err)
 		}
 	}
-	if err := t.start(ctx, redisAPIListening, serveRedisAPIArg, "-addr", "127.0.0.1:0", "-redis", t.redisAddr,
+	if err := t.start(ctx, serveRedisAPIArg, "-addr", "127.0.0.1:0", "-redis", t.redisAddr,
 		"-prefix", t.fsync.Prefix()+"api:"); err != nil {
 		return fmt.Errorf("redis-api: %w", err)
 	}

@@ -8,11 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +28,7 @@ import (
 	"github.com/shardstock/shardstock/internal/freeport"
 	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/proc"
+	"github.com/shardstock/shardstock/internal/readiness"
 )
 
 // Bounds of a stack that loadgen starts.
@@ -44,19 +45,14 @@ const (
 	connsSpare    = 10
 	// localServerURL is a Postgres with trust auth on the usual port.
 	localServerURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	bannerPrefix   = "shardstock is running at "
 	profileGrace   = 30 * time.Second // beyond the profile's own seconds
-	// The banner comes once every partition has an owner, which may be
-	// while partitions still move to the shard servers that joined last:
-	// the run starts once the owners stayed put for settleQuiet.
+	// The stack says it is ready once every partition has an owner, which
+	// may be while partitions still move to the shard servers that joined
+	// last: the run starts once the owners stayed put for settleQuiet.
 	settleQuiet   = 2 * time.Second
 	settleTimeout = 30 * time.Second
 	settlePoll    = 200 * time.Millisecond
 )
-
-// shardListening matches the dev stack's line naming a shard server's
-// address, e.g. "[shard-2] shard shard-2 listening on 127.0.0.1:41931".
-var shardListening = regexp.MustCompile(`^\[(shard-[0-9]+)\] shard \S+ listening on (127\.0\.0\.1:[0-9]+)$`)
 
 // stackConfig configures startStack.
 type stackConfig struct {
@@ -88,14 +84,14 @@ type stack struct {
 	waitErr error
 	output  sync.WaitGroup
 
-	mu         sync.Mutex
-	shardAddrs map[string]string // shard server id -> host:port
-	cleanups   []func() error    // run in reverse by stop
+	shardURLs map[string]string // shard server id -> URL, from the readiness line
+	cleanups  []func() error    // run in reverse by stop
 }
 
-// startStack starts the dev stack and returns once it prints its banner.
+// startStack starts the dev stack and returns once it says it is ready
+// (its readiness line, package readiness).
 func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
-	s = &stack{shardAddrs: map[string]string{}, exited: make(chan struct{})}
+	s = &stack{exited: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			if serr := s.stop(); serr != nil {
@@ -164,9 +160,10 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 		s.cmd = nil
 		return s, fmt.Errorf("start %s: %w", bin, err)
 	}
-	ready := make(chan struct{})
+	// ready receives the stack's readiness line, read from its stdout.
+	ready := make(chan readiness.Line, 1)
 	var logMu sync.Mutex
-	copyLines := func(r io.Reader, banner bool) {
+	copyLines := func(r io.Reader, wait bool) {
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 64*1024), 1024*1024)
 		for sc.Scan() {
@@ -174,14 +171,9 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 			logMu.Lock()
 			fmt.Fprintln(log, line)
 			logMu.Unlock()
-			if m := shardListening.FindStringSubmatch(line); m != nil {
-				s.mu.Lock()
-				s.shardAddrs[m[1]] = m[2]
-				s.mu.Unlock()
-			}
-			if banner && strings.HasPrefix(line, bannerPrefix) {
-				close(ready)
-				banner = false
+			if l, ok := readiness.Parse(line); wait && ok && l.Role == readiness.RoleDev {
+				ready <- l
+				wait = false
 			}
 		}
 		_, _ = io.Copy(io.Discard, r)
@@ -199,7 +191,11 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 	t := time.NewTimer(stackReadyTimeout)
 	defer t.Stop()
 	select {
-	case <-ready:
+	case l := <-ready:
+		s.shardURLs = make(map[string]string, len(l.Shards))
+		for _, sh := range l.Shards {
+			s.shardURLs[sh.ID] = sh.Addr
+		}
 		if err := s.settle(ctx, cfg.Stderr); err != nil {
 			return s, err
 		}
@@ -238,7 +234,7 @@ func (s *stack) settle(ctx context.Context, stderr io.Writer) error {
 					serving++
 				}
 			}
-			// The banner came once every registered server owned its
+			// The stack was ready once every registered server owned its
 			// rendezvous share; what is left is to see it hold still.
 			complete := serving >= 1 && len(resp.Msg.GetOwners()) == int(resp.Msg.GetPartitions())
 			if now := b.String(); now != last || !complete {
@@ -320,17 +316,6 @@ func (s *stack) alive() error {
 	default:
 		return nil
 	}
-}
-
-// shards returns the shard servers' ids and addresses.
-func (s *stack) shards() map[string]string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make(map[string]string, len(s.shardAddrs))
-	for id, a := range s.shardAddrs {
-		out[id] = a
-	}
-	return out
 }
 
 // stop sends SIGTERM, waits up to stackStopTimeout, kills the stack if it
@@ -422,9 +407,7 @@ type serverProfiles struct {
 // begins.
 func (p *serverProfiles) start() {
 	procs := map[string]string{"allocator": p.stack.opsURL} // its operator listener serves the profiles
-	for id, addr := range p.stack.shards() {
-		procs[id] = "http://" + addr
-	}
+	maps.Copy(procs, p.stack.shardURLs)                     // each serves its profiles on its shard port
 	secs := max(p.seconds, 1)
 	for name, base := range procs {
 		p.wg.Go(func() {
