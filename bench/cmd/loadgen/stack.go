@@ -52,6 +52,12 @@ const (
 	settleQuiet   = 2 * time.Second
 	settleTimeout = 30 * time.Second
 	settlePoll    = 200 * time.Millisecond
+	// olderStackGrace: a stack built before the readiness line (make
+	// bench-ab's BASE may be one) never prints it. It counts as ready once
+	// its allocator's /readyz has answered 200 for this long: a stack that
+	// prints the line does so within moments of that (it creates one SKU).
+	olderStackGrace = 10 * time.Second
+	readyzTimeout   = 2 * time.Second // each /readyz of an older stack
 )
 
 // stackConfig configures startStack.
@@ -190,7 +196,17 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 	fmt.Fprintf(cfg.Stderr, "loadgen: stack: starting %s on %s (log %s)\n", cfg.Bin, s.baseURL, s.logPath)
 	t := time.NewTimer(stackReadyTimeout)
 	defer t.Stop()
+	pollCtx, stopPoll := context.WithCancel(ctx)
+	defer stopPoll()
+	older := make(chan struct{})
+	go s.waitOlderStack(pollCtx, older)
 	select {
+	case <-older:
+		fmt.Fprintf(cfg.Stderr, "loadgen: stack: no readiness line, but /readyz answered 200 for %s: an older stack (no shard server profiles)\n", olderStackGrace)
+		if err := s.settle(ctx, cfg.Stderr); err != nil {
+			return s, err
+		}
+		return s, nil
 	case l := <-ready:
 		s.shardURLs = make(map[string]string, len(l.Shards))
 		for _, sh := range l.Shards {
@@ -306,6 +322,28 @@ func (s *stack) database(ctx context.Context, cfg stackConfig) error {
 	})
 	s.databaseURL, s.dbNote = dbURL, note+", database "+name
 	return nil
+}
+
+// waitOlderStack closes older once the allocator's /readyz has answered
+// 200 for olderStackGrace, unless ctx ends first.
+func (s *stack) waitOlderStack(ctx context.Context, older chan<- struct{}) {
+	hc := &http.Client{Timeout: readyzTimeout}
+	var since time.Time
+	for loadgen.Sleep(ctx, settlePoll) {
+		resp, err := hc.Get(s.opsURL + "/readyz")
+		if err != nil || resp.StatusCode != http.StatusOK {
+			since = time.Time{}
+		} else if since.IsZero() {
+			since = time.Now()
+		}
+		if err == nil {
+			resp.Body.Close()
+		}
+		if !since.IsZero() && time.Since(since) >= olderStackGrace {
+			close(older)
+			return
+		}
+	}
 }
 
 // alive reports an error if the stack has exited.
