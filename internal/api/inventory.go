@@ -13,7 +13,7 @@ import (
 )
 
 // Inventory is what the InventoryService serves: the allocator, or the
-// load generator's in-memory ceiling (internal/loadgen/memory), which so
+// load generator's in-memory ceiling (bench/internal/loadgen/memory), which so
 // goes through the same handlers.
 type Inventory interface {
 	// Allocate takes units from a shard that has them, which it chooses:

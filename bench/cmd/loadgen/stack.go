@@ -194,6 +194,12 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 	}()
 
 	fmt.Fprintf(cfg.Stderr, "loadgen: stack: starting %s on %s (log %s)\n", cfg.Bin, s.baseURL, s.logPath)
+	return s, s.waitReady(ctx, ready, cfg.Stderr)
+}
+
+// waitReady waits until the stack is ready (its readiness line on ready,
+// or, for an older stack, its /readyz) and its partitions settled.
+func (s *stack) waitReady(ctx context.Context, ready <-chan readiness.Line, stderr io.Writer) error {
 	t := time.NewTimer(stackReadyTimeout)
 	defer t.Stop()
 	pollCtx, stopPoll := context.WithCancel(ctx)
@@ -202,27 +208,20 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 	go s.waitOlderStack(pollCtx, older)
 	select {
 	case <-older:
-		fmt.Fprintf(cfg.Stderr, "loadgen: stack: no readiness line, but /readyz answered 200 for %s: an older stack (no shard server profiles)\n", olderStackGrace)
-		if err := s.settle(ctx, cfg.Stderr); err != nil {
-			return s, err
-		}
-		return s, nil
+		fmt.Fprintf(stderr, "loadgen: stack: no readiness line, but /readyz answered 200 for %s: an older stack (no shard server profiles)\n", olderStackGrace)
 	case l := <-ready:
 		s.shardURLs = make(map[string]string, len(l.Shards))
 		for _, sh := range l.Shards {
 			s.shardURLs[sh.ID] = sh.Addr
 		}
-		if err := s.settle(ctx, cfg.Stderr); err != nil {
-			return s, err
-		}
-		return s, nil
 	case <-s.exited:
-		return s, fmt.Errorf("the stack exited during start-up (%v); see %s", s.waitErr, s.logPath)
+		return fmt.Errorf("the stack exited during start-up (%v); see %s", s.waitErr, s.logPath)
 	case <-t.C:
-		return s, fmt.Errorf("the stack was not ready within %s; see %s", stackReadyTimeout, s.logPath)
+		return fmt.Errorf("the stack was not ready within %s; see %s", stackReadyTimeout, s.logPath)
 	case <-ctx.Done():
-		return s, ctx.Err()
+		return ctx.Err()
 	}
+	return s.settle(ctx, stderr)
 }
 
 // settle waits until every one of the stack's shard servers owns
