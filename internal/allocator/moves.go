@@ -17,7 +17,7 @@ func (a *Allocator) Rebalance(ctx context.Context, sku string, dryRun bool) ([]*
 // SetShards changes the number of a SKU's shards in service, online
 // (rebalance.Rebalancer.SetShards), and returns the SKU's stock once the
 // new layout is in force for routing.
-func (a *Allocator) SetShards(ctx context.Context, name string, shards int32) (*Stock, error) {
+func (a *Allocator) SetShards(ctx context.Context, name string, shards int32) (*stock.Stock, error) {
 	if err := a.rebal.SetShards(ctx, name, shards); err != nil {
 		return nil, err
 	}

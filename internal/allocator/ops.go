@@ -108,35 +108,8 @@ func (a *Allocator) GetOperation(ctx context.Context, sku, key string) (*stock.O
 	return op, err
 }
 
-// Stock is a SKU's counts and its shards.
-type Stock struct {
-	SKU       *stock.SKU
-	Total     stock.Counts
-	InTransit int64
-	// Shards are the shards in service, then those still being retired.
-	Shards []ShardStock
-	// Moving are the SKU's transfers in flight (pending or debited).
-	Moving []*stock.Transfer
-	// Mover is the holder of the SKU's rebalance lease; nil when no one is
-	// moving the SKU.
-	Mover *stock.MoveLease
-}
-
-// ShardStock is one shard's counts and owner.
-type ShardStock struct {
-	Index    int32
-	ServerID string
-	stock.Counts
-	// HaltReason is why the shard is halted; "" while it serves.
-	HaltReason string
-	// Retiring: the shard is out of service after SetShards made the SKU
-	// smaller, and is retired once its stock has moved and its
-	// reservations have ended.
-	Retiring bool
-}
-
 // GetStock reads a SKU's counts as committed.
-func (a *Allocator) GetStock(ctx context.Context, name string) (*Stock, error) {
+func (a *Allocator) GetStock(ctx context.Context, name string) (*stock.Stock, error) {
 	if err := stock.ValidateSKU(name); err != nil {
 		return nil, err
 	}
@@ -149,10 +122,10 @@ func (a *Allocator) GetStock(ctx context.Context, name string) (*Stock, error) {
 		return nil, err
 	}
 	view := a.topo()
-	st := &Stock{SKU: sku, InTransit: read.InTransit, Total: read.Totals, Moving: read.Moving}
+	st := &stock.Stock{SKU: sku, InTransit: read.InTransit, Total: read.Totals, Moving: read.Moving}
 	for _, r := range read.Shards {
 		srv, _, _ := view.Owner(stock.PartitionOf(name, r.Index))
-		st.Shards = append(st.Shards, ShardStock{Index: r.Index, ServerID: srv.ID, Counts: r.Counts, HaltReason: r.HaltReason, Retiring: r.Retiring})
+		st.Shards = append(st.Shards, stock.ShardStock{Index: r.Index, ServerID: srv.ID, Counts: r.Counts, HaltReason: r.HaltReason, Retiring: r.Retiring})
 	}
 	if leases, err := a.MoveLeases(ctx); err == nil {
 		for _, l := range leases {
@@ -168,7 +141,7 @@ func (a *Allocator) GetStock(ctx context.Context, name string) (*Stock, error) {
 const movingListed = 100
 
 // CreateSKU creates a SKU with initial stock spread over its shards.
-func (a *Allocator) CreateSKU(ctx context.Context, s stock.SKU, initial int64) (*Stock, error) {
+func (a *Allocator) CreateSKU(ctx context.Context, s stock.SKU, initial int64) (*stock.Stock, error) {
 	if err := stock.PrepareNewSKU(&s, initial); err != nil {
 		return nil, err
 	}

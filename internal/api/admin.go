@@ -28,7 +28,7 @@ const (
 // generator's in-memory ceiling.
 type Admin interface {
 	Inventory
-	CreateSKU(ctx context.Context, s stock.SKU, initial int64) (*allocator.Stock, error)
+	CreateSKU(ctx context.Context, s stock.SKU, initial int64) (*stock.Stock, error)
 	UpdateSKU(ctx context.Context, name string, u stock.SKUUpdate) (*stock.SKU, error)
 	// ListLedger returns up to limit entries of a SKU with ids above after.
 	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
@@ -37,7 +37,7 @@ type Admin interface {
 	ListTransfers(ctx context.Context, f stock.TransferFilter, after string, limit int) ([]*stock.Transfer, error)
 	// SetShards changes the number of a SKU's shards in service and returns
 	// its stock once the new layout is in force.
-	SetShards(ctx context.Context, sku string, shards int32) (*allocator.Stock, error)
+	SetShards(ctx context.Context, sku string, shards int32) (*stock.Stock, error)
 	// Rebalance runs one plan for a SKU now and returns its transfers; with
 	// dryRun, the plan's moves (state planned), moving nothing.
 	Rebalance(ctx context.Context, sku string, dryRun bool) ([]*stock.Transfer, error)

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
-	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/wire"
@@ -25,7 +24,7 @@ type fakeAdmin struct {
 	Admin
 	calls []string
 
-	stock     *allocator.Stock
+	stock     *stock.Stock
 	transfers []*stock.Transfer
 	leases    []stock.MoveLease
 	err       error
@@ -36,7 +35,7 @@ type fakeAdmin struct {
 	gotFilter stock.TransferFilter
 }
 
-func (f *fakeAdmin) SetShards(_ context.Context, sku string, shards int32) (*allocator.Stock, error) {
+func (f *fakeAdmin) SetShards(_ context.Context, sku string, shards int32) (*stock.Stock, error) {
 	f.calls = append(f.calls, "SetShards")
 	f.gotSKU, f.gotShards = sku, shards
 	return f.stock, f.err
@@ -95,10 +94,10 @@ func TestAdminHandler_SetShards(t *testing.T) {
 		})
 	}
 	t.Run("OK", func(t *testing.T) {
-		f := &fakeAdmin{stock: &allocator.Stock{
+		f := &fakeAdmin{stock: &stock.Stock{
 			SKU:   &stock.SKU{Name: "s", Status: stock.StatusActive, Shards: 2, ShardSpan: 3, ReservationTTL: time.Minute},
 			Total: stock.Counts{Available: 9, Reserved: 1},
-			Shards: []allocator.ShardStock{
+			Shards: []stock.ShardStock{
 				{Index: 0, ServerID: "shard-1", Counts: stock.Counts{Available: 5}},
 				{Index: 1, ServerID: "shard-2", Counts: stock.Counts{Available: 4}},
 				{Index: 2, ServerID: "shard-1", Counts: stock.Counts{Reserved: 1}, Retiring: true},

@@ -13,7 +13,7 @@ import (
 )
 
 // Inventory is what the InventoryService serves: the allocator, or the
-// load generator's in-memory ceiling (internal/loadgen/memory), which so
+// load generator's in-memory ceiling (bench/internal/loadgen/memory), which so
 // goes through the same handlers.
 type Inventory interface {
 	// Allocate takes units from a shard that has them, which it chooses:
@@ -26,7 +26,7 @@ type Inventory interface {
 	// either way (r.Kind, r.Quantity's sign).
 	AdjustStock(ctx context.Context, r *stock.Request) stock.Result
 	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
-	GetStock(ctx context.Context, sku string) (*allocator.Stock, error)
+	GetStock(ctx context.Context, sku string) (*stock.Stock, error)
 }
 
 var _ Inventory = (*allocator.Allocator)(nil)
@@ -120,7 +120,7 @@ var skuStatuses = map[stock.Status]v1.SkuStatus{
 
 // StockToProto converts a SKU's stock: its shards in service, then those
 // being retired, with the transfers in flight and the mover, if any.
-func StockToProto(st *allocator.Stock) *v1.Stock {
+func StockToProto(st *stock.Stock) *v1.Stock {
 	out := &v1.Stock{
 		Sku: st.SKU.Name, Available: st.Total.Available, Reserved: st.Total.Reserved, Sold: st.Total.Sold,
 		InTransit: st.InTransit, Status: skuStatuses[st.SKU.Status], ShardsInService: st.SKU.Shards,

@@ -14,6 +14,11 @@ import (
 // module is the module's path; the map below names packages without it.
 const module = "github.com/shardstock/shardstock/"
 
+// modules are the directories of the modules the map covers: the product
+// and the benchmarks (bench/, a module of its own that imports the
+// product's packages).
+var modules = []string{"../..", "../../bench"}
+
 // layers is the map of docs/architecture.md ("Import directions"): each
 // entry is a package path prefix (the longest match wins) and its layer.
 // A package's own code may import packages of lower layers and those of
@@ -25,6 +30,8 @@ var layers = map[string]int{
 	"internal/batch":    0,
 	"internal/proc":     0,
 	"internal/freeport": 0,
+
+	"internal/readiness": 0, // a leaf too: a process's readiness line
 
 	"internal/ledger":      1, // pure logic over the domain
 	"gen":                  1, // the API's generated types and Connect stubs
@@ -40,20 +47,22 @@ var layers = map[string]int{
 	"internal/allocator":   4,
 	"internal/api":         5, // handlers, and what the commands do at start
 	"internal/cmd/startup": 5,
-	"internal/shardnode":   6, // a shard server wired into a process
-	"internal/cmd":         7, // each command's Run
-	"internal/cmd/devcmd":  8, // dev tools: make run, the load generator
-	"internal/loadgen":     8,
-	"internal/baseline":    9,  // the load generator's Postgres baselines
+	"internal/shardnode":   6,  // a shard server wired into a process
+	"internal/cmd":         7,  // each command's Run
+	"internal/cmd/devcmd":  8,  // dev tools: make run, the load generator
 	"cmd":                  10, // mains
 
-	"internal/pgtest":              test,
-	"internal/etcdtest":            test,
-	"internal/faultproxy":          test,
-	"internal/loadgen/loadgentest": test,
-	"internal/e2e":                 test,
-	"internal/cmdtest":             test,
-	"internal/archtest":            test,
+	"bench/internal/loadgen":  8, // the load generator (module bench)
+	"bench/internal/baseline": 9, // the load generator's baselines
+	"bench/cmd":               10,
+
+	"internal/pgtest":                    test,
+	"internal/etcdtest":                  test,
+	"internal/faultproxy":                test,
+	"bench/internal/loadgen/loadgentest": test,
+	"internal/e2e":                       test,
+	"internal/cmdtest":                   test,
+	"internal/archtest":                  test,
 }
 
 // test is the layer of test-support packages.
@@ -82,11 +91,21 @@ type pkg struct {
 	XTestImports []string
 }
 
-// listPackages runs go list on the whole module.
+// listPackages runs go list on the whole of every module of modules.
 func listPackages(t *testing.T) []pkg {
 	t.Helper()
+	var pkgs []pkg
+	for _, dir := range modules {
+		pkgs = append(pkgs, listModule(t, dir)...)
+	}
+	return pkgs
+}
+
+// listModule runs go list on the whole module in dir.
+func listModule(t *testing.T, dir string) []pkg {
+	t.Helper()
 	cmd := exec.Command("go", "list", "-e", "-json=ImportPath,Imports,Deps,TestImports,XTestImports", "./...")
-	cmd.Dir = "../.."
+	cmd.Dir = dir
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -104,8 +123,8 @@ func listPackages(t *testing.T) []pkg {
 		p.ImportPath = strings.TrimPrefix(p.ImportPath, module)
 		pkgs = append(pkgs, p)
 	}
-	if len(pkgs) < 10 {
-		t.Fatalf("go list found %d packages, want the whole module", len(pkgs))
+	if len(pkgs) < 5 {
+		t.Fatalf("go list in %s found %d packages, want the whole module", dir, len(pkgs))
 	}
 	return pkgs
 }
@@ -143,7 +162,7 @@ func TestImports(t *testing.T) {
 		}
 		// A library that imports testing is found only through the
 		// commands' dependencies: their binaries must not link it.
-		if from == "cmd" && slices.Contains(p.Deps, "testing") {
+		if (from == "cmd" || from == "bench/cmd") && slices.Contains(p.Deps, "testing") {
 			t.Errorf("%s depends on package testing (go list -deps ./%s): a shipped binary links no test code", p.ImportPath, p.ImportPath)
 		}
 		for _, imp := range slices.Concat(p.Imports, p.TestImports, p.XTestImports) {

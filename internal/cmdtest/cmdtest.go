@@ -5,8 +5,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/shardstock/shardstock/internal/freeport"
+	"github.com/shardstock/shardstock/internal/readiness"
 )
 
 // Output is an io.Writer that keeps what a command prints, safe for the
@@ -38,6 +40,22 @@ func (o *Output) Line(prefix string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// WaitReady waits up to within for the readiness line of role (package
+// readiness) and returns it.
+func (o *Output) WaitReady(tb testing.TB, role string, within time.Duration) readiness.Line {
+	tb.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+		for _, text := range strings.Split(o.String(), "\n") {
+			if l, ok := readiness.Parse(text); ok && l.Role == role {
+				return l
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("no readiness line of role %s within %s: %q", role, within, o.String())
+		}
+	}
 }
 
 // FreeAddr returns a 127.0.0.1 address whose port was free a moment ago,

@@ -22,6 +22,7 @@ import (
 
 	"github.com/shardstock/shardstock/internal/cmdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/readiness"
 )
 
 // Bounds of the `make run` tests.
@@ -176,15 +177,19 @@ func startMakeRun(t *testing.T, db string) *makeRun {
 	return m
 }
 
-// waitBanner waits until the stack prints its banner, and returns the
-// banner's lines.
+// waitBanner waits until the stack says it is ready (its readiness line,
+// which follows its banner), and returns the lines of stdout before it:
+// the banner.
 func (m *makeRun) waitBanner(t *testing.T) []string {
 	t.Helper()
 	deadline := time.Now().Add(makeRunReadyTimeout)
 	for {
 		lines := strings.Split(m.stdout.String(), "\n")
-		if i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "Ctrl-C stops everything") }); i >= 0 {
-			return lines[:i+1]
+		if i := slices.IndexFunc(lines, func(l string) bool {
+			r, ok := readiness.Parse(l)
+			return ok && r.Role == readiness.RoleDev
+		}); i >= 0 {
+			return lines[:i]
 		}
 		select {
 		case <-m.exited:

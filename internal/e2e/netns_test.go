@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/internal/pgcluster"
+	"github.com/shardstock/shardstock/internal/readiness"
 )
 
 // Bounds and settings of the namespace network.
@@ -428,8 +429,7 @@ func shardCounter(t *testing.T, s *stack, sample string) int64 {
 	t.Helper()
 	var sum int64
 	for id, p := range s.shards {
-		addr := strings.TrimPrefix(p.waitLine(t, "shard "+id+" listening on "), "shard "+id+" listening on ")
-		resp, err := http.Get("http://" + addr + "/metrics")
+		resp, err := http.Get(p.waitReady(t, readiness.RoleShard).Addr + "/metrics")
 		if err != nil {
 			t.Errorf("GET %s /metrics: %v", id, err)
 			continue

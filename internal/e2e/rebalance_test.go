@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +16,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
@@ -303,7 +303,7 @@ func TestE2E_MoverKilledAtEachStep(t *testing.T) {
 		mu.Unlock()
 		mover := s.startEnv("mover-"+step.point, []string{"SHARDSTOCK_FAILPOINT=" + step.point + "=10m"}, filepath.Join(bin, "allocator"),
 			"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn", "-db-max-conns", "4", "-rebalance=false", "-auto-shards=false")
-		base := strings.TrimPrefix(mover.waitLine(t, "allocator listening on "), "allocator listening on ")
+		base := mover.waitReady(t, readiness.RoleAllocator).Addr
 		madmin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
 		if _, err := madmin.SetShards(ctx, adminReq(&v1.SetShardsRequest{Sku: sku, Shards: 4})); err != nil {
 			t.Fatalf("SetShards(%s, 4) through the mover = %v", sku, err)

@@ -21,6 +21,7 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/transport"
@@ -154,9 +155,8 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 	}
 	args = append(append(args, "-db-max-conns", conns), o.allocArgs...)
 	s.allocator = s.startEnv("allocator", o.allocEnv, filepath.Join(bin, "allocator"), args...)
-	line := s.allocator.waitLine(t, "allocator listening on ")
-	s.base = strings.TrimPrefix(line, "allocator listening on ")
-	s.ops = strings.TrimPrefix(s.allocator.waitLine(t, "operator listening on "), "operator listening on ")
+	ready := s.allocator.waitReady(t, readiness.RoleAllocator)
+	s.base, s.ops = ready.Addr, ready.Operator
 	hc := transport.NewClient()
 	s.inv = shardstockv1connect.NewInventoryServiceClient(hc, s.base)
 	s.admin = shardstockv1connect.NewAdminServiceClient(hc, s.base)
@@ -272,21 +272,38 @@ func (p *proc) output() string {
 // waitLine waits for an output line with prefix and returns it.
 func (p *proc) waitLine(t *testing.T, prefix string) string {
 	t.Helper()
+	return p.waitFor(t, fmt.Sprintf("line %q", prefix), func(l string) bool { return strings.HasPrefix(l, prefix) })
+}
+
+// waitReady waits for the process's readiness line (package readiness)
+// as role and returns it: the process is ready, and says where it listens.
+func (p *proc) waitReady(t *testing.T, role string) readiness.Line {
+	t.Helper()
+	l, _ := readiness.Parse(p.waitFor(t, "readiness line of role "+role, func(l string) bool {
+		r, ok := readiness.Parse(l)
+		return ok && r.Role == role
+	}))
+	return l
+}
+
+// waitFor waits for an output line that match accepts and returns it.
+func (p *proc) waitFor(t *testing.T, what string, match func(string) bool) string {
+	t.Helper()
 	deadline := time.Now().Add(startTimeout)
 	for time.Now().Before(deadline) {
 		sc := bufio.NewScanner(strings.NewReader(p.output()))
 		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), prefix) {
+			if match(sc.Text()) {
 				return sc.Text()
 			}
 		}
 		select {
 		case <-p.done:
-			t.Fatalf("process exited before printing %q:\n%s", prefix, p.output())
+			t.Fatalf("process exited before printing a %s:\n%s", what, p.output())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	t.Fatalf("no line %q within %s:\n%s", prefix, startTimeout, p.output())
+	t.Fatalf("no %s within %s:\n%s", what, startTimeout, p.output())
 	return ""
 }
 

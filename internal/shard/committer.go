@@ -196,7 +196,7 @@ func (c *committer) run(items []*groupItem) (follow map[stock.ShardKey]bool) {
 	err := c.db.store.Group(ctx, units)
 	c.srv.metrics.groupSize.Observe(float64(len(units)))
 	c.srv.metrics.groupDuration.Observe(time.Since(start).Seconds())
-	if err != nil && len(items) > 1 && (errors.Is(err, stock.ErrConflict) || errors.Is(err, stock.ErrDiverged) || errors.Is(err, errInvariant)) {
+	if err != nil && len(items) > 1 && (errors.Is(err, stock.ErrConflict) || errors.Is(err, stock.ErrDiverged) || errors.Is(err, stock.ErrInvariant)) {
 		for _, it := range items {
 			it.unit.Err = nil
 			e := c.db.store.Group(ctx, []*stock.Unit{it.unit})

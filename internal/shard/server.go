@@ -359,8 +359,8 @@ func (s *Server) remove(w *writer) {
 	}
 }
 
-// retire removes an idle writer unless a request arrived meanwhile.
-func (s *Server) retire(w *writer) bool {
+// exitIdle removes an idle writer (its idle exit) unless a request arrived meanwhile.
+func (s *Server) exitIdle(w *writer) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if w.queue.Len() > 0 {

@@ -171,8 +171,8 @@ func (w *writer) run() {
 			w.drain(unavailable("shard server gave up the shard's partition"))
 			return
 		case <-idle.C:
-			if w.srv.retire(w) {
-				w.drain(unavailable("shard writer retired"))
+			if w.srv.exitIdle(w) {
+				w.drain(unavailable("shard writer exited idle"))
 				return
 			}
 			idle.Reset(writerIdleMax)
@@ -346,7 +346,7 @@ func (b *batchRun) decide(read *stock.BatchRead) (*stock.BatchWrite, error) {
 		counts = *read.Counts
 	}
 	var err error
-	b.write, b.results, err = plan(w.key, counts, b.reqs, read, b.sweep)
+	b.write, b.results, err = stock.PlanBatch(w.key, counts, b.reqs, read, b.sweep)
 	w.sku = read.SKU
 	if err == nil {
 		b.write.Checkpoint = ledger.CheckpointFor(w.sinceCheckpoint, len(b.write.Ledger))
@@ -393,7 +393,7 @@ func (b *batchRun) failed(err error, attempt int) (results []stock.Result, next 
 		w.srv.log.Warn("batch fenced: another server owns the partition", "shard", w.key.String(), "err", err)
 		w.srv.fenced(w)
 		return all(n, unavailable("shard moved to another server")), writerStop, true
-	case errors.Is(err, stock.ErrDiverged), errors.Is(err, errInvariant):
+	case errors.Is(err, stock.ErrDiverged), errors.Is(err, stock.ErrInvariant):
 		// The row is not what this writer held (a lost commit's outcome
 		// misjudged, a second writer, a bug). Once per batch: reload it
 		// under the fence and, if the ledger accounts for it, go on from
@@ -508,7 +508,7 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 		return nil, err
 	}
 	read := &stock.BatchRead{SKU: w.sku, Ops: ops, Now: time.Now()}
-	write, results, err := plan(w.key, w.counts, reqs, read, false)
+	write, results, err := stock.PlanBatch(w.key, w.counts, reqs, read, false)
 	if err != nil || !write.Empty() {
 		// Cannot happen: every request asks for more than is available.
 		// Let the transactional path decide instead.
@@ -573,3 +573,5 @@ func all(n int, r stock.Result) []stock.Result {
 	}
 	return out
 }
+
+func quote(s string) string { return "\"" + s + "\"" }

@@ -3,6 +3,7 @@ package stock
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Code is the reason of an error, as carried in the public API's
@@ -60,6 +61,23 @@ const (
 	CodeUnimplemented Code = "UNIMPLEMENTED"
 )
 
+// Codes are the error codes of the public API, in the order declared
+// above; TestCodes_Listed fails on a code declared and not listed.
+var Codes = []Code{
+	CodeInvalidSKU, CodeInvalidQuantity, CodeInvalidIdempotencyKey, CodeQuantityAboveMaxPerOrder,
+	CodeIdempotencyKeyReused, CodeInvalidArgument,
+	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound,
+	CodeOutOfStock, CodeSKUPaused, CodeReservationExpired, CodeReservationAlreadyCommitted,
+	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeSKUExists, CodeShardNotHalted,
+	CodeShardsRetiring,
+	CodeOperationInProgress, CodeRebalanceInProgress, CodeMoveFenced, CodePlacementFull,
+	CodeShardUnavailable,
+	CodeRateLimited,
+	CodeUnauthenticated, CodePermissionDenied,
+	CodeInternal,
+	CodeUnimplemented,
+}
+
 // Error is a domain error with a code and a message safe to show a client.
 type Error struct {
 	Code    Code
@@ -86,4 +104,19 @@ func CodeOf(err error) Code {
 // key: the operation did not happen, or its outcome can be looked up.
 func (c Code) Retryable() bool {
 	return c == CodeShardUnavailable || c == CodeOperationInProgress || c == CodeRateLimited
+}
+
+// Definite reports whether an error with code c says for certain what
+// became of its request: that it changed nothing. Every code of Codes
+// does but three, whose request may have been applied: INTERNAL (a bug, or
+// a commit whose answer was lost), SHARD_UNAVAILABLE and
+// OPERATION_IN_PROGRESS (look the operation up, or send it again with the
+// same key). A code that is not the API's (a transport's) is not definite.
+// A definite code may still be Retryable (RATE_LIMITED).
+func (c Code) Definite() bool {
+	switch c {
+	case CodeInternal, CodeShardUnavailable, CodeOperationInProgress:
+		return false
+	}
+	return slices.Contains(Codes, c)
 }

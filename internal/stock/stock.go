@@ -332,3 +332,30 @@ func (s *SKU) Refuse(r *Request, usage int64) (Code, string) {
 	}
 	return "", ""
 }
+
+// Stock is a SKU's counts and its shards.
+type Stock struct {
+	SKU       *SKU
+	Total     Counts
+	InTransit int64
+	// Shards are the shards in service, then those still being retired.
+	Shards []ShardStock
+	// Moving are the SKU's transfers in flight (pending or debited).
+	Moving []*Transfer
+	// Mover is the holder of the SKU's rebalance lease; nil when no one is
+	// moving the SKU.
+	Mover *MoveLease
+}
+
+// ShardStock is one shard's counts and owner.
+type ShardStock struct {
+	Index    int32
+	ServerID string
+	Counts
+	// HaltReason is why the shard is halted; "" while it serves.
+	HaltReason string
+	// Retiring: the shard is out of service after SetShards made the SKU
+	// smaller, and is retired once its stock has moved and its
+	// reservations have ended.
+	Retiring bool
+}

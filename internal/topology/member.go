@@ -267,7 +267,7 @@ func (s *session) register(ctx context.Context) error {
 	return nil
 }
 
-// loop reconciles ownership with each new view, claim result and retry
+// loop converges ownership with each new view, claim result and retry
 // time until ctx is done (nil), the lease is lost or the watcher fails.
 func (s *session) loop(ctx context.Context, w *Watcher, watchDone <-chan struct{}) error {
 	retry := time.NewTimer(0)
@@ -284,7 +284,7 @@ func (s *session) loop(ctx context.Context, w *Watcher, watchDone <-chan struct{
 		default:
 		}
 		v := w.Snapshot()
-		next := s.reconcile(ctx, v)
+		next := s.converge(ctx, v)
 		s.m.settled.Store(s.settled(v))
 		if next.IsZero() {
 			retry.Stop()
@@ -303,9 +303,9 @@ func (s *session) loop(ctx context.Context, w *Watcher, watchDone <-chan struct{
 	}
 }
 
-// reconcile moves ownership one step toward the assignment in v. It
+// converge moves ownership one step toward the assignment in v. It
 // returns when it wants to run again without a new view (zero: no need).
-func (s *session) reconcile(ctx context.Context, v View) (next time.Time) {
+func (s *session) converge(ctx context.Context, v View) (next time.Time) {
 	if v.serversRev < s.regRev {
 		return time.Time{} // the view has not seen the registration yet
 	}
@@ -353,7 +353,7 @@ func (s *session) reconcile(ctx context.Context, v View) (next time.Time) {
 				continue
 			}
 			if len(s.pending) >= claimsInFlightMax {
-				continue // a finishing claim runs reconcile again
+				continue // a finishing claim runs converge again
 			}
 			s.startClaim(ctx, p)
 		}
@@ -464,7 +464,7 @@ func (s *session) claim(ctx context.Context, p int32) claimResult {
 	}
 	r := claimResult{p: p, epoch: epoch, rev: epoch, err: fmt.Errorf("acquire at epoch %d: %w", epoch, err)}
 	// Undo the claim, so the partition does not sit with an owner that
-	// does not write it. If this fails too, reconcile deletes the key.
+	// does not write it. If this fails too, converge deletes the key.
 	if rev, rerr := s.release(ctx, p, epoch); rerr == nil {
 		r.rev = max(r.rev, rev)
 	}

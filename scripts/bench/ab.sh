@@ -59,7 +59,7 @@ for w in $workloads; do args_of "$w" >/dev/null; done # an unknown workload stop
 git worktree add --detach "$tmp/base" "$base" >/dev/null
 (cd "$tmp/base" && go build -o "$tmp/base-dev" ./cmd/shardstock-dev)
 go build -o "$tmp/head-dev" ./cmd/shardstock-dev
-go build -o bin/loadgen ./cmd/loadgen
+go -C bench build -o ../bin/loadgen ./cmd/loadgen
 
 echo "ab.sh: base $(git rev-parse --short "$base") against the working tree on $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes'); $rounds rounds of: $workloads; stack flags: ${stack_args:-none}; ${rate:-unpaced}${rate:+ requests a second}" >&2
 for ((round = 1; round <= rounds; round++)); do

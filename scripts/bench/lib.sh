@@ -11,7 +11,7 @@ private_pg_setup() {
 	trap private_pg_cleanup EXIT
 	trap 'exit 130' INT TERM
 	go build -o bin/shardstock-dev ./cmd/shardstock-dev
-	go build -o bin/loadgen ./cmd/loadgen
+	go -C bench build -o ../bin/loadgen ./cmd/loadgen
 }
 
 private_pg_cleanup() {

@@ -28,7 +28,7 @@ token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 readonly token
 
 go build -o bin/shardstock-dev ./cmd/shardstock-dev
-go build -o bin/loadgen ./cmd/loadgen
+go -C bench build -o ../bin/loadgen ./cmd/loadgen
 mkdir -p tmp
 
 stack_pid=""

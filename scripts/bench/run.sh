@@ -58,7 +58,7 @@ trap 'exit 130' INT TERM
 
 mkdir -p "$(dirname "$stack_log")"
 go build -o bin/shardstock-dev ./cmd/shardstock-dev
-go build -o bin/loadgen ./cmd/loadgen
+go -C bench build -o ../bin/loadgen ./cmd/loadgen
 
 free_local_conns() {
 	command -v psql >/dev/null 2>&1 || return 1

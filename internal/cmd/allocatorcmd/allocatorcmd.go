@@ -25,6 +25,7 @@ import (
 	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -290,6 +291,8 @@ func serve(ctx context.Context, cancel context.CancelFunc, cfg *config, proc *st
 	nodeDone, shardDone := serveLocalShard(ctx, cancel, cfg, w, metrics, log, stdout)
 
 	fmt.Fprintf(stdout, "allocator listening on %s://%s\n", cfg.scheme, proc.Listener.Addr())
+	go readiness.Announce(ctx, stdout, readiness.Line{Role: readiness.RoleAllocator,
+		Addr: cfg.scheme + "://" + proc.Listener.Addr().String(), Operator: cfg.scheme + "://" + opsLis.Addr().String()}, w.ready)
 	log.Info("allocator started", "addr", proc.Listener.Addr().String())
 	public := transport.LimitConns(proc.Listener, cfg.clientConns, transport.NewConnMetrics(proc.Registry, "shardstock_allocator_client"))
 	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(cfg.corsOrigins)), cfg.tls)

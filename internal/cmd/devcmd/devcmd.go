@@ -37,6 +37,7 @@ import (
 	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/proc"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/transport"
@@ -97,7 +98,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	base := "http://" + cfg.addr
-	if err := waitReady(ctx, base, cfg.token, cfg.members(), kids); err != nil {
+	topo, err := waitReady(ctx, base, cfg.token, cfg.members(), kids)
+	if err != nil {
 		if ctx.Err() != nil { // stopped during start-up
 			fmt.Fprintln(stderr, "dev: stopping")
 			return nil
@@ -108,6 +110,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	printBanner(stdout, base, cfg)
+	if err := announce(ctx, stdout, base, cfg, topo); err != nil {
+		return err
+	}
 	return serve(ctx, kids, stderr)
 }
 
@@ -268,6 +273,21 @@ Ctrl-C stops everything.
 `, base, cfg.token, demoSKU, cfg.opsAddr)
 }
 
+// announce prints the stack's readiness line, the banner's counterpart for
+// a program (loadgen, the tests): its addresses and its shard servers.
+func announce(ctx context.Context, stdout io.Writer, base string, cfg *config, topo *v1.GetTopologyResponse) error {
+	line := readiness.Line{Role: readiness.RoleDev, Addr: base, Operator: "http://" + cfg.opsAddr}
+	for _, srv := range topo.Servers {
+		if srv.ServerId != localShardID { // inside the allocator's process
+			line.Shards = append(line.Shards, readiness.Shard{ID: srv.ServerId, Addr: "http://" + srv.Address})
+		}
+	}
+	if err := readiness.Announce(ctx, stdout, line, nil); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
 // serve waits until ctx ends or a child exits. A terminal's Ctrl-C
 // reaches the children too, and one may exit before this process has seen
 // its own SIGINT: a child's exit is a failure only if no signal follows it
@@ -399,8 +419,8 @@ func (p *prefixWriter) flush() {
 
 // waitReady waits until every shard server has registered and every
 // partition is owned, so that start-up hand-overs are over when the banner
-// says the stack is ready.
-func waitReady(ctx context.Context, base, token string, servers int, k *children) error {
+// says the stack is ready, and returns the topology then.
+func waitReady(ctx context.Context, base, token string, servers int, k *children) (*v1.GetTopologyResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	admin := shardstockv1connect.NewAdminServiceClient(transport.NewClient(), base)
@@ -409,13 +429,13 @@ func waitReady(ctx context.Context, base, token string, servers int, k *children
 		req.Header().Set("Authorization", "Bearer "+token)
 		if resp, err := admin.GetTopology(ctx, req); err == nil && len(resp.Msg.Servers) == servers &&
 			len(resp.Msg.Owners) == int(resp.Msg.Partitions) && ownedByAll(resp.Msg) {
-			return nil
+			return resp.Msg, nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the stack was not ready within %s", readyTimeout)
+			return nil, fmt.Errorf("the stack was not ready within %s", readyTimeout)
 		case name := <-k.exited:
-			return fmt.Errorf("%s exited during start-up", name)
+			return nil, fmt.Errorf("%s exited during start-up", name)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

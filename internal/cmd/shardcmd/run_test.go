@@ -16,6 +16,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cmdtest"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/transport"
@@ -89,6 +90,10 @@ func TestRun_StartStop(t *testing.T) {
 			t.Fatalf("/readyz = %q 5 s after the server owned every partition, want ready", get(t, base+"/readyz"))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// And says so, with the address it registered, in its readiness line.
+	if l := stdout.WaitReady(t, readiness.RoleShard, time.Second); l.ID != "run1" || l.Addr != base {
+		t.Errorf("readiness line = %+v, want shard run1 at %s", l, base)
 	}
 	shardc := shardstockv1connect.NewShardServiceClient(transport.NewClient(), base)
 	if _, err := shardc.Execute(ctx, connect.NewRequest(&v1.ExecuteRequest{})); err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/transport"
 )
@@ -74,6 +75,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	nodeDone := make(chan error, 1)
 	go func() { nodeDone <- node.Run(ctx) }()
 	fmt.Fprintf(stdout, "shard %s listening on %s\n", cfg.id, lis.Addr())
+	go readiness.Announce(ctx, stdout, readiness.Line{Role: readiness.RoleShard, ID: cfg.id, Addr: startup.Scheme(tlsCfg) + "://" + lis.Addr().String()}, node.Ready)
 	log.Info("shard server started", "id", cfg.id, "addr", lis.Addr().String(), "advertise", cfg.advertise)
 	var h http.Handler = node.Handler(reg, cfg.pprof, transport.NewMetrics(reg))
 	if cfg.clientCA != "" {

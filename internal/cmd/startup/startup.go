@@ -166,6 +166,15 @@ func EtcdTLS(cfg EtcdConfig) (*clientv3.Client, error) {
 // TLSUsage documents -tls-cert and -tls-key.
 const TLSUsage = "PEM files of the certificate (with its chain) and key to serve TLS with on every listener of the process; both or neither (env SHARDSTOCK_TLS_CERT, SHARDSTOCK_TLS_KEY)"
 
+// Scheme is the URL scheme of a listener served with cfg: https, or http
+// without TLS (nil).
+func Scheme(cfg *tls.Config) string {
+	if cfg == nil {
+		return "http"
+	}
+	return "https"
+}
+
 // TLSConfig loads a server certificate and key (both empty: nil, no TLS).
 // With clientCA, clients must present a certificate that CA signed (mTLS).
 func TLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {

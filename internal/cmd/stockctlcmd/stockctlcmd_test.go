@@ -2,11 +2,9 @@ package stockctlcmd_test
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +16,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cmdtest"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/readiness"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -28,12 +27,12 @@ const token = "stockctl-test-token-0123456789"
 // in this process, on Postgres and an embedded etcd, and returns its URL.
 func stack(t *testing.T) string {
 	t.Helper()
-	return stackWith(t, http.DefaultClient)
+	return stackWith(t)
 }
 
-// stackWith is stack with more allocator flags, its readiness polled
-// with hc.
-func stackWith(t *testing.T, hc *http.Client, extra ...string) string {
+// stackWith is stack with more allocator flags; it returns once the
+// allocator says it is ready.
+func stackWith(t *testing.T, extra ...string) string {
 	t.Helper()
 	e := etcdtest.Start(t)
 	args := append([]string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewDB(t), "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
@@ -50,25 +49,7 @@ func stackWith(t *testing.T, hc *http.Client, extra ...string) string {
 			t.Error("allocator did not stop")
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if base, ok := out.Line("allocator listening on "); ok {
-			for time.Now().Before(deadline) {
-				if resp, err := hc.Get(base + "/readyz"); err == nil {
-					resp.Body.Close()
-					if resp.StatusCode == 200 {
-						return base
-					}
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			t.Fatal("allocator not ready")
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("allocator printed no address: %q", out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return out.WaitReady(t, readiness.RoleAllocator, 30*time.Second).Addr
 }
 
 // ctl runs stockctl in-process and returns its exit code and output.
@@ -203,8 +184,7 @@ func TestStockctl(t *testing.T) {
 func TestStockctl_TLS(t *testing.T) {
 	ca := cmdtest.NewCA(t)
 	cert, key := ca.Issue(t, "allocator")
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
-	base := stackWith(t, hc, "-tls-cert", cert, "-tls-key", key)
+	base := stackWith(t, "-tls-cert", cert, "-tls-key", key)
 	env := map[string]string{"SHARDSTOCK_ADMIN_TOKEN": token}
 	for _, protocol := range []string{"connect", "grpc"} {
 		if code, out, errOut := ctl(t, env, "-url", base, "-ca", ca.File, "-protocol", protocol, "create-sku", "tls-"+protocol, "-stock", "5"); code != 0 {

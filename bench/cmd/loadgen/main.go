@@ -1,0 +1,571 @@
+// Command loadgen drives shardstock and the baselines it is measured against
+// with the source document's traffic models (A, B, C and the 100-unit case),
+// with duplicate submissions and abandoned requests on demand, and ends every
+// run with the correctness line: oversold, undersold, duplicate deductions
+// and reconciliation differences. A non-zero number on shardstock makes the
+// command exit non-zero; a baseline is reported as it is.
+//
+//	loadgen -target all-baselines -model C -concurrency 64 -duration 10s
+//	loadgen -target shardstock,onerow -model case -report report.html
+//	loadgen -stack bin/shardstock-dev -target all -model C,case -duration 5s
+//
+// With -stack it starts the dev stack itself (on a free port, with a new
+// admin token and a database of its own) and stops it with SIGTERM at the
+// end; -paced reruns a target at a share of the rate it reached, to measure
+// latency below the peak. -target memory measures the ceiling of the public
+// API over Connect: an in-memory server (internal/loadgen/memory) that
+// loadgen runs as a child process of itself (`loadgen serve-memory`) and
+// drives with the shardstock client.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/shardstock/shardstock/bench/internal/baseline"
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/diskprobe"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == serveMemoryArg {
+		err = serveMemory(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
+	} else if len(os.Args) > 1 && os.Args[1] == serveRedisAPIArg {
+		err = serveRedisAPI(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
+	} else {
+		err = run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	}
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+// options are what the target constructors need.
+type options struct {
+	addr, adminToken, databaseURL, redisAddr string
+	pgConns                                  int32
+	redisPool                                int
+}
+
+// targets builds each target by name. Tests add their own.
+var targets = map[string]func(options) loadgen.Target{
+	"shardstock": func(o options) loadgen.Target {
+		return shardstock.New(shardstock.Config{Addr: o.addr, AdminToken: o.adminToken})
+	},
+	"naive": func(o options) loadgen.Target {
+		return baseline.NewNaive(baseline.PostgresConfig{DatabaseURL: o.databaseURL, MaxConns: o.pgConns})
+	},
+	"onerow": func(o options) loadgen.Target {
+		return baseline.NewOneRow(baseline.PostgresConfig{DatabaseURL: o.databaseURL, MaxConns: o.pgConns})
+	},
+	"subrows": func(o options) loadgen.Target {
+		return baseline.NewSubRows(baseline.PostgresConfig{DatabaseURL: o.databaseURL, MaxConns: o.pgConns})
+	},
+	"redis": func(o options) loadgen.Target {
+		return baseline.NewRedis(baseline.RedisConfig{Addr: o.redisAddr, PoolSize: o.redisPool})
+	},
+	"redis-fsync": func(o options) loadgen.Target {
+		return baseline.NewRedis(baseline.RedisConfig{Addr: o.redisAddr, PoolSize: o.redisPool, Fsync: true})
+	},
+	loadgen.CeilingTarget: newMemoryTarget,
+	"redis-api":           newRedisAPITarget,
+}
+
+// groups name several targets at once, in the order they run.
+var groups = map[string][]string{
+	"all-baselines": {"naive", "onerow", "subrows", "redis", "redis-fsync"},
+	"all":           {"naive", "onerow", "subrows", "redis", "redis-fsync", "shardstock"},
+}
+
+// Bounds of the command.
+const (
+	modelsMax = 8 // models of one invocation
+	pacedMin  = 0.01
+	pacedMax  = 1.0
+	// pacedRateMax is the runner's own bound on -rate.
+	pacedRateMax = 1_000_000
+	cpuProfile   = "loadgen" // name of the client's own CPU profile in -server-profile
+)
+
+// parseTargets expands a comma-separated list of targets and groups.
+func parseTargets(s string) ([]string, error) {
+	var names []string
+	for _, n := range strings.Split(s, ",") {
+		n = strings.TrimSpace(n)
+		members, ok := groups[n]
+		if !ok {
+			if _, ok := targets[n]; !ok {
+				return nil, fmt.Errorf("unknown target %q (want shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api, memory, all-baselines or all)", n)
+			}
+			members = []string{n}
+		}
+		for _, m := range members {
+			if !slices.Contains(names, m) {
+				names = append(names, m)
+			}
+		}
+	}
+	return names, nil
+}
+
+// shardCountsMax bounds the -shards list.
+const shardCountsMax = 8
+
+// parseShards parses a comma-separated list of shard counts, 1 to 256 each.
+func parseShards(s string) ([]int32, error) {
+	var out []int32
+	for _, part := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil || n < 1 || n > 256 {
+			return nil, fmt.Errorf("-shards %q: want counts of 1 to 256, comma-separated", s)
+		}
+		if !slices.Contains(out, int32(n)) {
+			out = append(out, int32(n))
+		}
+	}
+	if len(out) > shardCountsMax {
+		return nil, fmt.Errorf("-shards: at most %d counts", shardCountsMax)
+	}
+	return out, nil
+}
+
+// parseModels parses a comma-separated list of models.
+func parseModels(s string) ([]loadgen.Model, error) {
+	var ms []loadgen.Model
+	for _, part := range strings.Split(s, ",") {
+		m, err := loadgen.ParseModel(strings.TrimSpace(part))
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(ms, m) {
+			ms = append(ms, m)
+		}
+	}
+	if len(ms) > modelsMax {
+		return nil, fmt.Errorf("-model: at most %d models", modelsMax)
+	}
+	return ms, nil
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		targetList   = fs.String("target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api (the same API and handlers over a Redis Lua script with appendfsync always, in a process of its own; in no group), memory (the API's ceiling: an in-memory server in a process of its own, driven like shardstock; in no group); or all-baselines, all")
+		addr         = fs.String("addr", shardstock.AddrDefault, "shardstock allocator base URL (cleartext HTTP/2)")
+		adminToken   = fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
+		databaseURL  = fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")
+		redisAddr    = fs.String("redis-addr", "127.0.0.1:6379", "Redis address of the Redis baselines")
+		modelList    = fs.String("model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), skew (as A, but every key's first-choice shard is one of 2), case (100 units, 500 deducts, 50 reused keys)")
+		duration     = fs.Duration("duration", 10*time.Second, "load time per target (at most 1h); the run stops at -duration or -requests, whichever comes first")
+		requests     = fs.Int64("requests", 0, "client operations per target (0: until -duration; at most 10,000,000)")
+		concurrency  = fs.Int("concurrency", 64, "concurrent clients")
+		rate         = fs.Float64("rate", 0, "client operations started per second over all clients (a deduct, or a reserve with its commit or release); 0: unpaced")
+		paced        = fs.Float64("paced", 0, "after each unpaced run of a -paced-targets target, run it again at this share (0.01 to 1) of the operations per second it reached; 0: off")
+		pacedTargets = fs.String("paced-targets", "shardstock", "comma-separated targets that -paced reruns")
+		shardList    = fs.String("shards", "8", "shards per SKU (shardstock) and rows per SKU (subrows); a comma-separated list runs every target once per count, its rows labelled target/count")
+		stockPerSKU  = fs.Int64("stock", 1_000_000, "stock per SKU (the hot SKU of model C and the case have 100)")
+		skus         = fs.Int("skus", 1000, "number of SKUs (models A, B, C)")
+		qty          = fs.String("qty", "1", "quantity per request: N, or 1..K for uniform")
+		mix          = fs.String("mix", "deduct=100", "flows: deduct=N,commit=N,release=N (reserve then commit, reserve then release)")
+		dupRate      = fs.Float64("dup-rate", 0, "share of requests sent twice at once with the same key")
+		abandonRate  = fs.Float64("abandon-rate", 0, "share of requests abandoned right after sending, then retried with the same key until a definite answer")
+		retry        = fs.Bool("retry", true, "retry a request whose answer left its fate unknown (timeout, SHARD_UNAVAILABLE, ...) with the same key, up to 20 times, as the API asks of clients")
+		timeout      = fs.Duration("request-timeout", 10*time.Second, "deadline of each request")
+		seed         = fs.Uint64("seed", 1, "seed of every random choice")
+		pgConns      = fs.Int("pg-conns", 50, "connection pool size of each Postgres baseline")
+		redisPool    = fs.Int("redis-pool", 128, "connection pool size of each Redis baseline")
+		reportPath   = fs.String("report", "", "write an HTML report to this path (with several models, one per model: path-MODEL.html)")
+		progress     = fs.Bool("progress", true, "show a progress bar on stderr")
+		stackBin     = fs.String("stack", "", "start this shardstock-dev binary on 127.0.0.1 (free port, new admin token, a database of its own) for the run, and stop it with SIGTERM after; -addr and -admin-token are then ignored")
+		databaseNote = fs.String("database-note", "", "with -stack and -database-url, how the tables name that server (e.g. \"private durable Postgres 15\")")
+		stackLog     = fs.String("stack-log", "", "with -stack, write the stack's output here (default: a file in the temporary directory)")
+		stackArgs    = fs.String("stack-args", "", "with -stack, the stack's own flags, space-separated (e.g. \"-shard-servers 0 -allocator-shard\": one process owning every partition)")
+		serverProf   = fs.String("server-profile", "", "with -stack, write CPU profiles of the allocator and every shard server over each shardstock load, and of loadgen itself, into this directory")
+		serverPids   = fs.String("server-pids", "", "comma-separated pids of shardstock's server processes when it was not started with -stack (their children count too), for the CPU each request costs the server side")
+		cpuProf      = fs.String("cpuprofile", "", "write loadgen's own CPU profile (the whole invocation) to this file")
+		latencyGoal  = fs.Duration("latency-goal", 25*time.Millisecond, "answers slower than this are kept and, with -disk-probe, matched against the disk's stalls (a sync this slow is a stall); 0: off")
+		diskProbe    = fs.String("disk-probe", "", "during each run's load, time an 8 KiB write and fdatasync every 5 ms in this directory (put it on the database's disk), and report the disk's stalls beside the answers they delayed")
+		pgData       = fs.String("pg-data", "", "with -pg-crash-count, the data directory of the private Postgres that -database-url names, to crash-restart during each shardstock load (never the shared server on port 5432)")
+		pgCrashEvery = fs.Duration("pg-crash-every", 5*time.Second, "with -pg-crash-count, the time from the load's start to the first Postgres crash-restart and from one to the next (at least 1s; and at least 1s after Postgres answered again)")
+		pgCrashCount = fs.Int("pg-crash-count", 0, "crash-restart the Postgres of -pg-data this many times during each shardstock load (pg_ctl stop -m immediate, then start on the same port), every -pg-crash-every; fewer crashes than this fail the command; 0: off")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	names, err := parseTargets(*targetList)
+	if err != nil {
+		return err
+	}
+	var pacedNames []string
+	if *paced != 0 {
+		if !(*paced >= pacedMin && *paced <= pacedMax) {
+			return fmt.Errorf("-paced %g: want %g to %g, or 0", *paced, pacedMin, pacedMax)
+		}
+		if pacedNames, err = parseTargets(*pacedTargets); err != nil {
+			return err
+		}
+	}
+	models, err := parseModels(*modelList)
+	if err != nil {
+		return err
+	}
+	q, err := loadgen.ParseQty(*qty)
+	if err != nil {
+		return err
+	}
+	mx, err := loadgen.ParseMix(*mix)
+	if err != nil {
+		return err
+	}
+	shards, err := parseShards(*shardList)
+	if err != nil {
+		return err
+	}
+	if *pgConns < 1 || *pgConns > 1000 || *redisPool < 1 || *redisPool > 10_000 {
+		return fmt.Errorf("-pg-conns (1 to 1000) or -redis-pool (1 to 10000) out of range")
+	}
+	// The runner reads zero as "default": refuse it here.
+	if *duration <= 0 || *concurrency < 1 || *skus < 1 || *stockPerSKU < 1 || *requests < 0 || *timeout <= 0 {
+		return fmt.Errorf("-duration, -concurrency, -skus, -stock and -request-timeout must be positive, -requests not negative")
+	}
+	if *stackArgs != "" && *stackBin == "" {
+		return errors.New("-stack-args needs -stack")
+	}
+	if *serverProf != "" && *stackBin == "" {
+		return errors.New("-server-profile needs -stack: only a stack loadgen starts serves its profiles")
+	}
+	base := loadgen.Config{
+		SKUs: *skus, Stock: *stockPerSKU, Shards: shards[0],
+		Duration: *duration, Requests: *requests, Concurrency: *concurrency, Rate: *rate,
+		Qty: q, Mix: mx, DupRate: *dupRate, AbandonRate: *abandonRate, Retry: *retry,
+		RequestTimeout: *timeout, Seed: *seed, LatencyGoal: *latencyGoal,
+	}
+	if *diskProbe != "" {
+		if *latencyGoal <= 0 {
+			return errors.New("-disk-probe needs a positive -latency-goal: it is the probe's stall threshold")
+		}
+		if fi, err := os.Stat(*diskProbe); err != nil || !fi.IsDir() {
+			return fmt.Errorf("-disk-probe %s: want an existing directory", *diskProbe)
+		}
+	}
+	var crash *crashPlan
+	if *pgCrashCount != 0 {
+		if crash, err = newCrashPlan(*pgData, *databaseURL, *pgCrashEvery, *pgCrashCount, *duration, models, names); err != nil {
+			return err
+		}
+	} else if *pgData != "" {
+		return errors.New("-pg-data needs -pg-crash-count")
+	}
+	if *progress {
+		base.Progress = stderr
+	}
+	// Check every configuration before starting anything.
+	for _, m := range models {
+		for _, n := range shards {
+			c := base
+			c.Model, c.Shards = m, n
+			if _, err := loadgen.NewRunner(c); err != nil {
+				return err
+			}
+		}
+	}
+
+	if *cpuProf != "" {
+		stopProf, err := startCPUProfile(*cpuProf)
+		if err != nil {
+			return err
+		}
+		defer stopProf()
+	}
+
+	opts := options{
+		addr: *addr, adminToken: *adminToken, databaseURL: *databaseURL, redisAddr: *redisAddr,
+		pgConns: int32(*pgConns), redisPool: *redisPool,
+	}
+	var errs []error
+	var st *stack
+	if *stackBin != "" {
+		st, err = startStack(ctx, stackConfig{
+			Bin: *stackBin, ServerURL: *databaseURL, ServerNote: *databaseNote, BaselineConns: *pgConns, LogPath: *stackLog,
+			Args:  strings.Fields(*stackArgs),
+			Pprof: *serverProf != "", Stderr: stderr,
+		})
+		if err != nil {
+			return fmt.Errorf("stack: %w", err)
+		}
+		defer func() {
+			if err := st.stop(); err != nil {
+				fmt.Fprintf(stderr, "loadgen: stack: %v\n", err)
+			}
+		}()
+		opts.addr, opts.adminToken, opts.databaseURL = st.baseURL, st.token, st.databaseURL
+		fmt.Fprintf(stderr, "loadgen: stack: %s, admin token %s, %s; log %s\n", st.baseURL, st.token, st.dbNote, st.logPath)
+		if *serverProf != "" {
+			if err := os.MkdirAll(*serverProf, 0o755); err != nil {
+				return err
+			}
+			if *cpuProf == "" {
+				stopProf, err := startCPUProfile(filepath.Join(*serverProf, cpuProfile+".pprof"))
+				if err != nil {
+					return err
+				}
+				defer stopProf()
+			}
+		}
+	}
+
+	var pids []int
+	for _, f := range strings.Split(*serverPids, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			return fmt.Errorf("-server-pids: %q is not a pid", f)
+		}
+		pids = append(pids, pid)
+	}
+	for _, m := range models {
+		cfg := base
+		cfg.Model = m
+		mr := modelRun{cfg: cfg, names: names, shards: shards, paced: *paced, pacedNames: pacedNames, opts: opts, stack: st,
+			profileDir: *serverProf, diskDir: *diskProbe, crash: crash, serverPids: pids, stderr: stderr}
+		results, merrs := mr.run(ctx)
+		errs = append(errs, merrs...)
+		if len(results) == 0 {
+			continue
+		}
+		if st != nil {
+			fmt.Fprintf(stdout, "stack: %s%s\n", st.dbNote, argsNote(*stackArgs))
+		}
+		if err := loadgen.WriteTable(stdout, results); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout)
+		if *reportPath != "" {
+			path := *reportPath
+			if len(models) > 1 {
+				path = strings.TrimSuffix(path, ".html") + "-" + string(m) + ".html"
+			}
+			if err := writeReport(path, results); err != nil {
+				errs = append(errs, err)
+			} else {
+				fmt.Fprintf(stderr, "loadgen: report written to %s\n", path)
+			}
+		}
+		for _, r := range results {
+			if r.Failed() {
+				c := r.Correctness
+				errs = append(errs, fmt.Errorf("%s (model %s): correctness not zero: oversold %d, undersold %d, duplicates %d, lost acknowledged %d, reconciliation differences %d",
+					r.Target, m, c.Oversold, c.Undersold, c.Duplicates, c.Lost, c.Reconciliation))
+			}
+			if r.Crashes.Short() {
+				errs = append(errs, fmt.Errorf("%s (model %s): %d of %d planned Postgres crash-restarts happened: not the run under faults it was asked to be",
+					r.Target, m, r.Crashes.Done, r.Crashes.Planned))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// modelRun runs every target on one model.
+type modelRun struct {
+	cfg        loadgen.Config
+	names      []string
+	shards     []int32
+	paced      float64
+	pacedNames []string
+	opts       options
+	stack      *stack
+	profileDir string
+	diskDir    string     // "": no disk probe
+	crash      *crashPlan // nil: no crash loop
+	serverPids []int      // -server-pids: shardstock's processes when not -stack
+	stderr     io.Writer
+}
+
+func (mr *modelRun) run(ctx context.Context) ([]*loadgen.Result, []error) {
+	var results []*loadgen.Result
+	var errs []error
+	for _, name := range mr.names {
+		for _, n := range mr.shards {
+			cfg := mr.cfg
+			cfg.Shards = n
+			label := name
+			if len(mr.shards) > 1 {
+				label = fmt.Sprintf("%s/%d", name, n)
+			}
+			res, err := mr.one(ctx, name, cfg, label)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			results = append(results, res)
+			if mr.paced == 0 || !slices.Contains(mr.pacedNames, name) || cfg.Rate > 0 {
+				continue
+			}
+			// The case model is a fixed 500 requests, over before it is paced.
+			if cfg.Model == loadgen.ModelCase || res.FlowRate() <= 0 {
+				continue
+			}
+			cfg.Rate = min(mr.paced*res.FlowRate(), pacedRateMax)
+			pres, err := mr.one(ctx, name, cfg, fmt.Sprintf("%s@%.0f%%", label, mr.paced*100))
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			results = append(results, pres)
+		}
+	}
+	return results, errs
+}
+
+// one runs one target once; label names its row.
+func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, label string) (*loadgen.Result, error) {
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%s: not run: %w", label, ctx.Err())
+	}
+	if mr.stack != nil {
+		if err := mr.stack.alive(); err != nil {
+			return nil, fmt.Errorf("%s: not run: %w", label, err)
+		}
+	}
+	var prof *serverProfiles
+	if mr.profileDir != "" && name == "shardstock" {
+		prof = &serverProfiles{dir: mr.profileDir, prefix: fmt.Sprintf("%s-%s", cfg.Model, strings.ReplaceAll(label, "%", "pct")),
+			seconds: int(cfg.Duration.Round(time.Second) / time.Second), stack: mr.stack, stderr: mr.stderr}
+		cfg.LoadStarted = prof.start
+	}
+	// The disk probe covers the load alone, not Setup's or Verify's writes.
+	var disk *loadgen.Disk
+	if mr.diskDir != "" {
+		var probe *diskprobe.Probe
+		started := cfg.LoadStarted
+		cfg.LoadStarted = func() {
+			if started != nil {
+				started()
+			}
+			var err error
+			if probe, err = diskprobe.Start(mr.diskDir, 0, cfg.LatencyGoal); err != nil {
+				disk = &loadgen.Disk{Dir: mr.diskDir, Threshold: cfg.LatencyGoal, Err: err}
+			}
+		}
+		cfg.LoadEnded = func() {
+			if probe != nil {
+				disk = diskResult(probe.Stop())
+			}
+		}
+	}
+	var cpu *loadgen.CPU
+	var t loadgen.Target
+	cfg.LoadStarted, cfg.LoadEnded = mr.cpuHooks(ctx, name, func() loadgen.Target { return t }, cfg.LoadStarted, cfg.LoadEnded, &cpu)
+	var crashes *loadgen.Crashes
+	if mr.crash != nil && name == "shardstock" {
+		cfg.LoadStarted, cfg.LoadEnded = mr.crash.hooks(ctx, cfg.LoadStarted, cfg.LoadEnded, &crashes, mr.stderr)
+	}
+	runner, err := loadgen.NewRunner(cfg)
+	if err != nil {
+		return nil, err
+	}
+	rate := ""
+	if cfg.Rate > 0 {
+		rate = fmt.Sprintf(", paced at %.0f ops/s", cfg.Rate)
+	}
+	fmt.Fprintf(mr.stderr, "loadgen: %s: model %s, %d clients%s\n", label, cfg.Model, cfg.Concurrency, rate)
+	t = targets[name](mr.opts)
+	res, err := runner.Run(ctx, t)
+	if res != nil {
+		res.Disk, res.Crashes, res.CPU = disk, crashes, cpu
+	}
+	if cerr := t.Close(); cerr != nil {
+		fmt.Fprintf(mr.stderr, "loadgen: %s: close: %v\n", label, cerr)
+	}
+	if prof != nil {
+		prof.wait()
+	}
+	if err != nil {
+		fmt.Fprintf(mr.stderr, "loadgen: %s: %v\n", label, err)
+		return nil, err
+	}
+	res.Target = label
+	fmt.Fprintf(mr.stderr, "loadgen: %s: setup %s, load %s, verify %s\n", label,
+		res.SetupTime.Round(time.Millisecond), res.Elapsed.Round(time.Millisecond), res.VerifyTime.Round(time.Millisecond))
+	return res, nil
+}
+
+// diskResult is the probe's record in the table's terms.
+func diskResult(p *diskprobe.Result) *loadgen.Disk {
+	d := &loadgen.Disk{Dir: p.Dir, Syncs: p.Syncs, Threshold: p.Threshold, StallsDropped: p.StallsDropped, Err: p.Err}
+	if p.Syncs > 0 {
+		us := func(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
+		d.P50, d.P99, d.Max = us(p.Latency.ValueAtQuantile(50)), us(p.Latency.ValueAtQuantile(99)), us(p.Latency.Max())
+	}
+	for _, s := range p.Stalls {
+		d.Stalls = append(d.Stalls, loadgen.Window{Start: s.Start, End: s.End()})
+	}
+	return d
+}
+
+// startCPUProfile profiles this process into path until the returned func
+// is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
+}
+
+func writeReport(path string, results []*loadgen.Result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	if err := loadgen.WriteReport(f, results); err != nil {
+		f.Close()
+		return fmt.Errorf("report: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	return nil
+}
+
+// argsNote names the stack's own flags in the table's stack line.
+func argsNote(args string) string {
+	if args = strings.Join(strings.Fields(args), " "); args != "" {
+		return ", stack flags " + args
+	}
+	return ""
+}

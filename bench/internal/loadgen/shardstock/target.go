@@ -1,0 +1,375 @@
+// Package shardstock is the load generator's Target for shardstock itself:
+// the public InventoryService and AdminService over Connect, on cleartext
+// HTTP/2, exactly as any client would call them.
+package shardstock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Limits of the target.
+const (
+	AddrDefault       = "http://127.0.0.1:8080"
+	setupParallelMax  = 8 // CreateSku calls in flight
+	verifyParallelMax = 8 // SKUs verified at once
+	ledgerPageSize    = 1000
+	ledgerPagesMax    = 100_000
+	dialTimeout       = 5 * time.Second
+	idleConnTimeout   = 2 * time.Minute
+	idleConnsMax      = 64
+)
+
+// Config configures the target.
+type Config struct {
+	Addr       string // the allocator's base URL; default AddrDefault
+	AdminToken string // bearer token of the AdminService
+	// HTTPClient, when set, replaces the cleartext HTTP/2 client.
+	HTTPClient *http.Client
+}
+
+// Target drives a running shardstock allocator.
+type Target struct {
+	cfg   Config
+	http  *http.Client
+	inv   shardstockv1connect.InventoryServiceClient
+	admin shardstockv1connect.AdminServiceClient
+}
+
+var _ loadgen.Target = (*Target)(nil)
+
+// New returns a target for the allocator at cfg.Addr.
+func New(cfg Config) *Target {
+	if cfg.Addr == "" {
+		cfg.Addr = AddrDefault
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = newHTTP2Client()
+	}
+	bearer := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("Authorization", "Bearer "+cfg.AdminToken)
+			return next(ctx, req)
+		}
+	})
+	return &Target{
+		cfg:   cfg,
+		http:  hc,
+		inv:   shardstockv1connect.NewInventoryServiceClient(hc, cfg.Addr),
+		admin: shardstockv1connect.NewAdminServiceClient(hc, cfg.Addr, connect.WithInterceptors(bearer)),
+	}
+}
+
+// newHTTP2Client speaks cleartext HTTP/2 with prior knowledge, like the
+// Connect and gRPC clients between shardstock's own services.
+func newHTTP2Client() *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{
+		Protocols:           &p,
+		MaxIdleConnsPerHost: idleConnsMax,
+		IdleConnTimeout:     idleConnTimeout,
+		DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+	}}
+}
+
+// Name is "shardstock".
+func (t *Target) Name() string { return "shardstock" }
+
+// Setup creates every SKU with its stock and shards (AdminService.CreateSku).
+// SKU names are unique per run, so a shardstock that keeps its data between
+// runs needs no clean-up.
+func (t *Target) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(setupParallelMax)
+	for _, s := range skus {
+		g.Go(func() error {
+			_, err := t.admin.CreateSku(ctx, connect.NewRequest(&shardstockv1.CreateSkuRequest{
+				Sku: s.SKU, InitialStock: s.Stock, Shards: s.Shards,
+			}))
+			if err != nil {
+				return fmt.Errorf("shardstock: CreateSku %s: %w", s.SKU, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// withSent installs the runner's Sent hook on the HTTP request when the
+// runner means to abandon it: cancel right after the request is written.
+func withSent(ctx context.Context) context.Context {
+	if !loadgen.Abandoning(ctx) {
+		return ctx
+	}
+	abandoned := ctx
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { loadgen.Sent(abandoned) },
+	})
+}
+
+// Deduct sends InventoryService.Deduct.
+func (t *Target) Deduct(ctx context.Context, sku, key string, qty int64) loadgen.Outcome {
+	resp, err := t.inv.Deduct(withSent(ctx), connect.NewRequest(&shardstockv1.DeductRequest{
+		Sku: sku, Quantity: qty, IdempotencyKey: key,
+	}))
+	if err != nil {
+		return outcomeOf(ctx, err)
+	}
+	return replayed(resp.Msg.GetReplayed())
+}
+
+// Reserve sends InventoryService.Reserve.
+func (t *Target) Reserve(ctx context.Context, sku, key string, qty int64) (string, loadgen.Outcome) {
+	resp, err := t.inv.Reserve(withSent(ctx), connect.NewRequest(&shardstockv1.ReserveRequest{
+		Sku: sku, Quantity: qty, IdempotencyKey: key,
+	}))
+	if err != nil {
+		return "", outcomeOf(ctx, err)
+	}
+	return resp.Msg.GetReservation().GetReservationId(), replayed(resp.Msg.GetReplayed())
+}
+
+// Commit sends InventoryService.Commit.
+func (t *Target) Commit(ctx context.Context, id string) loadgen.Outcome {
+	resp, err := t.inv.Commit(withSent(ctx), connect.NewRequest(&shardstockv1.CommitRequest{ReservationId: id}))
+	if err != nil {
+		return outcomeOf(ctx, err)
+	}
+	return replayed(resp.Msg.GetReplayed())
+}
+
+// Release sends InventoryService.Release.
+func (t *Target) Release(ctx context.Context, id string) loadgen.Outcome {
+	resp, err := t.inv.Release(withSent(ctx), connect.NewRequest(&shardstockv1.ReleaseRequest{ReservationId: id, Reason: "loadgen"}))
+	if err != nil {
+		return outcomeOf(ctx, err)
+	}
+	return replayed(resp.Msg.GetReplayed())
+}
+
+func replayed(r bool) loadgen.Outcome {
+	if r {
+		return loadgen.Replayed
+	}
+	return loadgen.OK
+}
+
+// outcomeOf classifies a failed call: the context's end; else the
+// ErrorInfo reason (OUT_OF_STOCK is a refusal for stock, not an error);
+// else the Connect code, upper-cased (UNAVAILABLE, INTERNAL, ...).
+func outcomeOf(ctx context.Context, err error) loadgen.Outcome {
+	if o, ok := loadgen.ErrorFromContext(ctx); ok {
+		return o
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return loadgen.Error(loadgen.CodeUnavailable)
+	}
+	if r := reason(ce); r != "" {
+		if r == string(stock.CodeOutOfStock) {
+			return loadgen.OutOfStock
+		}
+		return loadgen.Outcome{Status: loadgen.StatusError, Code: r, Detail: ce.Message()}
+	}
+	return loadgen.Outcome{Status: loadgen.StatusError, Code: strings.ToUpper(ce.Code().String()), Detail: ce.Message()}
+}
+
+// reason returns the google.rpc.ErrorInfo reason of a Connect error, or "".
+func reason(ce *connect.Error) string {
+	for _, d := range ce.Details() {
+		v, err := d.Value()
+		if err != nil {
+			continue
+		}
+		if info, ok := v.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// Verify asks AdminService.Reconcile for each SKU's counts (in transit
+// included) and discrepancies, and pages through its ledger
+// (AdminService.ListLedger) to count entries per kind, the deduct and
+// reserve entries against their distinct keys, the end entries (commit,
+// release, expire) against their distinct reservations, and the net stock
+// replenished or adjusted. It also checks the ledger on its own: the SKU's
+// opening stock plus every entry's change must give the counts Reconcile
+// returned. SKUs are verified verifyParallelMax at a time.
+func (t *Target) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.State, error) {
+	states := make([]loadgen.SKUState, len(skus))
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(verifyParallelMax)
+	for i, spec := range skus {
+		g.Go(func() error {
+			s, err := t.verifySKU(ctx, spec)
+			states[i] = s
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return loadgen.State{}, err
+	}
+	st := loadgen.State{SKUs: make(map[string]loadgen.SKUState, len(skus))}
+	for i, spec := range skus {
+		st.SKUs[spec.SKU] = states[i]
+	}
+	return st, nil
+}
+
+// Checks that Verify itself adds to the discrepancies Reconcile lists.
+const (
+	checkLedgerSum = "loadgen_ledger_sum" // opening stock + ledger changes against the counts
+	checkLedgerKey = "loadgen_ledger_key" // an entry without the key or reservation id it needs
+)
+
+func (t *Target) verifySKU(ctx context.Context, spec loadgen.SKUSpec) (loadgen.SKUState, error) {
+	sku := spec.SKU
+	rec, err := t.admin.Reconcile(ctx, connect.NewRequest(&shardstockv1.ReconcileRequest{Sku: sku}))
+	if err != nil {
+		return loadgen.SKUState{}, fmt.Errorf("shardstock: Reconcile %s: %w", sku, err)
+	}
+	stk := rec.Msg.GetStock()
+	if stk == nil {
+		return loadgen.SKUState{}, fmt.Errorf("shardstock: Reconcile %s: no stock in the answer", sku)
+	}
+	s := loadgen.SKUState{
+		Available: stk.GetAvailable(),
+		Reserved:  stk.GetReserved(),
+		Sold:      stk.GetSold(),
+		InTransit: stk.GetInTransit(),
+		Ledger:    map[string]int64{},
+		// The per-operation records come from the same ledger pages: each
+		// deduct or reserve entry names its key (a reserve also its
+		// reservation), each end entry its reservation. A batch's entries
+		// commit with its operation rows, so a lost commit loses both.
+		Keys:         map[string]loadgen.KeyRecord{},
+		Reservations: map[string]loadgen.ReservationRecord{},
+	}
+	for _, d := range rec.Msg.GetDiscrepancies() {
+		s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{
+			Check: d.GetCheck(), Shard: d.GetShard(), Detail: d.GetDetail(), Expected: d.GetExpected(), Actual: d.GetActual(),
+		})
+	}
+	if !rec.Msg.GetBalanced() && len(s.Discrepancies) == 0 {
+		s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{Check: "reconcile", Shard: -1, Detail: "not balanced, no discrepancy listed"})
+	}
+
+	// shardstock places each deduct or reserve on one shard: one entry per
+	// key, wherever it landed. Two entries of one key, on one shard or on
+	// two, are two applications; so are two end entries of one reservation.
+	keys := map[string]struct{}{}
+	ends := map[string]struct{}{}
+	var endEntries, missing int64
+	var sum stock.Counts
+	token := ""
+	for page := 0; ; page++ {
+		if page == ledgerPagesMax {
+			return loadgen.SKUState{}, fmt.Errorf("shardstock: ListLedger %s: more than %d pages", sku, ledgerPagesMax)
+		}
+		resp, err := t.admin.ListLedger(ctx, connect.NewRequest(&shardstockv1.ListLedgerRequest{
+			Sku: sku, PageToken: token, PageSize: ledgerPageSize,
+		}))
+		if err != nil {
+			return loadgen.SKUState{}, fmt.Errorf("shardstock: ListLedger %s: %w", sku, err)
+		}
+		for _, e := range resp.Msg.GetEntries() {
+			kind := e.GetKind()
+			s.Ledger[kind]++
+			sum.Available += e.GetAvailableAfter() - e.GetAvailableBefore()
+			sum.Reserved += e.GetReservedAfter() - e.GetReservedBefore()
+			sum.Sold += e.GetSoldAfter() - e.GetSoldBefore()
+			switch stock.OpKind(kind) {
+			case stock.OpDeduct, stock.OpReserve:
+				if e.GetIdempotencyKey() == "" {
+					missing++
+					continue
+				}
+				s.Operations++
+				keys[e.GetIdempotencyKey()] = struct{}{}
+				k := s.Keys[e.GetIdempotencyKey()]
+				k.Kind = kind
+				k.Applied++
+				if stock.OpKind(kind) == stock.OpReserve {
+					k.ReservationID = e.GetReservationId()
+					r := s.Reservations[k.ReservationID]
+					s.Reservations[k.ReservationID] = r // held until an end entry says otherwise
+				}
+				s.Keys[e.GetIdempotencyKey()] = k
+			case stock.OpCommit, stock.OpRelease, stock.OpExpire:
+				if e.GetReservationId() == "" {
+					missing++
+					continue
+				}
+				endEntries++
+				ends[e.GetReservationId()] = struct{}{}
+				r := s.Reservations[e.GetReservationId()]
+				switch stock.OpKind(kind) {
+				case stock.OpCommit:
+					r.Committed++
+				case stock.OpRelease:
+					r.Released++
+				default:
+					r.Expired++
+				}
+				s.Reservations[e.GetReservationId()] = r
+			case stock.OpReplenish, stock.OpAdjust:
+				s.Replenished += e.GetAvailableAfter() - e.GetAvailableBefore()
+			}
+		}
+		next := resp.Msg.GetNextPageToken()
+		if next == "" {
+			break
+		}
+		if next == token {
+			return loadgen.SKUState{}, fmt.Errorf("shardstock: ListLedger %s: the next page token repeats the last one", sku)
+		}
+		token = next
+	}
+	s.DistinctKeys = int64(len(keys))
+	s.ExtraEnds = endEntries - int64(len(ends))
+
+	if missing > 0 {
+		s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{Check: checkLedgerKey, Shard: -1,
+			Detail: "ledger entries without the idempotency key or reservation id their kind needs", Actual: missing})
+	}
+	// Transfers move stock between shards: an entry that left a shard and
+	// has not landed is in transit, counted apart from available.
+	for _, c := range []struct {
+		what      string
+		want, got int64
+	}{
+		{"available", spec.Stock + sum.Available, s.Available},
+		{"reserved", sum.Reserved, s.Reserved},
+		{"sold", sum.Sold, s.Sold},
+	} {
+		if c.want != c.got {
+			s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{Check: checkLedgerSum, Shard: -1,
+				Detail: c.what + ": opening stock + ListLedger changes against Reconcile's count", Expected: c.want, Actual: c.got})
+		}
+	}
+	return s, nil
+}
+
+// Close closes idle connections. The SKUs stay: shardstock has no delete.
+func (t *Target) Close() error {
+	t.http.CloseIdleConnections()
+	return nil
+}

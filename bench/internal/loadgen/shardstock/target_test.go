@@ -1,0 +1,405 @@
+package shardstock_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
+	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+const token = "test-token"
+
+// fakeAllocator serves the public API from memory, one mutex, one shard per
+// SKU: a test double of the allocator, to check the client side (HTTP/2,
+// replays, error reasons, abandonment, the admin token, ledger paging) until
+// the real allocator can be started in tests.
+type fakeAllocator struct {
+	shardstockv1connect.UnimplementedInventoryServiceHandler
+	shardstockv1connect.UnimplementedAdminServiceHandler
+
+	mu     sync.Mutex
+	skus   map[string]*fakeSKU
+	ops    map[string]*shardstockv1.Operation // by sku + "|" + key
+	holds  map[string]*shardstockv1.Reservation
+	ledger []*shardstockv1.LedgerEntry
+	nextID int
+}
+
+type fakeSKU struct{ initial, available, reserved, sold int64 }
+
+func newFake() *fakeAllocator {
+	return &fakeAllocator{skus: map[string]*fakeSKU{}, ops: map[string]*shardstockv1.Operation{}, holds: map[string]*shardstockv1.Reservation{}}
+}
+
+func domainError(code connect.Code, reason stock.Code) error {
+	e := connect.NewError(code, errors.New(string(reason)))
+	if d, err := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: string(reason), Domain: "shardstock"}); err == nil {
+		e.AddDetail(d)
+	}
+	return e
+}
+
+func (f *fakeAllocator) entry(sku, kind, key, resID string, qty int64, before fakeSKU, after *fakeSKU) {
+	f.ledger = append(f.ledger, &shardstockv1.LedgerEntry{
+		Id: int64(len(f.ledger) + 1), Sku: sku, Kind: kind, Quantity: qty, IdempotencyKey: key, ReservationId: resID,
+		AvailableBefore: before.available, AvailableAfter: after.available,
+		ReservedBefore: before.reserved, ReservedAfter: after.reserved,
+		SoldBefore: before.sold, SoldAfter: after.sold,
+	})
+}
+
+func (f *fakeAllocator) take(kind shardstockv1.OperationKind, sku, key string, qty int64) (*shardstockv1.Operation, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.skus[sku]
+	if !ok {
+		return nil, false, domainError(connect.CodeNotFound, stock.CodeSKUNotFound)
+	}
+	if op, ok := f.ops[sku+"|"+key]; ok {
+		return op, true, nil
+	}
+	if s.available < qty {
+		return nil, false, domainError(connect.CodeFailedPrecondition, stock.CodeOutOfStock)
+	}
+	before := *s
+	op := &shardstockv1.Operation{Sku: sku, IdempotencyKey: key, Kind: kind, Quantity: qty}
+	s.available -= qty
+	name := string(stock.OpDeduct)
+	if kind == shardstockv1.OperationKind_OPERATION_KIND_RESERVE {
+		name = string(stock.OpReserve)
+		s.reserved += qty
+		f.nextID++
+		op.ReservationId = "r" + strconv.Itoa(f.nextID)
+		f.holds[op.ReservationId] = &shardstockv1.Reservation{ReservationId: op.ReservationId, Sku: sku, Quantity: qty,
+			State: shardstockv1.ReservationState_RESERVATION_STATE_HELD, IdempotencyKey: key}
+	} else {
+		s.sold += qty
+	}
+	f.ops[sku+"|"+key] = op
+	f.entry(sku, name, key, op.ReservationId, qty, before, s)
+	return op, false, nil
+}
+
+func (f *fakeAllocator) end(id string, to shardstockv1.ReservationState) (*shardstockv1.Reservation, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.holds[id]
+	switch {
+	case !ok:
+		return nil, false, domainError(connect.CodeNotFound, stock.CodeReservationNotFound)
+	case r.State == to:
+		return r, true, nil
+	case r.State == shardstockv1.ReservationState_RESERVATION_STATE_COMMITTED:
+		return nil, false, domainError(connect.CodeFailedPrecondition, stock.CodeReservationAlreadyCommitted)
+	case r.State == shardstockv1.ReservationState_RESERVATION_STATE_RELEASED:
+		return nil, false, domainError(connect.CodeFailedPrecondition, stock.CodeReservationAlreadyReleased)
+	}
+	s := f.skus[r.Sku]
+	before := *s
+	r.State = to
+	s.reserved -= r.Quantity
+	kind := string(stock.OpCommit)
+	if to == shardstockv1.ReservationState_RESERVATION_STATE_COMMITTED {
+		s.sold += r.Quantity
+	} else {
+		kind = string(stock.OpRelease)
+		s.available += r.Quantity
+	}
+	f.entry(r.Sku, kind, r.IdempotencyKey, id, r.Quantity, before, s)
+	return r, false, nil
+}
+
+func (f *fakeAllocator) Deduct(_ context.Context, req *connect.Request[shardstockv1.DeductRequest]) (*connect.Response[shardstockv1.DeductResponse], error) {
+	op, replayed, err := f.take(shardstockv1.OperationKind_OPERATION_KIND_DEDUCT, req.Msg.GetSku(), req.Msg.GetIdempotencyKey(), req.Msg.GetQuantity())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&shardstockv1.DeductResponse{Operation: op, Replayed: replayed}), nil
+}
+
+func (f *fakeAllocator) Reserve(_ context.Context, req *connect.Request[shardstockv1.ReserveRequest]) (*connect.Response[shardstockv1.ReserveResponse], error) {
+	op, replayed, err := f.take(shardstockv1.OperationKind_OPERATION_KIND_RESERVE, req.Msg.GetSku(), req.Msg.GetIdempotencyKey(), req.Msg.GetQuantity())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&shardstockv1.ReserveResponse{
+		Reservation: &shardstockv1.Reservation{ReservationId: op.ReservationId, Sku: op.Sku, Quantity: op.Quantity}, Replayed: replayed}), nil
+}
+
+func (f *fakeAllocator) Commit(_ context.Context, req *connect.Request[shardstockv1.CommitRequest]) (*connect.Response[shardstockv1.CommitResponse], error) {
+	r, replayed, err := f.end(req.Msg.GetReservationId(), shardstockv1.ReservationState_RESERVATION_STATE_COMMITTED)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&shardstockv1.CommitResponse{Reservation: r, Replayed: replayed}), nil
+}
+
+func (f *fakeAllocator) Release(_ context.Context, req *connect.Request[shardstockv1.ReleaseRequest]) (*connect.Response[shardstockv1.ReleaseResponse], error) {
+	r, replayed, err := f.end(req.Msg.GetReservationId(), shardstockv1.ReservationState_RESERVATION_STATE_RELEASED)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&shardstockv1.ReleaseResponse{Reservation: r, Replayed: replayed}), nil
+}
+
+func authorized(h http.Header) error {
+	if h.Get("Authorization") != "Bearer "+token {
+		return domainError(connect.CodeUnauthenticated, stock.CodeUnauthenticated)
+	}
+	return nil
+}
+
+func (f *fakeAllocator) CreateSku(_ context.Context, req *connect.Request[shardstockv1.CreateSkuRequest]) (*connect.Response[shardstockv1.CreateSkuResponse], error) {
+	if err := authorized(req.Header()); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.skus[req.Msg.GetSku()] = &fakeSKU{initial: req.Msg.GetInitialStock(), available: req.Msg.GetInitialStock()}
+	return connect.NewResponse(&shardstockv1.CreateSkuResponse{}), nil
+}
+
+func (f *fakeAllocator) Reconcile(_ context.Context, req *connect.Request[shardstockv1.ReconcileRequest]) (*connect.Response[shardstockv1.ReconcileResponse], error) {
+	if err := authorized(req.Header()); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.skus[req.Msg.GetSku()]
+	if !ok {
+		return nil, domainError(connect.CodeNotFound, stock.CodeSKUNotFound)
+	}
+	return connect.NewResponse(&shardstockv1.ReconcileResponse{
+		Balanced: s.available+s.reserved+s.sold == s.initial,
+		Stock:    &shardstockv1.Stock{Sku: req.Msg.GetSku(), Available: s.available, Reserved: s.reserved, Sold: s.sold},
+	}), nil
+}
+
+// ListLedger pages by entry index, 7 entries a page whatever is asked, to
+// exercise paging.
+func (f *fakeAllocator) ListLedger(_ context.Context, req *connect.Request[shardstockv1.ListLedgerRequest]) (*connect.Response[shardstockv1.ListLedgerResponse], error) {
+	if err := authorized(req.Header()); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	from, _ := strconv.Atoi(req.Msg.GetPageToken())
+	resp := &shardstockv1.ListLedgerResponse{}
+	i := from
+	for ; i < len(f.ledger) && len(resp.Entries) < 7; i++ {
+		if e := f.ledger[i]; e.Sku == req.Msg.GetSku() {
+			resp.Entries = append(resp.Entries, e)
+		}
+	}
+	if i < len(f.ledger) {
+		resp.NextPageToken = strconv.Itoa(i)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// serve starts the fake on 127.0.0.1 with cleartext HTTP/2.
+func serve(t *testing.T, f *fakeAllocator) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(f))
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(f))
+	srv := httptest.NewUnstartedServer(mux)
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func runOn(t *testing.T, target loadgen.Target, cfg loadgen.Config) *loadgen.Result {
+	t.Helper()
+	cfg.Duration = 10 * time.Second
+	r, err := loadgen.NewRunner(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := r.Run(ctx, target)
+	if err != nil {
+		t.Fatalf("Run() = %v", err)
+	}
+	if err := target.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestTarget_Case(t *testing.T) {
+	f := newFake()
+	res := runOn(t, shardstock.New(shardstock.Config{Addr: serve(t, f), AdminToken: token}), loadgen.Config{Model: loadgen.ModelCase, Concurrency: 32})
+	if res.OK != 100 || res.OK+res.Replayed+res.OutOfStock != 500 || res.Errors != 0 {
+		t.Errorf("ok %d, replayed %d, oos %d, errors %v; want 100 successes of 500 and no error", res.OK, res.Replayed, res.OutOfStock, res.ErrorsByCode)
+	}
+	if c := res.Correctness; !c.Clean() {
+		t.Errorf("correctness = %+v, want clean", c)
+	}
+	st := res.State.SKUs[res.SKUs[0].SKU]
+	if st.Ledger["deduct"] != 100 || st.DistinctKeys != 100 || st.Operations != 100 {
+		t.Errorf("state %+v, want 100 deduct entries for 100 keys (ledger read over pages)", st)
+	}
+}
+
+func TestTarget_Faults(t *testing.T) {
+	f := newFake()
+	cfg := loadgen.Config{Model: loadgen.ModelB, SKUs: 5, Stock: 200, Requests: 1000, Concurrency: 16,
+		Mix: loadgen.Mix{Deduct: 1, Commit: 1, Release: 1}, DupRate: 0.2, AbandonRate: 0.3}
+	res := runOn(t, shardstock.New(shardstock.Config{Addr: serve(t, f), AdminToken: token}), cfg)
+	t.Logf("requests %d by op %v, ok %d, replayed %d, oos %d, errors %v", res.Requests, res.RequestsByOp, res.OK, res.Replayed, res.OutOfStock, res.ErrorsByCode)
+	if res.ErrorsByCode[loadgen.CodeAbandoned] == 0 {
+		t.Errorf("errors %v: no abandoned request", res.ErrorsByCode)
+	}
+	if res.OutOfStock == 0 {
+		t.Errorf("no out-of-stock answer: OUT_OF_STOCK reason not recognised? errors %v", res.ErrorsByCode)
+	}
+	if c := res.Correctness; !c.Clean() || c.Unresolved != 0 {
+		t.Errorf("correctness = %+v, want clean and resolved", c)
+	}
+}
+
+func TestTarget_Setup(t *testing.T) {
+	url := serve(t, newFake())
+	t.Run("Unauthenticated", func(t *testing.T) {
+		err := shardstock.New(shardstock.Config{Addr: url, AdminToken: "wrong"}).Setup(context.Background(), []loadgen.SKUSpec{{SKU: "a", Stock: 1, Shards: 1}})
+		if connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Errorf("Setup(wrong token) = %v, want unauthenticated", err)
+		}
+	})
+	t.Run("NotRunning", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := shardstock.New(shardstock.Config{Addr: "http://127.0.0.1:1"}).Setup(ctx, []loadgen.SKUSpec{{SKU: "a", Stock: 1, Shards: 1}})
+		if err == nil {
+			t.Errorf("Setup(nothing listening) = nil, want an error")
+		}
+	})
+	t.Run("Errors", func(t *testing.T) {
+		target := shardstock.New(shardstock.Config{Addr: url, AdminToken: token})
+		ctx := context.Background()
+		if o := target.Deduct(ctx, "missing", "k", 1); o.Status != loadgen.StatusError || o.Code != string(stock.CodeSKUNotFound) {
+			t.Errorf("Deduct(missing SKU) = %v, want SKU_NOT_FOUND", o)
+		}
+		if o := target.Commit(ctx, "nope"); o.Status != loadgen.StatusError || o.Code != string(stock.CodeReservationNotFound) {
+			t.Errorf("Commit(nope) = %v, want RESERVATION_NOT_FOUND", o)
+		}
+	})
+}
+
+// TestTarget_Verify checks what Verify reads from the ledger: one deduct or
+// reserve entry per key wherever it landed, one end entry per reservation,
+// and opening stock plus every entry's change against the counts.
+func TestTarget_Verify(t *testing.T) {
+	setup := func(t *testing.T) (*fakeAllocator, *shardstock.Target, []loadgen.SKUSpec) {
+		t.Helper()
+		f := newFake()
+		target := shardstock.New(shardstock.Config{Addr: serve(t, f), AdminToken: token})
+		skus := []loadgen.SKUSpec{{SKU: "v", Stock: 10, Shards: 2}}
+		ctx := context.Background()
+		if err := target.Setup(ctx, skus); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if o := target.Deduct(ctx, "v", "k"+strconv.Itoa(i), 1); o.Status != loadgen.StatusOK {
+				t.Fatalf("Deduct(k%d) = %v, want ok", i, o)
+			}
+		}
+		id, o := target.Reserve(ctx, "v", "r", 2)
+		if o.Status != loadgen.StatusOK {
+			t.Fatalf("Reserve(r) = %v, want ok", o)
+		}
+		if o := target.Commit(ctx, id); o.Status != loadgen.StatusOK {
+			t.Fatalf("Commit(%s) = %v, want ok", id, o)
+		}
+		return f, target, skus
+	}
+	verify := func(t *testing.T, target *shardstock.Target, skus []loadgen.SKUSpec) loadgen.SKUState {
+		t.Helper()
+		st, err := target.Verify(context.Background(), skus)
+		if err != nil {
+			t.Fatalf("Verify() = %v", err)
+		}
+		return st.SKUs["v"]
+	}
+	// again appends a copy of the ledger's entry i, on shard and with the
+	// counts moved as the copy says, as a system applying it twice would.
+	again := func(f *fakeAllocator, i int, shard int32) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		e := proto.Clone(f.ledger[i]).(*shardstockv1.LedgerEntry)
+		e.Id, e.Shard = int64(len(f.ledger)+1), shard
+		f.ledger = append(f.ledger, e)
+	}
+
+	t.Run("OK", func(t *testing.T) {
+		_, target, skus := setup(t)
+		s := verify(t, target, skus)
+		if s.Operations != 4 || s.DistinctKeys != 4 || s.ExtraEnds != 0 || len(s.Discrepancies) != 0 {
+			t.Errorf("Verify() = %+v, want 4 operations of 4 keys, no extra end, no discrepancy", s)
+		}
+		if s.Ledger["deduct"] != 3 || s.Ledger["reserve"] != 1 || s.Ledger["commit"] != 1 {
+			t.Errorf("Verify() ledger = %v, want deduct=3 reserve=1 commit=1", s.Ledger)
+		}
+		if k := s.Keys["k0"]; k != (loadgen.KeyRecord{Kind: "deduct", Applied: 1}) || len(s.Keys) != 4 {
+			t.Errorf("Verify() keys = %+v, want k0 deducted once among 4 keys", s.Keys)
+		}
+		r := s.Keys["r"]
+		if r.Kind != "reserve" || r.Applied != 1 || r.ReservationID == "" ||
+			s.Reservations[r.ReservationID] != (loadgen.ReservationRecord{Committed: 1}) {
+			t.Errorf("Verify() key r = %+v, reservations %+v, want one reserve, committed once", r, s.Reservations)
+		}
+	})
+	t.Run("KeyOnAnotherShard", func(t *testing.T) {
+		f, target, skus := setup(t)
+		again(f, 0, 1) // deduct k0, again, on shard 1
+		s := verify(t, target, skus)
+		if s.Operations-s.DistinctKeys != 1 {
+			t.Errorf("Verify() = %d operations of %d keys, want one more operation than keys", s.Operations, s.DistinctKeys)
+		}
+		if s.Keys["k0"].Applied != 2 {
+			t.Errorf("Verify() key k0 = %+v, want applied twice", s.Keys["k0"])
+		}
+	})
+	t.Run("EndedTwice", func(t *testing.T) {
+		f, target, skus := setup(t)
+		again(f, 4, 0) // the commit
+		s := verify(t, target, skus)
+		if s.ExtraEnds != 1 {
+			t.Errorf("Verify() ExtraEnds = %d, want 1", s.ExtraEnds)
+		}
+		if r := s.Reservations[s.Keys["r"].ReservationID]; r.Committed != 2 {
+			t.Errorf("Verify() reservation of r = %+v, want committed twice", r)
+		}
+	})
+	t.Run("LedgerSum", func(t *testing.T) {
+		f, target, skus := setup(t)
+		again(f, 1, 0) // an entry that moved counts the rows never saw
+		s := verify(t, target, skus)
+		var found bool
+		for _, d := range s.Discrepancies {
+			found = found || d.Check == "loadgen_ledger_sum"
+		}
+		if !found {
+			t.Errorf("Verify() discrepancies = %+v, want a loadgen_ledger_sum one", s.Discrepancies)
+		}
+	})
+}
