@@ -119,6 +119,38 @@ func TestRules(t *testing.T) {
 	}
 }
 
+// TestRules_Reconciliation: the books are alerted on from the scheduled
+// reconciliation's own metrics, with no one calling Reconcile: an
+// unbalanced SKU from its gauge, and the passes stopping from the time of
+// the last that finished.
+func TestRules_Reconciliation(t *testing.T) {
+	groups, errs := rulefmt.ParseFile(rulesFile, false, model.UTF8Validation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
+	if len(errs) > 0 {
+		t.Fatalf("%s: %v", rulesFile, errs)
+	}
+	want := map[string][]string{
+		"ShardstockReconcileUnbalanced": {"shardstock_reconcile_unbalanced", "shardstock_reconcile_last_success_timestamp_seconds"},
+		"ShardstockReconcileStale":      {"shardstock_reconcile_last_success_timestamp_seconds"},
+	}
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			names, ok := want[r.Alert]
+			if !ok {
+				continue
+			}
+			delete(want, r.Alert)
+			for _, name := range names {
+				if !contains(selectors(t, r.Expr), name) {
+					t.Errorf("alert %s does not select %s: %s", r.Alert, name, r.Expr)
+				}
+			}
+		}
+	}
+	for alert := range want {
+		t.Errorf("no alert %s in %s", alert, rulesFile)
+	}
+}
+
 // A misspelt metric is caught: the check cannot pass for every name.
 func TestRules_CatchesUnknownMetric(t *testing.T) {
 	names := exported(t)

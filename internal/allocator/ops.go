@@ -4,7 +4,7 @@ import (
 	"context"
 	"strings"
 
-	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -195,7 +195,7 @@ func (a *Allocator) ListTransfers(ctx context.Context, f stock.TransferFilter, a
 }
 
 // Reconcile checks a SKU's books.
-func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]reconcile.Discrepancy, error) {
+func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]ledger.Discrepancy, error) {
 	if err := stock.ValidateSKU(sku); err != nil {
 		return nil, err
 	}
@@ -203,7 +203,7 @@ func (a *Allocator) Reconcile(ctx context.Context, sku string) ([]reconcile.Disc
 	if err != nil {
 		return nil, err
 	}
-	ds := reconcile.Check(snap)
+	ds := ledger.Check(snap)
 	result := "balanced"
 	if len(ds) > 0 {
 		result = "unbalanced"

@@ -3,8 +3,8 @@ package allocator
 import (
 	"context"
 
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/rebalance"
-	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -43,5 +43,5 @@ type AdminStore interface {
 	StockRead(ctx context.Context, sku string, movingMax int) (*stock.StockRead, error)
 	InTransitTotal(ctx context.Context) (int64, error)
 	ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error)
-	Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, error)
+	Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error)
 }

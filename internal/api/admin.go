@@ -12,7 +12,7 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
-	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/wire"
@@ -44,7 +44,7 @@ type Admin interface {
 	// MoveLeases lists the rebalance leases held now.
 	MoveLeases(ctx context.Context) ([]stock.MoveLease, error)
 	Topology() topology.View
-	Reconcile(ctx context.Context, sku string) ([]reconcile.Discrepancy, error)
+	Reconcile(ctx context.Context, sku string) ([]ledger.Discrepancy, error)
 	// ResumeShard clears a shard's halt and returns why it had halted.
 	ResumeShard(ctx context.Context, k stock.ShardKey, approver, reason string) (string, error)
 }

@@ -33,7 +33,7 @@ var layers = map[string]int{
 
 	"internal/readiness": 0, // a leaf too: a process's readiness line
 
-	"internal/reconcile":   1, // pure logic over the domain
+	"internal/ledger":      1, // pure logic over the domain
 	"gen":                  1, // the API's generated types and Connect stubs
 	"internal/pgcluster":   1, // the throwaway Postgres and the embedded etcd
 	"internal/etcdembed":   1,

@@ -21,8 +21,8 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/postgres"
-	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -482,12 +482,32 @@ func (s *Set) ListLedger(ctx context.Context, sku string, after int64, limit int
 }
 
 // Snapshot reads the SKU's books for reconciliation.
-func (s *Set) Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, error) {
+func (s *Set) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error) {
 	db, err := s.of(ctx, sku)
 	if err != nil {
-		return reconcile.Snapshot{}, err
+		return ledger.Snapshot{}, err
 	}
 	return db.Snapshot(ctx, sku)
+}
+
+// SKUs returns up to limit SKU names above after, in order, from every
+// database. A database that does not answer fails the listing: a pass
+// over every SKU must not skip its SKUs unseen.
+func (s *Set) SKUs(ctx context.Context, after string, limit int) ([]string, error) {
+	var mu sync.Mutex
+	var out []string
+	err := s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
+		names, err := db.SKUs(ctx, after, limit)
+		mu.Lock()
+		out = append(out, names...)
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(out)
+	return out[:min(len(out), limit)], nil
 }
 
 // each runs f on every database at once and joins the errors, each named

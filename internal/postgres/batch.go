@@ -140,6 +140,7 @@ type groupWrite struct {
 	shards             []shardMove
 	usageAdd, usageSub []usageDelta
 	epochs             []int64 // of each ledger entry: its writer's
+	checkpoints        []checkpoint
 }
 
 func mergeWrites(writes []unitWrite) *groupWrite {
@@ -153,6 +154,9 @@ func mergeWrites(writes []unitWrite) *groupWrite {
 		g.all.Ledger = append(g.all.Ledger, w.Ledger...)
 		for range w.Ledger {
 			g.epochs = append(g.epochs, uw.u.Fence.Epoch)
+		}
+		if w.Checkpoint != stock.CheckpointNone && len(w.Ledger) > 0 {
+			g.checkpoints = append(g.checkpoints, newCheckpoint(uw.u.Query.Shard, w.Checkpoint, w.Ops))
 		}
 		sku := uw.u.Query.Shard.SKU
 		for c, q := range w.UsageAdd {
@@ -196,7 +200,8 @@ func (g *groupWrite) queue(b *pgx.Batch, mark commitMark) {
 // parts are the group's rows as the parts of one statement: each kind is
 // a data-modifying WITH query, and the rows of each are disjoint from the
 // others' (no part reads what another writes), so that running them on one
-// snapshot changes nothing. Usage and transfer steps stay statements of
+// snapshot changes nothing. The one exception says so: checkpoints read
+// the entries the ledger part returns. Usage and transfer steps stay statements of
 // their own: one group may touch one usage row twice (given back, then
 // taken), which one statement may not.
 func (g *groupWrite) parts(mark commitMark) []writePart {
@@ -216,7 +221,10 @@ func (g *groupWrite) parts(mark commitMark) []writePart {
 		parts = append(parts, shardsPart(g.shards))
 	}
 	if len(g.all.Ledger) > 0 {
-		parts = append(parts, ledgerPart(server, g.epochs, g.all.Ledger))
+		parts = append(parts, ledgerPart(server, g.epochs, g.all.Ledger, len(g.checkpoints) > 0))
+	}
+	if len(g.checkpoints) > 0 {
+		parts = append(parts, checkpointPart(g.checkpoints))
 	}
 	return parts
 }

@@ -121,7 +121,7 @@ func migrateAsOwner(ctx context.Context, ownerURL, role string) error {
 }
 
 // grantServiceRole gives role what the service needs: every table's rows
-// (the ledger's: read and append only, so that not even the service can
+// (the ledger's and its checkpoints': read and append only, so that not even the service can
 // change or remove an entry; the trigger that refuses UPDATE, DELETE and
 // TRUNCATE stays for every role), the sequences, and nothing of the schema.
 func grantServiceRole(ctx context.Context, conn *pgx.Conn, role string) error {
@@ -129,7 +129,7 @@ func grantServiceRole(ctx context.Context, conn *pgx.Conn, role string) error {
 	for _, stmt := range []string{
 		`GRANT USAGE ON SCHEMA public TO ` + r,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO ` + r,
-		`REVOKE UPDATE, DELETE, TRUNCATE ON ledger FROM ` + r,
+		`REVOKE UPDATE, DELETE, TRUNCATE ON ledger, ledger_checkpoints FROM ` + r,
 		`GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO ` + r,
 		`REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON goose_db_version FROM ` + r,
 	} {

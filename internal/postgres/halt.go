@@ -9,9 +9,12 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// CheckShard reads a shard's row and sums its ledger in one transaction,
-// under f's fence (stock.ErrFenced if another server owns the partition now): the
-// check a writer makes when its copy of the row turned out wrong.
+// CheckShard reads a shard's row and what its ledger says the row must be
+// in one transaction, under f's fence (stock.ErrFenced if another server
+// owns the partition now): the check a writer makes when its copy of the
+// row turned out wrong. The ledger's word is the shard's latest checkpoint
+// (or its opening balance) plus the entries after it: fewer than
+// ledger.CheckpointEntries and one batch's, however long the ledger.
 func (db *DB) CheckShard(ctx context.Context, f stock.Fence, k stock.ShardKey) (stock.ShardCheck, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
@@ -24,22 +27,22 @@ func (db *DB) CheckShard(ctx context.Context, f stock.Fence, k stock.ShardKey) (
 	if err := checkFence(ctx, tx, f); err != nil {
 		return c, err
 	}
-	var opening int64
-	err = tx.QueryRow(ctx, `SELECT available, reserved, sold, opening_available, halted_reason FROM shards WHERE sku = $1 AND idx = $2`,
-		k.SKU, k.Index).Scan(&c.Row.Available, &c.Row.Reserved, &c.Row.Sold, &opening, &c.HaltReason)
+	// One read: the row, its latest checkpoint (or its opening balance)
+	// and the sums of the entries after it (OFFSET 0: see sqlTail).
+	err = tx.QueryRow(ctx, `SELECT s.available, s.reserved, s.sold, s.halted_reason,
+			coalesce(c.available, s.opening_available) + t.a, coalesce(c.reserved, 0) + t.r, coalesce(c.sold, 0) + t.s
+		FROM shards s LEFT JOIN LATERAL (`+sqlLatestCheckpoint+`) c ON true
+		CROSS JOIN LATERAL (SELECT coalesce(sum(available_after - available_before), 0) AS a,
+			coalesce(sum(reserved_after - reserved_before), 0) AS r, coalesce(sum(sold_after - sold_before), 0) AS s
+			FROM (SELECT * FROM ledger l WHERE l.sku = s.sku AND l.shard = s.idx AND l.id > coalesce(c.entry_id, 0) OFFSET 0) l) t
+		WHERE s.sku = $1 AND s.idx = $2`, k.SKU, k.Index).Scan(&c.Row.Available, &c.Row.Reserved, &c.Row.Sold, &c.HaltReason,
+		&c.Ledger.Available, &c.Ledger.Reserved, &c.Ledger.Sold)
 	if isNoRows(err) {
 		return c, stock.Errorf(stock.CodeSKUNotFound, "sku %q has no shard %d", k.SKU, k.Index)
 	}
 	if err != nil {
 		return c, err
 	}
-	err = tx.QueryRow(ctx, `SELECT coalesce(sum(available_after - available_before), 0), coalesce(sum(reserved_after - reserved_before), 0),
-		coalesce(sum(sold_after - sold_before), 0) FROM ledger WHERE sku = $1 AND shard = $2`, k.SKU, k.Index).
-		Scan(&c.Ledger.Available, &c.Ledger.Reserved, &c.Ledger.Sold)
-	if err != nil {
-		return c, err
-	}
-	c.Ledger.Available += opening
 	return c, tx.Commit(ctx)
 }
 

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -16,11 +16,14 @@ const mismatchesMax = 100
 
 // Snapshot reads everything reconciliation needs of a SKU in one
 // repeatable-read transaction, so that all of it is of one instant: the
-// shard rows, then one step per check, each reading its own query.
-func (db *DB) Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, error) {
+// shard rows and their latest checkpoints, then one step per check, each
+// reading its own query. The ledger is read from each shard's checkpoint
+// on (tailSQL): fewer than ledger.CheckpointEntries entries and one batch's
+// per shard, however long the ledger.
+func (db *DB) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	snap := reconcile.Snapshot{SKU: sku}
+	snap := ledger.Snapshot{SKU: sku}
 	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return snap, err
@@ -44,19 +47,29 @@ func (db *DB) Snapshot(ctx context.Context, sku string) (reconcile.Snapshot, err
 type snapshot struct {
 	tx      pgx.Tx
 	sku     string
-	snap    *reconcile.Snapshot
-	byIndex map[int32]*reconcile.Shard
+	snap    *ledger.Snapshot
+	byIndex map[int32]*ledger.Shard
 }
 
-// shards reads the SKU's shard rows; none is SKU_NOT_FOUND.
+// shards reads the SKU's shard rows and their latest checkpoints; none is
+// SKU_NOT_FOUND.
 func (sn *snapshot) shards(ctx context.Context) error {
-	rows, err := sn.tx.Query(ctx, `SELECT idx, available, reserved, sold, opening_available FROM shards WHERE sku = $1 ORDER BY idx`, sn.sku)
+	rows, err := sn.tx.Query(ctx, `SELECT s.idx, s.available, s.reserved, s.sold, s.opening_available,
+			c.entry_id, coalesce(c.available, 0), coalesce(c.reserved, 0), coalesce(c.sold, 0), coalesce(c.received, 0)
+		FROM shards s LEFT JOIN LATERAL (`+sqlLatestCheckpoint+`) c ON true WHERE s.sku = $1 ORDER BY s.idx`, sn.sku)
 	if err != nil {
 		return err
 	}
-	sn.snap.Shards, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (reconcile.Shard, error) {
-		s := reconcile.Shard{Kinds: map[stock.OpKind]reconcile.KindSum{}}
-		err := r.Scan(&s.Index, &s.Row.Available, &s.Row.Reserved, &s.Row.Sold, &s.Opening.Available)
+	sn.snap.Shards, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Shard, error) {
+		s := ledger.Shard{Kinds: map[stock.OpKind]ledger.KindSum{}}
+		var cp ledger.Checkpoint
+		var entryID *int64
+		err := r.Scan(&s.Index, &s.Row.Available, &s.Row.Reserved, &s.Row.Sold, &s.Opening.Available,
+			&entryID, &cp.Counts.Available, &cp.Counts.Reserved, &cp.Counts.Sold, &cp.Received)
+		if entryID != nil {
+			cp.EntryID = *entryID
+			s.Checkpoint = &cp
+		}
 		return s, err
 	})
 	if err != nil {
@@ -65,7 +78,7 @@ func (sn *snapshot) shards(ctx context.Context) error {
 	if len(sn.snap.Shards) == 0 {
 		return stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sn.sku)
 	}
-	sn.byIndex = map[int32]*reconcile.Shard{}
+	sn.byIndex = map[int32]*ledger.Shard{}
 	for i := range sn.snap.Shards {
 		sn.byIndex[sn.snap.Shards[i].Index] = &sn.snap.Shards[i]
 	}
@@ -74,7 +87,7 @@ func (sn *snapshot) shards(ctx context.Context) error {
 
 // shard returns the shard of index i; the ledger naming a shard the SKU
 // lacks is an error.
-func (sn *snapshot) shard(i int32) (*reconcile.Shard, error) {
+func (sn *snapshot) shard(i int32) (*ledger.Shard, error) {
 	if s := sn.byIndex[i]; s != nil {
 		return s, nil
 	}
@@ -92,23 +105,45 @@ func (sn *snapshot) each(ctx context.Context, dest []any, row func() error, sql 
 	return err
 }
 
-// kindSums reads the ledger's sums by shard and kind.
+// sqlLatestCheckpoint is the latest checkpoint of shard s (a LATERAL
+// subquery): one row read from the end of its key.
+const sqlLatestCheckpoint = `SELECT entry_id, available, reserved, sold, received, created_at FROM ledger_checkpoints
+	WHERE sku = s.sku AND shard = s.idx ORDER BY entry_id DESC LIMIT 1`
+
+// sqlTail starts a query of a SKU's ($1) entries after each shard's
+// latest checkpoint: cp is each shard's start (its checkpoint, or its
+// opening balance: entry 0, at the beginning of time), tail the entries
+// after it, each shard's read from the end of ledger_shard. OFFSET 0 keeps
+// each shard's read a subquery of its own, run once per shard with its
+// checkpoint's id: flattened, the planner does not know how far that id
+// is, and scans the SKU's whole ledger for it.
+const sqlTail = `WITH cp AS (SELECT s.idx AS shard, coalesce(c.entry_id, 0) AS entry_id,
+		coalesce(c.created_at, '-infinity') AS created_at, coalesce(c.available, s.opening_available) AS available,
+		coalesce(c.reserved, 0) AS reserved, coalesce(c.sold, 0) AS sold
+		FROM shards s LEFT JOIN LATERAL (` + sqlLatestCheckpoint + `) c ON true WHERE s.sku = $1),
+	tail AS (SELECT l.* FROM cp CROSS JOIN LATERAL (SELECT * FROM ledger l
+		WHERE l.sku = $1 AND l.shard = cp.shard AND l.id > cp.entry_id OFFSET 0) l)
+	`
+
+// kindSums reads the sums of the entries after each shard's checkpoint,
+// by shard and kind.
 func (sn *snapshot) kindSums(ctx context.Context) error {
 	var idx int32
 	var kind string
-	var k reconcile.KindSum
+	var k ledger.KindSum
 	return sn.each(ctx, []any{&idx, &kind, &k.Entries, &k.Quantity, &k.Delta.Available, &k.Delta.Reserved, &k.Delta.Sold}, func() error {
 		s, err := sn.shard(idx)
 		if err == nil {
 			s.Kinds[stock.OpKind(kind)] = k
 		}
 		return err
-	}, `SELECT shard, kind, count(*), sum(quantity), sum(available_after - available_before),
-		sum(reserved_after - reserved_before), sum(sold_after - sold_before) FROM ledger WHERE sku = $1 GROUP BY shard, kind`)
+	}, sqlTail+`SELECT shard, kind, count(*), sum(quantity), sum(available_after - available_before),
+		sum(reserved_after - reserved_before), sum(sold_after - sold_before) FROM tail GROUP BY shard, kind`)
 }
 
-// chains counts, per shard, the entries that do not start where the
-// shard's previous one ended (the first where the shard opened).
+// chains counts, per shard, the entries after its checkpoint that do not
+// start where the shard's previous one ended (the first where the
+// checkpoint, or the shard's opening, left it).
 func (sn *snapshot) chains(ctx context.Context) error {
 	var idx int32
 	var n int64
@@ -118,12 +153,12 @@ func (sn *snapshot) chains(ctx context.Context) error {
 			s.BrokenChain = n
 		}
 		return err
-	}, `SELECT l.shard, count(*) FROM (
+	}, sqlTail+`SELECT l.shard, count(*) FROM (
 		SELECT shard, id, available_before, reserved_before, sold_before,
 			lag(available_after) OVER w AS pa, lag(reserved_after) OVER w AS pr, lag(sold_after) OVER w AS ps
-		FROM ledger WHERE sku = $1 WINDOW w AS (PARTITION BY shard ORDER BY id)) l
-		JOIN shards s ON s.sku = $1 AND s.idx = l.shard
-		WHERE (coalesce(l.pa, s.opening_available), coalesce(l.pr, 0), coalesce(l.ps, 0))
+		FROM tail WINDOW w AS (PARTITION BY shard ORDER BY id)) l
+		JOIN cp ON cp.shard = l.shard
+		WHERE (coalesce(l.pa, cp.available), coalesce(l.pr, cp.reserved), coalesce(l.ps, cp.sold))
 			IS DISTINCT FROM (l.available_before, l.reserved_before, l.sold_before)
 		GROUP BY l.shard`)
 }
@@ -141,45 +176,58 @@ func (sn *snapshot) held(ctx context.Context) error {
 	}, `SELECT shard, sum(quantity) FROM reservations WHERE sku = $1 AND state = 'held' GROUP BY shard`)
 }
 
-// keyed lists the operations and keyed ledger entries that do not pair
-// one to one.
+// keyed lists the operations and keyed ledger entries after the
+// checkpoints that do not pair one to one: every keyed entry after its
+// shard's checkpoint is paired by its key, and so is every operation
+// created after it (an operation and its entry are written by one
+// statement, whose transaction's time the checkpoint after them bears).
 func (sn *snapshot) keyed(ctx context.Context) error {
-	var m reconcile.KeyMismatch
+	var m ledger.KeyMismatch
 	return sn.each(ctx, []any{&m.Key, &m.Operations, &m.Entries}, func() error {
 		sn.snap.KeyedMismatches = append(sn.snap.KeyedMismatches, m)
 		return nil
-	}, `WITH o AS (SELECT idempotency_key AS k, kind FROM operations WHERE sku = $1),
-		l AS (SELECT idempotency_key AS k, kind, count(*) AS n FROM ledger
-			WHERE sku = $1 AND kind IN ('reserve', 'deduct', 'replenish', 'adjust') GROUP BY 1, 2)
+	}, sqlTail+`, l AS (SELECT idempotency_key AS k, kind, count(*) AS n FROM tail
+			WHERE kind IN ('reserve', 'deduct', 'replenish', 'adjust') GROUP BY 1, 2),
+		o AS (SELECT idempotency_key AS k, kind FROM operations WHERE sku = $1 AND idempotency_key IN (SELECT k FROM l)
+			UNION SELECT o.idempotency_key, o.kind FROM cp CROSS JOIN LATERAL (SELECT idempotency_key, kind FROM operations o
+				WHERE o.sku = $1 AND o.shard = cp.shard AND o.created_at > cp.created_at OFFSET 0) o)
 		SELECT coalesce(o.k, l.k), (o.k IS NOT NULL)::int::int8, coalesce(l.n, 0)
 		FROM o FULL JOIN l ON o.k = l.k AND o.kind = l.kind
 		WHERE o.k IS NULL OR l.k IS NULL OR l.n <> 1 LIMIT $2`, mismatchesMax)
 }
 
 // ends lists the reservations whose end entries are wrong: every ended
-// one has exactly one, of its kind; a held one none.
+// one has exactly one, of its kind; a held one none. It reads the end
+// entries after the checkpoints, and the reservations they end or that
+// ended after their shard's checkpoint (an end and its entry are written
+// by one statement; reservations_ended finds those).
 func (sn *snapshot) ends(ctx context.Context) error {
-	var e reconcile.EndMismatch
+	var e ledger.EndMismatch
 	var state string
 	return sn.each(ctx, []any{&e.ReservationID, &state, &e.Entries}, func() error {
 		e.State = stock.ReservationState(state)
 		sn.snap.EndMismatches = append(sn.snap.EndMismatches, e)
 		return nil
-	}, `WITH e AS (SELECT reservation_id AS id, kind, count(*) AS n FROM ledger
-			WHERE sku = $1 AND kind IN ('commit', 'release', 'expire') GROUP BY 1, 2),
+	}, sqlTail+`, e AS (SELECT reservation_id AS id, kind, count(*) AS n FROM tail
+			WHERE kind IN ('commit', 'release', 'expire') GROUP BY 1, 2),
+		r AS (SELECT id, state FROM reservations WHERE sku = $1 AND id IN (SELECT id FROM e)
+			UNION SELECT r.id, r.state FROM cp CROSS JOIN LATERAL (SELECT id, state FROM reservations r
+				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.ended_at > cp.created_at OFFSET 0) r),
 		t AS (SELECT r.id, r.state,
 			coalesce(sum(e.n) FILTER (WHERE e.kind = CASE r.state WHEN 'committed' THEN 'commit'
 				WHEN 'released' THEN 'release' WHEN 'expired' THEN 'expire' END), 0) AS right_n,
 			coalesce(sum(e.n), 0) AS all_n
-			FROM reservations r LEFT JOIN e ON e.id = r.id WHERE r.sku = $1 GROUP BY r.id, r.state)
+			FROM r LEFT JOIN e ON e.id = r.id GROUP BY r.id, r.state)
 		SELECT id, state, all_n::int8 FROM t
 		WHERE all_n <> right_n OR right_n <> CASE WHEN state = 'held' THEN 0 ELSE 1 END LIMIT $2`, mismatchesMax)
 }
 
 // transfers lists the transfers whose steps in the ledger are not the ones
-// their state says happened, once each.
+// their state says happened, once each. A transfer's steps may be on
+// either side of a checkpoint: they are read, whenever they were, through
+// ledger_transfers, which holds transfer entries only.
 func (sn *snapshot) transfers(ctx context.Context) error {
-	var tm reconcile.TransferMismatch
+	var tm ledger.TransferMismatch
 	var state string
 	return sn.each(ctx, []any{&tm.TransferID, &state, &tm.Outs, &tm.Ins}, func() error {
 		tm.State = stock.TransferState(state)
@@ -199,15 +247,12 @@ func (sn *snapshot) inTransit(ctx context.Context) error {
 	return sn.tx.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0) FROM transfers WHERE sku = $1 AND state = 'debited'`, sn.sku).Scan(&sn.snap.InTransit)
 }
 
-// ledgerPageMax bounds a ListLedger page.
-const ledgerPageMax = 1000
-
 // ListLedger returns up to limit entries of a SKU with id > after, oldest
 // first.
 func (db *DB) ListLedger(ctx context.Context, sku string, after int64, limit int) ([]*stock.LedgerEntry, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	limit = min(max(limit, 1), ledgerPageMax)
+	limit = min(max(limit, 1), ledger.PageMax)
 	rows, err := db.pool.Query(ctx, `SELECT id, sku, shard, kind, quantity, available_before, available_after,
 		reserved_before, reserved_after, sold_before, sold_after, idempotency_key, reservation_id, transfer_id,
 		order_ref, source, reason, approver, server_id, epoch, created_at

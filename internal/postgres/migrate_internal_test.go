@@ -22,32 +22,7 @@ const keyScopeVersion = 8
 // not twice on one.
 func TestMigrate_KeyScope(t *testing.T) {
 	ctx := context.Background()
-	url := pgtest.NewDB(t)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Migrate up to the version before, as a database in service is.
-	sqlDB := stdlib.OpenDB(*cfg)
-	defer sqlDB.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, mustSub(migrations, "migrations"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var before int64
-	for _, s := range provider.ListSources() {
-		if s.Version < keyScopeVersion {
-			before = max(before, s.Version)
-		}
-	}
-	if _, err := provider.UpTo(ctx, before); err != nil {
-		t.Fatalf("UpTo(%d) = %v", before, err)
-	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	cfg, conn := migratedBefore(t, keyScopeVersion)
 	const populate = `INSERT INTO operations (idempotency_key, sku, kind, params_hash, quantity, shard)
 		VALUES ('k-1', 'sku-a', 'deduct', '\x01', 1, 0), ('k-2', 'sku-a', 'reserve', '\x02', 2, 1), ('k-3', 'sku-b', 'deduct', '\x03', 3, 0)`
 	if _, err := conn.Exec(ctx, populate); err != nil {
@@ -67,7 +42,7 @@ func TestMigrate_KeyScope(t *testing.T) {
 	}
 	want := rows()
 
-	if err := migrate(ctx, *cfg); err != nil {
+	if err := migrate(ctx, cfg); err != nil {
 		t.Fatalf("migrate = %v", err)
 	}
 	if got := rows(); !slices.Equal(got, want) {
@@ -96,5 +71,72 @@ func TestMigrate_KeyScope(t *testing.T) {
 	if _, err := conn.Exec(ctx, `INSERT INTO operations (idempotency_key, sku, kind, params_hash, quantity, shard)
 		VALUES ('k-1', 'sku-a', 'deduct', '\x01', 1, 0)`); err == nil {
 		t.Errorf("insert k-1 on sku-a again = nil, want a unique violation")
+	}
+}
+
+// migratedBefore returns a new database migrated up to the version before
+// version, as a database in service is, and a connection to it.
+func migratedBefore(t *testing.T, version int64) (pgx.ConnConfig, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	url := pgtest.NewDB(t)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB := stdlib.OpenDB(*cfg)
+	defer sqlDB.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, mustSub(migrations, "migrations"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before int64
+	for _, s := range provider.ListSources() {
+		if s.Version < version {
+			before = max(before, s.Version)
+		}
+	}
+	if _, err := provider.UpTo(ctx, before); err != nil {
+		t.Fatalf("UpTo(%d) = %v", before, err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return *cfg, conn
+}
+
+// checkpointsVersion is the migration that adds ledger checkpoints.
+const checkpointsVersion = 10
+
+// TestMigrate_Checkpoints: on a database that already holds a ledger, the
+// migration gives every shard with entries a checkpoint after its last
+// one, with what the entries before it sum to; a shard without entries
+// gets none.
+func TestMigrate_Checkpoints(t *testing.T) {
+	ctx := context.Background()
+	cfg, conn := migratedBefore(t, checkpointsVersion)
+	const populate = `INSERT INTO skus (sku, shards, shard_span, reservation_ttl_ms) VALUES ('sku-a', 2, 2, 1000);
+		INSERT INTO shards (sku, idx, partition, available, reserved, sold, opening_available)
+			VALUES ('sku-a', 0, 0, 14, 0, 2, 10), ('sku-a', 1, 1, 10, 0, 0, 10);
+		INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after, reserved_before, reserved_after,
+			sold_before, sold_after, source, server_id, epoch)
+			VALUES ('sku-a', 0, 'replenish', 6, 10, 16, 0, 0, 0, 0, 't', 't', 1),
+				('sku-a', 0, 'deduct', 2, 16, 14, 0, 0, 0, 2, 't', 't', 1)`
+	if _, err := conn.Exec(ctx, populate); err != nil {
+		t.Fatalf("populate = %v", err)
+	}
+	if err := migrate(ctx, cfg); err != nil {
+		t.Fatalf("migrate = %v", err)
+	}
+	r, err := conn.Query(ctx, `SELECT shard || ': ' || available || '/' || reserved || '/' || sold || ' received ' || received
+		|| ' at the last: ' || (entry_id = (SELECT max(id) FROM ledger))::text FROM ledger_checkpoints ORDER BY shard`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(r, pgx.RowTo[string])
+	if want := []string{"0: 14/0/2 received 16 at the last: true"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("checkpoints after the migration = %v, %v; want %v", got, err, want)
 	}
 }

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
-	"github.com/shardstock/shardstock/internal/reconcile"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -326,7 +326,7 @@ func (b *booked) reconcile(t *testing.T) []check {
 	if err != nil {
 		t.Fatalf("Snapshot(%s) = %v", b.sku, err)
 	}
-	ds := reconcile.Check(snap)
+	ds := ledger.Check(snap)
 	out := make([]check, len(ds))
 	for i, d := range ds {
 		out[i] = check{d.Check, d.Shard}
@@ -379,7 +379,7 @@ func TestSnapshot_Reconcile(t *testing.T) {
 			corrupt: func(t *testing.T, b *booked) {
 				exec(t, b.conn, `UPDATE shards SET available = available + 1 WHERE sku = $1 AND idx = 0`, b.sku)
 			},
-			want: []check{{reconcile.CheckConservation, -1}, {reconcile.CheckShardBalance, 0}},
+			want: []check{{ledger.CheckConservation, -1}, {ledger.CheckShardBalance, 0}},
 		},
 		{
 			name: "OperationDeleted",
@@ -388,7 +388,7 @@ func TestSnapshot_Reconcile(t *testing.T) {
 					t.Fatalf("DELETE operation deduct-1 = %d rows, want 1", tag.RowsAffected())
 				}
 			},
-			want: []check{{reconcile.CheckOperationLedger, -1}},
+			want: []check{{ledger.CheckOperationLedger, -1}},
 		},
 		{
 			name: "BogusEntry",
@@ -397,7 +397,7 @@ func TestSnapshot_Reconcile(t *testing.T) {
 			corrupt: func(t *testing.T, b *booked) {
 				exec(t, b.conn, insertLedger, b.sku, 0, "deduct", 1, 5, 4, 0, 0, 5, 6, "bogus-key")
 			},
-			want: []check{{reconcile.CheckOperationLedger, -1}, {reconcile.CheckShardBalance, 0}, {reconcile.CheckShardBalance, 0}},
+			want: []check{{ledger.CheckOperationLedger, -1}, {ledger.CheckShardBalance, 0}, {ledger.CheckShardBalance, 0}},
 		},
 		{
 			name: "BogusEntryUnchained",
@@ -405,14 +405,14 @@ func TestSnapshot_Reconcile(t *testing.T) {
 			corrupt: func(t *testing.T, b *booked) {
 				exec(t, b.conn, insertLedger, b.sku, 0, "deduct", 1, 100, 99, 0, 0, 0, 1, "bogus-key")
 			},
-			want: []check{{reconcile.CheckChain, 0}, {reconcile.CheckOperationLedger, -1}, {reconcile.CheckShardBalance, 0}, {reconcile.CheckShardBalance, 0}},
+			want: []check{{ledger.CheckChain, 0}, {ledger.CheckOperationLedger, -1}, {ledger.CheckShardBalance, 0}, {ledger.CheckShardBalance, 0}},
 		},
 		{
 			name: "CommittedBackToHeld",
 			corrupt: func(t *testing.T, b *booked) {
 				exec(t, b.conn, `UPDATE reservations SET state = 'held', ended_at = NULL WHERE id = $1`, b.committed.ID)
 			},
-			want: []check{{reconcile.CheckReservationEnd, -1}, {reconcile.CheckReservedHolds, 0}},
+			want: []check{{ledger.CheckReservationEnd, -1}, {ledger.CheckReservedHolds, 0}},
 		},
 		{
 			name: "HeldMarkedReleased",
@@ -420,14 +420,14 @@ func TestSnapshot_Reconcile(t *testing.T) {
 			corrupt: func(t *testing.T, b *booked) {
 				exec(t, b.conn, `UPDATE reservations SET state = 'released', ended_at = now() WHERE id = $1`, b.held.ID)
 			},
-			want: []check{{reconcile.CheckReservationEnd, -1}, {reconcile.CheckReservedHolds, 1}},
+			want: []check{{ledger.CheckReservationEnd, -1}, {ledger.CheckReservedHolds, 1}},
 		},
 		{
 			name: "SoldRaised",
 			corrupt: func(t *testing.T, b *booked) {
 				exec(t, b.conn, `UPDATE shards SET sold = sold + 3 WHERE sku = $1 AND idx = 1`, b.sku)
 			},
-			want: []check{{reconcile.CheckConservation, -1}, {reconcile.CheckShardBalance, 1}},
+			want: []check{{ledger.CheckConservation, -1}, {ledger.CheckShardBalance, 1}},
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

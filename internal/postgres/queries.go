@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -230,8 +231,8 @@ func endsPart(ends []stock.ReservationEnd) writePart {
 }
 
 // ledgerPart appends the group's ledger entries, each with its writer's
-// epoch.
-func ledgerPart(server string, epochs []int64, es []*stock.LedgerEntry) writePart {
+// epoch; returning: it returns them, for the checkpoints (checkpointPart).
+func ledgerPart(server string, epochs []int64, es []*stock.LedgerEntry, returning bool) writePart {
 	n := len(es)
 	sku, kind, key, rid, tid, oref, src, reason, appr := make([]string, n), make([]string, n), make([]string, n),
 		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -243,10 +244,68 @@ func ledgerPart(server string, epochs []int64, es []*stock.LedgerEntry) writePar
 		ab[i], aa[i], rb[i], ra[i], sb[i], sa[i] = e.Before.Available, e.After.Available, e.Before.Reserved, e.After.Reserved, e.Before.Sold, e.After.Sold
 		key[i], rid[i], tid[i], oref[i], src[i], reason[i], appr[i] = e.IdempotencyKey, e.ReservationID, e.TransferID, e.OrderRef, e.Source, e.Reason, e.Approver
 	}
-	return writePart{name: "ledgered", sql: `INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after, reserved_before, reserved_after,
+	sql := `INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after, reserved_before, reserved_after,
 		sold_before, sold_after, idempotency_key, reservation_id, transfer_id, order_ref, source, reason, approver, epoch, server_id)
 		SELECT unnest($1::text[]), unnest($2::int[]), unnest($3::text[]), unnest($4::bigint[]), unnest($5::bigint[]), unnest($6::bigint[]),
 		unnest($7::bigint[]), unnest($8::bigint[]), unnest($9::bigint[]), unnest($10::bigint[]), unnest($11::text[]), unnest($12::text[]),
-		unnest($13::text[]), unnest($14::text[]), unnest($15::text[]), unnest($16::text[]), unnest($17::text[]), unnest($18::bigint[]), $19`,
+		unnest($13::text[]), unnest($14::text[]), unnest($15::text[]), unnest($16::text[]), unnest($17::text[]), unnest($18::bigint[]), $19`
+	if returning {
+		sql += ` RETURNING id, sku, shard, kind, available_before, available_after, reserved_after, sold_after`
+	}
+	return writePart{name: "ledgered", sql: sql,
 		args: []any{sku, shard, kind, qty, ab, aa, rb, ra, sb, sa, key, rid, tid, oref, src, reason, appr, epochs, server}}
+}
+
+// checkpoint is a shard whose writer asked for a checkpoint after its
+// group's entries.
+type checkpoint struct {
+	shard stock.ShardKey
+	// ifDue: only if the shard has ledger.CheckpointEntries entries after
+	// its last checkpoint, counting this group's (its writer is new).
+	ifDue bool
+	// opsAt is the latest time its group's operations bear: a
+	// speculative group dates them by this process's clock, which may run
+	// ahead of the transaction's (reconciliation counts the operations
+	// dated after a checkpoint as after it).
+	opsAt time.Time
+}
+
+func newCheckpoint(k stock.ShardKey, when stock.Checkpointing, ops []*stock.Operation) checkpoint {
+	c := checkpoint{shard: k, ifDue: when == stock.CheckpointIfDue}
+	for _, o := range ops {
+		if o.SKU == k.SKU && o.Shard == k.Index && o.CreatedAt.After(c.opsAt) {
+			c.opsAt = o.CreatedAt
+		}
+	}
+	return c
+}
+
+// checkpointPart writes a checkpoint of each shard in cs after its last
+// entry in this statement (ledgered returns them): its counts are that
+// entry's after, and what it received is its previous checkpoint's (or
+// its opening balance) plus the replenishes and adjustments since, those
+// of earlier statements (fewer than ledger.CheckpointEntries, read from
+// ledger_shard) and this one's. A checkpoint ifDue is written only when
+// there are enough entries since the last: at most that many are counted.
+func checkpointPart(cs []checkpoint) writePart {
+	sku, idx, at, ifDue := make([]string, len(cs)), make([]int32, len(cs)), make([]time.Time, len(cs)), make([]bool, len(cs))
+	for i, c := range cs {
+		sku[i], idx[i], at[i], ifDue[i] = c.shard.SKU, c.shard.Index, c.opsAt, c.ifDue
+	}
+	return writePart{name: "checkpointed", sql: `INSERT INTO ledger_checkpoints (sku, shard, entry_id, available, reserved, sold, received, created_at)
+		SELECT l.sku, l.shard, l.id, l.available_after, l.reserved_after, l.sold_after,
+			coalesce(c.received, s.opening_available)
+			+ (SELECT coalesce(sum(e.available_after - e.available_before), 0) FROM ledger e WHERE e.sku = l.sku AND e.shard = l.shard
+				AND e.id > coalesce(c.entry_id, 0) AND e.kind IN ('replenish', 'adjust'))
+			+ (SELECT coalesce(sum(b.available_after - b.available_before), 0) FROM ledgered b WHERE b.sku = l.sku AND b.shard = l.shard
+				AND b.kind IN ('replenish', 'adjust')),
+			greatest(now(), d.at)
+		FROM unnest($1::text[], $2::int[], $3::timestamptz[], $4::bool[]) AS d(sku, idx, at, if_due)
+		CROSS JOIN LATERAL (SELECT * FROM ledgered b WHERE b.sku = d.sku AND b.shard = d.idx ORDER BY b.id DESC LIMIT 1) l
+		JOIN shards s ON s.sku = l.sku AND s.idx = l.shard
+		LEFT JOIN LATERAL (` + sqlLatestCheckpoint + `) c ON true
+		WHERE NOT d.if_due OR $5 <= (SELECT count(*) FROM ledgered b WHERE b.sku = l.sku AND b.shard = l.shard)
+			+ (SELECT count(*) FROM (SELECT FROM ledger e WHERE e.sku = l.sku AND e.shard = l.shard
+				AND e.id > coalesce(c.entry_id, 0) LIMIT $5) e)`,
+		args: []any{sku, idx, at, ifDue, ledger.CheckpointEntries}}
 }

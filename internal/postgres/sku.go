@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -106,4 +107,15 @@ func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*st
 		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
 	}
 	return s, err
+}
+
+// SKUs returns up to limit SKU names above after, in order.
+func (db *DB) SKUs(ctx context.Context, after string, limit int) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	rows, err := db.pool.Query(ctx, `SELECT sku FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2`, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }

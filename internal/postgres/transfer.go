@@ -214,12 +214,15 @@ func (db *DB) ListTransfers(ctx context.Context, f stock.TransferFilter, afterID
 	return db.ListTransfersFrom(ctx, f, from, limit)
 }
 
+// transferPageMax bounds a ListTransfersFrom page.
+const transferPageMax = 1000
+
 // ListTransfersFrom returns up to limit transfers that f selects, ordered by
 // creation, after from (from the first if from is zero).
 func (db *DB) ListTransfersFrom(ctx context.Context, f stock.TransferFilter, from stock.TransferCursor, limit int) ([]*stock.Transfer, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	limit = min(max(limit, 1), ledgerPageMax)
+	limit = min(max(limit, 1), transferPageMax)
 	rows, err := db.pool.Query(ctx, sqlSelectTransfers+` WHERE ($1 = '' OR sku = $1) AND ($4 = '' OR state = $4)
 		AND ($2 = '' OR (created_at, id) > ($5::timestamptz, $2::text))
 		ORDER BY created_at, id LIMIT $3`, f.SKU, from.ID, limit, string(f.State), from.CreatedAt)

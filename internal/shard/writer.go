@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/internal/batch"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -73,6 +74,10 @@ type writer struct {
 	// decided before any read (stock.BatchQuery.KnownHeld). Forgotten with
 	// the writer's copy of its row, when what was committed is not known.
 	held map[string]*stock.Reservation
+	// sinceCheckpoint counts the entries this writer appended since the
+	// shard's last checkpoint (-1 when that is not known): it says which
+	// write carries the next one (ledger.CheckpointFor).
+	sinceCheckpoint int
 }
 
 func (w *writer) setCounts(c stock.Counts) {
@@ -85,6 +90,7 @@ func (w *writer) setCounts(c stock.Counts) {
 // reservations: the next batch reads the row.
 func (w *writer) forget() {
 	w.loaded, w.seeded, w.held = false, false, nil
+	w.sinceCheckpoint = -1 // a write in doubt may or may not have made one
 }
 
 // remember notes the reservations a committed write made and ended.
@@ -135,6 +141,9 @@ func newWriter(s *Server, key stock.ShardKey, epoch int64) *writer {
 		fence: stock.Fence{Partition: key.Partition(), Epoch: epoch, ServerID: s.id},
 		queue: batch.NewQueue[*pending](queueLenMax),
 		stop:  make(chan struct{}),
+		// Its predecessor's entries since the last checkpoint are not
+		// known: its first write has the database count them.
+		sinceCheckpoint: -1,
 	}
 }
 
@@ -339,6 +348,9 @@ func (b *batchRun) decide(read *stock.BatchRead) (*stock.BatchWrite, error) {
 	var err error
 	b.write, b.results, err = stock.PlanBatch(w.key, counts, b.reqs, read, b.sweep)
 	w.sku = read.SKU
+	if err == nil {
+		b.write.Checkpoint = ledger.CheckpointFor(w.sinceCheckpoint, len(b.write.Ledger))
+	}
 	return b.write, err
 }
 
@@ -355,6 +367,11 @@ func (b *batchRun) committed(loaded bool) ([]stock.Result, writerNext) {
 	}
 	w.setCounts(b.write.To)
 	w.remember(b.write)
+	if b.write.Checkpoint != stock.CheckpointNone {
+		w.sinceCheckpoint = 0 // after CheckpointIfDue, fewer than ledger.CheckpointEntries more
+	} else {
+		w.sinceCheckpoint += len(b.write.Ledger)
+	}
 	if loaded {
 		w.srv.running(w.key)
 	}
@@ -420,7 +437,7 @@ func (w *writer) rerun(cause string, attempt int) {
 }
 
 // recheck reloads the shard's row under the writer's fence and checks it
-// against the ledger (opening balance plus every entry's deltas), after
+// against the ledger (its latest checkpoint plus the entries after it), after
 // cause showed that the writer's copy was wrong. When the ledger accounts
 // for the row, the row becomes the writer's copy and the writer goes on
 // (writerGoOn, suspect cleared). When it does not, the shard is halted: a

@@ -111,7 +111,25 @@ type BatchWrite struct {
 	Ledger          []*LedgerEntry
 	Steps           []TransferStep
 	From, To        Counts
+	// Checkpoint asks for a checkpoint of the shard after the write's last
+	// ledger entry: its running balance, so that the books are read from
+	// there on (internal/ledger).
+	Checkpoint Checkpointing
 }
+
+// Checkpointing says whether a write makes a checkpoint of its shard.
+type Checkpointing int8
+
+// Checkpointings.
+const (
+	// CheckpointNone: fewer entries than enough since the last.
+	CheckpointNone Checkpointing = iota
+	// CheckpointAlways: the writer counted enough entries since the last.
+	CheckpointAlways
+	// CheckpointIfDue: the writer does not know how many there are (it
+	// is new): the database counts them, up to as many as are enough.
+	CheckpointIfDue
+)
 
 // TransferStep moves one transfer from one state to the next.
 type TransferStep struct {
@@ -185,7 +203,8 @@ type StockRead struct {
 }
 
 // ShardCheck is a shard's row beside what its ledger says the row must be:
-// the opening balance plus the sum of every entry's deltas.
+// its latest checkpoint (or its opening balance) plus the deltas of the
+// entries after it.
 type ShardCheck struct {
 	Row    Counts
 	Ledger Counts

@@ -22,11 +22,11 @@ import (
 // testPartitions keeps the tests fast; Assign is tested at 256.
 const testPartitions = 16
 
-// ledger is the shared record of which member believes it owns which
+// ownershipLog is the shared record of which member believes it owns which
 // partition, kept by every member's fakeOwner. It records a violation when
 // two members believe they own one partition at once, when an epoch does
 // not grow, or when Lose does not match an Acquire.
-type ledger struct {
+type ownershipLog struct {
 	mu         sync.Mutex
 	holder     map[int32]string
 	lastEpoch  map[int32]int64
@@ -36,8 +36,8 @@ type ledger struct {
 	violations []string
 }
 
-func newLedger(t *testing.T) *ledger {
-	l := &ledger{
+func newLedger(t *testing.T) *ownershipLog {
+	l := &ownershipLog{
 		holder:    make(map[int32]string),
 		lastEpoch: make(map[int32]int64),
 		attempts:  make(map[int32]int),
@@ -55,12 +55,12 @@ func newLedger(t *testing.T) *ledger {
 	return l
 }
 
-func (l *ledger) violate(format string, args ...any) {
+func (l *ownershipLog) violate(format string, args ...any) {
 	l.violations = append(l.violations, fmt.Sprintf(format, args...))
 }
 
 // holders returns, per server, the partitions it believes it owns.
-func (l *ledger) holders() map[string]int {
+func (l *ownershipLog) holders() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make(map[string]int)
@@ -70,10 +70,10 @@ func (l *ledger) holders() map[string]int {
 	return out
 }
 
-// fakeOwner records Acquire and Lose in a ledger. fail, if set, may refuse
+// fakeOwner records Acquire and Lose in an ownershipLog. fail, if set, may refuse
 // an Acquire: attempt counts this partition's Acquire calls from 1.
 type fakeOwner struct {
-	l    *ledger
+	l    *ownershipLog
 	id   string
 	fail func(p int32, attempt int) error
 }
@@ -149,7 +149,7 @@ type memberOpts struct {
 
 // startMember runs a member with its own client and a fakeOwner in l. It
 // stops at cleanup, if not before.
-func startMember(t *testing.T, e *etcdtest.Etcd, l *ledger, id string, o memberOpts) *runningMember {
+func startMember(t *testing.T, e *etcdtest.Etcd, l *ownershipLog, id string, o memberOpts) *runningMember {
 	t.Helper()
 	if o.endpoints == nil {
 		o.endpoints = e.Endpoints()

@@ -171,13 +171,13 @@ func TestMember_Join(t *testing.T) {
 		}
 	}
 	if got, want := l.holders()["shard-c"], len(share); got != want {
-		t.Errorf("ledger: shard-c holds %d partitions, want %d", got, want)
+		t.Errorf("ownership log: shard-c holds %d partitions, want %d", got, want)
 	}
 }
 
 // TestMember_Partition cuts one member off etcd. It must stop writing
 // before its lease can expire, so that no two members ever believe they
-// own a partition at once (the ledger checks), and take its share back
+// own a partition at once (the ownership log checks), and take its share back
 // once the network heals.
 func TestMember_Partition(t *testing.T) {
 	e := etcdtest.Start(t)
@@ -260,7 +260,7 @@ func TestMember_FullPartitions(t *testing.T) {
 		t.Fatalf("WaitReady() = %v", err)
 	}
 	t.Logf("3 members own %d partitions after %v", stock.Partitions, time.Since(start))
-	waitFor(t, 10*time.Second, "ledger holds every partition", func() bool {
+	waitFor(t, 10*time.Second, "ownership log holds every partition", func() bool {
 		n := 0
 		for _, c := range l.holders() {
 			n += c

@@ -43,6 +43,7 @@ type MoveLeases struct {
 // MoveLease is one SKU's rebalance lease, held.
 type MoveLease struct {
 	stock.MoveLease
+	key  string
 	lost <-chan struct{}
 	m    *MoveLeases
 }
@@ -56,10 +57,9 @@ func (l *MoveLease) Lost() <-chan struct{} { return l.lost }
 func (l *MoveLease) Release(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 	defer cancel()
-	key := moveKey(l.SKU)
 	_, err := l.m.client.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", l.Token)).
-		Then(clientv3.OpDelete(key)).Commit()
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.Token)).
+		Then(clientv3.OpDelete(l.key)).Commit()
 	return err
 }
 
@@ -108,7 +108,7 @@ func (m *MoveLeases) processLease(ctx context.Context) (*lease, error) {
 // TryAcquire takes sku's lease if no one holds it; else it answers
 // REBALANCE_IN_PROGRESS naming the holder.
 func (m *MoveLeases) TryAcquire(ctx context.Context, sku string) (*MoveLease, error) {
-	got, holder, _, err := m.try(ctx, sku)
+	got, holder, _, err := m.try(ctx, moveKey(sku), sku)
 	if err != nil || got != nil {
 		return got, err
 	}
@@ -119,7 +119,7 @@ func (m *MoveLeases) TryAcquire(ctx context.Context, sku string) (*MoveLease, er
 // ends.
 func (m *MoveLeases) Acquire(ctx context.Context, sku string) (*MoveLease, error) {
 	for {
-		got, _, rev, err := m.try(ctx, sku)
+		got, _, rev, err := m.try(ctx, moveKey(sku), sku)
 		if err != nil || got != nil {
 			return got, err
 		}
@@ -129,25 +129,25 @@ func (m *MoveLeases) Acquire(ctx context.Context, sku string) (*MoveLease, error
 	}
 }
 
-// try takes the lease if its key is absent; else it returns the holder and
-// the revision at which it looked.
-func (m *MoveLeases) try(ctx context.Context, sku string) (got *MoveLease, holder string, rev int64, err error) {
+// try takes the lease of key (sku's, or "" for another than a SKU's) if
+// key is absent; else it returns the holder and the revision at which it
+// looked.
+func (m *MoveLeases) try(ctx context.Context, key, sku string) (got *MoveLease, holder string, rev int64, err error) {
 	l, err := m.processLease(ctx)
 	if err != nil {
 		return nil, "", 0, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	key := moveKey(sku)
 	resp, err := m.client.Txn(rctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, m.holder, clientv3.WithLease(l.id))).
 		Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
-		return nil, "", 0, fmt.Errorf("topology: take the move lease of %s: %w", sku, err)
+		return nil, "", 0, fmt.Errorf("topology: take the lease %s: %w", key, err)
 	}
 	if resp.Succeeded {
-		return &MoveLease{MoveLease: stock.MoveLease{SKU: sku, Holder: m.holder, Token: resp.Header.Revision}, lost: l.Lost(), m: m}, "", 0, nil
+		return &MoveLease{MoveLease: stock.MoveLease{SKU: sku, Holder: m.holder, Token: resp.Header.Revision}, key: key, lost: l.Lost(), m: m}, "", 0, nil
 	}
 	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
 		holder = string(kvs[0].Value)

@@ -14,7 +14,7 @@ import (
 	"github.com/shardstock/shardstock/bench/internal/loadgen/memory"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/api"
-	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/transport"
 )
@@ -300,7 +300,7 @@ func (s *RedisAPI) ListLedger(ctx context.Context, sku string, after int64, limi
 
 // Reconcile checks the SKU's books with shardstock's own check: the ledger
 // read back in full, against the counters.
-func (s *RedisAPI) Reconcile(ctx context.Context, sku string) ([]reconcile.Discrepancy, error) {
+func (s *RedisAPI) Reconcile(ctx context.Context, sku string) ([]ledger.Discrepancy, error) {
 	st, err := s.GetStock(ctx, sku)
 	if err != nil {
 		return nil, err
@@ -309,13 +309,13 @@ func (s *RedisAPI) Reconcile(ctx context.Context, sku string) ([]reconcile.Discr
 	if err != nil {
 		return nil, unavailable(err)
 	}
-	var ledger []*stock.LedgerEntry
+	var entries []*stock.LedgerEntry
 	for after := int64(0); ; {
 		page, err := s.ListLedger(ctx, sku, after, redisPageSize)
 		if err != nil {
 			return nil, err
 		}
-		ledger = append(ledger, page...)
+		entries = append(entries, page...)
 		if len(page) < redisPageSize {
 			break
 		}
@@ -325,7 +325,7 @@ func (s *RedisAPI) Reconcile(ctx context.Context, sku string) ([]reconcile.Discr
 	if err != nil {
 		return nil, err
 	}
-	return reconcile.Check(memory.Snapshot(sku, st.Total, opening, ledger, keys, holds)), nil
+	return ledger.Check(memory.Snapshot(sku, st.Total, opening, entries, keys, holds)), nil
 }
 
 // records reads the SKU's idempotency records (the keys of its operations)

@@ -23,6 +23,7 @@ import (
 	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/dbset"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/rebalance"
@@ -188,15 +189,19 @@ func (c *config) check() error {
 }
 
 // wired is the allocator and what it runs with, over the process's
-// adapters: the topology, the move leases, and with -shard-id a shard
-// server of its own and that server's listener.
+// adapters: the topology, the move leases, the scheduled reconciliation,
+// and with -shard-id a shard server of its own and that server's listener.
 type wired struct {
 	etcdCheck *startup.EtcdCheck
 	watchDone chan error // the topology watcher's Run
 	moves     *topology.MoveLeases
-	node      *shardnode.Node // nil without -shard-id
-	shardLis  net.Listener    // nil without -shard-id
-	alloc     *allocator.Allocator
+	// stopReconciling ends the scheduled reconciliation, whose Run closes
+	// reconciled.
+	stopReconciling context.CancelFunc
+	reconciled      chan struct{}
+	node            *shardnode.Node // nil without -shard-id
+	shardLis        net.Listener    // nil without -shard-id
+	alloc           *allocator.Allocator
 }
 
 // wire builds the allocator over proc. Whatever it built, even when it
@@ -212,6 +217,13 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 
 	host, _ := os.Hostname()
 	w.moves = topology.NewMoveLeases(proc.Etcd, fmt.Sprintf("allocator/%s/%d@%s", host, os.Getpid(), proc.Listener.Addr()), 0, log)
+	var rctx context.Context
+	rctx, w.stopReconciling = context.WithCancel(ctx)
+	w.reconciled = make(chan struct{})
+	go func() {
+		defer close(w.reconciled)
+		ledger.NewScheduler(ledger.SchedulerConfig{Store: proc.DBs, TryLease: w.moves.TryReconcile, Registerer: proc.Registry, Logger: log}).Run(rctx)
+	}()
 	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: proc.Registry, Moves: w.moves,
 		Rebalance: rebalance.Config{Off: !cfg.rebalance, Auto: rebalance.AutoShards{Off: !cfg.autoShards}, RetireGrace: cfg.retireGrace}}
 	if cfg.shardClientTLS != nil {
@@ -238,9 +250,13 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 	return w, nil
 }
 
-// close stops the allocator, then closes the shard listener and the move
-// leases: the reverse of wire.
+// close stops the allocator and the scheduled reconciliation, then closes
+// the shard listener and the move leases: the reverse of wire.
 func (w *wired) close() {
+	if w.reconciled != nil {
+		w.stopReconciling()
+		<-w.reconciled
+	}
 	if w.alloc != nil {
 		w.alloc.Close()
 	}

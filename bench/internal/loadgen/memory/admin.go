@@ -3,7 +3,7 @@ package memory
 import (
 	"context"
 
-	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -32,11 +32,11 @@ func (s *Server) UpdateSKU(context.Context, string, stock.SKUUpdate) (*stock.SKU
 }
 
 // Reconcile checks a SKU's books with shardstock's own check
-// (reconcile.Check): opening stock plus the ledger's changes against the
+// (ledger.Check): opening stock plus the ledger's changes against the
 // counts, each kind's entries against their quantities, the chain of
 // before and after, held reservations against reserved, one ledger entry
 // per operation and one end entry per ended reservation.
-func (s *Server) Reconcile(_ context.Context, name string) ([]reconcile.Discrepancy, error) {
+func (s *Server) Reconcile(_ context.Context, name string) ([]ledger.Discrepancy, error) {
 	k, err := s.lookup(name)
 	if err != nil {
 		return nil, err
@@ -44,24 +44,24 @@ func (s *Server) Reconcile(_ context.Context, name string) ([]reconcile.Discrepa
 	k.mu.Lock()
 	snap := k.snapshot()
 	k.mu.Unlock()
-	return reconcile.Check(snap), nil
+	return ledger.Check(snap), nil
 }
 
-// snapshot is what reconcile.Check needs of k; k.mu is held.
-func (k *sku) snapshot() reconcile.Snapshot {
+// snapshot is what ledger.Check needs of k; k.mu is held.
+func (k *sku) snapshot() ledger.Snapshot {
 	return Snapshot(k.cfg.Name, k.counts, k.opening, k.ledger, k.opKeys, k.reservations)
 }
 
-// Snapshot is what reconcile.Check needs of a SKU kept as one row (the
+// Snapshot is what ledger.Check needs of a SKU kept as one row (the
 // in-memory ceiling's, and the Connect-fronted Redis's): its counts and
 // opening stock, its ledger in order, the keys of its operations and its
 // reservations by id.
-func Snapshot(name string, counts stock.Counts, opening int64, ledger []*stock.LedgerEntry, opKeys []string, reservations map[string]*stock.Reservation) reconcile.Snapshot {
-	sh := reconcile.Shard{Row: counts, Opening: stock.Counts{Available: opening}, Kinds: map[stock.OpKind]reconcile.KindSum{}}
+func Snapshot(name string, counts stock.Counts, opening int64, entries []*stock.LedgerEntry, opKeys []string, reservations map[string]*stock.Reservation) ledger.Snapshot {
+	sh := ledger.Shard{Row: counts, Opening: stock.Counts{Available: opening}, Kinds: map[stock.OpKind]ledger.KindSum{}}
 	prev := sh.Opening
 	keyed := map[string]int64{} // key -> keyed entries
 	ends := map[string]int64{}  // reservation id -> end entries
-	for _, e := range ledger {
+	for _, e := range entries {
 		ks := sh.Kinds[e.Kind]
 		ks.Entries++
 		ks.Quantity += e.Quantity
@@ -82,15 +82,15 @@ func Snapshot(name string, counts stock.Counts, opening int64, ledger []*stock.L
 			ends[e.ReservationID]++
 		}
 	}
-	snap := reconcile.Snapshot{SKU: name}
+	snap := ledger.Snapshot{SKU: name}
 	for _, key := range opKeys {
 		if n := keyed[key]; n != 1 {
-			snap.KeyedMismatches = append(snap.KeyedMismatches, reconcile.KeyMismatch{Key: key, Operations: 1, Entries: n})
+			snap.KeyedMismatches = append(snap.KeyedMismatches, ledger.KeyMismatch{Key: key, Operations: 1, Entries: n})
 		}
 		delete(keyed, key)
 	}
 	for key, n := range keyed { // entries without an operation
-		snap.KeyedMismatches = append(snap.KeyedMismatches, reconcile.KeyMismatch{Key: key, Entries: n})
+		snap.KeyedMismatches = append(snap.KeyedMismatches, ledger.KeyMismatch{Key: key, Entries: n})
 	}
 	for id, r := range reservations {
 		want := int64(1)
@@ -99,10 +99,10 @@ func Snapshot(name string, counts stock.Counts, opening int64, ledger []*stock.L
 			sh.HeldReserved += r.Quantity
 		}
 		if ends[id] != want {
-			snap.EndMismatches = append(snap.EndMismatches, reconcile.EndMismatch{ReservationID: id, State: r.State, Entries: ends[id]})
+			snap.EndMismatches = append(snap.EndMismatches, ledger.EndMismatch{ReservationID: id, State: r.State, Entries: ends[id]})
 		}
 	}
-	snap.Shards = []reconcile.Shard{sh}
+	snap.Shards = []ledger.Shard{sh}
 	return snap
 }
 

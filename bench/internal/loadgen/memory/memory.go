@@ -13,7 +13,7 @@
 // (internal/stock), the same decisions (shardstock's own planner,
 // stock.PlanBatch: replays, refusals, stock, reservation ends), idempotency keys
 // global across SKUs, a ledger entry per change and the same
-// reconciliation (internal/reconcile). Where it differs:
+// reconciliation (internal/ledger). Where it differs:
 //   - a SKU is one row: shards is accepted and echoed, every entry is on
 //     shard 0;
 //   - no sweeper: a held reservation expires only when a commit or a

@@ -17,7 +17,7 @@ import (
 	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
-	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/transport"
 	"github.com/shardstock/shardstock/internal/wire"
@@ -498,7 +498,7 @@ func TestServer_Reconcile(t *testing.T) {
 	for _, d := range st.SKUs[spec.SKU].Discrepancies {
 		checks[d.Check] = true
 	}
-	for _, want := range []string{reconcile.CheckShardBalance, reconcile.CheckConservation, "loadgen_ledger_sum"} {
+	for _, want := range []string{ledger.CheckShardBalance, ledger.CheckConservation, "loadgen_ledger_sum"} {
 		if !checks[want] {
 			t.Errorf("Verify() discrepancies %+v lack %s", st.SKUs[spec.SKU].Discrepancies, want)
 		}

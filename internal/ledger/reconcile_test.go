@@ -1,4 +1,4 @@
-package reconcile_test
+package ledger_test
 
 import (
 	"fmt"
@@ -7,21 +7,21 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shardstock/shardstock/internal/reconcile"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
 // balanced returns a snapshot of two shards whose books balance: shard 0
 // opened with 100 and saw every kind of entry; shard 1 opened with 50 and
 // saw none. Each call returns fresh maps, so cases may change them.
-func balanced() reconcile.Snapshot {
-	return reconcile.Snapshot{
+func balanced() ledger.Snapshot {
+	return ledger.Snapshot{
 		SKU: "sku-1",
-		Shards: []reconcile.Shard{
+		Shards: []ledger.Shard{
 			{
 				Index:   0,
 				Opening: stock.Counts{Available: 100},
-				Kinds: map[stock.OpKind]reconcile.KindSum{
+				Kinds: map[stock.OpKind]ledger.KindSum{
 					stock.OpReserve:   {Entries: 2, Quantity: 10, Delta: stock.Counts{Available: -10, Reserved: 10}},
 					stock.OpCommit:    {Entries: 1, Quantity: 4, Delta: stock.Counts{Reserved: -4, Sold: 4}},
 					stock.OpRelease:   {Entries: 1, Quantity: 3, Delta: stock.Counts{Available: 3, Reserved: -3}},
@@ -54,7 +54,7 @@ func (f found) String() string {
 	return fmt.Sprintf("%s@%d(%d/%d)", f.Check, f.Shard, f.Expected, f.Actual)
 }
 
-func summarise(ds []reconcile.Discrepancy) []found {
+func summarise(ds []ledger.Discrepancy) []found {
 	out := make([]found, len(ds))
 	for i, d := range ds {
 		out[i] = found{d.Check, d.Shard, d.Expected, d.Actual}
@@ -66,46 +66,46 @@ func summarise(ds []reconcile.Discrepancy) []found {
 func TestReconcile(t *testing.T) {
 	tests := []struct {
 		name  string
-		fault func(s *reconcile.Snapshot)
+		fault func(s *ledger.Snapshot)
 		want  []found
 		// detail, if set, must appear in the first discrepancy's detail.
 		detail string
 	}{
 		{
 			name:  "OK",
-			fault: func(*reconcile.Snapshot) {},
+			fault: func(*ledger.Snapshot) {},
 		},
 		{
 			name:  "NoEntries",
-			fault: func(s *reconcile.Snapshot) { s.Shards = s.Shards[1:] },
+			fault: func(s *ledger.Snapshot) { s.Shards = s.Shards[1:] },
 		},
 		{
 			name:  "ShardBalanceAvailable",
-			fault: func(s *reconcile.Snapshot) { s.Shards[0].Row.Available++ },
+			fault: func(s *ledger.Snapshot) { s.Shards[0].Row.Available++ },
 			want: []found{
-				{reconcile.CheckConservation, -1, 168, 169},
-				{reconcile.CheckShardBalance, 0, 107, 108},
+				{ledger.CheckConservation, -1, 168, 169},
+				{ledger.CheckShardBalance, 0, 107, 108},
 			},
 			detail: "available:",
 		},
 		{
 			name: "ShardBalanceReserved",
-			fault: func(s *reconcile.Snapshot) {
+			fault: func(s *ledger.Snapshot) {
 				s.Shards[0].Row.Reserved++
 				s.Shards[0].HeldReserved++ // the holds agree with the row, not with the ledger
 			},
 			want: []found{
-				{reconcile.CheckConservation, -1, 168, 169},
-				{reconcile.CheckShardBalance, 0, 2, 3},
+				{ledger.CheckConservation, -1, 168, 169},
+				{ledger.CheckShardBalance, 0, 2, 3},
 			},
 			detail: "reserved:",
 		},
 		{
 			name:  "ShardBalanceSold",
-			fault: func(s *reconcile.Snapshot) { s.Shards[0].Row.Sold++ },
+			fault: func(s *ledger.Snapshot) { s.Shards[0].Row.Sold++ },
 			want: []found{
-				{reconcile.CheckConservation, -1, 168, 169},
-				{reconcile.CheckShardBalance, 0, 9, 10},
+				{ledger.CheckConservation, -1, 168, 169},
+				{ledger.CheckShardBalance, 0, 9, 10},
 			},
 			detail: "sold:",
 		},
@@ -113,80 +113,80 @@ func TestReconcile(t *testing.T) {
 			name: "ShardBalanceMoved",
 			// A unit moved from available to sold without an entry: the SKU
 			// still conserves, only the shard's balance is off, twice.
-			fault: func(s *reconcile.Snapshot) {
+			fault: func(s *ledger.Snapshot) {
 				s.Shards[0].Row.Available--
 				s.Shards[0].Row.Sold++
 			},
 			want: []found{
-				{reconcile.CheckShardBalance, 0, 107, 106},
-				{reconcile.CheckShardBalance, 0, 9, 10},
+				{ledger.CheckShardBalance, 0, 107, 106},
+				{ledger.CheckShardBalance, 0, 9, 10},
 			},
 		},
 		{
 			name: "EntryDelta",
 			// Commit entries that moved a unit to available instead of sold,
 			// with the row agreeing: only the entries' shape is wrong.
-			fault: func(s *reconcile.Snapshot) {
-				s.Shards[0].Kinds[stock.OpCommit] = reconcile.KindSum{Entries: 1, Quantity: 4, Delta: stock.Counts{Available: 1, Reserved: -4, Sold: 3}}
+			fault: func(s *ledger.Snapshot) {
+				s.Shards[0].Kinds[stock.OpCommit] = ledger.KindSum{Entries: 1, Quantity: 4, Delta: stock.Counts{Available: 1, Reserved: -4, Sold: 3}}
 				s.Shards[0].Row.Available++
 				s.Shards[0].Row.Sold--
 			},
-			want:   []found{{reconcile.CheckEntryDelta, 0, 0, 0}},
+			want:   []found{{ledger.CheckEntryDelta, 0, 0, 0}},
 			detail: "commit",
 		},
 		{
 			name: "EntryDeltaAdjust",
 			// An adjustment of -2 that removed 3.
-			fault: func(s *reconcile.Snapshot) {
-				s.Shards[0].Kinds[stock.OpAdjust] = reconcile.KindSum{Entries: 1, Quantity: -2, Delta: stock.Counts{Available: -3}}
+			fault: func(s *ledger.Snapshot) {
+				s.Shards[0].Kinds[stock.OpAdjust] = ledger.KindSum{Entries: 1, Quantity: -2, Delta: stock.Counts{Available: -3}}
 				s.Shards[0].Row.Available--
 			},
-			want:   []found{{reconcile.CheckEntryDelta, 0, -2, -3}},
+			want:   []found{{ledger.CheckEntryDelta, 0, -2, -3}},
 			detail: "adjust",
 		},
 		{
 			name:  "LedgerChain",
-			fault: func(s *reconcile.Snapshot) { s.Shards[0].BrokenChain = 2 },
-			want:  []found{{reconcile.CheckChain, 0, 0, 2}},
+			fault: func(s *ledger.Snapshot) { s.Shards[0].BrokenChain = 2 },
+			want:  []found{{ledger.CheckChain, 0, 0, 2}},
 		},
 		{
 			name: "OperationLedger",
-			fault: func(s *reconcile.Snapshot) {
-				s.KeyedMismatches = []reconcile.KeyMismatch{{Key: "k-1", Operations: 1, Entries: 0}}
+			fault: func(s *ledger.Snapshot) {
+				s.KeyedMismatches = []ledger.KeyMismatch{{Key: "k-1", Operations: 1, Entries: 0}}
 			},
-			want:   []found{{reconcile.CheckOperationLedger, -1, 1, 0}},
+			want:   []found{{ledger.CheckOperationLedger, -1, 1, 0}},
 			detail: `"k-1"`,
 		},
 		{
 			name: "ReservationEnd",
-			fault: func(s *reconcile.Snapshot) {
-				s.EndMismatches = []reconcile.EndMismatch{{ReservationID: "r-1", State: stock.ReservationCommitted, Entries: 0}}
+			fault: func(s *ledger.Snapshot) {
+				s.EndMismatches = []ledger.EndMismatch{{ReservationID: "r-1", State: stock.ReservationCommitted, Entries: 0}}
 			},
-			want:   []found{{reconcile.CheckReservationEnd, -1, 1, 0}},
+			want:   []found{{ledger.CheckReservationEnd, -1, 1, 0}},
 			detail: "r-1",
 		},
 		{
 			name: "ReservationEndHeld",
-			fault: func(s *reconcile.Snapshot) {
-				s.EndMismatches = []reconcile.EndMismatch{{ReservationID: "r-2", State: stock.ReservationHeld, Entries: 1}}
+			fault: func(s *ledger.Snapshot) {
+				s.EndMismatches = []ledger.EndMismatch{{ReservationID: "r-2", State: stock.ReservationHeld, Entries: 1}}
 			},
-			want: []found{{reconcile.CheckReservationEnd, -1, 0, 1}},
+			want: []found{{ledger.CheckReservationEnd, -1, 0, 1}},
 		},
 		{
 			name:  "ReservedHolds",
-			fault: func(s *reconcile.Snapshot) { s.Shards[0].HeldReserved = 5 },
-			want:  []found{{reconcile.CheckReservedHolds, 0, 5, 2}},
+			fault: func(s *ledger.Snapshot) { s.Shards[0].HeldReserved = 5 },
+			want:  []found{{ledger.CheckReservedHolds, 0, 5, 2}},
 		},
 		{
 			name:  "Conservation",
-			fault: func(s *reconcile.Snapshot) { s.InTransit = 4 }, // in transit out of nowhere
-			want:  []found{{reconcile.CheckConservation, -1, 168, 172}},
+			fault: func(s *ledger.Snapshot) { s.InTransit = 4 }, // in transit out of nowhere
+			want:  []found{{ledger.CheckConservation, -1, 168, 172}},
 		},
 		{
 			name: "TwoShardsBalanced",
 			// Entries on both shards, each balancing: nothing to report.
-			fault: func(s *reconcile.Snapshot) {
-				s.Shards[1].Kinds = map[stock.OpKind]reconcile.KindSum{stock.OpDeduct: {Entries: 1, Quantity: 5, Delta: stock.Counts{Available: -5, Sold: 5}}}
+			fault: func(s *ledger.Snapshot) {
+				s.Shards[1].Kinds = map[stock.OpKind]ledger.KindSum{stock.OpDeduct: {Entries: 1, Quantity: 5, Delta: stock.Counts{Available: -5, Sold: 5}}}
 				s.Shards[1].Row = stock.Counts{Available: 45, Sold: 5}
 			},
 		},
@@ -194,33 +194,33 @@ func TestReconcile(t *testing.T) {
 			name: "Negative",
 			// A shard whose ledger agrees with its negative row: only the
 			// sign is wrong.
-			fault: func(s *reconcile.Snapshot) {
+			fault: func(s *ledger.Snapshot) {
 				s.Shards[1].Opening = stock.Counts{}
-				s.Shards[1].Kinds = map[stock.OpKind]reconcile.KindSum{stock.OpDeduct: {Entries: 1, Quantity: 1, Delta: stock.Counts{Available: -1, Sold: 1}}}
+				s.Shards[1].Kinds = map[stock.OpKind]ledger.KindSum{stock.OpDeduct: {Entries: 1, Quantity: 1, Delta: stock.Counts{Available: -1, Sold: 1}}}
 				s.Shards[1].Row = stock.Counts{Available: -1, Sold: 1}
 			},
-			want: []found{{reconcile.CheckNegative, 1, 0, -1}},
+			want: []found{{ledger.CheckNegative, 1, 0, -1}},
 		},
 		{
 			name: "All",
-			fault: func(s *reconcile.Snapshot) {
+			fault: func(s *ledger.Snapshot) {
 				s.Shards[0].Row.Available++
 				s.Shards[0].BrokenChain = 1
 				s.Shards[0].HeldReserved = 1
-				s.Shards[1].Kinds = map[stock.OpKind]reconcile.KindSum{stock.OpReplenish: {Entries: 1, Quantity: 5, Delta: stock.Counts{Available: 4}}}
+				s.Shards[1].Kinds = map[stock.OpKind]ledger.KindSum{stock.OpReplenish: {Entries: 1, Quantity: 5, Delta: stock.Counts{Available: 4}}}
 				s.Shards[1].Row = stock.Counts{Available: 54}
-				s.KeyedMismatches = []reconcile.KeyMismatch{{Key: "k-1", Operations: 1}, {Key: "k-2", Entries: 2}}
-				s.EndMismatches = []reconcile.EndMismatch{{ReservationID: "r-1", State: stock.ReservationReleased}}
+				s.KeyedMismatches = []ledger.KeyMismatch{{Key: "k-1", Operations: 1}, {Key: "k-2", Entries: 2}}
+				s.EndMismatches = []ledger.EndMismatch{{ReservationID: "r-1", State: stock.ReservationReleased}}
 			},
 			want: []found{
-				{reconcile.CheckConservation, -1, 172, 173},
-				{reconcile.CheckEntryDelta, 1, 0, 0},
-				{reconcile.CheckChain, 0, 0, 1},
-				{reconcile.CheckOperationLedger, -1, 0, 2},
-				{reconcile.CheckOperationLedger, -1, 1, 0},
-				{reconcile.CheckReservationEnd, -1, 1, 0},
-				{reconcile.CheckReservedHolds, 0, 1, 2},
-				{reconcile.CheckShardBalance, 0, 107, 108},
+				{ledger.CheckConservation, -1, 172, 173},
+				{ledger.CheckEntryDelta, 1, 0, 0},
+				{ledger.CheckChain, 0, 0, 1},
+				{ledger.CheckOperationLedger, -1, 0, 2},
+				{ledger.CheckOperationLedger, -1, 1, 0},
+				{ledger.CheckReservationEnd, -1, 1, 0},
+				{ledger.CheckReservedHolds, 0, 1, 2},
+				{ledger.CheckShardBalance, 0, 107, 108},
 			},
 		},
 	}
@@ -228,7 +228,7 @@ func TestReconcile(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			snap := balanced()
 			tt.fault(&snap)
-			ds := reconcile.Check(snap)
+			ds := ledger.Check(snap)
 			got, want := summarise(ds), tt.want
 			slices.SortFunc(want, func(a, b found) int { return strings.Compare(a.String(), b.String()) })
 			if !slices.Equal(got, want) {
@@ -240,7 +240,7 @@ func TestReconcile(t *testing.T) {
 				}
 			}
 			if tt.detail != "" && len(ds) > 0 {
-				if !slices.ContainsFunc(ds, func(d reconcile.Discrepancy) bool { return strings.Contains(d.Detail, tt.detail) }) {
+				if !slices.ContainsFunc(ds, func(d ledger.Discrepancy) bool { return strings.Contains(d.Detail, tt.detail) }) {
 					t.Errorf("Check(%s) details = %+v, want one mentioning %q", tt.name, ds, tt.detail)
 				}
 			}
@@ -253,25 +253,25 @@ func TestReconcile(t *testing.T) {
 // in every part, so that Check walks all of it, and every field of every
 // shard and of the SKU is compared with an untouched copy afterwards.
 func TestReconcile_Pure(t *testing.T) {
-	faulty := func() reconcile.Snapshot {
+	faulty := func() ledger.Snapshot {
 		s := balanced()
 		s.Shards[0].Row.Available++
 		s.Shards[0].BrokenChain = 1
-		s.Shards[1].Kinds = map[stock.OpKind]reconcile.KindSum{
+		s.Shards[1].Kinds = map[stock.OpKind]ledger.KindSum{
 			stock.OpDeduct:    {Entries: 1, Quantity: 5, Delta: stock.Counts{Available: -5, Sold: 5}},
 			stock.OpReplenish: {Entries: 1, Quantity: 5, Delta: stock.Counts{Available: 4}},
 		}
 		s.Shards[1].HeldReserved = 3
-		s.KeyedMismatches = []reconcile.KeyMismatch{{Key: "k-2", Entries: 2}, {Key: "k-1", Operations: 1}}
-		s.EndMismatches = []reconcile.EndMismatch{{ReservationID: "r-2", State: stock.ReservationHeld, Entries: 1}, {ReservationID: "r-1", State: stock.ReservationReleased}}
-		s.TransferMismatches = []reconcile.TransferMismatch{{TransferID: "t-2", State: stock.TransferCredited, Outs: 1}, {TransferID: "t-1", State: stock.TransferPending, Ins: 1}}
+		s.KeyedMismatches = []ledger.KeyMismatch{{Key: "k-2", Entries: 2}, {Key: "k-1", Operations: 1}}
+		s.EndMismatches = []ledger.EndMismatch{{ReservationID: "r-2", State: stock.ReservationHeld, Entries: 1}, {ReservationID: "r-1", State: stock.ReservationReleased}}
+		s.TransferMismatches = []ledger.TransferMismatch{{TransferID: "t-2", State: stock.TransferCredited, Outs: 1}, {TransferID: "t-1", State: stock.TransferPending, Ins: 1}}
 		s.InTransit = 2
 		return s
 	}
 	snap, want := faulty(), faulty()
-	first := reconcile.Check(snap)
+	first := ledger.Check(snap)
 	for range 20 {
-		if got := reconcile.Check(snap); !slices.Equal(got, first) {
+		if got := ledger.Check(snap); !slices.Equal(got, first) {
 			t.Fatalf("Check(same snapshot) = %+v, want %+v", got, first)
 		}
 	}

@@ -1,7 +1,9 @@
-// Package reconcile proves a SKU's books balance. Check is a pure function
-// of a Snapshot that the Postgres adapter reads in one repeatable-read
-// transaction; it returns every discrepancy it finds, not only the first.
-package reconcile
+// Package ledger keeps the books: what a SKU's ledger means and how it is
+// read. Check proves a SKU's books balance: a pure function of a Snapshot
+// that the Postgres adapter reads in one repeatable-read transaction,
+// starting at each shard's latest checkpoint; it returns every discrepancy
+// it finds, not only the first. The scheduler reconciles every SKU in turn.
+package ledger
 
 import (
 	"fmt"
@@ -38,15 +40,20 @@ type TransferMismatch struct {
 	Outs, Ins  int64
 }
 
-// Shard is one shard's row, opening balance, ledger sums and held holds.
+// Shard is one shard's row, opening balance, latest checkpoint, the sums
+// of its entries after that checkpoint and its held holds.
 type Shard struct {
 	Index   int32
 	Row     stock.Counts
 	Opening stock.Counts
-	// Kinds sums the ledger's entries of the shard by kind.
+	// Checkpoint is the shard's latest checkpoint; nil: it has none, and
+	// its entries start from Opening.
+	Checkpoint *Checkpoint
+	// Kinds sums the shard's entries after its checkpoint by kind.
 	Kinds map[stock.OpKind]KindSum
 	// BrokenChain counts entries whose before/after do not match the
-	// previous entry's after (the ledger is a chain per shard).
+	// previous entry's after (the ledger is a chain per shard, from its
+	// opening balance or its checkpoint).
 	BrokenChain int64
 	// HeldReserved is the sum of the shard's held reservations.
 	HeldReserved int64
@@ -95,8 +102,8 @@ const (
 	CheckNegative        = "negative"
 )
 
-// Check checks a snapshot: per shard, opening balance plus ledger deltas
-// equals the row, every entry moves the counts its kind says, the chain of
+// Check checks a snapshot: per shard, opening balance (or the latest
+// checkpoint) plus the deltas of the entries after it equals the row, every entry moves the counts its kind says, the chain of
 // before/after is unbroken, and held reservations sum to reserved; per SKU,
 // operations and ledger entries pair one to one, every ended reservation has
 // one end entry, and available + reserved + sold + in transit equals what
@@ -106,13 +113,19 @@ func Check(s Snapshot) []Discrepancy {
 	add := func(check string, shard int32, exp, act int64, format string, args ...any) {
 		ds = append(ds, Discrepancy{Check: check, Shard: shard, Expected: exp, Actual: act, Detail: fmt.Sprintf(format, args...)})
 	}
-	var total, opening stock.Counts
-	var inflow int64
+	var total stock.Counts
+	var received int64 // opening stock and inflow before each checkpoint
+	var inflow int64   // after it
 	for _, sh := range s.Shards {
 		if !sh.Row.Valid() {
 			add(CheckNegative, sh.Index, 0, min(sh.Row.Available, sh.Row.Reserved, sh.Row.Sold), "shard has a negative count %+v", sh.Row)
 		}
 		sum := sh.Opening
+		shardReceived := sh.Opening.Available + sh.Opening.Reserved + sh.Opening.Sold
+		if cp := sh.Checkpoint; cp != nil {
+			sum, shardReceived = cp.Counts, cp.Received
+		}
+		received += shardReceived
 		for _, kind := range sortedKinds(sh.Kinds) {
 			k := sh.Kinds[kind]
 			sum = sum.Add(k.Delta)
@@ -142,7 +155,6 @@ func Check(s Snapshot) []Discrepancy {
 			add(CheckReservedHolds, sh.Index, sh.HeldReserved, sh.Row.Reserved, "held reservations sum to %d, reserved is %d", sh.HeldReserved, sh.Row.Reserved)
 		}
 		total = total.Add(sh.Row)
-		opening = opening.Add(sh.Opening)
 	}
 	for _, m := range s.KeyedMismatches {
 		add(CheckOperationLedger, -1, m.Operations, m.Entries, "key %q: %d operations, %d ledger entries", m.Key, m.Operations, m.Entries)
@@ -154,7 +166,7 @@ func Check(s Snapshot) []Discrepancy {
 		add(CheckTransfer, -1, 0, 0, "transfer %s is %s with %d transfer_out and %d transfer_in entries", m.TransferID, m.State, m.Outs, m.Ins)
 	}
 	have := total.Available + total.Reserved + total.Sold + s.InTransit
-	received := opening.Available + opening.Reserved + opening.Sold + inflow
+	received += inflow
 	if have != received {
 		add(CheckConservation, -1, received, have, "available+reserved+sold+in_transit = %d, received+replenished+adjusted = %d", have, received)
 	}
