@@ -346,7 +346,7 @@ func (b *batchRun) decide(read *stock.BatchRead) (*stock.BatchWrite, error) {
 		counts = *read.Counts
 	}
 	var err error
-	b.write, b.results, err = stock.PlanBatch(w.key, counts, b.reqs, read, b.sweep)
+	b.write, b.results, err = stock.EvaluateBatch(w.key, counts, b.reqs, read, b.sweep)
 	w.sku = read.SKU
 	if err == nil {
 		b.write.Checkpoint = ledger.CheckpointFor(w.sinceCheckpoint, len(b.write.Ledger))
@@ -508,7 +508,7 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 		return nil, err
 	}
 	read := &stock.BatchRead{SKU: w.sku, Ops: ops, Now: time.Now()}
-	write, results, err := stock.PlanBatch(w.key, w.counts, reqs, read, false)
+	write, results, err := stock.EvaluateBatch(w.key, w.counts, reqs, read, false)
 	if err != nil || !write.Empty() {
 		// Cannot happen: every request asks for more than is available.
 		// Let the transactional path decide instead.

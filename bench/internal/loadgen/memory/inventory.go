@@ -123,7 +123,7 @@ func (k *sku) current(op *stock.Operation) *stock.Operation {
 	return &c
 }
 
-// decide runs shardstock's own planner (stock.PlanBatch) over k's counts for r,
+// decide runs shardstock's own planner (stock.EvaluateBatch) over k's counts for r,
 // then applies what it decided to write: the ledger entries, the counts,
 // the operation that binds the key, the reservations and the customer
 // usage. k.mu is held, and keysMu for a keyed request.
@@ -131,7 +131,7 @@ func (s *Server) decide(k *sku, r *stock.Request, read *stock.BatchRead) stock.R
 	if k.halted {
 		return errResult(stock.Errorf(stock.CodeInternal, "sku %q is halted after an invariant violation", k.cfg.Name))
 	}
-	w, results, err := stock.PlanBatch(stock.ShardKey{SKU: k.cfg.Name}, k.counts, []*stock.Request{r}, read, false)
+	w, results, err := stock.EvaluateBatch(stock.ShardKey{SKU: k.cfg.Name}, k.counts, []*stock.Request{r}, read, false)
 	if err != nil {
 		k.halted = true
 		return errResult(stock.Errorf(stock.CodeInternal, "%v", err))

@@ -11,7 +11,7 @@
 // shardstock's semantics: Deduct, Reserve, Commit, Release, GetOperation,
 // GetStock, CreateSku, Reconcile and ListLedger, with the same validation
 // (internal/stock), the same decisions (shardstock's own planner,
-// stock.PlanBatch: replays, refusals, stock, reservation ends), idempotency keys
+// stock.EvaluateBatch: replays, refusals, stock, reservation ends), idempotency keys
 // global across SKUs, a ledger entry per change and the same
 // reconciliation (internal/ledger). Where it differs:
 //   - a SKU is one row: shards is accepted and echoed, every entry is on

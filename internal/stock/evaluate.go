@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// PlanBatch decides a batch in memory: given the shard's counts, the
+// EvaluateBatch decides a batch in memory: given the shard's counts, the
 // batch's requests in arrival order and what the transaction read, it
 // returns what to write and every request's result; with expireDue it also
 // expires the due reservations of read.Due. It is pure (a rerun of the
@@ -20,7 +20,7 @@ import (
 // the same requests applied one at a time: a key seen twice in one batch is a
 // replay of its first occurrence, a reservation ended earlier in the batch is
 // ended for the requests after it.
-func PlanBatch(shard ShardKey, from Counts, reqs []*Request, read *BatchRead, expireDue bool) (*BatchWrite, []Result, error) {
+func EvaluateBatch(shard ShardKey, from Counts, reqs []*Request, read *BatchRead, expireDue bool) (*BatchWrite, []Result, error) {
 	p := &planner{
 		shard:   shard,
 		read:    read,
@@ -54,7 +54,7 @@ func PlanBatch(shard ShardKey, from Counts, reqs []*Request, read *BatchRead, ex
 	}
 	p.w.To = p.cur
 	if !p.cur.Valid() {
-		// PlanBatch checks stock before every move, so this is a bug: refuse the
+		// EvaluateBatch checks stock before every move, so this is a bug: refuse the
 		// batch and halt the shard rather than write a negative count (the
 		// CHECK constraints would refuse it too).
 		return nil, nil, fmt.Errorf("%w: plan drove %s to %+v", ErrInvariant, shard, p.cur)

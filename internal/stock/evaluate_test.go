@@ -147,20 +147,20 @@ func runPlan(t *testing.T, tests []planCase) {
 				tt.read(read)
 			}
 			before := snapshotRead(read)
-			w, rs, err := PlanBatch(planShard, tt.from, tt.reqs, read, tt.sweep)
+			w, rs, err := EvaluateBatch(planShard, tt.from, tt.reqs, read, tt.sweep)
 			if err != nil {
-				t.Fatalf("PlanBatch(%s) = %v", tt.name, err)
+				t.Fatalf("EvaluateBatch(%s) = %v", tt.name, err)
 			}
 
 			if len(rs) != len(tt.reqs) {
-				t.Fatalf("PlanBatch(%s) = %d results, want %d", tt.name, len(rs), len(tt.reqs))
+				t.Fatalf("EvaluateBatch(%s) = %d results, want %d", tt.name, len(rs), len(tt.reqs))
 			}
 			got := make([]outcome, len(rs))
 			for i, r := range rs {
 				got[i] = outcomeOf(r)
 			}
 			if !slices.Equal(got, tt.want) {
-				t.Errorf("PlanBatch(%s) results = %v, want %v", tt.name, got, tt.want)
+				t.Errorf("EvaluateBatch(%s) results = %v, want %v", tt.name, got, tt.want)
 				for i, r := range rs {
 					if r.Err != nil {
 						t.Logf("result %d: %v", i, r.Err)
@@ -169,20 +169,20 @@ func runPlan(t *testing.T, tests []planCase) {
 			}
 			for i, r := range rs {
 				if r.Available != tt.to.Available {
-					t.Errorf("PlanBatch(%s) result %d Available = %d, want %d (the final available)", tt.name, i, r.Available, tt.to.Available)
+					t.Errorf("EvaluateBatch(%s) result %d Available = %d, want %d (the final available)", tt.name, i, r.Available, tt.to.Available)
 				}
 				if r.Err != nil && (r.Operation != nil || r.Reservation != nil) {
-					t.Errorf("PlanBatch(%s) result %d = %+v, want an error with no operation or reservation", tt.name, i, r)
+					t.Errorf("EvaluateBatch(%s) result %d = %+v, want an error with no operation or reservation", tt.name, i, r)
 				}
 			}
 			if w.From != tt.from || w.To != tt.to {
-				t.Errorf("PlanBatch(%s) write From, To = %+v, %+v, want %+v, %+v", tt.name, w.From, w.To, tt.from, tt.to)
+				t.Errorf("EvaluateBatch(%s) write From, To = %+v, %+v, want %+v, %+v", tt.name, w.From, w.To, tt.from, tt.to)
 			}
 			checkLedger(t, tt.name, w, tt.from, tt.ledger)
 			checkOps(t, tt.name, w, tt.reqs, rs)
 			checkEnds(t, tt.name, w)
 			if after := snapshotRead(read); after != before {
-				t.Errorf("PlanBatch(%s) changed its read: %s, want %s", tt.name, after, before)
+				t.Errorf("EvaluateBatch(%s) changed its read: %s, want %s", tt.name, after, before)
 			}
 			if tt.check != nil {
 				tt.check(t, w, rs)
@@ -198,25 +198,25 @@ func checkLedger(t *testing.T, name string, w *BatchWrite, from Counts, want []O
 	for i, e := range w.Ledger {
 		kinds[i] = e.Kind
 		if e.Shard != planShard {
-			t.Errorf("PlanBatch(%s) ledger %d shard = %s, want %s", name, i, e.Shard, planShard)
+			t.Errorf("EvaluateBatch(%s) ledger %d shard = %s, want %s", name, i, e.Shard, planShard)
 		}
 		if e.Before != prev {
-			t.Errorf("PlanBatch(%s) ledger %d (%s) Before = %+v, want %+v (the previous After)", name, i, e.Kind, e.Before, prev)
+			t.Errorf("EvaluateBatch(%s) ledger %d (%s) Before = %+v, want %+v (the previous After)", name, i, e.Kind, e.Before, prev)
 		}
 		delta := e.Kind.Delta(e.Quantity)
 		if got := e.Before.Add(delta); e.After != got {
-			t.Errorf("PlanBatch(%s) ledger %d (%s %d) After = %+v, want %+v", name, i, e.Kind, e.Quantity, e.After, got)
+			t.Errorf("EvaluateBatch(%s) ledger %d (%s %d) After = %+v, want %+v", name, i, e.Kind, e.Quantity, e.After, got)
 		}
 		if e.Source == "" {
-			t.Errorf("PlanBatch(%s) ledger %d (%s) has no source", name, i, e.Kind)
+			t.Errorf("EvaluateBatch(%s) ledger %d (%s) has no source", name, i, e.Kind)
 		}
 		prev = e.After
 	}
 	if !slices.Equal(kinds, want) {
-		t.Errorf("PlanBatch(%s) ledger = %v, want %v", name, kinds, want)
+		t.Errorf("EvaluateBatch(%s) ledger = %v, want %v", name, kinds, want)
 	}
 	if prev != w.To {
-		t.Errorf("PlanBatch(%s) ledger ends at %+v, want the write's To %+v", name, prev, w.To)
+		t.Errorf("EvaluateBatch(%s) ledger ends at %+v, want the write's To %+v", name, prev, w.To)
 	}
 }
 
@@ -233,28 +233,28 @@ func checkOps(t *testing.T, name string, w *BatchWrite, reqs []*Request, rs []Re
 		if op == nil || op.IdempotencyKey != req.Key || op.Kind != req.Kind || op.Quantity != req.Quantity ||
 			op.SKU != planShard.SKU || op.Shard != planShard.Index || !slices.Equal(op.ParamsHash, ParamsHash(req)) ||
 			!op.CreatedAt.Equal(planNow) {
-			t.Errorf("PlanBatch(%s) result %d operation = %+v, want one of %s %s q=%d", name, i, op, req.Kind, req.Key, req.Quantity)
+			t.Errorf("EvaluateBatch(%s) result %d operation = %+v, want one of %s %s q=%d", name, i, op, req.Kind, req.Key, req.Quantity)
 		}
 		if !slices.Contains(w.Ops, op) {
-			t.Errorf("PlanBatch(%s) result %d operation %s is not in the write", name, i, req.Key)
+			t.Errorf("EvaluateBatch(%s) result %d operation %s is not in the write", name, i, req.Key)
 		}
 		if req.Kind == OpReserve {
 			newRes++
 			if r.Reservation == nil || r.Reservation.ID != op.ReservationID || r.Reservation.State != ReservationHeld {
-				t.Errorf("PlanBatch(%s) result %d reservation = %+v, want held, id %s", name, i, r.Reservation, op.ReservationID)
+				t.Errorf("EvaluateBatch(%s) result %d reservation = %+v, want held, id %s", name, i, r.Reservation, op.ReservationID)
 			}
 		}
 	}
 	if len(w.Ops) != newOps {
-		t.Errorf("PlanBatch(%s) write has %d operations, want %d", name, len(w.Ops), newOps)
+		t.Errorf("EvaluateBatch(%s) write has %d operations, want %d", name, len(w.Ops), newOps)
 	}
 	if len(w.NewReservations) != newRes {
-		t.Errorf("PlanBatch(%s) write has %d new reservations, want %d", name, len(w.NewReservations), newRes)
+		t.Errorf("EvaluateBatch(%s) write has %d new reservations, want %d", name, len(w.NewReservations), newRes)
 	}
 	keys := map[string]bool{}
 	for _, op := range w.Ops {
 		if keys[op.IdempotencyKey] {
-			t.Errorf("PlanBatch(%s) writes key %s twice", name, op.IdempotencyKey)
+			t.Errorf("EvaluateBatch(%s) writes key %s twice", name, op.IdempotencyKey)
 		}
 		keys[op.IdempotencyKey] = true
 	}
@@ -266,7 +266,7 @@ func checkEnds(t *testing.T, name string, w *BatchWrite) {
 	ended := map[string]ReservationState{}
 	for _, e := range w.Ended {
 		if _, dup := ended[e.ID]; dup {
-			t.Errorf("PlanBatch(%s) ends reservation %s twice", name, e.ID)
+			t.Errorf("EvaluateBatch(%s) ends reservation %s twice", name, e.ID)
 		}
 		ended[e.ID] = e.State
 	}
@@ -278,17 +278,17 @@ func checkEnds(t *testing.T, name string, w *BatchWrite) {
 			want := map[OpKind]ReservationState{OpCommit: ReservationCommitted,
 				OpRelease: ReservationReleased, OpExpire: ReservationExpired}[e.Kind]
 			if st, ok := ended[e.ReservationID]; !ok || st != want {
-				t.Errorf("PlanBatch(%s) %s entry for %s ends it as %q, want %q", name, e.Kind, e.ReservationID, st, want)
+				t.Errorf("EvaluateBatch(%s) %s entry for %s ends it as %q, want %q", name, e.Kind, e.ReservationID, st, want)
 			}
 		}
 	}
 	for id, n := range entries {
 		if n != 1 {
-			t.Errorf("PlanBatch(%s) writes %d end entries for %s, want 1", name, n, id)
+			t.Errorf("EvaluateBatch(%s) writes %d end entries for %s, want 1", name, n, id)
 		}
 	}
 	if len(entries) != len(ended) {
-		t.Errorf("PlanBatch(%s) ends %d reservations with %d end entries, want one each", name, len(ended), len(entries))
+		t.Errorf("EvaluateBatch(%s) ends %d reservations with %d end entries, want one each", name, len(ended), len(entries))
 	}
 }
 
@@ -319,14 +319,14 @@ func TestPlan_Keyed(t *testing.T) {
 				res := w.NewReservations[0]
 				if rs[0].Reservation != res || !res.ExpiresAt.Equal(planNow.Add(planTTL)) || res.Quantity != 3 ||
 					res.CustomerRef != "c-1" || res.IdempotencyKey != "k-1" {
-					t.Errorf("PlanBatch(reserve) reservation = %+v, want held 3 for c-1 until now+%s", res, planTTL)
+					t.Errorf("EvaluateBatch(reserve) reservation = %+v, want held 3 for c-1 until now+%s", res, planTTL)
 				}
 				if k, err := ParseReservationID(res.ID); err != nil || k != planShard {
 					t.Errorf("ParseReservationID(%s) = %v, %v, want %s", res.ID, k, err, planShard)
 				}
 				e := w.Ledger[0]
 				if e.ReservationID != res.ID || e.IdempotencyKey != "k-1" || e.Quantity != 3 || e.Source != SourceAPI {
-					t.Errorf("PlanBatch(reserve) ledger entry = %+v, want reservation %s, key k-1, quantity 3, source api", e, res.ID)
+					t.Errorf("EvaluateBatch(reserve) ledger entry = %+v, want reservation %s, key k-1, quantity 3, source api", e, res.ID)
 				}
 			},
 		},
@@ -337,7 +337,7 @@ func TestPlan_Keyed(t *testing.T) {
 			want: []outcome{okay}, to: Counts{Available: 9, Reserved: 1}, ledger: []OpKind{OpReserve},
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				if got := rs[0].Reservation.ExpiresAt; !got.Equal(planNow.Add(90 * time.Second)) {
-					t.Errorf("PlanBatch(reserve ttl 90s) ExpiresAt = %v, want %v", got, planNow.Add(90*time.Second))
+					t.Errorf("EvaluateBatch(reserve ttl 90s) ExpiresAt = %v, want %v", got, planNow.Add(90*time.Second))
 				}
 			},
 		},
@@ -348,10 +348,10 @@ func TestPlan_Keyed(t *testing.T) {
 			want: []outcome{okay}, to: Counts{Available: 6, Sold: 4}, ledger: []OpKind{OpDeduct},
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				if e := w.Ledger[0]; e.OrderRef != "o-1" || e.IdempotencyKey != "k-1" || e.ReservationID != "" {
-					t.Errorf("PlanBatch(deduct) ledger entry = %+v, want order o-1, key k-1, no reservation", e)
+					t.Errorf("EvaluateBatch(deduct) ledger entry = %+v, want order o-1, key k-1, no reservation", e)
 				}
 				if len(w.NewReservations) != 0 || rs[0].Reservation != nil {
-					t.Errorf("PlanBatch(deduct) made a reservation: %+v", w.NewReservations)
+					t.Errorf("EvaluateBatch(deduct) made a reservation: %+v", w.NewReservations)
 				}
 			},
 		},
@@ -368,7 +368,7 @@ func TestPlan_Keyed(t *testing.T) {
 			want: []outcome{okay}, to: Counts{Available: 15}, ledger: []OpKind{OpAdjust},
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				if e := w.Ledger[0]; e.Reason != "recount" || e.Approver != "alice" || e.Source != "admin:alice" {
-					t.Errorf("PlanBatch(adjust) ledger entry = %+v, want reason recount, approver alice, source admin:alice", e)
+					t.Errorf("EvaluateBatch(adjust) ledger entry = %+v, want reason recount, approver alice, source admin:alice", e)
 				}
 			},
 		},
@@ -454,7 +454,7 @@ func TestPlan_Keyed(t *testing.T) {
 			to:   ten,
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				if !w.Empty() {
-					t.Errorf("PlanBatch(nil sku) write = %+v, want empty", w)
+					t.Errorf("EvaluateBatch(nil sku) write = %+v, want empty", w)
 				}
 			},
 		},
@@ -464,7 +464,7 @@ func TestPlan_Keyed(t *testing.T) {
 			to:   ten,
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				if !w.Empty() {
-					t.Errorf("PlanBatch(no requests) write = %+v, want empty", w)
+					t.Errorf("EvaluateBatch(no requests) write = %+v, want empty", w)
 				}
 			},
 		},
@@ -561,10 +561,10 @@ func TestPlan_Replay(t *testing.T) {
 			want: []outcome{replay}, to: ten,
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				if op := rs[0].Operation; op == nil || op.Quantity != 2 || !op.CreatedAt.Equal(recDeduct.CreatedAt) {
-					t.Errorf("PlanBatch(replay) operation = %+v, want the recorded one %+v", op, recDeduct)
+					t.Errorf("EvaluateBatch(replay) operation = %+v, want the recorded one %+v", op, recDeduct)
 				}
 				if !w.Empty() {
-					t.Errorf("PlanBatch(replay) write = %+v, want empty", w)
+					t.Errorf("EvaluateBatch(replay) write = %+v, want empty", w)
 				}
 			},
 		},
@@ -600,7 +600,7 @@ func TestPlan_Replay(t *testing.T) {
 				res := rs[0].Reservation
 				if res == nil || res.ID != recReserve.ReservationID || res.State != ReservationHeld || res.Quantity != 3 ||
 					!res.ExpiresAt.Equal(recReserve.ReservationExpiresAt) || res.CustomerRef != "c-1" {
-					t.Errorf("PlanBatch(replay reserve) reservation = %+v, want the recorded hold %s", res, recReserve.ReservationID)
+					t.Errorf("EvaluateBatch(replay reserve) reservation = %+v, want the recorded hold %s", res, recReserve.ReservationID)
 				}
 			},
 		},
@@ -613,7 +613,7 @@ func TestPlan_Replay(t *testing.T) {
 			want: []outcome{okay, replay}, to: Counts{Available: 7, Sold: 3}, ledger: []OpKind{OpCommit},
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				if st := rs[1].Reservation.State; st != ReservationCommitted {
-					t.Errorf("PlanBatch(commit, replay reserve) replayed state = %s, want committed", st)
+					t.Errorf("EvaluateBatch(commit, replay reserve) replayed state = %s, want committed", st)
 				}
 			},
 		},
@@ -683,7 +683,7 @@ func TestPlan_ReservationEnds(t *testing.T) {
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				state(0, ReservationCommitted)(t, w, rs)
 				if e := w.Ledger[0]; e.ReservationID != a.ID || e.IdempotencyKey != "k-a" || e.Quantity != 3 {
-					t.Errorf("PlanBatch(commit) ledger entry = %+v, want reservation %s, key k-a, quantity 3", e, a.ID)
+					t.Errorf("EvaluateBatch(commit) ledger entry = %+v, want reservation %s, key k-a, quantity 3", e, a.ID)
 				}
 			},
 		},
@@ -695,7 +695,7 @@ func TestPlan_ReservationEnds(t *testing.T) {
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				state(0, ReservationReleased)(t, w, rs)
 				if e := w.Ended[0]; e.ID != a.ID || e.Reason != "cancelled" {
-					t.Errorf("PlanBatch(release) ended = %+v, want %s for reason cancelled", e, a.ID)
+					t.Errorf("EvaluateBatch(release) ended = %+v, want %s for reason cancelled", e, a.ID)
 				}
 			},
 		},
@@ -763,7 +763,7 @@ func TestPlan_ReservationEnds(t *testing.T) {
 			to:   Counts{Available: 12, Reserved: 6}, ledger: []OpKind{OpExpire},
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				if len(w.Ended) != 1 || w.Ended[0].ID != due.ID || w.Ended[0].State != ReservationExpired {
-					t.Errorf("PlanBatch(commit due) ended = %+v, want %s expired", w.Ended, due.ID)
+					t.Errorf("EvaluateBatch(commit due) ended = %+v, want %s expired", w.Ended, due.ID)
 				}
 			},
 		},
@@ -811,7 +811,7 @@ func TestPlan_Sweep(t *testing.T) {
 				got[i] = e.Source
 			}
 			if !slices.Equal(got, want) {
-				t.Errorf("PlanBatch(sweep) ledger sources = %v, want %v", got, want)
+				t.Errorf("EvaluateBatch(sweep) ledger sources = %v, want %v", got, want)
 			}
 		}
 	}
@@ -945,8 +945,8 @@ func TestPlan_Invariant(t *testing.T) {
 	// reserved below zero.
 	read.Reservations["r"] = &Reservation{ID: "r", SKU: planShard.SKU, Shard: planShard.Index, Quantity: 5,
 		State: ReservationHeld, ExpiresAt: read.Now.Add(time.Hour)}
-	_, _, err := PlanBatch(planShard, Counts{Available: 10}, []*Request{{Kind: OpRelease, Shard: planShard, ReservationID: "r"}}, read, false)
+	_, _, err := EvaluateBatch(planShard, Counts{Available: 10}, []*Request{{Kind: OpRelease, Shard: planShard, ReservationID: "r"}}, read, false)
 	if !errors.Is(err, ErrInvariant) {
-		t.Errorf("PlanBatch(release of an unaccounted hold) = %v, want ErrInvariant", err)
+		t.Errorf("EvaluateBatch(release of an unaccounted hold) = %v, want ErrInvariant", err)
 	}
 }
