@@ -48,23 +48,12 @@ const (
 func TestE2E_SyncStandbyFailover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
 	defer cancel()
-	primary, err := pgcluster.Start(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { primary.Stop() })
 	const standbyName = "standby1"
-	standby, err := primary.StartStandby(ctx, standbyName)
+	primary, standby, err := pgcluster.StartSyncPair(ctx, standbyName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { standby.Stop() })
-	if err := primary.SetSynchronousStandbys(ctx, standbyName); err != nil {
-		t.Fatal(err)
-	}
-	if err := primary.WaitSyncStandby(ctx, standbyName); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { standby.Stop(); primary.Stop() })
 	dbURL := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
 		primary.Port(), standby.Port())
 	s := newStackOpts(t, stackOpts{shardServers: 3, dbURL: dbURL, env: []string{"SHARDSTOCK_REQUIRE_SYNC_STANDBY=1"}})
@@ -75,14 +64,7 @@ func TestE2E_SyncStandbyFailover(t *testing.T) {
 	// promoted, since the run's start.
 	var lost, crashed, promoted int64
 	h := runHistory(ctx, t, s, sku, func(ctx context.Context, since func() int64) {
-		step := func(d time.Duration) bool {
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(d):
-				return true
-			}
-		}
+		step := func(d time.Duration) bool { return pause(ctx, d) }
 		if !step(time.Second) {
 			return
 		}

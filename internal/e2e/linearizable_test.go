@@ -104,14 +104,7 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 			cutDelivered(ctx, s3, sku)
 		}()
 		defer func() { <-cutting }()
-		step := func(d time.Duration) bool {
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(d):
-				return true
-			}
-		}
+		step := func(d time.Duration) bool { return pause(ctx, d) }
 		if !step(300 * time.Millisecond) {
 			return
 		}
@@ -626,4 +619,14 @@ func provablyWrong(initial int64, history []porcupine.Operation) error {
 		}
 	}
 	return nil
+}
+
+// pause waits d, and reports false if ctx ended first.
+func pause(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
 }

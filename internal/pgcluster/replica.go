@@ -138,3 +138,26 @@ func (c *Cluster) Port() int { return c.port }
 // quoteLiteral quotes s as an SQL string literal (ALTER SYSTEM takes no
 // parameters).
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// StartSyncPair starts a primary and one streaming standby of it, named
+// name, and makes the standby synchronous: once it returns, every commit
+// on the primary waits until the standby has flushed it. The caller must
+// Stop both; on an error, whatever was started is stopped.
+func StartSyncPair(ctx context.Context, name string) (primary, standby *Cluster, err error) {
+	if primary, err = Start(ctx, ""); err != nil {
+		return nil, nil, err
+	}
+	if standby, err = primary.StartStandby(ctx, name); err != nil {
+		primary.Stop()
+		return nil, nil, err
+	}
+	if err = primary.SetSynchronousStandbys(ctx, name); err == nil {
+		err = primary.WaitSyncStandby(ctx, name)
+	}
+	if err != nil {
+		standby.Stop()
+		primary.Stop()
+		return nil, nil, err
+	}
+	return primary, standby, nil
+}

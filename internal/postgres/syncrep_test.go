@@ -20,22 +20,11 @@ func syncPair(t *testing.T) (primary, standby *pgcluster.Cluster) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	primary, err := pgcluster.Start(ctx, "")
+	primary, standby, err := pgcluster.StartSyncPair(ctx, standbyName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { primary.Stop() })
-	standby, err = primary.StartStandby(ctx, standbyName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { standby.Stop() })
-	if err := primary.SetSynchronousStandbys(ctx, standbyName); err != nil {
-		t.Fatal(err)
-	}
-	if err := primary.WaitSyncStandby(ctx, standbyName); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { standby.Stop(); primary.Stop() })
 	return primary, standby
 }
 

@@ -57,11 +57,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := cfg.check(); err != nil {
 		return err
 	}
-	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(cfg.maxConns), ApplicationName: "shardstock-allocator"}, cfg.dbs, cfg.migrateURL, cfg.migrateDBs)
+	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(cfg.maxConns), ApplicationName: "shardstock-allocator"}, cfg.dbs, cfg.stores.MigrateURL, cfg.stores.MigrateDatabases)
 	if err != nil {
 		return err
 	}
-	proc, err := startup.Open(ctx, cfg.dbs, dbOpts, cfg.etcd, cfg.addr, log)
+	proc, err := startup.Open(ctx, cfg.dbs, dbOpts, cfg.stores.Etcd, cfg.addr, log)
 	if err != nil {
 		return err
 	}
@@ -81,8 +81,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // environment variable as its default, and what check derives from them.
 type config struct {
 	addr, operatorAddr                        string
-	dbURL, moreDBs, migrateURL, migrateDBs    string
-	etcd                                      startup.EtcdConfig
+	stores                                    startup.Stores
 	token, apiToken                           string
 	rateLimit                                 float64
 	inFlight, clientConns, maxConns           int
@@ -109,14 +108,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs := flag.NewFlagSet("allocator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", env.String("SHARDSTOCK_ADDR", "127.0.0.1:8080"), "listen address (env SHARDSTOCK_ADDR)")
-	fs.StringVar(&c.dbURL, "database-url", env.String("DATABASE_URL", ""), "Postgres URL of the database named main (env DATABASE_URL)")
-	fs.StringVar(&c.moreDBs, "databases", env.String("SHARDSTOCK_DATABASES", ""), startup.DatabasesUsage)
-	fs.StringVar(&c.migrateURL, "migrate-url", env.String("SHARDSTOCK_MIGRATE_URL", ""), startup.MigrateUsage)
-	fs.StringVar(&c.migrateDBs, "migrate-databases", env.String("SHARDSTOCK_MIGRATE_DATABASES", ""), startup.MigrateDatabasesUsage)
-	fs.StringVar(&c.etcd.Endpoints, "etcd-endpoints", env.String("ETCD_ENDPOINTS", ""), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
-	fs.StringVar(&c.etcd.CA, "etcd-ca", env.String("ETCD_CACERT", ""), startup.EtcdTLSUsage)
-	fs.StringVar(&c.etcd.Cert, "etcd-cert", env.String("ETCD_CERT", ""), "see -etcd-ca")
-	fs.StringVar(&c.etcd.Key, "etcd-key", env.String("ETCD_KEY", ""), "see -etcd-ca")
+	c.stores.Flags(fs, env)
 	fs.StringVar(&c.token, "admin-token", env.String("SHARDSTOCK_ADMIN_TOKEN", ""), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
 	fs.StringVar(&c.apiToken, "api-token", env.String("SHARDSTOCK_API_TOKEN", ""), "bearer token the InventoryService requires (the admin token is accepted too); empty: none (env SHARDSTOCK_API_TOKEN)")
 	fs.Float64Var(&c.rateLimit, "rate-limit", env.Float64("SHARDSTOCK_RATE_LIMIT", 0), "InventoryService requests a second one client (IP address) may send, sustained and in a burst; over it RATE_LIMITED; 0: no limit (env SHARDSTOCK_RATE_LIMIT)")
@@ -156,7 +148,7 @@ func (c *config) check() error {
 		return err
 	}
 	var err error
-	if c.dbs, err = startup.Databases(c.dbURL, c.moreDBs); err != nil {
+	if c.dbs, err = startup.Databases(c.stores.DatabaseURL, c.stores.MoreDatabases); err != nil {
 		return err
 	}
 	if len(c.token) < adminTokenLenMin {

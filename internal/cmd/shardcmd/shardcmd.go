@@ -39,7 +39,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	dbs, err := startup.Databases(cfg.dbURL, cfg.moreDBs)
+	dbs, err := startup.Databases(cfg.stores.DatabaseURL, cfg.stores.MoreDatabases)
 	if err != nil {
 		return err
 	}
@@ -47,11 +47,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errors.New("no server id: set -id or SHARDSTOCK_SERVER_ID")
 	}
 
-	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(cfg.maxConns), ApplicationName: "shardstock-shard-" + cfg.id}, dbs, cfg.migrateURL, cfg.migrateDBs)
+	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(cfg.maxConns), ApplicationName: "shardstock-shard-" + cfg.id}, dbs, cfg.stores.MigrateURL, cfg.stores.MigrateDatabases)
 	if err != nil {
 		return err
 	}
-	proc, err := startup.Open(ctx, dbs, dbOpts, cfg.etcd, cfg.addr, log)
+	proc, err := startup.Open(ctx, dbs, dbOpts, cfg.stores.Etcd, cfg.addr, log)
 	if err != nil {
 		return err
 	}
@@ -91,14 +91,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // config is the command's configuration: its flags, each with its
 // environment variable as its default.
 type config struct {
-	addr, advertise, id                    string
-	dbURL, moreDBs, migrateURL, migrateDBs string
-	etcd                                   startup.EtcdConfig
-	leaseTTL, groupDelay                   time.Duration
-	maxConns                               int
-	format, level                          string
-	pprof, requireSync                     bool
-	tlsCert, tlsKey, clientCA              string
+	addr, advertise, id       string
+	stores                    startup.Stores
+	leaseTTL, groupDelay      time.Duration
+	maxConns                  int
+	format, level             string
+	pprof, requireSync        bool
+	tlsCert, tlsKey, clientCA string
 }
 
 // parseConfig reads the flags.
@@ -111,14 +110,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.addr, "addr", env.String("SHARDSTOCK_SHARD_ADDR", "127.0.0.1:7001"), "listen address (env SHARDSTOCK_SHARD_ADDR)")
 	fs.StringVar(&c.advertise, "advertise", env.String("SHARDSTOCK_ADVERTISE", ""), "address allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
 	fs.StringVar(&c.id, "id", env.String("SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
-	fs.StringVar(&c.dbURL, "database-url", env.String("DATABASE_URL", ""), "Postgres URL of the database named main (env DATABASE_URL)")
-	fs.StringVar(&c.moreDBs, "databases", env.String("SHARDSTOCK_DATABASES", ""), startup.DatabasesUsage)
-	fs.StringVar(&c.migrateURL, "migrate-url", env.String("SHARDSTOCK_MIGRATE_URL", ""), startup.MigrateUsage)
-	fs.StringVar(&c.migrateDBs, "migrate-databases", env.String("SHARDSTOCK_MIGRATE_DATABASES", ""), startup.MigrateDatabasesUsage)
-	fs.StringVar(&c.etcd.Endpoints, "etcd-endpoints", env.String("ETCD_ENDPOINTS", ""), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
-	fs.StringVar(&c.etcd.CA, "etcd-ca", env.String("ETCD_CACERT", ""), startup.EtcdTLSUsage)
-	fs.StringVar(&c.etcd.Cert, "etcd-cert", env.String("ETCD_CERT", ""), "see -etcd-ca")
-	fs.StringVar(&c.etcd.Key, "etcd-key", env.String("ETCD_KEY", ""), "see -etcd-ca")
+	c.stores.Flags(fs, env)
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", env.Duration("SHARDSTOCK_LEASE_TTL", shardnode.LeaseTTLDefault), "etcd lease TTL: a dead server's partitions move after about this long (env SHARDSTOCK_LEASE_TTL)")
 	fs.IntVar(&c.maxConns, "db-max-conns", env.Int("SHARDSTOCK_DB_MAX_CONNS", 32), "Postgres connections at most (env SHARDSTOCK_DB_MAX_CONNS)")
 	fs.StringVar(&c.format, "log-format", env.String("SHARDSTOCK_LOG_FORMAT", "text"), startup.LogFormatUsage)

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -235,4 +236,24 @@ func ClientTLSConfig(certFile, keyFile, caFile string) (*tls.Config, error) {
 		return nil, err
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
+
+// Stores is where a server command finds its databases and etcd: the
+// settings cmd/allocator and cmd/shard both take.
+type Stores struct {
+	DatabaseURL, MoreDatabases, MigrateURL, MigrateDatabases string
+	Etcd                                                     EtcdConfig
+}
+
+// Flags defines the settings of s on fs, each with its environment
+// variable as its default.
+func (s *Stores) Flags(fs *flag.FlagSet, env *EnvDefaults) {
+	fs.StringVar(&s.DatabaseURL, "database-url", env.String("DATABASE_URL", ""), "Postgres URL of the database named main (env DATABASE_URL)")
+	fs.StringVar(&s.MoreDatabases, "databases", env.String("SHARDSTOCK_DATABASES", ""), DatabasesUsage)
+	fs.StringVar(&s.MigrateURL, "migrate-url", env.String("SHARDSTOCK_MIGRATE_URL", ""), MigrateUsage)
+	fs.StringVar(&s.MigrateDatabases, "migrate-databases", env.String("SHARDSTOCK_MIGRATE_DATABASES", ""), MigrateDatabasesUsage)
+	fs.StringVar(&s.Etcd.Endpoints, "etcd-endpoints", env.String("ETCD_ENDPOINTS", ""), "comma-separated etcd endpoints (env ETCD_ENDPOINTS)")
+	fs.StringVar(&s.Etcd.CA, "etcd-ca", env.String("ETCD_CACERT", ""), EtcdTLSUsage)
+	fs.StringVar(&s.Etcd.Cert, "etcd-cert", env.String("ETCD_CERT", ""), "see -etcd-ca")
+	fs.StringVar(&s.Etcd.Key, "etcd-key", env.String("ETCD_KEY", ""), "see -etcd-ca")
 }
