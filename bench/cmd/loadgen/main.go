@@ -569,25 +569,9 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 			seconds: int(cfg.Duration.Round(time.Second) / time.Second), stack: mr.stack, stderr: mr.stderr}
 		cfg.LoadStarted = prof.start
 	}
-	// The disk probe covers the load alone, not Setup's or Verify's writes.
 	var disk *loadgen.Disk
 	if mr.diskDir != "" {
-		var probe *diskprobe.Probe
-		started := cfg.LoadStarted
-		cfg.LoadStarted = func() {
-			if started != nil {
-				started()
-			}
-			var err error
-			if probe, err = diskprobe.Start(mr.diskDir, 0, cfg.LatencyGoal); err != nil {
-				disk = &loadgen.Disk{Dir: mr.diskDir, Threshold: cfg.LatencyGoal, Err: err}
-			}
-		}
-		cfg.LoadEnded = func() {
-			if probe != nil {
-				disk = diskResult(probe.Stop())
-			}
-		}
+		cfg.LoadStarted, cfg.LoadEnded = mr.diskHooks(cfg.LatencyGoal, cfg.LoadStarted, cfg.LoadEnded, &disk)
 	}
 	var cpu *loadgen.CPU
 	var t loadgen.Target
@@ -624,6 +608,29 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 	fmt.Fprintf(mr.stderr, "loadgen: %s: setup %s, load %s, verify %s\n", label,
 		res.SetupTime.Round(time.Millisecond), res.Elapsed.Round(time.Millisecond), res.VerifyTime.Round(time.Millisecond))
 	return res, nil
+}
+
+// diskHooks wraps a run's load hooks to probe the disk of mr.diskDir, a
+// sync slower than threshold being a stall, into *out. The probe covers
+// the load alone, not Setup's or Verify's writes.
+func (mr *modelRun) diskHooks(threshold time.Duration, started, ended func(), out **loadgen.Disk) (func(), func()) {
+	var probe *diskprobe.Probe
+	return func() {
+			if started != nil {
+				started()
+			}
+			var err error
+			if probe, err = diskprobe.Start(mr.diskDir, 0, threshold); err != nil {
+				*out = &loadgen.Disk{Dir: mr.diskDir, Threshold: threshold, Err: err}
+			}
+		}, func() {
+			if ended != nil {
+				ended()
+			}
+			if probe != nil {
+				*out = diskResult(probe.Stop())
+			}
+		}
 }
 
 // diskResult is the probe's record in the table's terms.
