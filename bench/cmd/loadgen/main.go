@@ -167,229 +167,338 @@ func parseModels(s string) ([]loadgen.Model, error) {
 	return ms, nil
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// config is every flag of run, as given.
+type config struct {
+	targetList, addr, adminToken, databaseURL, redisAddr, modelList string
+	duration, timeout, latencyGoal, pgCrashEvery                    time.Duration
+	requests, stockPerSKU                                           int64
+	concurrency, skus, pgConns, redisPool, pgCrashCount             int
+	rate, paced, dupRate, abandonRate                               float64
+	pacedTargets, shardList, qty, mix                               string
+	retry, progress                                                 bool
+	seed                                                            uint64
+	reportPath, stackBin, databaseNote, stackLog, stackArgs         string
+	serverProf, serverPids, cpuProf, diskProbe, pgData              string
+}
+
+// parseConfig reads the flags; the environment gives the defaults of
+// those that name a variable. The two variables are strings, read with
+// getenv: internal/cmd/startup's EnvDefaults would do the same and bring
+// its dependencies (goose, automemlimit) into this module.
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	c := &config{}
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var (
-		targetList   = fs.String("target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api (the same API and handlers over a Redis Lua script with appendfsync always, in a process of its own; in no group), memory (the API's ceiling: an in-memory server in a process of its own, driven like shardstock; in no group); or all-baselines, all")
-		addr         = fs.String("addr", shardstock.AddrDefault, "shardstock allocator base URL (cleartext HTTP/2)")
-		adminToken   = fs.String("admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
-		databaseURL  = fs.String("database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")
-		redisAddr    = fs.String("redis-addr", "127.0.0.1:6379", "Redis address of the Redis baselines")
-		modelList    = fs.String("model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), skew (as A, but every key's first-choice shard is one of 2), case (100 units, 500 deducts, 50 reused keys)")
-		duration     = fs.Duration("duration", 10*time.Second, "load time per target (at most 1h); the run stops at -duration or -requests, whichever comes first")
-		requests     = fs.Int64("requests", 0, "client operations per target (0: until -duration; at most 10,000,000)")
-		concurrency  = fs.Int("concurrency", 64, "concurrent clients")
-		rate         = fs.Float64("rate", 0, "client operations started per second over all clients (a deduct, or a reserve with its commit or release); 0: unpaced")
-		paced        = fs.Float64("paced", 0, "after each unpaced run of a -paced-targets target, run it again at this share (0.01 to 1) of the operations per second it reached; 0: off")
-		pacedTargets = fs.String("paced-targets", "shardstock", "comma-separated targets that -paced reruns")
-		shardList    = fs.String("shards", "8", "shards per SKU (shardstock) and rows per SKU (subrows); a comma-separated list runs every target once per count, its rows labelled target/count")
-		stockPerSKU  = fs.Int64("stock", 1_000_000, "stock per SKU (the hot SKU of model C and the case have 100)")
-		skus         = fs.Int("skus", 1000, "number of SKUs (models A, B, C)")
-		qty          = fs.String("qty", "1", "quantity per request: N, or 1..K for uniform")
-		mix          = fs.String("mix", "deduct=100", "flows: deduct=N,commit=N,release=N (reserve then commit, reserve then release)")
-		dupRate      = fs.Float64("dup-rate", 0, "share of requests sent twice at once with the same key")
-		abandonRate  = fs.Float64("abandon-rate", 0, "share of requests abandoned right after sending, then retried with the same key until a definite answer")
-		retry        = fs.Bool("retry", true, "retry a request whose answer left its fate unknown (timeout, SHARD_UNAVAILABLE, ...) with the same key, up to 20 times, as the API asks of clients")
-		timeout      = fs.Duration("request-timeout", 10*time.Second, "deadline of each request")
-		seed         = fs.Uint64("seed", 1, "seed of every random choice")
-		pgConns      = fs.Int("pg-conns", 50, "connection pool size of each Postgres baseline")
-		redisPool    = fs.Int("redis-pool", 128, "connection pool size of each Redis baseline")
-		reportPath   = fs.String("report", "", "write an HTML report to this path (with several models, one per model: path-MODEL.html)")
-		progress     = fs.Bool("progress", true, "show a progress bar on stderr")
-		stackBin     = fs.String("stack", "", "start this shardstock-dev binary on 127.0.0.1 (free port, new admin token, a database of its own) for the run, and stop it with SIGTERM after; -addr and -admin-token are then ignored")
-		databaseNote = fs.String("database-note", "", "with -stack and -database-url, how the tables name that server (e.g. \"private durable Postgres 15\")")
-		stackLog     = fs.String("stack-log", "", "with -stack, write the stack's output here (default: a file in the temporary directory)")
-		stackArgs    = fs.String("stack-args", "", "with -stack, the stack's own flags, space-separated (e.g. \"-shard-servers 0 -allocator-shard\": one process owning every partition)")
-		serverProf   = fs.String("server-profile", "", "with -stack, write CPU profiles of the allocator and every shard server over each shardstock load, and of loadgen itself, into this directory")
-		serverPids   = fs.String("server-pids", "", "comma-separated pids of shardstock's server processes when it was not started with -stack (their children count too), for the CPU each request costs the server side")
-		cpuProf      = fs.String("cpuprofile", "", "write loadgen's own CPU profile (the whole invocation) to this file")
-		latencyGoal  = fs.Duration("latency-goal", 25*time.Millisecond, "answers slower than this are kept and, with -disk-probe, matched against the disk's stalls (a sync this slow is a stall); 0: off")
-		diskProbe    = fs.String("disk-probe", "", "during each run's load, time an 8 KiB write and fdatasync every 5 ms in this directory (put it on the database's disk), and report the disk's stalls beside the answers they delayed")
-		pgData       = fs.String("pg-data", "", "with -pg-crash-count, the data directory of the private Postgres that -database-url names, to crash-restart during each shardstock load (never the shared server on port 5432)")
-		pgCrashEvery = fs.Duration("pg-crash-every", 5*time.Second, "with -pg-crash-count, the time from the load's start to the first Postgres crash-restart and from one to the next (at least 1s; and at least 1s after Postgres answered again)")
-		pgCrashCount = fs.Int("pg-crash-count", 0, "crash-restart the Postgres of -pg-data this many times during each shardstock load (pg_ctl stop -m immediate, then start on the same port), every -pg-crash-every; fewer crashes than this fail the command; 0: off")
-	)
+	fs.StringVar(&c.targetList, "target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api (the same API and handlers over a Redis Lua script with appendfsync always, in a process of its own; in no group), memory (the API's ceiling: an in-memory server in a process of its own, driven like shardstock; in no group); or all-baselines, all")
+	fs.StringVar(&c.addr, "addr", shardstock.AddrDefault, "shardstock allocator base URL (cleartext HTTP/2)")
+	fs.StringVar(&c.adminToken, "admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
+	fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")
+	fs.StringVar(&c.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address of the Redis baselines")
+	fs.StringVar(&c.modelList, "model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), skew (as A, but every key's first-choice shard is one of 2), case (100 units, 500 deducts, 50 reused keys)")
+	fs.DurationVar(&c.duration, "duration", 10*time.Second, "load time per target (at most 1h); the run stops at -duration or -requests, whichever comes first")
+	fs.Int64Var(&c.requests, "requests", 0, "client operations per target (0: until -duration; at most 10,000,000)")
+	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent clients")
+	fs.Float64Var(&c.rate, "rate", 0, "client operations started per second over all clients (a deduct, or a reserve with its commit or release); 0: unpaced")
+	fs.Float64Var(&c.paced, "paced", 0, "after each unpaced run of a -paced-targets target, run it again at this share (0.01 to 1) of the operations per second it reached; 0: off")
+	fs.StringVar(&c.pacedTargets, "paced-targets", "shardstock", "comma-separated targets that -paced reruns")
+	fs.StringVar(&c.shardList, "shards", "8", "shards per SKU (shardstock) and rows per SKU (subrows); a comma-separated list runs every target once per count, its rows labelled target/count")
+	fs.Int64Var(&c.stockPerSKU, "stock", 1_000_000, "stock per SKU (the hot SKU of model C and the case have 100)")
+	fs.IntVar(&c.skus, "skus", 1000, "number of SKUs (models A, B, C)")
+	fs.StringVar(&c.qty, "qty", "1", "quantity per request: N, or 1..K for uniform")
+	fs.StringVar(&c.mix, "mix", "deduct=100", "flows: deduct=N,commit=N,release=N (reserve then commit, reserve then release)")
+	fs.Float64Var(&c.dupRate, "dup-rate", 0, "share of requests sent twice at once with the same key")
+	fs.Float64Var(&c.abandonRate, "abandon-rate", 0, "share of requests abandoned right after sending, then retried with the same key until a definite answer")
+	fs.BoolVar(&c.retry, "retry", true, "retry a request whose answer left its fate unknown (timeout, SHARD_UNAVAILABLE, ...) with the same key, up to 20 times, as the API asks of clients")
+	fs.DurationVar(&c.timeout, "request-timeout", 10*time.Second, "deadline of each request")
+	fs.Uint64Var(&c.seed, "seed", 1, "seed of every random choice")
+	fs.IntVar(&c.pgConns, "pg-conns", 50, "connection pool size of each Postgres baseline")
+	fs.IntVar(&c.redisPool, "redis-pool", 128, "connection pool size of each Redis baseline")
+	fs.StringVar(&c.reportPath, "report", "", "write an HTML report to this path (with several models, one per model: path-MODEL.html)")
+	fs.BoolVar(&c.progress, "progress", true, "show a progress bar on stderr")
+	fs.StringVar(&c.stackBin, "stack", "", "start this shardstock-dev binary on 127.0.0.1 (free port, new admin token, a database of its own) for the run, and stop it with SIGTERM after; -addr and -admin-token are then ignored")
+	fs.StringVar(&c.databaseNote, "database-note", "", "with -stack and -database-url, how the tables name that server (e.g. \"private durable Postgres 15\")")
+	fs.StringVar(&c.stackLog, "stack-log", "", "with -stack, write the stack's output here (default: a file in the temporary directory)")
+	fs.StringVar(&c.stackArgs, "stack-args", "", "with -stack, the stack's own flags, space-separated (e.g. \"-shard-servers 0 -allocator-shard\": one process owning every partition)")
+	fs.StringVar(&c.serverProf, "server-profile", "", "with -stack, write CPU profiles of the allocator and every shard server over each shardstock load, and of loadgen itself, into this directory")
+	fs.StringVar(&c.serverPids, "server-pids", "", "comma-separated pids of shardstock's server processes when it was not started with -stack (their children count too), for the CPU each request costs the server side")
+	fs.StringVar(&c.cpuProf, "cpuprofile", "", "write loadgen's own CPU profile (the whole invocation) to this file")
+	fs.DurationVar(&c.latencyGoal, "latency-goal", 25*time.Millisecond, "answers slower than this are kept and, with -disk-probe, matched against the disk's stalls (a sync this slow is a stall); 0: off")
+	fs.StringVar(&c.diskProbe, "disk-probe", "", "during each run's load, time an 8 KiB write and fdatasync every 5 ms in this directory (put it on the database's disk), and report the disk's stalls beside the answers they delayed")
+	fs.StringVar(&c.pgData, "pg-data", "", "with -pg-crash-count, the data directory of the private Postgres that -database-url names, to crash-restart during each shardstock load (never the shared server on port 5432)")
+	fs.DurationVar(&c.pgCrashEvery, "pg-crash-every", 5*time.Second, "with -pg-crash-count, the time from the load's start to the first Postgres crash-restart and from one to the next (at least 1s; and at least 1s after Postgres answered again)")
+	fs.IntVar(&c.pgCrashCount, "pg-crash-count", 0, "crash-restart the Postgres of -pg-data this many times during each shardstock load (pg_ctl stop -m immediate, then start on the same port), every -pg-crash-every; fewer crashes than this fail the command; 0: off")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	names, err := parseTargets(*targetList)
+	return c, nil
+}
+
+// plan is what the flags ask for, checked: the targets and models to run
+// and the runner's configuration they share.
+type plan struct {
+	names, pacedNames []string
+	models            []loadgen.Model
+	shards            []int32
+	base              loadgen.Config
+	crash             *crashPlan // nil: no crash loop
+}
+
+// check refuses a configuration that cannot work, every one of them
+// before anything starts, and returns the plan.
+func (c *config) check(stderr io.Writer) (*plan, error) {
+	p, err := c.parseLists()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var pacedNames []string
-	if *paced != 0 {
-		if !(*paced >= pacedMin && *paced <= pacedMax) {
-			return fmt.Errorf("-paced %g: want %g to %g, or 0", *paced, pacedMin, pacedMax)
+	if err := c.checkBounds(); err != nil {
+		return nil, err
+	}
+	p.base = loadgen.Config{
+		SKUs: c.skus, Stock: c.stockPerSKU, Shards: p.shards[0],
+		Duration: c.duration, Requests: c.requests, Concurrency: c.concurrency, Rate: c.rate,
+		Qty: p.base.Qty, Mix: p.base.Mix, DupRate: c.dupRate, AbandonRate: c.abandonRate, Retry: c.retry,
+		RequestTimeout: c.timeout, Seed: c.seed, LatencyGoal: c.latencyGoal,
+	}
+	if c.diskProbe != "" {
+		if c.latencyGoal <= 0 {
+			return nil, errors.New("-disk-probe needs a positive -latency-goal: it is the probe's stall threshold")
 		}
-		if pacedNames, err = parseTargets(*pacedTargets); err != nil {
-			return err
-		}
-	}
-	models, err := parseModels(*modelList)
-	if err != nil {
-		return err
-	}
-	q, err := loadgen.ParseQty(*qty)
-	if err != nil {
-		return err
-	}
-	mx, err := loadgen.ParseMix(*mix)
-	if err != nil {
-		return err
-	}
-	shards, err := parseShards(*shardList)
-	if err != nil {
-		return err
-	}
-	if *pgConns < 1 || *pgConns > 1000 || *redisPool < 1 || *redisPool > 10_000 {
-		return fmt.Errorf("-pg-conns (1 to 1000) or -redis-pool (1 to 10000) out of range")
-	}
-	// The runner reads zero as "default": refuse it here.
-	if *duration <= 0 || *concurrency < 1 || *skus < 1 || *stockPerSKU < 1 || *requests < 0 || *timeout <= 0 {
-		return fmt.Errorf("-duration, -concurrency, -skus, -stock and -request-timeout must be positive, -requests not negative")
-	}
-	if *stackArgs != "" && *stackBin == "" {
-		return errors.New("-stack-args needs -stack")
-	}
-	if *serverProf != "" && *stackBin == "" {
-		return errors.New("-server-profile needs -stack: only a stack loadgen starts serves its profiles")
-	}
-	base := loadgen.Config{
-		SKUs: *skus, Stock: *stockPerSKU, Shards: shards[0],
-		Duration: *duration, Requests: *requests, Concurrency: *concurrency, Rate: *rate,
-		Qty: q, Mix: mx, DupRate: *dupRate, AbandonRate: *abandonRate, Retry: *retry,
-		RequestTimeout: *timeout, Seed: *seed, LatencyGoal: *latencyGoal,
-	}
-	if *diskProbe != "" {
-		if *latencyGoal <= 0 {
-			return errors.New("-disk-probe needs a positive -latency-goal: it is the probe's stall threshold")
-		}
-		if fi, err := os.Stat(*diskProbe); err != nil || !fi.IsDir() {
-			return fmt.Errorf("-disk-probe %s: want an existing directory", *diskProbe)
+		if fi, err := os.Stat(c.diskProbe); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("-disk-probe %s: want an existing directory", c.diskProbe)
 		}
 	}
-	var crash *crashPlan
-	if *pgCrashCount != 0 {
-		if crash, err = newCrashPlan(*pgData, *databaseURL, *pgCrashEvery, *pgCrashCount, *duration, models, names); err != nil {
-			return err
+	if c.pgCrashCount != 0 {
+		if p.crash, err = newCrashPlan(c.pgData, c.databaseURL, c.pgCrashEvery, c.pgCrashCount, c.duration, p.models, p.names); err != nil {
+			return nil, err
 		}
-	} else if *pgData != "" {
-		return errors.New("-pg-data needs -pg-crash-count")
+	} else if c.pgData != "" {
+		return nil, errors.New("-pg-data needs -pg-crash-count")
 	}
-	if *progress {
-		base.Progress = stderr
+	if c.progress {
+		p.base.Progress = stderr
 	}
-	// Check every configuration before starting anything.
-	for _, m := range models {
-		for _, n := range shards {
-			c := base
-			c.Model, c.Shards = m, n
-			if _, err := loadgen.NewRunner(c); err != nil {
-				return err
+	for _, m := range p.models {
+		for _, n := range p.shards {
+			rc := p.base
+			rc.Model, rc.Shards = m, n
+			if _, err := loadgen.NewRunner(rc); err != nil {
+				return nil, err
 			}
 		}
 	}
+	return p, nil
+}
 
-	if *cpuProf != "" {
-		stopProf, err := startCPUProfile(*cpuProf)
+// parseLists parses the flags that are lists or small languages: the
+// targets, the models, the shard counts, the quantities and the mix.
+func (c *config) parseLists() (*plan, error) {
+	p := &plan{}
+	var err error
+	if p.names, err = parseTargets(c.targetList); err != nil {
+		return nil, err
+	}
+	if c.paced != 0 {
+		if !(c.paced >= pacedMin && c.paced <= pacedMax) {
+			return nil, fmt.Errorf("-paced %g: want %g to %g, or 0", c.paced, pacedMin, pacedMax)
+		}
+		if p.pacedNames, err = parseTargets(c.pacedTargets); err != nil {
+			return nil, err
+		}
+	}
+	if p.models, err = parseModels(c.modelList); err != nil {
+		return nil, err
+	}
+	if p.base.Qty, err = loadgen.ParseQty(c.qty); err != nil {
+		return nil, err
+	}
+	if p.base.Mix, err = loadgen.ParseMix(c.mix); err != nil {
+		return nil, err
+	}
+	if p.shards, err = parseShards(c.shardList); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// checkBounds refuses numbers out of range and flags that need another.
+func (c *config) checkBounds() error {
+	if c.pgConns < 1 || c.pgConns > 1000 || c.redisPool < 1 || c.redisPool > 10_000 {
+		return fmt.Errorf("-pg-conns (1 to 1000) or -redis-pool (1 to 10000) out of range")
+	}
+	// The runner reads zero as "default": refuse it here.
+	if c.duration <= 0 || c.concurrency < 1 || c.skus < 1 || c.stockPerSKU < 1 || c.requests < 0 || c.timeout <= 0 {
+		return fmt.Errorf("-duration, -concurrency, -skus, -stock and -request-timeout must be positive, -requests not negative")
+	}
+	if c.stackArgs != "" && c.stackBin == "" {
+		return errors.New("-stack-args needs -stack")
+	}
+	if c.serverProf != "" && c.stackBin == "" {
+		return errors.New("-server-profile needs -stack: only a stack loadgen starts serves its profiles")
+	}
+	return nil
+}
+
+// run parses and checks the flags, starts the stack if asked, runs every
+// model and writes its table; its error is every failure joined.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	c, err := parseConfig(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	p, err := c.check(stderr)
+	if err != nil {
+		return err
+	}
+	if c.cpuProf != "" {
+		stopProf, err := startCPUProfile(c.cpuProf)
 		if err != nil {
 			return err
 		}
 		defer stopProf()
 	}
-
 	opts := options{
-		addr: *addr, adminToken: *adminToken, databaseURL: *databaseURL, redisAddr: *redisAddr,
-		pgConns: int32(*pgConns), redisPool: *redisPool,
+		addr: c.addr, adminToken: c.adminToken, databaseURL: c.databaseURL, redisAddr: c.redisAddr,
+		pgConns: int32(c.pgConns), redisPool: c.redisPool,
+	}
+	st, stop, err := c.launchStack(ctx, &opts, stderr)
+	defer stop()
+	if err != nil {
+		return err
+	}
+	pids, err := parseServerPids(c.serverPids)
+	if err != nil {
+		return err
 	}
 	var errs []error
-	var st *stack
-	if *stackBin != "" {
-		st, err = startStack(ctx, stackConfig{
-			Bin: *stackBin, ServerURL: *databaseURL, ServerNote: *databaseNote, BaselineConns: *pgConns, LogPath: *stackLog,
-			Args:  strings.Fields(*stackArgs),
-			Pprof: *serverProf != "", Stderr: stderr,
-		})
-		if err != nil {
-			return fmt.Errorf("stack: %w", err)
-		}
-		defer func() {
-			if err := st.stop(); err != nil {
-				fmt.Fprintf(stderr, "loadgen: stack: %v\n", err)
-			}
-		}()
-		opts.addr, opts.adminToken, opts.databaseURL = st.baseURL, st.token, st.databaseURL
-		fmt.Fprintf(stderr, "loadgen: stack: %s, admin token %s, %s; log %s\n", st.baseURL, st.token, st.dbNote, st.logPath)
-		if *serverProf != "" {
-			if err := os.MkdirAll(*serverProf, 0o755); err != nil {
-				return err
-			}
-			if *cpuProf == "" {
-				stopProf, err := startCPUProfile(filepath.Join(*serverProf, cpuProfile+".pprof"))
-				if err != nil {
-					return err
-				}
-				defer stopProf()
-			}
-		}
-	}
-
-	var pids []int
-	for _, f := range strings.Split(*serverPids, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		pid, err := strconv.Atoi(f)
-		if err != nil || pid <= 0 {
-			return fmt.Errorf("-server-pids: %q is not a pid", f)
-		}
-		pids = append(pids, pid)
-	}
-	for _, m := range models {
-		cfg := base
+	for _, m := range p.models {
+		cfg := p.base
 		cfg.Model = m
-		mr := modelRun{cfg: cfg, names: names, shards: shards, paced: *paced, pacedNames: pacedNames, opts: opts, stack: st,
-			profileDir: *serverProf, diskDir: *diskProbe, crash: crash, serverPids: pids, stderr: stderr}
+		mr := modelRun{cfg: cfg, names: p.names, shards: p.shards, paced: c.paced, pacedNames: p.pacedNames, opts: opts, stack: st,
+			profileDir: c.serverProf, diskDir: c.diskProbe, crash: p.crash, serverPids: pids, stderr: stderr}
 		results, merrs := mr.run(ctx)
 		errs = append(errs, merrs...)
 		if len(results) == 0 {
 			continue
 		}
-		if st != nil {
-			fmt.Fprintf(stdout, "stack: %s%s\n", st.dbNote, argsNote(*stackArgs))
-		}
-		if err := loadgen.WriteTable(stdout, results); err != nil {
+		if err := c.writeTable(stdout, st, results); err != nil {
 			return err
 		}
-		fmt.Fprintln(stdout)
-		if *reportPath != "" {
-			path := *reportPath
-			if len(models) > 1 {
-				path = strings.TrimSuffix(path, ".html") + "-" + string(m) + ".html"
-			}
-			if err := writeReport(path, results); err != nil {
-				errs = append(errs, err)
-			} else {
-				fmt.Fprintf(stderr, "loadgen: report written to %s\n", path)
-			}
+		if err := c.writeModelReport(stderr, m, len(p.models) > 1, results); err != nil {
+			errs = append(errs, err)
 		}
-		for _, r := range results {
-			if r.Failed() {
-				c := r.Correctness
-				errs = append(errs, fmt.Errorf("%s (model %s): correctness not zero: oversold %d, undersold %d, duplicates %d, lost acknowledged %d, reconciliation differences %d",
-					r.Target, m, c.Oversold, c.Undersold, c.Duplicates, c.Lost, c.Reconciliation))
-			}
-			if r.Crashes.Short() {
-				errs = append(errs, fmt.Errorf("%s (model %s): %d of %d planned Postgres crash-restarts happened: not the run under faults it was asked to be",
-					r.Target, m, r.Crashes.Done, r.Crashes.Planned))
-			}
-		}
+		errs = append(errs, failures(m, results)...)
 	}
 	return errors.Join(errs...)
+}
+
+// launchStack starts the -stack stack, if asked, and points opts at it;
+// with -server-profile it profiles loadgen too, unless -cpuprofile does.
+// The returned func stops what it started; it is never nil, and is to be
+// called even when launchStack fails.
+func (c *config) launchStack(ctx context.Context, opts *options, stderr io.Writer) (*stack, func(), error) {
+	var stops []func()
+	stop := func() {
+		for _, f := range slices.Backward(stops) {
+			f()
+		}
+	}
+	if c.stackBin == "" {
+		return nil, stop, nil
+	}
+	st, err := startStack(ctx, stackConfig{
+		Bin: c.stackBin, ServerURL: c.databaseURL, ServerNote: c.databaseNote, BaselineConns: c.pgConns, LogPath: c.stackLog,
+		Args:  strings.Fields(c.stackArgs),
+		Pprof: c.serverProf != "", Stderr: stderr,
+	})
+	if err != nil {
+		return nil, stop, fmt.Errorf("stack: %w", err)
+	}
+	stops = append(stops, func() {
+		if err := st.stop(); err != nil {
+			fmt.Fprintf(stderr, "loadgen: stack: %v\n", err)
+		}
+	})
+	opts.addr, opts.adminToken, opts.databaseURL = st.baseURL, st.token, st.databaseURL
+	fmt.Fprintf(stderr, "loadgen: stack: %s, admin token %s, %s; log %s\n", st.baseURL, st.token, st.dbNote, st.logPath)
+	if c.serverProf != "" {
+		if err := os.MkdirAll(c.serverProf, 0o755); err != nil {
+			return st, stop, err
+		}
+		if c.cpuProf == "" {
+			stopProf, err := startCPUProfile(filepath.Join(c.serverProf, cpuProfile+".pprof"))
+			if err != nil {
+				return st, stop, err
+			}
+			stops = append(stops, stopProf)
+		}
+	}
+	return st, stop, nil
+}
+
+// parseServerPids parses -server-pids.
+func parseServerPids(s string) ([]int, error) {
+	var pids []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("-server-pids: %q is not a pid", f)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+// writeTable writes one model's table to stdout, under the stack's line.
+func (c *config) writeTable(stdout io.Writer, st *stack, results []*loadgen.Result) error {
+	if st != nil {
+		fmt.Fprintf(stdout, "stack: %s%s\n", st.dbNote, argsNote(c.stackArgs))
+	}
+	if err := loadgen.WriteTable(stdout, results); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}
+
+// writeModelReport writes model m's HTML report, if -report asks for one;
+// with several models each has its own file.
+func (c *config) writeModelReport(stderr io.Writer, m loadgen.Model, several bool, results []*loadgen.Result) error {
+	if c.reportPath == "" {
+		return nil
+	}
+	path := c.reportPath
+	if several {
+		path = strings.TrimSuffix(path, ".html") + "-" + string(m) + ".html"
+	}
+	if err := writeReport(path, results); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "loadgen: report written to %s\n", path)
+	return nil
+}
+
+// failures are model m's results that fail the command: a correctness
+// figure not zero, or fewer Postgres crash-restarts than planned.
+func failures(m loadgen.Model, results []*loadgen.Result) []error {
+	var errs []error
+	for _, r := range results {
+		if r.Failed() {
+			c := r.Correctness
+			errs = append(errs, fmt.Errorf("%s (model %s): correctness not zero: oversold %d, undersold %d, duplicates %d, lost acknowledged %d, reconciliation differences %d",
+				r.Target, m, c.Oversold, c.Undersold, c.Duplicates, c.Lost, c.Reconciliation))
+		}
+		if r.Crashes.Short() {
+			errs = append(errs, fmt.Errorf("%s (model %s): %d of %d planned Postgres crash-restarts happened: not the run under faults it was asked to be",
+				r.Target, m, r.Crashes.Done, r.Crashes.Planned))
+		}
+	}
+	return errs
 }
 
 // modelRun runs every target on one model.
@@ -460,25 +569,9 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 			seconds: int(cfg.Duration.Round(time.Second) / time.Second), stack: mr.stack, stderr: mr.stderr}
 		cfg.LoadStarted = prof.start
 	}
-	// The disk probe covers the load alone, not Setup's or Verify's writes.
 	var disk *loadgen.Disk
 	if mr.diskDir != "" {
-		var probe *diskprobe.Probe
-		started := cfg.LoadStarted
-		cfg.LoadStarted = func() {
-			if started != nil {
-				started()
-			}
-			var err error
-			if probe, err = diskprobe.Start(mr.diskDir, 0, cfg.LatencyGoal); err != nil {
-				disk = &loadgen.Disk{Dir: mr.diskDir, Threshold: cfg.LatencyGoal, Err: err}
-			}
-		}
-		cfg.LoadEnded = func() {
-			if probe != nil {
-				disk = diskResult(probe.Stop())
-			}
-		}
+		cfg.LoadStarted, cfg.LoadEnded = mr.diskHooks(cfg.LatencyGoal, cfg.LoadStarted, cfg.LoadEnded, &disk)
 	}
 	var cpu *loadgen.CPU
 	var t loadgen.Target
@@ -515,6 +608,29 @@ func (mr *modelRun) one(ctx context.Context, name string, cfg loadgen.Config, la
 	fmt.Fprintf(mr.stderr, "loadgen: %s: setup %s, load %s, verify %s\n", label,
 		res.SetupTime.Round(time.Millisecond), res.Elapsed.Round(time.Millisecond), res.VerifyTime.Round(time.Millisecond))
 	return res, nil
+}
+
+// diskHooks wraps a run's load hooks to probe the disk of mr.diskDir, a
+// sync slower than threshold being a stall, into *out. The probe covers
+// the load alone, not Setup's or Verify's writes.
+func (mr *modelRun) diskHooks(threshold time.Duration, started, ended func(), out **loadgen.Disk) (func(), func()) {
+	var probe *diskprobe.Probe
+	return func() {
+			if started != nil {
+				started()
+			}
+			var err error
+			if probe, err = diskprobe.Start(mr.diskDir, 0, threshold); err != nil {
+				*out = &loadgen.Disk{Dir: mr.diskDir, Threshold: threshold, Err: err}
+			}
+		}, func() {
+			if ended != nil {
+				ended()
+			}
+			if probe != nil {
+				*out = diskResult(probe.Stop())
+			}
+		}
 }
 
 // diskResult is the probe's record in the table's terms.

@@ -152,21 +152,32 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 		"ETCD_ENDPOINTS=",
 		"SHARDSTOCK_PPROF="+pprofOn,
 	)
+	ready, err := s.startLogged(bin, log)
+	if err != nil {
+		return s, err
+	}
+	fmt.Fprintf(cfg.Stderr, "loadgen: stack: starting %s on %s (log %s)\n", cfg.Bin, s.baseURL, s.logPath)
+	return s, s.waitReady(ctx, ready, cfg.Stderr)
+}
+
+// startLogged starts s.cmd with its stdout and stderr copied to log, and
+// returns the channel its readiness line, read from its stdout, arrives
+// on. s.exited closes once it has exited.
+func (s *stack) startLogged(bin string, log *os.File) (<-chan readiness.Line, error) {
 	// If loadgen dies, the stack is told to stop, and stops its children.
 	s.cmd.DieWithParent(syscall.SIGTERM)
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {
-		return s, err
+		return nil, err
 	}
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
-		return s, err
+		return nil, err
 	}
 	if err := s.cmd.Start(); err != nil {
 		s.cmd = nil
-		return s, fmt.Errorf("start %s: %w", bin, err)
+		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
-	// ready receives the stack's readiness line, read from its stdout.
 	ready := make(chan readiness.Line, 1)
 	var logMu sync.Mutex
 	copyLines := func(r io.Reader, wait bool) {
@@ -192,9 +203,7 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 		s.waitErr = s.cmd.Wait()
 		close(s.exited)
 	}()
-
-	fmt.Fprintf(cfg.Stderr, "loadgen: stack: starting %s on %s (log %s)\n", cfg.Bin, s.baseURL, s.logPath)
-	return s, s.waitReady(ctx, ready, cfg.Stderr)
+	return ready, nil
 }
 
 // waitReady waits until the stack is ready (its readiness line on ready,
