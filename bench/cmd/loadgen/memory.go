@@ -51,17 +51,25 @@ func serveMemory(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if err != nil {
 		return fmt.Errorf("%s: %w", serveMemoryArg, err)
 	}
+	return serveChild(ctx, serveMemoryArg, l, stdin, stdout, memory.Serve)
+}
+
+// serveChild says in its readiness line (role) where l listens, and serves
+// l with serve until ctx ends or stdin closes: the process that started
+// this one holds its stdin, so a child of loadgen stops when it dies.
+func serveChild(ctx context.Context, role string, l net.Listener, stdin io.Reader, stdout io.Writer,
+	serve func(context.Context, net.Listener) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		_, _ = io.Copy(io.Discard, stdin)
 		cancel()
 	}()
-	if err := readiness.Announce(ctx, stdout, readiness.Line{Role: serveMemoryArg, Addr: "http://" + l.Addr().String()}, nil); err != nil {
+	if err := readiness.Announce(ctx, stdout, readiness.Line{Role: role, Addr: "http://" + l.Addr().String()}, nil); err != nil {
 		l.Close()
 		return err
 	}
-	return memory.Serve(ctx, l)
+	return serve(ctx, l)
 }
 
 // memoryTarget is the memory target: the shardstock client driving a

@@ -11,7 +11,6 @@ import (
 
 	"github.com/shardstock/shardstock/bench/internal/baseline"
 	"github.com/shardstock/shardstock/bench/internal/loadgen"
-	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
@@ -45,15 +44,9 @@ func serveRedisAPI(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	if err != nil {
 		return fmt.Errorf("%s: %w", serveRedisAPIArg, err)
 	}
-	go func() {
-		_, _ = io.Copy(io.Discard, stdin)
-		cancel()
-	}()
-	if err := readiness.Announce(ctx, stdout, readiness.Line{Role: serveRedisAPIArg, Addr: "http://" + l.Addr().String()}, nil); err != nil {
-		l.Close()
-		return err
-	}
-	return transport.Serve(ctx, l, http.Handler(s.Handler()))
+	return serveChild(ctx, serveRedisAPIArg, l, stdin, stdout, func(ctx context.Context, l net.Listener) error {
+		return transport.Serve(ctx, l, http.Handler(s.Handler()))
+	})
 }
 
 // redisAPITarget is the Connect-fronted Redis: the shardstock client
