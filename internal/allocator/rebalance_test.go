@@ -3,6 +3,7 @@ package allocator_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -396,7 +397,8 @@ func TestRebalance_AutoShards(t *testing.T) {
 	cfg := quietRebalancer
 	cfg.Interval = 100 * time.Millisecond
 	cfg.Auto = rebalance.AutoShards{SplitRatePerShard: 50, SplitAfter: 300 * time.Millisecond, ShardsMax: 4, MergeAfter: 2 * time.Second}
-	a, _ := s.newMover("alloc-auto", cfg)
+	reg := prometheus.NewRegistry()
+	a, _ := s.newMoverIn("alloc-auto", cfg, reg)
 	s.createSKU("hot", 1, 100000)
 	s.createSKU("pinned", 1, 100000)
 	off := false
@@ -451,4 +453,27 @@ func TestRebalance_AutoShards(t *testing.T) {
 	}
 	s.balanced("hot")
 	s.balanced("pinned")
+	// Two splits and two merges, each counted once, as the automatic
+	// split and merge's: none as SetShards'.
+	reshards := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "shardstock_rebalancer_reshards_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			key := ""
+			for _, l := range m.GetLabel() {
+				key += l.GetName() + "=" + l.GetValue() + " "
+			}
+			reshards[key] = m.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{"by=auto direction=split ": 2, "by=auto direction=merge ": 2}
+	if !maps.Equal(reshards, want) {
+		t.Errorf("shardstock_rebalancer_reshards_total = %v, want %v", reshards, want)
+	}
 }

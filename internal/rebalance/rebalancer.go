@@ -271,7 +271,7 @@ func (r *Rebalancer) auto(ctx context.Context, h skuRound) bool {
 		return false
 	}
 	to := min(sku.Shards*2, c.ShardsMax)
-	if err := r.SetShards(ctx, h.sku, to); err != nil {
+	if err := r.setShards(ctx, h.sku, to, "auto"); err != nil {
 		r.log.Warn("rebalancer: automatic split failed", "sku", h.sku, "to", to, "err", err)
 		return false
 	}
@@ -284,7 +284,6 @@ func (r *Rebalancer) auto(ctx context.Context, h skuRound) bool {
 	}
 	r.split[h.sku].lastHot = time.Now()
 	r.mu.Unlock()
-	r.metrics.reshards.WithLabelValues("split", "auto").Inc()
 	r.log.Info("rebalancer: automatic split", "sku", h.sku, "from", sku.Shards, "to", to, "units_per_shard_per_s", int64(perShard))
 	return true
 }
@@ -331,11 +330,10 @@ func (r *Rebalancer) merge(ctx context.Context, hot []skuRound) {
 		if to >= sku.Shards {
 			continue
 		}
-		if err := r.SetShards(ctx, name, to); err != nil {
+		if err := r.setShards(ctx, name, to, "auto"); err != nil {
 			r.log.Warn("rebalancer: automatic merge failed", "sku", name, "to", to, "err", err)
 			continue
 		}
-		r.metrics.reshards.WithLabelValues("merge", "auto").Inc()
 		r.log.Info("rebalancer: automatic merge", "sku", name, "from", sku.Shards, "to", to)
 	}
 }
@@ -417,6 +415,12 @@ func (r *Rebalancer) Rebalance(ctx context.Context, sku string, dryRun bool) ([]
 // shard out of service once it commits); the moves that spread stock to new
 // shards, or drain the ones being retired, go on in the background.
 func (r *Rebalancer) SetShards(ctx context.Context, name string, shards int32) error {
+	return r.setShards(ctx, name, shards, "set")
+}
+
+// setShards is SetShards, counted in shardstock_rebalancer_reshards_total
+// as by's: "set" (SetShards) or "auto" (the automatic split and merge).
+func (r *Rebalancer) setShards(ctx context.Context, name string, shards int32, by string) error {
 	if err := stock.ValidateSKU(name); err != nil {
 		return err
 	}
@@ -433,9 +437,9 @@ func (r *Rebalancer) SetShards(ctx context.Context, name string, shards int32) e
 	r.forget(name)
 	switch {
 	case shards > before.Shards:
-		r.metrics.reshards.WithLabelValues("split", "set").Inc()
+		r.metrics.reshards.WithLabelValues("split", by).Inc()
 	case shards < before.Shards:
-		r.metrics.reshards.WithLabelValues("merge", "set").Inc()
+		r.metrics.reshards.WithLabelValues("merge", by).Inc()
 	}
 	r.log.Info("shards set", "sku", name, "from", before.Shards, "to", shards)
 	r.settling.Add(1)
