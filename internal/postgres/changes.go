@@ -49,13 +49,16 @@ func (db *DB) Changes(ctx context.Context, after ledger.Position, limit int) ([]
 
 // Head returns the position of the newest entry a reader may take now
 // (the zero Position if none), and the next transaction id the database
-// will hand out: no position of this database can reach it.
+// will hand out: no position of this database can reach it. The ORDER BY
+// names the table's columns, not the casts of the same names, so that it
+// reads one entry from the end of ledger_commit_order instead of sorting
+// the ledger.
 func (db *DB) Head(ctx context.Context) (head ledger.Position, next uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	var xid, id, nxt int64
 	err = db.pool.QueryRow(ctx, `SELECT coalesce(h.xid, 0), coalesce(h.id, 0), pg_snapshot_xmax(pg_current_snapshot())::text::int8
-		FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT xid::text::int8 AS xid, id FROM ledger WHERE xid < `+sqlHorizon+`
-			ORDER BY xid DESC, id DESC LIMIT 1) h ON true`).Scan(&xid, &id, &nxt)
+		FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT l.xid::text::int8 AS xid, l.id FROM ledger l WHERE l.xid < `+sqlHorizon+`
+			ORDER BY l.xid DESC, l.id DESC LIMIT 1) h ON true`).Scan(&xid, &id, &nxt)
 	return ledger.Position{XID: uint64(xid), ID: id}, uint64(nxt), err
 }
