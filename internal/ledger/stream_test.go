@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -92,15 +93,26 @@ func mustCursor(t *testing.T, s string) ledger.Cursor {
 	return c
 }
 
-// TestStream_OutOfOrderCommits is the change stream's reason to exist: a
+// TestStream: the change stream, its subtests on one database (and a
+// second one) of a private cluster, each on SKUs of its own, watching only
+// those.
+func TestStream(t *testing.T) {
+	urls := pgtest.NewPrivateDBs(t, 2)
+	b := openBooksAt(t, urls[0])
+	t.Run("OutOfOrderCommits", func(t *testing.T) { testOutOfOrderCommits(t, b) })
+	t.Run("SKUs", func(t *testing.T) { testSKUs(t, b) })
+	t.Run("Refused", func(t *testing.T) { testRefused(t, b) })
+	t.Run("TwoDatabases", func(t *testing.T) { testTwoDatabases(t, b, openBooksAt(t, urls[1])) })
+}
+
+// testOutOfOrderCommits is the change stream's reason to exist: a
 // transaction takes a ledger id, another takes the next and commits first,
 // and a consumer that stops between the two commits and resumes from its
 // cursor still receives both. A reader that followed ids would have sent
 // the higher one and resumed after it, skipping the lower for good.
-func TestStream_OutOfOrderCommits(t *testing.T) {
-	b := openBooks(t)
+func testOutOfOrderCommits(t *testing.T, b *books) {
 	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": b.db}, PollInterval: streamPoll})
-	insertEntry(t, b.conn, "sku-a", "first")
+	insertEntry(t, b.conn, "ooo", "first")
 
 	// A takes the lower id and stays open; B takes the next and commits.
 	ctx := context.Background()
@@ -114,36 +126,36 @@ func TestStream_OutOfOrderCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer txA.Rollback(ctx)
-	low := insertEntry(t, txA, "sku-a", "low")
-	high := insertEntry(t, b.conn, "sku-a", "high")
+	low := insertEntry(t, txA, "ooo", "low")
+	high := insertEntry(t, b.conn, "ooo", "high")
 	if low >= high {
 		t.Fatalf("ids: A took %d, B %d; want A's lower", low, high)
 	}
 
 	// The consumer reads while A is open: "first" only, for five polls
 	// after it (a reader by ids sends "high" in the first).
-	first := watchFor(t, s, ledger.Watch{Consumer: "out-of-order"}, 10*time.Second, 5*streamPoll, has("first"))
+	first := watchFor(t, s, ledger.Watch{SKUs: []string{"ooo"}, Consumer: "out-of-order"}, 10*time.Second, 5*streamPoll, has("first"))
 	if !slices.Equal(first.keys, []string{"first"}) || !errors.Is(first.err, context.Canceled) {
 		t.Fatalf("while A is open: received %v (%v), want [first] and the watch cancelled", first.keys, first.err)
 	}
 	if err := txA.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	second := watchFor(t, s, ledger.Watch{Cursor: mustCursor(t, first.cursor)}, 10*time.Second, 5*streamPoll, has("low", "high"))
+	second := watchFor(t, s, ledger.Watch{Cursor: mustCursor(t, first.cursor), SKUs: []string{"ooo"}}, 10*time.Second, 5*streamPoll, has("low", "high"))
 	if !slices.Equal(second.keys, []string{"low", "high"}) {
 		t.Fatalf("resumed after A's commit: received %v, want [low high] (A's entry, then B's, in commit order)", second.keys)
 	}
 }
 
-// TestStream_TwoDatabases: one cursor covers both databases: a consumer
+// testTwoDatabases: one cursor covers both databases: a consumer
 // that resumes from it receives, of each, what it had not, and only that.
-func TestStream_TwoDatabases(t *testing.T) {
-	a, b := openBooks(t), openBooks(t)
+func testTwoDatabases(t *testing.T, a, b *books) {
 	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": a.db, "db2": b.db}, PollInterval: streamPoll})
-	insertEntry(t, a.conn, "sku-a", "a1")
-	insertEntry(t, b.conn, "sku-b", "b1")
-	insertEntry(t, b.conn, "sku-b", "b2")
-	got := watchFor(t, s, ledger.Watch{}, 10*time.Second, 5*streamPoll, has("a1", "b1", "b2"))
+	two := []string{"two-a", "two-b"}
+	insertEntry(t, a.conn, "two-a", "a1")
+	insertEntry(t, b.conn, "two-b", "b1")
+	insertEntry(t, b.conn, "two-b", "b2")
+	got := watchFor(t, s, ledger.Watch{SKUs: two}, 10*time.Second, 5*streamPoll, has("a1", "b1", "b2"))
 	if len(got.keys) != 3 {
 		t.Fatalf("received %v, want a1, b1, b2 once each", got.keys)
 	}
@@ -152,9 +164,9 @@ func TestStream_TwoDatabases(t *testing.T) {
 		t.Fatalf("cursor %v, want a position in each database", c)
 	}
 
-	insertEntry(t, b.conn, "sku-b", "b3")
-	insertEntry(t, a.conn, "sku-a", "a2")
-	got = watchFor(t, s, ledger.Watch{Cursor: c}, 10*time.Second, 5*streamPoll, has("a2", "b3"))
+	insertEntry(t, b.conn, "two-b", "b3")
+	insertEntry(t, a.conn, "two-a", "a2")
+	got = watchFor(t, s, ledger.Watch{Cursor: c, SKUs: two}, 10*time.Second, 5*streamPoll, has("a2", "b3"))
 	slices.Sort(got.keys)
 	if !slices.Equal(got.keys, []string{"a2", "b3"}) {
 		t.Fatalf("resumed: received %v, want a2 and b3 only", got.keys)
@@ -166,32 +178,29 @@ func TestStream_TwoDatabases(t *testing.T) {
 	}
 }
 
-// TestStream_SKUs: a watch of some SKUs receives only theirs, and its
+// testSKUs: a watch of some SKUs receives only theirs, and its
 // cursor moves past the others' entries too (a cursor alone).
-func TestStream_SKUs(t *testing.T) {
-	b := openBooks(t)
+func testSKUs(t *testing.T, b *books) {
 	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": b.db}, PollInterval: streamPoll})
 	insertEntry(t, b.conn, "sku-a", "a1")
 	insertEntry(t, b.conn, "sku-b", "b1")
-	got := watchFor(t, s, ledger.Watch{SKUs: []string{"sku-a"}}, 10*time.Second, 2*time.Second, has("a1"))
+	got := watchFor(t, s, ledger.Watch{SKUs: []string{"sku-a"}}, 10*time.Second, 1300*time.Millisecond, has("a1"))
 	if !slices.Equal(got.keys, []string{"a1"}) {
 		t.Fatalf("received %v, want [a1]", got.keys)
 	}
 	// The last cursor (a cursor alone, a second on) is past b1: nothing
 	// more from it.
 	insertEntry(t, b.conn, "sku-a", "a2")
-	got = watchFor(t, s, ledger.Watch{Cursor: mustCursor(t, got.cursor)}, 10*time.Second, 5*streamPoll, has("a2"))
+	got = watchFor(t, s, ledger.Watch{Cursor: mustCursor(t, got.cursor), SKUs: []string{"sku-a"}}, 10*time.Second, 5*streamPoll, has("a2"))
 	if !slices.Equal(got.keys, []string{"a2"}) {
 		t.Fatalf("resumed: received %v, want [a2]", got.keys)
 	}
 }
 
-// TestStream_Refused: bad input is INVALID_ARGUMENT before anything is
+// testRefused: bad input is INVALID_ARGUMENT before anything is
 // read or sent.
-func TestStream_Refused(t *testing.T) {
-	b := openBooks(t)
+func testRefused(t *testing.T, b *books) {
 	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": b.db}, PollInterval: streamPoll})
-	insertEntry(t, b.conn, "sku-a", "a1")
 	for _, tt := range []struct {
 		name string
 		w    ledger.Watch
