@@ -14,6 +14,7 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/cmdtest"
+	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/transport"
 	"github.com/shardstock/shardstock/internal/wire"
@@ -30,7 +31,10 @@ func TestRun_Watch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ops := cmdtest.FreeAddr(t)
-	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-max-in-flight", "1", "-operator-addr", ops)
+	// A cluster of its own (the later -database-url wins): the stream waits
+	// for the whole cluster's oldest transaction (docs/changestream.md).
+	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-max-in-flight", "1", "-operator-addr", ops,
+		"-database-url", pgtest.NewPrivateDBs(t, 1)[0])
 	if !ready(base, startTimeout) {
 		t.Fatalf("/readyz not 200 within %s", startTimeout)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardstock/shardstock/internal/cmd/stockctlcmd"
 	"github.com/shardstock/shardstock/internal/cmdtest"
+	"github.com/shardstock/shardstock/internal/pgtest"
 )
 
 // follow runs a stockctl command that streams until want appears in its
@@ -36,7 +37,9 @@ func follow(t *testing.T, env map[string]string, want string, args ...string) (i
 // from that cursor it prints only what came after; a forged cursor is
 // refused (exit 3); watch stock prints the stock as it changes.
 func TestStockctl_Watch(t *testing.T) {
-	base := stack(t)
+	// A cluster of its own (the later -database-url wins): the stream waits
+	// for the whole cluster's oldest transaction (docs/changestream.md).
+	base := stackWith(t, "-database-url", pgtest.NewPrivateDBs(t, 1)[0])
 	env := map[string]string{"SHARDSTOCK_URL": base, "SHARDSTOCK_ADMIN_TOKEN": token}
 	if code, out, errs := ctl(t, env, "create-sku", "w", "-stock", "10"); code != 0 {
 		t.Fatalf("create-sku: exit %d\n%s%s", code, out, errs)
