@@ -61,8 +61,9 @@ var errKilled = errors.New("consumer killed")
 
 // TestStream_UnderFaults: shard writers sell and replenish a SKU of four
 // shards throughout; a consumer is killed and resumes from its cursor
-// twice, and Postgres is crash-restarted under it (its stream ends, it
-// resumes). At the end the entries it received are the ledger, none
+// twice, the shard server is replaced by another (a takeover at a newer
+// epoch), and Postgres is crash-restarted under the consumer (its stream
+// ends, it resumes). At the end the entries it received are the ledger, none
 // missing, none twice within a session; per shard, in the order of their
 // before/after chain.
 func TestStream_UnderFaults(t *testing.T) {
@@ -81,16 +82,23 @@ func TestStream_UnderFaults(t *testing.T) {
 	if err := db.CreateSKU(ctx, stock.SKU{Name: sku, Shards: shards, Status: stock.StatusActive, ReservationTTL: stock.ReservationTTLDefault}, 1_000_000); err != nil {
 		t.Fatal(err)
 	}
-	srv := shard.New(shard.Config{ServerID: "srv", DB: db, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	sctx, stopServer := context.WithCancel(ctx)
-	served := make(chan struct{})
-	go func() { srv.Run(sctx); close(served) }()
-	defer func() { stopServer(); <-served }()
-	for i := range int32(shards) {
-		if err := srv.Acquire(ctx, stock.ShardKey{SKU: sku, Index: i}.Partition(), 1); err != nil {
-			t.Fatal(err)
+	// serve starts a shard server owning the SKU's partitions at epoch and
+	// returns it and what stops it.
+	serve := func(id string, epoch int64) (*shard.Server, func()) {
+		srv := shard.New(shard.Config{ServerID: id, DB: db, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		sctx, cancel := context.WithCancel(ctx)
+		served := make(chan struct{})
+		go func() { srv.Run(sctx); close(served) }()
+		for i := range int32(shards) {
+			if err := srv.Acquire(ctx, stock.ShardKey{SKU: sku, Index: i}.Partition(), epoch); err != nil {
+				t.Fatal(err)
+			}
 		}
+		return srv, func() { cancel(); <-served }
 	}
+	first, stopFirst := serve("srv-1", 1)
+	var current atomic.Pointer[shard.Server]
+	current.Store(first)
 
 	// Writers: one per shard, a deduct or (every fifth) a replenish at a
 	// time, errors (the crash) and all.
@@ -107,7 +115,7 @@ func TestStream_UnderFaults(t *testing.T) {
 					r.Kind, r.Quantity = stock.OpReplenish, 2
 				}
 				rctx, cancel := context.WithTimeout(wctx, 5*time.Second)
-				if srv.Do(rctx, r).Err == nil {
+				if current.Load().Do(rctx, r).Err == nil {
 					written.Add(1)
 				}
 				cancel()
@@ -123,6 +131,12 @@ func TestStream_UnderFaults(t *testing.T) {
 			t.Fatalf("session ended with %v, want killed", err)
 		}
 	}
+	// The shard server stops mid-write; another takes its partitions over
+	// at a newer epoch (fenced) and the writers go on through it.
+	stopFirst()
+	second, stopSecond := serve("srv-2", 2)
+	defer stopSecond()
+	current.Store(second)
 	// Postgres crashes under the third session, after 20 entries.
 	crashed := make(chan error, 1)
 	err = c.session(t, func(n int) bool {
@@ -159,6 +173,10 @@ func TestStream_UnderFaults(t *testing.T) {
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		t.Fatal(err)
+	}
+	var bySecond int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM ledger WHERE server_id = 'srv-2'`).Scan(&bySecond); err != nil || bySecond == 0 {
+		t.Fatalf("entries written by the second shard server: %d (%v), want some", bySecond, err)
 	}
 	want := map[int64]bool{}
 	for _, id := range ids {
