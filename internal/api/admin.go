@@ -66,13 +66,16 @@ type AdminHandler struct {
 	// Placement: nil where SKUs are not placed (the in-memory ceiling);
 	// SetPlacement is then unimplemented.
 	Placement Placement
+	// Changes: nil where there is no change stream; WatchLedger is then
+	// unimplemented.
+	Changes *ledger.Stream
 }
 
 var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)
 
 // BearerAuth returns an interceptor that admits a call only with the admin
 // token (TokenAuth).
-func BearerAuth(token string) connect.UnaryInterceptorFunc { return TokenAuth("admin token", token) }
+func BearerAuth(token string) connect.Interceptor { return TokenAuth("admin token", token) }
 
 // CreateSku creates a SKU.
 func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {

@@ -8,6 +8,7 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/wire"
 )
@@ -34,6 +35,9 @@ var _ Inventory = (*allocator.Allocator)(nil)
 // InventoryHandler serves the public InventoryService.
 type InventoryHandler struct {
 	Inventory Inventory
+	// Changes: nil where there is no change stream; WatchStock is then
+	// unimplemented.
+	Changes *ledger.Stream
 }
 
 var _ shardstockv1connect.InventoryServiceHandler = (*InventoryHandler)(nil)

@@ -26,15 +26,39 @@ import (
 // time; what names the token in the error ("API token"). A missing or
 // wrong token is unauthenticated, reason UNAUTHENTICATED, and reaches no
 // handler. An empty token admits nothing.
-func TokenAuth(what string, tokens ...string) connect.UnaryInterceptorFunc {
-	refused := unauthenticated(what)
-	return func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			if !bearerAdmitted(req.Header().Get("Authorization"), tokens) {
-				return nil, refused
-			}
-			return next(ctx, req)
+func TokenAuth(what string, tokens ...string) connect.Interceptor {
+	return tokenAuth{tokens: tokens, refused: unauthenticated(what)}
+}
+
+// tokenAuth is TokenAuth's interceptor, for unary calls and streams alike
+// (a connect.UnaryInterceptorFunc lets streams through unchecked).
+type tokenAuth struct {
+	tokens  []string
+	refused error
+}
+
+// WrapUnary checks a unary call's token.
+func (a tokenAuth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if !bearerAdmitted(req.Header().Get("Authorization"), a.tokens) {
+			return nil, a.refused
 		}
+		return next(ctx, req)
+	}
+}
+
+// WrapStreamingClient is next: the interceptor is a server's.
+func (a tokenAuth) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+// WrapStreamingHandler checks a stream's token before its handler runs.
+func (a tokenAuth) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if !bearerAdmitted(conn.RequestHeader().Get("Authorization"), a.tokens) {
+			return a.refused
+		}
+		return next(ctx, conn)
 	}
 }
 

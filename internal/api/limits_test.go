@@ -230,7 +230,7 @@ func TestAdmit_TokenThenRate(t *testing.T) {
 
 // TokenAuth admits only the exact bearer token.
 func TestTokenAuth(t *testing.T) {
-	served := TokenAuth("API token", "the-token-0123456789", "")(func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) { return nil, nil })
+	served := TokenAuth("API token", "the-token-0123456789", "").WrapUnary(func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) { return nil, nil })
 	for hdr, ok := range map[string]bool{"": false, "Bearer the-token-0123456789": true, "Bearer the-token-012345678": false,
 		"bearer the-token-0123456789": false, "Bearer the-token-0123456789 ": false, "Basic the-token-0123456789": false} {
 		req := connect.NewRequest(&v1.GetStockRequest{Sku: "s"})

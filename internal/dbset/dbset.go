@@ -108,6 +108,16 @@ func (s *Set) Names() []string { return s.names }
 // DB is the database called name, or nil.
 func (s *Set) DB(name string) *postgres.DB { return s.dbs[name] }
 
+// Readers are the databases' ledgers in commit order, by name, for
+// ledger.Stream.
+func (s *Set) Readers() map[string]ledger.Reader {
+	out := make(map[string]ledger.Reader, len(s.dbs))
+	for name, db := range s.dbs {
+		out[name] = db
+	}
+	return out
+}
+
 // Placement is the current placement.
 func (s *Set) Placement() stock.Placement { return s.placement.Current() }
 

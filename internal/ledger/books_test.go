@@ -33,7 +33,12 @@ type books struct {
 
 func openBooks(t *testing.T) *books {
 	t.Helper()
-	url := pgtest.NewDB(t)
+	return openBooksAt(t, pgtest.NewDB(t))
+}
+
+// openBooksAt is openBooks on the database at url.
+func openBooksAt(t *testing.T, url string) *books {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	db, err := postgres.Open(ctx, url, postgres.Options{ApplicationName: "ledgertest"})

@@ -245,3 +245,26 @@ func execOn(serverURL, sql string) error {
 	_, err = conn.Exec(ctx, sql)
 	return err
 }
+
+// NewPrivateDBs starts a throwaway cluster of the test's own (stopped in
+// tb.Cleanup) and creates n empty databases on it, for a test that needs
+// the cluster to itself: the change stream (internal/ledger.Stream) waits
+// for the oldest transaction running in the whole cluster, and other test
+// binaries' on a shared server hold some open for seconds.
+func NewPrivateDBs(tb testing.TB, n int) []string {
+	tb.Helper()
+	c, err := pgcluster.Start(context.Background(), "")
+	if err != nil {
+		tb.Fatalf("pgtest: private cluster: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			tb.Errorf("pgtest: stop private cluster: %v", err)
+		}
+	})
+	urls := make([]string, n)
+	for i := range urls {
+		urls[i] = newDB(tb, c.URL())
+	}
+	return urls
+}

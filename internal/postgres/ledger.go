@@ -253,20 +253,28 @@ func (db *DB) ListLedger(ctx context.Context, sku string, after int64, limit int
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	limit = min(max(limit, 1), ledger.PageMax)
-	rows, err := db.pool.Query(ctx, `SELECT id, sku, shard, kind, quantity, available_before, available_after,
-		reserved_before, reserved_after, sold_before, sold_after, idempotency_key, reservation_id, transfer_id,
-		order_ref, source, reason, approver, server_id, epoch, created_at
+	rows, err := db.pool.Query(ctx, `SELECT `+sqlEntryColumns+`
 		FROM ledger WHERE sku = $1 AND id > $2 ORDER BY id LIMIT $3`, sku, after, limit)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.LedgerEntry, error) {
 		var e stock.LedgerEntry
-		var kind string
-		err := r.Scan(&e.ID, &e.Shard.SKU, &e.Shard.Index, &kind, &e.Quantity, &e.Before.Available, &e.After.Available,
-			&e.Before.Reserved, &e.After.Reserved, &e.Before.Sold, &e.After.Sold, &e.IdempotencyKey, &e.ReservationID,
-			&e.TransferID, &e.OrderRef, &e.Source, &e.Reason, &e.Approver, &e.ServerID, &e.Epoch, &e.CreatedAt)
-		e.Kind = stock.OpKind(kind)
-		return &e, err
+		return &e, scanEntry(r, &e)
 	})
+}
+
+// sqlEntryColumns are the columns scanEntry reads, in its order.
+const sqlEntryColumns = `id, sku, shard, kind, quantity, available_before, available_after,
+	reserved_before, reserved_after, sold_before, sold_after, idempotency_key, reservation_id, transfer_id,
+	order_ref, source, reason, approver, server_id, epoch, created_at`
+
+// scanEntry scans sqlEntryColumns, after any columns before them (dest).
+func scanEntry(r pgx.CollectableRow, e *stock.LedgerEntry, dest ...any) error {
+	var kind string
+	err := r.Scan(append(dest, &e.ID, &e.Shard.SKU, &e.Shard.Index, &kind, &e.Quantity, &e.Before.Available, &e.After.Available,
+		&e.Before.Reserved, &e.After.Reserved, &e.Before.Sold, &e.After.Sold, &e.IdempotencyKey, &e.ReservationID,
+		&e.TransferID, &e.OrderRef, &e.Source, &e.Reason, &e.Approver, &e.ServerID, &e.Epoch, &e.CreatedAt)...)
+	e.Kind = stock.OpKind(kind)
+	return err
 }

@@ -52,6 +52,9 @@ const (
 	CodeShardUnavailable Code = "SHARD_UNAVAILABLE"
 	// resource_exhausted
 	CodeRateLimited Code = "RATE_LIMITED"
+	// CodeConsumerBehind: a change stream's consumer receives too slowly to
+	// be streamed to; it resumes from the last cursor it received.
+	CodeConsumerBehind Code = "CONSUMER_BEHIND"
 	// unauthenticated / permission_denied
 	CodeUnauthenticated  Code = "UNAUTHENTICATED"
 	CodePermissionDenied Code = "PERMISSION_DENIED"
@@ -72,7 +75,7 @@ var Codes = []Code{
 	CodeShardsRetiring,
 	CodeOperationInProgress, CodeRebalanceInProgress, CodeMoveFenced, CodePlacementFull,
 	CodeShardUnavailable,
-	CodeRateLimited,
+	CodeRateLimited, CodeConsumerBehind,
 	CodeUnauthenticated, CodePermissionDenied,
 	CodeInternal,
 	CodeUnimplemented,

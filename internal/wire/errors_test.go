@@ -44,6 +44,7 @@ var domainCodes = []struct {
 	{stock.CodePlacementFull, connect.CodeFailedPrecondition},
 	{stock.CodeShardUnavailable, connect.CodeUnavailable},
 	{stock.CodeRateLimited, connect.CodeResourceExhausted},
+	{stock.CodeConsumerBehind, connect.CodeResourceExhausted},
 	{stock.CodeUnauthenticated, connect.CodeUnauthenticated},
 	{stock.CodePermissionDenied, connect.CodePermissionDenied},
 	{stock.CodeInternal, connect.CodeInternal},

@@ -2,12 +2,13 @@
 // transports a browser uses) against a real shardstock allocator, whose
 // address and admin token internal/e2e's TestE2E_WebClients passes in
 // SHARDSTOCK_URL and SHARDSTOCK_ADMIN_TOKEN: create a SKU, then reserve and
-// commit through each transport, and read the stock back.
+// commit through each transport, and read the stock back; watch it sell out
+// and come back over gRPC-Web (WatchStock), as a storefront would.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createClient, ConnectError, Code } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
-import { InventoryService } from "../gen/shardstock/v1/inventory_pb.js";
+import { InventoryService, StockEvent } from "../gen/shardstock/v1/inventory_pb.js";
 import { AdminService } from "../gen/shardstock/v1/admin_pb.js";
 
 const baseUrl = process.env.SHARDSTOCK_URL;
@@ -53,4 +54,34 @@ test("the stock shows both commits", async () => {
   const st = await inv.getStock({ sku });
   assert.equal(st.stock?.sold, 4n);
   assert.equal(st.stock?.available, 6n);
+});
+
+test("WatchStock over gRPC-Web: SOLD_OUT within a second of the last unit, BACK_IN_STOCK after a replenish", async () => {
+  const inv = createClient(InventoryService, createConnectTransport({ baseUrl }));
+  const watcher = createClient(InventoryService, createGrpcWebTransport({ baseUrl }));
+  const abort = new AbortController();
+  const stream = watcher.watchStock({ skus: [sku] }, { signal: abort.signal })[Symbol.asyncIterator]();
+  const next = async (what) => {
+    const timeout = new Promise((_, reject) => setTimeout(() => reject(new Error(`no ${what} within 10 s`)), 10_000));
+    const { value, done } = await Promise.race([stream.next(), timeout]);
+    assert.ok(!done, `WatchStock ended waiting for ${what}`);
+    return value;
+  };
+  try {
+    const first = await next("snapshot");
+    assert.equal(first.event, StockEvent.SNAPSHOT);
+    assert.equal(first.stock?.available, 6n);
+    await inv.deduct({ sku, quantity: 6n, idempotencyKey: `${sku}-last-units` });
+    const soldAt = Date.now();
+    let m = await next("SOLD_OUT");
+    while (m.event === StockEvent.CHANGED) m = await next("SOLD_OUT");
+    assert.equal(m.event, StockEvent.SOLD_OUT);
+    assert.ok(Date.now() - soldAt < 1000, `SOLD_OUT ${Date.now() - soldAt} ms after the last unit sold`);
+    await inv.replenish({ sku, quantity: 3n, idempotencyKey: `${sku}-back` });
+    m = await next("BACK_IN_STOCK");
+    assert.equal(m.event, StockEvent.BACK_IN_STOCK);
+    assert.equal(m.stock?.available, 3n);
+  } finally {
+    abort.abort();
+  }
 });

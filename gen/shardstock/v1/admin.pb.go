@@ -1910,6 +1910,134 @@ func (x *ResumeShardResponse) GetStock() *Stock {
 	return nil
 }
 
+type WatchLedgerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where to resume: the cursor of the last message handled; empty, from
+	// the beginning of the ledger.
+	Cursor string `protobuf:"bytes,1,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Only these SKUs' entries (at most 100); none, every entry.
+	Skus []string `protobuf:"bytes,2,rep,name=skus,proto3" json:"skus,omitempty"`
+	// Names the consumer in the lag metrics (letters, digits and . _ : -,
+	// at most 64); empty, "anonymous".
+	Consumer      string `protobuf:"bytes,3,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchLedgerRequest) Reset() {
+	*x = WatchLedgerRequest{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchLedgerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchLedgerRequest) ProtoMessage() {}
+
+func (x *WatchLedgerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchLedgerRequest.ProtoReflect.Descriptor instead.
+func (*WatchLedgerRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *WatchLedgerRequest) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+func (x *WatchLedgerRequest) GetSkus() []string {
+	if x != nil {
+		return x.Skus
+	}
+	return nil
+}
+
+func (x *WatchLedgerRequest) GetConsumer() string {
+	if x != nil {
+		return x.Consumer
+	}
+	return ""
+}
+
+type WatchLedgerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Absent in a message that carries the cursor alone.
+	Entry *LedgerEntry `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	// The database that holds the entry.
+	Database string `protobuf:"bytes,2,opt,name=database,proto3" json:"database,omitempty"`
+	// Where to resume to receive what follows this message.
+	Cursor        string `protobuf:"bytes,3,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchLedgerResponse) Reset() {
+	*x = WatchLedgerResponse{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchLedgerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchLedgerResponse) ProtoMessage() {}
+
+func (x *WatchLedgerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchLedgerResponse.ProtoReflect.Descriptor instead.
+func (*WatchLedgerResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WatchLedgerResponse) GetEntry() *LedgerEntry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+func (x *WatchLedgerResponse) GetDatabase() string {
+	if x != nil {
+		return x.Database
+	}
+	return ""
+}
+
+func (x *WatchLedgerResponse) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
 var File_shardstock_v1_admin_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_admin_proto_rawDesc = "" +
@@ -2065,7 +2193,15 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"f\n" +
 	"\x13ResumeShardResponse\x12#\n" +
 	"\rhalted_reason\x18\x01 \x01(\tR\fhaltedReason\x12*\n" +
-	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock2\xca\a\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\\\n" +
+	"\x12WatchLedgerRequest\x12\x16\n" +
+	"\x06cursor\x18\x01 \x01(\tR\x06cursor\x12\x12\n" +
+	"\x04skus\x18\x02 \x03(\tR\x04skus\x12\x1a\n" +
+	"\bconsumer\x18\x03 \x01(\tR\bconsumer\"{\n" +
+	"\x13WatchLedgerResponse\x120\n" +
+	"\x05entry\x18\x01 \x01(\v2\x1a.shardstock.v1.LedgerEntryR\x05entry\x12\x1a\n" +
+	"\bdatabase\x18\x02 \x01(\tR\bdatabase\x12\x16\n" +
+	"\x06cursor\x18\x03 \x01(\tR\x06cursor2\xa4\b\n" +
 	"\fAdminService\x12P\n" +
 	"\tCreateSku\x12\x1f.shardstock.v1.CreateSkuRequest\x1a .shardstock.v1.CreateSkuResponse\"\x00\x12P\n" +
 	"\tUpdateSku\x12\x1f.shardstock.v1.UpdateSkuRequest\x1a .shardstock.v1.UpdateSkuResponse\"\x00\x12V\n" +
@@ -2078,7 +2214,8 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"ListLedger\x12 .shardstock.v1.ListLedgerRequest\x1a!.shardstock.v1.ListLedgerResponse\"\x03\x90\x02\x01\x12S\n" +
 	"\tReconcile\x12\x1f.shardstock.v1.ReconcileRequest\x1a .shardstock.v1.ReconcileResponse\"\x03\x90\x02\x01\x12V\n" +
 	"\vResumeShard\x12!.shardstock.v1.ResumeShardRequest\x1a\".shardstock.v1.ResumeShardResponse\"\x00\x12Y\n" +
-	"\fSetPlacement\x12\".shardstock.v1.SetPlacementRequest\x1a#.shardstock.v1.SetPlacementResponse\"\x00BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\fSetPlacement\x12\".shardstock.v1.SetPlacementRequest\x1a#.shardstock.v1.SetPlacementResponse\"\x00\x12X\n" +
+	"\vWatchLedger\x12!.shardstock.v1.WatchLedgerRequest\x1a\".shardstock.v1.WatchLedgerResponse\"\x000\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_admin_proto_rawDescOnce sync.Once
@@ -2092,7 +2229,7 @@ func file_shardstock_v1_admin_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_admin_proto_rawDescData
 }
 
-var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*SkuConfig)(nil),             // 0: shardstock.v1.SkuConfig
 	(*CreateSkuRequest)(nil),      // 1: shardstock.v1.CreateSkuRequest
@@ -2123,67 +2260,72 @@ var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*ReconcileResponse)(nil),     // 26: shardstock.v1.ReconcileResponse
 	(*ResumeShardRequest)(nil),    // 27: shardstock.v1.ResumeShardRequest
 	(*ResumeShardResponse)(nil),   // 28: shardstock.v1.ResumeShardResponse
-	(SkuStatus)(0),                // 29: shardstock.v1.SkuStatus
-	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
-	(*Stock)(nil),                 // 31: shardstock.v1.Stock
-	(*Operation)(nil),             // 32: shardstock.v1.Operation
-	(*Transfer)(nil),              // 33: shardstock.v1.Transfer
-	(TransferState)(0),            // 34: shardstock.v1.TransferState
-	(*MoveLease)(nil),             // 35: shardstock.v1.MoveLease
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*WatchLedgerRequest)(nil),    // 29: shardstock.v1.WatchLedgerRequest
+	(*WatchLedgerResponse)(nil),   // 30: shardstock.v1.WatchLedgerResponse
+	(SkuStatus)(0),                // 31: shardstock.v1.SkuStatus
+	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
+	(*Stock)(nil),                 // 33: shardstock.v1.Stock
+	(*Operation)(nil),             // 34: shardstock.v1.Operation
+	(*Transfer)(nil),              // 35: shardstock.v1.Transfer
+	(TransferState)(0),            // 36: shardstock.v1.TransferState
+	(*MoveLease)(nil),             // 37: shardstock.v1.MoveLease
+	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
 }
 var file_shardstock_v1_admin_proto_depIdxs = []int32{
-	29, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
-	30, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
-	30, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
+	31, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
+	32, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
+	32, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
 	0,  // 3: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	31, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
+	33, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 5: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	32, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
-	31, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
+	34, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
+	33, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 8: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	31, // 9: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
-	33, // 10: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	34, // 11: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
-	33, // 12: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	33, // 9: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
+	35, // 10: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	36, // 11: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
+	35, // 12: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
 	14, // 13: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
 	15, // 14: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	35, // 15: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
+	37, // 15: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
 	17, // 16: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
 	18, // 17: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
 	17, // 18: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
-	36, // 19: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	38, // 19: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
 	22, // 20: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
 	25, // 21: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	31, // 22: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	31, // 23: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
-	1,  // 24: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	3,  // 25: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	5,  // 26: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	7,  // 27: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	9,  // 28: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	11, // 29: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	13, // 30: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	21, // 31: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	24, // 32: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	27, // 33: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
-	19, // 34: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
-	2,  // 35: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	4,  // 36: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	6,  // 37: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	8,  // 38: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	10, // 39: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	12, // 40: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	16, // 41: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	23, // 42: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	26, // 43: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	28, // 44: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
-	20, // 45: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
-	35, // [35:46] is the sub-list for method output_type
-	24, // [24:35] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	33, // 22: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	33, // 23: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
+	22, // 24: shardstock.v1.WatchLedgerResponse.entry:type_name -> shardstock.v1.LedgerEntry
+	1,  // 25: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 26: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 27: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 28: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 29: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 30: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 31: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	21, // 32: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	24, // 33: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	27, // 34: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
+	19, // 35: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
+	29, // 36: shardstock.v1.AdminService.WatchLedger:input_type -> shardstock.v1.WatchLedgerRequest
+	2,  // 37: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 38: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 39: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 40: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 41: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 42: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 43: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	23, // 44: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	26, // 45: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	28, // 46: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
+	20, // 47: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
+	30, // 48: shardstock.v1.AdminService.WatchLedger:output_type -> shardstock.v1.WatchLedgerResponse
+	37, // [37:49] is the sub-list for method output_type
+	25, // [25:37] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }
@@ -2199,7 +2341,7 @@ func file_shardstock_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_admin_proto_rawDesc), len(file_shardstock_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,66 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// StockEvent says what a WatchStock message reports.
+type StockEvent int32
+
+const (
+	StockEvent_STOCK_EVENT_UNSPECIFIED StockEvent = 0
+	// The SKU's stock when the watch began.
+	StockEvent_STOCK_EVENT_SNAPSHOT StockEvent = 1
+	// The stock or status changed, and neither of the below happened.
+	StockEvent_STOCK_EVENT_CHANGED StockEvent = 2
+	// Nothing sellable is left: available and in transit are 0.
+	StockEvent_STOCK_EVENT_SOLD_OUT StockEvent = 3
+	// A sold-out SKU has sellable stock again.
+	StockEvent_STOCK_EVENT_BACK_IN_STOCK StockEvent = 4
+)
+
+// Enum value maps for StockEvent.
+var (
+	StockEvent_name = map[int32]string{
+		0: "STOCK_EVENT_UNSPECIFIED",
+		1: "STOCK_EVENT_SNAPSHOT",
+		2: "STOCK_EVENT_CHANGED",
+		3: "STOCK_EVENT_SOLD_OUT",
+		4: "STOCK_EVENT_BACK_IN_STOCK",
+	}
+	StockEvent_value = map[string]int32{
+		"STOCK_EVENT_UNSPECIFIED":   0,
+		"STOCK_EVENT_SNAPSHOT":      1,
+		"STOCK_EVENT_CHANGED":       2,
+		"STOCK_EVENT_SOLD_OUT":      3,
+		"STOCK_EVENT_BACK_IN_STOCK": 4,
+	}
+)
+
+func (x StockEvent) Enum() *StockEvent {
+	p := new(StockEvent)
+	*p = x
+	return p
+}
+
+func (x StockEvent) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StockEvent) Descriptor() protoreflect.EnumDescriptor {
+	return file_shardstock_v1_inventory_proto_enumTypes[0].Descriptor()
+}
+
+func (StockEvent) Type() protoreflect.EnumType {
+	return &file_shardstock_v1_inventory_proto_enumTypes[0]
+}
+
+func (x StockEvent) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StockEvent.Descriptor instead.
+func (StockEvent) EnumDescriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{0}
+}
+
 type ReserveRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Sku            string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -798,6 +858,103 @@ func (x *GetStockResponse) GetStock() *Stock {
 	return nil
 }
 
+type WatchStockRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 100 SKUs.
+	Skus          []string `protobuf:"bytes,1,rep,name=skus,proto3" json:"skus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchStockRequest) Reset() {
+	*x = WatchStockRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchStockRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchStockRequest) ProtoMessage() {}
+
+func (x *WatchStockRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchStockRequest.ProtoReflect.Descriptor instead.
+func (*WatchStockRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *WatchStockRequest) GetSkus() []string {
+	if x != nil {
+		return x.Skus
+	}
+	return nil
+}
+
+type WatchStockResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stock         *Stock                 `protobuf:"bytes,1,opt,name=stock,proto3" json:"stock,omitempty"`
+	Event         StockEvent             `protobuf:"varint,2,opt,name=event,proto3,enum=shardstock.v1.StockEvent" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchStockResponse) Reset() {
+	*x = WatchStockResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchStockResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchStockResponse) ProtoMessage() {}
+
+func (x *WatchStockResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchStockResponse.ProtoReflect.Descriptor instead.
+func (*WatchStockResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WatchStockResponse) GetStock() *Stock {
+	if x != nil {
+		return x.Stock
+	}
+	return nil
+}
+
+func (x *WatchStockResponse) GetEvent() StockEvent {
+	if x != nil {
+		return x.Event
+	}
+	return StockEvent_STOCK_EVENT_UNSPECIFIED
+}
+
 var File_shardstock_v1_inventory_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_inventory_proto_rawDesc = "" +
@@ -850,7 +1007,19 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x0fGetStockRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\">\n" +
 	"\x10GetStockResponse\x12*\n" +
-	"\x05stock\x18\x01 \x01(\v2\x14.shardstock.v1.StockR\x05stock2\xbe\x04\n" +
+	"\x05stock\x18\x01 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"'\n" +
+	"\x11WatchStockRequest\x12\x12\n" +
+	"\x04skus\x18\x01 \x03(\tR\x04skus\"q\n" +
+	"\x12WatchStockResponse\x12*\n" +
+	"\x05stock\x18\x01 \x01(\v2\x14.shardstock.v1.StockR\x05stock\x12/\n" +
+	"\x05event\x18\x02 \x01(\x0e2\x19.shardstock.v1.StockEventR\x05event*\x95\x01\n" +
+	"\n" +
+	"StockEvent\x12\x1b\n" +
+	"\x17STOCK_EVENT_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14STOCK_EVENT_SNAPSHOT\x10\x01\x12\x17\n" +
+	"\x13STOCK_EVENT_CHANGED\x10\x02\x12\x18\n" +
+	"\x14STOCK_EVENT_SOLD_OUT\x10\x03\x12\x1d\n" +
+	"\x19STOCK_EVENT_BACK_IN_STOCK\x10\x042\x95\x05\n" +
 	"\x10InventoryService\x12J\n" +
 	"\aReserve\x12\x1d.shardstock.v1.ReserveRequest\x1a\x1e.shardstock.v1.ReserveResponse\"\x00\x12G\n" +
 	"\x06Commit\x12\x1c.shardstock.v1.CommitRequest\x1a\x1d.shardstock.v1.CommitResponse\"\x00\x12J\n" +
@@ -858,7 +1027,9 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x06Deduct\x12\x1c.shardstock.v1.DeductRequest\x1a\x1d.shardstock.v1.DeductResponse\"\x00\x12P\n" +
 	"\tReplenish\x12\x1f.shardstock.v1.ReplenishRequest\x1a .shardstock.v1.ReplenishResponse\"\x00\x12\\\n" +
 	"\fGetOperation\x12\".shardstock.v1.GetOperationRequest\x1a#.shardstock.v1.GetOperationResponse\"\x03\x90\x02\x01\x12P\n" +
-	"\bGetStock\x12\x1e.shardstock.v1.GetStockRequest\x1a\x1f.shardstock.v1.GetStockResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\bGetStock\x12\x1e.shardstock.v1.GetStockRequest\x1a\x1f.shardstock.v1.GetStockResponse\"\x03\x90\x02\x01\x12U\n" +
+	"\n" +
+	"WatchStock\x12 .shardstock.v1.WatchStockRequest\x1a!.shardstock.v1.WatchStockResponse\"\x000\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_inventory_proto_rawDescOnce sync.Once
@@ -872,55 +1043,63 @@ func file_shardstock_v1_inventory_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_inventory_proto_rawDescData
 }
 
-var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_shardstock_v1_inventory_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_shardstock_v1_inventory_proto_goTypes = []any{
-	(*ReserveRequest)(nil),       // 0: shardstock.v1.ReserveRequest
-	(*ReserveResponse)(nil),      // 1: shardstock.v1.ReserveResponse
-	(*CommitRequest)(nil),        // 2: shardstock.v1.CommitRequest
-	(*CommitResponse)(nil),       // 3: shardstock.v1.CommitResponse
-	(*ReleaseRequest)(nil),       // 4: shardstock.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 5: shardstock.v1.ReleaseResponse
-	(*DeductRequest)(nil),        // 6: shardstock.v1.DeductRequest
-	(*DeductResponse)(nil),       // 7: shardstock.v1.DeductResponse
-	(*ReplenishRequest)(nil),     // 8: shardstock.v1.ReplenishRequest
-	(*ReplenishResponse)(nil),    // 9: shardstock.v1.ReplenishResponse
-	(*GetOperationRequest)(nil),  // 10: shardstock.v1.GetOperationRequest
-	(*GetOperationResponse)(nil), // 11: shardstock.v1.GetOperationResponse
-	(*GetStockRequest)(nil),      // 12: shardstock.v1.GetStockRequest
-	(*GetStockResponse)(nil),     // 13: shardstock.v1.GetStockResponse
-	(*durationpb.Duration)(nil),  // 14: google.protobuf.Duration
-	(*Reservation)(nil),          // 15: shardstock.v1.Reservation
-	(*Operation)(nil),            // 16: shardstock.v1.Operation
-	(*Stock)(nil),                // 17: shardstock.v1.Stock
+	(StockEvent)(0),              // 0: shardstock.v1.StockEvent
+	(*ReserveRequest)(nil),       // 1: shardstock.v1.ReserveRequest
+	(*ReserveResponse)(nil),      // 2: shardstock.v1.ReserveResponse
+	(*CommitRequest)(nil),        // 3: shardstock.v1.CommitRequest
+	(*CommitResponse)(nil),       // 4: shardstock.v1.CommitResponse
+	(*ReleaseRequest)(nil),       // 5: shardstock.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),      // 6: shardstock.v1.ReleaseResponse
+	(*DeductRequest)(nil),        // 7: shardstock.v1.DeductRequest
+	(*DeductResponse)(nil),       // 8: shardstock.v1.DeductResponse
+	(*ReplenishRequest)(nil),     // 9: shardstock.v1.ReplenishRequest
+	(*ReplenishResponse)(nil),    // 10: shardstock.v1.ReplenishResponse
+	(*GetOperationRequest)(nil),  // 11: shardstock.v1.GetOperationRequest
+	(*GetOperationResponse)(nil), // 12: shardstock.v1.GetOperationResponse
+	(*GetStockRequest)(nil),      // 13: shardstock.v1.GetStockRequest
+	(*GetStockResponse)(nil),     // 14: shardstock.v1.GetStockResponse
+	(*WatchStockRequest)(nil),    // 15: shardstock.v1.WatchStockRequest
+	(*WatchStockResponse)(nil),   // 16: shardstock.v1.WatchStockResponse
+	(*durationpb.Duration)(nil),  // 17: google.protobuf.Duration
+	(*Reservation)(nil),          // 18: shardstock.v1.Reservation
+	(*Operation)(nil),            // 19: shardstock.v1.Operation
+	(*Stock)(nil),                // 20: shardstock.v1.Stock
 }
 var file_shardstock_v1_inventory_proto_depIdxs = []int32{
-	14, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	15, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
-	15, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
-	15, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
-	16, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
-	16, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
-	16, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
-	17, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
-	0,  // 8: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
-	2,  // 9: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
-	4,  // 10: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
-	6,  // 11: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
-	8,  // 12: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
-	10, // 13: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
-	12, // 14: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
-	1,  // 15: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
-	3,  // 16: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
-	5,  // 17: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
-	7,  // 18: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
-	9,  // 19: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
-	11, // 20: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
-	13, // 21: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	17, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	18, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
+	18, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
+	18, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
+	19, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
+	19, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
+	19, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
+	20, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
+	20, // 8: shardstock.v1.WatchStockResponse.stock:type_name -> shardstock.v1.Stock
+	0,  // 9: shardstock.v1.WatchStockResponse.event:type_name -> shardstock.v1.StockEvent
+	1,  // 10: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
+	3,  // 11: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
+	5,  // 12: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
+	7,  // 13: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
+	9,  // 14: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
+	11, // 15: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
+	13, // 16: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
+	15, // 17: shardstock.v1.InventoryService.WatchStock:input_type -> shardstock.v1.WatchStockRequest
+	2,  // 18: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
+	4,  // 19: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
+	6,  // 20: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
+	8,  // 21: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
+	10, // 22: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
+	12, // 23: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
+	14, // 24: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
+	16, // 25: shardstock.v1.InventoryService.WatchStock:output_type -> shardstock.v1.WatchStockResponse
+	18, // [18:26] is the sub-list for method output_type
+	10, // [10:18] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_inventory_proto_init() }
@@ -934,13 +1113,14 @@ func file_shardstock_v1_inventory_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_inventory_proto_rawDesc), len(file_shardstock_v1_inventory_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   14,
+			NumEnums:      1,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_shardstock_v1_inventory_proto_goTypes,
 		DependencyIndexes: file_shardstock_v1_inventory_proto_depIdxs,
+		EnumInfos:         file_shardstock_v1_inventory_proto_enumTypes,
 		MessageInfos:      file_shardstock_v1_inventory_proto_msgTypes,
 	}.Build()
 	File_shardstock_v1_inventory_proto = out.File

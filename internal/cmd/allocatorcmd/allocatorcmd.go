@@ -194,6 +194,7 @@ type wired struct {
 	node            *shardnode.Node // nil without -shard-id
 	shardLis        net.Listener    // nil without -shard-id
 	alloc           *allocator.Allocator
+	changes         *ledger.Stream // WatchLedger and WatchStock
 }
 
 // wire builds the allocator over proc. Whatever it built, even when it
@@ -239,6 +240,7 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 		acfg.Local, acfg.LocalID = w.node.Server, cfg.shardID
 	}
 	w.alloc = allocator.New(acfg)
+	w.changes = ledger.NewStream(ledger.StreamConfig{Readers: proc.DBs.Readers(), Registerer: proc.Registry})
 	return w, nil
 }
 
@@ -317,10 +319,16 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 		// the dashboard) read stock with it.
 		admit.Tokens = []string{cfg.apiToken, cfg.token}
 	}
-	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc},
+	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc, Changes: w.changes},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
 	mux.Handle(invPath, api.Admit(admit, transport.Warm(invHandler, 0), metrics.Refused))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs},
+	// A watch lasts as long as its client wants: it holds no place among
+	// the requests in flight (the change stream bounds its watches) and no
+	// kept goroutine.
+	watch := admit
+	watch.InFlight = 0
+	mux.Handle(shardstockv1connect.InventoryServiceWatchStockProcedure, api.Admit(watch, invHandler, metrics.Refused))
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(cfg.token)))...))
 	mux.Handle("/", api.Dashboard())
 	return mux

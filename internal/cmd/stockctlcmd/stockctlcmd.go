@@ -92,6 +92,10 @@ commands:
   transfers [-sku SKU] [-state S] [-all] [-page-size N] [-page-token T]
   topology                               servers, partitions, move leases, placement
   ledger SKU [-all] [-page-size N] [-page-token T]
+  watch ledger [-cursor C] [-sku SKU]... [-consumer NAME]
+                                         every ledger entry after C, as it commits, with the cursor after it,
+                                         until interrupted; on an error, the last cursor to resume from
+  watch stock SKU [SKU...]               the SKUs' stock as it changes (SOLD_OUT, BACK_IN_STOCK)
   reconcile SKU
   resume-shard SKU INDEX -approver A -reason R
   set-placement DB [DB...]               new SKUs spread over these databases
@@ -267,6 +271,7 @@ func init() {
 		"transfers":          cmdTransfers,
 		"topology":           cmdTopology,
 		"ledger":             cmdLedger,
+		"watch":              cmdWatch,
 		"reconcile":          cmdReconcile,
 		"resume-shard":       cmdResumeShard,
 		"set-placement":      cmdSetPlacement,
@@ -668,14 +673,22 @@ func cmdLedger(ctx context.Context, c *cli, args []string) error {
 		return resp.Msg, resp.Msg.GetNextPageToken(), nil
 	}, func(m *v1.ListLedgerResponse) error {
 		return c.show(m, func(w *tabwriter.Writer) {
-			fmt.Fprintf(w, "ID\tSHARD\tKIND\tQUANTITY\tAVAILABLE\tRESERVED\tSOLD\tKEY\tSOURCE\tCREATED\n")
+			fmt.Fprintln(w, ledgerHeader)
 			for _, e := range m.GetEntries() {
-				fmt.Fprintf(w, "%d\t%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", e.GetId(), e.GetShard(), e.GetKind(), e.GetQuantity(),
-					e.GetAvailableAfter(), e.GetReservedAfter(), e.GetSoldAfter(), dash(e.GetIdempotencyKey()), e.GetSource(),
-					e.GetCreatedAt().AsTime().Format(time.RFC3339))
+				fmt.Fprintln(w, ledgerRow(e))
 			}
 		})
 	})
+}
+
+// ledgerHeader heads the columns of ledgerRow.
+const ledgerHeader = "ID\tSHARD\tKIND\tQUANTITY\tAVAILABLE\tRESERVED\tSOLD\tKEY\tSOURCE\tCREATED"
+
+// ledgerRow is an entry's line of a table, its columns tab-separated.
+func ledgerRow(e *v1.LedgerEntry) string {
+	return fmt.Sprintf("%d\t%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s", e.GetId(), e.GetShard(), e.GetKind(), e.GetQuantity(),
+		e.GetAvailableAfter(), e.GetReservedAfter(), e.GetSoldAfter(), dash(e.GetIdempotencyKey()), e.GetSource(),
+		e.GetCreatedAt().AsTime().Format(time.RFC3339))
 }
 
 func cmdReconcile(ctx context.Context, c *cli, args []string) error {

@@ -60,6 +60,9 @@ const (
 	// AdminServiceSetPlacementProcedure is the fully-qualified name of the AdminService's SetPlacement
 	// RPC.
 	AdminServiceSetPlacementProcedure = "/shardstock.v1.AdminService/SetPlacement"
+	// AdminServiceWatchLedgerProcedure is the fully-qualified name of the AdminService's WatchLedger
+	// RPC.
+	AdminServiceWatchLedgerProcedure = "/shardstock.v1.AdminService/WatchLedger"
 )
 
 // AdminServiceClient is a client for the shardstock.v1.AdminService service.
@@ -102,6 +105,17 @@ type AdminServiceClient interface {
 	// invalid_argument, and more than 16 versions failed_precondition,
 	// reason PLACEMENT_FULL.
 	SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error)
+	// WatchLedger streams every ledger entry after cursor (all of them
+	// without one), in each database in commit order, each with the cursor
+	// to resume from. Delivery is at least once: after a resume an entry may
+	// come again, and its (database, id) is the consumer's key to drop it.
+	// With skus, only their entries; the cursor still moves past the others
+	// (a message with a cursor and no entry). A cursor that is not one the
+	// stream sent is invalid_argument; a consumer that receives too slowly
+	// is ended, resource_exhausted, reason CONSUMER_BEHIND, and a database
+	// that cannot be read ends the stream, unavailable, reason
+	// SHARD_UNAVAILABLE: either way, resume from the last cursor received.
+	WatchLedger(context.Context, *connect.Request[v1.WatchLedgerRequest]) (*connect.ServerStreamForClient[v1.WatchLedgerResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the shardstock.v1.AdminService service. By default,
@@ -185,6 +199,12 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("SetPlacement")),
 			connect.WithClientOptions(opts...),
 		),
+		watchLedger: connect.NewClient[v1.WatchLedgerRequest, v1.WatchLedgerResponse](
+			httpClient,
+			baseURL+AdminServiceWatchLedgerProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("WatchLedger")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -201,6 +221,7 @@ type adminServiceClient struct {
 	reconcile     *connect.Client[v1.ReconcileRequest, v1.ReconcileResponse]
 	resumeShard   *connect.Client[v1.ResumeShardRequest, v1.ResumeShardResponse]
 	setPlacement  *connect.Client[v1.SetPlacementRequest, v1.SetPlacementResponse]
+	watchLedger   *connect.Client[v1.WatchLedgerRequest, v1.WatchLedgerResponse]
 }
 
 // CreateSku calls shardstock.v1.AdminService.CreateSku.
@@ -258,6 +279,11 @@ func (c *adminServiceClient) SetPlacement(ctx context.Context, req *connect.Requ
 	return c.setPlacement.CallUnary(ctx, req)
 }
 
+// WatchLedger calls shardstock.v1.AdminService.WatchLedger.
+func (c *adminServiceClient) WatchLedger(ctx context.Context, req *connect.Request[v1.WatchLedgerRequest]) (*connect.ServerStreamForClient[v1.WatchLedgerResponse], error) {
+	return c.watchLedger.CallServerStream(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the shardstock.v1.AdminService service.
 type AdminServiceHandler interface {
 	// CreateSku creates a SKU with initial_stock spread over its shards.
@@ -298,6 +324,17 @@ type AdminServiceHandler interface {
 	// invalid_argument, and more than 16 versions failed_precondition,
 	// reason PLACEMENT_FULL.
 	SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error)
+	// WatchLedger streams every ledger entry after cursor (all of them
+	// without one), in each database in commit order, each with the cursor
+	// to resume from. Delivery is at least once: after a resume an entry may
+	// come again, and its (database, id) is the consumer's key to drop it.
+	// With skus, only their entries; the cursor still moves past the others
+	// (a message with a cursor and no entry). A cursor that is not one the
+	// stream sent is invalid_argument; a consumer that receives too slowly
+	// is ended, resource_exhausted, reason CONSUMER_BEHIND, and a database
+	// that cannot be read ends the stream, unavailable, reason
+	// SHARD_UNAVAILABLE: either way, resume from the last cursor received.
+	WatchLedger(context.Context, *connect.Request[v1.WatchLedgerRequest], *connect.ServerStream[v1.WatchLedgerResponse]) error
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -377,6 +414,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("SetPlacement")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceWatchLedgerHandler := connect.NewServerStreamHandler(
+		AdminServiceWatchLedgerProcedure,
+		svc.WatchLedger,
+		connect.WithSchema(adminServiceMethods.ByName("WatchLedger")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceCreateSkuProcedure:
@@ -401,6 +444,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceResumeShardHandler.ServeHTTP(w, r)
 		case AdminServiceSetPlacementProcedure:
 			adminServiceSetPlacementHandler.ServeHTTP(w, r)
+		case AdminServiceWatchLedgerProcedure:
+			adminServiceWatchLedgerHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -452,4 +497,8 @@ func (UnimplementedAdminServiceHandler) ResumeShard(context.Context, *connect.Re
 
 func (UnimplementedAdminServiceHandler) SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.SetPlacement is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) WatchLedger(context.Context, *connect.Request[v1.WatchLedgerRequest], *connect.ServerStream[v1.WatchLedgerResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.WatchLedger is not implemented"))
 }

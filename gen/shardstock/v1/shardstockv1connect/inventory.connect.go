@@ -52,6 +52,9 @@ const (
 	// InventoryServiceGetStockProcedure is the fully-qualified name of the InventoryService's GetStock
 	// RPC.
 	InventoryServiceGetStockProcedure = "/shardstock.v1.InventoryService/GetStock"
+	// InventoryServiceWatchStockProcedure is the fully-qualified name of the InventoryService's
+	// WatchStock RPC.
+	InventoryServiceWatchStockProcedure = "/shardstock.v1.InventoryService/WatchStock"
 )
 
 // InventoryServiceClient is a client for the shardstock.v1.InventoryService service.
@@ -70,6 +73,11 @@ type InventoryServiceClient interface {
 	GetOperation(context.Context, *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error)
 	// GetStock returns a SKU's counts and its shards.
 	GetStock(context.Context, *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error)
+	// WatchStock streams the stock of skus as it changes: each SKU's first,
+	// then after each change at most five messages a second per SKU (the
+	// changes in between coalesced into the last), with SOLD_OUT when
+	// nothing sellable is left and BACK_IN_STOCK when stock returns.
+	WatchStock(context.Context, *connect.Request[v1.WatchStockRequest]) (*connect.ServerStreamForClient[v1.WatchStockResponse], error)
 }
 
 // NewInventoryServiceClient constructs a client for the shardstock.v1.InventoryService service. By
@@ -127,6 +135,12 @@ func NewInventoryServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		watchStock: connect.NewClient[v1.WatchStockRequest, v1.WatchStockResponse](
+			httpClient,
+			baseURL+InventoryServiceWatchStockProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("WatchStock")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -139,6 +153,7 @@ type inventoryServiceClient struct {
 	replenish    *connect.Client[v1.ReplenishRequest, v1.ReplenishResponse]
 	getOperation *connect.Client[v1.GetOperationRequest, v1.GetOperationResponse]
 	getStock     *connect.Client[v1.GetStockRequest, v1.GetStockResponse]
+	watchStock   *connect.Client[v1.WatchStockRequest, v1.WatchStockResponse]
 }
 
 // Reserve calls shardstock.v1.InventoryService.Reserve.
@@ -176,6 +191,11 @@ func (c *inventoryServiceClient) GetStock(ctx context.Context, req *connect.Requ
 	return c.getStock.CallUnary(ctx, req)
 }
 
+// WatchStock calls shardstock.v1.InventoryService.WatchStock.
+func (c *inventoryServiceClient) WatchStock(ctx context.Context, req *connect.Request[v1.WatchStockRequest]) (*connect.ServerStreamForClient[v1.WatchStockResponse], error) {
+	return c.watchStock.CallServerStream(ctx, req)
+}
+
 // InventoryServiceHandler is an implementation of the shardstock.v1.InventoryService service.
 type InventoryServiceHandler interface {
 	// Reserve holds quantity units for ttl (the SKU's default when unset).
@@ -192,6 +212,11 @@ type InventoryServiceHandler interface {
 	GetOperation(context.Context, *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error)
 	// GetStock returns a SKU's counts and its shards.
 	GetStock(context.Context, *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error)
+	// WatchStock streams the stock of skus as it changes: each SKU's first,
+	// then after each change at most five messages a second per SKU (the
+	// changes in between coalesced into the last), with SOLD_OUT when
+	// nothing sellable is left and BACK_IN_STOCK when stock returns.
+	WatchStock(context.Context, *connect.Request[v1.WatchStockRequest], *connect.ServerStream[v1.WatchStockResponse]) error
 }
 
 // NewInventoryServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -245,6 +270,12 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	inventoryServiceWatchStockHandler := connect.NewServerStreamHandler(
+		InventoryServiceWatchStockProcedure,
+		svc.WatchStock,
+		connect.WithSchema(inventoryServiceMethods.ByName("WatchStock")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.InventoryService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case InventoryServiceReserveProcedure:
@@ -261,6 +292,8 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 			inventoryServiceGetOperationHandler.ServeHTTP(w, r)
 		case InventoryServiceGetStockProcedure:
 			inventoryServiceGetStockHandler.ServeHTTP(w, r)
+		case InventoryServiceWatchStockProcedure:
+			inventoryServiceWatchStockHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -296,4 +329,8 @@ func (UnimplementedInventoryServiceHandler) GetOperation(context.Context, *conne
 
 func (UnimplementedInventoryServiceHandler) GetStock(context.Context, *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.GetStock is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) WatchStock(context.Context, *connect.Request[v1.WatchStockRequest], *connect.ServerStream[v1.WatchStockResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.WatchStock is not implemented"))
 }

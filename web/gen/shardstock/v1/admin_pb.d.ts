@@ -890,6 +890,72 @@ export declare type ResumeShardResponse = Message<"shardstock.v1.ResumeShardResp
 export declare const ResumeShardResponseSchema: GenMessage<ResumeShardResponse>;
 
 /**
+ * @generated from message shardstock.v1.WatchLedgerRequest
+ */
+export declare type WatchLedgerRequest = Message<"shardstock.v1.WatchLedgerRequest"> & {
+  /**
+   * Where to resume: the cursor of the last message handled; empty, from
+   * the beginning of the ledger.
+   *
+   * @generated from field: string cursor = 1;
+   */
+  cursor: string;
+
+  /**
+   * Only these SKUs' entries (at most 100); none, every entry.
+   *
+   * @generated from field: repeated string skus = 2;
+   */
+  skus: string[];
+
+  /**
+   * Names the consumer in the lag metrics (letters, digits and . _ : -,
+   * at most 64); empty, "anonymous".
+   *
+   * @generated from field: string consumer = 3;
+   */
+  consumer: string;
+};
+
+/**
+ * Describes the message shardstock.v1.WatchLedgerRequest.
+ * Use `create(WatchLedgerRequestSchema)` to create a new message.
+ */
+export declare const WatchLedgerRequestSchema: GenMessage<WatchLedgerRequest>;
+
+/**
+ * @generated from message shardstock.v1.WatchLedgerResponse
+ */
+export declare type WatchLedgerResponse = Message<"shardstock.v1.WatchLedgerResponse"> & {
+  /**
+   * Absent in a message that carries the cursor alone.
+   *
+   * @generated from field: shardstock.v1.LedgerEntry entry = 1;
+   */
+  entry?: LedgerEntry | undefined;
+
+  /**
+   * The database that holds the entry.
+   *
+   * @generated from field: string database = 2;
+   */
+  database: string;
+
+  /**
+   * Where to resume to receive what follows this message.
+   *
+   * @generated from field: string cursor = 3;
+   */
+  cursor: string;
+};
+
+/**
+ * Describes the message shardstock.v1.WatchLedgerResponse.
+ * Use `create(WatchLedgerResponseSchema)` to create a new message.
+ */
+export declare const WatchLedgerResponseSchema: GenMessage<WatchLedgerResponse>;
+
+/**
  * AdminService controls SKUs, stock and topology. Every call needs
  * `Authorization: Bearer <admin token>`.
  *
@@ -1021,6 +1087,25 @@ export declare const AdminService: GenService<{
     methodKind: "unary";
     input: typeof SetPlacementRequestSchema;
     output: typeof SetPlacementResponseSchema;
+  },
+  /**
+   * WatchLedger streams every ledger entry after cursor (all of them
+   * without one), in each database in commit order, each with the cursor
+   * to resume from. Delivery is at least once: after a resume an entry may
+   * come again, and its (database, id) is the consumer's key to drop it.
+   * With skus, only their entries; the cursor still moves past the others
+   * (a message with a cursor and no entry). A cursor that is not one the
+   * stream sent is invalid_argument; a consumer that receives too slowly
+   * is ended, resource_exhausted, reason CONSUMER_BEHIND, and a database
+   * that cannot be read ends the stream, unavailable, reason
+   * SHARD_UNAVAILABLE: either way, resume from the last cursor received.
+   *
+   * @generated from rpc shardstock.v1.AdminService.WatchLedger
+   */
+  watchLedger: {
+    methodKind: "server_streaming";
+    input: typeof WatchLedgerRequestSchema;
+    output: typeof WatchLedgerResponseSchema;
   },
 }>;
 

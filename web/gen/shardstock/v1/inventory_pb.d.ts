@@ -2,7 +2,7 @@
 // @generated from file shardstock/v1/inventory.proto (package shardstock.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Duration } from "@bufbuild/protobuf/wkt";
 import type { Operation, Reservation, Stock } from "./types_pb.js";
@@ -337,6 +337,90 @@ export declare type GetStockResponse = Message<"shardstock.v1.GetStockResponse">
 export declare const GetStockResponseSchema: GenMessage<GetStockResponse>;
 
 /**
+ * @generated from message shardstock.v1.WatchStockRequest
+ */
+export declare type WatchStockRequest = Message<"shardstock.v1.WatchStockRequest"> & {
+  /**
+   * 1 to 100 SKUs.
+   *
+   * @generated from field: repeated string skus = 1;
+   */
+  skus: string[];
+};
+
+/**
+ * Describes the message shardstock.v1.WatchStockRequest.
+ * Use `create(WatchStockRequestSchema)` to create a new message.
+ */
+export declare const WatchStockRequestSchema: GenMessage<WatchStockRequest>;
+
+/**
+ * @generated from message shardstock.v1.WatchStockResponse
+ */
+export declare type WatchStockResponse = Message<"shardstock.v1.WatchStockResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Stock stock = 1;
+   */
+  stock?: Stock | undefined;
+
+  /**
+   * @generated from field: shardstock.v1.StockEvent event = 2;
+   */
+  event: StockEvent;
+};
+
+/**
+ * Describes the message shardstock.v1.WatchStockResponse.
+ * Use `create(WatchStockResponseSchema)` to create a new message.
+ */
+export declare const WatchStockResponseSchema: GenMessage<WatchStockResponse>;
+
+/**
+ * StockEvent says what a WatchStock message reports.
+ *
+ * @generated from enum shardstock.v1.StockEvent
+ */
+export enum StockEvent {
+  /**
+   * @generated from enum value: STOCK_EVENT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The SKU's stock when the watch began.
+   *
+   * @generated from enum value: STOCK_EVENT_SNAPSHOT = 1;
+   */
+  SNAPSHOT = 1,
+
+  /**
+   * The stock or status changed, and neither of the below happened.
+   *
+   * @generated from enum value: STOCK_EVENT_CHANGED = 2;
+   */
+  CHANGED = 2,
+
+  /**
+   * Nothing sellable is left: available and in transit are 0.
+   *
+   * @generated from enum value: STOCK_EVENT_SOLD_OUT = 3;
+   */
+  SOLD_OUT = 3,
+
+  /**
+   * A sold-out SKU has sellable stock again.
+   *
+   * @generated from enum value: STOCK_EVENT_BACK_IN_STOCK = 4;
+   */
+  BACK_IN_STOCK = 4,
+}
+
+/**
+ * Describes the enum shardstock.v1.StockEvent.
+ */
+export declare const StockEventSchema: GenEnum<StockEvent>;
+
+/**
  * InventoryService is the public API for selling stock. Every stock-changing
  * call is idempotent: by idempotency_key for Reserve, Deduct and Replenish, by
  * reservation_id for Commit and Release. A retry returns the first result with
@@ -414,6 +498,19 @@ export declare const InventoryService: GenService<{
     methodKind: "unary";
     input: typeof GetStockRequestSchema;
     output: typeof GetStockResponseSchema;
+  },
+  /**
+   * WatchStock streams the stock of skus as it changes: each SKU's first,
+   * then after each change at most five messages a second per SKU (the
+   * changes in between coalesced into the last), with SOLD_OUT when
+   * nothing sellable is left and BACK_IN_STOCK when stock returns.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.WatchStock
+   */
+  watchStock: {
+    methodKind: "server_streaming";
+    input: typeof WatchStockRequestSchema;
+    output: typeof WatchStockResponseSchema;
   },
 }>;
 

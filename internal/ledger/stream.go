@@ -1,0 +1,472 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Reader is one database's ledger read in commit order
+// (internal/postgres.DB; docs/changestream.md says why it is correct).
+type Reader interface {
+	// Changes returns up to limit entries after pos, in Position order, of
+	// transactions that had ended when the read began: every entry that
+	// will ever come before the last one returned.
+	Changes(ctx context.Context, after Position, limit int) ([]Change, error)
+	// Head returns the position of the newest entry Changes may return now
+	// (zero if none), and the next transaction id the database hands out:
+	// no position of the database reaches it.
+	Head(ctx context.Context) (head Position, next uint64, err error)
+}
+
+// Bounds of the change stream. Each watch reads its databases itself, a
+// page at a time, so a consumer costs the writers nothing and the others
+// nothing but its reads; these bound what one costs its process.
+const (
+	// watchPageMax bounds the entries read at once from one database for
+	// one watch: all of a watch's memory but its cursor.
+	watchPageMax = 256
+	// PollIntervalDefault is how long a watch that has read everything
+	// waits before it reads again: about half of it is the stream's lag
+	// behind a commit when the database is idle otherwise.
+	PollIntervalDefault = 100 * time.Millisecond
+	// progressInterval: a watch whose filter skipped entries sends its
+	// cursor alone at least this often, so that its consumer's saved
+	// cursor follows; keepAliveInterval: a watch with nothing to send sends
+	// its cursor this often, so that a consumer tells a quiet stream from a
+	// dead one.
+	progressInterval  = time.Second
+	keepAliveInterval = 15 * time.Second
+	// pageSendMax: a consumer that takes longer than this to receive one
+	// page is too far behind to be streamed to: it is told to resume from
+	// its cursor (CONSUMER_BEHIND), and its place is freed.
+	pageSendMax = 10 * time.Second
+	// watchersMax bounds the watches of one process (beyond: RATE_LIMITED).
+	watchersMax = 1024
+	// SKUsWatchedMax bounds the SKUs one watch names.
+	SKUsWatchedMax = 100
+	// ConsumerLenMax bounds a consumer's name (its metrics label).
+	ConsumerLenMax = 64
+	// stockIntervalMin bounds WatchStock's rate per SKU: at most one
+	// message per SKU this often, the changes in between coalesced.
+	stockIntervalMin = 200 * time.Millisecond
+	// stockRecheckInterval: WatchStock reads every SKU it watches this
+	// often whatever the ledger says, for what no entry records (a pause).
+	stockRecheckInterval = 5 * time.Second
+)
+
+// StreamConfig configures a Stream.
+type StreamConfig struct {
+	// Readers are the databases, by name.
+	Readers map[string]Reader
+	// PollInterval: PollIntervalDefault if zero.
+	PollInterval time.Duration
+	// Registerer, if set, registers the stream's metrics.
+	Registerer prometheus.Registerer
+}
+
+// Stream is the ledger as a change stream: every entry, in each database
+// in commit order, at least once, resumable by Cursor.
+type Stream struct {
+	readers map[string]Reader
+	names   []string
+	poll    time.Duration
+	slots   chan struct{}
+	metrics streamMetrics
+}
+
+type streamMetrics struct {
+	consumers  *prometheus.GaugeVec // by stream
+	lagEntries *prometheus.GaugeVec // by consumer
+	lagSeconds *prometheus.GaugeVec // by consumer
+	delivered  *prometheus.CounterVec
+}
+
+// NewStream returns a Stream over cfg's databases.
+func NewStream(cfg StreamConfig) *Stream {
+	s := &Stream{readers: cfg.Readers, poll: cfg.PollInterval, slots: make(chan struct{}, watchersMax)}
+	if s.poll <= 0 {
+		s.poll = PollIntervalDefault
+	}
+	for name := range cfg.Readers {
+		s.names = append(s.names, name)
+	}
+	sort.Strings(s.names)
+	s.metrics = streamMetrics{
+		consumers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "shardstock_watch_consumers",
+			Help: "Watches connected, by stream (ledger: WatchLedger, stock: WatchStock)."}, []string{"stream"}),
+		lagEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "shardstock_watch_lag_entries",
+			Help: "Entries a WatchLedger consumer had yet to receive at its last read (at least; a page at most per database)."}, []string{"consumer"}),
+		lagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "shardstock_watch_lag_seconds",
+			Help: "Age of the oldest entry a WatchLedger consumer had yet to receive at its last read."}, []string{"consumer"}),
+		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardstock_watch_entries_delivered_total",
+			Help: "Ledger entries sent to WatchLedger consumers, and stock messages to WatchStock consumers, by stream."}, []string{"stream"}),
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(s.metrics.consumers, s.metrics.lagEntries, s.metrics.lagSeconds, s.metrics.delivered)
+	}
+	return s
+}
+
+// Watch is what a WatchLedger consumer asks for.
+type Watch struct {
+	// Cursor: where to start; empty, at the beginning of every database.
+	Cursor Cursor
+	// SKUs: only these SKUs' entries; none, every entry.
+	SKUs []string
+	// Consumer names the consumer in the lag metrics; "" is "anonymous".
+	Consumer string
+}
+
+// Delivery is one message of WatchLedger.
+type Delivery struct {
+	// Database holds the entry.
+	Database string
+	// Entry: nil in a progress message, which carries the cursor alone.
+	Entry *stock.LedgerEntry
+	// Cursor is where to resume to receive what follows.
+	Cursor string
+}
+
+// WatchLedger sends every ledger entry after w.Cursor that w selects, each
+// with the cursor after it, until ctx ends, send fails or a database
+// cannot be read (SHARD_UNAVAILABLE: resume from the last cursor). A
+// consumer that receives a page slower than pageSendMax is ended with
+// CONSUMER_BEHIND. Bad input is INVALID_ARGUMENT before anything is read.
+func (s *Stream) WatchLedger(ctx context.Context, w Watch, send func(Delivery) error) error {
+	skus, err := checkSKUs(w.SKUs, false)
+	if err != nil {
+		return err
+	}
+	consumer, err := checkConsumer(w.Consumer)
+	if err != nil {
+		return err
+	}
+	release, err := s.join("ledger")
+	if err != nil {
+		return err
+	}
+	defer release()
+	cur := w.Cursor.clone()
+	if cur == nil {
+		cur = Cursor{}
+	}
+	if err := s.checkCursor(ctx, cur); err != nil {
+		return err
+	}
+	defer s.metrics.lagEntries.DeleteLabelValues(consumer)
+	defer s.metrics.lagSeconds.DeleteLabelValues(consumer)
+	lastSent, sentCursor := time.Now(), cur.String()
+	lag := make(map[string]lagAt, len(s.names))
+	for {
+		more := false
+		for _, name := range s.names {
+			page, err := s.readers[name].Changes(ctx, cur[name], watchPageMax)
+			if err != nil {
+				return unreadable(ctx, name, err)
+			}
+			lag[name] = lagOf(page)
+			s.setLag(consumer, lag)
+			more = more || len(page) == watchPageMax
+			start := time.Now()
+			for i := range page {
+				c := &page[i]
+				cur[name] = c.Pos
+				if skus != nil && !skus[c.Entry.Shard.SKU] {
+					continue
+				}
+				sentCursor = cur.String()
+				if err := send(Delivery{Database: name, Entry: &c.Entry, Cursor: sentCursor}); err != nil {
+					return err
+				}
+				s.metrics.delivered.WithLabelValues("ledger").Inc()
+				lastSent = time.Now()
+			}
+			if time.Since(start) > pageSendMax {
+				return stock.Errorf(stock.CodeConsumerBehind, "this consumer took over %s to receive %d entries: resume from its last cursor", pageSendMax, len(page))
+			}
+			lag[name] = lagAt{}
+			s.setLag(consumer, lag)
+		}
+		// A cursor alone: the filter skipped entries, or all is quiet.
+		if since := time.Since(lastSent); since >= keepAliveInterval || since >= progressInterval && cur.String() != sentCursor {
+			sentCursor = cur.String()
+			if err := send(Delivery{Cursor: sentCursor}); err != nil {
+				return err
+			}
+			lastSent = time.Now()
+		}
+		if !more {
+			if err := sleep(ctx, s.poll); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// checkCursor refuses a cursor that names a database this stream does not
+// read, or a position no entry of that database can have.
+func (s *Stream) checkCursor(ctx context.Context, cur Cursor) error {
+	for name, p := range cur {
+		r := s.readers[name]
+		if r == nil {
+			return badCursor("it names database %q, which this service does not have", name)
+		}
+		_, next, err := r.Head(ctx)
+		if err != nil {
+			return unreadable(ctx, name, err)
+		}
+		if p.XID >= next {
+			return badCursor("it is ahead of database %q", name)
+		}
+	}
+	return nil
+}
+
+// lagAt is how far a consumer was behind one database at its last read.
+type lagAt struct {
+	entries int
+	oldest  time.Time
+}
+
+func lagOf(page []Change) lagAt {
+	if len(page) == 0 {
+		return lagAt{}
+	}
+	return lagAt{entries: len(page), oldest: page[0].Entry.CreatedAt}
+}
+
+// setLag publishes a consumer's lag: the entries it has yet to receive,
+// summed over databases, and the age of the oldest.
+func (s *Stream) setLag(consumer string, lag map[string]lagAt) {
+	entries, seconds := 0, 0.0
+	for _, l := range lag {
+		entries += l.entries
+		if !l.oldest.IsZero() {
+			seconds = max(seconds, time.Since(l.oldest).Seconds())
+		}
+	}
+	s.metrics.lagEntries.WithLabelValues(consumer).Set(float64(entries))
+	s.metrics.lagSeconds.WithLabelValues(consumer).Set(seconds)
+}
+
+// join takes a watch's place in the process, if one is free.
+func (s *Stream) join(stream string) (release func(), err error) {
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		return nil, stock.Errorf(stock.CodeRateLimited, "this server is at its bound of %d watches; retry later", watchersMax)
+	}
+	g := s.metrics.consumers.WithLabelValues(stream)
+	g.Inc()
+	return func() { g.Dec(); <-s.slots }, nil
+}
+
+// checkSKUs validates the SKUs a watch names; need: at least one. It
+// returns them as a set, nil for none.
+func checkSKUs(skus []string, need bool) (map[string]bool, error) {
+	if len(skus) > SKUsWatchedMax || need && len(skus) == 0 {
+		return nil, stock.Errorf(stock.CodeInvalidArgument, "skus: want %d..%d, got %d", map[bool]int{true: 1}[need], SKUsWatchedMax, len(skus))
+	}
+	if len(skus) == 0 {
+		return nil, nil
+	}
+	set := make(map[string]bool, len(skus))
+	for _, sku := range skus {
+		if err := stock.ValidateSKU(sku); err != nil {
+			return nil, err
+		}
+		set[sku] = true
+	}
+	return set, nil
+}
+
+// checkConsumer validates a consumer's name: what ValidateSKU allows, up
+// to ConsumerLenMax; "" is "anonymous".
+func checkConsumer(name string) (string, error) {
+	if name == "" {
+		return "anonymous", nil
+	}
+	if len(name) > ConsumerLenMax || stock.ValidateSKU(name) != nil {
+		return "", stock.Errorf(stock.CodeInvalidArgument, "consumer: want 1..%d of a-z, A-Z, 0-9, '-', '_', '.', ':'", ConsumerLenMax)
+	}
+	return name, nil
+}
+
+// unreadable is the error of a database that could not be read: ctx's
+// own if it ended, else SHARD_UNAVAILABLE (the consumer resumes from its
+// cursor), never the database's words.
+func unreadable(ctx context.Context, name string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var se *stock.Error
+	if errors.As(err, &se) {
+		return err
+	}
+	return stock.Errorf(stock.CodeShardUnavailable, "the ledger of database %q cannot be read now: resume from the last cursor", name)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// StockEvent is what a WatchStock message says happened to a SKU.
+type StockEvent string
+
+const (
+	// StockSnapshot is a SKU's first message: its stock when the watch began.
+	StockSnapshot StockEvent = "snapshot"
+	// StockChanged: the SKU's stock or status changed, and it is neither
+	// of the below.
+	StockChanged StockEvent = "changed"
+	// StockSoldOut: nothing sellable is left (available and in transit 0).
+	StockSoldOut StockEvent = "sold_out"
+	// StockBackInStock: a sold-out SKU has sellable stock again.
+	StockBackInStock StockEvent = "back_in_stock"
+)
+
+// Sellable is what a SKU can still sell: available on its shards plus
+// what is in transit between them (the allocator counts both before
+// OUT_OF_STOCK).
+func Sellable(st *stock.Stock) int64 { return st.Total.Available + st.InTransit }
+
+// EventOf says what a SKU's new stock is against the last one sent (nil:
+// none sent yet), and whether it is worth a message.
+func EventOf(last, now *stock.Stock) (StockEvent, bool) {
+	switch {
+	case last == nil:
+		return StockSnapshot, true
+	case Sellable(last) > 0 && Sellable(now) == 0:
+		return StockSoldOut, true
+	case Sellable(last) == 0 && Sellable(now) > 0:
+		return StockBackInStock, true
+	case last.Total != now.Total || last.InTransit != now.InTransit || last.SKU.Status != now.SKU.Status:
+		return StockChanged, true
+	}
+	return "", false
+}
+
+// StockChange is one WatchStock message.
+type StockChange struct {
+	Stock *stock.Stock
+	Event StockEvent
+}
+
+// WatchStock sends the stock of skus as it changes: each SKU's stock first
+// (StockSnapshot), then, after ledger entries of the SKU, its stock read
+// again, at most once per stockIntervalMin per SKU (what changed meanwhile
+// is coalesced into one message), with StockSoldOut and StockBackInStock
+// as it crosses zero. stockOf reads a SKU's stock. It ends as
+// WatchLedger does.
+func (s *Stream) WatchStock(ctx context.Context, skus []string, stockOf func(context.Context, string) (*stock.Stock, error), send func(StockChange) error) error {
+	set, err := checkSKUs(skus, true)
+	if err != nil {
+		return err
+	}
+	release, err := s.join("stock")
+	if err != nil {
+		return err
+	}
+	defer release()
+	// Start at the head of every database: the stock read below is at
+	// least as new, and any entry after the head leads to a read again.
+	cur := Cursor{}
+	for _, name := range s.names {
+		if cur[name], _, err = s.readers[name].Head(ctx); err != nil {
+			return unreadable(ctx, name, err)
+		}
+	}
+	w := &stockWatch{stream: s, stockOf: stockOf, send: send, last: map[string]*stock.Stock{}, sentAt: map[string]time.Time{},
+		dirty: map[string]bool{}}
+	names := slices.Sorted(maps.Keys(set))
+	for _, sku := range names {
+		w.dirty[sku] = true
+	}
+	recheck := time.Now()
+	for {
+		for _, name := range s.names {
+			for {
+				page, err := s.readers[name].Changes(ctx, cur[name], watchPageMax)
+				if err != nil {
+					return unreadable(ctx, name, err)
+				}
+				for _, c := range page {
+					cur[name] = c.Pos
+					if set[c.Entry.Shard.SKU] {
+						w.dirty[c.Entry.Shard.SKU] = true
+					}
+				}
+				if len(page) < watchPageMax {
+					break
+				}
+			}
+		}
+		if time.Since(recheck) >= stockRecheckInterval {
+			recheck = time.Now()
+			for _, sku := range names {
+				w.dirty[sku] = true
+			}
+		}
+		if err := w.flush(ctx); err != nil {
+			return err
+		}
+		if err := sleep(ctx, s.poll); err != nil {
+			return err
+		}
+	}
+}
+
+// stockWatch is one WatchStock's state: the last stock sent of each SKU,
+// when, and the SKUs to read again.
+type stockWatch struct {
+	stream  *Stream
+	stockOf func(context.Context, string) (*stock.Stock, error)
+	send    func(StockChange) error
+	last    map[string]*stock.Stock
+	sentAt  map[string]time.Time
+	dirty   map[string]bool
+}
+
+// flush reads again each dirty SKU whose last message is older than
+// stockIntervalMin and sends what changed; the others stay dirty.
+func (w *stockWatch) flush(ctx context.Context) error {
+	for sku := range w.dirty {
+		if time.Since(w.sentAt[sku]) < stockIntervalMin {
+			continue
+		}
+		delete(w.dirty, sku)
+		st, err := w.stockOf(ctx, sku)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		ev, ok := EventOf(w.last[sku], st)
+		if !ok {
+			continue
+		}
+		if err := w.send(StockChange{Stock: st, Event: ev}); err != nil {
+			return err
+		}
+		w.stream.metrics.delivered.WithLabelValues("stock").Inc()
+		w.last[sku], w.sentAt[sku] = st, time.Now()
+	}
+	return nil
+}

@@ -1,0 +1,248 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// streamPoll is the tests' poll interval: short, so that they wait little.
+const streamPoll = 20 * time.Millisecond
+
+// insertEntry appends one replenish of a unit keyed key to sku's shard 0
+// on q (a connection or a transaction), and returns its id.
+func insertEntry(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, sku, key string) int64 {
+	t.Helper()
+	var id int64
+	err := q.QueryRow(context.Background(), `INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after,
+		reserved_before, reserved_after, sold_before, sold_after, idempotency_key, source, server_id, epoch)
+		VALUES ($1, 0, 'replenish', 1, 0, 1, 0, 0, 0, 0, $2, 'test', 'test', 1) RETURNING id`, sku, key).Scan(&id)
+	if err != nil {
+		t.Fatalf("insert entry %s: %v", key, err)
+	}
+	return id
+}
+
+// watched is what one watch received.
+type watched struct {
+	keys   []string // the entries' keys, in order
+	dbs    []string // the database of each
+	cursor string   // the last cursor received ("" if none)
+	err    error    // what WatchLedger returned
+}
+
+// watchFor runs WatchLedger from w until done says it has enough (then
+// for linger more, to catch what it should not receive) or within, and
+// returns what it received.
+func watchFor(t *testing.T, s *ledger.Stream, w ledger.Watch, within, linger time.Duration, done func(watched) bool) watched {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	var mu sync.Mutex
+	var got watched
+	var once sync.Once
+	err := s.WatchLedger(ctx, w, func(d ledger.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if d.Entry != nil {
+			got.keys = append(got.keys, d.Entry.IdempotencyKey)
+			got.dbs = append(got.dbs, d.Database)
+		}
+		got.cursor = d.Cursor
+		if done(got) {
+			once.Do(func() { time.AfterFunc(linger, cancel) })
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	got.err = err
+	return got
+}
+
+// has says whether a watch has received every key of want.
+func has(want ...string) func(watched) bool {
+	return func(w watched) bool {
+		for _, k := range want {
+			if !slices.Contains(w.keys, k) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+func mustCursor(t *testing.T, s string) ledger.Cursor {
+	t.Helper()
+	c, err := ledger.ParseCursor(s)
+	if err != nil {
+		t.Fatalf("ParseCursor(%q) = %v", s, err)
+	}
+	return c
+}
+
+// TestStream: the change stream, its subtests on one database (and a
+// second one) of a private cluster, each on SKUs of its own, watching only
+// those.
+func TestStream(t *testing.T) {
+	urls := pgtest.NewPrivateDBs(t, 2)
+	b := openBooksAt(t, urls[0])
+	t.Run("OutOfOrderCommits", func(t *testing.T) { testOutOfOrderCommits(t, b) })
+	t.Run("SKUs", func(t *testing.T) { testSKUs(t, b) })
+	t.Run("Refused", func(t *testing.T) { testRefused(t, b) })
+	t.Run("TwoDatabases", func(t *testing.T) { testTwoDatabases(t, b, openBooksAt(t, urls[1])) })
+}
+
+// testOutOfOrderCommits is the change stream's reason to exist: a
+// transaction takes a ledger id, another takes the next and commits first,
+// and a consumer that stops between the two commits and resumes from its
+// cursor still receives both. A reader that followed ids would have sent
+// the higher one and resumed after it, skipping the lower for good.
+func testOutOfOrderCommits(t *testing.T, b *books) {
+	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": b.db}, PollInterval: streamPoll})
+	insertEntry(t, b.conn, "ooo", "first")
+
+	// A takes the lower id and stays open; B takes the next and commits.
+	ctx := context.Background()
+	connA, err := pgx.Connect(ctx, b.conn.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer connA.Close(ctx)
+	txA, err := connA.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txA.Rollback(ctx)
+	low := insertEntry(t, txA, "ooo", "low")
+	high := insertEntry(t, b.conn, "ooo", "high")
+	if low >= high {
+		t.Fatalf("ids: A took %d, B %d; want A's lower", low, high)
+	}
+
+	// The consumer reads while A is open: "first" only, for five polls
+	// after it (a reader by ids sends "high" in the first).
+	first := watchFor(t, s, ledger.Watch{SKUs: []string{"ooo"}, Consumer: "out-of-order"}, 10*time.Second, 5*streamPoll, has("first"))
+	if !slices.Equal(first.keys, []string{"first"}) || !errors.Is(first.err, context.Canceled) {
+		t.Fatalf("while A is open: received %v (%v), want [first] and the watch cancelled", first.keys, first.err)
+	}
+	if err := txA.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := watchFor(t, s, ledger.Watch{Cursor: mustCursor(t, first.cursor), SKUs: []string{"ooo"}}, 10*time.Second, 5*streamPoll, has("low", "high"))
+	if !slices.Equal(second.keys, []string{"low", "high"}) {
+		t.Fatalf("resumed after A's commit: received %v, want [low high] (A's entry, then B's, in commit order)", second.keys)
+	}
+}
+
+// testTwoDatabases: one cursor covers both databases: a consumer
+// that resumes from it receives, of each, what it had not, and only that.
+func testTwoDatabases(t *testing.T, a, b *books) {
+	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": a.db, "db2": b.db}, PollInterval: streamPoll})
+	two := []string{"two-a", "two-b"}
+	insertEntry(t, a.conn, "two-a", "a1")
+	insertEntry(t, b.conn, "two-b", "b1")
+	insertEntry(t, b.conn, "two-b", "b2")
+	got := watchFor(t, s, ledger.Watch{SKUs: two}, 10*time.Second, 5*streamPoll, has("a1", "b1", "b2"))
+	if len(got.keys) != 3 {
+		t.Fatalf("received %v, want a1, b1, b2 once each", got.keys)
+	}
+	c := mustCursor(t, got.cursor)
+	if len(c) != 2 {
+		t.Fatalf("cursor %v, want a position in each database", c)
+	}
+
+	insertEntry(t, b.conn, "two-b", "b3")
+	insertEntry(t, a.conn, "two-a", "a2")
+	got = watchFor(t, s, ledger.Watch{Cursor: c, SKUs: two}, 10*time.Second, 5*streamPoll, has("a2", "b3"))
+	slices.Sort(got.keys)
+	if !slices.Equal(got.keys, []string{"a2", "b3"}) {
+		t.Fatalf("resumed: received %v, want a2 and b3 only", got.keys)
+	}
+	for i, k := range got.keys {
+		if want := map[byte]string{'a': "main", 'b': "db2"}[k[0]]; !slices.Contains(got.dbs, want) {
+			t.Fatalf("entry %d (%s) not from %s: %v", i, k, want, got.dbs)
+		}
+	}
+}
+
+// testSKUs: a watch of some SKUs receives only theirs, and its
+// cursor moves past the others' entries too (a cursor alone).
+func testSKUs(t *testing.T, b *books) {
+	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": b.db}, PollInterval: streamPoll})
+	insertEntry(t, b.conn, "sku-a", "a1")
+	insertEntry(t, b.conn, "sku-b", "b1")
+	got := watchFor(t, s, ledger.Watch{SKUs: []string{"sku-a"}}, 10*time.Second, 1300*time.Millisecond, has("a1"))
+	if !slices.Equal(got.keys, []string{"a1"}) {
+		t.Fatalf("received %v, want [a1]", got.keys)
+	}
+	// The last cursor (a cursor alone, a second on) is past b1: nothing
+	// more from it.
+	insertEntry(t, b.conn, "sku-a", "a2")
+	got = watchFor(t, s, ledger.Watch{Cursor: mustCursor(t, got.cursor), SKUs: []string{"sku-a"}}, 10*time.Second, 5*streamPoll, has("a2"))
+	if !slices.Equal(got.keys, []string{"a2"}) {
+		t.Fatalf("resumed: received %v, want [a2]", got.keys)
+	}
+}
+
+// testRefused: bad input is INVALID_ARGUMENT before anything is
+// read or sent.
+func testRefused(t *testing.T, b *books) {
+	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": b.db}, PollInterval: streamPoll})
+	for _, tt := range []struct {
+		name string
+		w    ledger.Watch
+		code stock.Code
+	}{
+		{"UnknownDatabase", ledger.Watch{Cursor: ledger.Cursor{"elsewhere": {XID: 1, ID: 1}}}, stock.CodeInvalidArgument},
+		{"AheadOfDatabase", ledger.Watch{Cursor: ledger.Cursor{"main": {XID: 1 << 40, ID: 1}}}, stock.CodeInvalidArgument},
+		{"BadSKU", ledger.Watch{SKUs: []string{"no spaces"}}, stock.CodeInvalidSKU},
+		{"TooManySKUs", ledger.Watch{SKUs: make([]string, ledger.SKUsWatchedMax+1)}, stock.CodeInvalidArgument},
+		{"BadConsumer", ledger.Watch{Consumer: strings.Repeat("c", ledger.ConsumerLenMax+1)}, stock.CodeInvalidArgument},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sent := 0
+			err := s.WatchLedger(context.Background(), tt.w, func(ledger.Delivery) error { sent++; return nil })
+			if stock.CodeOf(err) != tt.code || sent != 0 {
+				t.Fatalf("WatchLedger(%+v) = %v after %d messages, want %s and none", tt.w, err, sent, tt.code)
+			}
+		})
+	}
+}
+
+func TestParseCursor(t *testing.T) {
+	c := ledger.Cursor{"main": {XID: 12345, ID: 7}, "db-2": {XID: 1 << 40, ID: 1<<63 - 1}}
+	back, err := ledger.ParseCursor(c.String())
+	if err != nil || len(back) != 2 || back["main"] != c["main"] || back["db-2"] != c["db-2"] {
+		t.Fatalf("ParseCursor(%s) = %v, %v; want %v", c, back, err, c)
+	}
+	if empty, err := ledger.ParseCursor(""); err != nil || len(empty) != 0 {
+		t.Fatalf(`ParseCursor("") = %v, %v; want an empty cursor`, empty, err)
+	}
+	valid := strings.TrimPrefix(c.String(), "c1.")
+	for _, bad := range []string{
+		"x", "c2." + valid, "c1.!!", "c1." + valid[:len(valid)-2],
+		"c1." + strings.Repeat("A", ledger.CursorLenMax),
+		ledger.Cursor{"Main": {}}.String(),          // not a database name
+		"c1." + "BG1haW4BAQRtYWluAQE",               // "main" twice
+		"c1." + "BG1haW4BAQRkYi0yAQE",               // out of order
+		"c1." + "BG1haW4B____________AQ",            // id past int64
+		ledger.Cursor{"main": {}}.String() + "AAAA", // bytes left over
+	} {
+		if got, err := ledger.ParseCursor(bad); stock.CodeOf(err) != stock.CodeInvalidArgument {
+			t.Errorf("ParseCursor(%q) = %v, %v; want INVALID_ARGUMENT", bad, got, err)
+		}
+	}
+}
