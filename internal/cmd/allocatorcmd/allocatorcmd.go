@@ -320,7 +320,7 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
 	mux.Handle(invPath, api.Admit(admit, transport.Warm(invHandler, 0), metrics.Refused))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs},
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Catalog: proc.DBs, Warmer: w.alloc},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(cfg.token)))...))
 	mux.Handle("/", api.Dashboard())
 	return mux

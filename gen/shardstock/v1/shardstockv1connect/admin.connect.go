@@ -60,6 +60,10 @@ const (
 	// AdminServiceSetPlacementProcedure is the fully-qualified name of the AdminService's SetPlacement
 	// RPC.
 	AdminServiceSetPlacementProcedure = "/shardstock.v1.AdminService/SetPlacement"
+	// AdminServiceListSkusProcedure is the fully-qualified name of the AdminService's ListSkus RPC.
+	AdminServiceListSkusProcedure = "/shardstock.v1.AdminService/ListSkus"
+	// AdminServicePrewarmProcedure is the fully-qualified name of the AdminService's Prewarm RPC.
+	AdminServicePrewarmProcedure = "/shardstock.v1.AdminService/Prewarm"
 )
 
 // AdminServiceClient is a client for the shardstock.v1.AdminService service.
@@ -102,6 +106,18 @@ type AdminServiceClient interface {
 	// invalid_argument, and more than 16 versions failed_precondition,
 	// reason PLACEMENT_FULL.
 	SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error)
+	// ListSkus pages through every SKU, of every database, ordered by name,
+	// with its status and counts. A SKU created while a listing pages is
+	// listed if its name comes after the page being read; none is listed
+	// twice or skipped. A page token this API did not give, or given for
+	// another prefix or status, is invalid_argument.
+	ListSkus(context.Context, *connect.Request[v1.ListSkusRequest]) (*connect.Response[v1.ListSkusResponse], error)
+	// Prewarm does now, for each SKU named, what a first request would do
+	// lazily: the SKU is read into the allocator's caches, every shard's
+	// writer is started on its shard server with its row loaded and the
+	// routing hints filled, and database connections are opened. Unknown
+	// SKUs are not_found; at most 100 SKUs a call.
+	Prewarm(context.Context, *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the shardstock.v1.AdminService service. By default,
@@ -185,6 +201,19 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("SetPlacement")),
 			connect.WithClientOptions(opts...),
 		),
+		listSkus: connect.NewClient[v1.ListSkusRequest, v1.ListSkusResponse](
+			httpClient,
+			baseURL+AdminServiceListSkusProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListSkus")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		prewarm: connect.NewClient[v1.PrewarmRequest, v1.PrewarmResponse](
+			httpClient,
+			baseURL+AdminServicePrewarmProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Prewarm")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -201,6 +230,8 @@ type adminServiceClient struct {
 	reconcile     *connect.Client[v1.ReconcileRequest, v1.ReconcileResponse]
 	resumeShard   *connect.Client[v1.ResumeShardRequest, v1.ResumeShardResponse]
 	setPlacement  *connect.Client[v1.SetPlacementRequest, v1.SetPlacementResponse]
+	listSkus      *connect.Client[v1.ListSkusRequest, v1.ListSkusResponse]
+	prewarm       *connect.Client[v1.PrewarmRequest, v1.PrewarmResponse]
 }
 
 // CreateSku calls shardstock.v1.AdminService.CreateSku.
@@ -258,6 +289,16 @@ func (c *adminServiceClient) SetPlacement(ctx context.Context, req *connect.Requ
 	return c.setPlacement.CallUnary(ctx, req)
 }
 
+// ListSkus calls shardstock.v1.AdminService.ListSkus.
+func (c *adminServiceClient) ListSkus(ctx context.Context, req *connect.Request[v1.ListSkusRequest]) (*connect.Response[v1.ListSkusResponse], error) {
+	return c.listSkus.CallUnary(ctx, req)
+}
+
+// Prewarm calls shardstock.v1.AdminService.Prewarm.
+func (c *adminServiceClient) Prewarm(ctx context.Context, req *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error) {
+	return c.prewarm.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the shardstock.v1.AdminService service.
 type AdminServiceHandler interface {
 	// CreateSku creates a SKU with initial_stock spread over its shards.
@@ -298,6 +339,18 @@ type AdminServiceHandler interface {
 	// invalid_argument, and more than 16 versions failed_precondition,
 	// reason PLACEMENT_FULL.
 	SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error)
+	// ListSkus pages through every SKU, of every database, ordered by name,
+	// with its status and counts. A SKU created while a listing pages is
+	// listed if its name comes after the page being read; none is listed
+	// twice or skipped. A page token this API did not give, or given for
+	// another prefix or status, is invalid_argument.
+	ListSkus(context.Context, *connect.Request[v1.ListSkusRequest]) (*connect.Response[v1.ListSkusResponse], error)
+	// Prewarm does now, for each SKU named, what a first request would do
+	// lazily: the SKU is read into the allocator's caches, every shard's
+	// writer is started on its shard server with its row loaded and the
+	// routing hints filled, and database connections are opened. Unknown
+	// SKUs are not_found; at most 100 SKUs a call.
+	Prewarm(context.Context, *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -377,6 +430,19 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("SetPlacement")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceListSkusHandler := connect.NewUnaryHandler(
+		AdminServiceListSkusProcedure,
+		svc.ListSkus,
+		connect.WithSchema(adminServiceMethods.ByName("ListSkus")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServicePrewarmHandler := connect.NewUnaryHandler(
+		AdminServicePrewarmProcedure,
+		svc.Prewarm,
+		connect.WithSchema(adminServiceMethods.ByName("Prewarm")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceCreateSkuProcedure:
@@ -401,6 +467,10 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceResumeShardHandler.ServeHTTP(w, r)
 		case AdminServiceSetPlacementProcedure:
 			adminServiceSetPlacementHandler.ServeHTTP(w, r)
+		case AdminServiceListSkusProcedure:
+			adminServiceListSkusHandler.ServeHTTP(w, r)
+		case AdminServicePrewarmProcedure:
+			adminServicePrewarmHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -452,4 +522,12 @@ func (UnimplementedAdminServiceHandler) ResumeShard(context.Context, *connect.Re
 
 func (UnimplementedAdminServiceHandler) SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.SetPlacement is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListSkus(context.Context, *connect.Request[v1.ListSkusRequest]) (*connect.Response[v1.ListSkusResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.ListSkus is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Prewarm(context.Context, *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.Prewarm is not implemented"))
 }

@@ -107,6 +107,14 @@ export declare type ShardError = Message<"shardstock.v1.ShardError"> & {
    * @generated from field: string message = 2;
    */
   message: string;
+
+  /**
+   * The ErrorInfo metadata of the reason (e.g. SALE_NOT_STARTED's
+   * sale_start).
+   *
+   * @generated from field: map<string, string> metadata = 3;
+   */
+  metadata: { [key: string]: string };
 };
 
 /**
@@ -286,6 +294,14 @@ export enum ShardOpKind {
    * @generated from enum value: SHARD_OP_KIND_TRANSFER_IN = 8;
    */
   TRANSFER_IN = 8,
+
+  /**
+   * Start the shard's writer with its row loaded (AdminService.Prewarm);
+   * changes nothing.
+   *
+   * @generated from enum value: SHARD_OP_KIND_WARM = 9;
+   */
+  WARM = 9,
 }
 
 /**
