@@ -48,10 +48,10 @@ type speculation struct {
 	clockOffset atomic.Int64
 	// skew is added to this process's clock where a speculative group
 	// reads it (SkewClock); 0 but in tests.
-	skew atomic.Int64
-	skip        atomic.Int32 // groups left before speculating again
-	committed   atomic.Int64
-	fellBack    atomic.Int64
+	skew      atomic.Int64
+	skip      atomic.Int32 // groups left before speculating again
+	committed atomic.Int64
+	fellBack  atomic.Int64
 }
 
 // Speculated returns how many groups committed in one round trip, and how

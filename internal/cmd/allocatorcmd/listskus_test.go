@@ -169,4 +169,3 @@ func mustIndex(t *testing.T, name string) int64 {
 	}
 	return i
 }
-
