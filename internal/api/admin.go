@@ -81,6 +81,9 @@ func BearerAuth(token string) connect.UnaryInterceptorFunc { return TokenAuth("a
 // CreateSku creates a SKU.
 func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {
 	m := req.Msg
+	if err := validTimes(m.GetSaleStart(), m.GetSaleEnd()); err != nil {
+		return nil, wire.ToConnect(err)
+	}
 	st, err := h.Admin.CreateSKU(ctx, stock.SKU{
 		Name: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
 		ReservationTTL: wire.DurationOf(m.GetReservationTtl()), SaleStart: timeOf(m.GetSaleStart()), SaleEnd: timeOf(m.GetSaleEnd()),
@@ -94,6 +97,9 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 // UpdateSku pauses, resumes or changes limits.
 func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.UpdateSkuRequest]) (*connect.Response[v1.UpdateSkuResponse], error) {
 	m := req.Msg
+	if err := validTimes(m.GetSaleStart(), m.GetSaleEnd()); err != nil {
+		return nil, wire.ToConnect(err)
+	}
 	if m.GetClearSaleWindow() && (m.SaleStart != nil || m.SaleEnd != nil) {
 		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "clear_sale_window with sale_start or sale_end: set one or the other"))
 	}

@@ -143,6 +143,16 @@ func (h *AdminHandler) Prewarm(ctx context.Context, req *connect.Request[v1.Prew
 	return connect.NewResponse(out), nil
 }
 
+// validTimes refuses a sale window bound that is not a valid time.
+func validTimes(ts ...*timestamppb.Timestamp) error {
+	for _, t := range ts {
+		if t != nil && (t.CheckValid() != nil || t.AsTime().Year() < 2000) {
+			return stock.Errorf(stock.CodeInvalidArgument, "sale_start and sale_end must be times after the year 2000")
+		}
+	}
+	return nil
+}
+
 // timeOf is a protobuf time as a domain time: zero when absent.
 func timeOf(t *timestamppb.Timestamp) time.Time {
 	if t == nil {

@@ -46,8 +46,7 @@ type speculation struct {
 	// nanoseconds, as last read by a group: a speculative group's
 	// BatchRead.Now is this process's clock plus it.
 	clockOffset atomic.Int64
-	// skew is added to this process's clock where a speculative group
-	// reads it (SkewClock); 0 but in tests.
+	// skew is added to the estimate (SkewClock); 0 but in tests.
 	skew      atomic.Int64
 	skip      atomic.Int32 // groups left before speculating again
 	committed atomic.Int64
@@ -60,20 +59,16 @@ func (db *DB) Speculated() (committed, fellBack int64) {
 	return db.spec.committed.Load(), db.spec.fellBack.Load()
 }
 
-// SkewClock moves the process clock that speculative groups estimate the
-// database's from by d, from now on (the estimate learnt so far stays): a
-// test's stand-in for a host whose clock jumps. The database's clock
-// still decides every write (assumedParts).
+// SkewClock shifts by d, from now on, the estimate of the database's
+// clock that speculative groups are evaluated with (this process's clock
+// plus the offset last read): a test's stand-in for a process whose clock
+// runs apart from the database's. The database's clock still decides
+// every write (assumedParts).
 func (db *DB) SkewClock(d time.Duration) { db.spec.skew.Store(int64(d)) }
-
-// processNow is this process's clock, skewed by SkewClock.
-func (s *speculation) processNow() time.Time {
-	return time.Now().Add(time.Duration(s.skew.Load()))
-}
 
 // observeClock records the database clock now read by a group.
 func (s *speculation) observeClock(dbNow time.Time) {
-	s.clockOffset.Store(int64(dbNow.Sub(s.processNow())))
+	s.clockOffset.Store(int64(dbNow.Sub(time.Now())))
 }
 
 // speculable reports whether every unit's batch can be decided without a
@@ -113,7 +108,7 @@ func (db *DB) speculate(ctx context.Context, conn *groupConn, units []*stock.Uni
 		db.spec.skip.Add(-1)
 		return false, nil
 	}
-	now := db.spec.processNow().Add(time.Duration(db.spec.clockOffset.Load()))
+	now := time.Now().Add(time.Duration(db.spec.clockOffset.Load() + db.spec.skew.Load()))
 	writes := make([]unitWrite, 0, len(units))
 	// What the read would have found, assumed: nothing. The planner only
 	// reads these, so every unit shares them, as the usual way's do.
