@@ -264,7 +264,7 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 	}
 	if w.loaded && !w.seeded && onlyWarm(reqs) {
 		// Warm already: the row was read in a transaction of this writer.
-		return all(len(reqs), stock.Result{Available: w.hint()}), writerGoOn
+		return all(len(reqs), stock.Result{Warmed: true, Available: w.hint()}), writerGoOn
 	}
 	if w.refusable(reqs) {
 		if results, err := w.readOnly(reqs); err == nil {

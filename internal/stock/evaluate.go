@@ -43,6 +43,8 @@ func EvaluateBatch(shard ShardKey, from Counts, reqs []*Request, read *BatchRead
 			p.end(i, r)
 		case r.Kind == OpTransferOut || r.Kind == OpTransferIn:
 			p.transfer(i, r)
+		case r.Kind == OpWarm:
+			p.results[i].Warmed = true // the batch read the row: nothing else to do
 		}
 	}
 	if expireDue {

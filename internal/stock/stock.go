@@ -229,6 +229,8 @@ type Result struct {
 	Transfer    *Transfer
 	Replayed    bool
 	Err         *Error
+	// Warmed answers OpWarm: the shard's writer runs with its row loaded.
+	Warmed bool
 	// Available is the shard's available stock after the batch: a hint for
 	// routing.
 	Available int64

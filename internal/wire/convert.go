@@ -84,6 +84,8 @@ func ResultToProto(r stock.Result) *v1.ShardResult {
 		out.Result = &v1.ShardResult_Reservation{Reservation: ReservationToProto(r.Reservation)}
 	case r.Operation != nil:
 		out.Result = &v1.ShardResult_Operation{Operation: OperationToProto(r.Operation)}
+	case r.Warmed:
+		out.Result = &v1.ShardResult_Warmed{Warmed: true}
 	}
 	return out
 }
@@ -100,6 +102,8 @@ func ResultFromProto(r *v1.ShardResult) stock.Result {
 		out.Operation = OperationFromProto(x.Operation)
 	case *v1.ShardResult_Transfer:
 		out.Transfer = TransferFromProto(x.Transfer)
+	case *v1.ShardResult_Warmed:
+		out.Warmed = x.Warmed
 	default:
 		out.Err = stock.Errorf(stock.CodeInternal, "empty shard result")
 	}

@@ -308,6 +308,7 @@ type ShardResult struct {
 	//	*ShardResult_Reservation
 	//	*ShardResult_Error
 	//	*ShardResult_Transfer
+	//	*ShardResult_Warmed
 	Result   isShardResult_Result `protobuf_oneof:"result"`
 	Replayed bool                 `protobuf:"varint,4,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	// The shard's available stock after this batch: a routing hint.
@@ -389,6 +390,15 @@ func (x *ShardResult) GetTransfer() *Transfer {
 	return nil
 }
 
+func (x *ShardResult) GetWarmed() bool {
+	if x != nil {
+		if x, ok := x.Result.(*ShardResult_Warmed); ok {
+			return x.Warmed
+		}
+	}
+	return false
+}
+
 func (x *ShardResult) GetReplayed() bool {
 	if x != nil {
 		return x.Replayed
@@ -423,6 +433,11 @@ type ShardResult_Transfer struct {
 	Transfer *Transfer `protobuf:"bytes,6,opt,name=transfer,proto3,oneof"`
 }
 
+type ShardResult_Warmed struct {
+	// A warm request's answer: the shard's writer runs with its row loaded.
+	Warmed bool `protobuf:"varint,7,opt,name=warmed,proto3,oneof"`
+}
+
 func (*ShardResult_Operation) isShardResult_Result() {}
 
 func (*ShardResult_Reservation) isShardResult_Result() {}
@@ -430,6 +445,8 @@ func (*ShardResult_Reservation) isShardResult_Result() {}
 func (*ShardResult_Error) isShardResult_Result() {}
 
 func (*ShardResult_Transfer) isShardResult_Result() {}
+
+func (*ShardResult_Warmed) isShardResult_Result() {}
 
 type ExecuteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -643,12 +660,13 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\bmetadata\x18\x03 \x03(\v2'.shardstock.v1.ShardError.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x02\n" +
 	"\vShardResult\x128\n" +
 	"\toperation\x18\x01 \x01(\v2\x18.shardstock.v1.OperationH\x00R\toperation\x12>\n" +
 	"\vreservation\x18\x02 \x01(\v2\x1a.shardstock.v1.ReservationH\x00R\vreservation\x121\n" +
 	"\x05error\x18\x03 \x01(\v2\x19.shardstock.v1.ShardErrorH\x00R\x05error\x125\n" +
-	"\btransfer\x18\x06 \x01(\v2\x17.shardstock.v1.TransferH\x00R\btransfer\x12\x1a\n" +
+	"\btransfer\x18\x06 \x01(\v2\x17.shardstock.v1.TransferH\x00R\btransfer\x12\x18\n" +
+	"\x06warmed\x18\a \x01(\bH\x00R\x06warmed\x12\x1a\n" +
 	"\breplayed\x18\x04 \x01(\bR\breplayed\x12\x1c\n" +
 	"\tavailable\x18\x05 \x01(\x03R\tavailableB\b\n" +
 	"\x06result\":\n" +
@@ -739,6 +757,7 @@ func file_shardstock_v1_shard_proto_init() {
 		(*ShardResult_Reservation)(nil),
 		(*ShardResult_Error)(nil),
 		(*ShardResult_Transfer)(nil),
+		(*ShardResult_Warmed)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

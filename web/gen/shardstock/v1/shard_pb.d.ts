@@ -154,6 +154,14 @@ export declare type ShardResult = Message<"shardstock.v1.ShardResult"> & {
      */
     value: Transfer;
     case: "transfer";
+  } | {
+    /**
+     * A warm request's answer: the shard's writer runs with its row loaded.
+     *
+     * @generated from field: bool warmed = 7;
+     */
+    value: boolean;
+    case: "warmed";
   } | { case: undefined; value?: undefined };
 
   /**
