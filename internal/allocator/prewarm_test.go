@@ -19,6 +19,31 @@ func (s *stack) writers() float64 {
 	return n
 }
 
+// skuGauge sums the stack's servers' samples of gauge name for a SKU.
+func (s *stack) skuGauge(name, sku string) float64 {
+	s.t.Helper()
+	var n float64
+	for id := range s.servers {
+		mfs, err := s.metrics[id].Gather()
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "sku" && l.GetValue() == sku {
+						n += m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
 // testPrewarm (TestAllocator_Admin's, on its stack): Prewarm starts a
 // writer for each of a SKU's shards, with its row and SKU loaded, so that
 // the SKU's first deduct is decided before any read and committed in one
@@ -47,8 +72,14 @@ func testPrewarm(t *testing.T, s *stack) {
 		after, _ := s.db.Speculated()
 		return after > before
 	}
+	if got := s.skuGauge("shardstock_shard_available", "warm"); got != 800 {
+		t.Errorf("shardstock_shard_available{sku=warm} sums to %v after Prewarm, want 800", got)
+	}
 	if !first("warm") {
 		t.Errorf("the first deduct of a prewarmed SKU read before it wrote, want one round trip (speculative)")
+	}
+	if got := s.skuGauge("shardstock_shard_sold", "warm"); got != 1 {
+		t.Errorf("shardstock_shard_sold{sku=warm} sums to %v after one deduct, want 1", got)
 	}
 	if first("cold") {
 		t.Errorf("the first deduct of a cold SKU was speculative: the test cannot tell a prewarmed SKU from a cold one")
