@@ -196,10 +196,13 @@ function drawCharts() {
   for (const s of series) {
     const svg = $(`#charts svg[data-series="${s.key}"]`);
     const vals = samples.map((x) => x[s.key]);
+    // Scaled from the series' lowest to its highest, so that the stock of
+    // a big SKU is seen moving.
     const finite = vals.filter(Number.isFinite);
-    const hi = Math.max(1, ...finite);
+    const lo = Math.min(0, ...finite.filter((v) => v < 0), finite.length ? Math.min(...finite) : 0);
+    const hi = Math.max(lo + 1, ...finite);
     const pts = vals.map((v, i) => Number.isFinite(v)
-      ? `${((i * chartW) / Math.max(1, samplesMax - 1)).toFixed(1)},${(chartH - (v * chartH) / hi).toFixed(1)}` : null).filter(Boolean);
+      ? `${((i * chartW) / Math.max(1, samplesMax - 1)).toFixed(1)},${(chartH - ((v - lo) * chartH) / (hi - lo)).toFixed(1)}` : null).filter(Boolean);
     svg.querySelector("polyline").setAttribute("points", pts.join(" "));
     svg.dataset.points = String(pts.length);
     const last = vals.length ? vals[vals.length - 1] : NaN;

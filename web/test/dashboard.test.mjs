@@ -45,6 +45,7 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, a
 
     // Under load the charts move and grow: their data differ between two
     // reads, and hold more points.
+    const chartsFrom = Date.now();
     let load = true;
     const loading = (async () => {
       for (let i = 0; load; i++) await inv.deduct({ sku: demo, quantity: 1n, idempotencyKey: `${demo}-${i}` });
@@ -66,6 +67,7 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, a
     }
     mkdirSync(artifacts, { recursive: true });
     await page.screenshot({ path: join(artifacts, "dashboard-charts.png"), fullPage: true });
+    console.log(`charts checked in ${Date.now() - chartsFrom} ms`);
 
     await page.fill("#token", token);
     await page.click("#token-form button");
