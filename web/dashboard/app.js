@@ -199,7 +199,7 @@ function drawCharts() {
     // Scaled from the series' lowest to its highest, so that the stock of
     // a big SKU is seen moving.
     const finite = vals.filter(Number.isFinite);
-    const lo = Math.min(0, ...finite.filter((v) => v < 0), finite.length ? Math.min(...finite) : 0);
+    const lo = finite.length ? Math.min(...finite) : 0;
     const hi = Math.max(lo + 1, ...finite);
     const pts = vals.map((v, i) => Number.isFinite(v)
       ? `${((i * chartW) / Math.max(1, samplesMax - 1)).toFixed(1)},${(chartH - ((v - lo) * chartH) / (hi - lo)).toFixed(1)}` : null).filter(Boolean);
