@@ -6,6 +6,7 @@ package k8s
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path"
@@ -45,6 +46,7 @@ type rendered struct {
 	clusters     []*cnpgCluster
 	rules        []*monitoringv1.PrometheusRule
 	monitors     []*monitoringv1.ServiceMonitor
+	configMaps   []*corev1.ConfigMap
 	kinds        map[string]int
 }
 
@@ -90,6 +92,8 @@ func (r *rendered) add(doc []byte) error {
 		return decode(doc, &r.services)
 	case "v1/Secret":
 		return decode(doc, &r.secrets)
+	case "v1/ConfigMap":
+		return decode(doc, &r.configMaps)
 	case "apps/v1/Deployment":
 		return decode(doc, &r.deployments)
 	case "apps/v1/StatefulSet":
@@ -348,6 +352,32 @@ func TestProd(t *testing.T) {
 	}
 	if len(r.secrets) != 0 {
 		t.Errorf("prod renders %d Secrets: secrets are referenced, never committed", len(r.secrets))
+	}
+	checkDashboard(t, r)
+}
+
+// checkDashboard: prod ships the Grafana board (deploy/grafana) as one
+// ConfigMap with the label Grafana's dashboard sidecar watches, holding a
+// dashboard with panels (deploy/alerts TestDashboard checks its queries).
+func checkDashboard(t *testing.T, r *rendered) {
+	t.Helper()
+	var boards []*corev1.ConfigMap
+	for _, c := range r.configMaps {
+		if c.Labels["grafana_dashboard"] == "1" {
+			boards = append(boards, c)
+		}
+	}
+	if len(boards) != 1 {
+		t.Fatalf("%d ConfigMaps labelled grafana_dashboard: \"1\", want 1", len(boards))
+	}
+	var d struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Type string `json:"type"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal([]byte(boards[0].Data["shardstock.json"]), &d); err != nil || d.UID == "" || len(d.Panels) == 0 {
+		t.Errorf("ConfigMap %s: shardstock.json has uid %q and %d panels (%v), want a dashboard", boards[0].Name, d.UID, len(d.Panels), err)
 	}
 }
 

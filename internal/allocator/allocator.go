@@ -587,8 +587,9 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // refused reports whether the SKU's configuration (as cached) refuses r
 // whatever the stock; the shards decide the same with fresh data.
 func refused(r *stock.Request, sku *stock.SKU) bool {
-	code, _ := sku.Refuse(r, 0)
-	return code != ""
+	// No clock: the sale window is decided only by a batch's database
+	// clock (stock.SKU.Refuse), never by this process's.
+	return sku.Refuse(r, 0, time.Time{}) != nil
 }
 
 // outOfStock answers a request the sweep found no stock for. When a shard
@@ -606,8 +607,8 @@ func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, sku *stock
 			rr.Shard.Index = op.Shard
 			return a.exec(ctx, &rr)
 		}
-		if code, msg := sku.Refuse(r, 0); code != "" {
-			return stock.Result{Err: stock.Errorf(code, "%s", msg)}
+		if err := sku.Refuse(r, 0, time.Time{}); err != nil {
+			return stock.Result{Err: err}
 		}
 	}
 	return stock.Result{Err: stock.Errorf(stock.CodeOutOfStock, "not enough stock of %s", r.Shard.SKU)}

@@ -71,16 +71,22 @@ func (c *cutAfterDelivery) RoundTrip(req *http.Request) (*http.Response, error) 
 // queueDepth returns the requests waiting in shard server id's writers.
 func (s *stack) queueDepth(id string) float64 {
 	s.t.Helper()
+	return s.gauge(id, "shardstock_shard_queue_depth")
+}
+
+// gauge returns the value of shard server id's gauge name.
+func (s *stack) gauge(id, name string) float64 {
+	s.t.Helper()
 	mfs, err := s.metrics[id].Gather()
 	if err != nil {
 		s.t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == "shardstock_shard_queue_depth" {
+		if mf.GetName() == name {
 			return mf.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
-	s.t.Fatalf("shard server %s has no shardstock_shard_queue_depth", id)
+	s.t.Fatalf("shard server %s has no %s", id, name)
 	return 0
 }
 

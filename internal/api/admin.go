@@ -69,6 +69,10 @@ type AdminHandler struct {
 	// Changes: nil where there is no change stream; WatchLedger is then
 	// unimplemented.
 	Changes *ledger.Stream
+	// Catalog lists SKUs; nil: ListSkus is unimplemented.
+	Catalog Catalog
+	// Warmer prewarms SKUs; nil: Prewarm is unimplemented.
+	Warmer Warmer
 }
 
 var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)
@@ -80,9 +84,12 @@ func BearerAuth(token string) connect.Interceptor { return TokenAuth("admin toke
 // CreateSku creates a SKU.
 func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {
 	m := req.Msg
+	if err := validTimes(m.GetSaleStart(), m.GetSaleEnd()); err != nil {
+		return nil, wire.ToConnect(err)
+	}
 	st, err := h.Admin.CreateSKU(ctx, stock.SKU{
 		Name: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
-		ReservationTTL: wire.DurationOf(m.GetReservationTtl()),
+		ReservationTTL: wire.DurationOf(m.GetReservationTtl()), SaleStart: timeOf(m.GetSaleStart()), SaleEnd: timeOf(m.GetSaleEnd()),
 	}, m.GetInitialStock())
 	if err != nil {
 		return nil, wire.ToConnect(err)
@@ -93,7 +100,14 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 // UpdateSku pauses, resumes or changes limits.
 func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.UpdateSkuRequest]) (*connect.Response[v1.UpdateSkuResponse], error) {
 	m := req.Msg
-	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit, AutoShards: m.AutoShards})
+	if err := validTimes(m.GetSaleStart(), m.GetSaleEnd()); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if m.GetClearSaleWindow() && (m.SaleStart != nil || m.SaleEnd != nil) {
+		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "clear_sale_window with sale_start or sale_end: set one or the other"))
+	}
+	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit, AutoShards: m.AutoShards,
+		SaleStart: timeOrNil(m.GetSaleStart()), SaleEnd: timeOrNil(m.GetSaleEnd()), ClearSaleWindow: m.GetClearSaleWindow()})
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
@@ -298,7 +312,8 @@ func (h *AdminHandler) ResumeShard(ctx context.Context, req *connect.Request[v1.
 
 func skuToProto(s *stock.SKU) *v1.SkuConfig {
 	return &v1.SkuConfig{Sku: s.Name, Status: skuStatuses[s.Status], Shards: s.Shards, MaxPerOrder: s.MaxPerOrder,
-		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL), AutoShards: s.AutoShards}
+		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL), AutoShards: s.AutoShards,
+		SaleStart: protoTime(s.SaleStart), SaleEnd: protoTime(s.SaleEnd)}
 }
 
 func pageSize(n int32) int {

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -504,20 +505,51 @@ func (s *Set) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error)
 // database. A database that does not answer fails the listing: a pass
 // over every SKU must not skip its SKUs unseen.
 func (s *Set) SKUs(ctx context.Context, after string, limit int) ([]string, error) {
-	var mu sync.Mutex
-	var out []string
-	err := s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
-		names, err := db.SKUs(ctx, after, limit)
-		mu.Lock()
-		out = append(out, names...)
-		mu.Unlock()
-		return err
+	out, err := gather(ctx, s, func(ctx context.Context, _ string, db *postgres.DB) ([]string, error) {
+		return db.SKUs(ctx, after, limit)
 	})
 	if err != nil {
 		return nil, err
 	}
 	slices.Sort(out)
 	return out[:min(len(out), limit)], nil
+}
+
+// ListSKUs returns up to limit SKUs that f selects with names above after,
+// in byte order of their names, from every database: each gives its first
+// limit, and the merge keeps the first limit of all, so a page misses
+// none and, since a SKU lives in one database, repeats none. A database
+// that does not answer fails the page (SHARD_UNAVAILABLE): a page that
+// skipped its SKUs would skip them for good.
+func (s *Set) ListSKUs(ctx context.Context, f stock.SKUFilter, after string, limit int) ([]stock.SKUSummary, error) {
+	out, err := gather(ctx, s, func(ctx context.Context, name string, db *postgres.DB) ([]stock.SKUSummary, error) {
+		page, err := db.ListSKUs(ctx, f, after, limit)
+		for i := range page {
+			page[i].Database = name
+		}
+		return page, err
+	})
+	if err != nil {
+		return nil, stock.Errorf(stock.CodeShardUnavailable, "%v", err)
+	}
+	slices.SortFunc(out, func(a, b stock.SKUSummary) int { return strings.Compare(a.SKU.Name, b.SKU.Name) })
+	return out[:min(len(out), limit)], nil
+}
+
+// gather runs f on every database at once and returns what they all
+// returned, unordered, with their errors joined (each, named by its
+// database).
+func gather[T any](ctx context.Context, s *Set, f func(ctx context.Context, name string, db *postgres.DB) ([]T, error)) ([]T, error) {
+	var mu sync.Mutex
+	var out []T
+	err := s.each(ctx, func(ctx context.Context, name string, db *postgres.DB) error {
+		got, err := f(ctx, name, db)
+		mu.Lock()
+		out = append(out, got...)
+		mu.Unlock()
+		return err
+	})
+	return out, err
 }
 
 // each runs f on every database at once and joins the errors, each named
@@ -555,14 +587,8 @@ func (s *Set) InTransitTotal(ctx context.Context) (int64, error) {
 // answers (up to limit from each): the rebalancer's work list, which a
 // database down must not stop for the others.
 func (s *Set) RetiringSKUs(ctx context.Context, limit int) ([]string, error) {
-	var mu sync.Mutex
-	var out []string
-	err := s.each(ctx, func(ctx context.Context, _ string, db *postgres.DB) error {
-		names, err := db.RetiringSKUs(ctx, limit)
-		mu.Lock()
-		out = append(out, names...)
-		mu.Unlock()
-		return err
+	out, err := gather(ctx, s, func(ctx context.Context, _ string, db *postgres.DB) ([]string, error) {
+		return db.RetiringSKUs(ctx, limit)
 	})
 	slices.Sort(out)
 	if len(out) > 0 {

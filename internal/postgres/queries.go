@@ -11,7 +11,7 @@ import (
 )
 
 // sqlSKUColumns are the columns scanSKU reads, in its order.
-const sqlSKUColumns = `sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, auto_shards`
+const sqlSKUColumns = `sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, auto_shards, sale_start, sale_end`
 
 const sqlSelectSKU = `SELECT ` + sqlSKUColumns + ` FROM skus WHERE sku`
 
@@ -19,11 +19,13 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 	var s stock.SKU
 	var status string
 	var ttlMS int64
-	if err := row.Scan(&s.Name, &status, &s.Shards, &s.ShardSpan, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS, &s.AutoShards); err != nil {
+	var start, end *time.Time
+	if err := row.Scan(&s.Name, &status, &s.Shards, &s.ShardSpan, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS, &s.AutoShards, &start, &end); err != nil {
 		return nil, err
 	}
 	s.Status = stock.Status(status)
 	s.ReservationTTL = time.Duration(ttlMS) * time.Millisecond
+	s.SaleStart, s.SaleEnd = timeOrZero(start), timeOrZero(end)
 	return &s, nil
 }
 
@@ -308,4 +310,19 @@ func checkpointPart(cs []checkpoint) writePart {
 			+ (SELECT count(*) FROM (SELECT FROM ledger e WHERE e.sku = l.sku AND e.shard = l.shard
 				AND e.id > coalesce(c.entry_id, 0) LIMIT $5) e)`,
 		args: []any{sku, idx, at, ifDue, ledger.CheckpointEntries}}
+}
+
+func timeOrZero(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+// nullTime is t as a nullable timestamptz: NULL for the zero time.
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }

@@ -44,13 +44,14 @@ func (db *DB) createSKU(ctx context.Context, s stock.SKU, initial, fence int64, 
 			return fmt.Errorf("%w (fence %d, asked %d)", ErrPlacementFenced, cur, fence)
 		}
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms)
-		VALUES ($1, $2, $3, $3, $4, $5, $6)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds())
+	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, sale_start, sale_end)
+		VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds(),
+		nullTime(s.SaleStart), nullTime(s.SaleEnd))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return stock.Errorf(stock.CodeSKUExists, "sku %q already exists", s.Name)
 	}
-	if err != nil {
+	if err := windowError(err); err != nil {
 		return err
 	}
 	idx, part, avail := make([]int32, s.Shards), make([]int32, s.Shards), make([]int64, s.Shards)
@@ -98,24 +99,80 @@ func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*st
 		ms := u.TTL.Milliseconds()
 		ttl = &ms
 	}
+	// The window: $7 clears both bounds, then $8 and $9 set theirs. A
+	// batch reads the row in its transaction (or checks it, speculating),
+	// so the new window holds for every batch that starts after this
+	// commits, on every shard server, by the database's clock.
 	s, err := scanSKU(db.pool.QueryRow(ctx, `UPDATE skus SET status = coalesce($2, status),
 		max_per_order = coalesce($3, max_per_order), customer_limit = coalesce($4, customer_limit),
-		reservation_ttl_ms = coalesce($5, reservation_ttl_ms), auto_shards = coalesce($6, auto_shards), updated_at = now()
+		reservation_ttl_ms = coalesce($5, reservation_ttl_ms), auto_shards = coalesce($6, auto_shards),
+		sale_start = coalesce($8, CASE WHEN $7 THEN NULL ELSE sale_start END),
+		sale_end = coalesce($9, CASE WHEN $7 THEN NULL ELSE sale_end END), updated_at = now()
 		WHERE sku = $1 RETURNING `+sqlSKUColumns,
-		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl, u.AutoShards))
+		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl, u.AutoShards, u.ClearSaleWindow, u.SaleStart, u.SaleEnd))
 	if isNoRows(err) {
 		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
 	}
-	return s, err
+	if err := windowError(err); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// windowError names a sale window whose end is not after its start (the
+// CHECK skus_sale_window) as the caller's mistake; other errors pass.
+func windowError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.ConstraintName == "skus_sale_window" {
+		return stock.Errorf(stock.CodeInvalidArgument, "sale_end must come after sale_start")
+	}
+	return err
 }
 
 // SKUs returns up to limit SKU names above after, in order.
 func (db *DB) SKUs(ctx context.Context, after string, limit int) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT sku FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2`, after, limit)
+	rows, err := db.pool.Query(ctx, `SELECT sku FROM skus WHERE sku COLLATE "C" > $1 ORDER BY sku COLLATE "C" LIMIT $2`, after, limit)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// ListSKUs returns up to limit SKUs that f selects with names above after,
+// in byte order of their names (the order dbset merges several databases
+// in, whatever each database's collation), each with its counts summed
+// over its shards and its stock in transit.
+func (db *DB) ListSKUs(ctx context.Context, f stock.SKUFilter, after string, limit int) ([]stock.SKUSummary, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	rows, err := db.pool.Query(ctx, `SELECT `+sqlSKUColumns+`, c.available, c.reserved, c.sold, t.in_transit
+		FROM (SELECT `+sqlSKUColumns+` FROM skus
+			WHERE sku COLLATE "C" > $1 AND sku COLLATE "C" >= $2 AND sku COLLATE "C" < $3 AND ($4 = '' OR status = $4)
+			ORDER BY sku COLLATE "C" LIMIT $5) k
+		CROSS JOIN LATERAL (SELECT coalesce(sum(s.available), 0)::bigint AS available, coalesce(sum(s.reserved), 0)::bigint AS reserved,
+			coalesce(sum(s.sold), 0)::bigint AS sold FROM shards s WHERE s.sku = k.sku) c
+		CROSS JOIN LATERAL (SELECT coalesce(sum(quantity), 0)::bigint AS in_transit FROM transfers tr
+			WHERE tr.sku = k.sku AND tr.state = 'debited') t
+		ORDER BY sku COLLATE "C"`, after, f.Prefix, stock.SKUNameAfterMax(f.Prefix), string(f.Status), limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (stock.SKUSummary, error) {
+		var out stock.SKUSummary
+		var err error
+		out.SKU, err = scanSKU(summaryRow{r, &out})
+		return out, err
+	})
+}
+
+// summaryRow scans a listing's row: scanSKU's columns, then the counts.
+type summaryRow struct {
+	pgx.Row
+	out *stock.SKUSummary
+}
+
+func (r summaryRow) Scan(dest ...any) error {
+	return r.Row.Scan(append(dest, &r.out.Total.Available, &r.out.Total.Reserved, &r.out.Total.Sold, &r.out.InTransit)...)
 }

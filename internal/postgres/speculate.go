@@ -46,9 +46,11 @@ type speculation struct {
 	// nanoseconds, as last read by a group: a speculative group's
 	// BatchRead.Now is this process's clock plus it.
 	clockOffset atomic.Int64
-	skip        atomic.Int32 // groups left before speculating again
-	committed   atomic.Int64
-	fellBack    atomic.Int64
+	// skew is added to the estimate (SkewClock); 0 but in tests.
+	skew      atomic.Int64
+	skip      atomic.Int32 // groups left before speculating again
+	committed atomic.Int64
+	fellBack  atomic.Int64
 }
 
 // Speculated returns how many groups committed in one round trip, and how
@@ -56,6 +58,13 @@ type speculation struct {
 func (db *DB) Speculated() (committed, fellBack int64) {
 	return db.spec.committed.Load(), db.spec.fellBack.Load()
 }
+
+// SkewClock shifts by d, from now on, the estimate of the database's
+// clock that speculative groups are evaluated with (this process's clock
+// plus the offset last read): a test's stand-in for a process whose clock
+// runs apart from the database's. The database's clock still decides
+// every write (assumedParts).
+func (db *DB) SkewClock(d time.Duration) { db.spec.skew.Store(int64(d)) }
 
 // observeClock records the database clock now read by a group.
 func (s *speculation) observeClock(dbNow time.Time) {
@@ -99,7 +108,7 @@ func (db *DB) speculate(ctx context.Context, conn *groupConn, units []*stock.Uni
 		db.spec.skip.Add(-1)
 		return false, nil
 	}
-	now := time.Now().Add(time.Duration(db.spec.clockOffset.Load()))
+	now := time.Now().Add(time.Duration(db.spec.clockOffset.Load() + db.spec.skew.Load()))
 	writes := make([]unitWrite, 0, len(units))
 	// What the read would have found, assumed: nothing. The planner only
 	// reads these, so every unit shares them, as the usual way's do.
@@ -128,7 +137,7 @@ func (db *DB) speculate(ctx context.Context, conn *groupConn, units []*stock.Uni
 		return false, nil
 	}
 	mark := newCommitMark(writes[0].u.Fence.ServerID)
-	sql, args := joinParts(append(assumedParts(units), g.parts(mark)...))
+	sql, args := joinParts(append(assumedParts(units, selling(writes)), g.parts(mark)...))
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(sql, args...)
@@ -165,9 +174,26 @@ func everyKeyNew(keys []string, w *stock.BatchWrite) bool {
 	return true
 }
 
+// selling returns the SKUs a speculative group reserves or deducts: the
+// ones whose sale window its statement checks.
+func selling(writes []unitWrite) map[string]bool {
+	out := map[string]bool{}
+	for _, uw := range writes {
+		for _, o := range uw.w.Ops {
+			if o.Kind == stock.OpReserve || o.Kind == stock.OpDeduct {
+				out[o.SKU] = true
+			}
+		}
+	}
+	return out
+}
+
 // assumedParts check a speculative group's fences and SKUs, first in the
 // statement (checks run in order), so that a stale group writes nothing.
-func assumedParts(units []*stock.Unit) []writePart {
+// A SKU the group sells must be inside its sale window at the
+// transaction's now(): the group was evaluated with this process's
+// estimate of the database clock, and the database's clock decides.
+func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 	type fence struct {
 		part  int32
 		owner string
@@ -176,7 +202,8 @@ func assumedParts(units []*stock.Unit) []writePart {
 	var parts, skuShards, skuSpan []int32
 	var owners, skus, status []string
 	var epochs, maxPerOrder, customerLimit, ttlMS []int64
-	var auto []bool
+	var auto, sell []bool
+	var saleStart, saleEnd []*time.Time
 	seenFence, seenSKU := map[fence]bool{}, map[string]bool{}
 	for _, u := range units {
 		f := fence{u.Fence.Partition, u.Fence.ServerID, u.Fence.Epoch}
@@ -189,6 +216,7 @@ func assumedParts(units []*stock.Unit) []writePart {
 			skus, status, skuShards, skuSpan = append(skus, s.Name), append(status, string(s.Status)), append(skuShards, s.Shards), append(skuSpan, s.ShardSpan)
 			maxPerOrder, customerLimit = append(maxPerOrder, s.MaxPerOrder), append(customerLimit, s.CustomerLimit)
 			ttlMS, auto = append(ttlMS, s.ReservationTTL.Milliseconds()), append(auto, s.AutoShards)
+			saleStart, saleEnd, sell = append(saleStart, nullTime(s.SaleStart)), append(saleEnd, nullTime(s.SaleEnd)), append(sell, sells[s.Name])
 		}
 	}
 	return []writePart{
@@ -198,10 +226,13 @@ func assumedParts(units []*stock.Unit) []writePart {
 			args: []any{parts, owners, epochs}, check: &rowCheck{want: len(parts), what: "fences as assumed", code: sqlstateStale}},
 		{name: "known", sql: `SELECT 1 FROM skus s
 			JOIN (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS status, unnest($3::int[]) AS shards, unnest($4::int[]) AS span,
-				unnest($5::bigint[]) AS mpo, unnest($6::bigint[]) AS cl, unnest($7::bigint[]) AS ttl, unnest($8::bool[]) AS auto) k ON s.sku = k.sku
+				unnest($5::bigint[]) AS mpo, unnest($6::bigint[]) AS cl, unnest($7::bigint[]) AS ttl, unnest($8::bool[]) AS auto,
+				unnest($9::timestamptz[]) AS sale_start, unnest($10::timestamptz[]) AS sale_end, unnest($11::bool[]) AS sells) k ON s.sku = k.sku
 			WHERE s.status = k.status AND s.shards = k.shards AND s.shard_span = k.span AND s.max_per_order = k.mpo
-				AND s.customer_limit = k.cl AND s.reservation_ttl_ms = k.ttl AND s.auto_shards = k.auto`,
-			args:  []any{skus, status, skuShards, skuSpan, maxPerOrder, customerLimit, ttlMS, auto},
+				AND s.customer_limit = k.cl AND s.reservation_ttl_ms = k.ttl AND s.auto_shards = k.auto
+				AND s.sale_start IS NOT DISTINCT FROM k.sale_start AND s.sale_end IS NOT DISTINCT FROM k.sale_end
+				AND (NOT k.sells OR ((s.sale_start IS NULL OR now() >= s.sale_start) AND (s.sale_end IS NULL OR now() < s.sale_end)))`,
+			args:  []any{skus, status, skuShards, skuSpan, maxPerOrder, customerLimit, ttlMS, auto, saleStart, saleEnd, sell},
 			check: &rowCheck{want: len(skus), what: "SKUs as assumed", code: sqlstateStale}},
 	}
 }

@@ -175,6 +175,7 @@ func New(cfg Config) *Server {
 	s.staleAge = transferStaleAge
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(s.gauges()...)
+		cfg.Registerer.MustRegister(stockCollector{s})
 	}
 	return s
 }

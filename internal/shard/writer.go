@@ -262,6 +262,10 @@ func (w *writer) decide(reqs []*stock.Request) ([]stock.Result, writerNext) {
 			return all(len(reqs), r), next
 		}
 	}
+	if w.loaded && !w.seeded && onlyWarm(reqs) {
+		// Warm already: the row was read in a transaction of this writer.
+		return all(len(reqs), stock.Result{Warmed: true, Available: w.hint()}), writerGoOn
+	}
 	if w.refusable(reqs) {
 		if results, err := w.readOnly(reqs); err == nil {
 			return results, writerGoOn
@@ -507,7 +511,11 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	read := &stock.BatchRead{SKU: w.sku, Ops: ops, Now: time.Now()}
+	// No clock: this read is not a batch transaction, and the sale
+	// window is decided only by one's database clock (stock.SKU.Refuse).
+	// Every request here is refused either way, for stock if not by the
+	// window.
+	read := &stock.BatchRead{SKU: w.sku, Ops: ops}
 	write, results, err := stock.EvaluateBatch(w.key, w.counts, reqs, read, false)
 	if err != nil || !write.Empty() {
 		// Cannot happen: every request asks for more than is available.
@@ -515,6 +523,25 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 		return nil, fmt.Errorf("shard: a refusable batch planned a write: %v", err)
 	}
 	return results, nil
+}
+
+// onlyWarm reports whether every request of a batch is a warm-up.
+func onlyWarm(reqs []*stock.Request) bool {
+	for _, r := range reqs {
+		if r.Kind != stock.OpWarm {
+			return false
+		}
+	}
+	return true
+}
+
+// hint is the available count the writer's answers carry: none on a shard
+// being retired, as stock.EvaluateBatch answers.
+func (w *writer) hint() int64 {
+	if w.sku != nil && w.key.Index >= w.sku.Shards {
+		return 0
+	}
+	return w.counts.Available
 }
 
 // query lists what a batch must read.

@@ -171,6 +171,10 @@ type SKUUpdate struct {
 	CustomerLimit *int64
 	TTL           *time.Duration
 	AutoShards    *bool
+	// SaleStart and SaleEnd set a bound of the sale window; nil keeps it.
+	// ClearSaleWindow removes both (with neither set).
+	SaleStart, SaleEnd *time.Time
+	ClearSaleWindow    bool
 }
 
 // StaleStep is a transfer step a shard server should finish: a pending

@@ -37,6 +37,11 @@ const (
 	// an earlier shrink are still being retired (they hold reservations or
 	// stock); retry once GetStock lists them no more.
 	CodeShardsRetiring Code = "SHARDS_RETIRING"
+	// CodeSaleNotStarted: the SKU's sale window has not opened yet (the
+	// start is in the ErrorInfo metadata, sale_start). CodeSaleEnded: it
+	// has closed (sale_end).
+	CodeSaleNotStarted Code = "SALE_NOT_STARTED"
+	CodeSaleEnded      Code = "SALE_ENDED"
 	// aborted
 	CodeOperationInProgress Code = "OPERATION_IN_PROGRESS"
 	// CodeRebalanceInProgress: another allocator holds the SKU's rebalance
@@ -72,7 +77,7 @@ var Codes = []Code{
 	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound,
 	CodeOutOfStock, CodeSKUPaused, CodeReservationExpired, CodeReservationAlreadyCommitted,
 	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeSKUExists, CodeShardNotHalted,
-	CodeShardsRetiring,
+	CodeShardsRetiring, CodeSaleNotStarted, CodeSaleEnded,
 	CodeOperationInProgress, CodeRebalanceInProgress, CodeMoveFenced, CodePlacementFull,
 	CodeShardUnavailable,
 	CodeRateLimited, CodeConsumerBehind,
@@ -85,6 +90,9 @@ var Codes = []Code{
 type Error struct {
 	Code    Code
 	Message string
+	// Metadata is the ErrorInfo metadata: facts a client acts on (e.g.
+	// SALE_NOT_STARTED's sale_start); nil for most codes.
+	Metadata map[string]string
 }
 
 func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }

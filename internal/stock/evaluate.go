@@ -43,6 +43,8 @@ func EvaluateBatch(shard ShardKey, from Counts, reqs []*Request, read *BatchRead
 			p.end(i, r)
 		case r.Kind == OpTransferOut || r.Kind == OpTransferIn:
 			p.transfer(i, r)
+		case r.Kind == OpWarm:
+			p.results[i].Warmed = true // the batch read the row: nothing else to do
 		}
 	}
 	if expireDue {
@@ -104,8 +106,8 @@ func (p *planner) keyed(i int, r *Request) {
 		p.replay(i, r, op)
 		return
 	}
-	if code, msg := p.refuse(r); code != "" {
-		p.fail(i, code, "%s", msg)
+	if err := p.refuse(r); err != nil {
+		p.results[i] = Result{Err: err}
 		return
 	}
 	op := &Operation{
@@ -145,37 +147,37 @@ func (p *planner) keyed(i int, r *Request) {
 	p.apply(entry, r.Kind, r.Quantity)
 }
 
-// refuse returns why a new keyed request cannot apply here, or "".
-func (p *planner) refuse(r *Request) (Code, string) {
+// refuse returns why a new keyed request cannot apply here, or nil.
+func (p *planner) refuse(r *Request) *Error {
 	sku := p.read.SKU
 	if sku == nil {
-		return CodeSKUNotFound, "no sku " + quote(r.Shard.SKU)
+		return Errorf(CodeSKUNotFound, "no sku %s", quote(r.Shard.SKU))
 	}
 	if r.Kind != OpReserve && r.Kind != OpDeduct {
 		if r.Kind == OpAdjust && p.cur.Available+r.Quantity < 0 {
-			return CodeOutOfStock, "not enough available stock on this shard to remove"
+			return Errorf(CodeOutOfStock, "not enough available stock on this shard to remove")
 		}
 		// The ceiling is checked here, in memory against the running
 		// counts, so that the batch never writes past it: nothing but an
 		// inflow (this, or a transfer's credit) raises what a shard holds.
 		if r.Quantity > 0 && r.Quantity > p.cur.Room() {
-			return CodeInvalidQuantity, fmt.Sprintf("%s of %d would take this shard past %d units held (available plus reserved); it holds %d",
+			return Errorf(CodeInvalidQuantity, "%s of %d would take this shard past %d units held (available plus reserved); it holds %d",
 				r.Kind, r.Quantity, int64(ShardCountMax), p.cur.Available+p.cur.Reserved)
 		}
-		return "", ""
+		return nil
 	}
-	if code, msg := sku.Refuse(r, p.usage(r.CustomerRef)); code != "" {
-		return code, msg
+	if err := sku.Refuse(r, p.usage(r.CustomerRef), p.read.Now); err != nil {
+		return err
 	}
 	if p.shard.Index >= sku.Shards {
 		// Out of service after SetShards: its stock is being moved away.
 		// The allocator sweeps and finds it (or routes elsewhere).
-		return CodeOutOfStock, "this shard is being retired"
+		return Errorf(CodeOutOfStock, "this shard is being retired")
 	}
 	if p.cur.Available < r.Quantity {
-		return CodeOutOfStock, "not enough available stock"
+		return Errorf(CodeOutOfStock, "not enough available stock")
 	}
-	return "", ""
+	return nil
 }
 
 // limited reports whether a request counts against a customer limit.

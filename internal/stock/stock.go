@@ -106,6 +106,10 @@ type SKU struct {
 	MaxPerOrder    int64 // 0: no limit
 	CustomerLimit  int64 // 0: no limit
 	ReservationTTL time.Duration
+	// SaleStart and SaleEnd bound the sale window (zero: no bound):
+	// reserves and deducts are refused before SaleStart and from SaleEnd
+	// on, by the database's clock (SKU.Window).
+	SaleStart, SaleEnd time.Time
 }
 
 // OpKind is the kind of a shard operation.
@@ -122,6 +126,9 @@ const (
 	// OpTransferOut and OpTransferIn are the two steps of a transfer.
 	OpTransferOut OpKind = "transfer_out"
 	OpTransferIn  OpKind = "transfer_in"
+	// OpWarm starts a shard's writer with its row loaded
+	// (AdminService.Prewarm); it changes nothing and is not ledgered.
+	OpWarm OpKind = "warm"
 )
 
 // Keyed reports whether the kind is idempotent by (sku, idempotency_key);
@@ -222,6 +229,8 @@ type Result struct {
 	Transfer    *Transfer
 	Replayed    bool
 	Err         *Error
+	// Warmed answers OpWarm: the shard's writer runs with its row loaded.
+	Warmed bool
 	// Available is the shard's available stock after the batch: a hint for
 	// routing.
 	Available int64
@@ -315,23 +324,61 @@ type Transfer struct {
 }
 
 // Refuse returns why the SKU refuses a reserve or deduct before its stock is
-// looked at, or "": paused, above max_per_order, or taking the customer
-// (who holds usage units already) past customer_limit. The shard planner
-// and the allocator's sold-out answers both decide by it.
-func (s *SKU) Refuse(r *Request, usage int64) (Code, string) {
+// looked at, or nil: paused, outside its sale window at now, above
+// max_per_order, or taking the customer (who holds usage units already)
+// past customer_limit. The shard planner and the allocator's sold-out
+// answers both decide by it. now is the database's clock; zero when the
+// caller has none, and then the window is not looked at: only a batch
+// transaction's clock decides it, so that no process's clock can sell
+// outside the window or refuse inside it.
+func (s *SKU) Refuse(r *Request, usage int64, now time.Time) *Error {
 	if r.Kind != OpReserve && r.Kind != OpDeduct {
-		return "", ""
+		return nil
+	}
+	if s.Status == StatusPaused {
+		return Errorf(CodeSKUPaused, "sku %q is paused", s.Name)
+	}
+	if err := s.Window(now); err != nil {
+		return err
 	}
 	switch {
-	case s.Status == StatusPaused:
-		return CodeSKUPaused, "sku \"" + s.Name + "\" is paused"
 	case s.MaxPerOrder > 0 && r.Quantity > s.MaxPerOrder:
-		return CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order"
+		return Errorf(CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order")
 	case s.CustomerLimit > 0 && r.CustomerRef != "" && usage+r.Quantity > s.CustomerLimit:
-		return CodeCustomerLimitReached, "customer \"" + r.CustomerRef + "\" reached the sku's customer_limit"
+		return Errorf(CodeCustomerLimitReached, "customer %q reached the sku's customer_limit", r.CustomerRef)
 	}
-	return "", ""
+	return nil
 }
+
+// Metadata keys of the sale window's refusals (ErrorInfo metadata), each an
+// RFC 3339 time with nanoseconds.
+const (
+	MetaSaleStart = "sale_start"
+	MetaSaleEnd   = "sale_end"
+)
+
+// Window returns SALE_NOT_STARTED before the SKU's sale window opens and
+// SALE_ENDED once it has closed, at now (the database's clock), each with
+// its bound in the error's metadata; nil inside the window, when the SKU
+// has none, or when now is zero (not known).
+func (s *SKU) Window(now time.Time) *Error {
+	switch {
+	case now.IsZero():
+		return nil
+	case !s.SaleStart.IsZero() && now.Before(s.SaleStart):
+		e := Errorf(CodeSaleNotStarted, "the sale of sku %q starts at %s", s.Name, s.SaleStart.UTC().Format(time.RFC3339Nano))
+		e.Metadata = map[string]string{MetaSaleStart: s.SaleStart.UTC().Format(time.RFC3339Nano)}
+		return e
+	case !s.SaleEnd.IsZero() && !now.Before(s.SaleEnd):
+		e := Errorf(CodeSaleEnded, "the sale of sku %q ended at %s", s.Name, s.SaleEnd.UTC().Format(time.RFC3339Nano))
+		e.Metadata = map[string]string{MetaSaleEnd: s.SaleEnd.UTC().Format(time.RFC3339Nano)}
+		return e
+	}
+	return nil
+}
+
+// HasWindow reports whether the SKU has a sale window bound.
+func (s *SKU) HasWindow() bool { return !s.SaleStart.IsZero() || !s.SaleEnd.IsZero() }
 
 // Stock is a SKU's counts and its shards.
 type Stock struct {
@@ -359,3 +406,24 @@ type ShardStock struct {
 	// reservations have ended.
 	Retiring bool
 }
+
+// SKUFilter selects SKUs for a listing; zero fields select all.
+type SKUFilter struct {
+	Prefix string
+	Status Status
+}
+
+// SKUSummary is a SKU's configuration and its counts summed over its
+// shards, as a listing shows it.
+type SKUSummary struct {
+	SKU *SKU
+	// Database is the database that holds the SKU.
+	Database  string
+	Total     Counts
+	InTransit int64
+}
+
+// SKUNameAfterMax is an upper bound on every SKU name that starts with a
+// prefix, in byte order: prefix followed by the byte after the last one
+// ValidateSKU allows ('z').
+func SKUNameAfterMax(prefix string) string { return prefix + "{" }

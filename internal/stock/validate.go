@@ -139,7 +139,7 @@ func ValidateRequest(r *Request) error {
 		if r.TransferID == "" || len(r.TransferID) > TransferIDLenMax || !isToken(r.TransferID) {
 			return Errorf(CodeInvalidArgument, "transfer_id is empty, too long or not printable")
 		}
-	case OpExpire:
+	case OpExpire, OpWarm:
 	default:
 		return Errorf(CodeInvalidArgument, "unknown operation kind %q", r.Kind)
 	}

@@ -19,6 +19,7 @@ var opKinds = map[v1.ShardOpKind]stock.OpKind{
 	v1.ShardOpKind_SHARD_OP_KIND_ADJUST:       stock.OpAdjust,
 	v1.ShardOpKind_SHARD_OP_KIND_TRANSFER_OUT: stock.OpTransferOut,
 	v1.ShardOpKind_SHARD_OP_KIND_TRANSFER_IN:  stock.OpTransferIn,
+	v1.ShardOpKind_SHARD_OP_KIND_WARM:         stock.OpWarm,
 }
 
 // RequestFromProto converts a shard op to a domain request.
@@ -76,13 +77,15 @@ func ResultToProto(r stock.Result) *v1.ShardResult {
 	out := &v1.ShardResult{Replayed: r.Replayed, Available: r.Available}
 	switch {
 	case r.Err != nil:
-		out.Result = &v1.ShardResult_Error{Error: &v1.ShardError{Reason: string(r.Err.Code), Message: r.Err.Message}}
+		out.Result = &v1.ShardResult_Error{Error: &v1.ShardError{Reason: string(r.Err.Code), Message: r.Err.Message, Metadata: r.Err.Metadata}}
 	case r.Transfer != nil:
 		out.Result = &v1.ShardResult_Transfer{Transfer: TransferToProto(r.Transfer)}
 	case r.Reservation != nil:
 		out.Result = &v1.ShardResult_Reservation{Reservation: ReservationToProto(r.Reservation)}
 	case r.Operation != nil:
 		out.Result = &v1.ShardResult_Operation{Operation: OperationToProto(r.Operation)}
+	case r.Warmed:
+		out.Result = &v1.ShardResult_Warmed{Warmed: true}
 	}
 	return out
 }
@@ -92,13 +95,15 @@ func ResultFromProto(r *v1.ShardResult) stock.Result {
 	out := stock.Result{Replayed: r.GetReplayed(), Available: r.GetAvailable()}
 	switch x := r.GetResult().(type) {
 	case *v1.ShardResult_Error:
-		out.Err = &stock.Error{Code: stock.Code(x.Error.GetReason()), Message: x.Error.GetMessage()}
+		out.Err = &stock.Error{Code: stock.Code(x.Error.GetReason()), Message: x.Error.GetMessage(), Metadata: x.Error.GetMetadata()}
 	case *v1.ShardResult_Reservation:
 		out.Reservation = ReservationFromProto(x.Reservation)
 	case *v1.ShardResult_Operation:
 		out.Operation = OperationFromProto(x.Operation)
 	case *v1.ShardResult_Transfer:
 		out.Transfer = TransferFromProto(x.Transfer)
+	case *v1.ShardResult_Warmed:
+		out.Warmed = x.Warmed
 	default:
 		out.Err = stock.Errorf(stock.CodeInternal, "empty shard result")
 	}

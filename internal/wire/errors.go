@@ -38,6 +38,8 @@ var connectCodes = map[stock.Code]connect.Code{
 	stock.CodeSKUExists:                   connect.CodeAlreadyExists,
 	stock.CodeShardNotHalted:              connect.CodeFailedPrecondition,
 	stock.CodeShardsRetiring:              connect.CodeFailedPrecondition,
+	stock.CodeSaleNotStarted:              connect.CodeFailedPrecondition,
+	stock.CodeSaleEnded:                   connect.CodeFailedPrecondition,
 	stock.CodeOperationInProgress:         connect.CodeAborted,
 	stock.CodeRebalanceInProgress:         connect.CodeAborted,
 	stock.CodeMoveFenced:                  connect.CodeAborted,
@@ -82,7 +84,7 @@ func ToConnect(err error) error {
 		}
 	}
 	cerr := connect.NewError(ConnectCode(e.Code), errors.New(e.Message))
-	if detail, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: string(e.Code), Domain: ErrorDomain}); derr == nil {
+	if detail, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: string(e.Code), Domain: ErrorDomain, Metadata: e.Metadata}); derr == nil {
 		cerr.AddDetail(detail)
 	}
 	return cerr
@@ -104,7 +106,7 @@ func FromConnect(err error) *stock.Error {
 			continue
 		}
 		if info, ok := v.(*errdetails.ErrorInfo); ok && info.Domain == ErrorDomain {
-			return &stock.Error{Code: stock.Code(info.Reason), Message: ce.Message()}
+			return &stock.Error{Code: stock.Code(info.Reason), Message: ce.Message(), Metadata: info.GetMetadata()}
 		}
 	}
 	switch ce.Code() {

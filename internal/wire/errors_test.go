@@ -38,6 +38,8 @@ var domainCodes = []struct {
 	{stock.CodeSKUExists, connect.CodeAlreadyExists},
 	{stock.CodeShardNotHalted, connect.CodeFailedPrecondition},
 	{stock.CodeShardsRetiring, connect.CodeFailedPrecondition},
+	{stock.CodeSaleNotStarted, connect.CodeFailedPrecondition},
+	{stock.CodeSaleEnded, connect.CodeFailedPrecondition},
 	{stock.CodeOperationInProgress, connect.CodeAborted},
 	{stock.CodeRebalanceInProgress, connect.CodeAborted},
 	{stock.CodeMoveFenced, connect.CodeAborted},
@@ -103,6 +105,23 @@ func TestToConnect_DomainCodes(t *testing.T) {
 				t.Errorf("ConnectCode(%s) = %v, want %v", tc.code, c, tc.want)
 			}
 		})
+	}
+}
+
+// An error's metadata travels in its ErrorInfo and back: SALE_NOT_STARTED
+// tells the client when the sale starts, across the shard server's
+// Execute too.
+func TestToConnect_Metadata(t *testing.T) {
+	e := stock.Errorf(stock.CodeSaleNotStarted, "not yet")
+	e.Metadata = map[string]string{stock.MetaSaleStart: "2026-12-24T18:00:00Z"}
+	if info := errorInfo(t, ToConnect(e)); info.GetMetadata()[stock.MetaSaleStart] != "2026-12-24T18:00:00Z" {
+		t.Errorf("ToConnect(%v) has ErrorInfo metadata %v, want sale_start", e, info.GetMetadata())
+	}
+	if back := FromConnect(ToConnect(e)); back.Metadata[stock.MetaSaleStart] != "2026-12-24T18:00:00Z" {
+		t.Errorf("FromConnect(ToConnect(%v)) has metadata %v, want sale_start", e, back.Metadata)
+	}
+	if back := ResultFromProto(ResultToProto(stock.Result{Err: e})); back.Err.Metadata[stock.MetaSaleStart] != "2026-12-24T18:00:00Z" {
+		t.Errorf("a shard result of %v has metadata %v after the wire, want sale_start", e, back.Err.Metadata)
 	}
 }
 

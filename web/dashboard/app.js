@@ -1,12 +1,13 @@
-// shardstock's dashboard: the stock of the SKUs an operator watches, per
-// shard, transfers in flight, the topology, recent ledger entries and the
-// last reconciliation, refreshed every second while the tab is visible;
-// and the actions of a sale (pause, resume, adjust, rebalance, set shards,
-// create). It calls the public and admin APIs with @connectrpc/connect-web,
-// the admin ones with the token entered once (kept in sessionStorage).
-//
-// The API has no call that lists SKUs, so the dashboard shows the SKUs the
-// operator watches or created here, kept in localStorage.
+// shardstock's dashboard: every SKU (AdminService.ListSkus, searched by
+// prefix), the stock of the SKUs selling, per shard, charts of the
+// selected SKU over the last minutes (sold per second, stock left,
+// reservations held, in transit, projected sell-out), transfers in flight,
+// the topology, recent ledger entries and the last reconciliation,
+// refreshed every second while the tab is visible; and the actions of a
+// sale (pause, resume, adjust, rebalance, set shards, create). It calls the
+// public and admin APIs with @connectrpc/connect-web, the admin ones with
+// the token entered once or given in the address (#token=..., as `make
+// run` prints it), kept in sessionStorage.
 import { createClient, ConnectError } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { InventoryService } from "../gen/shardstock/v1/inventory_pb.js";
@@ -16,6 +17,13 @@ import { SkuStatus, ShardState, TransferState } from "../gen/shardstock/v1/types
 const refreshMs = 1000;
 const ledgerRows = 15;
 const transfersMax = 20;
+// listEvery: the SKU list is read every this many refreshes (it pages the
+// catalogue); listMax SKUs are listed, boxesMax shown with their shards.
+const listEvery = 5;
+const listMax = 50;
+const boxesMax = 4;
+// samplesMax: the charts keep one sample a refresh, for the last 5 minutes.
+const samplesMax = 300;
 
 const $ = (sel) => document.querySelector(sel);
 const el = (tag, attrs = {}, ...children) => {
@@ -29,6 +37,12 @@ const el = (tag, attrs = {}, ...children) => {
   return e;
 };
 
+// A token in the address (#token=...) is taken and removed from it.
+const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
+if (fromHash) {
+  sessionStorage.setItem("shardstock-token", fromHash);
+  history.replaceState(null, "", location.pathname + location.search);
+}
 let token = sessionStorage.getItem("shardstock-token") || "";
 const bearer = (next) => async (req) => {
   if (token) req.header.set("Authorization", `Bearer ${token}`);
@@ -38,12 +52,20 @@ const transport = createConnectTransport({ baseUrl: location.origin, interceptor
 const inv = createClient(InventoryService, transport);
 const admin = createClient(AdminService, transport);
 
-const watched = new Set(JSON.parse(localStorage.getItem("shardstock-skus") || "[]"));
-const saveWatched = () => localStorage.setItem("shardstock-skus", JSON.stringify([...watched]));
+// listed: the last ListSkus page (by name, from the prefix searched);
+// shown: the SKUs shown with their shards, the selected one first.
+let listed = [];
+let prefix = "";
+let ticks = 0;
+const shown = () => {
+  const selling = listed.filter((s) => s.sku.status !== SkuStatus.PAUSED && (s.available > 0n || s.reserved > 0n)).map((s) => s.sku.sku);
+  const names = [selected, ...selling, ...listed.map((s) => s.sku.sku)].filter(Boolean);
+  return [...new Set(names)].slice(0, boxesMax);
+};
 // previous: the last snapshot per SKU, for the rates (units sold per
 // second between two snapshots).
 const previous = new Map();
-let selected = [...watched][0] || "";
+let selected = "";
 
 function showError(err) {
   const box = $("#error");
@@ -86,7 +108,10 @@ function renderSKU(stock) {
   if (prev) {
     const sold = Number(stock.sold - prev.sold);
     const secs = (now - prev.at) / 1000;
-    if (secs > 0) rate = `${(sold / secs).toFixed(1)} sold/s`;
+    if (secs > 0) {
+      rate = `${(sold / secs).toFixed(1)} sold/s`;
+      if (name === selected) sample(stock, sold / secs);
+    }
   }
   previous.set(name, { sold: stock.sold, at: now });
   const shards = stock.shards.map((s) => {
@@ -134,12 +159,98 @@ function renderSKU(stock) {
         $("#reconcile").textContent = `${name} at ${new Date().toLocaleTimeString()}: ` +
           (r.balanced ? "balanced" : `${r.discrepancies.length} discrepancies: ` + r.discrepancies.map((d) => `${d.check} (shard ${d.shard})`).join(", "));
       }) }, "Reconcile"),
-      el("button", { onclick: () => { watched.delete(name); saveWatched(); refresh(); } }, "Unwatch")));
+      el("button", { "data-action": "select", onclick: () => { selected = name; refresh(); } }, "Chart")));
+}
+
+// The charts of the selected SKU: one sample a refresh, drawn into SVGs
+// made once and updated in place.
+const series = [
+  { key: "soldPerSec", title: "sold per second" },
+  { key: "available", title: "stock left" },
+  { key: "reserved", title: "reservations held" },
+  { key: "inTransit", title: "in transit" },
+  { key: "sellOut", title: "projected sell-out (s)" },
+];
+let samples = [];
+let charted = "";
+const chartW = 300, chartH = 60;
+
+function sample(stock, soldPerSec) {
+  if (charted !== stock.sku) {
+    charted = stock.sku;
+    samples = [];
+  }
+  const available = Number(stock.available);
+  // Recent rate: the average over the last 10 samples, so that one
+  // quiet second does not send the projection to infinity.
+  const recent = samples.slice(-9).map((x) => x.soldPerSec).concat([soldPerSec]);
+  const rate = recent.reduce((a, b) => a + b, 0) / recent.length;
+  samples.push({ at: Date.now(), soldPerSec, available, reserved: Number(stock.reserved), inTransit: Number(stock.inTransit),
+    sellOut: rate > 0 ? available / rate : NaN });
+  if (samples.length > samplesMax) samples.shift();
+  drawCharts();
+}
+
+function drawCharts() {
+  $("#charts-sku").textContent = charted ? `of ${charted}, last ${Math.round(samples.length * refreshMs / 1000)} s` : "";
+  for (const s of series) {
+    const svg = $(`#charts svg[data-series="${s.key}"]`);
+    const vals = samples.map((x) => x[s.key]);
+    // Scaled from the series' lowest to its highest, so that the stock of
+    // a big SKU is seen moving.
+    const finite = vals.filter(Number.isFinite);
+    const lo = finite.length ? Math.min(...finite) : 0;
+    const hi = Math.max(lo + 1, ...finite);
+    const pts = vals.map((v, i) => Number.isFinite(v)
+      ? `${((i * chartW) / Math.max(1, samplesMax - 1)).toFixed(1)},${(chartH - ((v - lo) * chartH) / (hi - lo)).toFixed(1)}` : null).filter(Boolean);
+    svg.querySelector("polyline").setAttribute("points", pts.join(" "));
+    svg.dataset.points = String(pts.length);
+    const last = vals.length ? vals[vals.length - 1] : NaN;
+    svg.parentElement.querySelector(".value").textContent = Number.isFinite(last) ? (Number.isInteger(last) ? String(last) : last.toFixed(1)) : "-";
+  }
+}
+
+function makeCharts() {
+  const svgNS = "http://www.w3.org/2000/svg";
+  $("#charts").replaceChildren(...series.map((s) => {
+    const svg = document.createElementNS(svgNS, "svg");
+    svg.setAttribute("class", "chart");
+    svg.setAttribute("viewBox", `0 0 ${chartW} ${chartH}`);
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.dataset.series = s.key;
+    svg.dataset.points = "0";
+    const line = document.createElementNS(svgNS, "polyline");
+    svg.append(line);
+    return el("div", { class: "chart-box" }, el("div", {}, s.title, " ", el("b", { class: "value" }, "-")), svg);
+  }));
+}
+
+// refreshList reads the SKU list (the admin API): the SKUs whose names
+// start with the prefix searched, by name.
+async function refreshList() {
+  if (!token) {
+    $("#sku-list tbody").replaceChildren(el("tr", {}, el("td", { colspan: "6" }, "enter the admin token to list SKUs")));
+    return;
+  }
+  const { skus } = await admin.listSkus({ prefix, pageSize: listMax });
+  listed = skus;
+  if (!selected && skus.length) selected = shown()[0] || "";
+  $("#sku-list tbody").replaceChildren(...skus.map((s) => el("tr", { "data-sku": s.sku.sku, class: s.sku.sku === selected ? "selected" : "" },
+    el("td", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); selected = s.sku.sku; refresh(); } }, s.sku.sku)),
+    el("td", {}, s.sku.status === SkuStatus.PAUSED ? "paused" : "active"),
+    el("td", {}, String(s.available)), el("td", {}, String(s.reserved)), el("td", {}, String(s.sold)),
+    el("td", {}, saleWindow(s.sku)))));
+}
+
+function saleWindow(cfg) {
+  const at = (t) => (t ? new Date(Number(t.seconds) * 1000).toLocaleString() : "");
+  return cfg.saleStart || cfg.saleEnd ? `${at(cfg.saleStart)} .. ${at(cfg.saleEnd)}` : "";
 }
 
 async function refreshSKUs() {
+  if (ticks++ % listEvery === 0 || !listed.length) await refreshList();
   const boxes = [];
-  for (const name of watched) {
+  for (const name of shown()) {
     try {
       const { stock } = await inv.getStock({ sku: name });
       boxes.push(renderSKU(stock));
@@ -219,13 +330,14 @@ $("#token-form").addEventListener("submit", (e) => {
   token = $("#token").value.trim();
   sessionStorage.setItem("shardstock-token", token);
   $("#token-state").textContent = token ? "set" : "not set";
+  ticks = 0;
   refresh();
 });
-$("#watch-form").addEventListener("submit", (e) => {
+$("#search-form").addEventListener("submit", (e) => {
   e.preventDefault();
-  watched.add($("#watch-sku").value.trim());
-  saveWatched();
-  $("#watch-sku").value = "";
+  prefix = $("#search-prefix").value.trim();
+  selected = "";
+  ticks = 0;
   refresh();
 });
 $("#create-form").addEventListener("submit", (e) => {
@@ -233,12 +345,12 @@ $("#create-form").addEventListener("submit", (e) => {
   const sku = $("#create-sku").value.trim();
   act(async () => {
     await admin.createSku({ sku, initialStock: BigInt($("#create-stock").value || 0), shards: Number($("#create-shards").value || 1) });
-    watched.add(sku);
-    saveWatched();
     selected = sku;
+    ticks = 0;
   });
 });
 
+makeCharts();
 refresh();
 setInterval(() => {
   if (!document.hidden) refresh();

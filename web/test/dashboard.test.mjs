@@ -1,9 +1,12 @@
 // The dashboard in headless Chromium (Debian's chromium, driven by
 // playwright-core) against a real shardstock allocator, whose address and
 // admin token internal/e2e's TestE2E_Dashboard passes in SHARDSTOCK_URL and
-// SHARDSTOCK_ADMIN_TOKEN: enter the token, create a SKU through the page,
-// deduct from this script, see the bars move, pause the SKU through the
-// page, see it paused (and a deduct refused), and save a screenshot.
+// SHARDSTOCK_ADMIN_TOKEN: opened with the token in its address (as `make
+// run` prints it), the page lists and shows a SKU created before it with
+// no typing, and its charts move and grow under load; then enter the
+// token, create a SKU through the page, deduct from this script, see the
+// bars move, pause the SKU through the page, see it paused (and a deduct
+// refused), and save screenshots.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
@@ -12,12 +15,14 @@ import { chromium } from "playwright-core";
 import { createClient, ConnectError, Code } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { InventoryService } from "../gen/shardstock/v1/inventory_pb.js";
+import { AdminService } from "../gen/shardstock/v1/admin_pb.js";
 
 const baseUrl = process.env.SHARDSTOCK_URL;
 const token = process.env.SHARDSTOCK_ADMIN_TOKEN;
 const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
 const artifacts = resolve(process.env.ARTIFACTS_DIR || "../tmp/artifacts");
 const sku = `dash-${process.pid}`;
+const demo = `demo-${process.pid}`;
 const timeout = 15_000;
 
 test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, async () => {
@@ -27,7 +32,43 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, a
     const page = await browser.newPage();
     const consoleErrors = [];
     page.on("pageerror", (e) => consoleErrors.push(String(e)));
-    await page.goto(baseUrl + "/");
+    // A SKU selling before the page opens, as make run's demo SKU: listed
+    // and shown with no typing, the token coming in the address.
+    const inv = createClient(InventoryService, createConnectTransport({ baseUrl }));
+    const bearer = (next) => async (req) => { req.header.set("Authorization", `Bearer ${token}`); return next(req); };
+    const admin = createClient(AdminService, createConnectTransport({ baseUrl, interceptors: [bearer] }));
+    await admin.createSku({ sku: demo, initialStock: 100000n, shards: 4 });
+    await page.goto(`${baseUrl}/#token=${encodeURIComponent(token)}`);
+    await page.waitForSelector(`#sku-list tr[data-sku="${demo}"]`, { timeout });
+    await page.waitForSelector(`.sku[data-sku="${demo}"] [data-field=available]`, { timeout });
+    assert.ok(!(await page.evaluate(() => location.hash)).includes("token"), "the token stayed in the address");
+
+    // Under load the charts move and grow: their data differ between two
+    // reads, and hold more points.
+    const chartsFrom = Date.now();
+    let load = true;
+    const loading = (async () => {
+      for (let i = 0; load; i++) await inv.deduct({ sku: demo, quantity: 1n, idempotencyKey: `${demo}-${i}` });
+    })();
+    const chartData = () => page.locator("#charts svg.chart").evaluateAll((svgs) =>
+      svgs.map((s) => ({ series: s.dataset.series, points: Number(s.dataset.points), line: s.querySelector("polyline").getAttribute("points") })));
+    await page.waitForFunction(() => Number(document.querySelector('#charts svg[data-series="soldPerSec"]').dataset.points) >= 2, null, { timeout });
+    const first = await chartData();
+    await page.waitForFunction((n) => Number(document.querySelector('#charts svg[data-series="available"]').dataset.points) >= n + 2,
+      first.find((c) => c.series === "available").points, { timeout });
+    const second = await chartData();
+    load = false;
+    await loading;
+    assert.ok(first.length >= 5, `${first.length} charts, want sold per second, stock left, reservations, in transit, sell-out`);
+    for (const key of ["soldPerSec", "available"]) {
+      const a = first.find((c) => c.series === key), b = second.find((c) => c.series === key);
+      assert.ok(b.points > a.points, `chart ${key}: ${a.points} -> ${b.points} points, want more under load`);
+      assert.notEqual(b.line, a.line, `chart ${key} did not move under load`);
+    }
+    mkdirSync(artifacts, { recursive: true });
+    await page.screenshot({ path: join(artifacts, "dashboard-charts.png"), fullPage: true });
+    console.log(`charts checked in ${Date.now() - chartsFrom} ms`);
+
     await page.fill("#token", token);
     await page.click("#token-form button");
     await page.waitForSelector("#token-state:text('set')", { timeout });
@@ -44,7 +85,6 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, a
     const widthBefore = await page.locator(`${box} .shard .available`).evaluateAll((bars) => bars.map((b) => b.getBoundingClientRect().width));
 
     // Deduct from the script: the numbers and the bars move.
-    const inv = createClient(InventoryService, createConnectTransport({ baseUrl }));
     for (let i = 0; i < 10; i++) {
       await inv.deduct({ sku, quantity: 3n, idempotencyKey: `${sku}-${i}` });
     }
@@ -66,7 +106,6 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, a
     // The topology panel shows every partition owned.
     await page.waitForSelector("#topology:has-text('256 of 256 partitions owned')", { timeout });
 
-    mkdirSync(artifacts, { recursive: true });
     const shot = join(artifacts, "dashboard.png");
     await page.screenshot({ path: shot, fullPage: true });
     console.log(`screenshot: ${shot}`);

@@ -34,7 +34,12 @@ type SkuConfig struct {
 	CustomerLimit  int64                `protobuf:"varint,5,opt,name=customer_limit,json=customerLimit,proto3" json:"customer_limit,omitempty"`
 	ReservationTtl *durationpb.Duration `protobuf:"bytes,6,opt,name=reservation_ttl,json=reservationTtl,proto3" json:"reservation_ttl,omitempty"`
 	// Whether the rebalancer may split and merge the SKU by itself.
-	AutoShards    bool `protobuf:"varint,7,opt,name=auto_shards,json=autoShards,proto3" json:"auto_shards,omitempty"`
+	AutoShards bool `protobuf:"varint,7,opt,name=auto_shards,json=autoShards,proto3" json:"auto_shards,omitempty"`
+	// The sale window: before sale_start reserves and deducts are refused
+	// SALE_NOT_STARTED, from sale_end on SALE_ENDED, by the database's
+	// clock. Absent: no bound.
+	SaleStart     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=sale_start,json=saleStart,proto3" json:"sale_start,omitempty"`
+	SaleEnd       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=sale_end,json=saleEnd,proto3" json:"sale_end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -118,6 +123,20 @@ func (x *SkuConfig) GetAutoShards() bool {
 	return false
 }
 
+func (x *SkuConfig) GetSaleStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SaleStart
+	}
+	return nil
+}
+
+func (x *SkuConfig) GetSaleEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SaleEnd
+	}
+	return nil
+}
+
 type CreateSkuRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Sku            string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -126,8 +145,11 @@ type CreateSkuRequest struct {
 	MaxPerOrder    int64                  `protobuf:"varint,4,opt,name=max_per_order,json=maxPerOrder,proto3" json:"max_per_order,omitempty"`
 	CustomerLimit  int64                  `protobuf:"varint,5,opt,name=customer_limit,json=customerLimit,proto3" json:"customer_limit,omitempty"`
 	ReservationTtl *durationpb.Duration   `protobuf:"bytes,6,opt,name=reservation_ttl,json=reservationTtl,proto3" json:"reservation_ttl,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The sale window (SkuConfig); absent: no bound.
+	SaleStart     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=sale_start,json=saleStart,proto3" json:"sale_start,omitempty"`
+	SaleEnd       *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=sale_end,json=saleEnd,proto3" json:"sale_end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSkuRequest) Reset() {
@@ -202,6 +224,20 @@ func (x *CreateSkuRequest) GetReservationTtl() *durationpb.Duration {
 	return nil
 }
 
+func (x *CreateSkuRequest) GetSaleStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SaleStart
+	}
+	return nil
+}
+
+func (x *CreateSkuRequest) GetSaleEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SaleEnd
+	}
+	return nil
+}
+
 type CreateSkuResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sku           *SkuConfig             `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -263,9 +299,15 @@ type UpdateSkuRequest struct {
 	// Whether the rebalancer may split this SKU when it is hot and merge it
 	// back when it cools (on for a new SKU; the allocators' -auto-shards=false
 	// turns it off for every SKU).
-	AutoShards    *bool `protobuf:"varint,5,opt,name=auto_shards,json=autoShards,proto3,oneof" json:"auto_shards,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AutoShards *bool `protobuf:"varint,5,opt,name=auto_shards,json=autoShards,proto3,oneof" json:"auto_shards,omitempty"`
+	// Set the sale window's start or end (SkuConfig); a field absent keeps
+	// its bound. The end must come after the start.
+	SaleStart *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=sale_start,json=saleStart,proto3" json:"sale_start,omitempty"`
+	SaleEnd   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=sale_end,json=saleEnd,proto3" json:"sale_end,omitempty"`
+	// Remove both bounds of the sale window (with neither field set).
+	ClearSaleWindow bool `protobuf:"varint,8,opt,name=clear_sale_window,json=clearSaleWindow,proto3" json:"clear_sale_window,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *UpdateSkuRequest) Reset() {
@@ -329,6 +371,27 @@ func (x *UpdateSkuRequest) GetCustomerLimit() int64 {
 func (x *UpdateSkuRequest) GetAutoShards() bool {
 	if x != nil && x.AutoShards != nil {
 		return *x.AutoShards
+	}
+	return false
+}
+
+func (x *UpdateSkuRequest) GetSaleStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SaleStart
+	}
+	return nil
+}
+
+func (x *UpdateSkuRequest) GetSaleEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SaleEnd
+	}
+	return nil
+}
+
+func (x *UpdateSkuRequest) GetClearSaleWindow() bool {
+	if x != nil {
+		return x.ClearSaleWindow
 	}
 	return false
 }
@@ -2038,11 +2101,373 @@ func (x *WatchLedgerResponse) GetCursor() string {
 	return ""
 }
 
+type ListSkusRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only SKUs whose name starts with prefix; empty: every SKU.
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Only SKUs in this status; SKU_STATUS_UNSPECIFIED: every status.
+	Status SkuStatus `protobuf:"varint,2,opt,name=status,proto3,enum=shardstock.v1.SkuStatus" json:"status,omitempty"`
+	// At most this many SKUs (default 100, at most 1000).
+	PageSize      int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSkusRequest) Reset() {
+	*x = ListSkusRequest{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSkusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSkusRequest) ProtoMessage() {}
+
+func (x *ListSkusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSkusRequest.ProtoReflect.Descriptor instead.
+func (*ListSkusRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListSkusRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *ListSkusRequest) GetStatus() SkuStatus {
+	if x != nil {
+		return x.Status
+	}
+	return SkuStatus_SKU_STATUS_UNSPECIFIED
+}
+
+func (x *ListSkusRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSkusRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// SkuSummary is a SKU's configuration and its counts, summed over its
+// shards.
+type SkuSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sku   *SkuConfig             `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	// The database that holds the SKU.
+	Database      string `protobuf:"bytes,2,opt,name=database,proto3" json:"database,omitempty"`
+	Available     int64  `protobuf:"varint,3,opt,name=available,proto3" json:"available,omitempty"`
+	Reserved      int64  `protobuf:"varint,4,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	Sold          int64  `protobuf:"varint,5,opt,name=sold,proto3" json:"sold,omitempty"`
+	InTransit     int64  `protobuf:"varint,6,opt,name=in_transit,json=inTransit,proto3" json:"in_transit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SkuSummary) Reset() {
+	*x = SkuSummary{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SkuSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SkuSummary) ProtoMessage() {}
+
+func (x *SkuSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SkuSummary.ProtoReflect.Descriptor instead.
+func (*SkuSummary) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *SkuSummary) GetSku() *SkuConfig {
+	if x != nil {
+		return x.Sku
+	}
+	return nil
+}
+
+func (x *SkuSummary) GetDatabase() string {
+	if x != nil {
+		return x.Database
+	}
+	return ""
+}
+
+func (x *SkuSummary) GetAvailable() int64 {
+	if x != nil {
+		return x.Available
+	}
+	return 0
+}
+
+func (x *SkuSummary) GetReserved() int64 {
+	if x != nil {
+		return x.Reserved
+	}
+	return 0
+}
+
+func (x *SkuSummary) GetSold() int64 {
+	if x != nil {
+		return x.Sold
+	}
+	return 0
+}
+
+func (x *SkuSummary) GetInTransit() int64 {
+	if x != nil {
+		return x.InTransit
+	}
+	return 0
+}
+
+type ListSkusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Skus  []*SkuSummary          `protobuf:"bytes,1,rep,name=skus,proto3" json:"skus,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSkusResponse) Reset() {
+	*x = ListSkusResponse{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSkusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSkusResponse) ProtoMessage() {}
+
+func (x *ListSkusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSkusResponse.ProtoReflect.Descriptor instead.
+func (*ListSkusResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ListSkusResponse) GetSkus() []*SkuSummary {
+	if x != nil {
+		return x.Skus
+	}
+	return nil
+}
+
+func (x *ListSkusResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type PrewarmRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Skus          []string               `protobuf:"bytes,1,rep,name=skus,proto3" json:"skus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrewarmRequest) Reset() {
+	*x = PrewarmRequest{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrewarmRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrewarmRequest) ProtoMessage() {}
+
+func (x *PrewarmRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrewarmRequest.ProtoReflect.Descriptor instead.
+func (*PrewarmRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *PrewarmRequest) GetSkus() []string {
+	if x != nil {
+		return x.Skus
+	}
+	return nil
+}
+
+// PrewarmedSku says what Prewarm did for one SKU.
+type PrewarmedSku struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sku   string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	// Shards whose writer runs with its row loaded.
+	ShardsWarm int32 `protobuf:"varint,2,opt,name=shards_warm,json=shardsWarm,proto3" json:"shards_warm,omitempty"`
+	// The SKU's stock as the warmed writers hold it.
+	Stock         *Stock `protobuf:"bytes,3,opt,name=stock,proto3" json:"stock,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrewarmedSku) Reset() {
+	*x = PrewarmedSku{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrewarmedSku) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrewarmedSku) ProtoMessage() {}
+
+func (x *PrewarmedSku) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrewarmedSku.ProtoReflect.Descriptor instead.
+func (*PrewarmedSku) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *PrewarmedSku) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *PrewarmedSku) GetShardsWarm() int32 {
+	if x != nil {
+		return x.ShardsWarm
+	}
+	return 0
+}
+
+func (x *PrewarmedSku) GetStock() *Stock {
+	if x != nil {
+		return x.Stock
+	}
+	return nil
+}
+
+type PrewarmResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Skus          []*PrewarmedSku        `protobuf:"bytes,1,rep,name=skus,proto3" json:"skus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrewarmResponse) Reset() {
+	*x = PrewarmResponse{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrewarmResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrewarmResponse) ProtoMessage() {}
+
+func (x *PrewarmResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrewarmResponse.ProtoReflect.Descriptor instead.
+func (*PrewarmResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *PrewarmResponse) GetSkus() []*PrewarmedSku {
+	if x != nil {
+		return x.Skus
+	}
+	return nil
+}
+
 var File_shardstock_v1_admin_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\x97\x02\n" +
+	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\x89\x03\n" +
 	"\tSkuConfig\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x120\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x18.shardstock.v1.SkuStatusR\x06status\x12\x16\n" +
@@ -2051,24 +2476,34 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x0ecustomer_limit\x18\x05 \x01(\x03R\rcustomerLimit\x12B\n" +
 	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\x12\x1f\n" +
 	"\vauto_shards\x18\a \x01(\bR\n" +
-	"autoShards\"\xf0\x01\n" +
+	"autoShards\x129\n" +
+	"\n" +
+	"sale_start\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tsaleStart\x125\n" +
+	"\bsale_end\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\"\xe2\x02\n" +
 	"\x10CreateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12#\n" +
 	"\rinitial_stock\x18\x02 \x01(\x03R\finitialStock\x12\x16\n" +
 	"\x06shards\x18\x03 \x01(\x05R\x06shards\x12\"\n" +
 	"\rmax_per_order\x18\x04 \x01(\x03R\vmaxPerOrder\x12%\n" +
 	"\x0ecustomer_limit\x18\x05 \x01(\x03R\rcustomerLimit\x12B\n" +
-	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\"k\n" +
+	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\x129\n" +
+	"\n" +
+	"sale_start\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tsaleStart\x125\n" +
+	"\bsale_end\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\"k\n" +
 	"\x11CreateSkuResponse\x12*\n" +
 	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\x12*\n" +
-	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\xfc\x01\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\x9a\x03\n" +
 	"\x10UpdateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1b\n" +
 	"\x06paused\x18\x02 \x01(\bH\x00R\x06paused\x88\x01\x01\x12'\n" +
 	"\rmax_per_order\x18\x03 \x01(\x03H\x01R\vmaxPerOrder\x88\x01\x01\x12*\n" +
 	"\x0ecustomer_limit\x18\x04 \x01(\x03H\x02R\rcustomerLimit\x88\x01\x01\x12$\n" +
 	"\vauto_shards\x18\x05 \x01(\bH\x03R\n" +
-	"autoShards\x88\x01\x01B\t\n" +
+	"autoShards\x88\x01\x01\x129\n" +
+	"\n" +
+	"sale_start\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tsaleStart\x125\n" +
+	"\bsale_end\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\x12*\n" +
+	"\x11clear_sale_window\x18\b \x01(\bR\x0fclearSaleWindowB\t\n" +
 	"\a_pausedB\x10\n" +
 	"\x0e_max_per_orderB\x11\n" +
 	"\x0f_customer_limitB\x0e\n" +
@@ -2201,7 +2636,34 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x13WatchLedgerResponse\x120\n" +
 	"\x05entry\x18\x01 \x01(\v2\x1a.shardstock.v1.LedgerEntryR\x05entry\x12\x1a\n" +
 	"\bdatabase\x18\x02 \x01(\tR\bdatabase\x12\x16\n" +
-	"\x06cursor\x18\x03 \x01(\tR\x06cursor2\xa4\b\n" +
+	"\x06cursor\x18\x03 \x01(\tR\x06cursor\"\x97\x01\n" +
+	"\x0fListSkusRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x120\n" +
+	"\x06status\x18\x02 \x01(\x0e2\x18.shardstock.v1.SkuStatusR\x06status\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xc1\x01\n" +
+	"\n" +
+	"SkuSummary\x12*\n" +
+	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\x12\x1a\n" +
+	"\bdatabase\x18\x02 \x01(\tR\bdatabase\x12\x1c\n" +
+	"\tavailable\x18\x03 \x01(\x03R\tavailable\x12\x1a\n" +
+	"\breserved\x18\x04 \x01(\x03R\breserved\x12\x12\n" +
+	"\x04sold\x18\x05 \x01(\x03R\x04sold\x12\x1d\n" +
+	"\n" +
+	"in_transit\x18\x06 \x01(\x03R\tinTransit\"i\n" +
+	"\x10ListSkusResponse\x12-\n" +
+	"\x04skus\x18\x01 \x03(\v2\x19.shardstock.v1.SkuSummaryR\x04skus\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"$\n" +
+	"\x0ePrewarmRequest\x12\x12\n" +
+	"\x04skus\x18\x01 \x03(\tR\x04skus\"m\n" +
+	"\fPrewarmedSku\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1f\n" +
+	"\vshards_warm\x18\x02 \x01(\x05R\n" +
+	"shardsWarm\x12*\n" +
+	"\x05stock\x18\x03 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"B\n" +
+	"\x0fPrewarmResponse\x12/\n" +
+	"\x04skus\x18\x01 \x03(\v2\x1b.shardstock.v1.PrewarmedSkuR\x04skus2\xc2\t\n" +
 	"\fAdminService\x12P\n" +
 	"\tCreateSku\x12\x1f.shardstock.v1.CreateSkuRequest\x1a .shardstock.v1.CreateSkuResponse\"\x00\x12P\n" +
 	"\tUpdateSku\x12\x1f.shardstock.v1.UpdateSkuRequest\x1a .shardstock.v1.UpdateSkuResponse\"\x00\x12V\n" +
@@ -2215,7 +2677,9 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\tReconcile\x12\x1f.shardstock.v1.ReconcileRequest\x1a .shardstock.v1.ReconcileResponse\"\x03\x90\x02\x01\x12V\n" +
 	"\vResumeShard\x12!.shardstock.v1.ResumeShardRequest\x1a\".shardstock.v1.ResumeShardResponse\"\x00\x12Y\n" +
 	"\fSetPlacement\x12\".shardstock.v1.SetPlacementRequest\x1a#.shardstock.v1.SetPlacementResponse\"\x00\x12X\n" +
-	"\vWatchLedger\x12!.shardstock.v1.WatchLedgerRequest\x1a\".shardstock.v1.WatchLedgerResponse\"\x000\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\vWatchLedger\x12!.shardstock.v1.WatchLedgerRequest\x1a\".shardstock.v1.WatchLedgerResponse\"\x000\x01\x12P\n" +
+	"\bListSkus\x12\x1e.shardstock.v1.ListSkusRequest\x1a\x1f.shardstock.v1.ListSkusResponse\"\x03\x90\x02\x01\x12J\n" +
+	"\aPrewarm\x12\x1d.shardstock.v1.PrewarmRequest\x1a\x1e.shardstock.v1.PrewarmResponse\"\x00BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_admin_proto_rawDescOnce sync.Once
@@ -2229,7 +2693,7 @@ func file_shardstock_v1_admin_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_admin_proto_rawDescData
 }
 
-var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*SkuConfig)(nil),             // 0: shardstock.v1.SkuConfig
 	(*CreateSkuRequest)(nil),      // 1: shardstock.v1.CreateSkuRequest
@@ -2262,70 +2726,91 @@ var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*ResumeShardResponse)(nil),   // 28: shardstock.v1.ResumeShardResponse
 	(*WatchLedgerRequest)(nil),    // 29: shardstock.v1.WatchLedgerRequest
 	(*WatchLedgerResponse)(nil),   // 30: shardstock.v1.WatchLedgerResponse
-	(SkuStatus)(0),                // 31: shardstock.v1.SkuStatus
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
-	(*Stock)(nil),                 // 33: shardstock.v1.Stock
-	(*Operation)(nil),             // 34: shardstock.v1.Operation
-	(*Transfer)(nil),              // 35: shardstock.v1.Transfer
-	(TransferState)(0),            // 36: shardstock.v1.TransferState
-	(*MoveLease)(nil),             // 37: shardstock.v1.MoveLease
-	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
+	(*ListSkusRequest)(nil),       // 31: shardstock.v1.ListSkusRequest
+	(*SkuSummary)(nil),            // 32: shardstock.v1.SkuSummary
+	(*ListSkusResponse)(nil),      // 33: shardstock.v1.ListSkusResponse
+	(*PrewarmRequest)(nil),        // 34: shardstock.v1.PrewarmRequest
+	(*PrewarmedSku)(nil),          // 35: shardstock.v1.PrewarmedSku
+	(*PrewarmResponse)(nil),       // 36: shardstock.v1.PrewarmResponse
+	(SkuStatus)(0),                // 37: shardstock.v1.SkuStatus
+	(*durationpb.Duration)(nil),   // 38: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 39: google.protobuf.Timestamp
+	(*Stock)(nil),                 // 40: shardstock.v1.Stock
+	(*Operation)(nil),             // 41: shardstock.v1.Operation
+	(*Transfer)(nil),              // 42: shardstock.v1.Transfer
+	(TransferState)(0),            // 43: shardstock.v1.TransferState
+	(*MoveLease)(nil),             // 44: shardstock.v1.MoveLease
 }
 var file_shardstock_v1_admin_proto_depIdxs = []int32{
-	31, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
-	32, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
-	32, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
-	0,  // 3: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	33, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
-	0,  // 5: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	34, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
-	33, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
-	0,  // 8: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	33, // 9: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
-	35, // 10: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	36, // 11: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
-	35, // 12: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
-	14, // 13: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
-	15, // 14: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	37, // 15: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
-	17, // 16: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
-	18, // 17: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
-	17, // 18: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
-	38, // 19: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
-	22, // 20: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
-	25, // 21: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	33, // 22: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	33, // 23: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
-	22, // 24: shardstock.v1.WatchLedgerResponse.entry:type_name -> shardstock.v1.LedgerEntry
-	1,  // 25: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	3,  // 26: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	5,  // 27: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	7,  // 28: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	9,  // 29: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	11, // 30: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	13, // 31: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	21, // 32: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	24, // 33: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	27, // 34: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
-	19, // 35: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
-	29, // 36: shardstock.v1.AdminService.WatchLedger:input_type -> shardstock.v1.WatchLedgerRequest
-	2,  // 37: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	4,  // 38: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	6,  // 39: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	8,  // 40: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	10, // 41: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	12, // 42: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	16, // 43: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	23, // 44: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	26, // 45: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	28, // 46: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
-	20, // 47: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
-	30, // 48: shardstock.v1.AdminService.WatchLedger:output_type -> shardstock.v1.WatchLedgerResponse
-	37, // [37:49] is the sub-list for method output_type
-	25, // [25:37] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	37, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
+	38, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
+	39, // 2: shardstock.v1.SkuConfig.sale_start:type_name -> google.protobuf.Timestamp
+	39, // 3: shardstock.v1.SkuConfig.sale_end:type_name -> google.protobuf.Timestamp
+	38, // 4: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
+	39, // 5: shardstock.v1.CreateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
+	39, // 6: shardstock.v1.CreateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
+	0,  // 7: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	40, // 8: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
+	39, // 9: shardstock.v1.UpdateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
+	39, // 10: shardstock.v1.UpdateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
+	0,  // 11: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	41, // 12: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
+	40, // 13: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
+	0,  // 14: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
+	40, // 15: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
+	42, // 16: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	43, // 17: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
+	42, // 18: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	14, // 19: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
+	15, // 20: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
+	44, // 21: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
+	17, // 22: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
+	18, // 23: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
+	17, // 24: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
+	39, // 25: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	22, // 26: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
+	25, // 27: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
+	40, // 28: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	40, // 29: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
+	22, // 30: shardstock.v1.WatchLedgerResponse.entry:type_name -> shardstock.v1.LedgerEntry
+	37, // 31: shardstock.v1.ListSkusRequest.status:type_name -> shardstock.v1.SkuStatus
+	0,  // 32: shardstock.v1.SkuSummary.sku:type_name -> shardstock.v1.SkuConfig
+	32, // 33: shardstock.v1.ListSkusResponse.skus:type_name -> shardstock.v1.SkuSummary
+	40, // 34: shardstock.v1.PrewarmedSku.stock:type_name -> shardstock.v1.Stock
+	35, // 35: shardstock.v1.PrewarmResponse.skus:type_name -> shardstock.v1.PrewarmedSku
+	1,  // 36: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 37: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 38: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 39: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 40: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 41: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 42: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	21, // 43: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	24, // 44: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	27, // 45: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
+	19, // 46: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
+	29, // 47: shardstock.v1.AdminService.WatchLedger:input_type -> shardstock.v1.WatchLedgerRequest
+	31, // 48: shardstock.v1.AdminService.ListSkus:input_type -> shardstock.v1.ListSkusRequest
+	34, // 49: shardstock.v1.AdminService.Prewarm:input_type -> shardstock.v1.PrewarmRequest
+	2,  // 50: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 51: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 52: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 53: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 54: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 55: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 56: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	23, // 57: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	26, // 58: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	28, // 59: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
+	20, // 60: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
+	30, // 61: shardstock.v1.AdminService.WatchLedger:output_type -> shardstock.v1.WatchLedgerResponse
+	33, // 62: shardstock.v1.AdminService.ListSkus:output_type -> shardstock.v1.ListSkusResponse
+	36, // 63: shardstock.v1.AdminService.Prewarm:output_type -> shardstock.v1.PrewarmResponse
+	50, // [50:64] is the sub-list for method output_type
+	36, // [36:50] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }
@@ -2341,7 +2826,7 @@ func file_shardstock_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_admin_proto_rawDesc), len(file_shardstock_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

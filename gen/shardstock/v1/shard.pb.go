@@ -35,6 +35,9 @@ const (
 	ShardOpKind_SHARD_OP_KIND_ADJUST       ShardOpKind = 6
 	ShardOpKind_SHARD_OP_KIND_TRANSFER_OUT ShardOpKind = 7
 	ShardOpKind_SHARD_OP_KIND_TRANSFER_IN  ShardOpKind = 8
+	// Start the shard's writer with its row loaded (AdminService.Prewarm);
+	// changes nothing.
+	ShardOpKind_SHARD_OP_KIND_WARM ShardOpKind = 9
 )
 
 // Enum value maps for ShardOpKind.
@@ -49,6 +52,7 @@ var (
 		6: "SHARD_OP_KIND_ADJUST",
 		7: "SHARD_OP_KIND_TRANSFER_OUT",
 		8: "SHARD_OP_KIND_TRANSFER_IN",
+		9: "SHARD_OP_KIND_WARM",
 	}
 	ShardOpKind_value = map[string]int32{
 		"SHARD_OP_KIND_UNSPECIFIED":  0,
@@ -60,6 +64,7 @@ var (
 		"SHARD_OP_KIND_ADJUST":       6,
 		"SHARD_OP_KIND_TRANSFER_OUT": 7,
 		"SHARD_OP_KIND_TRANSFER_IN":  8,
+		"SHARD_OP_KIND_WARM":         9,
 	}
 )
 
@@ -235,8 +240,11 @@ func (x *ShardOp) GetTransferId() string {
 type ShardError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One of the reasons of the public API, e.g. "OUT_OF_STOCK".
-	Reason        string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
-	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Reason  string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// The ErrorInfo metadata of the reason (e.g. SALE_NOT_STARTED's
+	// sale_start).
+	Metadata      map[string]string `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -285,6 +293,13 @@ func (x *ShardError) GetMessage() string {
 	return ""
 }
 
+func (x *ShardError) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
 type ShardResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Result:
@@ -293,6 +308,7 @@ type ShardResult struct {
 	//	*ShardResult_Reservation
 	//	*ShardResult_Error
 	//	*ShardResult_Transfer
+	//	*ShardResult_Warmed
 	Result   isShardResult_Result `protobuf_oneof:"result"`
 	Replayed bool                 `protobuf:"varint,4,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	// The shard's available stock after this batch: a routing hint.
@@ -374,6 +390,15 @@ func (x *ShardResult) GetTransfer() *Transfer {
 	return nil
 }
 
+func (x *ShardResult) GetWarmed() bool {
+	if x != nil {
+		if x, ok := x.Result.(*ShardResult_Warmed); ok {
+			return x.Warmed
+		}
+	}
+	return false
+}
+
 func (x *ShardResult) GetReplayed() bool {
 	if x != nil {
 		return x.Replayed
@@ -408,6 +433,11 @@ type ShardResult_Transfer struct {
 	Transfer *Transfer `protobuf:"bytes,6,opt,name=transfer,proto3,oneof"`
 }
 
+type ShardResult_Warmed struct {
+	// A warm request's answer: the shard's writer runs with its row loaded.
+	Warmed bool `protobuf:"varint,7,opt,name=warmed,proto3,oneof"`
+}
+
 func (*ShardResult_Operation) isShardResult_Result() {}
 
 func (*ShardResult_Reservation) isShardResult_Result() {}
@@ -415,6 +445,8 @@ func (*ShardResult_Reservation) isShardResult_Result() {}
 func (*ShardResult_Error) isShardResult_Result() {}
 
 func (*ShardResult_Transfer) isShardResult_Result() {}
+
+func (*ShardResult_Warmed) isShardResult_Result() {}
 
 type ExecuteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -620,16 +652,21 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\bapprover\x18\v \x01(\tR\bapprover\x12\x16\n" +
 	"\x06source\x18\f \x01(\tR\x06source\x12\x1f\n" +
 	"\vtransfer_id\x18\r \x01(\tR\n" +
-	"transferId\">\n" +
+	"transferId\"\xc0\x01\n" +
 	"\n" +
 	"ShardError\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xb5\x02\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12C\n" +
+	"\bmetadata\x18\x03 \x03(\v2'.shardstock.v1.ShardError.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x02\n" +
 	"\vShardResult\x128\n" +
 	"\toperation\x18\x01 \x01(\v2\x18.shardstock.v1.OperationH\x00R\toperation\x12>\n" +
 	"\vreservation\x18\x02 \x01(\v2\x1a.shardstock.v1.ReservationH\x00R\vreservation\x121\n" +
 	"\x05error\x18\x03 \x01(\v2\x19.shardstock.v1.ShardErrorH\x00R\x05error\x125\n" +
-	"\btransfer\x18\x06 \x01(\v2\x17.shardstock.v1.TransferH\x00R\btransfer\x12\x1a\n" +
+	"\btransfer\x18\x06 \x01(\v2\x17.shardstock.v1.TransferH\x00R\btransfer\x12\x18\n" +
+	"\x06warmed\x18\a \x01(\bH\x00R\x06warmed\x12\x1a\n" +
 	"\breplayed\x18\x04 \x01(\bR\breplayed\x12\x1c\n" +
 	"\tavailable\x18\x05 \x01(\x03R\tavailableB\b\n" +
 	"\x06result\":\n" +
@@ -641,7 +678,7 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\"F\n" +
 	"\x11GetShardsResponse\x121\n" +
-	"\x06shards\x18\x01 \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards*\x8c\x02\n" +
+	"\x06shards\x18\x01 \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards*\xa4\x02\n" +
 	"\vShardOpKind\x12\x1d\n" +
 	"\x19SHARD_OP_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SHARD_OP_KIND_RESERVE\x10\x01\x12\x18\n" +
@@ -651,7 +688,8 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x17SHARD_OP_KIND_REPLENISH\x10\x05\x12\x18\n" +
 	"\x14SHARD_OP_KIND_ADJUST\x10\x06\x12\x1e\n" +
 	"\x1aSHARD_OP_KIND_TRANSFER_OUT\x10\a\x12\x1d\n" +
-	"\x19SHARD_OP_KIND_TRANSFER_IN\x10\b2\xaf\x01\n" +
+	"\x19SHARD_OP_KIND_TRANSFER_IN\x10\b\x12\x16\n" +
+	"\x12SHARD_OP_KIND_WARM\x10\t2\xaf\x01\n" +
 	"\fShardService\x12J\n" +
 	"\aExecute\x12\x1d.shardstock.v1.ExecuteRequest\x1a\x1e.shardstock.v1.ExecuteResponse\"\x00\x12S\n" +
 	"\tGetShards\x12\x1f.shardstock.v1.GetShardsRequest\x1a .shardstock.v1.GetShardsResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
@@ -669,7 +707,7 @@ func file_shardstock_v1_shard_proto_rawDescGZIP() []byte {
 }
 
 var file_shardstock_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_shardstock_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_shardstock_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_shardstock_v1_shard_proto_goTypes = []any{
 	(ShardOpKind)(0),            // 0: shardstock.v1.ShardOpKind
 	(*ShardOp)(nil),             // 1: shardstock.v1.ShardOp
@@ -679,31 +717,33 @@ var file_shardstock_v1_shard_proto_goTypes = []any{
 	(*ExecuteResponse)(nil),     // 5: shardstock.v1.ExecuteResponse
 	(*GetShardsRequest)(nil),    // 6: shardstock.v1.GetShardsRequest
 	(*GetShardsResponse)(nil),   // 7: shardstock.v1.GetShardsResponse
-	(*durationpb.Duration)(nil), // 8: google.protobuf.Duration
-	(*Operation)(nil),           // 9: shardstock.v1.Operation
-	(*Reservation)(nil),         // 10: shardstock.v1.Reservation
-	(*Transfer)(nil),            // 11: shardstock.v1.Transfer
-	(*ShardStock)(nil),          // 12: shardstock.v1.ShardStock
+	nil,                         // 8: shardstock.v1.ShardError.MetadataEntry
+	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
+	(*Operation)(nil),           // 10: shardstock.v1.Operation
+	(*Reservation)(nil),         // 11: shardstock.v1.Reservation
+	(*Transfer)(nil),            // 12: shardstock.v1.Transfer
+	(*ShardStock)(nil),          // 13: shardstock.v1.ShardStock
 }
 var file_shardstock_v1_shard_proto_depIdxs = []int32{
 	0,  // 0: shardstock.v1.ShardOp.kind:type_name -> shardstock.v1.ShardOpKind
-	8,  // 1: shardstock.v1.ShardOp.ttl:type_name -> google.protobuf.Duration
-	9,  // 2: shardstock.v1.ShardResult.operation:type_name -> shardstock.v1.Operation
-	10, // 3: shardstock.v1.ShardResult.reservation:type_name -> shardstock.v1.Reservation
-	2,  // 4: shardstock.v1.ShardResult.error:type_name -> shardstock.v1.ShardError
-	11, // 5: shardstock.v1.ShardResult.transfer:type_name -> shardstock.v1.Transfer
-	1,  // 6: shardstock.v1.ExecuteRequest.ops:type_name -> shardstock.v1.ShardOp
-	3,  // 7: shardstock.v1.ExecuteResponse.results:type_name -> shardstock.v1.ShardResult
-	12, // 8: shardstock.v1.GetShardsResponse.shards:type_name -> shardstock.v1.ShardStock
-	4,  // 9: shardstock.v1.ShardService.Execute:input_type -> shardstock.v1.ExecuteRequest
-	6,  // 10: shardstock.v1.ShardService.GetShards:input_type -> shardstock.v1.GetShardsRequest
-	5,  // 11: shardstock.v1.ShardService.Execute:output_type -> shardstock.v1.ExecuteResponse
-	7,  // 12: shardstock.v1.ShardService.GetShards:output_type -> shardstock.v1.GetShardsResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 1: shardstock.v1.ShardOp.ttl:type_name -> google.protobuf.Duration
+	8,  // 2: shardstock.v1.ShardError.metadata:type_name -> shardstock.v1.ShardError.MetadataEntry
+	10, // 3: shardstock.v1.ShardResult.operation:type_name -> shardstock.v1.Operation
+	11, // 4: shardstock.v1.ShardResult.reservation:type_name -> shardstock.v1.Reservation
+	2,  // 5: shardstock.v1.ShardResult.error:type_name -> shardstock.v1.ShardError
+	12, // 6: shardstock.v1.ShardResult.transfer:type_name -> shardstock.v1.Transfer
+	1,  // 7: shardstock.v1.ExecuteRequest.ops:type_name -> shardstock.v1.ShardOp
+	3,  // 8: shardstock.v1.ExecuteResponse.results:type_name -> shardstock.v1.ShardResult
+	13, // 9: shardstock.v1.GetShardsResponse.shards:type_name -> shardstock.v1.ShardStock
+	4,  // 10: shardstock.v1.ShardService.Execute:input_type -> shardstock.v1.ExecuteRequest
+	6,  // 11: shardstock.v1.ShardService.GetShards:input_type -> shardstock.v1.GetShardsRequest
+	5,  // 12: shardstock.v1.ShardService.Execute:output_type -> shardstock.v1.ExecuteResponse
+	7,  // 13: shardstock.v1.ShardService.GetShards:output_type -> shardstock.v1.GetShardsResponse
+	12, // [12:14] is the sub-list for method output_type
+	10, // [10:12] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_shard_proto_init() }
@@ -717,6 +757,7 @@ func file_shardstock_v1_shard_proto_init() {
 		(*ShardResult_Reservation)(nil),
 		(*ShardResult_Error)(nil),
 		(*ShardResult_Transfer)(nil),
+		(*ShardResult_Warmed)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -724,7 +765,7 @@ func file_shardstock_v1_shard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_shard_proto_rawDesc), len(file_shardstock_v1_shard_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

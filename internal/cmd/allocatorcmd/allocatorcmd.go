@@ -328,7 +328,7 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	watch := admit
 	watch.InFlight = 0
 	mux.Handle(shardstockv1connect.InventoryServiceWatchStockProcedure, api.Admit(watch, invHandler, metrics.Refused))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes},
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes, Catalog: proc.DBs, Warmer: w.alloc},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(cfg.token)))...))
 	mux.Handle("/", api.Dashboard())
 	return mux

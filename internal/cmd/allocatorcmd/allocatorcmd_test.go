@@ -43,7 +43,12 @@ const (
 // takes longer than stopTimeout.
 func start(t *testing.T, extra ...string) (base string, stop func() error) {
 	t.Helper()
-	url := pgtest.NewDB(t)
+	return startOn(t, pgtest.NewDB(t), extra...)
+}
+
+// startOn is start with url as the main database.
+func startOn(t *testing.T, url string, extra ...string) (base string, stop func() error) {
+	t.Helper()
 	e := etcdtest.Start(t)
 	args := append([]string{"-addr", "127.0.0.1:0", "-database-url", url, "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
 		"-admin-token", token, "-db-max-conns", "4", "-log-level", "error"}, extra...)

@@ -264,7 +264,7 @@ func startStack(kids *children, cfg *config, stderr io.Writer) error {
 
 // printBanner says where the stack is and how to use it.
 func printBanner(stdout io.Writer, base string, cfg *config) {
-	fmt.Fprintf(stdout, `shardstock is running at %[1]s (dashboard: %[1]s/; metrics: http://%[4]s/metrics)
+	fmt.Fprintf(stdout, `shardstock is running at %[1]s (dashboard: %[1]s/#token=%[2]s; metrics: http://%[4]s/metrics)
 admin token: %[2]s
 try:
   curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s","quantity":1,"idempotencyKey":"order-1"}' %[1]s/shardstock.v1.InventoryService/Deduct

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
@@ -84,7 +85,12 @@ commands:
   stock SKU                              a SKU's stock, per shard
   operation SKU KEY                      the first answer to an idempotency key
   create-sku SKU -stock N [-shards N -max-per-order N -customer-limit N -ttl D]
-  update-sku SKU [-paused=true|false -max-per-order N -customer-limit N -auto-shards=true|false]
+  update-sku SKU [-paused=true|false -max-per-order N -customer-limit N -auto-shards=true|false
+                 -sale-start T -sale-end T -clear-sale-window]
+                                         T: RFC 3339 (2026-12-24T18:00:00Z) or +DURATION from now
+  skus [-prefix P] [-status active|paused] [-all] [-page-size N] [-page-token T]
+                                         every SKU of every database, by name, with its counts
+  prewarm SKU [SKU...]                   start every shard writer, load rows and hints, open connections
   pause SKU / resume SKU                 update-sku -paused=true / false
   adjust-stock SKU -delta N -reason R -approver A [-key K]
   set-shards SKU N
@@ -277,6 +283,8 @@ func init() {
 		"set-placement":      cmdSetPlacement,
 		"import":             cmdImport,
 		"bump-etcd-revision": cmdBumpEtcdRevision,
+		"skus":               cmdSKUs,
+		"prewarm":            cmdPrewarm,
 	}
 }
 
@@ -435,18 +443,121 @@ func cmdUpdateSKU(ctx context.Context, c *cli, args []string) error {
 	fs := flag.NewFlagSet("update-sku", flag.ContinueOnError)
 	var paused, auto optBool
 	var maxPer, limit optInt
+	var start, end optTime
 	fs.Var(&paused, "paused", "")
 	fs.Var(&auto, "auto-shards", "")
 	fs.Var(&maxPer, "max-per-order", "")
 	fs.Var(&limit, "customer-limit", "")
-	pos, err := parse(fs, args, 1, "SKU and at least one of -paused, -max-per-order, -customer-limit, -auto-shards")
+	fs.Var(&start, "sale-start", "")
+	fs.Var(&end, "sale-end", "")
+	clear := fs.Bool("clear-sale-window", false, "")
+	pos, err := parse(fs, args, 1, "SKU and at least one of -paused, -max-per-order, -customer-limit, -auto-shards, -sale-start, -sale-end, -clear-sale-window")
 	if err != nil {
 		return err
 	}
-	if paused.v == nil && auto.v == nil && maxPer.v == nil && limit.v == nil {
+	if paused.v == nil && auto.v == nil && maxPer.v == nil && limit.v == nil && start.v == nil && end.v == nil && !*clear {
 		return usagef("update-sku: nothing to change")
 	}
-	return c.updateSKU(ctx, &v1.UpdateSkuRequest{Sku: pos[0], Paused: paused.v, AutoShards: auto.v, MaxPerOrder: maxPer.v, CustomerLimit: limit.v})
+	return c.updateSKU(ctx, &v1.UpdateSkuRequest{Sku: pos[0], Paused: paused.v, AutoShards: auto.v, MaxPerOrder: maxPer.v, CustomerLimit: limit.v,
+		SaleStart: start.v, SaleEnd: end.v, ClearSaleWindow: *clear})
+}
+
+// optTime is a flag for a time, RFC 3339 or +DURATION from now, that may
+// be left unset.
+type optTime struct{ v *timestamppb.Timestamp }
+
+func (o *optTime) String() string { return "" }
+func (o *optTime) Set(s string) error {
+	if d, ok := strings.CutPrefix(s, "+"); ok {
+		dur, err := time.ParseDuration(d)
+		if err != nil {
+			return err
+		}
+		o.v = timestamppb.New(time.Now().Add(dur))
+		return nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return fmt.Errorf("want RFC 3339 (2026-12-24T18:00:00Z) or +DURATION: %w", err)
+	}
+	o.v = timestamppb.New(t)
+	return nil
+}
+
+func cmdSKUs(ctx context.Context, c *cli, args []string) error {
+	fs := flag.NewFlagSet("skus", flag.ContinueOnError)
+	prefix := fs.String("prefix", "", "")
+	status := fs.String("status", "", "")
+	all := fs.Bool("all", false, "")
+	size := fs.Int("page-size", 100, "")
+	token := fs.String("page-token", "", "")
+	if _, err := parse(fs, args, 0, "no arguments besides flags"); err != nil {
+		return err
+	}
+	var st v1.SkuStatus
+	if *status != "" {
+		v, ok := v1.SkuStatus_value["SKU_STATUS_"+strings.ToUpper(*status)]
+		if !ok {
+			return usagef("skus: -status %q: want active or paused", *status)
+		}
+		st = v1.SkuStatus(v)
+	}
+	header := true
+	return pages(ctx, c, *all, *token, func(ctx context.Context, tok string) (*v1.ListSkusResponse, string, error) {
+		resp, err := c.admin.ListSkus(ctx, req(c, &v1.ListSkusRequest{Prefix: *prefix, Status: st, PageSize: int32(*size), PageToken: tok}))
+		if err != nil {
+			return nil, "", err
+		}
+		return resp.Msg, resp.Msg.GetNextPageToken(), nil
+	}, func(m *v1.ListSkusResponse) error {
+		return c.show(m, func(w *tabwriter.Writer) {
+			if header {
+				fmt.Fprintf(w, "SKU\tSTATUS\tDATABASE\tAVAILABLE\tRESERVED\tSOLD\tIN TRANSIT\tSALE WINDOW\n")
+				header = false
+			}
+			for _, s := range m.GetSkus() {
+				cfg := s.GetSku()
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", cfg.GetSku(), strings.TrimPrefix(cfg.GetStatus().String(), "SKU_STATUS_"),
+					s.GetDatabase(), s.GetAvailable(), s.GetReserved(), s.GetSold(), s.GetInTransit(), window(cfg))
+			}
+		})
+	})
+}
+
+// window is a SKU's sale window as a table shows it.
+func window(s *v1.SkuConfig) string {
+	if s.GetSaleStart() == nil && s.GetSaleEnd() == nil {
+		return "-"
+	}
+	at := func(t *timestamppb.Timestamp) string {
+		if t == nil {
+			return ""
+		}
+		return t.AsTime().UTC().Format(time.RFC3339)
+	}
+	return at(s.GetSaleStart()) + ".." + at(s.GetSaleEnd())
+}
+
+func cmdPrewarm(ctx context.Context, c *cli, args []string) error {
+	fs := flag.NewFlagSet("prewarm", flag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	if fs.NArg() == 0 {
+		return usagef("prewarm: name at least one SKU")
+	}
+	resp, err := call(ctx, c, func(ctx context.Context) (*connect.Response[v1.PrewarmResponse], error) {
+		return c.admin.Prewarm(ctx, req(c, &v1.PrewarmRequest{Skus: fs.Args()}))
+	})
+	if err != nil {
+		return err
+	}
+	return c.show(resp.Msg, func(w *tabwriter.Writer) {
+		fmt.Fprintf(w, "SKU\tSHARDS WARM\tAVAILABLE\n")
+		for _, s := range resp.Msg.GetSkus() {
+			fmt.Fprintf(w, "%s\t%d\t%d\n", s.GetSku(), s.GetShardsWarm(), s.GetStock().GetAvailable())
+		}
+	})
 }
 
 func cmdPause(ctx context.Context, c *cli, args []string, paused bool) error {
@@ -467,8 +578,8 @@ func (c *cli) updateSKU(ctx context.Context, m *v1.UpdateSkuRequest) error {
 	}
 	return c.show(resp.Msg, func(w *tabwriter.Writer) {
 		s := resp.Msg.GetSku()
-		fmt.Fprintf(w, "SKU\tSTATUS\tSHARDS\tMAX PER ORDER\tCUSTOMER LIMIT\n")
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\n", s.GetSku(), strings.TrimPrefix(s.GetStatus().String(), "SKU_STATUS_"), s.GetShards(), s.GetMaxPerOrder(), s.GetCustomerLimit())
+		fmt.Fprintf(w, "SKU\tSTATUS\tSHARDS\tMAX PER ORDER\tCUSTOMER LIMIT\tSALE WINDOW\n")
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\n", s.GetSku(), strings.TrimPrefix(s.GetStatus().String(), "SKU_STATUS_"), s.GetShards(), s.GetMaxPerOrder(), s.GetCustomerLimit(), window(s))
 	})
 }
 

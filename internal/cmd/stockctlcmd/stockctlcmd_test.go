@@ -3,6 +3,7 @@ package stockctlcmd_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,12 +12,20 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
 	"github.com/shardstock/shardstock/internal/cmd/stockctlcmd"
 	"github.com/shardstock/shardstock/internal/cmdtest"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/readiness"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/transport"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -145,6 +154,27 @@ func TestStockctl(t *testing.T) {
 		t.Errorf("import again = %+v (%v), want 200 skipped", sum, err)
 	}
 
+	// Every SKU, paged by name; prewarm; a sale window that refuses.
+	if out := must("skus", "-prefix", "imp-", "-all", "-page-size", "64"); strings.Count(out, "imp-") != 200 || !strings.Contains(out, "imp-199") {
+		t.Errorf("skus -prefix imp- -all listed %d imp- SKUs, want 200:\n%s", strings.Count(out, "imp-"), out)
+	}
+	if out := must("prewarm", "tee"); !strings.Contains(out, "SHARDS WARM") || !strings.Contains(out, "\t8\t") && !strings.Contains(out, " 8 ") {
+		t.Errorf("prewarm tee printed %q, want its 8 shards warm", out)
+	}
+	if out := must("update-sku", "tee", "-sale-start", "+1h"); !strings.Contains(out, "..") {
+		t.Errorf("update-sku -sale-start printed %q, want the window", out)
+	}
+	inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base)
+	_, err := inv.Deduct(context.Background(), connect.NewRequest(&v1.DeductRequest{Sku: "tee", Quantity: 1, IdempotencyKey: "early"}))
+	var ce *connect.Error
+	if !errors.As(err, &ce) || wire.Reason(err) != string(stock.CodeSaleNotStarted) || saleStartOf(ce) == "" {
+		t.Errorf("Deduct before the sale starts = %v, want SALE_NOT_STARTED with sale_start in its ErrorInfo", err)
+	}
+	must("update-sku", "tee", "-clear-sale-window")
+	if _, err := inv.Deduct(context.Background(), connect.NewRequest(&v1.DeductRequest{Sku: "tee", Quantity: 1, IdempotencyKey: "early"})); err != nil {
+		t.Errorf("Deduct after the window was cleared = %v, want a sale", err)
+	}
+
 	// Exit codes by class.
 	for _, tc := range []struct {
 		name string
@@ -160,6 +190,9 @@ func TestStockctl(t *testing.T) {
 		{"bad flag", env, []string{"stock", "-nope", "tee"}, stockctlcmd.ExitUsage},
 		{"unknown command", env, []string{"steal"}, stockctlcmd.ExitUsage},
 		{"missing argument", env, []string{"set-shards", "tee"}, stockctlcmd.ExitUsage},
+		{"bad sale start", env, []string{"update-sku", "tee", "-sale-start", "tomorrow"}, stockctlcmd.ExitUsage},
+		{"window ends before it starts", env, []string{"update-sku", "tee", "-sale-start", "+2h", "-sale-end", "+1h"}, stockctlcmd.ExitRefused},
+		{"prewarm unknown SKU", env, []string{"prewarm", "nope"}, stockctlcmd.ExitNotFound},
 		{"nothing listening", map[string]string{"SHARDSTOCK_URL": "http://" + cmdtest.FreeAddr(t), "SHARDSTOCK_ADMIN_TOKEN": token}, []string{"topology"}, stockctlcmd.ExitUnavailable},
 		{"help", env, []string{"help"}, stockctlcmd.ExitOK},
 	} {
@@ -203,4 +236,16 @@ func TestStockctl_TLS(t *testing.T) {
 	if code, _, _ := ctl(t, env, "-url", strings.Replace(base, "https://", "http://", 1), "-ca", ca.File, "stock", "tls-connect"); code != stockctlcmd.ExitUsage {
 		t.Errorf("-ca with an http:// -url: exit %d, want %d", code, stockctlcmd.ExitUsage)
 	}
+}
+
+// saleStartOf is the sale_start of an error's ErrorInfo, or "".
+func saleStartOf(ce *connect.Error) string {
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if info, ok := v.(*errdetails.ErrorInfo); ok {
+				return info.GetMetadata()[stock.MetaSaleStart]
+			}
+		}
+	}
+	return ""
 }

@@ -63,6 +63,10 @@ const (
 	// AdminServiceWatchLedgerProcedure is the fully-qualified name of the AdminService's WatchLedger
 	// RPC.
 	AdminServiceWatchLedgerProcedure = "/shardstock.v1.AdminService/WatchLedger"
+	// AdminServiceListSkusProcedure is the fully-qualified name of the AdminService's ListSkus RPC.
+	AdminServiceListSkusProcedure = "/shardstock.v1.AdminService/ListSkus"
+	// AdminServicePrewarmProcedure is the fully-qualified name of the AdminService's Prewarm RPC.
+	AdminServicePrewarmProcedure = "/shardstock.v1.AdminService/Prewarm"
 )
 
 // AdminServiceClient is a client for the shardstock.v1.AdminService service.
@@ -116,6 +120,18 @@ type AdminServiceClient interface {
 	// that cannot be read ends the stream, unavailable, reason
 	// SHARD_UNAVAILABLE: either way, resume from the last cursor received.
 	WatchLedger(context.Context, *connect.Request[v1.WatchLedgerRequest]) (*connect.ServerStreamForClient[v1.WatchLedgerResponse], error)
+	// ListSkus pages through every SKU, of every database, ordered by name,
+	// with its status and counts. A SKU created while a listing pages is
+	// listed if its name comes after the page being read; none is listed
+	// twice or skipped. A page token this API did not give, or given for
+	// another prefix or status, is invalid_argument.
+	ListSkus(context.Context, *connect.Request[v1.ListSkusRequest]) (*connect.Response[v1.ListSkusResponse], error)
+	// Prewarm does now, for each SKU named, what a first request would do
+	// lazily: the SKU is read into the allocator's caches, every shard's
+	// writer is started on its shard server with its row loaded and the
+	// routing hints filled, and database connections are opened. Unknown
+	// SKUs are not_found; at most 100 SKUs a call.
+	Prewarm(context.Context, *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the shardstock.v1.AdminService service. By default,
@@ -205,6 +221,19 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("WatchLedger")),
 			connect.WithClientOptions(opts...),
 		),
+		listSkus: connect.NewClient[v1.ListSkusRequest, v1.ListSkusResponse](
+			httpClient,
+			baseURL+AdminServiceListSkusProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListSkus")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		prewarm: connect.NewClient[v1.PrewarmRequest, v1.PrewarmResponse](
+			httpClient,
+			baseURL+AdminServicePrewarmProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Prewarm")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -222,6 +251,8 @@ type adminServiceClient struct {
 	resumeShard   *connect.Client[v1.ResumeShardRequest, v1.ResumeShardResponse]
 	setPlacement  *connect.Client[v1.SetPlacementRequest, v1.SetPlacementResponse]
 	watchLedger   *connect.Client[v1.WatchLedgerRequest, v1.WatchLedgerResponse]
+	listSkus      *connect.Client[v1.ListSkusRequest, v1.ListSkusResponse]
+	prewarm       *connect.Client[v1.PrewarmRequest, v1.PrewarmResponse]
 }
 
 // CreateSku calls shardstock.v1.AdminService.CreateSku.
@@ -284,6 +315,16 @@ func (c *adminServiceClient) WatchLedger(ctx context.Context, req *connect.Reque
 	return c.watchLedger.CallServerStream(ctx, req)
 }
 
+// ListSkus calls shardstock.v1.AdminService.ListSkus.
+func (c *adminServiceClient) ListSkus(ctx context.Context, req *connect.Request[v1.ListSkusRequest]) (*connect.Response[v1.ListSkusResponse], error) {
+	return c.listSkus.CallUnary(ctx, req)
+}
+
+// Prewarm calls shardstock.v1.AdminService.Prewarm.
+func (c *adminServiceClient) Prewarm(ctx context.Context, req *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error) {
+	return c.prewarm.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the shardstock.v1.AdminService service.
 type AdminServiceHandler interface {
 	// CreateSku creates a SKU with initial_stock spread over its shards.
@@ -335,6 +376,18 @@ type AdminServiceHandler interface {
 	// that cannot be read ends the stream, unavailable, reason
 	// SHARD_UNAVAILABLE: either way, resume from the last cursor received.
 	WatchLedger(context.Context, *connect.Request[v1.WatchLedgerRequest], *connect.ServerStream[v1.WatchLedgerResponse]) error
+	// ListSkus pages through every SKU, of every database, ordered by name,
+	// with its status and counts. A SKU created while a listing pages is
+	// listed if its name comes after the page being read; none is listed
+	// twice or skipped. A page token this API did not give, or given for
+	// another prefix or status, is invalid_argument.
+	ListSkus(context.Context, *connect.Request[v1.ListSkusRequest]) (*connect.Response[v1.ListSkusResponse], error)
+	// Prewarm does now, for each SKU named, what a first request would do
+	// lazily: the SKU is read into the allocator's caches, every shard's
+	// writer is started on its shard server with its row loaded and the
+	// routing hints filled, and database connections are opened. Unknown
+	// SKUs are not_found; at most 100 SKUs a call.
+	Prewarm(context.Context, *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -420,6 +473,19 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("WatchLedger")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceListSkusHandler := connect.NewUnaryHandler(
+		AdminServiceListSkusProcedure,
+		svc.ListSkus,
+		connect.WithSchema(adminServiceMethods.ByName("ListSkus")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServicePrewarmHandler := connect.NewUnaryHandler(
+		AdminServicePrewarmProcedure,
+		svc.Prewarm,
+		connect.WithSchema(adminServiceMethods.ByName("Prewarm")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceCreateSkuProcedure:
@@ -446,6 +512,10 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceSetPlacementHandler.ServeHTTP(w, r)
 		case AdminServiceWatchLedgerProcedure:
 			adminServiceWatchLedgerHandler.ServeHTTP(w, r)
+		case AdminServiceListSkusProcedure:
+			adminServiceListSkusHandler.ServeHTTP(w, r)
+		case AdminServicePrewarmProcedure:
+			adminServicePrewarmHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -501,4 +571,12 @@ func (UnimplementedAdminServiceHandler) SetPlacement(context.Context, *connect.R
 
 func (UnimplementedAdminServiceHandler) WatchLedger(context.Context, *connect.Request[v1.WatchLedgerRequest], *connect.ServerStream[v1.WatchLedgerResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.WatchLedger is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListSkus(context.Context, *connect.Request[v1.ListSkusRequest]) (*connect.Response[v1.ListSkusResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.ListSkus is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Prewarm(context.Context, *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.Prewarm is not implemented"))
 }

@@ -56,6 +56,20 @@ export declare type SkuConfig = Message<"shardstock.v1.SkuConfig"> & {
    * @generated from field: bool auto_shards = 7;
    */
   autoShards: boolean;
+
+  /**
+   * The sale window: before sale_start reserves and deducts are refused
+   * SALE_NOT_STARTED, from sale_end on SALE_ENDED, by the database's
+   * clock. Absent: no bound.
+   *
+   * @generated from field: google.protobuf.Timestamp sale_start = 8;
+   */
+  saleStart?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp sale_end = 9;
+   */
+  saleEnd?: Timestamp | undefined;
 };
 
 /**
@@ -97,6 +111,18 @@ export declare type CreateSkuRequest = Message<"shardstock.v1.CreateSkuRequest">
    * @generated from field: google.protobuf.Duration reservation_ttl = 6;
    */
   reservationTtl?: Duration | undefined;
+
+  /**
+   * The sale window (SkuConfig); absent: no bound.
+   *
+   * @generated from field: google.protobuf.Timestamp sale_start = 7;
+   */
+  saleStart?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp sale_end = 8;
+   */
+  saleEnd?: Timestamp | undefined;
 };
 
 /**
@@ -158,6 +184,26 @@ export declare type UpdateSkuRequest = Message<"shardstock.v1.UpdateSkuRequest">
    * @generated from field: optional bool auto_shards = 5;
    */
   autoShards?: boolean | undefined;
+
+  /**
+   * Set the sale window's start or end (SkuConfig); a field absent keeps
+   * its bound. The end must come after the start.
+   *
+   * @generated from field: google.protobuf.Timestamp sale_start = 6;
+   */
+  saleStart?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp sale_end = 7;
+   */
+  saleEnd?: Timestamp | undefined;
+
+  /**
+   * Remove both bounds of the sale window (with neither field set).
+   *
+   * @generated from field: bool clear_sale_window = 8;
+   */
+  clearSaleWindow: boolean;
 };
 
 /**
@@ -956,6 +1002,176 @@ export declare type WatchLedgerResponse = Message<"shardstock.v1.WatchLedgerResp
 export declare const WatchLedgerResponseSchema: GenMessage<WatchLedgerResponse>;
 
 /**
+ * @generated from message shardstock.v1.ListSkusRequest
+ */
+export declare type ListSkusRequest = Message<"shardstock.v1.ListSkusRequest"> & {
+  /**
+   * Only SKUs whose name starts with prefix; empty: every SKU.
+   *
+   * @generated from field: string prefix = 1;
+   */
+  prefix: string;
+
+  /**
+   * Only SKUs in this status; SKU_STATUS_UNSPECIFIED: every status.
+   *
+   * @generated from field: shardstock.v1.SkuStatus status = 2;
+   */
+  status: SkuStatus;
+
+  /**
+   * At most this many SKUs (default 100, at most 1000).
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message shardstock.v1.ListSkusRequest.
+ * Use `create(ListSkusRequestSchema)` to create a new message.
+ */
+export declare const ListSkusRequestSchema: GenMessage<ListSkusRequest>;
+
+/**
+ * SkuSummary is a SKU's configuration and its counts, summed over its
+ * shards.
+ *
+ * @generated from message shardstock.v1.SkuSummary
+ */
+export declare type SkuSummary = Message<"shardstock.v1.SkuSummary"> & {
+  /**
+   * @generated from field: shardstock.v1.SkuConfig sku = 1;
+   */
+  sku?: SkuConfig | undefined;
+
+  /**
+   * The database that holds the SKU.
+   *
+   * @generated from field: string database = 2;
+   */
+  database: string;
+
+  /**
+   * @generated from field: int64 available = 3;
+   */
+  available: bigint;
+
+  /**
+   * @generated from field: int64 reserved = 4;
+   */
+  reserved: bigint;
+
+  /**
+   * @generated from field: int64 sold = 5;
+   */
+  sold: bigint;
+
+  /**
+   * @generated from field: int64 in_transit = 6;
+   */
+  inTransit: bigint;
+};
+
+/**
+ * Describes the message shardstock.v1.SkuSummary.
+ * Use `create(SkuSummarySchema)` to create a new message.
+ */
+export declare const SkuSummarySchema: GenMessage<SkuSummary>;
+
+/**
+ * @generated from message shardstock.v1.ListSkusResponse
+ */
+export declare type ListSkusResponse = Message<"shardstock.v1.ListSkusResponse"> & {
+  /**
+   * @generated from field: repeated shardstock.v1.SkuSummary skus = 1;
+   */
+  skus: SkuSummary[];
+
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message shardstock.v1.ListSkusResponse.
+ * Use `create(ListSkusResponseSchema)` to create a new message.
+ */
+export declare const ListSkusResponseSchema: GenMessage<ListSkusResponse>;
+
+/**
+ * @generated from message shardstock.v1.PrewarmRequest
+ */
+export declare type PrewarmRequest = Message<"shardstock.v1.PrewarmRequest"> & {
+  /**
+   * @generated from field: repeated string skus = 1;
+   */
+  skus: string[];
+};
+
+/**
+ * Describes the message shardstock.v1.PrewarmRequest.
+ * Use `create(PrewarmRequestSchema)` to create a new message.
+ */
+export declare const PrewarmRequestSchema: GenMessage<PrewarmRequest>;
+
+/**
+ * PrewarmedSku says what Prewarm did for one SKU.
+ *
+ * @generated from message shardstock.v1.PrewarmedSku
+ */
+export declare type PrewarmedSku = Message<"shardstock.v1.PrewarmedSku"> & {
+  /**
+   * @generated from field: string sku = 1;
+   */
+  sku: string;
+
+  /**
+   * Shards whose writer runs with its row loaded.
+   *
+   * @generated from field: int32 shards_warm = 2;
+   */
+  shardsWarm: number;
+
+  /**
+   * The SKU's stock as the warmed writers hold it.
+   *
+   * @generated from field: shardstock.v1.Stock stock = 3;
+   */
+  stock?: Stock | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.PrewarmedSku.
+ * Use `create(PrewarmedSkuSchema)` to create a new message.
+ */
+export declare const PrewarmedSkuSchema: GenMessage<PrewarmedSku>;
+
+/**
+ * @generated from message shardstock.v1.PrewarmResponse
+ */
+export declare type PrewarmResponse = Message<"shardstock.v1.PrewarmResponse"> & {
+  /**
+   * @generated from field: repeated shardstock.v1.PrewarmedSku skus = 1;
+   */
+  skus: PrewarmedSku[];
+};
+
+/**
+ * Describes the message shardstock.v1.PrewarmResponse.
+ * Use `create(PrewarmResponseSchema)` to create a new message.
+ */
+export declare const PrewarmResponseSchema: GenMessage<PrewarmResponse>;
+
+/**
  * AdminService controls SKUs, stock and topology. Every call needs
  * `Authorization: Bearer <admin token>`.
  *
@@ -1106,6 +1322,34 @@ export declare const AdminService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchLedgerRequestSchema;
     output: typeof WatchLedgerResponseSchema;
+  },
+  /**
+   * ListSkus pages through every SKU, of every database, ordered by name,
+   * with its status and counts. A SKU created while a listing pages is
+   * listed if its name comes after the page being read; none is listed
+   * twice or skipped. A page token this API did not give, or given for
+   * another prefix or status, is invalid_argument.
+   *
+   * @generated from rpc shardstock.v1.AdminService.ListSkus
+   */
+  listSkus: {
+    methodKind: "unary";
+    input: typeof ListSkusRequestSchema;
+    output: typeof ListSkusResponseSchema;
+  },
+  /**
+   * Prewarm does now, for each SKU named, what a first request would do
+   * lazily: the SKU is read into the allocator's caches, every shard's
+   * writer is started on its shard server with its row loaded and the
+   * routing hints filled, and database connections are opened. Unknown
+   * SKUs are not_found; at most 100 SKUs a call.
+   *
+   * @generated from rpc shardstock.v1.AdminService.Prewarm
+   */
+  prewarm: {
+    methodKind: "unary";
+    input: typeof PrewarmRequestSchema;
+    output: typeof PrewarmResponseSchema;
   },
 }>;
 

@@ -107,6 +107,14 @@ export declare type ShardError = Message<"shardstock.v1.ShardError"> & {
    * @generated from field: string message = 2;
    */
   message: string;
+
+  /**
+   * The ErrorInfo metadata of the reason (e.g. SALE_NOT_STARTED's
+   * sale_start).
+   *
+   * @generated from field: map<string, string> metadata = 3;
+   */
+  metadata: { [key: string]: string };
 };
 
 /**
@@ -146,6 +154,14 @@ export declare type ShardResult = Message<"shardstock.v1.ShardResult"> & {
      */
     value: Transfer;
     case: "transfer";
+  } | {
+    /**
+     * A warm request's answer: the shard's writer runs with its row loaded.
+     *
+     * @generated from field: bool warmed = 7;
+     */
+    value: boolean;
+    case: "warmed";
   } | { case: undefined; value?: undefined };
 
   /**
@@ -286,6 +302,14 @@ export enum ShardOpKind {
    * @generated from enum value: SHARD_OP_KIND_TRANSFER_IN = 8;
    */
   TRANSFER_IN = 8,
+
+  /**
+   * Start the shard's writer with its row loaded (AdminService.Prewarm);
+   * changes nothing.
+   *
+   * @generated from enum value: SHARD_OP_KIND_WARM = 9;
+   */
+  WARM = 9,
 }
 
 /**
