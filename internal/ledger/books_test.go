@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -243,5 +244,37 @@ func TestCheckpoint_Wrong(t *testing.T) {
 				t.Errorf("CheckShard(%s) = %+v, %v, want consistent %t", k, c, err, tt.consistent)
 			}
 		})
+	}
+}
+
+// TestReconcile_SkewedClocks: operations dated by a clock far ahead of the
+// database's (a speculative group dates them by its process's) are paired
+// with their entries by the order of their write groups, not by the time
+// they bear: one written before the latest checkpoint but dated an hour
+// after it is not an "operation without entry". An operation written after
+// the checkpoint, without an entry, is still found, however far back it
+// is dated.
+func TestReconcile_SkewedClocks(t *testing.T) {
+	const n = ledger.CheckpointEntries + 10
+	b := openBooks(t)
+	const sku = "skewed"
+	b.fill(t, sku, n)
+	b.exec(t, `UPDATE operations SET created_at = now() + interval '1 hour' WHERE sku = $1 AND idempotency_key IN ('k-1', 'k-500')`, sku)
+	check := func() []ledger.Discrepancy {
+		t.Helper()
+		snap, err := b.db.Snapshot(context.Background(), sku)
+		if err != nil {
+			t.Fatalf("Snapshot(%s) = %v", sku, err)
+		}
+		return ledger.Check(snap)
+	}
+	if ds := check(); len(ds) > 0 {
+		t.Errorf("Check(Snapshot(%s)) with operations dated ahead = %+v, want balanced", sku, ds)
+	}
+	b.exec(t, `INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, created_at)
+		VALUES ($1, 'no-entry', 'deduct', '\x00', 1, 0, now() - interval '1 hour')`, sku)
+	ds := check()
+	if len(ds) != 1 || ds[0].Check != ledger.CheckOperationLedger || !strings.Contains(ds[0].Detail, "no-entry") {
+		t.Errorf("Check(Snapshot(%s)) with an operation without entry dated back = %+v, want its %s", sku, ds, ledger.CheckOperationLedger)
 	}
 }
