@@ -60,6 +60,7 @@ func value(t *testing.T, reg *prometheus.Registry, name, result string) float64 
 // pass finds the SKU whose row moved without an entry, and the metrics say
 // so.
 func TestScheduler_FindsUnbalanced(t *testing.T) {
+	t.Parallel() // its own database (and etcd): nothing shared
 	b := openBooks(t)
 	for _, sku := range []string{"a", "b", "c"} {
 		b.fill(t, sku, ledger.CheckpointEntries+10)

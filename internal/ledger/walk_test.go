@@ -46,6 +46,7 @@ func (b *books) checkpointAt(t *testing.T, sku string, available int) int64 {
 // both, show them on shardstock_reconcile_unbalanced, record how far they
 // got, and do not walk past what they found.
 func TestScheduler_WalksStretches(t *testing.T) {
+	t.Parallel() // its own database (and etcd): nothing shared
 	const (
 		cps    = 5 // checkpoints per SKU, each ending a stretch
 		n      = cps*ledger.CheckpointEntries + 10
