@@ -213,6 +213,9 @@ func (s *Scheduler) Pass(ctx context.Context, lost <-chan struct{}) (Pass, error
 			ds := Check(snap)
 			if budget > 0 && sku >= s.walkFrom {
 				n, found, err := s.walk(ctx, sku, budget)
+				if stock.CodeOf(err) == stock.CodeSKUNotFound {
+					continue // gone since it was read
+				}
 				if err != nil {
 					return p, fmt.Errorf("ledger: walk %s: %w", sku, err)
 				}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -95,7 +96,7 @@ func (s *Scheduler) walk(ctx context.Context, sku string, limit int) (int, []Dis
 			continue
 		}
 		if found := CheckStretch(st); len(found) > 0 {
-			w.Unsound = &Unsound{To: st.To.EntryID, Detail: fmt.Sprint(found)}
+			w.Unsound = &Unsound{To: st.To.EntryID, Detail: summary(found)}
 			ds = append(ds, found...)
 			continue
 		}
@@ -107,4 +108,13 @@ func (s *Scheduler) walk(ctx context.Context, sku string, limit int) (int, []Dis
 		}
 	}
 	return len(sts), ds, nil
+}
+
+// summary says what ds found, in one line.
+func summary(ds []Discrepancy) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = d.Check + ": " + d.Detail
+	}
+	return strings.Join(parts, "; ")
 }
