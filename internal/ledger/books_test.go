@@ -308,4 +308,11 @@ func TestReconcile_SkewedClocks(t *testing.T) {
 	if len(ds) != 1 || ds[0].Check != ledger.CheckOperationLedger || !strings.Contains(ds[0].Detail, "no-entry") {
 		t.Errorf("Check(Snapshot(%s)) with an operation without entry dated back = %+v, want its %s", sku, ds, ledger.CheckOperationLedger)
 	}
+	// A reservation ended by hand, by no write group, without an end
+	// entry: dated by the database after the checkpoint, it is found.
+	b.exec(t, `INSERT INTO reservations (id, sku, shard, partition, idempotency_key, quantity, state, expires_at, ended_at)
+		VALUES ('by-hand', $1, 0, 0, 'k-1', 1, 'released', now(), now())`, sku)
+	if ds := check(); len(ds) != 2 || ds[1].Check != ledger.CheckReservationEnd || !strings.Contains(ds[1].Detail, "by-hand") {
+		t.Errorf("Check(Snapshot(%s)) with a reservation ended by hand = %+v, want also its %s", sku, ds, ledger.CheckReservationEnd)
+	}
 }

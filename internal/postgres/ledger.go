@@ -114,7 +114,7 @@ func (sn *snapshot) each(ctx context.Context, dest []any, row func() error, sql 
 
 // sqlLatestCheckpoint is the latest checkpoint of shard s (a LATERAL
 // subquery): one row read from the end of its key.
-const sqlLatestCheckpoint = `SELECT entry_id, available, reserved, sold, received, group_seq FROM ledger_checkpoints
+const sqlLatestCheckpoint = `SELECT entry_id, available, reserved, sold, received, group_seq, created_at FROM ledger_checkpoints
 	WHERE sku = s.sku AND shard = s.idx ORDER BY entry_id DESC LIMIT 1`
 
 // sqlTail starts a query of a SKU's ($1) entries after each shard's
@@ -125,7 +125,8 @@ const sqlLatestCheckpoint = `SELECT entry_id, available, reserved, sold, receive
 // checkpoint's id: flattened, the planner does not know how far that id
 // is, and scans the SKU's whole ledger for it.
 const sqlTail = `WITH cp AS (SELECT s.idx AS shard, coalesce(c.entry_id, 0) AS entry_id,
-		coalesce(c.group_seq, -1) AS group_seq, coalesce(c.available, s.opening_available) AS available,
+		coalesce(c.group_seq, -1) AS group_seq, coalesce(c.created_at, '-infinity') AS created_at,
+		coalesce(c.available, s.opening_available) AS available,
 		coalesce(c.reserved, 0) AS reserved, coalesce(c.sold, 0) AS sold
 		FROM shards s LEFT JOIN LATERAL (` + sqlLatestCheckpoint + `) c ON true WHERE s.sku = $1),
 	tail AS (SELECT l.* FROM cp CROSS JOIN LATERAL (SELECT * FROM ledger l
@@ -218,7 +219,10 @@ func (sn *snapshot) keyed(ctx context.Context) error {
 // entries after the checkpoints, and the reservations they end or that
 // were ended by a later write group than their shard's checkpoint's (an
 // end and its entry are written by one group; reservations_ended finds
-// those).
+// those). An end that no group wrote (end_group_seq 0: before migration
+// 00011, or by hand) is after the checkpoint if the database's clock
+// dates it so (reservations_ended_ungrouped; the service's ends never
+// enter that index).
 func (sn *snapshot) ends(ctx context.Context) error {
 	var e ledger.EndMismatch
 	var state string
@@ -230,7 +234,10 @@ func (sn *snapshot) ends(ctx context.Context) error {
 			WHERE kind IN ('commit', 'release', 'expire') GROUP BY 1, 2),
 		r AS (SELECT id, state FROM reservations WHERE sku = $1 AND id IN (SELECT id FROM e)
 			UNION SELECT r.id, r.state FROM cp CROSS JOIN LATERAL (SELECT id, state FROM reservations r
-				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.end_group_seq > cp.group_seq OFFSET 0) r),
+				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.end_group_seq > cp.group_seq OFFSET 0) r
+			UNION SELECT r.id, r.state FROM cp CROSS JOIN LATERAL (SELECT id, state FROM reservations r
+				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.end_group_seq = 0
+					AND r.ended_at > cp.created_at OFFSET 0) r),
 		t AS (SELECT r.id, r.state,
 			coalesce(sum(e.n) FILTER (WHERE e.kind = CASE r.state WHEN 'committed' THEN 'commit'
 				WHEN 'released' THEN 'release' WHEN 'expired' THEN 'expire' END), 0) AS right_n,

@@ -14,10 +14,14 @@
 -- (CACHE 1), so numbers go out in the order they are asked for whichever
 -- backend asks.
 --
--- Rows written before this migration have 0: before every checkpoint
--- written after it, and not after those written before it (0 too), whose
--- entries pair them by key and reservation instead. A row written by hand
--- (a test, a repair) takes a new number: it counts as written now.
+-- Operations written before this migration have 0: before every
+-- checkpoint written after it, and not after those written before it (0
+-- too), whose entries pair them by key instead. An operation or a
+-- checkpoint inserted by hand (a test, a repair) takes a new number: it
+-- counts as written now. A reservation ended by no group (before this
+-- migration, or by hand) keeps 0, and is after a checkpoint if the
+-- database's clock dates it so, as before (reservations_ended_ungrouped:
+-- the service's ends never enter it).
 CREATE SEQUENCE write_group_seq CACHE 1;
 
 ALTER TABLE operations ADD COLUMN group_seq bigint NOT NULL DEFAULT 0;
@@ -30,6 +34,7 @@ DROP INDEX operations_recent;
 CREATE INDEX operations_grouped ON operations (sku, shard, group_seq);
 DROP INDEX reservations_ended;
 CREATE INDEX reservations_ended ON reservations (sku, shard, end_group_seq) WHERE state <> 'held';
+CREATE INDEX reservations_ended_ungrouped ON reservations (sku, shard, ended_at) WHERE state <> 'held' AND end_group_seq = 0;
 
 -- 2. How far the scheduled reconciliation has walked each shard's
 -- ledger. A pass checks each shard's tail (after its latest checkpoint)
@@ -54,6 +59,7 @@ CREATE TABLE ledger_walks (
 
 -- +goose Down
 DROP TABLE ledger_walks;
+DROP INDEX reservations_ended_ungrouped;
 DROP INDEX reservations_ended;
 CREATE INDEX reservations_ended ON reservations (sku, shard, ended_at) WHERE state <> 'held';
 DROP INDEX operations_grouped;
