@@ -2,16 +2,11 @@ package ledger_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/ledger"
-	"github.com/shardstock/shardstock/internal/topology"
 )
 
 // walked returns how far the walk got on sku's shard 0 and the end of the
@@ -74,16 +69,7 @@ func TestScheduler_WalksStretches(t *testing.T) {
 		}
 	}
 
-	e := etcdtest.Start(t)
-	moves := topology.NewMoveLeases(e.Client(), "alloc-a", 0, nil)
-	t.Cleanup(moves.Close)
-	reg := prometheus.NewRegistry()
-	s := ledger.NewScheduler(ledger.SchedulerConfig{Store: b.db, TryLease: moves.TryReconcile, Interval: 20 * time.Millisecond,
-		WalkStretchesMax: budget, Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	reg := scheduledWalking(t, etcdtest.Start(t), "alloc-a", b.db, 20*time.Millisecond, budget)
 
 	lastA := b.checkpointAt(t, "a", cps*ledger.CheckpointEntries)
 	deadline := time.Now().Add(20 * time.Second)
