@@ -22,8 +22,13 @@ run: ## build cmd/shardstock-dev into bin/ and run the local development stack (
 	go build -o bin/shardstock-dev ./cmd/shardstock-dev
 	exec bin/shardstock-dev $(RUN_ARGS)
 
-# -p 1: one test binary at a time, so that the packages that start whole
-# stacks do not together exhaust a default Postgres's 100 connections.
+# Two test runs at once, so that the longest package does not wait for the
+# others: internal/e2e on a throwaway Postgres cluster of its own (pgtest,
+# DATABASE_URL unset), and beside it every other package, one test binary
+# at a time (-p 1), on DATABASE_URL's server. Each server sees one test
+# binary at a time, so that the packages that start whole stacks do not
+# together exhaust a default Postgres's 100 connections. e2e's output is
+# printed when it ends.
 test: web/node_modules ## build everything, then run all tests, bench/'s too (Postgres on 127.0.0.1:5432 if it answers and has room)
 	go build ./...
 	@if [ -z "$${DATABASE_URL:-}" ] && command -v pg_isready >/dev/null 2>&1 \
@@ -31,8 +36,13 @@ test: web/node_modules ## build everything, then run all tests, bench/'s too (Po
 		export DATABASE_URL='$(LOCAL_DATABASE_URL)'; \
 	fi; \
 	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
-	echo go test -count=1 -p 1 -timeout 15m ./...; \
-	go test -count=1 -p 1 -timeout 15m ./... && \
+	e2e_log="$$(mktemp)"; trap 'rm -f "$$e2e_log"' EXIT; \
+	echo "DATABASE_URL= go test -count=1 -timeout 15m ./internal/e2e (beside the rest)"; \
+	DATABASE_URL= go test -count=1 -timeout 15m ./internal/e2e >"$$e2e_log" 2>&1 & e2e=$$!; \
+	echo go test -count=1 -p 1 -timeout 15m '$$(go list ./... | grep -v /internal/e2e$$)'; \
+	go test -count=1 -p 1 -timeout 15m $$(go list ./... | grep -v '/internal/e2e$$'); rest=$$?; \
+	wait $$e2e; e2e_rc=$$?; cat "$$e2e_log"; \
+	[ $$rest -eq 0 ] && [ $$e2e_rc -eq 0 ] && \
 	echo "(cd bench && go test -count=1 -p 1 -timeout 15m ./...)" && \
 	cd bench && go test -count=1 -p 1 -timeout 15m ./...
 	cd deploy/alerts && go test -count=1 ./...
@@ -112,3 +122,7 @@ soak-crash: ## make soak's load (60 s per model) while its private Postgres is c
 
 bench-changestream: ## what WatchLedger consumers cost the writers: one stack, the same deduct load with 0, 1 and 4 consumers attached; server CPU per deduct and the consumers' lag p99 (about 2 min)
 	scripts/bench/changestream.sh
+
+.PHONY: test-long-ledger
+test-long-ledger: ## internal/ledger's TestCheckpoint_LongLedger on ledgers of 100,000 and 1,000,000 entries (make test runs 10,000 and 100,000; about 2 min)
+	SHARDSTOCK_LONG_LEDGER=1 go test -count=1 -run 'TestCheckpoint_LongLedger$$' -v ./internal/ledger

@@ -501,6 +501,24 @@ func (s *Set) Snapshot(ctx context.Context, sku string) (ledger.Snapshot, error)
 	return db.Snapshot(ctx, sku)
 }
 
+// Stretches reads up to limit of the SKU's stretches no walk has checked.
+func (s *Set) Stretches(ctx context.Context, sku string, limit int) ([]ledger.Stretch, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return db.Stretches(ctx, sku, limit)
+}
+
+// Walked records how far a walk got on one of the SKU's shards.
+func (s *Set) Walked(ctx context.Context, sku string, w ledger.Walk) error {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return err
+	}
+	return db.Walked(ctx, sku, w)
+}
+
 // SKUs returns up to limit SKU names above after, in order, from every
 // database. A database that does not answer fails the listing: a pass
 // over every SKU must not skip its SKUs unseen.

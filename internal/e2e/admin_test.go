@@ -16,6 +16,7 @@ import (
 // reason and approver, the ledger pages, the topology lists every owner,
 // and health, readiness and metrics answer.
 func TestE2E_Admin(t *testing.T) {
+	besideOthers(t)
 	s := newStack(t, 2)
 	ctx := context.Background()
 	const sku = "adm"

@@ -17,6 +17,7 @@ import (
 // only after a fresh read: a SKU resumed elsewhere consolidates and sells,
 // rather than answering SKU_PAUSED from the cached copy.
 func TestE2E_StaleSKUCache(t *testing.T) {
+	besideOthers(t)
 	s := newStack(t, 1)
 	ctx := context.Background()
 	const sku = "stale-cache"

@@ -20,6 +20,7 @@ import (
 // limits aside) through the public API, each with its Connect code, and
 // checks that none changed stock.
 func TestE2E_ErrorReasons(t *testing.T) {
+	besideOthers(t)
 	s := newStack(t, 2)
 	ctx := context.Background()
 	const sku = "errs"

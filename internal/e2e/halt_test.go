@@ -15,6 +15,7 @@ import (
 // with no ledger entry, halts; GetStock and /metrics say so and why; an
 // operator's ResumeShard (reason and approver required) lets it serve again.
 func TestE2E_HaltAndResume(t *testing.T) {
+	besideOthers(t)
 	s := newStackWith(t, 0, "local")
 	ctx := context.Background()
 	const sku = "halt"

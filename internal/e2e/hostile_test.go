@@ -46,6 +46,7 @@ type hostileCase struct {
 // reason, and none changes anything: every SKU's stock and ledger, and the
 // placement, are as before.
 func TestE2E_HostileInput(t *testing.T) {
+	besideOthers(t)
 	s := newStack(t, 2)
 	ctx := context.Background()
 	s.createSKU("hostile", 100, 4, func(r *v1.CreateSkuRequest) { r.MaxPerOrder = 10 })

@@ -13,6 +13,7 @@ import (
 // 100 units on 8 shards over 3 shard servers, 500 concurrent deducts with 50
 // duplicate keys.
 func TestE2E_SourceCase(t *testing.T) {
+	besideOthers(t)
 	s := newStack(t, 3)
 	const sku = "case"
 	s.createSKU(sku, 100, 8)
@@ -84,6 +85,7 @@ func sourceCase(t *testing.T, s *stack, sku string) {
 // TestE2E_NoFalseSoldOut: stock spread thin over many shards still sells to
 // the last unit, and a request larger than any one shard succeeds.
 func TestE2E_NoFalseSoldOut(t *testing.T) {
+	besideOthers(t)
 	s := newStack(t, 3)
 	ctx := context.Background()
 	t.Run("LastUnits", func(t *testing.T) {

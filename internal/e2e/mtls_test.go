@@ -23,6 +23,7 @@ import (
 // presents one. Sales go through; a caller without a certificate, or one
 // in cleartext, cannot reach the ShardService, while the probes stay open.
 func TestE2E_MutualTLS(t *testing.T) {
+	besideOthers(t)
 	ca := cmdtest.NewCA(t)
 	shardCert, shardKey := ca.Issue(t, "shard")
 	allocCert, allocKey := ca.Issue(t, "allocator")

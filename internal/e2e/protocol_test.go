@@ -15,6 +15,7 @@ import (
 // TestE2E_Protocols: Connect, gRPC and gRPC-Web clients each reserve and
 // commit on the one port, and see errors with their reasons.
 func TestE2E_Protocols(t *testing.T) {
+	besideOthers(t)
 	s := newStack(t, 1)
 	s.createSKU("proto", 30, 2)
 	ctx := context.Background()

@@ -59,6 +59,7 @@ var (
 // examples run when grpcurl is installed; an example that needs jq runs its
 // printed sed alternative when jq is not installed.
 func TestE2E_READMECurl(t *testing.T) {
+	besideOthers(t)
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("curl is not installed")
 	}

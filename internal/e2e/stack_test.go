@@ -38,6 +38,27 @@ const (
 // bin holds the binaries built once for the whole package.
 var bin string
 
+// besideStacksMax bounds the tests that run beside one another
+// (besideOthers) at once: a stack holds up to 3 shard servers' 8
+// Postgres connections and its allocator's 4 (newStackOpts), so two, with
+// the tests' own, stay well inside a default Postgres's 100, on whatever
+// number of cores (t.Parallel alone would run GOMAXPROCS of them).
+const besideStacksMax = 2
+
+var besideStacks = make(chan struct{}, besideStacksMax)
+
+// besideOthers runs t beside the other tests that call it, at most
+// besideStacksMax at once, after every test that does not (t.Parallel).
+// Only a test that holds nothing another uses (its own stack, database,
+// SKUs; no fixed port, no file, no environment variable) and asserts no
+// timing that a neighbour's load could break may call it: fault tests,
+// takeovers, load and overload tests run alone.
+func besideOthers(t *testing.T) {
+	t.Parallel()
+	besideStacks <- struct{}{}
+	t.Cleanup(func() { <-besideStacks }) // the first registered runs last: after the stack stops
+}
+
 func TestMain(m *testing.M) {
 	if os.Getenv(etcdChildEnv) != "" {
 		os.Exit(etcdChild())

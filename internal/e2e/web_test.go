@@ -20,6 +20,7 @@ const webDir = "../../web"
 // transports, the ones a browser uses, against a real stack, and watches a
 // SKU sell out and come back (WatchStock over gRPC-Web).
 func TestE2E_WebClients(t *testing.T) {
+	besideOthers(t)
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatalf("node not found: the Connect-ES clients are tested with Node.js (install it; see README)")
@@ -49,6 +50,7 @@ func TestE2E_WebClients(t *testing.T) {
 // the SKU through the page and sees it paused; web/test/dashboard.test.mjs.
 // The screenshot is saved under tmp/artifacts (ARTIFACTS_DIR).
 func TestE2E_Dashboard(t *testing.T) {
+	besideOthers(t)
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatalf("node not found: the dashboard is tested with Node.js and playwright-core (install it; see README)")

@@ -2,8 +2,10 @@ package ledger_test
 
 import (
 	"context"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +24,9 @@ const (
 	// statsWait bounds the wait for a backend's table statistics to reach
 	// the views (a backend flushes them within a second or so of going idle).
 	statsWait = 15 * time.Second
+	// statsFlushInterval is the least time between two flushes of a
+	// backend's statistics (Postgres's PGSTAT_MIN_INTERVAL), and a margin.
+	statsFlushInterval = 1100 * time.Millisecond
 )
 
 // books is one test database, its service pool and a connection of its
@@ -31,17 +36,21 @@ type books struct {
 	conn *pgx.Conn
 }
 
-func openBooks(t *testing.T) *books {
+func openBooks(t *testing.T) *books { return openBooksConns(t, 0) }
+
+// openBooksConns is openBooks with a service pool of at most maxConns
+// connections (0: pgxpool's default).
+func openBooksConns(t *testing.T, maxConns int32) *books {
 	t.Helper()
-	return openBooksAt(t, pgtest.NewDB(t))
+	return openBooksAt(t, pgtest.NewDB(t), maxConns)
 }
 
-// openBooksAt is openBooks on the database at url.
-func openBooksAt(t *testing.T, url string) *books {
+// openBooksAt is openBooksConns on the database at url.
+func openBooksAt(t *testing.T, url string, maxConns int32) *books {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	db, err := postgres.Open(ctx, url, postgres.Options{ApplicationName: "ledgertest"})
+	db, err := postgres.Open(ctx, url, postgres.Options{ApplicationName: "ledgertest", MaxConns: maxConns})
 	if err != nil {
 		t.Fatalf("Open(%s) = %v", url, err)
 	}
@@ -115,12 +124,21 @@ func (b *books) rowsRead(t *testing.T) int64 {
 
 // measure runs f and returns how long it took and how many rows of the
 // ledger and the operations it read, once its backend has flushed them.
+// A backend flushes its statistics when it goes idle if it last did a
+// second or more before, else ten seconds later (PGSTAT_IDLE_INTERVAL):
+// f may go idle twice within a second, so a second after it a statement
+// that reads none of those tables makes the pool's backend (b's pool has
+// one: openBooksConns) flush at once.
 func (b *books) measure(t *testing.T, f func()) (time.Duration, int64) {
 	t.Helper()
 	before := b.rowsRead(t)
 	start := time.Now()
 	f()
 	took := time.Since(start)
+	time.Sleep(statsFlushInterval)
+	if _, err := b.db.SKUs(context.Background(), "", 1); err != nil {
+		t.Fatalf("SKUs() = %v", err)
+	}
 	for deadline := time.Now().Add(statsWait); ; time.Sleep(100 * time.Millisecond) {
 		if n := b.rowsRead(t); n != before {
 			time.Sleep(300 * time.Millisecond) // the rest of one flush
@@ -143,21 +161,32 @@ func (b *books) fence(t *testing.T, sku string) (stock.Fence, stock.ShardKey) {
 	return f, k
 }
 
+// longLedgerEnv, set to 1, makes TestCheckpoint_LongLedger fill ledgers of
+// 100,000 and 1,000,000 entries (make test-long-ledger) instead of 10,000
+// and 100,000: the same check, ten times longer ledgers, about a minute
+// more of filling.
+const longLedgerEnv = "SHARDSTOCK_LONG_LEDGER"
+
 // TestCheckpoint_LongLedger reconciles a SKU and checks its shard with a
-// ledger of 100,000 and of 1,000,000 entries: each reads the latest
-// checkpoint and the entries after it, the same number of rows whatever
-// the ledger's length.
+// ledger of 10,000 and of 100,000 entries (with longLedgerEnv, 100,000
+// and 1,000,000): each reads the latest checkpoint and the entries after
+// it, the same number of rows whatever the ledger's length, and fewer than
+// the shorter ledger holds.
 func TestCheckpoint_LongLedger(t *testing.T) {
+	t.Parallel() // its own database (and etcd): nothing shared
 	if testing.Short() {
-		t.Skip("fills a ledger of a million entries")
+		t.Skip("fills ledgers of up to a million entries")
+	}
+	sizes := []int{10_000, 100_000}
+	if os.Getenv(longLedgerEnv) == "1" {
+		sizes = []int{100_000, 1_000_000}
 	}
 	const tail = ledger.CheckpointEntries / 2 // entries after the last checkpoint
 	// Each of the four ledger queries of a Snapshot (and CheckShard's
 	// one) reads the tail once; operations are read by key. A read of the
-	// whole ledger is a hundred times more at the smaller size.
+	// whole ledger is more than ten times as much at the smaller size.
 	const snapshotReadMax, checkReadMax = 6 * ledger.CheckpointEntries, 2 * ledger.CheckpointEntries
-	b := openBooks(t)
-	sizes := []int{100_000, 1_000_000}
+	b := openBooksConns(t, 1) // one backend, whose flushes measure makes sure of
 	for _, n := range sizes {
 		b.fill(t, skuOf(n), n+tail)
 	}
@@ -202,7 +231,7 @@ func TestCheckpoint_LongLedger(t *testing.T) {
 		t.Logf("%d entries: reconcile read %d rows in %v, CheckShard read %d rows in %v", n+tail, fg.snapRead, fg.snapTook, fg.checkRead, fg.checkTook)
 		got = append(got, fg)
 	}
-	t.Logf("1,000,000 / 100,000 entries: reconcile time x%.2f, rows x%.2f; CheckShard time x%.2f, rows x%.2f",
+	t.Logf("%d / %d entries: reconcile time x%.2f, rows x%.2f; CheckShard time x%.2f, rows x%.2f", sizes[1], sizes[0],
 		float64(got[1].snapTook)/float64(got[0].snapTook), float64(got[1].snapRead)/float64(got[0].snapRead),
 		float64(got[1].checkTook)/float64(got[0].checkTook), float64(got[1].checkRead)/float64(got[0].checkRead))
 }
@@ -213,6 +242,8 @@ func skuOf(n int) string { return "long-" + strconv.Itoa(n) }
 // balance or receipts are not what the entries before it sum to, is
 // caught by reconciliation and by CheckShard.
 func TestCheckpoint_Wrong(t *testing.T) {
+	t.Parallel() // its own database (and etcd): nothing shared
+
 	const n = 2*ledger.CheckpointEntries + 100 // two checkpoints, then 100 entries
 	last := int64(n - 10)                      // the wrong checkpoint's entry
 	for _, tt := range []struct {
@@ -248,5 +279,45 @@ func TestCheckpoint_Wrong(t *testing.T) {
 				t.Errorf("CheckShard(%s) = %+v, %v, want consistent %t", k, c, err, tt.consistent)
 			}
 		})
+	}
+}
+
+// TestReconcile_SkewedClocks: operations dated by a clock far ahead of the
+// database's (a speculative group dates them by its process's) are paired
+// with their entries by the order of their write groups, not by the time
+// they bear: one written before the latest checkpoint but dated an hour
+// after it is not an "operation without entry". An operation written after
+// the checkpoint, without an entry, is still found, however far back it
+// is dated.
+func TestReconcile_SkewedClocks(t *testing.T) {
+	t.Parallel() // its own database (and etcd): nothing shared
+	const n = ledger.CheckpointEntries + 10
+	b := openBooks(t)
+	const sku = "skewed"
+	b.fill(t, sku, n)
+	b.exec(t, `UPDATE operations SET created_at = now() + interval '1 hour' WHERE sku = $1 AND idempotency_key IN ('k-1', 'k-500')`, sku)
+	check := func() []ledger.Discrepancy {
+		t.Helper()
+		snap, err := b.db.Snapshot(context.Background(), sku)
+		if err != nil {
+			t.Fatalf("Snapshot(%s) = %v", sku, err)
+		}
+		return ledger.Check(snap)
+	}
+	if ds := check(); len(ds) > 0 {
+		t.Errorf("Check(Snapshot(%s)) with operations dated ahead = %+v, want balanced", sku, ds)
+	}
+	b.exec(t, `INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, created_at)
+		VALUES ($1, 'no-entry', 'deduct', '\x00', 1, 0, now() - interval '1 hour')`, sku)
+	ds := check()
+	if len(ds) != 1 || ds[0].Check != ledger.CheckOperationLedger || !strings.Contains(ds[0].Detail, "no-entry") {
+		t.Errorf("Check(Snapshot(%s)) with an operation without entry dated back = %+v, want its %s", sku, ds, ledger.CheckOperationLedger)
+	}
+	// A reservation ended by hand, by no write group, without an end
+	// entry: dated by the database after the checkpoint, it is found.
+	b.exec(t, `INSERT INTO reservations (id, sku, shard, partition, idempotency_key, quantity, state, expires_at, ended_at)
+		VALUES ('by-hand', $1, 0, 0, 'k-1', 1, 'released', now(), now())`, sku)
+	if ds := check(); len(ds) != 2 || ds[1].Check != ledger.CheckReservationEnd || !strings.Contains(ds[1].Detail, "by-hand") {
+		t.Errorf("Check(Snapshot(%s)) with a reservation ended by hand = %+v, want also its %s", sku, ds, ledger.CheckReservationEnd)
 	}
 }

@@ -57,6 +57,9 @@ type Shard struct {
 	BrokenChain int64
 	// HeldReserved is the sum of the shard's held reservations.
 	HeldReserved int64
+	// Unsound is the stretch of the shard's ledger that the walk of
+	// scheduled reconciliation found wrong, as recorded; nil: none.
+	Unsound *Unsound
 }
 
 // KindSum is the sum of one kind of ledger entry on one shard.
@@ -100,7 +103,13 @@ const (
 	CheckReservedHolds   = "reserved_holds"
 	CheckConservation    = "conservation"
 	CheckNegative        = "negative"
+	// CheckWalk: a stretch between two checkpoints (Stretch), its
+	// received, or the record of one found wrong (Shard.Unsound).
+	CheckWalk = "ledger_walk"
 )
+
+// adder records one discrepancy.
+type adder func(check string, shard int32, exp, act int64, format string, args ...any)
 
 // Check checks a snapshot: per shard, opening balance (or the latest
 // checkpoint) plus the deltas of the entries after it equals the row, every entry moves the counts its kind says, the chain of
@@ -109,10 +118,7 @@ const (
 // one end entry, and available + reserved + sold + in transit equals what
 // was received, replenished and adjusted.
 func Check(s Snapshot) []Discrepancy {
-	var ds []Discrepancy
-	add := func(check string, shard int32, exp, act int64, format string, args ...any) {
-		ds = append(ds, Discrepancy{Check: check, Shard: shard, Expected: exp, Actual: act, Detail: fmt.Sprintf(format, args...)})
-	}
+	ds, add := discrepancies()
 	var total stock.Counts
 	var received int64 // opening stock and inflow before each checkpoint
 	var inflow int64   // after it
@@ -120,36 +126,11 @@ func Check(s Snapshot) []Discrepancy {
 		if !sh.Row.Valid() {
 			add(CheckNegative, sh.Index, 0, min(sh.Row.Available, sh.Row.Reserved, sh.Row.Sold), "shard has a negative count %+v", sh.Row)
 		}
-		sum := sh.Opening
-		shardReceived := sh.Opening.Available + sh.Opening.Reserved + sh.Opening.Sold
-		if cp := sh.Checkpoint; cp != nil {
-			sum, shardReceived = cp.Counts, cp.Received
-		}
+		start, shardReceived := startOf(sh.Opening, sh.Checkpoint)
 		received += shardReceived
-		for _, kind := range sortedKinds(sh.Kinds) {
-			k := sh.Kinds[kind]
-			sum = sum.Add(k.Delta)
-			if kind == stock.OpAdjust { // an adjustment's quantity is signed
-				if k.Delta.Available != k.Quantity || k.Delta.Reserved != 0 || k.Delta.Sold != 0 {
-					add(CheckEntryDelta, sh.Index, k.Quantity, k.Delta.Available, "adjust entries move %+v for quantity %d", k.Delta, k.Quantity)
-				}
-			} else if want := kind.Delta(k.Quantity); k.Delta != want {
-				add(CheckEntryDelta, sh.Index, 0, 0, "%s entries move %+v, want %+v", kind, k.Delta, want)
-			}
-			if kind == stock.OpReplenish || kind == stock.OpAdjust {
-				inflow += k.Delta.Available
-			}
-		}
-		compare := func(name string, exp, act int64) {
-			if exp != act {
-				add(CheckShardBalance, sh.Index, exp, act, "%s: opening + ledger = %d, row = %d", name, exp, act)
-			}
-		}
-		compare("available", sum.Available, sh.Row.Available)
-		compare("reserved", sum.Reserved, sh.Row.Reserved)
-		compare("sold", sum.Sold, sh.Row.Sold)
-		if sh.BrokenChain > 0 {
-			add(CheckChain, sh.Index, 0, sh.BrokenChain, "%d entries do not start where the previous one ended", sh.BrokenChain)
+		inflow += checkEntries(add, sh.Index, start, sh.Kinds, sh.BrokenChain, sh.Row, "row")
+		if u := sh.Unsound; u != nil {
+			add(CheckWalk, sh.Index, 0, u.To, "the stretch of entries up to %d was found wrong: %s", u.To, u.Detail)
 		}
 		if sh.HeldReserved != sh.Row.Reserved {
 			add(CheckReservedHolds, sh.Index, sh.HeldReserved, sh.Row.Reserved, "held reservations sum to %d, reserved is %d", sh.HeldReserved, sh.Row.Reserved)
@@ -170,7 +151,60 @@ func Check(s Snapshot) []Discrepancy {
 	if have != received {
 		add(CheckConservation, -1, received, have, "available+reserved+sold+in_transit = %d, received+replenished+adjusted = %d", have, received)
 	}
-	return ds
+	return *ds
+}
+
+// discrepancies returns a list and the adder that appends to it.
+func discrepancies() (*[]Discrepancy, adder) {
+	ds := new([]Discrepancy)
+	return ds, func(check string, shard int32, exp, act int64, format string, args ...any) {
+		*ds = append(*ds, Discrepancy{Check: check, Shard: shard, Expected: exp, Actual: act, Detail: fmt.Sprintf(format, args...)})
+	}
+}
+
+// startOf is where a shard's entries after cp start: cp's counts and
+// received, or with no checkpoint the shard's opening balance.
+func startOf(opening stock.Counts, cp *Checkpoint) (stock.Counts, int64) {
+	if cp != nil {
+		return cp.Counts, cp.Received
+	}
+	return opening, opening.Available + opening.Reserved + opening.Sold
+}
+
+// checkEntries checks a run of one shard's entries from start (kinds
+// sums them by kind; brokenChain counts the links of their chain that do
+// not hold): every kind moves the counts it says, the chain holds, and
+// start plus the entries is end (endName says what end is). It returns
+// the stock the entries brought in: replenishes and adjustments.
+func checkEntries(add adder, index int32, start stock.Counts, kinds map[stock.OpKind]KindSum, brokenChain int64,
+	end stock.Counts, endName string) (inflow int64) {
+	sum := start
+	for _, kind := range sortedKinds(kinds) {
+		k := kinds[kind]
+		sum = sum.Add(k.Delta)
+		if kind == stock.OpAdjust { // an adjustment's quantity is signed
+			if k.Delta.Available != k.Quantity || k.Delta.Reserved != 0 || k.Delta.Sold != 0 {
+				add(CheckEntryDelta, index, k.Quantity, k.Delta.Available, "adjust entries move %+v for quantity %d", k.Delta, k.Quantity)
+			}
+		} else if want := kind.Delta(k.Quantity); k.Delta != want {
+			add(CheckEntryDelta, index, 0, 0, "%s entries move %+v, want %+v", kind, k.Delta, want)
+		}
+		if kind == stock.OpReplenish || kind == stock.OpAdjust {
+			inflow += k.Delta.Available
+		}
+	}
+	compare := func(name string, exp, act int64) {
+		if exp != act {
+			add(CheckShardBalance, index, exp, act, "%s: start + ledger = %d, %s = %d", name, exp, endName, act)
+		}
+	}
+	compare("available", sum.Available, end.Available)
+	compare("reserved", sum.Reserved, end.Reserved)
+	compare("sold", sum.Sold, end.Sold)
+	if brokenChain > 0 {
+		add(CheckChain, index, 0, brokenChain, "%d entries do not start where the previous one ended", brokenChain)
+	}
+	return inflow
 }
 
 func endEntriesWant(st stock.ReservationState) int64 {

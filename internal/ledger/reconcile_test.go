@@ -292,3 +292,39 @@ func TestReconcile_Pure(t *testing.T) {
 		t.Errorf("Check changed its snapshot: %+v, want %+v", sku, wantSKU)
 	}
 }
+
+// TestCheckStretch: a stretch balances from its start to its end
+// checkpoint; a wrong end, a broken chain or a wrong received each show.
+func TestCheckStretch(t *testing.T) {
+	stretch := func() ledger.Stretch {
+		// From a checkpoint at 100 received 100: 20 replenished, 5 deducted.
+		return ledger.Stretch{
+			Index: 3,
+			From:  &ledger.Checkpoint{EntryID: 10, Counts: stock.Counts{Available: 100}, Received: 100},
+			To:    ledger.Checkpoint{EntryID: 40, Counts: stock.Counts{Available: 115, Sold: 5}, Received: 120},
+			Kinds: map[stock.OpKind]ledger.KindSum{
+				stock.OpReplenish: {Entries: 20, Quantity: 20, Delta: stock.Counts{Available: 20}},
+				stock.OpDeduct:    {Entries: 5, Quantity: 5, Delta: stock.Counts{Available: -5, Sold: 5}},
+			},
+		}
+	}
+	for _, tt := range []struct {
+		name  string
+		fault func(st *ledger.Stretch)
+		want  []found
+	}{
+		{name: "OK", fault: func(*ledger.Stretch) {}},
+		{name: "FromOpening", fault: func(st *ledger.Stretch) { st.From, st.Opening = nil, stock.Counts{Available: 100} }},
+		{name: "EndWrong", fault: func(st *ledger.Stretch) { st.To.Counts.Available = 116 }, want: []found{{ledger.CheckShardBalance, 3, 115, 116}}},
+		{name: "BrokenChain", fault: func(st *ledger.Stretch) { st.BrokenChain = 1 }, want: []found{{ledger.CheckChain, 3, 0, 1}}},
+		{name: "ReceivedWrong", fault: func(st *ledger.Stretch) { st.To.Received = 121 }, want: []found{{ledger.CheckWalk, 3, 120, 121}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			st := stretch()
+			tt.fault(&st)
+			if got := summarise(ledger.CheckStretch(st)); !slices.Equal(got, tt.want) {
+				t.Errorf("CheckStretch(%s) = %v, want %v", tt.name, got, tt.want)
+			}
+		})
+	}
+}

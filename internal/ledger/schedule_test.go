@@ -20,10 +20,17 @@ import (
 // etcd, that attempts a pass every interval until the test ends.
 func scheduled(t *testing.T, e *etcdtest.Etcd, holder string, store ledger.Store, interval time.Duration) *prometheus.Registry {
 	t.Helper()
+	return scheduledWalking(t, e, holder, store, interval, 0)
+}
+
+// scheduledWalking is scheduled with passes that walk at most walkMax
+// stretches (0: the default).
+func scheduledWalking(t *testing.T, e *etcdtest.Etcd, holder string, store ledger.Store, interval time.Duration, walkMax int) *prometheus.Registry {
+	t.Helper()
 	moves := topology.NewMoveLeases(e.Client(), holder, 0, nil)
 	reg := prometheus.NewRegistry()
-	s := ledger.NewScheduler(ledger.SchedulerConfig{Store: store, TryLease: moves.TryReconcile, Interval: interval, Registerer: reg,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s := ledger.NewScheduler(ledger.SchedulerConfig{Store: store, TryLease: moves.TryReconcile, Interval: interval, WalkStretchesMax: walkMax,
+		Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
@@ -60,6 +67,7 @@ func value(t *testing.T, reg *prometheus.Registry, name, result string) float64 
 // pass finds the SKU whose row moved without an entry, and the metrics say
 // so.
 func TestScheduler_FindsUnbalanced(t *testing.T) {
+	t.Parallel() // its own database (and etcd): nothing shared
 	b := openBooks(t)
 	for _, sku := range []string{"a", "b", "c"} {
 		b.fill(t, sku, ledger.CheckpointEntries+10)

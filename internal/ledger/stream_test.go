@@ -98,11 +98,11 @@ func mustCursor(t *testing.T, s string) ledger.Cursor {
 // those.
 func TestStream(t *testing.T) {
 	urls := pgtest.NewPrivateDBs(t, 2)
-	b := openBooksAt(t, urls[0])
+	b := openBooksAt(t, urls[0], 0)
 	t.Run("OutOfOrderCommits", func(t *testing.T) { testOutOfOrderCommits(t, b) })
 	t.Run("SKUs", func(t *testing.T) { testSKUs(t, b) })
 	t.Run("Refused", func(t *testing.T) { testRefused(t, b) })
-	t.Run("TwoDatabases", func(t *testing.T) { testTwoDatabases(t, b, openBooksAt(t, urls[1])) })
+	t.Run("TwoDatabases", func(t *testing.T) { testTwoDatabases(t, b, openBooksAt(t, urls[1], 0)) })
 }
 
 // testOutOfOrderCommits is the change stream's reason to exist: a

@@ -72,6 +72,7 @@ func (b *books) tail(t *testing.T, sku string) (entries, checkpoints int) {
 // its predecessor left, writes one as soon as they are enough; each
 // checkpoint is what the whole ledger before it sums to.
 func TestCheckpoint_Writer(t *testing.T) {
+	t.Parallel() // its own database (and etcd): nothing shared
 	const n = ledger.CheckpointEntries
 	b := openBooks(t)
 	sku := "written"

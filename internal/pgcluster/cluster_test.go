@@ -17,6 +17,7 @@ import (
 // TestStart checks the cluster used by pgtest.NewDB and by `make run`.
 func TestStart(t *testing.T) {
 	t.Run("TempDir", func(t *testing.T) {
+		t.Parallel() // clusters of their own: directories, ports, processes
 		c := startCluster(t, "")
 		var one int
 		scanOne(t, connect(t, c.URL()), &one, "SELECT 1")
@@ -36,6 +37,7 @@ func TestStart(t *testing.T) {
 		}
 	})
 	t.Run("CrashRestart", func(t *testing.T) {
+		t.Parallel() // clusters of their own: directories, ports, processes
 		c := startCluster(t, "")
 		conn := connect(t, c.URL())
 		execSQL(t, conn, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)")
@@ -55,6 +57,7 @@ func TestStart(t *testing.T) {
 		}
 	})
 	t.Run("ReuseDir", func(t *testing.T) {
+		t.Parallel() // clusters of their own: directories, ports, processes
 		// Not t.TempDir: its 0700 parents would lock out the postgres user,
 		// which needs to search every parent of the cluster directory.
 		parent, err := os.MkdirTemp("", "pgcluster-reuse-")

@@ -156,7 +156,7 @@ func mergeWrites(writes []unitWrite) *groupWrite {
 			g.epochs = append(g.epochs, uw.u.Fence.Epoch)
 		}
 		if w.Checkpoint != stock.CheckpointNone && len(w.Ledger) > 0 {
-			g.checkpoints = append(g.checkpoints, newCheckpoint(uw.u.Query.Shard, w.Checkpoint, w.Ops))
+			g.checkpoints = append(g.checkpoints, checkpoint{shard: uw.u.Query.Shard, ifDue: w.Checkpoint == stock.CheckpointIfDue})
 		}
 		sku := uw.u.Query.Shard.SKU
 		for c, q := range w.UsageAdd {
@@ -201,13 +201,17 @@ func (g *groupWrite) queue(b *pgx.Batch, mark commitMark) {
 // a data-modifying WITH query, and the rows of each are disjoint from the
 // others' (no part reads what another writes), so that running them on one
 // snapshot changes nothing. The one exception says so: checkpoints read
-// the entries the ledger part returns. Usage and transfer steps stay statements of
+// the entries the ledger part returns. Operations, ends and checkpoints
+// also read the group's number (groupedPart), which writes nothing. Usage and transfer steps stay statements of
 // their own: one group may touch one usage row twice (given back, then
 // taken), which one statement may not.
 func (g *groupWrite) parts(mark commitMark) []writePart {
 	slices.SortFunc(g.all.Ops, compareOps)
 	server := mark.server
 	parts := []writePart{markPart(mark)}
+	if len(g.all.Ops) > 0 || len(g.all.Ended) > 0 || len(g.checkpoints) > 0 {
+		parts = append(parts, groupedPart)
+	}
 	if len(g.all.Ops) > 0 {
 		parts = append(parts, opsPart(g.all.Ops))
 	}

@@ -51,12 +51,15 @@ type snapshot struct {
 	byIndex map[int32]*ledger.Shard
 }
 
-// shards reads the SKU's shard rows and their latest checkpoints; none is
-// SKU_NOT_FOUND.
+// shards reads the SKU's shard rows, their latest checkpoints and any
+// stretch of theirs a walk found wrong; none is SKU_NOT_FOUND.
 func (sn *snapshot) shards(ctx context.Context) error {
 	rows, err := sn.tx.Query(ctx, `SELECT s.idx, s.available, s.reserved, s.sold, s.opening_available,
-			c.entry_id, coalesce(c.available, 0), coalesce(c.reserved, 0), coalesce(c.sold, 0), coalesce(c.received, 0)
-		FROM shards s LEFT JOIN LATERAL (`+sqlLatestCheckpoint+`) c ON true WHERE s.sku = $1 ORDER BY s.idx`, sn.sku)
+			c.entry_id, coalesce(c.available, 0), coalesce(c.reserved, 0), coalesce(c.sold, 0), coalesce(c.received, 0),
+			coalesce(w.unsound_to, 0), coalesce(w.unsound, '')
+		FROM shards s LEFT JOIN LATERAL (`+sqlLatestCheckpoint+`) c ON true
+		LEFT JOIN ledger_walks w ON w.sku = s.sku AND w.shard = s.idx
+		WHERE s.sku = $1 ORDER BY s.idx`, sn.sku)
 	if err != nil {
 		return err
 	}
@@ -64,11 +67,15 @@ func (sn *snapshot) shards(ctx context.Context) error {
 		s := ledger.Shard{Kinds: map[stock.OpKind]ledger.KindSum{}}
 		var cp ledger.Checkpoint
 		var entryID *int64
+		var unsound ledger.Unsound
 		err := r.Scan(&s.Index, &s.Row.Available, &s.Row.Reserved, &s.Row.Sold, &s.Opening.Available,
-			&entryID, &cp.Counts.Available, &cp.Counts.Reserved, &cp.Counts.Sold, &cp.Received)
+			&entryID, &cp.Counts.Available, &cp.Counts.Reserved, &cp.Counts.Sold, &cp.Received, &unsound.To, &unsound.Detail)
 		if entryID != nil {
 			cp.EntryID = *entryID
 			s.Checkpoint = &cp
+		}
+		if unsound.To != 0 {
+			s.Unsound = &unsound
 		}
 		return s, err
 	})
@@ -107,18 +114,19 @@ func (sn *snapshot) each(ctx context.Context, dest []any, row func() error, sql 
 
 // sqlLatestCheckpoint is the latest checkpoint of shard s (a LATERAL
 // subquery): one row read from the end of its key.
-const sqlLatestCheckpoint = `SELECT entry_id, available, reserved, sold, received, created_at FROM ledger_checkpoints
+const sqlLatestCheckpoint = `SELECT entry_id, available, reserved, sold, received, group_seq, created_at FROM ledger_checkpoints
 	WHERE sku = s.sku AND shard = s.idx ORDER BY entry_id DESC LIMIT 1`
 
 // sqlTail starts a query of a SKU's ($1) entries after each shard's
 // latest checkpoint: cp is each shard's start (its checkpoint, or its
-// opening balance: entry 0, at the beginning of time), tail the entries
+// opening balance: entry 0, before every write group), tail the entries
 // after it, each shard's read from the end of ledger_shard. OFFSET 0 keeps
 // each shard's read a subquery of its own, run once per shard with its
 // checkpoint's id: flattened, the planner does not know how far that id
 // is, and scans the SKU's whole ledger for it.
 const sqlTail = `WITH cp AS (SELECT s.idx AS shard, coalesce(c.entry_id, 0) AS entry_id,
-		coalesce(c.created_at, '-infinity') AS created_at, coalesce(c.available, s.opening_available) AS available,
+		coalesce(c.group_seq, -1) AS group_seq, coalesce(c.created_at, '-infinity') AS created_at,
+		coalesce(c.available, s.opening_available) AS available,
 		coalesce(c.reserved, 0) AS reserved, coalesce(c.sold, 0) AS sold
 		FROM shards s LEFT JOIN LATERAL (` + sqlLatestCheckpoint + `) c ON true WHERE s.sku = $1),
 	tail AS (SELECT l.* FROM cp CROSS JOIN LATERAL (SELECT * FROM ledger l
@@ -127,7 +135,12 @@ const sqlTail = `WITH cp AS (SELECT s.idx AS shard, coalesce(c.entry_id, 0) AS e
 
 // kindSums reads the sums of the entries after each shard's checkpoint,
 // by shard and kind.
-func (sn *snapshot) kindSums(ctx context.Context) error {
+func (sn *snapshot) kindSums(ctx context.Context) error { return sn.kindSumsOf(ctx, sqlTail) }
+
+// kindSumsOf reads the sums of the entries of tail, by shard and kind:
+// from starts a query with the WITH queries cp and tail (sqlTail,
+// sqlStretch) of args.
+func (sn *snapshot) kindSumsOf(ctx context.Context, from string, args ...any) error {
 	var idx int32
 	var kind string
 	var k ledger.KindSum
@@ -137,14 +150,18 @@ func (sn *snapshot) kindSums(ctx context.Context) error {
 			s.Kinds[stock.OpKind(kind)] = k
 		}
 		return err
-	}, sqlTail+`SELECT shard, kind, count(*), sum(quantity), sum(available_after - available_before),
-		sum(reserved_after - reserved_before), sum(sold_after - sold_before) FROM tail GROUP BY shard, kind`)
+	}, from+`SELECT shard, kind, count(*), sum(quantity), sum(available_after - available_before),
+		sum(reserved_after - reserved_before), sum(sold_after - sold_before) FROM tail GROUP BY shard, kind`, args...)
 }
 
 // chains counts, per shard, the entries after its checkpoint that do not
 // start where the shard's previous one ended (the first where the
 // checkpoint, or the shard's opening, left it).
-func (sn *snapshot) chains(ctx context.Context) error {
+func (sn *snapshot) chains(ctx context.Context) error { return sn.chainsOf(ctx, sqlTail) }
+
+// chainsOf counts, per shard, the entries of tail that do not start where
+// the previous one ended (the first where cp left it); from as kindSumsOf.
+func (sn *snapshot) chainsOf(ctx context.Context, from string, args ...any) error {
 	var idx int32
 	var n int64
 	return sn.each(ctx, []any{&idx, &n}, func() error {
@@ -153,14 +170,14 @@ func (sn *snapshot) chains(ctx context.Context) error {
 			s.BrokenChain = n
 		}
 		return err
-	}, sqlTail+`SELECT l.shard, count(*) FROM (
+	}, from+`SELECT l.shard, count(*) FROM (
 		SELECT shard, id, available_before, reserved_before, sold_before,
 			lag(available_after) OVER w AS pa, lag(reserved_after) OVER w AS pr, lag(sold_after) OVER w AS ps
 		FROM tail WINDOW w AS (PARTITION BY shard ORDER BY id)) l
 		JOIN cp ON cp.shard = l.shard
 		WHERE (coalesce(l.pa, cp.available), coalesce(l.pr, cp.reserved), coalesce(l.ps, cp.sold))
 			IS DISTINCT FROM (l.available_before, l.reserved_before, l.sold_before)
-		GROUP BY l.shard`)
+		GROUP BY l.shard`, args...)
 }
 
 // held sums the held reservations of each shard.
@@ -178,9 +195,10 @@ func (sn *snapshot) held(ctx context.Context) error {
 
 // keyed lists the operations and keyed ledger entries after the
 // checkpoints that do not pair one to one: every keyed entry after its
-// shard's checkpoint is paired by its key, and so is every operation
-// created after it (an operation and its entry are written by one
-// statement, whose transaction's time the checkpoint after them bears).
+// shard's checkpoint is paired by its key, and so is every operation of a
+// later write group than the checkpoint's (an operation and its entry are
+// written by one group; groupedPart numbers the groups). No clock is
+// read: an operation's created_at may be its process's.
 func (sn *snapshot) keyed(ctx context.Context) error {
 	var m ledger.KeyMismatch
 	return sn.each(ctx, []any{&m.Key, &m.Operations, &m.Entries}, func() error {
@@ -190,7 +208,7 @@ func (sn *snapshot) keyed(ctx context.Context) error {
 			WHERE kind IN ('reserve', 'deduct', 'replenish', 'adjust') GROUP BY 1, 2),
 		o AS (SELECT idempotency_key AS k, kind FROM operations WHERE sku = $1 AND idempotency_key IN (SELECT k FROM l)
 			UNION SELECT o.idempotency_key, o.kind FROM cp CROSS JOIN LATERAL (SELECT idempotency_key, kind FROM operations o
-				WHERE o.sku = $1 AND o.shard = cp.shard AND o.created_at > cp.created_at OFFSET 0) o)
+				WHERE o.sku = $1 AND o.shard = cp.shard AND o.group_seq > cp.group_seq OFFSET 0) o)
 		SELECT coalesce(o.k, l.k), (o.k IS NOT NULL)::int::int8, coalesce(l.n, 0)
 		FROM o FULL JOIN l ON o.k = l.k AND o.kind = l.kind
 		WHERE o.k IS NULL OR l.k IS NULL OR l.n <> 1 LIMIT $2`, mismatchesMax)
@@ -199,8 +217,12 @@ func (sn *snapshot) keyed(ctx context.Context) error {
 // ends lists the reservations whose end entries are wrong: every ended
 // one has exactly one, of its kind; a held one none. It reads the end
 // entries after the checkpoints, and the reservations they end or that
-// ended after their shard's checkpoint (an end and its entry are written
-// by one statement; reservations_ended finds those).
+// were ended by a later write group than their shard's checkpoint's (an
+// end and its entry are written by one group; reservations_ended finds
+// those). An end that no group wrote (end_group_seq 0: before migration
+// 00011, or by hand) is after the checkpoint if the database's clock
+// dates it so (reservations_ended_ungrouped; the service's ends never
+// enter that index).
 func (sn *snapshot) ends(ctx context.Context) error {
 	var e ledger.EndMismatch
 	var state string
@@ -212,7 +234,10 @@ func (sn *snapshot) ends(ctx context.Context) error {
 			WHERE kind IN ('commit', 'release', 'expire') GROUP BY 1, 2),
 		r AS (SELECT id, state FROM reservations WHERE sku = $1 AND id IN (SELECT id FROM e)
 			UNION SELECT r.id, r.state FROM cp CROSS JOIN LATERAL (SELECT id, state FROM reservations r
-				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.ended_at > cp.created_at OFFSET 0) r),
+				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.end_group_seq > cp.group_seq OFFSET 0) r
+			UNION SELECT r.id, r.state FROM cp CROSS JOIN LATERAL (SELECT id, state FROM reservations r
+				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.end_group_seq = 0
+					AND r.ended_at > cp.created_at OFFSET 0) r),
 		t AS (SELECT r.id, r.state,
 			coalesce(sum(e.n) FILTER (WHERE e.kind = CASE r.state WHEN 'committed' THEN 'commit'
 				WHEN 'released' THEN 'release' WHEN 'expired' THEN 'expire' END), 0) AS right_n,

@@ -431,6 +431,7 @@ func TestSnapshot_Reconcile(t *testing.T) {
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel() // its own database and shard server
 			b := book(t)
 			tt.corrupt(t, b)
 			got, want := b.reconcile(t), slices.Clone(tt.want)

@@ -117,6 +117,14 @@ func scanReservations(res pgx.BatchResults) ([]*stock.Reservation, error) {
 	return out, rows.Err()
 }
 
+// groupedPart takes the group's number of write_group_seq, once for the
+// whole statement (a WITH query that calls a volatile function is run
+// once): its operations, reservation ends and checkpoints bear it, so that
+// reconciliation tells which of a shard's operations and ends come after
+// a checkpoint by the order of its groups, not by a clock
+// (migrations/00011_ledger_walk.sql says why that order holds).
+var groupedPart = writePart{name: "grouped", sql: `SELECT nextval('write_group_seq') AS seq`}
+
 // opsPart inserts the group's operations, in the order of their primary
 // key, (sku, idempotency_key). A key of a SKU taken meanwhile (by a batch
 // of another shard of the SKU, or twice in this group) is a unique
@@ -137,11 +145,12 @@ func opsPart(ops []*stock.Operation) writePart {
 		res[i], oref[i], cref[i], created[i] = o.ReservationID, o.OrderRef, o.CustomerRef, o.CreatedAt
 	}
 	// created_at is the time the first answer gave (BatchRead.Now), so
-	// that a replay gives the same.
+	// that a replay gives the same; group_seq is the group's number
+	// (groupedPart), which reconciliation orders by.
 	return writePart{name: "ops", sql: `INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref,
-			customer_ref, created_at)
+			customer_ref, created_at, group_seq)
 		SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]), unnest($4::bytea[]), unnest($5::bigint[]), unnest($6::int[]),
-		unnest($7::text[]), unnest($8::text[]), unnest($9::text[]), unnest($10::timestamptz[])`,
+		unnest($7::text[]), unnest($8::text[]), unnest($9::text[]), unnest($10::timestamptz[]), (SELECT seq FROM grouped)`,
 		args: []any{sku, key, kind, hash, qty, shard, res, oref, cref, created}}
 }
 
@@ -218,15 +227,17 @@ func reservationsPart(rs []*stock.Reservation) writePart {
 		args: []any{id, sku, shard, part, key, qty, exp, oref, cref}}
 }
 
-// endsPart ends held reservations; the state = 'held' guard makes a
-// second end a no-op that the row count reveals (SS002).
+// endsPart ends held reservations, stamped with the group's number
+// (groupedPart); the state = 'held' guard makes a second end a no-op that
+// the row count reveals (SS002).
 func endsPart(ends []stock.ReservationEnd) writePart {
 	n := len(ends)
 	id, state, reason := make([]string, n), make([]string, n), make([]string, n)
 	for i, e := range ends {
 		id[i], state[i], reason[i] = e.ID, string(e.State), e.Reason
 	}
-	return writePart{name: "ended", sql: `UPDATE reservations r SET state = u.state, ended_at = now(), end_reason = u.reason
+	return writePart{name: "ended", sql: `UPDATE reservations r SET state = u.state, ended_at = now(), end_reason = u.reason,
+			end_group_seq = (SELECT seq FROM grouped)
 		FROM (SELECT unnest($1::text[]) AS id, unnest($2::text[]) AS state, unnest($3::text[]) AS reason) AS u
 		WHERE r.id = u.id AND r.state = 'held' RETURNING 1`,
 		args: []any{id, state, reason}, check: &rowCheck{want: n, what: "held reservations", code: sqlstateDiverged}}
@@ -265,21 +276,6 @@ type checkpoint struct {
 	// ifDue: only if the shard has ledger.CheckpointEntries entries after
 	// its last checkpoint, counting this group's (its writer is new).
 	ifDue bool
-	// opsAt is the latest time its group's operations bear: a
-	// speculative group dates them by this process's clock, which may run
-	// ahead of the transaction's (reconciliation counts the operations
-	// dated after a checkpoint as after it).
-	opsAt time.Time
-}
-
-func newCheckpoint(k stock.ShardKey, when stock.Checkpointing, ops []*stock.Operation) checkpoint {
-	c := checkpoint{shard: k, ifDue: when == stock.CheckpointIfDue}
-	for _, o := range ops {
-		if o.SKU == k.SKU && o.Shard == k.Index && o.CreatedAt.After(c.opsAt) {
-			c.opsAt = o.CreatedAt
-		}
-	}
-	return c
 }
 
 // checkpointPart writes a checkpoint of each shard in cs after its last
@@ -290,26 +286,26 @@ func newCheckpoint(k stock.ShardKey, when stock.Checkpointing, ops []*stock.Oper
 // ledger_shard) and this one's. A checkpoint ifDue is written only when
 // there are enough entries since the last: at most that many are counted.
 func checkpointPart(cs []checkpoint) writePart {
-	sku, idx, at, ifDue := make([]string, len(cs)), make([]int32, len(cs)), make([]time.Time, len(cs)), make([]bool, len(cs))
+	sku, idx, ifDue := make([]string, len(cs)), make([]int32, len(cs)), make([]bool, len(cs))
 	for i, c := range cs {
-		sku[i], idx[i], at[i], ifDue[i] = c.shard.SKU, c.shard.Index, c.opsAt, c.ifDue
+		sku[i], idx[i], ifDue[i] = c.shard.SKU, c.shard.Index, c.ifDue
 	}
-	return writePart{name: "checkpointed", sql: `INSERT INTO ledger_checkpoints (sku, shard, entry_id, available, reserved, sold, received, created_at)
+	return writePart{name: "checkpointed", sql: `INSERT INTO ledger_checkpoints (sku, shard, entry_id, available, reserved, sold, received, group_seq)
 		SELECT l.sku, l.shard, l.id, l.available_after, l.reserved_after, l.sold_after,
 			coalesce(c.received, s.opening_available)
 			+ (SELECT coalesce(sum(e.available_after - e.available_before), 0) FROM ledger e WHERE e.sku = l.sku AND e.shard = l.shard
 				AND e.id > coalesce(c.entry_id, 0) AND e.kind IN ('replenish', 'adjust'))
 			+ (SELECT coalesce(sum(b.available_after - b.available_before), 0) FROM ledgered b WHERE b.sku = l.sku AND b.shard = l.shard
 				AND b.kind IN ('replenish', 'adjust')),
-			greatest(now(), d.at)
-		FROM unnest($1::text[], $2::int[], $3::timestamptz[], $4::bool[]) AS d(sku, idx, at, if_due)
+			(SELECT seq FROM grouped)
+		FROM unnest($1::text[], $2::int[], $3::bool[]) AS d(sku, idx, if_due)
 		CROSS JOIN LATERAL (SELECT * FROM ledgered b WHERE b.sku = d.sku AND b.shard = d.idx ORDER BY b.id DESC LIMIT 1) l
 		JOIN shards s ON s.sku = l.sku AND s.idx = l.shard
 		LEFT JOIN LATERAL (` + sqlLatestCheckpoint + `) c ON true
-		WHERE NOT d.if_due OR $5 <= (SELECT count(*) FROM ledgered b WHERE b.sku = l.sku AND b.shard = l.shard)
+		WHERE NOT d.if_due OR $4 <= (SELECT count(*) FROM ledgered b WHERE b.sku = l.sku AND b.shard = l.shard)
 			+ (SELECT count(*) FROM (SELECT FROM ledger e WHERE e.sku = l.sku AND e.shard = l.shard
-				AND e.id > coalesce(c.entry_id, 0) LIMIT $5) e)`,
-		args: []any{sku, idx, at, ifDue, ledger.CheckpointEntries}}
+				AND e.id > coalesce(c.entry_id, 0) LIMIT $4) e)`,
+		args: []any{sku, idx, ifDue, ledger.CheckpointEntries}}
 }
 
 func timeOrZero(t *time.Time) time.Time {
