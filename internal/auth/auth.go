@@ -84,10 +84,18 @@ func WithCaller(ctx context.Context, c Caller) context.Context {
 
 // CallerOf returns the caller ctx carries, else Anonymous.
 func CallerOf(ctx context.Context) Caller {
-	if c, ok := ctx.Value(callerKey{}).(Caller); ok {
+	if c, ok := CallerFrom(ctx); ok {
 		return c
 	}
 	return Anonymous
+}
+
+// CallerFrom returns the caller ctx carries, if it carries one: a call
+// that went through no authentication (a process that serves no
+// strangers) carries none.
+func CallerFrom(ctx context.Context) (Caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(Caller)
+	return c, ok
 }
 
 // Bounds of credentials.

@@ -255,7 +255,7 @@ func (db *DB) ListLedger(ctx context.Context, sku string, after int64, limit int
 	limit = min(max(limit, 1), ledger.PageMax)
 	rows, err := db.pool.Query(ctx, `SELECT id, sku, shard, kind, quantity, available_before, available_after,
 		reserved_before, reserved_after, sold_before, sold_after, idempotency_key, reservation_id, transfer_id,
-		order_ref, source, reason, approver, server_id, epoch, created_at
+		order_ref, source, reason, approver, server_id, epoch, created_at, caller
 		FROM ledger WHERE sku = $1 AND id > $2 ORDER BY id LIMIT $3`, sku, after, limit)
 	if err != nil {
 		return nil, err
@@ -265,7 +265,7 @@ func (db *DB) ListLedger(ctx context.Context, sku string, after int64, limit int
 		var kind string
 		err := r.Scan(&e.ID, &e.Shard.SKU, &e.Shard.Index, &kind, &e.Quantity, &e.Before.Available, &e.After.Available,
 			&e.Before.Reserved, &e.After.Reserved, &e.Before.Sold, &e.After.Sold, &e.IdempotencyKey, &e.ReservationID,
-			&e.TransferID, &e.OrderRef, &e.Source, &e.Reason, &e.Approver, &e.ServerID, &e.Epoch, &e.CreatedAt)
+			&e.TransferID, &e.OrderRef, &e.Source, &e.Reason, &e.Approver, &e.ServerID, &e.Epoch, &e.CreatedAt, &e.Caller)
 		e.Kind = stock.OpKind(kind)
 		return &e, err
 	})
