@@ -171,6 +171,16 @@ func (c *config) check() error {
 	if len(c.token) < auth.TokenLenMin {
 		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", auth.TokenLenMin)
 	}
+	for _, set := range []struct{ role, list string }{{"admin", c.token}, {"service", c.serviceToken}, {"public", c.publicToken}} {
+		for _, t := range splitList(set.list) {
+			if len(t) < auth.TokenLenMin {
+				return fmt.Errorf("a %s token must be at least %d characters (-%s-token)", set.role, auth.TokenLenMin, set.role)
+			}
+		}
+	}
+	if c.jwks != "" && (c.jwtIssuer == "" || c.jwtAudience == "") {
+		return errors.New("a JWKS (-jwks) needs -jwt-issuer and -jwt-audience: a JWT must name both")
+	}
 	if c.policy, err = api.NewPolicy(splitList(c.publicCalls)); err != nil {
 		return fmt.Errorf("-public-calls: %w", err)
 	}
