@@ -33,7 +33,18 @@ const (
 	startTimeout = 60 * time.Second
 	leaseTTL     = 2 * time.Second
 	adminToken   = "e2e-admin-token-0123456789"
+	// serviceToken is the service role's credential (the shop's
+	// backends): every InventoryService call.
+	serviceToken = "e2e-service-token-0123456789"
 )
+
+// asService is a client option that sends the service token.
+var asService = connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", "Bearer "+serviceToken)
+		return next(ctx, req)
+	}
+}))
 
 // bin holds the binaries built once for the whole package.
 var bin string
@@ -148,7 +159,7 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 		s.startShard(fmt.Sprintf("s%d", i))
 	}
 	conns := "4"
-	args := []string{"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn"}
+	args := []string{"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-service-token", serviceToken, "-log-level", "warn"}
 	if o.localID != "" {
 		conns = "8" // shared with its shard server
 		args = append(args, "-shard-id", o.localID, "-lease-ttl", o.ttl.String())
@@ -158,7 +169,7 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 	ready := s.allocator.waitReady(t, readiness.RoleAllocator)
 	s.base, s.ops = ready.Addr, ready.Operator
 	hc := transport.NewClient()
-	s.inv = shardstockv1connect.NewInventoryServiceClient(hc, s.base)
+	s.inv = shardstockv1connect.NewInventoryServiceClient(hc, s.base, asService)
 	s.admin = shardstockv1connect.NewAdminServiceClient(hc, s.base)
 	s.waitStable(startTimeout)
 	return s
@@ -243,10 +254,12 @@ func (s *stack) startEnv(name string, env []string, path string, args ...string)
 		if strings.Contains(p.output(), "WARNING: DATA RACE") {
 			s.t.Errorf("%s reported a data race", name)
 		}
-		// No secret in any process's output: the admin token is on every
-		// allocator's command line and in every admin call.
-		if strings.Contains(p.output(), adminToken) {
-			s.t.Errorf("%s printed the admin token", name)
+		// No secret in any process's output: the tokens are on every
+		// allocator's command line and in every call.
+		for _, secret := range []string{adminToken, serviceToken} {
+			if strings.Contains(p.output(), secret) {
+				s.t.Errorf("%s printed a token", name)
+			}
 		}
 		if s.t.Failed() {
 			s.t.Logf("%s output:\n%s", name, p.output())

@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/shardstock/shardstock/internal/auth"
+	"github.com/shardstock/shardstock/internal/auth/authtest"
 )
 
 // webDir holds the Connect-ES clients and their Node tests (npm ci --prefix
@@ -14,8 +17,9 @@ import (
 const webDir = "../../web"
 
 // TestE2E_WebClients runs web/test/clients.test.mjs: Node reserves and
-// commits through @connectrpc/connect-web's Connect and gRPC-Web
-// transports, the ones a browser uses, against a real stack.
+// commits with a service JWT through @connectrpc/connect-web's Connect and
+// gRPC-Web transports, the ones a browser uses, against a real stack that
+// verifies JWTs against a JWKS.
 func TestE2E_WebClients(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -24,12 +28,15 @@ func TestE2E_WebClients(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(webDir, "node_modules", "@connectrpc", "connect-web")); err != nil {
 		t.Fatalf("web/node_modules is missing: run npm ci --prefix web (make test does)")
 	}
-	s := newStack(t, 1)
+	iss := authtest.NewIssuer(t, "web-key")
+	s := newStackOpts(t, stackOpts{shardServers: 1, ttl: leaseTTL,
+		allocArgs: []string{"-jwks", iss.WriteJWKS(t), "-jwt-issuer", authtest.Issuer, "-jwt-audience", authtest.Audience}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "--test", "test/clients.test.mjs")
 	cmd.Dir = webDir
-	cmd.Env = append(os.Environ(), "SHARDSTOCK_URL="+s.base, "SHARDSTOCK_ADMIN_TOKEN="+adminToken)
+	cmd.Env = append(os.Environ(), "SHARDSTOCK_URL="+s.base, "SHARDSTOCK_ADMIN_TOKEN="+adminToken,
+		"SHARDSTOCK_SERVICE_JWT="+iss.Sign(t, auth.RoleService, "web-backend"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("node --test: %v\n%s", err, out)

@@ -44,7 +44,11 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, a
     const widthBefore = await page.locator(`${box} .shard .available`).evaluateAll((bars) => bars.map((b) => b.getBoundingClientRect().width));
 
     // Deduct from the script: the numbers and the bars move.
-    const inv = createClient(InventoryService, createConnectTransport({ baseUrl }));
+    const asAdmin = (next) => async (req) => {
+      req.header.set("Authorization", `Bearer ${token}`); // an admin may act as a service
+      return next(req);
+    };
+    const inv = createClient(InventoryService, createConnectTransport({ baseUrl, interceptors: [asAdmin] }));
     for (let i = 0; i < 10; i++) {
       await inv.deduct({ sku, quantity: 3n, idempotencyKey: `${sku}-${i}` });
     }

@@ -273,8 +273,7 @@ func printBanner(stdout io.Writer, base string, cfg *config) {
 admin token: %[2]s
 service token: %[5]s
 try:
-  export SHARDSTOCK_SERVICE_TOKEN=%[5]s
-  curl -s -X POST -H 'Content-Type: application/json' -H "Authorization: Bearer $SHARDSTOCK_SERVICE_TOKEN" -d '{"sku":"%[3]s","quantity":1,"idempotencyKey":"order-1"}' %[1]s/shardstock.v1.InventoryService/Deduct
+  curl -s -X POST -H 'Content-Type: application/json' -H 'Authorization: Bearer %[5]s' -d '{"sku":"%[3]s","quantity":1,"idempotencyKey":"order-1"}' %[1]s/shardstock.v1.InventoryService/Deduct
   curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s"}' %[1]s/shardstock.v1.InventoryService/GetStock
 Ctrl-C stops everything.
 `, base, cfg.token, demoSKU, cfg.opsAddr, cfg.service)
