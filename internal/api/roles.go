@@ -87,9 +87,16 @@ func internalsHidden(ctx context.Context) bool {
 
 // audit logs a stock-changing call with its caller (role and credential
 // id, never the secret) and its outcome; the caller is in its ledger
-// entries too (stock.Request.Caller).
+// entries too (stock.Request.Caller). An admin's call is logged at info;
+// a service's at debug: a line per call of the hot path would cost each a
+// write (about 50 µs measured on the development machine), and the ledger
+// names every caller already.
 func audit(ctx context.Context, log *slog.Logger, call string, r *stock.Request, res stock.Result) {
-	if log == nil {
+	level := slog.LevelDebug
+	if strings.HasPrefix(r.Caller, auth.RoleAdmin.String()+":") {
+		level = slog.LevelInfo
+	}
+	if log == nil || !log.Enabled(ctx, level) {
 		return
 	}
 	outcome := "ok"
@@ -99,7 +106,7 @@ func audit(ctx context.Context, log *slog.Logger, call string, r *stock.Request,
 	case res.Replayed:
 		outcome = "replayed"
 	}
-	log.LogAttrs(ctx, slog.LevelInfo, "stock call", slog.String("call", call), slog.String("caller", r.Caller),
+	log.LogAttrs(ctx, level, "stock call", slog.String("call", call), slog.String("caller", r.Caller),
 		slog.String("sku", r.Shard.SKU), slog.String("key", r.Key), slog.String("reservation", r.ReservationID),
 		slog.Int64("quantity", r.Quantity), slog.String("outcome", outcome))
 }
