@@ -166,11 +166,11 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 		}
 		if cfg.Need != nil {
 			need, customer := cfg.Need(r.URL.Path)
-			f, refused := needs[need], caller.Role < need
-			if !refused && customer && caller.Role == auth.RolePublic && caller.Customer == "" {
-				f, refused = noCustomer, true
+			f, denied := needs[need], caller.Role < need
+			if !denied && customer && caller.Role == auth.RolePublic && caller.Customer == "" {
+				f, denied = noCustomer, true
 			}
-			if refused {
+			if denied {
 				if caller.ID == "" {
 					refuse(w, r, f[0])
 				} else {
@@ -179,26 +179,26 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 				return
 			}
 		}
-		if clients != nil {
-			key, perSecond := "", cfg.PerCredential
+		perSecond := cfg.PerCredential
+		if caller.Role == auth.RolePublic {
+			perSecond = cfg.PerClient
+		}
+		if clients != nil && perSecond > 0 {
+			key := "credential " + caller.ID
 			if caller.Role == auth.RolePublic {
-				key, perSecond = "client "+clientAddr(r, cfg.TrustedProxies), cfg.PerClient
-			} else {
-				key = "credential " + caller.ID
+				key = "client " + clientAddr(r, cfg.TrustedProxies)
 			}
-			if perSecond > 0 {
-				mu.Lock()
-				l, ok := clients.Get(key)
-				if !ok {
-					l = rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond)))
-					clients.Add(key, l)
-				}
-				allowed := l.AllowN(time.Now(), 1)
-				mu.Unlock()
-				if !allowed {
-					refuse(w, r, overRate)
-					return
-				}
+			mu.Lock()
+			l, ok := clients.Get(key)
+			if !ok {
+				l = rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond)))
+				clients.Add(key, l)
+			}
+			allowed := l.AllowN(time.Now(), 1)
+			mu.Unlock()
+			if !allowed {
+				refuse(w, r, overRate)
+				return
 			}
 		}
 		if slots != nil {
