@@ -342,9 +342,9 @@ func checkNetworkPolicies(t *testing.T, r *rendered) {
 	}
 	// The shard servers' metrics and probes are on the operator port.
 	c := pods["StatefulSet/shard"].Spec.Containers[0]
-	if env(c)["SHARDSTOCK_OPERATOR_ADDR"].Value != fmt.Sprintf("0.0.0.0:%d", operatorPort) || c.ReadinessProbe.HTTPGet.Port.String() != "ops" {
-		t.Errorf("shard servers: metrics and probes not on an operator port of their own (SHARDSTOCK_OPERATOR_ADDR %q, readiness on %s)",
-			env(c)["SHARDSTOCK_OPERATOR_ADDR"].Value, c.ReadinessProbe.HTTPGet.Port.String())
+	if env(c)["SHARDSTOCK_SHARD_OPERATOR_ADDR"].Value != fmt.Sprintf("0.0.0.0:%d", operatorPort) || c.ReadinessProbe.HTTPGet.Port.String() != "ops" {
+		t.Errorf("shard servers: metrics and probes not on an operator port of their own (SHARDSTOCK_SHARD_OPERATOR_ADDR %q, readiness on %s)",
+			env(c)["SHARDSTOCK_SHARD_OPERATOR_ADDR"].Value, c.ReadinessProbe.HTTPGet.Port.String())
 	}
 }
 

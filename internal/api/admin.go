@@ -72,17 +72,23 @@ type AdminHandler struct {
 var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)
 
 // AuditAdmin returns an interceptor that logs every AdminService call with
-// its caller (role and credential id, never the secret) and its outcome;
-// AdjustStock's caller is in its ledger entry too.
+// its caller (role and credential id, never the secret) and its outcome:
+// at info those that may change something, at debug the reads (no side
+// effects: the dashboard polls them every second); AdjustStock's caller is
+// in its ledger entry too.
 func AuditAdmin(log *slog.Logger) connect.UnaryInterceptorFunc {
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			resp, err := next(ctx, req)
+			level := slog.LevelInfo
+			if req.Spec().IdempotencyLevel == connect.IdempotencyNoSideEffects {
+				level = slog.LevelDebug
+			}
 			outcome := "ok"
 			if err != nil {
 				outcome = connect.CodeOf(err).String()
 			}
-			log.LogAttrs(ctx, slog.LevelInfo, "admin call", slog.String("call", req.Spec().Procedure),
+			log.LogAttrs(ctx, level, "admin call", slog.String("call", req.Spec().Procedure),
 				slog.String("caller", callerOf(ctx)), slog.String("outcome", outcome))
 			return resp, err
 		}

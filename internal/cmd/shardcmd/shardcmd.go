@@ -128,7 +128,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs := flag.NewFlagSet("shard", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", env.String("SHARDSTOCK_SHARD_ADDR", "127.0.0.1:7001"), "listen address (env SHARDSTOCK_SHARD_ADDR)")
-	fs.StringVar(&c.operatorAddr, "operator-addr", env.String("SHARDSTOCK_OPERATOR_ADDR", ""), "listen address of a cleartext operator listener for /metrics, /debug/pprof/ (with -pprof), /healthz and /readyz, which then leave the shard port; empty: all on the shard port (env SHARDSTOCK_OPERATOR_ADDR)")
+	fs.StringVar(&c.operatorAddr, "operator-addr", env.String("SHARDSTOCK_SHARD_OPERATOR_ADDR", ""), "listen address of a cleartext operator listener for /metrics, /debug/pprof/ (with -pprof), /healthz and /readyz, which then leave the shard port; empty: all on the shard port (env SHARDSTOCK_SHARD_OPERATOR_ADDR)")
 	fs.StringVar(&c.advertise, "advertise", env.String("SHARDSTOCK_ADVERTISE", ""), "address allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
 	fs.StringVar(&c.id, "id", env.String("SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
 	c.stores.Flags(fs, env)
