@@ -19,6 +19,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/auth/authtest"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/readiness"
@@ -39,12 +40,7 @@ const (
 )
 
 // asService is a client option that sends the service token.
-var asService = connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		req.Header().Set("Authorization", "Bearer "+serviceToken)
-		return next(ctx, req)
-	}
-}))
+var asService = authtest.Bearer(serviceToken)
 
 // bin holds the binaries built once for the whole package.
 var bin string

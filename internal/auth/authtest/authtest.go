@@ -3,6 +3,7 @@
 package authtest
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
 
@@ -91,4 +93,17 @@ func (i *KeyIssuer) WriteJWKS(tb testing.TB) string {
 		tb.Fatal(err)
 	}
 	return path
+}
+
+// Bearer is a client option that sends credential (a token or a JWT) as
+// `Authorization: Bearer`; none when it is empty.
+func Bearer(credential string) connect.ClientOption {
+	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			if credential != "" {
+				req.Header().Set("Authorization", "Bearer "+credential)
+			}
+			return next(ctx, req)
+		}
+	}))
 }

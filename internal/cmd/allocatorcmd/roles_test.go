@@ -21,17 +21,8 @@ import (
 // publicToken is a public role's bearer token (an app's: no customer).
 const publicToken = "allocatorcmd-public-token"
 
-// bearer is a client option that sends credential as a bearer token.
-func bearer(credential string) connect.ClientOption {
-	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			if credential != "" {
-				req.Header().Set("Authorization", "Bearer "+credential)
-			}
-			return next(ctx, req)
-		}
-	}))
-}
+// bearer sends credential as a bearer token.
+var bearer = authtest.Bearer
 
 // protocols are the three the public port speaks; gRPC-Web is a
 // browser's.
