@@ -31,7 +31,8 @@ var overlays = []string{"overlays/dev", "overlays/prod"}
 
 // Ports of shardstock's processes (the flags' values in base/).
 const (
-	shardPort = 7001 // the ShardService's port: internal only
+	shardPort    = 7001 // the ShardService's port: internal only
+	operatorPort = 9090 // /metrics, /healthz, /readyz of every process
 )
 
 // rendered is one overlay's objects, decoded.
@@ -47,6 +48,8 @@ type rendered struct {
 	rules        []*monitoringv1.PrometheusRule
 	monitors     []*monitoringv1.ServiceMonitor
 	configMaps   []*corev1.ConfigMap
+	issuers      []*certIssuer
+	certificates []*certificate
 	kinds        map[string]int
 }
 
@@ -110,6 +113,10 @@ func (r *rendered) add(doc []byte) error {
 		return decode(doc, &r.rules)
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		return decode(doc, &r.monitors)
+	case "cert-manager.io/v1/Issuer":
+		return decode(doc, &r.issuers)
+	case "cert-manager.io/v1/Certificate":
+		return decode(doc, &r.certificates)
 	}
 	return fmt.Errorf("unknown kind %s: add its type to the test", gvk)
 }
@@ -295,9 +302,11 @@ func checkScaling(t *testing.T, r *rendered) {
 }
 
 // checkNetworkPolicies: the shard port is reachable only from shardstock's
-// allocators and shard servers (and the monitoring namespace).
+// allocators; the shard servers' operator port (/metrics) only from the
+// monitoring namespace; no rule admits anyone to any port, or an IP block.
 func checkNetworkPolicies(t *testing.T, r *rendered) {
-	shard := labels.Set(r.pods()["StatefulSet/shard"].Labels)
+	pods := r.pods()
+	shard, allocator := labels.Set(pods["StatefulSet/shard"].Labels), labels.Set(pods["Deployment/allocator"].Labels)
 	found := false
 	for _, p := range r.policies {
 		sel, err := metav1Selector(&p.Spec.PodSelector)
@@ -306,12 +315,28 @@ func checkNetworkPolicies(t *testing.T, r *rendered) {
 		}
 		found = true
 		for _, rule := range p.Spec.Ingress {
-			if len(rule.From) == 0 {
-				t.Errorf("NetworkPolicy %s lets anyone reach the shard servers", p.Name)
+			if len(rule.From) == 0 || len(rule.Ports) == 0 {
+				t.Errorf("NetworkPolicy %s lets anyone reach the shard servers, or on any port", p.Name)
 			}
-			for _, from := range rule.From {
-				if from.IPBlock != nil {
-					t.Errorf("NetworkPolicy %s admits an IP block to the shard servers", p.Name)
+			for _, port := range rule.Ports {
+				for _, from := range rule.From {
+					if from.IPBlock != nil {
+						t.Errorf("NetworkPolicy %s admits an IP block to the shard servers", p.Name)
+					}
+					switch port.Port.IntValue() {
+					case shardPort:
+						// Only pods of this namespace that are allocators.
+						psel, err := metav1Selector(from.PodSelector)
+						if from.NamespaceSelector != nil || from.PodSelector == nil || err != nil || !psel.Matches(allocator) || psel.Matches(shard) {
+							t.Errorf("NetworkPolicy %s admits %+v to the shard port: allocators only", p.Name, from)
+						}
+					case operatorPort:
+						if from.NamespaceSelector == nil || from.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "monitoring" {
+							t.Errorf("NetworkPolicy %s admits %+v to the shard servers' operator port: the monitoring namespace only", p.Name, from)
+						}
+					default:
+						t.Errorf("NetworkPolicy %s opens port %s of the shard servers", p.Name, port.Port.String())
+					}
 				}
 			}
 		}
@@ -319,11 +344,102 @@ func checkNetworkPolicies(t *testing.T, r *rendered) {
 	if !found {
 		t.Error("no NetworkPolicy selects the shard servers")
 	}
+	// The shard servers' metrics and probes are on the operator port.
+	c := pods["StatefulSet/shard"].Spec.Containers[0]
+	if env(c)["SHARDSTOCK_SHARD_OPERATOR_ADDR"].Value != fmt.Sprintf("0.0.0.0:%d", operatorPort) || c.ReadinessProbe.HTTPGet.Port.String() != "ops" {
+		t.Errorf("shard servers: metrics and probes not on an operator port of their own (SHARDSTOCK_SHARD_OPERATOR_ADDR %q, readiness on %s)",
+			env(c)["SHARDSTOCK_SHARD_OPERATOR_ADDR"].Value, c.ReadinessProbe.HTTPGet.Port.String())
+	}
+}
+
+// env is a container's environment by name.
+func env(c corev1.Container) map[string]corev1.EnvVar {
+	out := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		out[e.Name] = e
+	}
+	return out
+}
+
+// checkMutualTLS: in prod the shard servers serve TLS with a certificate
+// cert-manager issues for the names allocators dial and require a client
+// certificate of the same CA; the allocators present one, which only
+// allows client authentication; ServiceMonitors scrape operator ports, not
+// the shard port; no call that changes stock is opened to the public role.
+func checkMutualTLS(t *testing.T, r *rendered) {
+	t.Helper()
+	certs := map[string]*certificate{}
+	for _, c := range r.certificates {
+		certs[c.Spec.SecretName] = c
+	}
+	issuers := map[string]*certIssuer{}
+	for _, i := range r.issuers {
+		issuers[i.Metadata.Name] = i
+	}
+	// mounted returns the Certificate whose Secret a pod mounts at dir.
+	mounted := func(pod *corev1.PodTemplateSpec, dir string) *certificate {
+		vols := map[string]string{}
+		for _, v := range pod.Spec.Volumes {
+			if v.Secret != nil {
+				vols[v.Name] = v.Secret.SecretName
+			}
+		}
+		for _, m := range pod.Spec.Containers[0].VolumeMounts {
+			if m.MountPath == dir {
+				return certs[vols[m.Name]]
+			}
+		}
+		return nil
+	}
+	pods := r.pods()
+	shard, alloc := pods["StatefulSet/shard"], pods["Deployment/allocator"]
+	se, ae := env(shard.Spec.Containers[0]), env(alloc.Spec.Containers[0])
+	serving := mounted(shard, path.Dir(se["SHARDSTOCK_TLS_CERT"].Value))
+	client := mounted(alloc, path.Dir(ae["SHARDSTOCK_SHARD_TLS_CERT"].Value))
+	switch {
+	case serving == nil || path.Dir(se["SHARDSTOCK_TLS_KEY"].Value) != path.Dir(se["SHARDSTOCK_TLS_CERT"].Value) ||
+		se["SHARDSTOCK_TLS_CLIENT_CA"].Value != path.Dir(se["SHARDSTOCK_TLS_CERT"].Value)+"/ca.crt":
+		t.Fatalf("prod shard servers: no TLS certificate of cert-manager with its key and a client CA mounted (SHARDSTOCK_TLS_*: %v)", se)
+	case client == nil || ae["SHARDSTOCK_SHARD_TLS_CA"].Value != path.Dir(ae["SHARDSTOCK_SHARD_TLS_CERT"].Value)+"/ca.crt":
+		t.Fatalf("prod allocators: no client certificate of cert-manager and CA mounted (SHARDSTOCK_SHARD_TLS_*)")
+	}
+	if serving.Spec.IssuerRef != client.Spec.IssuerRef || issuers[serving.Spec.IssuerRef.Name] == nil || issuers[serving.Spec.IssuerRef.Name].Spec.CA == nil {
+		t.Errorf("the shard servers' and the allocators' certificates are not of one CA issuer: %+v, %+v", serving.Spec.IssuerRef, client.Spec.IssuerRef)
+	}
+	if !slices.Contains(client.Spec.Usages, "client auth") || slices.Contains(client.Spec.Usages, "server auth") || !slices.Contains(serving.Spec.Usages, "server auth") {
+		t.Errorf("usages: allocators %v (want client auth only), shard servers %v (want server auth)", client.Spec.Usages, serving.Spec.Usages)
+	}
+	// Allocators dial the name a shard server advertises: its certificate
+	// must hold it.
+	adv, _, _ := strings.Cut(strings.ReplaceAll(se["SHARDSTOCK_ADVERTISE"].Value, "$(SHARDSTOCK_SERVER_ID)", "shard-0"), ":")
+	if !slices.ContainsFunc(serving.Spec.DNSNames, func(n string) bool {
+		return n == adv || (strings.HasPrefix(n, "*.") && strings.HasSuffix(adv, n[1:]) && !strings.Contains(strings.TrimSuffix(adv, n[1:]), "."))
+	}) {
+		t.Errorf("shard servers advertise %q, which their certificate's names %v do not cover", adv, serving.Spec.DNSNames)
+	}
+	if shard.Spec.Containers[0].Lifecycle.PreStop.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+		t.Error("prod shard servers: the preStop /drain is not over HTTPS, the only scheme their port speaks")
+	}
+	for _, m := range r.monitors {
+		for _, e := range m.Spec.Endpoints {
+			if e.Port != "ops" {
+				t.Errorf("ServiceMonitor %s scrapes port %q, want the operator ports (ops) only", m.Name, e.Port)
+			}
+		}
+	}
+	for _, name := range []string{"SHARDSTOCK_PUBLIC_CALLS"} {
+		if v, ok := ae[name]; ok && (v.Value != "" || v.ValueFrom != nil) {
+			t.Errorf("prod allocators set %s: no call that changes stock is opened to the public role", name)
+		}
+	}
+	if slices.ContainsFunc(alloc.Spec.Containers[0].Args, func(a string) bool { return strings.Contains(a, "public-calls") }) {
+		t.Error("prod allocators pass -public-calls: no call that changes stock is opened to the public role")
+	}
 }
 
 // TestProd: two CloudNativePG clusters with synchronous replication that
-// never degrades to asynchronous, shard servers that insist on it, and
-// the monitoring objects.
+// never degrades to asynchronous, shard servers that insist on it, mTLS
+// between allocators and shard servers, and the monitoring objects.
 func TestProd(t *testing.T) {
 	r := render(t, "overlays/prod")
 	if len(r.clusters) != 2 {
@@ -347,6 +463,7 @@ func TestProd(t *testing.T) {
 		t.Error("prod shard servers are not given both databases")
 	}
 	checkServiceRole(t, r)
+	checkMutualTLS(t, r)
 	if len(r.monitors) != 1 || len(r.rules) != 1 {
 		t.Errorf("%d ServiceMonitors and %d PrometheusRules, want 1 each", len(r.monitors), len(r.rules))
 	}

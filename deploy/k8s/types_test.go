@@ -64,3 +64,43 @@ func metav1Selector(s *metav1.LabelSelector) (labels.Selector, error) {
 func metav1LabelSelector(p *policyv1.PodDisruptionBudget) (labels.Selector, error) {
 	return metav1.LabelSelectorAsSelector(p.Spec.Selector)
 }
+
+// certIssuer and certificate are the parts of cert-manager's Issuer and
+// Certificate (cert-manager.io/v1) that the prod overlay uses, decoded
+// strictly like cnpgCluster: cert-manager's Go API module is not among the
+// modules this build may fetch.
+type certIssuer struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   metav1.ObjectMeta `json:"metadata"`
+	Spec       struct {
+		SelfSigned *struct{} `json:"selfSigned"`
+		CA         *struct {
+			SecretName string `json:"secretName"`
+		} `json:"ca"`
+	} `json:"spec"`
+}
+
+type certificate struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   metav1.ObjectMeta `json:"metadata"`
+	Spec       struct {
+		IsCA        bool     `json:"isCA"`
+		CommonName  string   `json:"commonName"`
+		SecretName  string   `json:"secretName"`
+		DNSNames    []string `json:"dnsNames"`
+		Usages      []string `json:"usages"`
+		Duration    string   `json:"duration"`
+		RenewBefore string   `json:"renewBefore"`
+		PrivateKey  struct {
+			Algorithm      string `json:"algorithm"`
+			Size           int    `json:"size"`
+			RotationPolicy string `json:"rotationPolicy"`
+		} `json:"privateKey"`
+		IssuerRef struct {
+			Name string `json:"name"`
+			Kind string `json:"kind"`
+		} `json:"issuerRef"`
+	} `json:"spec"`
+}

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/base64"
+	"log/slog"
 	"strconv"
 	"strings"
 
@@ -77,9 +78,29 @@ type AdminHandler struct {
 
 var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)
 
-// BearerAuth returns an interceptor that admits a call only with the admin
-// token (TokenAuth).
-func BearerAuth(token string) connect.Interceptor { return TokenAuth("admin token", token) }
+// AuditAdmin returns an interceptor that logs every AdminService call with
+// its caller (role and credential id, never the secret) and its outcome:
+// at info those that may change something, at debug the reads (no side
+// effects: the dashboard polls them every second); AdjustStock's caller is
+// in its ledger entry too.
+func AuditAdmin(log *slog.Logger) connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			resp, err := next(ctx, req)
+			level := slog.LevelInfo
+			if req.Spec().IdempotencyLevel == connect.IdempotencyNoSideEffects {
+				level = slog.LevelDebug
+			}
+			outcome := "ok"
+			if err != nil {
+				outcome = connect.CodeOf(err).String()
+			}
+			log.LogAttrs(ctx, level, "admin call", slog.String("call", req.Spec().Procedure),
+				slog.String("caller", callerOf(ctx)), slog.String("outcome", outcome))
+			return resp, err
+		}
+	}
+}
 
 // CreateSku creates a SKU.
 func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {
@@ -121,10 +142,11 @@ func (h *AdminHandler) AdjustStock(ctx context.Context, req *connect.Request[v1.
 	if strings.TrimSpace(m.GetReason()) == "" || strings.TrimSpace(m.GetApprover()) == "" {
 		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "an adjustment needs a reason and an approver"))
 	}
-	res := h.Admin.AdjustStock(ctx, &stock.Request{
+	r := &stock.Request{
 		Kind: stock.OpAdjust, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetDelta(), Key: m.GetIdempotencyKey(),
-		Reason: m.GetReason(), Approver: m.GetApprover(), Source: stock.SourceAdminPrefix + m.GetApprover(),
-	})
+		Reason: m.GetReason(), Approver: m.GetApprover(), Source: stock.SourceAdminPrefix + m.GetApprover(), Caller: callerOf(ctx),
+	}
+	res := h.Admin.AdjustStock(ctx, r)
 	if res.Err != nil {
 		return nil, wire.ToConnect(res.Err)
 	}

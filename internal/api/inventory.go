@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"log/slog"
 
 	"connectrpc.com/connect"
 
@@ -32,12 +33,18 @@ type Inventory interface {
 
 var _ Inventory = (*allocator.Allocator)(nil)
 
-// InventoryHandler serves the public InventoryService.
+// InventoryHandler serves the public InventoryService. Behind Admit, a
+// call's caller (auth.CallerOf) gives the customer a public call counts
+// against, names the caller in the ledger, and decides what GetStock
+// shows.
 type InventoryHandler struct {
 	Inventory Inventory
 	// Changes: nil where there is no change stream; WatchStock is then
 	// unimplemented.
 	Changes *ledger.Stream
+	// Log receives a line per stock-changing call, with its caller; nil:
+	// none.
+	Log *slog.Logger
 }
 
 var _ shardstockv1connect.InventoryServiceHandler = (*InventoryHandler)(nil)
@@ -45,10 +52,12 @@ var _ shardstockv1connect.InventoryServiceHandler = (*InventoryHandler)(nil)
 // Reserve holds stock.
 func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error) {
 	m := req.Msg
-	res := h.Inventory.Allocate(ctx, &stock.Request{
+	r := &stock.Request{
 		Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
-		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: wire.DurationOf(m.GetTtl()),
-	})
+		OrderRef: m.GetOrderRef(), CustomerRef: customerOf(ctx, m.GetCustomerRef()), TTL: wire.DurationOf(m.GetTtl()), Caller: callerOf(ctx),
+	}
+	res := h.Inventory.Allocate(ctx, r)
+	audit(ctx, h.Log, "Reserve", r, res)
 	if res.Err != nil {
 		return nil, wire.ToConnect(res.Err)
 	}
@@ -57,7 +66,9 @@ func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.
 
 // Commit turns a reservation into a sale.
 func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
-	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId()})
+	r := &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId(), Caller: callerOf(ctx)}
+	res := h.Inventory.EndReservation(ctx, r)
+	audit(ctx, h.Log, "Commit", r, res)
 	if res.Err != nil {
 		return nil, wire.ToConnect(res.Err)
 	}
@@ -66,7 +77,9 @@ func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.C
 
 // Release gives a reservation's units back.
 func (h *InventoryHandler) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
-	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: req.Msg.GetReservationId(), Reason: req.Msg.GetReason()})
+	r := &stock.Request{Kind: stock.OpRelease, ReservationID: req.Msg.GetReservationId(), Reason: req.Msg.GetReason(), Caller: callerOf(ctx)}
+	res := h.Inventory.EndReservation(ctx, r)
+	audit(ctx, h.Log, "Release", r, res)
 	if res.Err != nil {
 		return nil, wire.ToConnect(res.Err)
 	}
@@ -76,10 +89,12 @@ func (h *InventoryHandler) Release(ctx context.Context, req *connect.Request[v1.
 // Deduct reserves and commits at once.
 func (h *InventoryHandler) Deduct(ctx context.Context, req *connect.Request[v1.DeductRequest]) (*connect.Response[v1.DeductResponse], error) {
 	m := req.Msg
-	res := h.Inventory.Allocate(ctx, &stock.Request{
+	r := &stock.Request{
 		Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
-		OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(),
-	})
+		OrderRef: m.GetOrderRef(), CustomerRef: customerOf(ctx, m.GetCustomerRef()), Caller: callerOf(ctx),
+	}
+	res := h.Inventory.Allocate(ctx, r)
+	audit(ctx, h.Log, "Deduct", r, res)
 	if res.Err != nil {
 		return nil, wire.ToConnect(res.Err)
 	}
@@ -89,10 +104,12 @@ func (h *InventoryHandler) Deduct(ctx context.Context, req *connect.Request[v1.D
 // Replenish returns units to available stock.
 func (h *InventoryHandler) Replenish(ctx context.Context, req *connect.Request[v1.ReplenishRequest]) (*connect.Response[v1.ReplenishResponse], error) {
 	m := req.Msg
-	res := h.Inventory.AdjustStock(ctx, &stock.Request{
+	r := &stock.Request{
 		Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
-		OrderRef: m.GetOrderRef(), Reason: m.GetReason(),
-	})
+		OrderRef: m.GetOrderRef(), Reason: m.GetReason(), Caller: callerOf(ctx),
+	}
+	res := h.Inventory.AdjustStock(ctx, r)
+	audit(ctx, h.Log, "Replenish", r, res)
 	if res.Err != nil {
 		return nil, wire.ToConnect(res.Err)
 	}
@@ -114,7 +131,21 @@ func (h *InventoryHandler) GetStock(ctx context.Context, req *connect.Request[v1
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	return connect.NewResponse(&v1.GetStockResponse{Stock: StockToProto(st)}), nil
+	out := StockToProto(st)
+	if internalsHidden(ctx) {
+		hideInternals(out)
+	}
+	return connect.NewResponse(&v1.GetStockResponse{Stock: out}), nil
+}
+
+// hideInternals leaves out of a SKU's stock what only operators and
+// backends see: which server holds each shard and why one halted, the
+// transfers in flight and the mover (its host, pid and address).
+func hideInternals(st *v1.Stock) {
+	st.Moving, st.Mover = nil, nil
+	for _, s := range st.Shards {
+		s.ServerId, s.HaltedReason = "", ""
+	}
 }
 
 var skuStatuses = map[stock.Status]v1.SkuStatus{

@@ -4,11 +4,13 @@ package api
 
 import (
 	"context"
+	"strings"
 
 	"connectrpc.com/connect"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/auth"
 	"github.com/shardstock/shardstock/internal/shard"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/wire"
@@ -31,16 +33,35 @@ func (h *ShardHandler) Execute(ctx context.Context, req *connect.Request[v1.Exec
 	if len(ops) > executeOpsMax {
 		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "at most %d ops per call", executeOpsMax))
 	}
-	reqs := make([]*stock.Request, len(ops))
+	out := &v1.ExecuteResponse{Results: make([]*v1.ShardResult, len(ops))}
+	reqs, at := make([]*stock.Request, 0, len(ops)), make([]int, 0, len(ops))
 	for i, op := range ops {
-		reqs[i] = wire.RequestFromProto(op)
+		r := wire.RequestFromProto(op)
+		if !claimable(r) {
+			out.Results[i] = wire.ResultToProto(stock.Result{Err: stock.Errorf(stock.CodePermissionDenied,
+				"source %q is not one a caller %q may claim", r.Source, r.Caller)})
+			continue
+		}
+		reqs, at = append(reqs, r), append(at, i)
 	}
-	results := h.Server.DoAll(ctx, reqs)
-	out := &v1.ExecuteResponse{Results: make([]*v1.ShardResult, len(results))}
-	for i, r := range results {
-		out.Results[i] = wire.ResultToProto(r)
+	for j, r := range h.Server.DoAll(ctx, reqs) {
+		out.Results[at[j]] = wire.ResultToProto(r)
 	}
 	return connect.NewResponse(out), nil
+}
+
+// claimable says whether an op from the wire may name its source: the
+// allocator's own (api, allocator, rebalancer; empty is api); an
+// operator's (admin:NAME) only for a caller the allocator verified as an
+// admin; never the sweeper's, which only a shard server's own sweeps name.
+// Who may call at all is the listener's to decide (mTLS: allocators'
+// certificates only).
+func claimable(r *stock.Request) bool {
+	switch r.Source {
+	case "", stock.SourceAPI, stock.SourceAllocator, stock.SourceRebalancer:
+		return true
+	}
+	return strings.HasPrefix(r.Source, stock.SourceAdminPrefix) && strings.HasPrefix(r.Caller, auth.RoleAdmin.String()+":")
 }
 
 // GetShards answers shard counts.

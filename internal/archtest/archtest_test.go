@@ -40,6 +40,7 @@ var layers = map[string]int{
 	"internal/postgres":    2, // adapters: pgx, etcd, the wire format
 	"internal/topology":    2,
 	"internal/wire":        2,
+	"internal/auth":        2, // who calls: bearer tokens and JWTs
 	"internal/transport":   3, // HTTP/2 servers and clients for Connect
 	"internal/dbset":       3, // several databases: a SKU's calls to its own
 	"internal/rebalance":   3, // the rebalancer: the allocator runs it, it imports no allocator code
@@ -62,6 +63,7 @@ var layers = map[string]int{
 	"bench/internal/loadgen/loadgentest": test,
 	"internal/e2e":                       test,
 	"internal/cmdtest":                   test,
+	"internal/auth/authtest":             test,
 	"internal/archtest":                  test,
 }
 

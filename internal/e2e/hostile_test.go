@@ -81,6 +81,10 @@ func TestE2E_HostileInput(t *testing.T) {
 	badUTF8 = protowire.AppendBytes(badUTF8, []byte{'s', 0xff, 0xfe})
 	goodProto, _ := proto.Marshal(&v1.DeductRequest{Sku: "hostile", Quantity: 1, IdempotencyKey: "k-proto"})
 
+	// alg "none", claiming the admin role: no JWKS is configured, and none
+	// would take it.
+	unsignedJWT := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"none","typ":"JWT"}`)) + "." +
+		base64.RawURLEncoding.EncodeToString([]byte(`{"sub":"mallory","role":"admin"}`)) + "."
 	const (
 		inv      = "InventoryService/"
 		adm      = "AdminService/"
@@ -142,6 +146,15 @@ func TestE2E_HostileInput(t *testing.T) {
 		{name: "reservation id 10 KiB", path: inv + "Release", body: j(map[string]string{"reservationId": strings.Repeat("r", 10<<10)}), status: 404, code: notFound, reason: "RESERVATION_NOT_FOUND"},
 		{name: "GetStock no sku", path: inv + "GetStock", body: []byte(`{}`), status: 400, code: badArg, reason: "INVALID_SKU"},
 		{name: "GetOperation no key", path: inv + "GetOperation", body: []byte(`{"sku":"hostile"}`), status: 400, code: badArg, reason: "INVALID_IDEMPOTENCY_KEY"},
+
+		// Credentials: none, a forged or unsigned JWT, or a role's that
+		// does not reach the call.
+		{name: "replenish without a credential", path: inv + "Replenish", header: map[string]string{"Authorization": ""}, body: deduct(`"sku":"hostile","quantity":"1000000","idempotencyKey":"free"`), status: 401, code: "unauthenticated", reason: "UNAUTHENTICATED"},
+		{name: "deduct without a credential", path: inv + "Deduct", header: map[string]string{"Authorization": ""}, body: deduct(ok), status: 401, code: "unauthenticated", reason: "UNAUTHENTICATED"},
+		{name: "release of another's hold without a credential", path: inv + "Release", header: map[string]string{"Authorization": ""}, body: j(map[string]string{"reservationId": victimID}), status: 401, code: "unauthenticated", reason: "UNAUTHENTICATED"},
+		{name: "operation lookup without a credential", path: inv + "GetOperation", header: map[string]string{"Authorization": ""}, body: []byte(`{"sku":"victim","idempotencyKey":"victim-hold"}`), status: 401, code: "unauthenticated", reason: "UNAUTHENTICATED"},
+		{name: "unsigned JWT", path: inv + "Deduct", header: map[string]string{"Authorization": "Bearer " + unsignedJWT}, body: deduct(ok), status: 401, code: "unauthenticated", reason: "UNAUTHENTICATED"},
+		{name: "service token on the admin API", path: adm + "AdjustStock", header: map[string]string{"Authorization": "Bearer " + serviceToken}, body: []byte(`{"sku":"hostile","delta":"1000","reason":"x","approver":"y","idempotencyKey":"a"}`), status: 403, code: "permission_denied", reason: "PERMISSION_DENIED"},
 
 		// The admin API: tokens first, then fields.
 		{name: "admin without token", path: adm + "AdjustStock", body: []byte(`{"sku":"hostile","delta":"1000","reason":"x","approver":"y","idempotencyKey":"a"}`), status: 401, code: "unauthenticated", reason: "UNAUTHENTICATED"},
@@ -211,8 +224,11 @@ func sendRaw(t *testing.T, client *http.Client, base string, tc hostileCase) (st
 		ctype = "application/json"
 	}
 	req.Header.Set("Content-Type", ctype)
-	if tc.admin {
+	switch {
+	case tc.admin:
 		req.Header.Set("Authorization", "Bearer "+adminToken)
+	case strings.HasPrefix(tc.path, "InventoryService/"):
+		req.Header.Set("Authorization", "Bearer "+serviceToken) // the shop's backend
 	}
 	for k, v := range tc.header {
 		req.Header.Set(k, v)

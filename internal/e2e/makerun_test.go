@@ -112,8 +112,8 @@ func makeRunExamples(t *testing.T, db string) {
 	m := startMakeRun(t, db)
 	banner := m.waitBanner(t)
 	text := strings.Join(banner, "\n")
-	if !strings.Contains(text, "http://"+m.addr) || !strings.Contains(text, adminToken) {
-		t.Errorf("banner lacks the URL or the admin token:\n%s", text)
+	if !strings.Contains(text, "http://"+m.addr) || !strings.Contains(text, adminToken) || !strings.Contains(text, serviceToken) {
+		t.Errorf("banner lacks the URL, the admin token or the service token:\n%s", text)
 	}
 	var ran int
 	for _, l := range banner {
@@ -155,7 +155,7 @@ func startMakeRun(t *testing.T, db string) *makeRun {
 		exited: make(chan struct{}),
 	}
 	m.cmd = exec.Command("make", "-C", "../..", "run")
-	m.cmd.Env = append(os.Environ(), "SHARDSTOCK_ADDR="+m.addr, "SHARDSTOCK_ADMIN_TOKEN="+adminToken, "DATABASE_URL="+db)
+	m.cmd.Env = append(os.Environ(), "SHARDSTOCK_ADDR="+m.addr, "SHARDSTOCK_ADMIN_TOKEN="+adminToken, "SHARDSTOCK_SERVICE_TOKEN="+serviceToken, "DATABASE_URL="+db)
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	m.cmd.Stdout = io.MultiWriter(m.stdout, m.all)
 	m.cmd.Stderr = m.all

@@ -20,8 +20,9 @@ import (
 
 // TestE2E_MutualTLS: shard servers that serve TLS and require a client
 // certificate of the test's CA for the ShardService; the allocator
-// presents one. Sales go through; a caller without a certificate, or one
-// in cleartext, cannot reach the ShardService, while the probes stay open.
+// presents one. Sales go through; a caller without a certificate, with one
+// another CA signed, or in cleartext, cannot reach the ShardService of any
+// shard server, while the probes stay open.
 func TestE2E_MutualTLS(t *testing.T) {
 	besideOthers(t)
 	ca := cmdtest.NewCA(t)
@@ -73,7 +74,18 @@ func TestE2E_MutualTLS(t *testing.T) {
 	var p http.Protocols
 	p.SetHTTP2(true)
 	anonymous := &http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}, Timeout: 5 * time.Second}
+	// A caller whose certificate another CA signed, named as an allocator.
+	rogueCert, rogueKey := cmdtest.NewCA(t).Issue(t, "allocator")
+	rogue, err := tls.LoadX509KeyPair(rogueCert, rogueKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wronglySigned := &http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{RootCAs: ca.Pool, Certificates: []tls.Certificate{rogue}}}, Timeout: 5 * time.Second}
 	for _, srv := range topo.Msg.Servers {
+		steal := &v1.ExecuteRequest{Ops: []*v1.ShardOp{{Kind: v1.ShardOpKind_SHARD_OP_KIND_ADJUST, Sku: "mtls", Quantity: 1000, Reason: "x", Approver: "y", IdempotencyKey: "steal-signed", Source: "admin:thief"}}}
+		if _, err := shardstockv1connect.NewShardServiceClient(wronglySigned, "https://"+srv.Address).Execute(context.Background(), connect.NewRequest(steal)); err == nil {
+			t.Errorf("%s: Execute with a certificate of another CA = nil error, want refused", srv.ServerId)
+		}
 		base := "https://" + srv.Address
 		sc := shardstockv1connect.NewShardServiceClient(anonymous, base)
 		_, err := sc.Execute(context.Background(), connect.NewRequest(&v1.ExecuteRequest{Ops: []*v1.ShardOp{{Kind: v1.ShardOpKind_SHARD_OP_KIND_ADJUST, Sku: "mtls", Quantity: 1000, Reason: "x", Approver: "y", IdempotencyKey: "steal", Source: "admin:thief"}}}))

@@ -126,7 +126,7 @@ func TestE2E_Overload(t *testing.T) {
 	}
 	fleet := make([]member, overloadConns)
 	for i := range fleet {
-		fleet[i] = member{shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), s.base), make(chan struct{}, overloadStreams)}
+		fleet[i] = member{shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), s.base, asService), make(chan struct{}, overloadStreams)}
 	}
 	var sent, ok, shed, other atomic.Int64
 	var otherErr atomic.Value

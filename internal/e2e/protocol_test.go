@@ -28,7 +28,7 @@ func TestE2E_Protocols(t *testing.T) {
 		{"gRPCWeb", []connect.ClientOption{connect.WithGRPCWeb()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), s.base, tc.opts...)
+			c := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), s.base, append(tc.opts, asService)...)
 			key := fmt.Sprintf("proto-%s", tc.name)
 			res, err := c.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{Sku: "proto", Quantity: 2, IdempotencyKey: key}))
 			if err != nil {

@@ -24,6 +24,7 @@ const (
 	readmeBase        = "http://127.0.0.1:8080"
 	readmeGRPCAddr    = "127.0.0.1:8080"
 	readmeTokenVar    = "SHARDSTOCK_ADMIN_TOKEN"
+	readmeServiceVar  = "SHARDSTOCK_SERVICE_TOKEN"
 	readmeDemoSKU     = "demo-sku"
 	readmeDemoStock   = 1000
 	readmeDemoShards  = 8
@@ -174,7 +175,9 @@ func parseReadmeExample(script string, line int) (readmeExample, bool) {
 }
 
 // checkReadmeCoverage fails unless the README shows, with curl, every call
-// it promises, and passes the admin token through its variable.
+// it promises, and passes the admin token and the service token (to every
+// InventoryService call but GetStock, which needs none) through their
+// variables.
 func checkReadmeCoverage(t *testing.T, examples []readmeExample) {
 	t.Helper()
 	shown := map[string]bool{}
@@ -186,6 +189,9 @@ func checkReadmeCoverage(t *testing.T, examples []readmeExample) {
 			shown[m[1]] = true
 			if strings.HasPrefix(m[1], "AdminService/") && !strings.Contains(ex.script, "$"+readmeTokenVar) {
 				t.Errorf("README.md:%d: admin example without \"Authorization: Bearer $%s\"", ex.line, readmeTokenVar)
+			}
+			if strings.HasPrefix(m[1], "InventoryService/") && m[1] != "InventoryService/GetStock" && !strings.Contains(ex.script, "$"+readmeServiceVar) {
+				t.Errorf("README.md:%d: %s example without \"Authorization: Bearer $%s\"", ex.line, m[1], readmeServiceVar)
 			}
 		}
 	}
@@ -221,13 +227,13 @@ func withoutJQ(t *testing.T, ex readmeExample) string {
 	return strings.Join(lines, "\n")
 }
 
-// runReadmeExample runs script with bash, with the admin token in its
-// variable.
+// runReadmeExample runs script with bash, with the admin and service
+// tokens in their variables.
 func runReadmeExample(script string) (stdout, stderr string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), readmeExampleMax)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", script)
-	cmd.Env = append(os.Environ(), readmeTokenVar+"="+adminToken)
+	cmd.Env = append(os.Environ(), readmeTokenVar+"="+adminToken, readmeServiceVar+"="+serviceToken)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err = cmd.Run()

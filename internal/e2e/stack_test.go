@@ -19,6 +19,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/auth/authtest"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/readiness"
@@ -33,7 +34,13 @@ const (
 	startTimeout = 60 * time.Second
 	leaseTTL     = 2 * time.Second
 	adminToken   = "e2e-admin-token-0123456789"
+	// serviceToken is the service role's credential (the shop's
+	// backends): every InventoryService call.
+	serviceToken = "e2e-service-token-0123456789"
 )
+
+// asService is a client option that sends the service token.
+var asService = authtest.Bearer(serviceToken)
 
 // bin holds the binaries built once for the whole package.
 var bin string
@@ -169,7 +176,7 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 		s.startShard(fmt.Sprintf("s%d", i))
 	}
 	conns := "4"
-	args := []string{"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-log-level", "warn"}
+	args := []string{"-addr", "127.0.0.1:0", "-admin-token", adminToken, "-service-token", serviceToken, "-log-level", "warn"}
 	if o.localID != "" {
 		conns = "8" // shared with its shard server
 		args = append(args, "-shard-id", o.localID, "-lease-ttl", o.ttl.String())
@@ -179,7 +186,7 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 	ready := s.allocator.waitReady(t, readiness.RoleAllocator)
 	s.base, s.ops = ready.Addr, ready.Operator
 	hc := transport.NewClient()
-	s.inv = shardstockv1connect.NewInventoryServiceClient(hc, s.base)
+	s.inv = shardstockv1connect.NewInventoryServiceClient(hc, s.base, asService)
 	s.admin = shardstockv1connect.NewAdminServiceClient(hc, s.base)
 	s.waitStable(startTimeout)
 	return s
@@ -264,10 +271,12 @@ func (s *stack) startEnv(name string, env []string, path string, args ...string)
 		if strings.Contains(p.output(), "WARNING: DATA RACE") {
 			s.t.Errorf("%s reported a data race", name)
 		}
-		// No secret in any process's output: the admin token is on every
-		// allocator's command line and in every admin call.
-		if strings.Contains(p.output(), adminToken) {
-			s.t.Errorf("%s printed the admin token", name)
+		// No secret in any process's output: the tokens are on every
+		// allocator's command line and in every call.
+		for _, secret := range []string{adminToken, serviceToken} {
+			if strings.Contains(p.output(), secret) {
+				s.t.Errorf("%s printed a token", name)
+			}
 		}
 		if s.t.Failed() {
 			s.t.Logf("%s output:\n%s", name, p.output())

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/auth"
+	"github.com/shardstock/shardstock/internal/auth/authtest"
 )
 
 // webDir holds the Connect-ES clients and their Node tests (npm ci --prefix
@@ -16,9 +18,10 @@ import (
 const webDir = "../../web"
 
 // TestE2E_WebClients runs web/test/clients.test.mjs: Node reserves and
-// commits through @connectrpc/connect-web's Connect and gRPC-Web
-// transports, the ones a browser uses, against a real stack, and watches a
-// SKU sell out and come back (WatchStock over gRPC-Web).
+// commits with a service JWT through @connectrpc/connect-web's Connect and
+// gRPC-Web transports, the ones a browser uses, against a real stack that
+// verifies JWTs against a JWKS, and watches a SKU sell out and come back
+// (WatchStock over gRPC-Web).
 func TestE2E_WebClients(t *testing.T) {
 	besideOthers(t)
 	node, err := exec.LookPath("node")
@@ -31,12 +34,15 @@ func TestE2E_WebClients(t *testing.T) {
 	// A cluster of its own: WatchStock's SOLD_OUT within a second must not
 	// wait for other tests' transactions on a shared server (the change
 	// stream waits for the whole cluster's oldest; docs/changestream.md).
-	s := newStackOpts(t, stackOpts{shardServers: 1, ttl: leaseTTL, dbURL: pgtest.NewPrivateDBs(t, 1)[0]})
+	iss := authtest.NewIssuer(t, "web-key")
+	s := newStackOpts(t, stackOpts{shardServers: 1, ttl: leaseTTL, dbURL: pgtest.NewPrivateDBs(t, 1)[0],
+		allocArgs: []string{"-jwks", iss.WriteJWKS(t), "-jwt-issuer", authtest.Issuer, "-jwt-audience", authtest.Audience}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "--test", "test/clients.test.mjs")
 	cmd.Dir = webDir
-	cmd.Env = append(os.Environ(), "SHARDSTOCK_URL="+s.base, "SHARDSTOCK_ADMIN_TOKEN="+adminToken)
+	cmd.Env = append(os.Environ(), "SHARDSTOCK_URL="+s.base, "SHARDSTOCK_ADMIN_TOKEN="+adminToken,
+		"SHARDSTOCK_SERVICE_JWT="+iss.Sign(t, auth.RoleService, "web-backend"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("node --test: %v\n%s", err, out)

@@ -292,14 +292,14 @@ func (db *DB) ListLedger(ctx context.Context, sku string, after int64, limit int
 // sqlEntryColumns are the columns scanEntry reads, in its order.
 const sqlEntryColumns = `id, sku, shard, kind, quantity, available_before, available_after,
 	reserved_before, reserved_after, sold_before, sold_after, idempotency_key, reservation_id, transfer_id,
-	order_ref, source, reason, approver, server_id, epoch, created_at`
+	order_ref, source, reason, approver, server_id, epoch, created_at, caller`
 
 // scanEntry scans sqlEntryColumns, after any columns before them (dest).
 func scanEntry(r pgx.CollectableRow, e *stock.LedgerEntry, dest ...any) error {
 	var kind string
 	err := r.Scan(append(dest, &e.ID, &e.Shard.SKU, &e.Shard.Index, &kind, &e.Quantity, &e.Before.Available, &e.After.Available,
 		&e.Before.Reserved, &e.After.Reserved, &e.Before.Sold, &e.After.Sold, &e.IdempotencyKey, &e.ReservationID,
-		&e.TransferID, &e.OrderRef, &e.Source, &e.Reason, &e.Approver, &e.ServerID, &e.Epoch, &e.CreatedAt)...)
+		&e.TransferID, &e.OrderRef, &e.Source, &e.Reason, &e.Approver, &e.ServerID, &e.Epoch, &e.CreatedAt, &e.Caller)...)
 	e.Kind = stock.OpKind(kind)
 	return err
 }

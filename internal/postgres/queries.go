@@ -247,8 +247,8 @@ func endsPart(ends []stock.ReservationEnd) writePart {
 // epoch; returning: it returns them, for the checkpoints (checkpointPart).
 func ledgerPart(server string, epochs []int64, es []*stock.LedgerEntry, returning bool) writePart {
 	n := len(es)
-	sku, kind, key, rid, tid, oref, src, reason, appr := make([]string, n), make([]string, n), make([]string, n),
-		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	sku, kind, key, rid, tid, oref, src, reason, appr, caller := make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	shard := make([]int32, n)
 	qty, ab, aa, rb, ra, sb, sa := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n),
 		make([]int64, n), make([]int64, n), make([]int64, n)
@@ -256,17 +256,18 @@ func ledgerPart(server string, epochs []int64, es []*stock.LedgerEntry, returnin
 		sku[i], shard[i], kind[i], qty[i] = e.Shard.SKU, e.Shard.Index, string(e.Kind), e.Quantity
 		ab[i], aa[i], rb[i], ra[i], sb[i], sa[i] = e.Before.Available, e.After.Available, e.Before.Reserved, e.After.Reserved, e.Before.Sold, e.After.Sold
 		key[i], rid[i], tid[i], oref[i], src[i], reason[i], appr[i] = e.IdempotencyKey, e.ReservationID, e.TransferID, e.OrderRef, e.Source, e.Reason, e.Approver
+		caller[i] = e.Caller
 	}
 	sql := `INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after, reserved_before, reserved_after,
-		sold_before, sold_after, idempotency_key, reservation_id, transfer_id, order_ref, source, reason, approver, epoch, server_id)
+		sold_before, sold_after, idempotency_key, reservation_id, transfer_id, order_ref, source, reason, approver, epoch, server_id, caller)
 		SELECT unnest($1::text[]), unnest($2::int[]), unnest($3::text[]), unnest($4::bigint[]), unnest($5::bigint[]), unnest($6::bigint[]),
 		unnest($7::bigint[]), unnest($8::bigint[]), unnest($9::bigint[]), unnest($10::bigint[]), unnest($11::text[]), unnest($12::text[]),
-		unnest($13::text[]), unnest($14::text[]), unnest($15::text[]), unnest($16::text[]), unnest($17::text[]), unnest($18::bigint[]), $19`
+		unnest($13::text[]), unnest($14::text[]), unnest($15::text[]), unnest($16::text[]), unnest($17::text[]), unnest($18::bigint[]), $19, unnest($20::text[])`
 	if returning {
 		sql += ` RETURNING id, sku, shard, kind, available_before, available_after, reserved_after, sold_after`
 	}
 	return writePart{name: "ledgered", sql: sql,
-		args: []any{sku, shard, kind, qty, ab, aa, rb, ra, sb, sa, key, rid, tid, oref, src, reason, appr, epochs, server}}
+		args: []any{sku, shard, kind, qty, ab, aa, rb, ra, sb, sa, key, rid, tid, oref, src, reason, appr, epochs, server, caller}}
 }
 
 // checkpoint is a shard whose writer asked for a checkpoint after its

@@ -115,7 +115,7 @@ func (p *planner) keyed(i int, r *Request) {
 		ParamsHash: p.hashes[i], OrderRef: r.OrderRef, CustomerRef: r.CustomerRef, CreatedAt: p.read.Now,
 	}
 	entry := &LedgerEntry{Kind: r.Kind, Quantity: r.Quantity, IdempotencyKey: r.Key, OrderRef: r.OrderRef,
-		Source: r.Source, Reason: r.Reason, Approver: r.Approver}
+		Source: r.Source, Caller: r.Caller, Reason: r.Reason, Approver: r.Approver}
 	if r.Kind == OpReserve {
 		ttl := r.TTL
 		if ttl == 0 {
@@ -238,7 +238,7 @@ func (p *planner) end(i int, r *Request) {
 			res.State = ReservationReleased
 			p.giveBack(res)
 		}
-		p.finish(res, r.Kind, r.Source, r.Reason)
+		p.finish(res, r.Kind, r.Source, r.Caller, r.Reason)
 		p.results[i] = Result{Reservation: res}
 	case ReservationCommitted:
 		if !commit {
@@ -320,7 +320,7 @@ func (p *planner) transfer(i int, r *Request) {
 func (p *planner) expire(res *Reservation, source string) {
 	res.State = ReservationExpired
 	p.giveBack(res)
-	p.finish(res, OpExpire, source, "expired")
+	p.finish(res, OpExpire, source, "", "expired")
 }
 
 // giveBack returns a reservation's units to its customer's quota.
@@ -335,11 +335,11 @@ func (p *planner) giveBack(res *Reservation) {
 }
 
 // finish records a reservation's end and its ledger entry.
-func (p *planner) finish(res *Reservation, kind OpKind, source, reason string) {
+func (p *planner) finish(res *Reservation, kind OpKind, source, caller, reason string) {
 	p.ended[res.ID] = res
 	p.w.Ended = append(p.w.Ended, ReservationEnd{ID: res.ID, State: res.State, Reason: reason})
 	p.apply(&LedgerEntry{Kind: kind, Quantity: res.Quantity, IdempotencyKey: res.IdempotencyKey,
-		ReservationID: res.ID, OrderRef: res.OrderRef, Source: source, Reason: reason}, kind, res.Quantity)
+		ReservationID: res.ID, OrderRef: res.OrderRef, Source: source, Caller: caller, Reason: reason}, kind, res.Quantity)
 }
 
 // apply moves the running counts and appends the ledger entry.

@@ -12,11 +12,14 @@ import (
 
 // Limits on every input, enforced before anything is written.
 const (
-	SKULenMax             = 64
-	IdempotencyKeyLenMax  = 128
-	RefLenMax             = 128 // order_ref, customer_ref
-	ReasonLenMax          = 256
-	ApproverLenMax        = 64
+	SKULenMax            = 64
+	IdempotencyKeyLenMax = 128
+	RefLenMax            = 128 // order_ref, customer_ref
+	ReasonLenMax         = 256
+	ApproverLenMax       = 64
+	// CallerLenMax bounds Request.Caller: a role, "jwt:" and a subject
+	// of up to RefLenMax.
+	CallerLenMax          = 16 + RefLenMax
 	QuantityMax           = 1_000_000
 	StockMax              = 1_000_000_000_000 // initial stock, adjustments
 	ShardsMax             = 256
@@ -220,6 +223,10 @@ type Request struct {
 	Reason        string
 	Approver      string
 	Source        string
+	// Caller names who asked, for the ledger: a role and a credential id
+	// (never a secret), e.g. "service:token:3f2a9c1b0d4e"; empty for the
+	// shardstock's own work (sweeps, moves).
+	Caller string
 }
 
 // Result is the answer to one Request.
@@ -258,6 +265,7 @@ type LedgerEntry struct {
 	TransferID     string
 	OrderRef       string
 	Source         string
+	Caller         string // Request.Caller
 	Reason         string
 	Approver       string
 	ServerID       string

@@ -150,7 +150,8 @@ func ValidateRequest(r *Request) error {
 		name, v string
 		max     int
 	}{{"order_ref", r.OrderRef, RefLenMax}, {"customer_ref", r.CustomerRef, RefLenMax},
-		{"reason", r.Reason, ReasonLenMax}, {"approver", r.Approver, ApproverLenMax}, {"source", r.Source, ApproverLenMax + len(SourceAdminPrefix)}} {
+		{"reason", r.Reason, ReasonLenMax}, {"approver", r.Approver, ApproverLenMax}, {"source", r.Source, ApproverLenMax + len(SourceAdminPrefix)},
+		{"caller", r.Caller, CallerLenMax}} {
 		if err := ValidateText(f.name, f.v, f.max); err != nil {
 			return err
 		}

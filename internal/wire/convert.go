@@ -37,6 +37,7 @@ func RequestFromProto(op *v1.ShardOp) *stock.Request {
 		Reason:        op.GetReason(),
 		Approver:      op.GetApprover(),
 		Source:        op.GetSource(),
+		Caller:        op.GetCaller(),
 	}
 }
 
@@ -45,7 +46,7 @@ func RequestToProto(r *stock.Request) *v1.ShardOp {
 	op := &v1.ShardOp{
 		Sku: r.Shard.SKU, Shard: r.Shard.Index, Quantity: r.Quantity, IdempotencyKey: r.Key,
 		ReservationId: r.ReservationID, TransferId: r.TransferID, OrderRef: r.OrderRef, CustomerRef: r.CustomerRef,
-		Reason: r.Reason, Approver: r.Approver, Source: r.Source,
+		Reason: r.Reason, Approver: r.Approver, Source: r.Source, Caller: r.Caller,
 	}
 	for k, v := range opKinds {
 		if v == r.Kind {
@@ -252,6 +253,6 @@ func LedgerEntryToProto(e *stock.LedgerEntry) *v1.LedgerEntry {
 		SoldBefore: e.Before.Sold, SoldAfter: e.After.Sold,
 		IdempotencyKey: e.IdempotencyKey, ReservationId: e.ReservationID, TransferId: e.TransferID, OrderRef: e.OrderRef,
 		Source: e.Source, Reason: e.Reason, Approver: e.Approver, ServerId: e.ServerID, Epoch: e.Epoch,
-		CreatedAt: timestamppb.New(e.CreatedAt),
+		CreatedAt: timestamppb.New(e.CreatedAt), Caller: e.Caller,
 	}
 }

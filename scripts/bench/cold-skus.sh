@@ -109,7 +109,7 @@ start_stack
 report "$skus SKUs" "$ready"
 sku="cold-$(((RANDOM * 32768 + RANDOM) % skus + 1))"
 t1=$(date +%s.%N)
-curl -fsS -X POST -H 'Content-Type: application/json' -d "{\"sku\":\"$sku\",\"quantity\":1,\"idempotencyKey\":\"cold-1\"}" \
+curl -fsS -X POST -H 'Content-Type: application/json' -H "Authorization: Bearer $token" -d "{\"sku\":\"$sku\",\"quantity\":1,\"idempotencyKey\":\"cold-1\"}" \
 	"$base/shardstock.v1.InventoryService/Deduct" >/dev/null
 echo "cold: a deduct on $sku (its row loaded on first use) took $(echo "$(date +%s.%N) - $t1" | bc)s"
 report "$skus SKUs, after one deduct" "$ready"

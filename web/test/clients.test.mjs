@@ -1,9 +1,12 @@
 // Connect and gRPC-Web clients from Node (@connectrpc/connect-web, the
 // transports a browser uses) against a real shardstock allocator, whose
-// address and admin token internal/e2e's TestE2E_WebClients passes in
-// SHARDSTOCK_URL and SHARDSTOCK_ADMIN_TOKEN: create a SKU, then reserve and
-// commit through each transport, and read the stock back; watch it sell out
-// and come back over gRPC-Web (WatchStock), as a storefront would.
+// address, admin token and a service JWT (signed by a key of the
+// allocator's JWKS) internal/e2e's TestE2E_WebClients passes in
+// SHARDSTOCK_URL, SHARDSTOCK_ADMIN_TOKEN and SHARDSTOCK_SERVICE_JWT: create
+// a SKU, then reserve and commit through each transport with the JWT, see
+// a call without a credential refused, read the stock back without one (no
+// internals), and watch it sell out and come back over gRPC-Web
+// (WatchStock, open to callers without a credential), as a storefront would.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createClient, ConnectError, Code } from "@connectrpc/connect";
@@ -15,10 +18,12 @@ const baseUrl = process.env.SHARDSTOCK_URL;
 const token = process.env.SHARDSTOCK_ADMIN_TOKEN;
 const sku = `web-${process.pid}`;
 
-const bearer = (next) => async (req) => {
-  req.header.set("Authorization", `Bearer ${token}`);
+const jwt = process.env.SHARDSTOCK_SERVICE_JWT;
+const withBearer = (credential) => (next) => async (req) => {
+  req.header.set("Authorization", `Bearer ${credential}`);
   return next(req);
 };
+const bearer = withBearer(token);
 
 test("admin over Connect creates a SKU", async () => {
   assert.ok(baseUrl, "SHARDSTOCK_URL is not set");
@@ -28,11 +33,21 @@ test("admin over Connect creates a SKU", async () => {
   assert.equal(res.stock?.available, 10n);
 });
 
-for (const [name, transport] of [
-  ["Connect", createConnectTransport({ baseUrl })],
-  ["gRPC-Web", createGrpcWebTransport({ baseUrl })],
+for (const [name, transport, anonymous] of [
+  ["Connect", createConnectTransport({ baseUrl, interceptors: [withBearer(jwt)] }), createConnectTransport({ baseUrl })],
+  ["gRPC-Web", createGrpcWebTransport({ baseUrl, interceptors: [withBearer(jwt)] }), createGrpcWebTransport({ baseUrl })],
 ]) {
-  test(`reserve and commit over ${name}`, async () => {
+  test(`without a credential, no reserve over ${name}`, async () => {
+    assert.ok(jwt, "SHARDSTOCK_SERVICE_JWT is not set");
+    const inv = createClient(InventoryService, anonymous);
+    await assert.rejects(inv.reserve({ sku, quantity: 1n, idempotencyKey: `${sku}-${name}-anonymous` }), (err) => {
+      assert.ok(err instanceof ConnectError);
+      assert.equal(err.code, Code.Unauthenticated);
+      return true;
+    });
+  });
+
+  test(`reserve and commit over ${name} with a service JWT`, async () => {
     const inv = createClient(InventoryService, transport);
     const key = `${sku}-${name}`;
     const r = await inv.reserve({ sku, quantity: 2n, idempotencyKey: key });
@@ -49,15 +64,17 @@ for (const [name, transport] of [
   });
 }
 
-test("the stock shows both commits", async () => {
+test("the stock shows both commits, and no server to a caller without a credential", async () => {
   const inv = createClient(InventoryService, createConnectTransport({ baseUrl }));
   const st = await inv.getStock({ sku });
   assert.equal(st.stock?.sold, 4n);
   assert.equal(st.stock?.available, 6n);
+  assert.equal(st.stock?.shards.length, 2);
+  assert.ok(st.stock.shards.every((s) => s.serverId === "" && s.haltedReason === ""));
 });
 
 test("WatchStock over gRPC-Web: SOLD_OUT within a second of the last unit, BACK_IN_STOCK after a replenish", async () => {
-  const inv = createClient(InventoryService, createConnectTransport({ baseUrl }));
+  const inv = createClient(InventoryService, createConnectTransport({ baseUrl, interceptors: [withBearer(jwt)] }));
   const watcher = createClient(InventoryService, createGrpcWebTransport({ baseUrl }));
   const abort = new AbortController();
   const stream = watcher.watchStock({ skus: [sku] }, { signal: abort.signal })[Symbol.asyncIterator]();

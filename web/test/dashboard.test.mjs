@@ -34,8 +34,8 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, a
     page.on("pageerror", (e) => consoleErrors.push(String(e)));
     // A SKU selling before the page opens, as make run's demo SKU: listed
     // and shown with no typing, the token coming in the address.
-    const inv = createClient(InventoryService, createConnectTransport({ baseUrl }));
     const bearer = (next) => async (req) => { req.header.set("Authorization", `Bearer ${token}`); return next(req); };
+    const inv = createClient(InventoryService, createConnectTransport({ baseUrl, interceptors: [bearer] })); // an admin may act as a service
     const admin = createClient(AdminService, createConnectTransport({ baseUrl, interceptors: [bearer] }));
     await admin.createSku({ sku: demo, initialStock: 100000n, shards: 4 });
     await page.goto(`${baseUrl}/#token=${encodeURIComponent(token)}`);

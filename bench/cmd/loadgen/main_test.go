@@ -306,7 +306,9 @@ func TestStack_Verify(t *testing.T) {
 	want("Reserve(1)", o)
 
 	inv := shardstockv1connect.NewInventoryServiceClient(http.DefaultClient, st.baseURL)
-	if _, err := inv.Replenish(ctx, connect.NewRequest(&shardstockv1.ReplenishRequest{Sku: sku, Quantity: 5, IdempotencyKey: "p1", Reason: "refund"})); err != nil {
+	rep := connect.NewRequest(&shardstockv1.ReplenishRequest{Sku: sku, Quantity: 5, IdempotencyKey: "p1", Reason: "refund"})
+	rep.Header().Set("Authorization", "Bearer "+st.token) // an admin acts as a service
+	if _, err := inv.Replenish(ctx, rep); err != nil {
 		t.Fatalf("Replenish(5) = %v", err)
 	}
 	admin := shardstockv1connect.NewAdminServiceClient(http.DefaultClient, st.baseURL)

@@ -111,7 +111,10 @@ type ShardOp struct {
 	// Who asked: "api" or "admin:NAME".
 	Source string `protobuf:"bytes,12,opt,name=source,proto3" json:"source,omitempty"`
 	// For transfer steps.
-	TransferId    string `protobuf:"bytes,13,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	TransferId string `protobuf:"bytes,13,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	// Who asked, for the ledger: a role and a credential id, never a secret
+	// ("service:token:3f2a9c1b0d4e"); empty for shardstock's own work.
+	Caller        string `protobuf:"bytes,14,opt,name=caller,proto3" json:"caller,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -233,6 +236,13 @@ func (x *ShardOp) GetSource() string {
 func (x *ShardOp) GetTransferId() string {
 	if x != nil {
 		return x.TransferId
+	}
+	return ""
+}
+
+func (x *ShardOp) GetCaller() string {
+	if x != nil {
+		return x.Caller
 	}
 	return ""
 }
@@ -636,7 +646,7 @@ var File_shardstock_v1_shard_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/shard.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19shardstock/v1/types.proto\"\xa7\x03\n" +
+	"\x19shardstock/v1/shard.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19shardstock/v1/types.proto\"\xbf\x03\n" +
 	"\aShardOp\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.shardstock.v1.ShardOpKindR\x04kind\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x14\n" +
@@ -652,7 +662,8 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\bapprover\x18\v \x01(\tR\bapprover\x12\x16\n" +
 	"\x06source\x18\f \x01(\tR\x06source\x12\x1f\n" +
 	"\vtransfer_id\x18\r \x01(\tR\n" +
-	"transferId\"\xc0\x01\n" +
+	"transferId\x12\x16\n" +
+	"\x06caller\x18\x0e \x01(\tR\x06caller\"\xc0\x01\n" +
 	"\n" +
 	"ShardError\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +

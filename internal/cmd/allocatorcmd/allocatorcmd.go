@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/api"
+	"github.com/shardstock/shardstock/internal/auth"
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/ledger"
@@ -82,8 +84,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 type config struct {
 	addr, operatorAddr                        string
 	stores                                    startup.Stores
-	token, apiToken                           string
-	rateLimit                                 float64
+	token, serviceToken, publicToken          string
+	jwks, jwtIssuer, jwtAudience              string
+	jwksRefresh                               time.Duration
+	publicCalls, trustedProxies               string
+	rateLimit, serviceRateLimit               float64
+	aheadBytes                                int
 	inFlight, clientConns, maxConns           int
 	logFormat, level                          string
 	shardID, shardAddr, advertise             string
@@ -95,10 +101,12 @@ type config struct {
 
 	// Derived by check.
 	dbs            map[string]string // by name
-	tls            *tls.Config       // of every listener; nil: cleartext
-	scheme         string            // "https" with tls, else "http"
-	shardClientTLS *tls.Config       // to call shard servers; nil: cleartext
-	localTLS       *tls.Config       // of -shard-id's listener with mTLS
+	policy         *api.Policy
+	proxies        []netip.Prefix
+	tls            *tls.Config // of every listener; nil: cleartext
+	scheme         string      // "https" with tls, else "http"
+	shardClientTLS *tls.Config // to call shard servers; nil: cleartext
+	localTLS       *tls.Config // of -shard-id's listener with mTLS
 }
 
 // parseConfig reads the flags.
@@ -109,9 +117,18 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", env.String("SHARDSTOCK_ADDR", "127.0.0.1:8080"), "listen address (env SHARDSTOCK_ADDR)")
 	c.stores.Flags(fs, env)
-	fs.StringVar(&c.token, "admin-token", env.String("SHARDSTOCK_ADMIN_TOKEN", ""), "bearer token of the admin API (env SHARDSTOCK_ADMIN_TOKEN)")
-	fs.StringVar(&c.apiToken, "api-token", env.String("SHARDSTOCK_API_TOKEN", ""), "bearer token the InventoryService requires (the admin token is accepted too); empty: none (env SHARDSTOCK_API_TOKEN)")
-	fs.Float64Var(&c.rateLimit, "rate-limit", env.Float64("SHARDSTOCK_RATE_LIMIT", 0), "InventoryService requests a second one client (IP address) may send, sustained and in a burst; over it RATE_LIMITED; 0: no limit (env SHARDSTOCK_RATE_LIMIT)")
+	fs.StringVar(&c.token, "admin-token", env.String("SHARDSTOCK_ADMIN_TOKEN", ""), "bearer tokens of the admin role (the AdminService, and all a service may do), comma-separated: several while one is rotated out (env SHARDSTOCK_ADMIN_TOKEN)")
+	fs.StringVar(&c.serviceToken, "service-token", env.String("SHARDSTOCK_SERVICE_TOKEN", ""), "bearer tokens of the service role (every InventoryService call: the shop's backends), comma-separated (env SHARDSTOCK_SERVICE_TOKEN)")
+	fs.StringVar(&c.publicToken, "public-token", env.String("SHARDSTOCK_PUBLIC_TOKEN", ""), "bearer tokens of the public role (apps: what a caller without a credential may do, and no customer), comma-separated (env SHARDSTOCK_PUBLIC_TOKEN)")
+	fs.StringVar(&c.jwks, "jwks", env.String("SHARDSTOCK_JWKS", ""), "file or http(s) URL of the JSON Web Key Set whose keys sign JWT credentials (claims: role public, service or admin; sub, the customer of a public one); read again every -jwks-refresh; empty: no JWTs (env SHARDSTOCK_JWKS)")
+	fs.StringVar(&c.jwtIssuer, "jwt-issuer", env.String("SHARDSTOCK_JWT_ISSUER", ""), "with -jwks, the iss a JWT must name (env SHARDSTOCK_JWT_ISSUER)")
+	fs.StringVar(&c.jwtAudience, "jwt-audience", env.String("SHARDSTOCK_JWT_AUDIENCE", ""), "with -jwks, the aud a JWT must name (env SHARDSTOCK_JWT_AUDIENCE)")
+	fs.DurationVar(&c.jwksRefresh, "jwks-refresh", env.Duration("SHARDSTOCK_JWKS_REFRESH", auth.RefreshDefault), "how often -jwks is read again (a JWT of a key id it does not know reads it at once, at most once a second) (env SHARDSTOCK_JWKS_REFRESH)")
+	fs.StringVar(&c.publicCalls, "public-calls", env.String("SHARDSTOCK_PUBLIC_CALLS", ""), "InventoryService calls the public role may make besides GetStock, comma-separated, of "+strings.Join(api.PublicOptIns, ", ")+"; empty: none (env SHARDSTOCK_PUBLIC_CALLS)")
+	fs.Float64Var(&c.rateLimit, "rate-limit", env.Float64("SHARDSTOCK_RATE_LIMIT", 0), "InventoryService requests a second one public client (IP address) may send, sustained and in a burst; over it RATE_LIMITED; 0: no limit (env SHARDSTOCK_RATE_LIMIT)")
+	fs.Float64Var(&c.serviceRateLimit, "service-rate-limit", env.Float64("SHARDSTOCK_SERVICE_RATE_LIMIT", 0), "requests a second one service or admin credential may send, sustained and in a burst; over it RATE_LIMITED; 0: no limit (env SHARDSTOCK_SERVICE_RATE_LIMIT)")
+	fs.StringVar(&c.trustedProxies, "trusted-proxies", env.String("SHARDSTOCK_TRUSTED_PROXIES", ""), "comma-separated addresses or CIDRs of the load balancers in front: from them, X-Forwarded-For names the client that -rate-limit counts; from any other peer it is ignored (env SHARDSTOCK_TRUSTED_PROXIES)")
+	fs.IntVar(&c.aheadBytes, "max-read-ahead-bytes", env.Int("SHARDSTOCK_MAX_READ_AHEAD_BYTES", api.AheadBytesDefault), "bytes of request messages read before admission, all requests together; beyond it RATE_LIMITED at once, so that slow senders of large messages cannot fill memory (env SHARDSTOCK_MAX_READ_AHEAD_BYTES)")
 	fs.IntVar(&c.inFlight, "max-in-flight", env.Int("SHARDSTOCK_MAX_IN_FLIGHT", 4096), "InventoryService requests served at once, all clients; beyond it RATE_LIMITED at once; 0: no bound (env SHARDSTOCK_MAX_IN_FLIGHT)")
 	fs.IntVar(&c.clientConns, "max-client-conns", env.Int("SHARDSTOCK_MAX_CLIENT_CONNS", clientConnsDefault), "client connections held at once on the public listener; one more is reset as soon as accepted, "+
 		"so a storm of dials costs an accept and a close each and the listen queue keeps draining; 0: no bound (env SHARDSTOCK_MAX_CLIENT_CONNS)")
@@ -151,11 +168,35 @@ func (c *config) check() error {
 	if c.dbs, err = startup.Databases(c.stores.DatabaseURL, c.stores.MoreDatabases); err != nil {
 		return err
 	}
-	if len(c.token) < adminTokenLenMin {
-		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", adminTokenLenMin)
+	if len(c.token) < auth.TokenLenMin {
+		return fmt.Errorf("the admin token must be at least %d characters: set -admin-token or SHARDSTOCK_ADMIN_TOKEN", auth.TokenLenMin)
 	}
-	if c.apiToken != "" && len(c.apiToken) < adminTokenLenMin {
-		return fmt.Errorf("the API token must be at least %d characters (-api-token, SHARDSTOCK_API_TOKEN)", adminTokenLenMin)
+	for _, set := range []struct{ role, list string }{{"admin", c.token}, {"service", c.serviceToken}, {"public", c.publicToken}} {
+		for _, t := range splitList(set.list) {
+			if len(t) < auth.TokenLenMin {
+				return fmt.Errorf("a %s token must be at least %d characters (-%s-token)", set.role, auth.TokenLenMin, set.role)
+			}
+		}
+	}
+	if c.jwks != "" && (c.jwtIssuer == "" || c.jwtAudience == "") {
+		return errors.New("a JWKS (-jwks) needs -jwt-issuer and -jwt-audience: a JWT must name both")
+	}
+	if c.policy, err = api.NewPolicy(splitList(c.publicCalls)); err != nil {
+		return fmt.Errorf("-public-calls: %w", err)
+	}
+	for _, p := range splitList(c.trustedProxies) {
+		prefix, err := netip.ParsePrefix(p)
+		if err != nil {
+			addr, aerr := netip.ParseAddr(p)
+			if aerr != nil {
+				return fmt.Errorf("-trusted-proxies: %q is neither an address nor a CIDR", p)
+			}
+			prefix = netip.PrefixFrom(addr, addr.BitLen())
+		}
+		c.proxies = append(c.proxies, prefix)
+	}
+	if c.aheadBytes < transport.PublicReadMaxBytes {
+		return fmt.Errorf("-max-read-ahead-bytes must be at least %d (one message)", transport.PublicReadMaxBytes)
 	}
 	if c.tls, err = startup.TLSConfig(c.tlsCert, c.tlsKey, ""); err != nil {
 		return err
@@ -167,8 +208,8 @@ func (c *config) check() error {
 	if c.shardClientTLS, err = startup.ClientTLSConfig(c.shardCert, c.shardKey, c.shardCA); err != nil {
 		return err
 	}
-	if c.rateLimit < 0 || c.inFlight < 0 || c.clientConns < 0 {
-		return errors.New("-rate-limit, -max-in-flight and -max-client-conns must not be negative")
+	if c.rateLimit < 0 || c.serviceRateLimit < 0 || c.inFlight < 0 || c.clientConns < 0 {
+		return errors.New("-rate-limit, -service-rate-limit, -max-in-flight and -max-client-conns must not be negative")
 	}
 	// With mTLS, this allocator's own shard listener speaks it too: its
 	// -tls-cert, callers' certificates signed by -shard-tls-ca.
@@ -195,12 +236,21 @@ type wired struct {
 	shardLis        net.Listener    // nil without -shard-id
 	alloc           *allocator.Allocator
 	changes         *ledger.Stream // WatchLedger and WatchStock
+	auth            *auth.Authenticator
 }
 
 // wire builds the allocator over proc. Whatever it built, even when it
 // fails, close undoes.
 func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Logger) (*wired, error) {
 	w := &wired{}
+	var err error
+	// A JWKS that cannot be read stops the start: callers would all be
+	// refused.
+	if w.auth, err = auth.New(ctx, auth.Config{AdminTokens: splitList(cfg.token), ServiceTokens: splitList(cfg.serviceToken),
+		PublicTokens: splitList(cfg.publicToken), JWKS: cfg.jwks, Issuer: cfg.jwtIssuer, Audience: cfg.jwtAudience,
+		Refresh: cfg.jwksRefresh, Logger: log}); err != nil {
+		return w, err
+	}
 	// Not ready while etcd is behind the databases' fences (restored or
 	// rebuilt): its moves and CreateSku would all be fenced.
 	w.etcdCheck = startup.CheckEtcd(ctx, proc.DBs, proc.Etcd, log)
@@ -228,7 +278,6 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 		}
 		// The ShardService answers any caller: it gets a listener of its
 		// own, as cmd/shard's, never the public port.
-		var err error
 		if w.shardLis, err = net.Listen("tcp", cfg.shardAddr); err != nil {
 			return w, fmt.Errorf("-shard-addr: %w", err)
 		}
@@ -281,7 +330,7 @@ func serve(ctx context.Context, cancel context.CancelFunc, cfg *config, proc *st
 	}()
 	fmt.Fprintf(stdout, "operator listening on %s://%s\n", cfg.scheme, opsLis.Addr())
 	metrics := transport.NewMetrics(proc.Registry)
-	mux := publicMux(cfg, proc, w, metrics)
+	mux := publicMux(cfg, proc, w, metrics, log)
 	nodeDone, shardDone := serveLocalShard(ctx, cancel, cfg, w, metrics, log, stdout)
 
 	fmt.Fprintf(stdout, "allocator listening on %s://%s\n", cfg.scheme, proc.Listener.Addr())
@@ -299,37 +348,33 @@ func serve(ctx context.Context, cancel context.CancelFunc, cfg *config, proc *st
 	return errors.Join(serveErr, serr, nerr, oerr)
 }
 
-// publicMux is the public listener's handler: the InventoryService behind
-// its admission, the AdminService behind the admin token, and the
-// dashboard. It has no /metrics and no /debug/pprof: those are on the
-// operator listener.
-func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.Metrics) *http.ServeMux {
+// publicMux is the public listener's handler: the InventoryService and
+// the AdminService, each behind its admission, and the dashboard. It has
+// no /metrics and no /debug/pprof: those are on the operator listener.
+func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.Metrics, log *slog.Logger) *http.ServeMux {
 	mux := transport.NewMux(transport.MuxConfig{
 		Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName},
 		Ready:    w.ready,
 		Reason:   w.etcdCheck.Reason,
 	})
-	// The InventoryService's admission (API token, per-client rate,
-	// requests in flight) runs before Connect decodes a request, so that
-	// a burst is shed at the transport's cost; its refusals are counted in
-	// the call metrics too.
-	admit := api.AdmitConfig{TokenName: "API token", PerClient: cfg.rateLimit, InFlight: cfg.inFlight}
-	if cfg.apiToken != "" {
-		// The admin token is accepted too: an operator's tools (stockctl,
-		// the dashboard) read stock with it.
-		admit.Tokens = []string{cfg.apiToken, cfg.token}
-	}
-	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc, Changes: w.changes},
+	// Admission (who calls and whether their role may, their rate, bytes
+	// read ahead, requests in flight) runs before Connect decodes a
+	// request, so that a burst is shed at the transport's cost; its
+	// refusals are counted in the call metrics too.
+	admit := api.AdmitConfig{Auth: w.auth, Need: cfg.policy.Need, PerClient: cfg.rateLimit, PerCredential: cfg.serviceRateLimit,
+		TrustedProxies: cfg.proxies, InFlight: cfg.inFlight, AheadBytes: int64(cfg.aheadBytes)}
+	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc, Log: log, Changes: w.changes},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
 	mux.Handle(invPath, api.Admit(admit, transport.Warm(invHandler, 0), metrics.Refused))
 	// A watch lasts as long as its client wants: it holds no place among
 	// the requests in flight (the change stream bounds its watches) and no
-	// kept goroutine.
-	watch := admit
-	watch.InFlight = 0
-	mux.Handle(shardstockv1connect.InventoryServiceWatchStockProcedure, api.Admit(watch, invHandler, metrics.Refused))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes, Catalog: proc.DBs, Warmer: w.alloc},
-		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.BearerAuth(cfg.token)))...))
+	// kept goroutine. The AdminService has no in-flight bound either:
+	// operators' calls are few.
+	admit.InFlight = 0
+	mux.Handle(shardstockv1connect.InventoryServiceWatchStockProcedure, api.Admit(admit, invHandler, metrics.Refused))
+	adminPath, adminHandler := shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes, Catalog: proc.DBs, Warmer: w.alloc},
+		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.AuditAdmin(log)))...)
+	mux.Handle(adminPath, api.Admit(admit, adminHandler, metrics.Refused))
 	mux.Handle("/", api.Dashboard())
 	return mux
 }
@@ -372,9 +417,6 @@ func splitList(s string) []string {
 	}
 	return out
 }
-
-// adminTokenLenMin keeps guessable tokens out.
-const adminTokenLenMin = 16
 
 // clientConnsDefault bounds the public listener's connections
 // (-max-client-conns): at about 16 KB an idle connection (client and

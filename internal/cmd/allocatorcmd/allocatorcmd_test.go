@@ -36,6 +36,8 @@ const (
 	// allocator with nothing in flight stops far sooner.
 	stopTimeout = 15 * time.Second
 	token       = "allocatorcmd-test-token"
+	// serviceToken is the service role's: the shop's backends.
+	serviceToken = "allocatorcmd-service-token"
 )
 
 // start runs the command until the test ends and returns its base URL and
@@ -51,7 +53,7 @@ func startOn(t *testing.T, url string, extra ...string) (base string, stop func(
 	t.Helper()
 	e := etcdtest.Start(t)
 	args := append([]string{"-addr", "127.0.0.1:0", "-database-url", url, "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
-		"-admin-token", token, "-db-max-conns", "4", "-log-level", "error"}, extra...)
+		"-admin-token", token, "-service-token", serviceToken, "-db-max-conns", "4", "-log-level", "error"}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout cmdtest.Output
 	done := make(chan error, 1)
@@ -158,7 +160,7 @@ func TestRun_Allocator(t *testing.T) {
 		if _, err := admin.CreateSku(ctx, adminReq(&v1.CreateSkuRequest{Sku: "own-sku", InitialStock: 5, Shards: 2})); err != nil {
 			t.Fatalf("CreateSku = %v", err)
 		}
-		inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base)
+		inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base, bearer(serviceToken))
 		if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "own-sku", Quantity: 5, IdempotencyKey: "all"})); err != nil {
 			t.Errorf("Deduct(5 of 5) = %v, want success", err)
 		}
@@ -171,14 +173,13 @@ func TestRun_Allocator(t *testing.T) {
 	})
 }
 
-// TestRun_TokenAndLimits: with -api-token the InventoryService answers
-// only calls bearing it; with -rate-limit a client over its rate gets
-// RATE_LIMITED, and a refused call changes nothing.
-func TestRun_TokenAndLimits(t *testing.T) {
+// TestRun_RateLimits: with -service-rate-limit a service credential over
+// its rate gets RATE_LIMITED, a caller without one is refused before any
+// limiter, and a refused call changes nothing.
+func TestRun_RateLimits(t *testing.T) {
 	ctx := context.Background()
-	const apiToken = "api-token-0123456789abcdef"
 	ops := cmdtest.FreeAddr(t)
-	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-api-token", apiToken, "-rate-limit", "20", "-operator-addr", ops)
+	base, _ := start(t, "-shard-id", "own", "-lease-ttl", "2s", "-service-rate-limit", "20", "-operator-addr", ops)
 	if !ready(base, startTimeout) {
 		t.Fatalf("/readyz not 200 within %s", startTimeout)
 	}
@@ -195,16 +196,17 @@ func TestRun_TokenAndLimits(t *testing.T) {
 		_, err := inv.Deduct(ctx, req)
 		return err
 	}
-	for _, bearer := range []string{"", "wrong-token-0123456789", apiToken + "x"} {
+	for _, bearer := range []string{"", "wrong-token-0123456789", serviceToken + "x"} {
 		if err := deduct("no-token", bearer); connect.CodeOf(err) != connect.CodeUnauthenticated || wire.Reason(err) != string(stock.CodeUnauthenticated) {
 			t.Errorf("Deduct with token %q = %v, want unauthenticated", bearer, err)
 		}
 	}
-	// 100 calls at once from one client: the first 20 or so pass, the rest
-	// are RATE_LIMITED; the stock moved by exactly the calls that passed.
+	// 100 calls at once from one credential: the first 20 or so pass, the
+	// rest are RATE_LIMITED; the stock moved by exactly the calls that
+	// passed.
 	var ok, limited int
 	for i := range 100 {
-		err := deduct(fmt.Sprintf("burst-%d", i), apiToken)
+		err := deduct(fmt.Sprintf("burst-%d", i), serviceToken)
 		switch {
 		case err == nil:
 			ok++
@@ -215,13 +217,10 @@ func TestRun_TokenAndLimits(t *testing.T) {
 		}
 	}
 	if ok < 20 || ok > 40 || limited == 0 || ok+limited != 100 {
-		t.Errorf("%d passed and %d RATE_LIMITED of 100 at once with -rate-limit 20: want 20 to 40 passed, the rest limited", ok, limited)
+		t.Errorf("%d passed and %d RATE_LIMITED of 100 at once with -service-rate-limit 20: want 20 to 40 passed, the rest limited", ok, limited)
 	}
-	// The admin token is accepted too (operators' tools).
-	req := connect.NewRequest(&v1.GetStockRequest{Sku: "limited"})
-	req.Header().Set("Authorization", "Bearer "+token)
-	time.Sleep(100 * time.Millisecond) // a token for the GetStock
-	st, err := inv.GetStock(ctx, req)
+	// The admin token has a bucket of its own.
+	st, err := inv.GetStock(ctx, adminReq(&v1.GetStockRequest{Sku: "limited"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +252,10 @@ func TestRun_Refuses(t *testing.T) {
 		{"NoDatabase", []string{"-admin-token", token}, "no database"},
 		{"ShortToken", []string{"-database-url", "postgres://nowhere", "-admin-token", "short"}, "admin token"},
 		{"BadFlag", []string{"-no-such-flag"}, "no-such-flag"},
-		{"ShortAPIToken", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-api-token", "short"}, "API token"},
+		{"ShortServiceToken", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-service-token", "short"}, "service token"},
+		{"PublicReplenish", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-public-calls", "Deduct,Replenish"}, "public-calls"},
+		{"BadProxy", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-trusted-proxies", "10.0.0.0/8,lb"}, "trusted-proxies"},
+		{"JWKSWithoutIssuer", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-jwks", "/nonexistent/jwks.json"}, "-jwt-issuer"},
 		{"NegativeRate", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-rate-limit", "-1"}, "rate-limit"},
 		{"NegativeClientConns", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-max-client-conns", "-1"}, "max-client-conns"},
 		{"LongGroupDelay", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-group-delay", "1s"}, "-group-delay 1s: want 0 to 10ms"},
@@ -342,7 +344,7 @@ func TestRun_TLS(t *testing.T) {
 	if _, err := admin.CreateSku(ctx, adminReq(&v1.CreateSkuRequest{Sku: "tls-sku", InitialStock: 5, Shards: 1})); err != nil {
 		t.Fatalf("CreateSku over TLS = %v", err)
 	}
-	inv := shardstockv1connect.NewInventoryServiceClient(hc, base, connect.WithGRPC())
+	inv := shardstockv1connect.NewInventoryServiceClient(hc, base, connect.WithGRPC(), bearer(serviceToken))
 	if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "tls-sku", Quantity: 1, IdempotencyKey: "k"})); err != nil {
 		t.Errorf("Deduct over gRPC and TLS = %v", err)
 	}

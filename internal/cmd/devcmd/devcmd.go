@@ -122,12 +122,13 @@ type config struct {
 	addr, opsAddr      string
 	servers, databases int
 	local              bool
-	token              string
+	token, service     string
 	dbURL, moreDBs     string
 	etcd               string
 }
 
-// parseConfig reads the flags. An empty admin token becomes a random one.
+// parseConfig reads the flags. An empty admin or service token becomes a
+// random one.
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
 	c := &config{}
 	env := startup.NewEnvDefaults(getenv)
@@ -139,6 +140,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.IntVar(&c.databases, "databases", 1, "Postgres databases to place SKUs on: main (-database-url, or a throwaway cluster) and db2..dbN, each a throwaway cluster of its own (unless -more-databases names them)")
 	fs.BoolVar(&c.local, "allocator-shard", false, "also run a shard server (id "+localShardID+") inside the allocator's process, called without RPC; with -shard-servers 0 it owns every partition")
 	fs.StringVar(&c.token, "admin-token", env.String("SHARDSTOCK_ADMIN_TOKEN", ""), "bearer token of the admin API; empty: a random one, printed (env SHARDSTOCK_ADMIN_TOKEN)")
+	fs.StringVar(&c.service, "service-token", env.String("SHARDSTOCK_SERVICE_TOKEN", ""), "bearer token of the service role (every InventoryService call); empty: a random one, printed (env SHARDSTOCK_SERVICE_TOKEN)")
 	fs.StringVar(&c.dbURL, "database-url", env.String("DATABASE_URL", ""), "Postgres URL of the database named main; empty: a throwaway cluster from the local PostgreSQL binaries (env DATABASE_URL)")
 	fs.StringVar(&c.moreDBs, "more-databases", env.String("SHARDSTOCK_DATABASES", ""), "the databases besides main, as the allocator's -databases: comma-separated name=URL pairs; empty: -databases decides (env SHARDSTOCK_DATABASES)")
 	fs.StringVar(&c.etcd, "etcd-endpoints", env.String("ETCD_ENDPOINTS", ""), "comma-separated etcd endpoints; empty: an embedded etcd (env ETCD_ENDPOINTS)")
@@ -156,6 +158,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	}
 	if c.token == "" {
 		c.token = randomToken()
+	}
+	if c.service == "" {
+		c.service = randomToken()
 	}
 	return c, nil
 }
@@ -242,7 +247,7 @@ func startStack(kids *children, cfg *config, stderr io.Writer) error {
 		return err
 	}
 	env := append(shareCores(childEnv(os.Environ()), cfg.servers+1, runtime.NumCPU()),
-		"DATABASE_URL="+cfg.dbURL, "SHARDSTOCK_DATABASES="+cfg.moreDBs, "ETCD_ENDPOINTS="+cfg.etcd, "SHARDSTOCK_ADMIN_TOKEN="+cfg.token)
+		"DATABASE_URL="+cfg.dbURL, "SHARDSTOCK_DATABASES="+cfg.moreDBs, "ETCD_ENDPOINTS="+cfg.etcd, "SHARDSTOCK_ADMIN_TOKEN="+cfg.token, "SHARDSTOCK_SERVICE_TOKEN="+cfg.service)
 	for i := 1; i <= cfg.servers; i++ {
 		id := fmt.Sprintf("shard-%d", i)
 		if err := kids.start(self, env, stderr, id, "shard", "-id", id, "-addr", "127.0.0.1:0", "-db-max-conns", devShardConns); err != nil {
@@ -266,11 +271,12 @@ func startStack(kids *children, cfg *config, stderr io.Writer) error {
 func printBanner(stdout io.Writer, base string, cfg *config) {
 	fmt.Fprintf(stdout, `shardstock is running at %[1]s (dashboard: %[1]s/#token=%[2]s; metrics: http://%[4]s/metrics)
 admin token: %[2]s
+service token: %[5]s
 try:
-  curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s","quantity":1,"idempotencyKey":"order-1"}' %[1]s/shardstock.v1.InventoryService/Deduct
+  curl -s -X POST -H 'Content-Type: application/json' -H 'Authorization: Bearer %[5]s' -d '{"sku":"%[3]s","quantity":1,"idempotencyKey":"order-1"}' %[1]s/shardstock.v1.InventoryService/Deduct
   curl -s -X POST -H 'Content-Type: application/json' -d '{"sku":"%[3]s"}' %[1]s/shardstock.v1.InventoryService/GetStock
 Ctrl-C stops everything.
-`, base, cfg.token, demoSKU, cfg.opsAddr)
+`, base, cfg.token, demoSKU, cfg.opsAddr, cfg.service)
 }
 
 // announce prints the stack's readiness line, the banner's counterpart for

@@ -148,3 +148,43 @@ func TestRun_StartStop(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestRun_OperatorAddr: with -operator-addr, /metrics is served on the
+// operator listener and no longer on the shard port, which is left to
+// allocators.
+func TestRun_OperatorAddr(t *testing.T) {
+	url := pgtest.NewDB(t)
+	e := etcdtest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ops := cmdtest.FreeAddr(t)
+	var stdout cmdtest.Output
+	args := []string{"-addr", "127.0.0.1:0", "-id", "ops1", "-database-url", url, "-operator-addr", ops,
+		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-lease-ttl", "30s", "-log-level", "error"}
+	done := make(chan error, 1)
+	go func() { done <- shardcmd.Run(ctx, args, func(string) string { return "" }, &stdout, io.Discard) }()
+	base := stdout.WaitReady(t, readiness.RoleShard, startTimeout).Addr
+	if m := get(t, "http://"+ops+"/metrics"); !strings.Contains(m, "shardstock_shard_partitions_owned 256") {
+		t.Errorf("operator /metrics = %.200q, want the shard's metrics", m)
+	}
+	if get(t, "http://"+ops+"/readyz") != "ready" {
+		t.Error("operator /readyz is not ready")
+	}
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /metrics on the shard port = %d, want 404: metrics are on the operator port only", resp.StatusCode)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run after its context ended = %v, want nil", err)
+		}
+	case <-time.After(stopTimeout):
+		t.Fatalf("Run still running %s after its context ended", stopTimeout)
+	}
+}

@@ -12,6 +12,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 
 	"github.com/shardstock/shardstock/internal/cmd/startup"
@@ -77,21 +79,39 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fmt.Fprintf(stdout, "shard %s listening on %s\n", cfg.id, lis.Addr())
 	go readiness.Announce(ctx, stdout, readiness.Line{Role: readiness.RoleShard, ID: cfg.id, Addr: startup.Scheme(tlsCfg) + "://" + lis.Addr().String()}, node.Ready)
 	log.Info("shard server started", "id", cfg.id, "addr", lis.Addr().String(), "advertise", cfg.advertise)
-	var h http.Handler = node.Handler(reg, cfg.pprof, transport.NewMetrics(reg))
+	// With -operator-addr, /metrics and /debug/pprof/ are served there
+	// only: the shard port is then for allocators alone.
+	gatherer, opsDone := prometheus.Gatherer(reg), make(chan error, 1)
+	if cfg.operatorAddr == "" {
+		opsDone <- nil
+	} else {
+		opsLis, err := startup.Listen(ctx, cfg.operatorAddr)
+		if err != nil {
+			cancel()
+			return errors.Join(fmt.Errorf("-operator-addr: %w", err), <-nodeDone)
+		}
+		gatherer = nil
+		go func() {
+			opsDone <- transport.Serve(ctx, opsLis, transport.NewMux(transport.MuxConfig{Gatherer: reg, Pprof: cfg.pprof, Ready: node.Ready, Reason: node.Reason}))
+		}()
+		fmt.Fprintf(stdout, "operator listening on http://%s\n", opsLis.Addr())
+	}
+	var h http.Handler = node.Handler(gatherer, cfg.pprof && cfg.operatorAddr == "", transport.NewMetrics(reg))
 	if cfg.clientCA != "" {
 		h = transport.RequireClientCert(h, "/"+shardstockv1connect.ShardServiceName+"/")
 	}
 	serveErr := transport.ServeTLS(ctx, lis, h, tlsCfg)
 	cancel()
-	merr := <-nodeDone
+	merr, oerr := <-nodeDone, <-opsDone
 	log.Info("shard server stopped", "id", cfg.id)
-	return errors.Join(serveErr, merr)
+	return errors.Join(serveErr, merr, oerr)
 }
 
 // config is the command's configuration: its flags, each with its
 // environment variable as its default.
 type config struct {
 	addr, advertise, id       string
+	operatorAddr              string
 	stores                    startup.Stores
 	leaseTTL, groupDelay      time.Duration
 	maxConns                  int
@@ -108,6 +128,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs := flag.NewFlagSet("shard", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", env.String("SHARDSTOCK_SHARD_ADDR", "127.0.0.1:7001"), "listen address (env SHARDSTOCK_SHARD_ADDR)")
+	fs.StringVar(&c.operatorAddr, "operator-addr", env.String("SHARDSTOCK_SHARD_OPERATOR_ADDR", ""), "listen address of a cleartext operator listener for /metrics, /debug/pprof/ (with -pprof), /healthz and /readyz, which then leave the shard port; empty: all on the shard port (env SHARDSTOCK_SHARD_OPERATOR_ADDR)")
 	fs.StringVar(&c.advertise, "advertise", env.String("SHARDSTOCK_ADVERTISE", ""), "address allocators dial; default: the listen address (env SHARDSTOCK_ADVERTISE)")
 	fs.StringVar(&c.id, "id", env.String("SHARDSTOCK_SERVER_ID", host), "server id, unique among shard servers (env SHARDSTOCK_SERVER_ID)")
 	c.stores.Flags(fs, env)

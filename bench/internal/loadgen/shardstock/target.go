@@ -38,7 +38,7 @@ const (
 // Config configures the target.
 type Config struct {
 	Addr       string // the allocator's base URL; default AddrDefault
-	AdminToken string // bearer token of the AdminService
+	AdminToken string // bearer token of the admin role: the AdminService, and the InventoryService (an admin acts as a service)
 	// HTTPClient, when set, replaces the cleartext HTTP/2 client.
 	HTTPClient *http.Client
 }
@@ -71,7 +71,7 @@ func New(cfg Config) *Target {
 	return &Target{
 		cfg:   cfg,
 		http:  hc,
-		inv:   shardstockv1connect.NewInventoryServiceClient(hc, cfg.Addr),
+		inv:   shardstockv1connect.NewInventoryServiceClient(hc, cfg.Addr, connect.WithInterceptors(bearer)), // an admin acts as a service
 		admin: shardstockv1connect.NewAdminServiceClient(hc, cfg.Addr, connect.WithInterceptors(bearer)),
 	}
 }

@@ -770,6 +770,15 @@ export declare type LedgerEntry = Message<"shardstock.v1.LedgerEntry"> & {
    * @generated from field: google.protobuf.Timestamp created_at = 21;
    */
   createdAt?: Timestamp | undefined;
+
+  /**
+   * Who asked for the change: a role and a credential id, never a secret
+   * ("service:token:3f2a9c1b0d4e", "admin:jwt:alice"); empty for
+   * shardstock's own work (sweeps, moves).
+   *
+   * @generated from field: string caller = 22;
+   */
+  caller: string;
 };
 
 /**

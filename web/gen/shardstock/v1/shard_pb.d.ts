@@ -84,6 +84,14 @@ export declare type ShardOp = Message<"shardstock.v1.ShardOp"> & {
    * @generated from field: string transfer_id = 13;
    */
   transferId: string;
+
+  /**
+   * Who asked, for the ledger: a role and a credential id, never a secret
+   * ("service:token:3f2a9c1b0d4e"); empty for shardstock's own work.
+   *
+   * @generated from field: string caller = 14;
+   */
+  caller: string;
 };
 
 /**
