@@ -42,7 +42,7 @@ func TestRun_Watch(t *testing.T) {
 	if _, err := admin.CreateSku(ctx, adminReq(&v1.CreateSkuRequest{Sku: "watched", InitialStock: 3, Shards: 2})); err != nil {
 		t.Fatalf("CreateSku = %v", err)
 	}
-	inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base)
+	inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base, bearer(serviceToken))
 
 	stockStream, err := inv.WatchStock(ctx, connect.NewRequest(&v1.WatchStockRequest{Skus: []string{"watched"}}))
 	if err != nil {

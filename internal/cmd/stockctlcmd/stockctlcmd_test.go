@@ -17,6 +17,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/auth/authtest"
 	"github.com/shardstock/shardstock/internal/cmd/allocatorcmd"
 	"github.com/shardstock/shardstock/internal/cmd/stockctlcmd"
 	"github.com/shardstock/shardstock/internal/cmdtest"
@@ -164,7 +165,7 @@ func TestStockctl(t *testing.T) {
 	if out := must("update-sku", "tee", "-sale-start", "+1h"); !strings.Contains(out, "..") {
 		t.Errorf("update-sku -sale-start printed %q, want the window", out)
 	}
-	inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base)
+	inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base, authtest.Bearer(token)) // an admin may act as a service
 	_, err := inv.Deduct(context.Background(), connect.NewRequest(&v1.DeductRequest{Sku: "tee", Quantity: 1, IdempotencyKey: "early"}))
 	var ce *connect.Error
 	if !errors.As(err, &ce) || wire.Reason(err) != string(stock.CodeSaleNotStarted) || saleStartOf(ce) == "" {
