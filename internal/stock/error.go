@@ -20,6 +20,9 @@ const (
 	CodeQuantityAboveMaxPerOrder Code = "QUANTITY_ABOVE_MAX_PER_ORDER"
 	CodeIdempotencyKeyReused     Code = "IDEMPOTENCY_KEY_REUSED"
 	CodeInvalidArgument          Code = "INVALID_ARGUMENT"
+	// CodeCustomerRefRequired: a reserve or deduct without customer_ref on
+	// a SKU with a customer_limit.
+	CodeCustomerRefRequired Code = "CUSTOMER_REF_REQUIRED"
 	// not_found
 	CodeSKUNotFound         Code = "SKU_NOT_FOUND"
 	CodeReservationNotFound Code = "RESERVATION_NOT_FOUND"
@@ -65,7 +68,7 @@ const (
 // above; TestCodes_Listed fails on a code declared and not listed.
 var Codes = []Code{
 	CodeInvalidSKU, CodeInvalidQuantity, CodeInvalidIdempotencyKey, CodeQuantityAboveMaxPerOrder,
-	CodeIdempotencyKeyReused, CodeInvalidArgument,
+	CodeIdempotencyKeyReused, CodeInvalidArgument, CodeCustomerRefRequired,
 	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound,
 	CodeOutOfStock, CodeSKUPaused, CodeReservationExpired, CodeReservationAlreadyCommitted,
 	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeSKUExists, CodeShardNotHalted,

@@ -880,16 +880,18 @@ func TestPlan_CustomerLimit(t *testing.T) {
 	runPlan(t, []planCase{
 		{
 			name: "OK",
-			// c holds 3 of 5; a release gives 3 back within the batch.
+			// c holds 3 of 5; a release gives 3 back within the batch. A
+			// request that names no customer cannot dodge the limit.
 			from: Counts{Available: 10, Reserved: 3},
 			read: limit(5, map[string]int64{"c": 3}, held),
 			reqs: []*Request{
 				by("c", reserve("k-1", 2)), by("c", reserve("k-2", 1)), by("c", deduct("k-3", 1)),
-				release(held), by("c", deduct("k-4", 3)), by("d", reserve("k-5", 4)), reserve("k-6", 1),
+				release(held), by("c", deduct("k-4", 3)), by("d", reserve("k-5", 4)), reserve("k-6", 1), deduct("k-7", 1),
 			},
-			want:   []outcome{okay, refused(CodeCustomerLimitReached), refused(CodeCustomerLimitReached), okay, okay, okay, okay},
-			to:     Counts{Available: 3, Reserved: 7, Sold: 3},
-			ledger: []OpKind{OpReserve, OpRelease, OpDeduct, OpReserve, OpReserve},
+			want: []outcome{okay, refused(CodeCustomerLimitReached), refused(CodeCustomerLimitReached), okay, okay, okay,
+				refused(CodeCustomerRefRequired), refused(CodeCustomerRefRequired)},
+			to:     Counts{Available: 4, Reserved: 6, Sold: 3},
+			ledger: []OpKind{OpReserve, OpRelease, OpDeduct, OpReserve},
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				usage(map[string]int64{"c": 5, "d": 4}, map[string]int64{"c": 3})(t, w, rs)
 				if w.UsageLimit != 5 {

@@ -315,8 +315,10 @@ type Transfer struct {
 }
 
 // Refuse returns why the SKU refuses a reserve or deduct before its stock is
-// looked at, or "": paused, above max_per_order, or taking the customer
-// (who holds usage units already) past customer_limit. The shard planner
+// looked at, or "": paused, above max_per_order, without a customer_ref
+// under a customer_limit (a limit a request could dodge by naming no
+// customer is no limit), or taking the customer (who holds usage units
+// already) past customer_limit. The shard planner
 // and the allocator's sold-out answers both decide by it.
 func (s *SKU) Refuse(r *Request, usage int64) (Code, string) {
 	if r.Kind != OpReserve && r.Kind != OpDeduct {
@@ -327,7 +329,9 @@ func (s *SKU) Refuse(r *Request, usage int64) (Code, string) {
 		return CodeSKUPaused, "sku \"" + s.Name + "\" is paused"
 	case s.MaxPerOrder > 0 && r.Quantity > s.MaxPerOrder:
 		return CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order"
-	case s.CustomerLimit > 0 && r.CustomerRef != "" && usage+r.Quantity > s.CustomerLimit:
+	case s.CustomerLimit > 0 && r.CustomerRef == "":
+		return CodeCustomerRefRequired, "sku \"" + s.Name + "\" has a customer_limit: customer_ref is required"
+	case s.CustomerLimit > 0 && usage+r.Quantity > s.CustomerLimit:
 		return CodeCustomerLimitReached, "customer \"" + r.CustomerRef + "\" reached the sku's customer_limit"
 	}
 	return "", ""

@@ -26,6 +26,7 @@ var domainCodes = []struct {
 	{stock.CodeQuantityAboveMaxPerOrder, connect.CodeInvalidArgument},
 	{stock.CodeIdempotencyKeyReused, connect.CodeInvalidArgument},
 	{stock.CodeInvalidArgument, connect.CodeInvalidArgument},
+	{stock.CodeCustomerRefRequired, connect.CodeInvalidArgument},
 	{stock.CodeSKUNotFound, connect.CodeNotFound},
 	{stock.CodeReservationNotFound, connect.CodeNotFound},
 	{stock.CodeOperationNotFound, connect.CodeNotFound},
