@@ -79,7 +79,7 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 	m := req.Msg
 	st, err := h.Admin.CreateSKU(ctx, stock.SKU{
 		Name: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
-		ReservationTTL: wire.DurationOf(m.GetReservationTtl()),
+		ReservationTTL: wire.DurationOf(m.GetReservationTtl()), MaxHold: wire.DurationOf(m.GetMaxHold()), OnePerOrder: m.GetOnePerOrder(),
 	}, m.GetInitialStock())
 	if err != nil {
 		return nil, wire.ToConnect(err)
@@ -90,7 +90,13 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 // UpdateSku pauses, resumes or changes limits.
 func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.UpdateSkuRequest]) (*connect.Response[v1.UpdateSkuResponse], error) {
 	m := req.Msg
-	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit, AutoShards: m.AutoShards})
+	u := stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit, AutoShards: m.AutoShards,
+		OnePerOrder: m.OnePerOrder}
+	if m.MaxHold != nil {
+		hold := wire.DurationOf(m.MaxHold)
+		u.MaxHold = &hold
+	}
+	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), u)
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
@@ -295,7 +301,8 @@ func (h *AdminHandler) ResumeShard(ctx context.Context, req *connect.Request[v1.
 
 func skuToProto(s *stock.SKU) *v1.SkuConfig {
 	return &v1.SkuConfig{Sku: s.Name, Status: skuStatuses[s.Status], Shards: s.Shards, MaxPerOrder: s.MaxPerOrder,
-		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL), AutoShards: s.AutoShards}
+		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL), AutoShards: s.AutoShards,
+		MaxHold: durationpb.New(s.MaxHold), OnePerOrder: s.OnePerOrder}
 }
 
 func pageSize(n int32) int {

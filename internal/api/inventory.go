@@ -19,9 +19,11 @@ type Inventory interface {
 	// Allocate takes units from a shard that has them, which it chooses:
 	// a reserve or a deduct (r.Kind).
 	Allocate(ctx context.Context, r *stock.Request) stock.Result
-	// EndReservation commits or releases a reservation (r.Kind) on the
-	// shard its id names.
+	// EndReservation commits, releases or extends a reservation (r.Kind)
+	// on the shard its id names.
 	EndReservation(ctx context.Context, r *stock.Request) stock.Result
+	// Refund gives back units of a sale (r.Original).
+	Refund(ctx context.Context, r *stock.Request) stock.Result
 	// AdjustStock changes available stock: a replenish, or an adjustment
 	// either way (r.Kind, r.Quantity's sign).
 	AdjustStock(ctx context.Context, r *stock.Request) stock.Result
@@ -53,7 +55,8 @@ func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.
 
 // Commit turns a reservation into a sale.
 func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
-	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId()})
+	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId(),
+		Quantity: req.Msg.GetQuantity()})
 	if res.Err != nil {
 		return nil, wire.ToConnect(res.Err)
 	}
@@ -93,6 +96,29 @@ func (h *InventoryHandler) Replenish(ctx context.Context, req *connect.Request[v
 		return nil, wire.ToConnect(res.Err)
 	}
 	return connect.NewResponse(&v1.ReplenishResponse{Operation: wire.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
+}
+
+// ExtendReservation moves a held reservation's expiry later.
+func (h *InventoryHandler) ExtendReservation(ctx context.Context, req *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error) {
+	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpExtend, ReservationID: req.Msg.GetReservationId(),
+		TTL: wire.DurationOf(req.Msg.GetTtl())})
+	if res.Err != nil {
+		return nil, wire.ToConnect(res.Err)
+	}
+	return connect.NewResponse(&v1.ExtendReservationResponse{Reservation: wire.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
+}
+
+// Refund gives back units of a sale.
+func (h *InventoryHandler) Refund(ctx context.Context, req *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error) {
+	m := req.Msg
+	res := h.Inventory.Refund(ctx, &stock.Request{
+		Kind: stock.OpRefund, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
+		Original: wire.SaleFromProto(m.GetOriginal()), Reason: m.GetReason(),
+	})
+	if res.Err != nil {
+		return nil, wire.ToConnect(res.Err)
+	}
+	return connect.NewResponse(&v1.RefundResponse{Operation: wire.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
 }
 
 // GetOperation tells the state of a key.

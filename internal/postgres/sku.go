@@ -44,8 +44,10 @@ func (db *DB) createSKU(ctx context.Context, s stock.SKU, initial, fence int64, 
 			return fmt.Errorf("%w (fence %d, asked %d)", ErrPlacementFenced, cur, fence)
 		}
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms)
-		VALUES ($1, $2, $3, $3, $4, $5, $6)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds())
+	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, max_hold_ms,
+			one_per_order)
+		VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit,
+		s.ReservationTTL.Milliseconds(), s.MaxHold.Milliseconds(), s.OnePerOrder)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return stock.Errorf(stock.CodeSKUExists, "sku %q already exists", s.Name)
@@ -98,11 +100,17 @@ func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*st
 		ms := u.TTL.Milliseconds()
 		ttl = &ms
 	}
+	var hold *int64
+	if u.MaxHold != nil {
+		ms := u.MaxHold.Milliseconds()
+		hold = &ms
+	}
 	s, err := scanSKU(db.pool.QueryRow(ctx, `UPDATE skus SET status = coalesce($2, status),
 		max_per_order = coalesce($3, max_per_order), customer_limit = coalesce($4, customer_limit),
-		reservation_ttl_ms = coalesce($5, reservation_ttl_ms), auto_shards = coalesce($6, auto_shards), updated_at = now()
+		reservation_ttl_ms = coalesce($5, reservation_ttl_ms), auto_shards = coalesce($6, auto_shards),
+		max_hold_ms = coalesce($7, max_hold_ms), one_per_order = coalesce($8, one_per_order), updated_at = now()
 		WHERE sku = $1 RETURNING `+sqlSKUColumns,
-		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl, u.AutoShards))
+		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl, u.AutoShards, hold, u.OnePerOrder))
 	if isNoRows(err) {
 		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
 	}

@@ -70,7 +70,8 @@ func speculable(units []*stock.Unit) bool {
 	for _, u := range units {
 		q := u.Query
 		if q.KnownSKU == nil || q.LoadShard || (len(q.Keys) == 0 && len(q.ReservationIDs) == 0) || len(q.TransferIDs) > 0 ||
-			q.SweepMax > 0 || (len(q.Customers) > 0 && q.KnownSKU.CustomerLimit > 0) {
+			q.SweepMax > 0 || (len(q.Customers) > 0 && q.KnownSKU.CustomerLimit > 0) || len(q.Sales) > 0 || q.Extending ||
+			(len(q.Orders) > 0 && q.KnownSKU.OnePerOrder) {
 			return false
 		}
 		if len(q.ReservationIDs) > 0 && (q.KnownSKU.CustomerLimit > 0 || !knowsAll(q.KnownHeld, q.ReservationIDs)) {
@@ -175,8 +176,8 @@ func assumedParts(units []*stock.Unit) []writePart {
 	}
 	var parts, skuShards, skuSpan []int32
 	var owners, skus, status []string
-	var epochs, maxPerOrder, customerLimit, ttlMS []int64
-	var auto []bool
+	var epochs, maxPerOrder, customerLimit, ttlMS, holdMS []int64
+	var auto, once []bool
 	seenFence, seenSKU := map[fence]bool{}, map[string]bool{}
 	for _, u := range units {
 		f := fence{u.Fence.Partition, u.Fence.ServerID, u.Fence.Epoch}
@@ -189,6 +190,7 @@ func assumedParts(units []*stock.Unit) []writePart {
 			skus, status, skuShards, skuSpan = append(skus, s.Name), append(status, string(s.Status)), append(skuShards, s.Shards), append(skuSpan, s.ShardSpan)
 			maxPerOrder, customerLimit = append(maxPerOrder, s.MaxPerOrder), append(customerLimit, s.CustomerLimit)
 			ttlMS, auto = append(ttlMS, s.ReservationTTL.Milliseconds()), append(auto, s.AutoShards)
+			holdMS, once = append(holdMS, s.MaxHold.Milliseconds()), append(once, s.OnePerOrder)
 		}
 	}
 	return []writePart{
@@ -198,10 +200,12 @@ func assumedParts(units []*stock.Unit) []writePart {
 			args: []any{parts, owners, epochs}, check: &rowCheck{want: len(parts), what: "fences as assumed", code: sqlstateStale}},
 		{name: "known", sql: `SELECT 1 FROM skus s
 			JOIN (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS status, unnest($3::int[]) AS shards, unnest($4::int[]) AS span,
-				unnest($5::bigint[]) AS mpo, unnest($6::bigint[]) AS cl, unnest($7::bigint[]) AS ttl, unnest($8::bool[]) AS auto) k ON s.sku = k.sku
+				unnest($5::bigint[]) AS mpo, unnest($6::bigint[]) AS cl, unnest($7::bigint[]) AS ttl, unnest($8::bool[]) AS auto,
+				unnest($9::bigint[]) AS hold, unnest($10::bool[]) AS once) k ON s.sku = k.sku
 			WHERE s.status = k.status AND s.shards = k.shards AND s.shard_span = k.span AND s.max_per_order = k.mpo
-				AND s.customer_limit = k.cl AND s.reservation_ttl_ms = k.ttl AND s.auto_shards = k.auto`,
-			args:  []any{skus, status, skuShards, skuSpan, maxPerOrder, customerLimit, ttlMS, auto},
+				AND s.customer_limit = k.cl AND s.reservation_ttl_ms = k.ttl AND s.auto_shards = k.auto
+				AND s.max_hold_ms = k.hold AND s.one_per_order = k.once`,
+			args:  []any{skus, status, skuShards, skuSpan, maxPerOrder, customerLimit, ttlMS, auto, holdMS, once},
 			check: &rowCheck{want: len(skus), what: "SKUs as assumed", code: sqlstateStale}},
 	}
 }

@@ -27,6 +27,9 @@ const (
 	CodeSKUNotFound         Code = "SKU_NOT_FOUND"
 	CodeReservationNotFound Code = "RESERVATION_NOT_FOUND"
 	CodeOperationNotFound   Code = "OPERATION_NOT_FOUND"
+	// CodeSaleNotFound: a refund's original is no sale of the SKU (no
+	// deduct with that key, no committed reservation with that id).
+	CodeSaleNotFound Code = "SALE_NOT_FOUND"
 	// failed_precondition
 	CodeOutOfStock                  Code = "OUT_OF_STOCK"
 	CodeSKUPaused                   Code = "SKU_PAUSED"
@@ -34,8 +37,17 @@ const (
 	CodeReservationAlreadyCommitted Code = "RESERVATION_ALREADY_COMMITTED"
 	CodeReservationAlreadyReleased  Code = "RESERVATION_ALREADY_RELEASED"
 	CodeCustomerLimitReached        Code = "CUSTOMER_LIMIT_REACHED"
-	CodeSKUExists                   Code = "SKU_ALREADY_EXISTS"
-	CodeShardNotHalted              Code = "SHARD_NOT_HALTED"
+	// CodeHoldLimitReached: ExtendReservation would hold a reservation
+	// past its SKU's max_hold from when it was made.
+	CodeHoldLimitReached Code = "HOLD_LIMIT_REACHED"
+	// CodeOrderAlreadyApplied: the SKU applies an order_ref once per kind,
+	// and another key applied it already (the message names that key).
+	CodeOrderAlreadyApplied Code = "ORDER_ALREADY_APPLIED"
+	// CodeRefundExceedsSale: a refund would return more than its sale sold,
+	// counting the refunds of it before.
+	CodeRefundExceedsSale Code = "REFUND_EXCEEDS_SALE"
+	CodeSKUExists         Code = "SKU_ALREADY_EXISTS"
+	CodeShardNotHalted    Code = "SHARD_NOT_HALTED"
 	// CodeShardsRetiring: SetShards asked to shrink a SKU whose shards of
 	// an earlier shrink are still being retired (they hold reservations or
 	// stock); retry once GetStock lists them no more.
@@ -69,9 +81,11 @@ const (
 var Codes = []Code{
 	CodeInvalidSKU, CodeInvalidQuantity, CodeInvalidIdempotencyKey, CodeQuantityAboveMaxPerOrder,
 	CodeIdempotencyKeyReused, CodeInvalidArgument, CodeCustomerRefRequired,
-	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound,
+	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound, CodeSaleNotFound,
 	CodeOutOfStock, CodeSKUPaused, CodeReservationExpired, CodeReservationAlreadyCommitted,
-	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeSKUExists, CodeShardNotHalted,
+	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeHoldLimitReached, CodeOrderAlreadyApplied,
+	CodeRefundExceedsSale,
+	CodeSKUExists, CodeShardNotHalted,
 	CodeShardsRetiring,
 	CodeOperationInProgress, CodeRebalanceInProgress, CodeMoveFenced, CodePlacementFull,
 	CodeShardUnavailable,

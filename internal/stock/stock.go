@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"time"
 )
 
@@ -23,6 +24,11 @@ const (
 	ReservationTTLMin     = time.Second
 	ReservationTTLMax     = 24 * time.Hour
 	ReservationTTLDefault = 15 * time.Minute
+	// MaxHoldDefault is how long a reservation may be held in all, however
+	// often it is extended, on a SKU that sets no max_hold; MaxHoldMax is
+	// the most a SKU may set.
+	MaxHoldDefault = 24 * time.Hour
+	MaxHoldMax     = 7 * 24 * time.Hour
 )
 
 // ShardCountMax is the most units one shard may hold, available plus
@@ -106,6 +112,13 @@ type SKU struct {
 	MaxPerOrder    int64 // 0: no limit
 	CustomerLimit  int64 // 0: no limit
 	ReservationTTL time.Duration
+	// MaxHold is the longest a reservation may be held from when it was
+	// made, however often it is extended (ExtendReservation).
+	MaxHold time.Duration
+	// OnePerOrder: an order_ref is applied at most once per kind (deduct,
+	// reserve, refund): another key with the same order_ref is refused
+	// ORDER_ALREADY_APPLIED.
+	OnePerOrder bool
 }
 
 // OpKind is the kind of a shard operation.
@@ -122,12 +135,16 @@ const (
 	// OpTransferOut and OpTransferIn are the two steps of a transfer.
 	OpTransferOut OpKind = "transfer_out"
 	OpTransferIn  OpKind = "transfer_in"
+	// OpExtend moves a held reservation's expiry later; it moves no count.
+	OpExtend OpKind = "extend"
+	// OpRefund gives back units of a sale: sold back to available.
+	OpRefund OpKind = "refund"
 )
 
 // Keyed reports whether the kind is idempotent by (sku, idempotency_key);
-// commit and release are idempotent by reservation id instead.
+// commit, release and extend are idempotent by reservation id instead.
 func (k OpKind) Keyed() bool {
-	return k == OpReserve || k == OpDeduct || k == OpReplenish || k == OpAdjust
+	return k == OpReserve || k == OpDeduct || k == OpReplenish || k == OpAdjust || k == OpRefund
 }
 
 // Delta is how a kind of operation moves a shard's counts for quantity q.
@@ -145,6 +162,8 @@ func (k OpKind) Delta(q int64) Counts {
 		return Counts{Available: q}
 	case OpTransferOut:
 		return Counts{Available: -q}
+	case OpRefund:
+		return Counts{Available: q, Sold: -q}
 	}
 	return Counts{}
 }
@@ -170,6 +189,41 @@ type Reservation struct {
 	OrderRef       string
 	CustomerRef    string
 	IdempotencyKey string
+	// Committed is the units bought once committed: fewer than Quantity
+	// after a partial commit, which released the rest.
+	Committed int64
+	// CreatedAt is when the reservation was made: MaxHold counts from it.
+	CreatedAt time.Time
+}
+
+// Sale names a sale that a refund reverses: a deduct by its key, or a
+// committed reservation by its id. Exactly one is set.
+type Sale struct {
+	DeductKey     string
+	ReservationID string
+}
+
+// ID is the sale's name in the books ("deduct:KEY", "reservation:ID"),
+// under which its refunds are counted; "" for no sale.
+func (s Sale) ID() string {
+	switch {
+	case s.DeductKey != "":
+		return "deduct:" + s.DeductKey
+	case s.ReservationID != "":
+		return "reservation:" + s.ReservationID
+	}
+	return ""
+}
+
+// ParseSale is the Sale that ID returned id for.
+func ParseSale(id string) Sale {
+	if k, ok := strings.CutPrefix(id, "deduct:"); ok {
+		return Sale{DeductKey: k}
+	}
+	if r, ok := strings.CutPrefix(id, "reservation:"); ok {
+		return Sale{ReservationID: r}
+	}
+	return Sale{}
 }
 
 // Operation is the recorded first result of a keyed action.
@@ -188,6 +242,8 @@ type Operation struct {
 	ReservationState ReservationState
 	// ReservationExpiresAt is the reservation's expiry (reserve only).
 	ReservationExpiresAt time.Time
+	// Original is the sale a refund reverses (refund only).
+	Original Sale
 }
 
 // Source values for the ledger.
@@ -213,6 +269,8 @@ type Request struct {
 	Reason        string
 	Approver      string
 	Source        string
+	// Original is the sale a refund reverses.
+	Original Sale
 }
 
 // Result is the answer to one Request.
@@ -248,12 +306,14 @@ type LedgerEntry struct {
 	ReservationID  string
 	TransferID     string
 	OrderRef       string
-	Source         string
-	Reason         string
-	Approver       string
-	ServerID       string
-	Epoch          int64
-	CreatedAt      time.Time
+	// Original is the sale a refund entry reverses ("" for other kinds).
+	Original  Sale
+	Source    string
+	Reason    string
+	Approver  string
+	ServerID  string
+	Epoch     int64
+	CreatedAt time.Time
 }
 
 // TransferState is where a two-phase transfer is.

@@ -34,7 +34,14 @@ type SkuConfig struct {
 	CustomerLimit  int64                `protobuf:"varint,5,opt,name=customer_limit,json=customerLimit,proto3" json:"customer_limit,omitempty"`
 	ReservationTtl *durationpb.Duration `protobuf:"bytes,6,opt,name=reservation_ttl,json=reservationTtl,proto3" json:"reservation_ttl,omitempty"`
 	// Whether the rebalancer may split and merge the SKU by itself.
-	AutoShards    bool `protobuf:"varint,7,opt,name=auto_shards,json=autoShards,proto3" json:"auto_shards,omitempty"`
+	AutoShards bool `protobuf:"varint,7,opt,name=auto_shards,json=autoShards,proto3" json:"auto_shards,omitempty"`
+	// The longest a reservation may be held, from when it was made, however
+	// often ExtendReservation extends it.
+	MaxHold *durationpb.Duration `protobuf:"bytes,8,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
+	// A Deduct or Reserve with an order_ref already applied by another key
+	// is refused ORDER_ALREADY_APPLIED, and so is a Refund of an order_ref
+	// already refunded by another key.
+	OnePerOrder   bool `protobuf:"varint,9,opt,name=one_per_order,json=onePerOrder,proto3" json:"one_per_order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -118,6 +125,20 @@ func (x *SkuConfig) GetAutoShards() bool {
 	return false
 }
 
+func (x *SkuConfig) GetMaxHold() *durationpb.Duration {
+	if x != nil {
+		return x.MaxHold
+	}
+	return nil
+}
+
+func (x *SkuConfig) GetOnePerOrder() bool {
+	if x != nil {
+		return x.OnePerOrder
+	}
+	return false
+}
+
 type CreateSkuRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Sku            string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -126,8 +147,11 @@ type CreateSkuRequest struct {
 	MaxPerOrder    int64                  `protobuf:"varint,4,opt,name=max_per_order,json=maxPerOrder,proto3" json:"max_per_order,omitempty"`
 	CustomerLimit  int64                  `protobuf:"varint,5,opt,name=customer_limit,json=customerLimit,proto3" json:"customer_limit,omitempty"`
 	ReservationTtl *durationpb.Duration   `protobuf:"bytes,6,opt,name=reservation_ttl,json=reservationTtl,proto3" json:"reservation_ttl,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Unset: 24 h. At least reservation_ttl.
+	MaxHold       *durationpb.Duration `protobuf:"bytes,7,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
+	OnePerOrder   bool                 `protobuf:"varint,8,opt,name=one_per_order,json=onePerOrder,proto3" json:"one_per_order,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSkuRequest) Reset() {
@@ -202,6 +226,20 @@ func (x *CreateSkuRequest) GetReservationTtl() *durationpb.Duration {
 	return nil
 }
 
+func (x *CreateSkuRequest) GetMaxHold() *durationpb.Duration {
+	if x != nil {
+		return x.MaxHold
+	}
+	return nil
+}
+
+func (x *CreateSkuRequest) GetOnePerOrder() bool {
+	if x != nil {
+		return x.OnePerOrder
+	}
+	return false
+}
+
 type CreateSkuResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sku           *SkuConfig             `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -263,7 +301,9 @@ type UpdateSkuRequest struct {
 	// Whether the rebalancer may split this SKU when it is hot and merge it
 	// back when it cools (on for a new SKU; the allocators' -auto-shards=false
 	// turns it off for every SKU).
-	AutoShards    *bool `protobuf:"varint,5,opt,name=auto_shards,json=autoShards,proto3,oneof" json:"auto_shards,omitempty"`
+	AutoShards    *bool                `protobuf:"varint,5,opt,name=auto_shards,json=autoShards,proto3,oneof" json:"auto_shards,omitempty"`
+	MaxHold       *durationpb.Duration `protobuf:"bytes,6,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
+	OnePerOrder   *bool                `protobuf:"varint,7,opt,name=one_per_order,json=onePerOrder,proto3,oneof" json:"one_per_order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -329,6 +369,20 @@ func (x *UpdateSkuRequest) GetCustomerLimit() int64 {
 func (x *UpdateSkuRequest) GetAutoShards() bool {
 	if x != nil && x.AutoShards != nil {
 		return *x.AutoShards
+	}
+	return false
+}
+
+func (x *UpdateSkuRequest) GetMaxHold() *durationpb.Duration {
+	if x != nil {
+		return x.MaxHold
+	}
+	return nil
+}
+
+func (x *UpdateSkuRequest) GetOnePerOrder() bool {
+	if x != nil && x.OnePerOrder != nil {
+		return *x.OnePerOrder
 	}
 	return false
 }
@@ -1914,7 +1968,7 @@ var File_shardstock_v1_admin_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\x97\x02\n" +
+	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\xf1\x02\n" +
 	"\tSkuConfig\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x120\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x18.shardstock.v1.SkuStatusR\x06status\x12\x16\n" +
@@ -1923,28 +1977,35 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x0ecustomer_limit\x18\x05 \x01(\x03R\rcustomerLimit\x12B\n" +
 	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\x12\x1f\n" +
 	"\vauto_shards\x18\a \x01(\bR\n" +
-	"autoShards\"\xf0\x01\n" +
+	"autoShards\x124\n" +
+	"\bmax_hold\x18\b \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x12\"\n" +
+	"\rone_per_order\x18\t \x01(\bR\vonePerOrder\"\xca\x02\n" +
 	"\x10CreateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12#\n" +
 	"\rinitial_stock\x18\x02 \x01(\x03R\finitialStock\x12\x16\n" +
 	"\x06shards\x18\x03 \x01(\x05R\x06shards\x12\"\n" +
 	"\rmax_per_order\x18\x04 \x01(\x03R\vmaxPerOrder\x12%\n" +
 	"\x0ecustomer_limit\x18\x05 \x01(\x03R\rcustomerLimit\x12B\n" +
-	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\"k\n" +
+	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\x124\n" +
+	"\bmax_hold\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x12\"\n" +
+	"\rone_per_order\x18\b \x01(\bR\vonePerOrder\"k\n" +
 	"\x11CreateSkuResponse\x12*\n" +
 	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\x12*\n" +
-	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\xfc\x01\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\xed\x02\n" +
 	"\x10UpdateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1b\n" +
 	"\x06paused\x18\x02 \x01(\bH\x00R\x06paused\x88\x01\x01\x12'\n" +
 	"\rmax_per_order\x18\x03 \x01(\x03H\x01R\vmaxPerOrder\x88\x01\x01\x12*\n" +
 	"\x0ecustomer_limit\x18\x04 \x01(\x03H\x02R\rcustomerLimit\x88\x01\x01\x12$\n" +
 	"\vauto_shards\x18\x05 \x01(\bH\x03R\n" +
-	"autoShards\x88\x01\x01B\t\n" +
+	"autoShards\x88\x01\x01\x124\n" +
+	"\bmax_hold\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x12'\n" +
+	"\rone_per_order\x18\a \x01(\bH\x04R\vonePerOrder\x88\x01\x01B\t\n" +
 	"\a_pausedB\x10\n" +
 	"\x0e_max_per_orderB\x11\n" +
 	"\x0f_customer_limitB\x0e\n" +
-	"\f_auto_shards\"?\n" +
+	"\f_auto_shardsB\x10\n" +
+	"\x0e_one_per_order\"?\n" +
 	"\x11UpdateSkuResponse\x12*\n" +
 	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\"\x99\x01\n" +
 	"\x12AdjustStockRequest\x12\x10\n" +
@@ -2135,55 +2196,58 @@ var file_shardstock_v1_admin_proto_goTypes = []any{
 var file_shardstock_v1_admin_proto_depIdxs = []int32{
 	29, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
 	30, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
-	30, // 2: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
-	0,  // 3: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	31, // 4: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
-	0,  // 5: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	32, // 6: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
-	31, // 7: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
-	0,  // 8: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	31, // 9: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
-	33, // 10: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	34, // 11: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
-	33, // 12: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
-	14, // 13: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
-	15, // 14: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	35, // 15: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
-	17, // 16: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
-	18, // 17: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
-	17, // 18: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
-	36, // 19: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
-	22, // 20: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
-	25, // 21: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	31, // 22: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	31, // 23: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
-	1,  // 24: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	3,  // 25: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	5,  // 26: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	7,  // 27: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	9,  // 28: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	11, // 29: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	13, // 30: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	21, // 31: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	24, // 32: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	27, // 33: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
-	19, // 34: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
-	2,  // 35: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	4,  // 36: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	6,  // 37: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	8,  // 38: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	10, // 39: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	12, // 40: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	16, // 41: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	23, // 42: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	26, // 43: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	28, // 44: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
-	20, // 45: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
-	35, // [35:46] is the sub-list for method output_type
-	24, // [24:35] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	30, // 2: shardstock.v1.SkuConfig.max_hold:type_name -> google.protobuf.Duration
+	30, // 3: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
+	30, // 4: shardstock.v1.CreateSkuRequest.max_hold:type_name -> google.protobuf.Duration
+	0,  // 5: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	31, // 6: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
+	30, // 7: shardstock.v1.UpdateSkuRequest.max_hold:type_name -> google.protobuf.Duration
+	0,  // 8: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	32, // 9: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
+	31, // 10: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
+	0,  // 11: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
+	31, // 12: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
+	33, // 13: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	34, // 14: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
+	33, // 15: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	14, // 16: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
+	15, // 17: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
+	35, // 18: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
+	17, // 19: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
+	18, // 20: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
+	17, // 21: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
+	36, // 22: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	22, // 23: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
+	25, // 24: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
+	31, // 25: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	31, // 26: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
+	1,  // 27: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 28: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 29: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 30: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 31: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 32: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 33: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	21, // 34: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	24, // 35: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	27, // 36: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
+	19, // 37: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
+	2,  // 38: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 39: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 40: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 41: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 42: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 43: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 44: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	23, // 45: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	26, // 46: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	28, // 47: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
+	20, // 48: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
+	38, // [38:49] is the sub-list for method output_type
+	27, // [27:38] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }

@@ -161,6 +161,9 @@ func (x *ReserveResponse) GetReplayed() bool {
 type CommitRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// How many of the held units to buy; 0: all. Fewer than held buys
+	// those and releases the rest in the same step.
+	Quantity      int64 `protobuf:"varint,2,opt,name=quantity,proto3" json:"quantity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -200,6 +203,13 @@ func (x *CommitRequest) GetReservationId() string {
 		return x.ReservationId
 	}
 	return ""
+}
+
+func (x *CommitRequest) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
 }
 
 type CommitResponse struct {
@@ -798,6 +808,241 @@ func (x *GetStockResponse) GetStock() *Stock {
 	return nil
 }
 
+type ExtendReservationRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// The new expiry is now + ttl (1 s to 24 h), at most the SKU's max_hold
+	// after the reservation was made.
+	Ttl           *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendReservationRequest) Reset() {
+	*x = ExtendReservationRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendReservationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendReservationRequest) ProtoMessage() {}
+
+func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendReservationRequest.ProtoReflect.Descriptor instead.
+func (*ExtendReservationRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ExtendReservationRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ExtendReservationRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type ExtendReservationResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Reservation *Reservation           `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// The reservation already expired at or after now + ttl: nothing changed.
+	Replayed      bool `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendReservationResponse) Reset() {
+	*x = ExtendReservationResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendReservationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendReservationResponse) ProtoMessage() {}
+
+func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendReservationResponse.ProtoReflect.Descriptor instead.
+func (*ExtendReservationResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ExtendReservationResponse) GetReservation() *Reservation {
+	if x != nil {
+		return x.Reservation
+	}
+	return nil
+}
+
+func (x *ExtendReservationResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type RefundRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Sku            string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	Original       *Sale                  `protobuf:"bytes,3,opt,name=original,proto3" json:"original,omitempty"`
+	Quantity       int64                  `protobuf:"varint,4,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	Reason         string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RefundRequest) Reset() {
+	*x = RefundRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefundRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefundRequest) ProtoMessage() {}
+
+func (x *RefundRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefundRequest.ProtoReflect.Descriptor instead.
+func (*RefundRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RefundRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *RefundRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *RefundRequest) GetOriginal() *Sale {
+	if x != nil {
+		return x.Original
+	}
+	return nil
+}
+
+func (x *RefundRequest) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *RefundRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RefundResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Operation     *Operation             `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefundResponse) Reset() {
+	*x = RefundResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefundResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefundResponse) ProtoMessage() {}
+
+func (x *RefundResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefundResponse.ProtoReflect.Descriptor instead.
+func (*RefundResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RefundResponse) GetOperation() *Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *RefundResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
 var File_shardstock_v1_inventory_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_inventory_proto_rawDesc = "" +
@@ -812,9 +1057,10 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x03ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"k\n" +
 	"\x0fReserveResponse\x12<\n" +
 	"\vreservation\x18\x01 \x01(\v2\x1a.shardstock.v1.ReservationR\vreservation\x12\x1a\n" +
-	"\breplayed\x18\x02 \x01(\bR\breplayed\"6\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"R\n" +
 	"\rCommitRequest\x12%\n" +
-	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\"j\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x1a\n" +
+	"\bquantity\x18\x02 \x01(\x03R\bquantity\"j\n" +
 	"\x0eCommitResponse\x12<\n" +
 	"\vreservation\x18\x01 \x01(\v2\x1a.shardstock.v1.ReservationR\vreservation\x12\x1a\n" +
 	"\breplayed\x18\x02 \x01(\bR\breplayed\"O\n" +
@@ -850,7 +1096,22 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x0fGetStockRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\">\n" +
 	"\x10GetStockResponse\x12*\n" +
-	"\x05stock\x18\x01 \x01(\v2\x14.shardstock.v1.StockR\x05stock2\xbe\x04\n" +
+	"\x05stock\x18\x01 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"n\n" +
+	"\x18ExtendReservationRequest\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"u\n" +
+	"\x19ExtendReservationResponse\x12<\n" +
+	"\vreservation\x18\x01 \x01(\v2\x1a.shardstock.v1.ReservationR\vreservation\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"\xaf\x01\n" +
+	"\rRefundRequest\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12/\n" +
+	"\boriginal\x18\x03 \x01(\v2\x13.shardstock.v1.SaleR\boriginal\x12\x1a\n" +
+	"\bquantity\x18\x04 \x01(\x03R\bquantity\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"d\n" +
+	"\x0eRefundResponse\x126\n" +
+	"\toperation\x18\x01 \x01(\v2\x18.shardstock.v1.OperationR\toperation\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed2\xf1\x05\n" +
 	"\x10InventoryService\x12J\n" +
 	"\aReserve\x12\x1d.shardstock.v1.ReserveRequest\x1a\x1e.shardstock.v1.ReserveResponse\"\x00\x12G\n" +
 	"\x06Commit\x12\x1c.shardstock.v1.CommitRequest\x1a\x1d.shardstock.v1.CommitResponse\"\x00\x12J\n" +
@@ -858,7 +1119,9 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x06Deduct\x12\x1c.shardstock.v1.DeductRequest\x1a\x1d.shardstock.v1.DeductResponse\"\x00\x12P\n" +
 	"\tReplenish\x12\x1f.shardstock.v1.ReplenishRequest\x1a .shardstock.v1.ReplenishResponse\"\x00\x12\\\n" +
 	"\fGetOperation\x12\".shardstock.v1.GetOperationRequest\x1a#.shardstock.v1.GetOperationResponse\"\x03\x90\x02\x01\x12P\n" +
-	"\bGetStock\x12\x1e.shardstock.v1.GetStockRequest\x1a\x1f.shardstock.v1.GetStockResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\bGetStock\x12\x1e.shardstock.v1.GetStockRequest\x1a\x1f.shardstock.v1.GetStockResponse\"\x03\x90\x02\x01\x12h\n" +
+	"\x11ExtendReservation\x12'.shardstock.v1.ExtendReservationRequest\x1a(.shardstock.v1.ExtendReservationResponse\"\x00\x12G\n" +
+	"\x06Refund\x12\x1c.shardstock.v1.RefundRequest\x1a\x1d.shardstock.v1.RefundResponse\"\x00BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_inventory_proto_rawDescOnce sync.Once
@@ -872,55 +1135,68 @@ func file_shardstock_v1_inventory_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_inventory_proto_rawDescData
 }
 
-var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_shardstock_v1_inventory_proto_goTypes = []any{
-	(*ReserveRequest)(nil),       // 0: shardstock.v1.ReserveRequest
-	(*ReserveResponse)(nil),      // 1: shardstock.v1.ReserveResponse
-	(*CommitRequest)(nil),        // 2: shardstock.v1.CommitRequest
-	(*CommitResponse)(nil),       // 3: shardstock.v1.CommitResponse
-	(*ReleaseRequest)(nil),       // 4: shardstock.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 5: shardstock.v1.ReleaseResponse
-	(*DeductRequest)(nil),        // 6: shardstock.v1.DeductRequest
-	(*DeductResponse)(nil),       // 7: shardstock.v1.DeductResponse
-	(*ReplenishRequest)(nil),     // 8: shardstock.v1.ReplenishRequest
-	(*ReplenishResponse)(nil),    // 9: shardstock.v1.ReplenishResponse
-	(*GetOperationRequest)(nil),  // 10: shardstock.v1.GetOperationRequest
-	(*GetOperationResponse)(nil), // 11: shardstock.v1.GetOperationResponse
-	(*GetStockRequest)(nil),      // 12: shardstock.v1.GetStockRequest
-	(*GetStockResponse)(nil),     // 13: shardstock.v1.GetStockResponse
-	(*durationpb.Duration)(nil),  // 14: google.protobuf.Duration
-	(*Reservation)(nil),          // 15: shardstock.v1.Reservation
-	(*Operation)(nil),            // 16: shardstock.v1.Operation
-	(*Stock)(nil),                // 17: shardstock.v1.Stock
+	(*ReserveRequest)(nil),            // 0: shardstock.v1.ReserveRequest
+	(*ReserveResponse)(nil),           // 1: shardstock.v1.ReserveResponse
+	(*CommitRequest)(nil),             // 2: shardstock.v1.CommitRequest
+	(*CommitResponse)(nil),            // 3: shardstock.v1.CommitResponse
+	(*ReleaseRequest)(nil),            // 4: shardstock.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 5: shardstock.v1.ReleaseResponse
+	(*DeductRequest)(nil),             // 6: shardstock.v1.DeductRequest
+	(*DeductResponse)(nil),            // 7: shardstock.v1.DeductResponse
+	(*ReplenishRequest)(nil),          // 8: shardstock.v1.ReplenishRequest
+	(*ReplenishResponse)(nil),         // 9: shardstock.v1.ReplenishResponse
+	(*GetOperationRequest)(nil),       // 10: shardstock.v1.GetOperationRequest
+	(*GetOperationResponse)(nil),      // 11: shardstock.v1.GetOperationResponse
+	(*GetStockRequest)(nil),           // 12: shardstock.v1.GetStockRequest
+	(*GetStockResponse)(nil),          // 13: shardstock.v1.GetStockResponse
+	(*ExtendReservationRequest)(nil),  // 14: shardstock.v1.ExtendReservationRequest
+	(*ExtendReservationResponse)(nil), // 15: shardstock.v1.ExtendReservationResponse
+	(*RefundRequest)(nil),             // 16: shardstock.v1.RefundRequest
+	(*RefundResponse)(nil),            // 17: shardstock.v1.RefundResponse
+	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
+	(*Reservation)(nil),               // 19: shardstock.v1.Reservation
+	(*Operation)(nil),                 // 20: shardstock.v1.Operation
+	(*Stock)(nil),                     // 21: shardstock.v1.Stock
+	(*Sale)(nil),                      // 22: shardstock.v1.Sale
 }
 var file_shardstock_v1_inventory_proto_depIdxs = []int32{
-	14, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	15, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
-	15, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
-	15, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
-	16, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
-	16, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
-	16, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
-	17, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
-	0,  // 8: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
-	2,  // 9: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
-	4,  // 10: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
-	6,  // 11: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
-	8,  // 12: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
-	10, // 13: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
-	12, // 14: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
-	1,  // 15: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
-	3,  // 16: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
-	5,  // 17: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
-	7,  // 18: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
-	9,  // 19: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
-	11, // 20: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
-	13, // 21: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	18, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	19, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
+	19, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
+	19, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
+	20, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
+	20, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
+	20, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
+	21, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
+	18, // 8: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
+	19, // 9: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
+	22, // 10: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
+	20, // 11: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
+	0,  // 12: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
+	2,  // 13: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
+	4,  // 14: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
+	6,  // 15: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
+	8,  // 16: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
+	10, // 17: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
+	12, // 18: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
+	14, // 19: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
+	16, // 20: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
+	1,  // 21: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
+	3,  // 22: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
+	5,  // 23: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
+	7,  // 24: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
+	9,  // 25: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
+	11, // 26: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
+	13, // 27: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
+	15, // 28: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
+	17, // 29: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
+	21, // [21:30] is the sub-list for method output_type
+	12, // [12:21] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_inventory_proto_init() }
@@ -935,7 +1211,7 @@ func file_shardstock_v1_inventory_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_inventory_proto_rawDesc), len(file_shardstock_v1_inventory_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

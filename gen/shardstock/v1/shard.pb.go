@@ -35,20 +35,24 @@ const (
 	ShardOpKind_SHARD_OP_KIND_ADJUST       ShardOpKind = 6
 	ShardOpKind_SHARD_OP_KIND_TRANSFER_OUT ShardOpKind = 7
 	ShardOpKind_SHARD_OP_KIND_TRANSFER_IN  ShardOpKind = 8
+	ShardOpKind_SHARD_OP_KIND_EXTEND       ShardOpKind = 9
+	ShardOpKind_SHARD_OP_KIND_REFUND       ShardOpKind = 10
 )
 
 // Enum value maps for ShardOpKind.
 var (
 	ShardOpKind_name = map[int32]string{
-		0: "SHARD_OP_KIND_UNSPECIFIED",
-		1: "SHARD_OP_KIND_RESERVE",
-		2: "SHARD_OP_KIND_COMMIT",
-		3: "SHARD_OP_KIND_RELEASE",
-		4: "SHARD_OP_KIND_DEDUCT",
-		5: "SHARD_OP_KIND_REPLENISH",
-		6: "SHARD_OP_KIND_ADJUST",
-		7: "SHARD_OP_KIND_TRANSFER_OUT",
-		8: "SHARD_OP_KIND_TRANSFER_IN",
+		0:  "SHARD_OP_KIND_UNSPECIFIED",
+		1:  "SHARD_OP_KIND_RESERVE",
+		2:  "SHARD_OP_KIND_COMMIT",
+		3:  "SHARD_OP_KIND_RELEASE",
+		4:  "SHARD_OP_KIND_DEDUCT",
+		5:  "SHARD_OP_KIND_REPLENISH",
+		6:  "SHARD_OP_KIND_ADJUST",
+		7:  "SHARD_OP_KIND_TRANSFER_OUT",
+		8:  "SHARD_OP_KIND_TRANSFER_IN",
+		9:  "SHARD_OP_KIND_EXTEND",
+		10: "SHARD_OP_KIND_REFUND",
 	}
 	ShardOpKind_value = map[string]int32{
 		"SHARD_OP_KIND_UNSPECIFIED":  0,
@@ -60,6 +64,8 @@ var (
 		"SHARD_OP_KIND_ADJUST":       6,
 		"SHARD_OP_KIND_TRANSFER_OUT": 7,
 		"SHARD_OP_KIND_TRANSFER_IN":  8,
+		"SHARD_OP_KIND_EXTEND":       9,
+		"SHARD_OP_KIND_REFUND":       10,
 	}
 )
 
@@ -106,7 +112,9 @@ type ShardOp struct {
 	// Who asked: "api" or "admin:NAME".
 	Source string `protobuf:"bytes,12,opt,name=source,proto3" json:"source,omitempty"`
 	// For transfer steps.
-	TransferId    string `protobuf:"bytes,13,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	TransferId string `protobuf:"bytes,13,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	// For refunds: the sale reversed.
+	Original      *Sale `protobuf:"bytes,14,opt,name=original,proto3" json:"original,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -230,6 +238,13 @@ func (x *ShardOp) GetTransferId() string {
 		return x.TransferId
 	}
 	return ""
+}
+
+func (x *ShardOp) GetOriginal() *Sale {
+	if x != nil {
+		return x.Original
+	}
+	return nil
 }
 
 type ShardError struct {
@@ -604,7 +619,7 @@ var File_shardstock_v1_shard_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/shard.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19shardstock/v1/types.proto\"\xa7\x03\n" +
+	"\x19shardstock/v1/shard.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19shardstock/v1/types.proto\"\xd8\x03\n" +
 	"\aShardOp\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.shardstock.v1.ShardOpKindR\x04kind\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x14\n" +
@@ -620,7 +635,8 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\bapprover\x18\v \x01(\tR\bapprover\x12\x16\n" +
 	"\x06source\x18\f \x01(\tR\x06source\x12\x1f\n" +
 	"\vtransfer_id\x18\r \x01(\tR\n" +
-	"transferId\">\n" +
+	"transferId\x12/\n" +
+	"\boriginal\x18\x0e \x01(\v2\x13.shardstock.v1.SaleR\boriginal\">\n" +
 	"\n" +
 	"ShardError\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
@@ -641,7 +657,7 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\"F\n" +
 	"\x11GetShardsResponse\x121\n" +
-	"\x06shards\x18\x01 \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards*\x8c\x02\n" +
+	"\x06shards\x18\x01 \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards*\xc0\x02\n" +
 	"\vShardOpKind\x12\x1d\n" +
 	"\x19SHARD_OP_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SHARD_OP_KIND_RESERVE\x10\x01\x12\x18\n" +
@@ -651,7 +667,10 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x17SHARD_OP_KIND_REPLENISH\x10\x05\x12\x18\n" +
 	"\x14SHARD_OP_KIND_ADJUST\x10\x06\x12\x1e\n" +
 	"\x1aSHARD_OP_KIND_TRANSFER_OUT\x10\a\x12\x1d\n" +
-	"\x19SHARD_OP_KIND_TRANSFER_IN\x10\b2\xaf\x01\n" +
+	"\x19SHARD_OP_KIND_TRANSFER_IN\x10\b\x12\x18\n" +
+	"\x14SHARD_OP_KIND_EXTEND\x10\t\x12\x18\n" +
+	"\x14SHARD_OP_KIND_REFUND\x10\n" +
+	"2\xaf\x01\n" +
 	"\fShardService\x12J\n" +
 	"\aExecute\x12\x1d.shardstock.v1.ExecuteRequest\x1a\x1e.shardstock.v1.ExecuteResponse\"\x00\x12S\n" +
 	"\tGetShards\x12\x1f.shardstock.v1.GetShardsRequest\x1a .shardstock.v1.GetShardsResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
@@ -680,30 +699,32 @@ var file_shardstock_v1_shard_proto_goTypes = []any{
 	(*GetShardsRequest)(nil),    // 6: shardstock.v1.GetShardsRequest
 	(*GetShardsResponse)(nil),   // 7: shardstock.v1.GetShardsResponse
 	(*durationpb.Duration)(nil), // 8: google.protobuf.Duration
-	(*Operation)(nil),           // 9: shardstock.v1.Operation
-	(*Reservation)(nil),         // 10: shardstock.v1.Reservation
-	(*Transfer)(nil),            // 11: shardstock.v1.Transfer
-	(*ShardStock)(nil),          // 12: shardstock.v1.ShardStock
+	(*Sale)(nil),                // 9: shardstock.v1.Sale
+	(*Operation)(nil),           // 10: shardstock.v1.Operation
+	(*Reservation)(nil),         // 11: shardstock.v1.Reservation
+	(*Transfer)(nil),            // 12: shardstock.v1.Transfer
+	(*ShardStock)(nil),          // 13: shardstock.v1.ShardStock
 }
 var file_shardstock_v1_shard_proto_depIdxs = []int32{
 	0,  // 0: shardstock.v1.ShardOp.kind:type_name -> shardstock.v1.ShardOpKind
 	8,  // 1: shardstock.v1.ShardOp.ttl:type_name -> google.protobuf.Duration
-	9,  // 2: shardstock.v1.ShardResult.operation:type_name -> shardstock.v1.Operation
-	10, // 3: shardstock.v1.ShardResult.reservation:type_name -> shardstock.v1.Reservation
-	2,  // 4: shardstock.v1.ShardResult.error:type_name -> shardstock.v1.ShardError
-	11, // 5: shardstock.v1.ShardResult.transfer:type_name -> shardstock.v1.Transfer
-	1,  // 6: shardstock.v1.ExecuteRequest.ops:type_name -> shardstock.v1.ShardOp
-	3,  // 7: shardstock.v1.ExecuteResponse.results:type_name -> shardstock.v1.ShardResult
-	12, // 8: shardstock.v1.GetShardsResponse.shards:type_name -> shardstock.v1.ShardStock
-	4,  // 9: shardstock.v1.ShardService.Execute:input_type -> shardstock.v1.ExecuteRequest
-	6,  // 10: shardstock.v1.ShardService.GetShards:input_type -> shardstock.v1.GetShardsRequest
-	5,  // 11: shardstock.v1.ShardService.Execute:output_type -> shardstock.v1.ExecuteResponse
-	7,  // 12: shardstock.v1.ShardService.GetShards:output_type -> shardstock.v1.GetShardsResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 2: shardstock.v1.ShardOp.original:type_name -> shardstock.v1.Sale
+	10, // 3: shardstock.v1.ShardResult.operation:type_name -> shardstock.v1.Operation
+	11, // 4: shardstock.v1.ShardResult.reservation:type_name -> shardstock.v1.Reservation
+	2,  // 5: shardstock.v1.ShardResult.error:type_name -> shardstock.v1.ShardError
+	12, // 6: shardstock.v1.ShardResult.transfer:type_name -> shardstock.v1.Transfer
+	1,  // 7: shardstock.v1.ExecuteRequest.ops:type_name -> shardstock.v1.ShardOp
+	3,  // 8: shardstock.v1.ExecuteResponse.results:type_name -> shardstock.v1.ShardResult
+	13, // 9: shardstock.v1.GetShardsResponse.shards:type_name -> shardstock.v1.ShardStock
+	4,  // 10: shardstock.v1.ShardService.Execute:input_type -> shardstock.v1.ExecuteRequest
+	6,  // 11: shardstock.v1.ShardService.GetShards:input_type -> shardstock.v1.GetShardsRequest
+	5,  // 12: shardstock.v1.ShardService.Execute:output_type -> shardstock.v1.ExecuteResponse
+	7,  // 13: shardstock.v1.ShardService.GetShards:output_type -> shardstock.v1.GetShardsResponse
+	12, // [12:14] is the sub-list for method output_type
+	10, // [10:12] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_shard_proto_init() }

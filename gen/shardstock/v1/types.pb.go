@@ -88,6 +88,7 @@ const (
 	OperationKind_OPERATION_KIND_DEDUCT      OperationKind = 2
 	OperationKind_OPERATION_KIND_REPLENISH   OperationKind = 3
 	OperationKind_OPERATION_KIND_ADJUST      OperationKind = 4
+	OperationKind_OPERATION_KIND_REFUND      OperationKind = 5
 )
 
 // Enum value maps for OperationKind.
@@ -98,6 +99,7 @@ var (
 		2: "OPERATION_KIND_DEDUCT",
 		3: "OPERATION_KIND_REPLENISH",
 		4: "OPERATION_KIND_ADJUST",
+		5: "OPERATION_KIND_REFUND",
 	}
 	OperationKind_value = map[string]int32{
 		"OPERATION_KIND_UNSPECIFIED": 0,
@@ -105,6 +107,7 @@ var (
 		"OPERATION_KIND_DEDUCT":      2,
 		"OPERATION_KIND_REPLENISH":   3,
 		"OPERATION_KIND_ADJUST":      4,
+		"OPERATION_KIND_REFUND":      5,
 	}
 )
 
@@ -313,8 +316,11 @@ type Reservation struct {
 	OrderRef       string                 `protobuf:"bytes,7,opt,name=order_ref,json=orderRef,proto3" json:"order_ref,omitempty"`
 	IdempotencyKey string                 `protobuf:"bytes,8,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	CustomerRef    string                 `protobuf:"bytes,9,opt,name=customer_ref,json=customerRef,proto3" json:"customer_ref,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The units bought, once committed: fewer than quantity after a partial
+	// commit, which released the rest.
+	CommittedQuantity int64 `protobuf:"varint,10,opt,name=committed_quantity,json=committedQuantity,proto3" json:"committed_quantity,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Reservation) Reset() {
@@ -410,6 +416,13 @@ func (x *Reservation) GetCustomerRef() string {
 	return ""
 }
 
+func (x *Reservation) GetCommittedQuantity() int64 {
+	if x != nil {
+		return x.CommittedQuantity
+	}
+	return 0
+}
+
 // Operation is the recorded first result of an idempotent action.
 type Operation struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -426,8 +439,10 @@ type Operation struct {
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Set for reserve operations: the reservation's current state.
 	ReservationState ReservationState `protobuf:"varint,10,opt,name=reservation_state,json=reservationState,proto3,enum=shardstock.v1.ReservationState" json:"reservation_state,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set for refunds: the sale reversed.
+	Original      *Sale `protobuf:"bytes,11,opt,name=original,proto3" json:"original,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Operation) Reset() {
@@ -528,6 +543,13 @@ func (x *Operation) GetReservationState() ReservationState {
 		return x.ReservationState
 	}
 	return ReservationState_RESERVATION_STATE_UNSPECIFIED
+}
+
+func (x *Operation) GetOriginal() *Sale {
+	if x != nil {
+		return x.Original
+	}
+	return nil
 }
 
 // ShardStock is one shard's counts.
@@ -940,11 +962,95 @@ func (x *MoveLease) GetToken() int64 {
 	return 0
 }
 
+// Sale names a sale a refund reverses: the idempotency key of a deduct, or
+// a committed reservation (its id).
+type Sale struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Sale:
+	//
+	//	*Sale_DeductKey
+	//	*Sale_ReservationId
+	Sale          isSale_Sale `protobuf_oneof:"sale"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Sale) Reset() {
+	*x = Sale{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Sale) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Sale) ProtoMessage() {}
+
+func (x *Sale) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Sale.ProtoReflect.Descriptor instead.
+func (*Sale) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Sale) GetSale() isSale_Sale {
+	if x != nil {
+		return x.Sale
+	}
+	return nil
+}
+
+func (x *Sale) GetDeductKey() string {
+	if x != nil {
+		if x, ok := x.Sale.(*Sale_DeductKey); ok {
+			return x.DeductKey
+		}
+	}
+	return ""
+}
+
+func (x *Sale) GetReservationId() string {
+	if x != nil {
+		if x, ok := x.Sale.(*Sale_ReservationId); ok {
+			return x.ReservationId
+		}
+	}
+	return ""
+}
+
+type isSale_Sale interface {
+	isSale_Sale()
+}
+
+type Sale_DeductKey struct {
+	DeductKey string `protobuf:"bytes,1,opt,name=deduct_key,json=deductKey,proto3,oneof"`
+}
+
+type Sale_ReservationId struct {
+	ReservationId string `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3,oneof"`
+}
+
+func (*Sale_DeductKey) isSale_Sale() {}
+
+func (*Sale_ReservationId) isSale_Sale() {}
+
 var File_shardstock_v1_types_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/types.proto\x12\rshardstock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x02\n" +
+	"\x19shardstock/v1/types.proto\x12\rshardstock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x03\n" +
 	"\vReservation\x12%\n" +
 	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x1a\n" +
@@ -955,7 +1061,9 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x05shard\x18\x06 \x01(\x05R\x05shard\x12\x1b\n" +
 	"\torder_ref\x18\a \x01(\tR\borderRef\x12'\n" +
 	"\x0fidempotency_key\x18\b \x01(\tR\x0eidempotencyKey\x12!\n" +
-	"\fcustomer_ref\x18\t \x01(\tR\vcustomerRef\"\x9a\x03\n" +
+	"\fcustomer_ref\x18\t \x01(\tR\vcustomerRef\x12-\n" +
+	"\x12committed_quantity\x18\n" +
+	" \x01(\x03R\x11committedQuantity\"\xcb\x03\n" +
 	"\tOperation\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x120\n" +
@@ -968,7 +1076,8 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12L\n" +
 	"\x11reservation_state\x18\n" +
-	" \x01(\x0e2\x1f.shardstock.v1.ReservationStateR\x10reservationState\"\xe3\x01\n" +
+	" \x01(\x0e2\x1f.shardstock.v1.ReservationStateR\x10reservationState\x12/\n" +
+	"\boriginal\x18\v \x01(\v2\x13.shardstock.v1.SaleR\boriginal\"\xe3\x01\n" +
 	"\n" +
 	"ShardStock\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1b\n" +
@@ -1011,19 +1120,25 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\tMoveLease\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
-	"\x05token\x18\x03 \x01(\x03R\x05token*\xb1\x01\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\"X\n" +
+	"\x04Sale\x12\x1f\n" +
+	"\n" +
+	"deduct_key\x18\x01 \x01(\tH\x00R\tdeductKey\x12'\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tH\x00R\rreservationIdB\x06\n" +
+	"\x04sale*\xb1\x01\n" +
 	"\x10ReservationState\x12!\n" +
 	"\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RESERVATION_STATE_HELD\x10\x01\x12\x1f\n" +
 	"\x1bRESERVATION_STATE_COMMITTED\x10\x02\x12\x1e\n" +
 	"\x1aRESERVATION_STATE_RELEASED\x10\x03\x12\x1d\n" +
-	"\x19RESERVATION_STATE_EXPIRED\x10\x04*\x9f\x01\n" +
+	"\x19RESERVATION_STATE_EXPIRED\x10\x04*\xba\x01\n" +
 	"\rOperationKind\x12\x1e\n" +
 	"\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16OPERATION_KIND_RESERVE\x10\x01\x12\x19\n" +
 	"\x15OPERATION_KIND_DEDUCT\x10\x02\x12\x1c\n" +
 	"\x18OPERATION_KIND_REPLENISH\x10\x03\x12\x19\n" +
-	"\x15OPERATION_KIND_ADJUST\x10\x04*U\n" +
+	"\x15OPERATION_KIND_ADJUST\x10\x04\x12\x19\n" +
+	"\x15OPERATION_KIND_REFUND\x10\x05*U\n" +
 	"\tSkuStatus\x12\x1a\n" +
 	"\x16SKU_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SKU_STATUS_ACTIVE\x10\x01\x12\x15\n" +
@@ -1054,7 +1169,7 @@ func file_shardstock_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_shardstock_v1_types_proto_goTypes = []any{
 	(ReservationState)(0),         // 0: shardstock.v1.ReservationState
 	(OperationKind)(0),            // 1: shardstock.v1.OperationKind
@@ -1067,27 +1182,29 @@ var file_shardstock_v1_types_proto_goTypes = []any{
 	(*Stock)(nil),                 // 8: shardstock.v1.Stock
 	(*Transfer)(nil),              // 9: shardstock.v1.Transfer
 	(*MoveLease)(nil),             // 10: shardstock.v1.MoveLease
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*Sale)(nil),                  // 11: shardstock.v1.Sale
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_shardstock_v1_types_proto_depIdxs = []int32{
 	0,  // 0: shardstock.v1.Reservation.state:type_name -> shardstock.v1.ReservationState
-	11, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	12, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 2: shardstock.v1.Operation.kind:type_name -> shardstock.v1.OperationKind
-	11, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	12, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: shardstock.v1.Operation.reservation_state:type_name -> shardstock.v1.ReservationState
-	3,  // 5: shardstock.v1.ShardStock.state:type_name -> shardstock.v1.ShardState
-	2,  // 6: shardstock.v1.Stock.status:type_name -> shardstock.v1.SkuStatus
-	7,  // 7: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
-	9,  // 8: shardstock.v1.Stock.moving:type_name -> shardstock.v1.Transfer
-	10, // 9: shardstock.v1.Stock.mover:type_name -> shardstock.v1.MoveLease
-	4,  // 10: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
-	11, // 11: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
-	11, // 12: shardstock.v1.Transfer.updated_at:type_name -> google.protobuf.Timestamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	11, // 5: shardstock.v1.Operation.original:type_name -> shardstock.v1.Sale
+	3,  // 6: shardstock.v1.ShardStock.state:type_name -> shardstock.v1.ShardState
+	2,  // 7: shardstock.v1.Stock.status:type_name -> shardstock.v1.SkuStatus
+	7,  // 8: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
+	9,  // 9: shardstock.v1.Stock.moving:type_name -> shardstock.v1.Transfer
+	10, // 10: shardstock.v1.Stock.mover:type_name -> shardstock.v1.MoveLease
+	4,  // 11: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
+	12, // 12: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
+	12, // 13: shardstock.v1.Transfer.updated_at:type_name -> google.protobuf.Timestamp
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_types_proto_init() }
@@ -1095,13 +1212,17 @@ func file_shardstock_v1_types_proto_init() {
 	if File_shardstock_v1_types_proto != nil {
 		return
 	}
+	file_shardstock_v1_types_proto_msgTypes[6].OneofWrappers = []any{
+		(*Sale_DeductKey)(nil),
+		(*Sale_ReservationId)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_types_proto_rawDesc), len(file_shardstock_v1_types_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -18,6 +18,11 @@ func (s *Server) AdjustStock(context.Context, *stock.Request) stock.Result {
 	return errResult(unimplemented("stock given back"))
 }
 
+// Refund is not served: the in-memory ceiling keeps no refunds.
+func (s *Server) Refund(context.Context, *stock.Request) stock.Result {
+	return errResult(unimplemented("refunds"))
+}
+
 // GetOperation returns the operation recorded for a SKU's key.
 func (s *Server) GetOperation(_ context.Context, sku, key string) (*stock.Operation, error) {
 	if err := stock.ValidateSKU(sku); err != nil {

@@ -52,6 +52,11 @@ const (
 	// InventoryServiceGetStockProcedure is the fully-qualified name of the InventoryService's GetStock
 	// RPC.
 	InventoryServiceGetStockProcedure = "/shardstock.v1.InventoryService/GetStock"
+	// InventoryServiceExtendReservationProcedure is the fully-qualified name of the InventoryService's
+	// ExtendReservation RPC.
+	InventoryServiceExtendReservationProcedure = "/shardstock.v1.InventoryService/ExtendReservation"
+	// InventoryServiceRefundProcedure is the fully-qualified name of the InventoryService's Refund RPC.
+	InventoryServiceRefundProcedure = "/shardstock.v1.InventoryService/Refund"
 )
 
 // InventoryServiceClient is a client for the shardstock.v1.InventoryService service.
@@ -70,6 +75,14 @@ type InventoryServiceClient interface {
 	GetOperation(context.Context, *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error)
 	// GetStock returns a SKU's counts and its shards.
 	GetStock(context.Context, *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error)
+	// ExtendReservation moves a held reservation's expiry to ttl from now,
+	// at most the SKU's max_hold after the reservation was made; refused
+	// once it expired. Idempotent by reservation id: it never shortens a hold.
+	ExtendReservation(context.Context, *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error)
+	// Refund gives back units of a sale (a deduct, or a committed
+	// reservation): to available stock, and to the customer's quota. All
+	// refunds of one sale return at most what it sold. Idempotent by key.
+	Refund(context.Context, *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error)
 }
 
 // NewInventoryServiceClient constructs a client for the shardstock.v1.InventoryService service. By
@@ -127,18 +140,32 @@ func NewInventoryServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		extendReservation: connect.NewClient[v1.ExtendReservationRequest, v1.ExtendReservationResponse](
+			httpClient,
+			baseURL+InventoryServiceExtendReservationProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("ExtendReservation")),
+			connect.WithClientOptions(opts...),
+		),
+		refund: connect.NewClient[v1.RefundRequest, v1.RefundResponse](
+			httpClient,
+			baseURL+InventoryServiceRefundProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("Refund")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // inventoryServiceClient implements InventoryServiceClient.
 type inventoryServiceClient struct {
-	reserve      *connect.Client[v1.ReserveRequest, v1.ReserveResponse]
-	commit       *connect.Client[v1.CommitRequest, v1.CommitResponse]
-	release      *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
-	deduct       *connect.Client[v1.DeductRequest, v1.DeductResponse]
-	replenish    *connect.Client[v1.ReplenishRequest, v1.ReplenishResponse]
-	getOperation *connect.Client[v1.GetOperationRequest, v1.GetOperationResponse]
-	getStock     *connect.Client[v1.GetStockRequest, v1.GetStockResponse]
+	reserve           *connect.Client[v1.ReserveRequest, v1.ReserveResponse]
+	commit            *connect.Client[v1.CommitRequest, v1.CommitResponse]
+	release           *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
+	deduct            *connect.Client[v1.DeductRequest, v1.DeductResponse]
+	replenish         *connect.Client[v1.ReplenishRequest, v1.ReplenishResponse]
+	getOperation      *connect.Client[v1.GetOperationRequest, v1.GetOperationResponse]
+	getStock          *connect.Client[v1.GetStockRequest, v1.GetStockResponse]
+	extendReservation *connect.Client[v1.ExtendReservationRequest, v1.ExtendReservationResponse]
+	refund            *connect.Client[v1.RefundRequest, v1.RefundResponse]
 }
 
 // Reserve calls shardstock.v1.InventoryService.Reserve.
@@ -176,6 +203,16 @@ func (c *inventoryServiceClient) GetStock(ctx context.Context, req *connect.Requ
 	return c.getStock.CallUnary(ctx, req)
 }
 
+// ExtendReservation calls shardstock.v1.InventoryService.ExtendReservation.
+func (c *inventoryServiceClient) ExtendReservation(ctx context.Context, req *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error) {
+	return c.extendReservation.CallUnary(ctx, req)
+}
+
+// Refund calls shardstock.v1.InventoryService.Refund.
+func (c *inventoryServiceClient) Refund(ctx context.Context, req *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error) {
+	return c.refund.CallUnary(ctx, req)
+}
+
 // InventoryServiceHandler is an implementation of the shardstock.v1.InventoryService service.
 type InventoryServiceHandler interface {
 	// Reserve holds quantity units for ttl (the SKU's default when unset).
@@ -192,6 +229,14 @@ type InventoryServiceHandler interface {
 	GetOperation(context.Context, *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error)
 	// GetStock returns a SKU's counts and its shards.
 	GetStock(context.Context, *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error)
+	// ExtendReservation moves a held reservation's expiry to ttl from now,
+	// at most the SKU's max_hold after the reservation was made; refused
+	// once it expired. Idempotent by reservation id: it never shortens a hold.
+	ExtendReservation(context.Context, *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error)
+	// Refund gives back units of a sale (a deduct, or a committed
+	// reservation): to available stock, and to the customer's quota. All
+	// refunds of one sale return at most what it sold. Idempotent by key.
+	Refund(context.Context, *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error)
 }
 
 // NewInventoryServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -245,6 +290,18 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	inventoryServiceExtendReservationHandler := connect.NewUnaryHandler(
+		InventoryServiceExtendReservationProcedure,
+		svc.ExtendReservation,
+		connect.WithSchema(inventoryServiceMethods.ByName("ExtendReservation")),
+		connect.WithHandlerOptions(opts...),
+	)
+	inventoryServiceRefundHandler := connect.NewUnaryHandler(
+		InventoryServiceRefundProcedure,
+		svc.Refund,
+		connect.WithSchema(inventoryServiceMethods.ByName("Refund")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.InventoryService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case InventoryServiceReserveProcedure:
@@ -261,6 +318,10 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 			inventoryServiceGetOperationHandler.ServeHTTP(w, r)
 		case InventoryServiceGetStockProcedure:
 			inventoryServiceGetStockHandler.ServeHTTP(w, r)
+		case InventoryServiceExtendReservationProcedure:
+			inventoryServiceExtendReservationHandler.ServeHTTP(w, r)
+		case InventoryServiceRefundProcedure:
+			inventoryServiceRefundHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -296,4 +357,12 @@ func (UnimplementedInventoryServiceHandler) GetOperation(context.Context, *conne
 
 func (UnimplementedInventoryServiceHandler) GetStock(context.Context, *connect.Request[v1.GetStockRequest]) (*connect.Response[v1.GetStockResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.GetStock is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) ExtendReservation(context.Context, *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.ExtendReservation is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) Refund(context.Context, *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.Refund is not implemented"))
 }

@@ -56,6 +56,23 @@ export declare type SkuConfig = Message<"shardstock.v1.SkuConfig"> & {
    * @generated from field: bool auto_shards = 7;
    */
   autoShards: boolean;
+
+  /**
+   * The longest a reservation may be held, from when it was made, however
+   * often ExtendReservation extends it.
+   *
+   * @generated from field: google.protobuf.Duration max_hold = 8;
+   */
+  maxHold?: Duration | undefined;
+
+  /**
+   * A Deduct or Reserve with an order_ref already applied by another key
+   * is refused ORDER_ALREADY_APPLIED, and so is a Refund of an order_ref
+   * already refunded by another key.
+   *
+   * @generated from field: bool one_per_order = 9;
+   */
+  onePerOrder: boolean;
 };
 
 /**
@@ -97,6 +114,18 @@ export declare type CreateSkuRequest = Message<"shardstock.v1.CreateSkuRequest">
    * @generated from field: google.protobuf.Duration reservation_ttl = 6;
    */
   reservationTtl?: Duration | undefined;
+
+  /**
+   * Unset: 24 h. At least reservation_ttl.
+   *
+   * @generated from field: google.protobuf.Duration max_hold = 7;
+   */
+  maxHold?: Duration | undefined;
+
+  /**
+   * @generated from field: bool one_per_order = 8;
+   */
+  onePerOrder: boolean;
 };
 
 /**
@@ -158,6 +187,16 @@ export declare type UpdateSkuRequest = Message<"shardstock.v1.UpdateSkuRequest">
    * @generated from field: optional bool auto_shards = 5;
    */
   autoShards?: boolean | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Duration max_hold = 6;
+   */
+  maxHold?: Duration | undefined;
+
+  /**
+   * @generated from field: optional bool one_per_order = 7;
+   */
+  onePerOrder?: boolean | undefined;
 };
 
 /**

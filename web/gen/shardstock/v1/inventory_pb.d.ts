@@ -5,7 +5,7 @@
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Duration } from "@bufbuild/protobuf/wkt";
-import type { Operation, Reservation, Stock } from "./types_pb.js";
+import type { Operation, Reservation, Sale, Stock } from "./types_pb.js";
 
 /**
  * Describes the file shardstock/v1/inventory.proto.
@@ -82,6 +82,14 @@ export declare type CommitRequest = Message<"shardstock.v1.CommitRequest"> & {
    * @generated from field: string reservation_id = 1;
    */
   reservationId: string;
+
+  /**
+   * How many of the held units to buy; 0: all. Fewer than held buys
+   * those and releases the rest in the same step.
+   *
+   * @generated from field: int64 quantity = 2;
+   */
+  quantity: bigint;
 };
 
 /**
@@ -337,6 +345,110 @@ export declare type GetStockResponse = Message<"shardstock.v1.GetStockResponse">
 export declare const GetStockResponseSchema: GenMessage<GetStockResponse>;
 
 /**
+ * @generated from message shardstock.v1.ExtendReservationRequest
+ */
+export declare type ExtendReservationRequest = Message<"shardstock.v1.ExtendReservationRequest"> & {
+  /**
+   * @generated from field: string reservation_id = 1;
+   */
+  reservationId: string;
+
+  /**
+   * The new expiry is now + ttl (1 s to 24 h), at most the SKU's max_hold
+   * after the reservation was made.
+   *
+   * @generated from field: google.protobuf.Duration ttl = 2;
+   */
+  ttl?: Duration | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.ExtendReservationRequest.
+ * Use `create(ExtendReservationRequestSchema)` to create a new message.
+ */
+export declare const ExtendReservationRequestSchema: GenMessage<ExtendReservationRequest>;
+
+/**
+ * @generated from message shardstock.v1.ExtendReservationResponse
+ */
+export declare type ExtendReservationResponse = Message<"shardstock.v1.ExtendReservationResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Reservation reservation = 1;
+   */
+  reservation?: Reservation | undefined;
+
+  /**
+   * The reservation already expired at or after now + ttl: nothing changed.
+   *
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+};
+
+/**
+ * Describes the message shardstock.v1.ExtendReservationResponse.
+ * Use `create(ExtendReservationResponseSchema)` to create a new message.
+ */
+export declare const ExtendReservationResponseSchema: GenMessage<ExtendReservationResponse>;
+
+/**
+ * @generated from message shardstock.v1.RefundRequest
+ */
+export declare type RefundRequest = Message<"shardstock.v1.RefundRequest"> & {
+  /**
+   * @generated from field: string sku = 1;
+   */
+  sku: string;
+
+  /**
+   * @generated from field: string idempotency_key = 2;
+   */
+  idempotencyKey: string;
+
+  /**
+   * @generated from field: shardstock.v1.Sale original = 3;
+   */
+  original?: Sale | undefined;
+
+  /**
+   * @generated from field: int64 quantity = 4;
+   */
+  quantity: bigint;
+
+  /**
+   * @generated from field: string reason = 5;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message shardstock.v1.RefundRequest.
+ * Use `create(RefundRequestSchema)` to create a new message.
+ */
+export declare const RefundRequestSchema: GenMessage<RefundRequest>;
+
+/**
+ * @generated from message shardstock.v1.RefundResponse
+ */
+export declare type RefundResponse = Message<"shardstock.v1.RefundResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Operation operation = 1;
+   */
+  operation?: Operation | undefined;
+
+  /**
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+};
+
+/**
+ * Describes the message shardstock.v1.RefundResponse.
+ * Use `create(RefundResponseSchema)` to create a new message.
+ */
+export declare const RefundResponseSchema: GenMessage<RefundResponse>;
+
+/**
  * InventoryService is the public API for selling stock. Every stock-changing
  * call is idempotent: by idempotency_key for Reserve, Deduct and Replenish, by
  * reservation_id for Commit and Release. A retry returns the first result with
@@ -414,6 +526,30 @@ export declare const InventoryService: GenService<{
     methodKind: "unary";
     input: typeof GetStockRequestSchema;
     output: typeof GetStockResponseSchema;
+  },
+  /**
+   * ExtendReservation moves a held reservation's expiry to ttl from now,
+   * at most the SKU's max_hold after the reservation was made; refused
+   * once it expired. Idempotent by reservation id: it never shortens a hold.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.ExtendReservation
+   */
+  extendReservation: {
+    methodKind: "unary";
+    input: typeof ExtendReservationRequestSchema;
+    output: typeof ExtendReservationResponseSchema;
+  },
+  /**
+   * Refund gives back units of a sale (a deduct, or a committed
+   * reservation): to available stock, and to the customer's quota. All
+   * refunds of one sale return at most what it sold. Idempotent by key.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.Refund
+   */
+  refund: {
+    methodKind: "unary";
+    input: typeof RefundRequestSchema;
+    output: typeof RefundResponseSchema;
   },
 }>;
 

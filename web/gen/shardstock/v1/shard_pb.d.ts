@@ -5,7 +5,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Duration } from "@bufbuild/protobuf/wkt";
-import type { Operation, Reservation, ShardStock, Transfer } from "./types_pb.js";
+import type { Operation, Reservation, Sale, ShardStock, Transfer } from "./types_pb.js";
 
 /**
  * Describes the file shardstock/v1/shard.proto.
@@ -84,6 +84,13 @@ export declare type ShardOp = Message<"shardstock.v1.ShardOp"> & {
    * @generated from field: string transfer_id = 13;
    */
   transferId: string;
+
+  /**
+   * For refunds: the sale reversed.
+   *
+   * @generated from field: shardstock.v1.Sale original = 14;
+   */
+  original?: Sale | undefined;
 };
 
 /**
@@ -286,6 +293,16 @@ export enum ShardOpKind {
    * @generated from enum value: SHARD_OP_KIND_TRANSFER_IN = 8;
    */
   TRANSFER_IN = 8,
+
+  /**
+   * @generated from enum value: SHARD_OP_KIND_EXTEND = 9;
+   */
+  EXTEND = 9,
+
+  /**
+   * @generated from enum value: SHARD_OP_KIND_REFUND = 10;
+   */
+  REFUND = 10,
 }
 
 /**

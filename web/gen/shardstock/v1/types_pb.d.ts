@@ -64,6 +64,14 @@ export declare type Reservation = Message<"shardstock.v1.Reservation"> & {
    * @generated from field: string customer_ref = 9;
    */
   customerRef: string;
+
+  /**
+   * The units bought, once committed: fewer than quantity after a partial
+   * commit, which released the rest.
+   *
+   * @generated from field: int64 committed_quantity = 10;
+   */
+  committedQuantity: bigint;
 };
 
 /**
@@ -133,6 +141,13 @@ export declare type Operation = Message<"shardstock.v1.Operation"> & {
    * @generated from field: shardstock.v1.ReservationState reservation_state = 10;
    */
   reservationState: ReservationState;
+
+  /**
+   * Set for refunds: the sale reversed.
+   *
+   * @generated from field: shardstock.v1.Sale original = 11;
+   */
+  original?: Sale | undefined;
 };
 
 /**
@@ -378,6 +393,37 @@ export declare type MoveLease = Message<"shardstock.v1.MoveLease"> & {
 export declare const MoveLeaseSchema: GenMessage<MoveLease>;
 
 /**
+ * Sale names a sale a refund reverses: the idempotency key of a deduct, or
+ * a committed reservation (its id).
+ *
+ * @generated from message shardstock.v1.Sale
+ */
+export declare type Sale = Message<"shardstock.v1.Sale"> & {
+  /**
+   * @generated from oneof shardstock.v1.Sale.sale
+   */
+  sale: {
+    /**
+     * @generated from field: string deduct_key = 1;
+     */
+    value: string;
+    case: "deductKey";
+  } | {
+    /**
+     * @generated from field: string reservation_id = 2;
+     */
+    value: string;
+    case: "reservationId";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message shardstock.v1.Sale.
+ * Use `create(SaleSchema)` to create a new message.
+ */
+export declare const SaleSchema: GenMessage<Sale>;
+
+/**
  * ReservationState is where a reservation is in its life. A reservation ends
  * exactly once: committed, released or expired.
  *
@@ -445,6 +491,11 @@ export enum OperationKind {
    * @generated from enum value: OPERATION_KIND_ADJUST = 4;
    */
   ADJUST = 4,
+
+  /**
+   * @generated from enum value: OPERATION_KIND_REFUND = 5;
+   */
+  REFUND = 5,
 }
 
 /**
