@@ -24,6 +24,13 @@ type Inventory interface {
 	EndReservation(ctx context.Context, r *stock.Request) stock.Result
 	// Refund gives back units of a sale (r.Original).
 	Refund(ctx context.Context, r *stock.Request) stock.Result
+	// ReserveOrder holds every line of an order or none; CommitOrder and
+	// ReleaseOrder end a held order as a whole. Each returns the order as
+	// it is, and whether it was so already (replayed).
+	ReserveOrder(ctx context.Context, o *stock.Order) (*stock.Order, bool, error)
+	CommitOrder(ctx context.Context, id string) (*stock.Order, bool, error)
+	ReleaseOrder(ctx context.Context, id, reason string) (*stock.Order, bool, error)
+	GetOrder(ctx context.Context, id, key string) (*stock.Order, error)
 	// AdjustStock changes available stock: a replenish, or an adjustment
 	// either way (r.Kind, r.Quantity's sign).
 	AdjustStock(ctx context.Context, r *stock.Request) stock.Result
@@ -119,6 +126,51 @@ func (h *InventoryHandler) Refund(ctx context.Context, req *connect.Request[v1.R
 		return nil, wire.ToConnect(res.Err)
 	}
 	return connect.NewResponse(&v1.RefundResponse{Operation: wire.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
+}
+
+// ReserveOrder holds a cart's lines all or nothing.
+func (h *InventoryHandler) ReserveOrder(ctx context.Context, req *connect.Request[v1.ReserveOrderRequest]) (*connect.Response[v1.ReserveOrderResponse], error) {
+	m := req.Msg
+	o := &stock.Order{IdempotencyKey: m.GetIdempotencyKey(), OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: wire.DurationOf(m.GetTtl())}
+	if len(m.GetLines()) > stock.OrderLinesMax {
+		// Refused before converting a hostile number of lines.
+		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "an order has at most %d lines", stock.OrderLinesMax))
+	}
+	for _, l := range m.GetLines() {
+		o.Lines = append(o.Lines, stock.OrderLine{SKU: l.GetSku(), Quantity: l.GetQuantity()})
+	}
+	got, replayed, err := h.Inventory.ReserveOrder(ctx, o)
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.ReserveOrderResponse{Order: wire.OrderToProto(got), Replayed: replayed}), nil
+}
+
+// CommitOrder buys every line of a held order.
+func (h *InventoryHandler) CommitOrder(ctx context.Context, req *connect.Request[v1.CommitOrderRequest]) (*connect.Response[v1.CommitOrderResponse], error) {
+	got, replayed, err := h.Inventory.CommitOrder(ctx, req.Msg.GetOrderId())
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.CommitOrderResponse{Order: wire.OrderToProto(got), Replayed: replayed}), nil
+}
+
+// ReleaseOrder gives every line of a held order back.
+func (h *InventoryHandler) ReleaseOrder(ctx context.Context, req *connect.Request[v1.ReleaseOrderRequest]) (*connect.Response[v1.ReleaseOrderResponse], error) {
+	got, replayed, err := h.Inventory.ReleaseOrder(ctx, req.Msg.GetOrderId(), req.Msg.GetReason())
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.ReleaseOrderResponse{Order: wire.OrderToProto(got), Replayed: replayed}), nil
+}
+
+// GetOrder reads an order.
+func (h *InventoryHandler) GetOrder(ctx context.Context, req *connect.Request[v1.GetOrderRequest]) (*connect.Response[v1.GetOrderResponse], error) {
+	got, err := h.Inventory.GetOrder(ctx, req.Msg.GetOrderId(), req.Msg.GetIdempotencyKey())
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.GetOrderResponse{Order: wire.OrderToProto(got)}), nil
 }
 
 // GetOperation tells the state of a key.

@@ -30,6 +30,8 @@ const (
 	// CodeSaleNotFound: a refund's original is no sale of the SKU (no
 	// deduct with that key, no committed reservation with that id).
 	CodeSaleNotFound Code = "SALE_NOT_FOUND"
+	// CodeOrderNotFound: no order with that id or key.
+	CodeOrderNotFound Code = "ORDER_NOT_FOUND"
 	// failed_precondition
 	CodeOutOfStock                  Code = "OUT_OF_STOCK"
 	CodeSKUPaused                   Code = "SKU_PAUSED"
@@ -81,7 +83,7 @@ const (
 var Codes = []Code{
 	CodeInvalidSKU, CodeInvalidQuantity, CodeInvalidIdempotencyKey, CodeQuantityAboveMaxPerOrder,
 	CodeIdempotencyKeyReused, CodeInvalidArgument, CodeCustomerRefRequired,
-	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound, CodeSaleNotFound,
+	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound, CodeSaleNotFound, CodeOrderNotFound,
 	CodeOutOfStock, CodeSKUPaused, CodeReservationExpired, CodeReservationAlreadyCommitted,
 	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeHoldLimitReached, CodeOrderAlreadyApplied,
 	CodeRefundExceedsSale,
@@ -99,6 +101,9 @@ var Codes = []Code{
 type Error struct {
 	Code    Code
 	Message string
+	// Metadata goes to the ErrorInfo's metadata (an order's refused line
+	// names its "sku").
+	Metadata map[string]string
 }
 
 func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }

@@ -335,6 +335,11 @@ func (p *planner) end(i int, r *Request) {
 		p.fail(i, CodeReservationNotFound, "no reservation %s", quote(r.ReservationID))
 		return
 	}
+	if IsOrderLineKey(res.IdempotencyKey) && r.Source != SourceOrder {
+		// An order ends as a whole: its lines only with it.
+		p.fail(i, CodeInvalidArgument, "reservation %s is a line of an order: commit or release the order", quote(r.ReservationID))
+		return
+	}
 	if res.State == ReservationHeld && !p.read.Now.Before(res.ExpiresAt) {
 		p.expire(res, r.Source) // due but not yet swept: expire it first
 	}

@@ -114,6 +114,9 @@ func ValidateRequest(r *Request) error {
 		if err := ValidateKey(r.Key); err != nil {
 			return err
 		}
+		if IsOrderLineKey(r.Key) && r.Source != SourceOrder {
+			return Errorf(CodeInvalidIdempotencyKey, "idempotency_key may not start with %q: it names an order's line", OrderLineKeyPrefix)
+		}
 		if err := ValidateQuantity(r.Quantity); err != nil {
 			return err
 		}

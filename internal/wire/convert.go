@@ -269,6 +269,29 @@ func LedgerEntryToProto(e *stock.LedgerEntry) *v1.LedgerEntry {
 		SoldBefore: e.Before.Sold, SoldAfter: e.After.Sold,
 		IdempotencyKey: e.IdempotencyKey, ReservationId: e.ReservationID, TransferId: e.TransferID, OrderRef: e.OrderRef,
 		Source: e.Source, Reason: e.Reason, Approver: e.Approver, ServerId: e.ServerID, Epoch: e.Epoch,
-		CreatedAt: timestamppb.New(e.CreatedAt),
+		CreatedAt: timestamppb.New(e.CreatedAt), Original: e.Original.ID(),
 	}
+}
+
+var orderStates = map[stock.OrderState]v1.OrderState{
+	stock.OrderPending:    v1.OrderState_ORDER_STATE_PENDING,
+	stock.OrderHeld:       v1.OrderState_ORDER_STATE_HELD,
+	stock.OrderCommitting: v1.OrderState_ORDER_STATE_COMMITTING,
+	stock.OrderCommitted:  v1.OrderState_ORDER_STATE_COMMITTED,
+	stock.OrderReleasing:  v1.OrderState_ORDER_STATE_RELEASING,
+	stock.OrderReleased:   v1.OrderState_ORDER_STATE_RELEASED,
+	stock.OrderFailed:     v1.OrderState_ORDER_STATE_FAILED,
+}
+
+// OrderToProto converts an order.
+func OrderToProto(o *stock.Order) *v1.Order {
+	out := &v1.Order{OrderId: o.ID, OrderRef: o.OrderRef, State: orderStates[o.State], IdempotencyKey: o.IdempotencyKey,
+		CustomerRef: o.CustomerRef, Reason: o.Reason}
+	if !o.ExpiresAt.IsZero() {
+		out.ExpiresAt = timestamppb.New(o.ExpiresAt)
+	}
+	for _, l := range o.Lines {
+		out.Lines = append(out.Lines, &v1.OrderLine{Sku: l.SKU, Quantity: l.Quantity, ReservationId: l.ReservationID})
+	}
+	return out
 }

@@ -40,6 +40,7 @@ var connectCodes = map[stock.Code]connect.Code{
 	stock.CodeOrderAlreadyApplied:         connect.CodeFailedPrecondition,
 	stock.CodeRefundExceedsSale:           connect.CodeFailedPrecondition,
 	stock.CodeSaleNotFound:                connect.CodeNotFound,
+	stock.CodeOrderNotFound:               connect.CodeNotFound,
 	stock.CodeSKUExists:                   connect.CodeAlreadyExists,
 	stock.CodeShardNotHalted:              connect.CodeFailedPrecondition,
 	stock.CodeShardsRetiring:              connect.CodeFailedPrecondition,
@@ -86,7 +87,7 @@ func ToConnect(err error) error {
 		}
 	}
 	cerr := connect.NewError(ConnectCode(e.Code), errors.New(e.Message))
-	if detail, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: string(e.Code), Domain: ErrorDomain}); derr == nil {
+	if detail, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: string(e.Code), Domain: ErrorDomain, Metadata: e.Metadata}); derr == nil {
 		cerr.AddDetail(detail)
 	}
 	return cerr

@@ -40,6 +40,7 @@ var domainCodes = []struct {
 	{stock.CodeOrderAlreadyApplied, connect.CodeFailedPrecondition},
 	{stock.CodeRefundExceedsSale, connect.CodeFailedPrecondition},
 	{stock.CodeSaleNotFound, connect.CodeNotFound},
+	{stock.CodeOrderNotFound, connect.CodeNotFound},
 	{stock.CodeSKUExists, connect.CodeAlreadyExists},
 	{stock.CodeShardNotHalted, connect.CodeFailedPrecondition},
 	{stock.CodeShardsRetiring, connect.CodeFailedPrecondition},

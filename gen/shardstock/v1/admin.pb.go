@@ -1428,8 +1428,10 @@ type LedgerEntry struct {
 	ServerId        string                 `protobuf:"bytes,19,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
 	Epoch           int64                  `protobuf:"varint,20,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	CreatedAt       *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The sale a refund entry reverses: "deduct:KEY" or "reservation:ID".
+	Original      string `protobuf:"bytes,22,opt,name=original,proto3" json:"original,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LedgerEntry) Reset() {
@@ -1607,6 +1609,13 @@ func (x *LedgerEntry) GetCreatedAt() *timestamppb.Timestamp {
 		return x.CreatedAt
 	}
 	return nil
+}
+
+func (x *LedgerEntry) GetOriginal() string {
+	if x != nil {
+		return x.Original
+	}
+	return ""
 }
 
 type ListLedgerResponse struct {
@@ -2076,7 +2085,7 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x1b\n" +
-	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"\xa1\x05\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"\xbd\x05\n" +
 	"\vLedgerEntry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x14\n" +
@@ -2103,7 +2112,8 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\tserver_id\x18\x13 \x01(\tR\bserverId\x12\x14\n" +
 	"\x05epoch\x18\x14 \x01(\x03R\x05epoch\x129\n" +
 	"\n" +
-	"created_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"r\n" +
+	"created_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1a\n" +
+	"\boriginal\x18\x16 \x01(\tR\boriginal\"r\n" +
 	"\x12ListLedgerResponse\x124\n" +
 	"\aentries\x18\x01 \x03(\v2\x1a.shardstock.v1.LedgerEntryR\aentries\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"$\n" +

@@ -1043,6 +1043,432 @@ func (x *RefundResponse) GetReplayed() bool {
 	return false
 }
 
+type ReserveOrderRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	OrderRef       string                 `protobuf:"bytes,1,opt,name=order_ref,json=orderRef,proto3" json:"order_ref,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	CustomerRef    string                 `protobuf:"bytes,3,opt,name=customer_ref,json=customerRef,proto3" json:"customer_ref,omitempty"`
+	Ttl            *durationpb.Duration   `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// 1 to 50 lines, each SKU once; reservation_id is ignored.
+	Lines         []*OrderLine `protobuf:"bytes,5,rep,name=lines,proto3" json:"lines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveOrderRequest) Reset() {
+	*x = ReserveOrderRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveOrderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveOrderRequest) ProtoMessage() {}
+
+func (x *ReserveOrderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveOrderRequest.ProtoReflect.Descriptor instead.
+func (*ReserveOrderRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReserveOrderRequest) GetOrderRef() string {
+	if x != nil {
+		return x.OrderRef
+	}
+	return ""
+}
+
+func (x *ReserveOrderRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *ReserveOrderRequest) GetCustomerRef() string {
+	if x != nil {
+		return x.CustomerRef
+	}
+	return ""
+}
+
+func (x *ReserveOrderRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *ReserveOrderRequest) GetLines() []*OrderLine {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+type ReserveOrderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Order         *Order                 `protobuf:"bytes,1,opt,name=order,proto3" json:"order,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveOrderResponse) Reset() {
+	*x = ReserveOrderResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveOrderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveOrderResponse) ProtoMessage() {}
+
+func (x *ReserveOrderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveOrderResponse.ProtoReflect.Descriptor instead.
+func (*ReserveOrderResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReserveOrderResponse) GetOrder() *Order {
+	if x != nil {
+		return x.Order
+	}
+	return nil
+}
+
+func (x *ReserveOrderResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type CommitOrderRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitOrderRequest) Reset() {
+	*x = CommitOrderRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitOrderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitOrderRequest) ProtoMessage() {}
+
+func (x *CommitOrderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitOrderRequest.ProtoReflect.Descriptor instead.
+func (*CommitOrderRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CommitOrderRequest) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+type CommitOrderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Order         *Order                 `protobuf:"bytes,1,opt,name=order,proto3" json:"order,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitOrderResponse) Reset() {
+	*x = CommitOrderResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitOrderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitOrderResponse) ProtoMessage() {}
+
+func (x *CommitOrderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitOrderResponse.ProtoReflect.Descriptor instead.
+func (*CommitOrderResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CommitOrderResponse) GetOrder() *Order {
+	if x != nil {
+		return x.Order
+	}
+	return nil
+}
+
+func (x *CommitOrderResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type ReleaseOrderRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseOrderRequest) Reset() {
+	*x = ReleaseOrderRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseOrderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseOrderRequest) ProtoMessage() {}
+
+func (x *ReleaseOrderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseOrderRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseOrderRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReleaseOrderRequest) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+func (x *ReleaseOrderRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ReleaseOrderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Order         *Order                 `protobuf:"bytes,1,opt,name=order,proto3" json:"order,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseOrderResponse) Reset() {
+	*x = ReleaseOrderResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseOrderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseOrderResponse) ProtoMessage() {}
+
+func (x *ReleaseOrderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseOrderResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseOrderResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReleaseOrderResponse) GetOrder() *Order {
+	if x != nil {
+		return x.Order
+	}
+	return nil
+}
+
+func (x *ReleaseOrderResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type GetOrderRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One of the two.
+	OrderId        string `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetOrderRequest) Reset() {
+	*x = GetOrderRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOrderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOrderRequest) ProtoMessage() {}
+
+func (x *GetOrderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOrderRequest.ProtoReflect.Descriptor instead.
+func (*GetOrderRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetOrderRequest) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+func (x *GetOrderRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+type GetOrderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Order         *Order                 `protobuf:"bytes,1,opt,name=order,proto3" json:"order,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetOrderResponse) Reset() {
+	*x = GetOrderResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOrderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOrderResponse) ProtoMessage() {}
+
+func (x *GetOrderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOrderResponse.ProtoReflect.Descriptor instead.
+func (*GetOrderResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *GetOrderResponse) GetOrder() *Order {
+	if x != nil {
+		return x.Order
+	}
+	return nil
+}
+
 var File_shardstock_v1_inventory_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_inventory_proto_rawDesc = "" +
@@ -1111,7 +1537,32 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\"d\n" +
 	"\x0eRefundResponse\x126\n" +
 	"\toperation\x18\x01 \x01(\v2\x18.shardstock.v1.OperationR\toperation\x12\x1a\n" +
-	"\breplayed\x18\x02 \x01(\bR\breplayed2\xf1\x05\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"\xdb\x01\n" +
+	"\x13ReserveOrderRequest\x12\x1b\n" +
+	"\torder_ref\x18\x01 \x01(\tR\borderRef\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12!\n" +
+	"\fcustomer_ref\x18\x03 \x01(\tR\vcustomerRef\x12+\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12.\n" +
+	"\x05lines\x18\x05 \x03(\v2\x18.shardstock.v1.OrderLineR\x05lines\"^\n" +
+	"\x14ReserveOrderResponse\x12*\n" +
+	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"/\n" +
+	"\x12CommitOrderRequest\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId\"]\n" +
+	"\x13CommitOrderResponse\x12*\n" +
+	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"H\n" +
+	"\x13ReleaseOrderRequest\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"^\n" +
+	"\x14ReleaseOrderResponse\x12*\n" +
+	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"U\n" +
+	"\x0fGetOrderRequest\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\">\n" +
+	"\x10GetOrderResponse\x12*\n" +
+	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order2\xd1\b\n" +
 	"\x10InventoryService\x12J\n" +
 	"\aReserve\x12\x1d.shardstock.v1.ReserveRequest\x1a\x1e.shardstock.v1.ReserveResponse\"\x00\x12G\n" +
 	"\x06Commit\x12\x1c.shardstock.v1.CommitRequest\x1a\x1d.shardstock.v1.CommitResponse\"\x00\x12J\n" +
@@ -1121,7 +1572,11 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\fGetOperation\x12\".shardstock.v1.GetOperationRequest\x1a#.shardstock.v1.GetOperationResponse\"\x03\x90\x02\x01\x12P\n" +
 	"\bGetStock\x12\x1e.shardstock.v1.GetStockRequest\x1a\x1f.shardstock.v1.GetStockResponse\"\x03\x90\x02\x01\x12h\n" +
 	"\x11ExtendReservation\x12'.shardstock.v1.ExtendReservationRequest\x1a(.shardstock.v1.ExtendReservationResponse\"\x00\x12G\n" +
-	"\x06Refund\x12\x1c.shardstock.v1.RefundRequest\x1a\x1d.shardstock.v1.RefundResponse\"\x00BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\x06Refund\x12\x1c.shardstock.v1.RefundRequest\x1a\x1d.shardstock.v1.RefundResponse\"\x00\x12Y\n" +
+	"\fReserveOrder\x12\".shardstock.v1.ReserveOrderRequest\x1a#.shardstock.v1.ReserveOrderResponse\"\x00\x12V\n" +
+	"\vCommitOrder\x12!.shardstock.v1.CommitOrderRequest\x1a\".shardstock.v1.CommitOrderResponse\"\x00\x12Y\n" +
+	"\fReleaseOrder\x12\".shardstock.v1.ReleaseOrderRequest\x1a#.shardstock.v1.ReleaseOrderResponse\"\x00\x12P\n" +
+	"\bGetOrder\x12\x1e.shardstock.v1.GetOrderRequest\x1a\x1f.shardstock.v1.GetOrderResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_inventory_proto_rawDescOnce sync.Once
@@ -1135,7 +1590,7 @@ func file_shardstock_v1_inventory_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_inventory_proto_rawDescData
 }
 
-var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_shardstock_v1_inventory_proto_goTypes = []any{
 	(*ReserveRequest)(nil),            // 0: shardstock.v1.ReserveRequest
 	(*ReserveResponse)(nil),           // 1: shardstock.v1.ReserveResponse
@@ -1155,48 +1610,72 @@ var file_shardstock_v1_inventory_proto_goTypes = []any{
 	(*ExtendReservationResponse)(nil), // 15: shardstock.v1.ExtendReservationResponse
 	(*RefundRequest)(nil),             // 16: shardstock.v1.RefundRequest
 	(*RefundResponse)(nil),            // 17: shardstock.v1.RefundResponse
-	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
-	(*Reservation)(nil),               // 19: shardstock.v1.Reservation
-	(*Operation)(nil),                 // 20: shardstock.v1.Operation
-	(*Stock)(nil),                     // 21: shardstock.v1.Stock
-	(*Sale)(nil),                      // 22: shardstock.v1.Sale
+	(*ReserveOrderRequest)(nil),       // 18: shardstock.v1.ReserveOrderRequest
+	(*ReserveOrderResponse)(nil),      // 19: shardstock.v1.ReserveOrderResponse
+	(*CommitOrderRequest)(nil),        // 20: shardstock.v1.CommitOrderRequest
+	(*CommitOrderResponse)(nil),       // 21: shardstock.v1.CommitOrderResponse
+	(*ReleaseOrderRequest)(nil),       // 22: shardstock.v1.ReleaseOrderRequest
+	(*ReleaseOrderResponse)(nil),      // 23: shardstock.v1.ReleaseOrderResponse
+	(*GetOrderRequest)(nil),           // 24: shardstock.v1.GetOrderRequest
+	(*GetOrderResponse)(nil),          // 25: shardstock.v1.GetOrderResponse
+	(*durationpb.Duration)(nil),       // 26: google.protobuf.Duration
+	(*Reservation)(nil),               // 27: shardstock.v1.Reservation
+	(*Operation)(nil),                 // 28: shardstock.v1.Operation
+	(*Stock)(nil),                     // 29: shardstock.v1.Stock
+	(*Sale)(nil),                      // 30: shardstock.v1.Sale
+	(*OrderLine)(nil),                 // 31: shardstock.v1.OrderLine
+	(*Order)(nil),                     // 32: shardstock.v1.Order
 }
 var file_shardstock_v1_inventory_proto_depIdxs = []int32{
-	18, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	19, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
-	19, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
-	19, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
-	20, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
-	20, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
-	20, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
-	21, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
-	18, // 8: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
-	19, // 9: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
-	22, // 10: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
-	20, // 11: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
-	0,  // 12: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
-	2,  // 13: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
-	4,  // 14: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
-	6,  // 15: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
-	8,  // 16: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
-	10, // 17: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
-	12, // 18: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
-	14, // 19: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
-	16, // 20: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
-	1,  // 21: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
-	3,  // 22: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
-	5,  // 23: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
-	7,  // 24: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
-	9,  // 25: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
-	11, // 26: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
-	13, // 27: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
-	15, // 28: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
-	17, // 29: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	26, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	27, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
+	27, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
+	27, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
+	28, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
+	28, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
+	28, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
+	29, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
+	26, // 8: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
+	27, // 9: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
+	30, // 10: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
+	28, // 11: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
+	26, // 12: shardstock.v1.ReserveOrderRequest.ttl:type_name -> google.protobuf.Duration
+	31, // 13: shardstock.v1.ReserveOrderRequest.lines:type_name -> shardstock.v1.OrderLine
+	32, // 14: shardstock.v1.ReserveOrderResponse.order:type_name -> shardstock.v1.Order
+	32, // 15: shardstock.v1.CommitOrderResponse.order:type_name -> shardstock.v1.Order
+	32, // 16: shardstock.v1.ReleaseOrderResponse.order:type_name -> shardstock.v1.Order
+	32, // 17: shardstock.v1.GetOrderResponse.order:type_name -> shardstock.v1.Order
+	0,  // 18: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
+	2,  // 19: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
+	4,  // 20: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
+	6,  // 21: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
+	8,  // 22: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
+	10, // 23: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
+	12, // 24: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
+	14, // 25: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
+	16, // 26: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
+	18, // 27: shardstock.v1.InventoryService.ReserveOrder:input_type -> shardstock.v1.ReserveOrderRequest
+	20, // 28: shardstock.v1.InventoryService.CommitOrder:input_type -> shardstock.v1.CommitOrderRequest
+	22, // 29: shardstock.v1.InventoryService.ReleaseOrder:input_type -> shardstock.v1.ReleaseOrderRequest
+	24, // 30: shardstock.v1.InventoryService.GetOrder:input_type -> shardstock.v1.GetOrderRequest
+	1,  // 31: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
+	3,  // 32: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
+	5,  // 33: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
+	7,  // 34: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
+	9,  // 35: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
+	11, // 36: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
+	13, // 37: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
+	15, // 38: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
+	17, // 39: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
+	19, // 40: shardstock.v1.InventoryService.ReserveOrder:output_type -> shardstock.v1.ReserveOrderResponse
+	21, // 41: shardstock.v1.InventoryService.CommitOrder:output_type -> shardstock.v1.CommitOrderResponse
+	23, // 42: shardstock.v1.InventoryService.ReleaseOrder:output_type -> shardstock.v1.ReleaseOrderResponse
+	25, // 43: shardstock.v1.InventoryService.GetOrder:output_type -> shardstock.v1.GetOrderResponse
+	31, // [31:44] is the sub-list for method output_type
+	18, // [18:31] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_inventory_proto_init() }
@@ -1211,7 +1690,7 @@ func file_shardstock_v1_inventory_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_inventory_proto_rawDesc), len(file_shardstock_v1_inventory_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

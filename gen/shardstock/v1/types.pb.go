@@ -302,6 +302,74 @@ func (TransferState) EnumDescriptor() ([]byte, []int) {
 	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
+// OrderState is where an order is: it ends once, as a whole.
+type OrderState int32
+
+const (
+	OrderState_ORDER_STATE_UNSPECIFIED OrderState = 0
+	// Its lines are being held (or, after its driver died, undone).
+	OrderState_ORDER_STATE_PENDING OrderState = 1
+	// Every line is held.
+	OrderState_ORDER_STATE_HELD       OrderState = 2
+	OrderState_ORDER_STATE_COMMITTING OrderState = 3
+	OrderState_ORDER_STATE_COMMITTED  OrderState = 4
+	OrderState_ORDER_STATE_RELEASING  OrderState = 5
+	OrderState_ORDER_STATE_RELEASED   OrderState = 6
+	// A line could not be held: none is (reason says why).
+	OrderState_ORDER_STATE_FAILED OrderState = 7
+)
+
+// Enum value maps for OrderState.
+var (
+	OrderState_name = map[int32]string{
+		0: "ORDER_STATE_UNSPECIFIED",
+		1: "ORDER_STATE_PENDING",
+		2: "ORDER_STATE_HELD",
+		3: "ORDER_STATE_COMMITTING",
+		4: "ORDER_STATE_COMMITTED",
+		5: "ORDER_STATE_RELEASING",
+		6: "ORDER_STATE_RELEASED",
+		7: "ORDER_STATE_FAILED",
+	}
+	OrderState_value = map[string]int32{
+		"ORDER_STATE_UNSPECIFIED": 0,
+		"ORDER_STATE_PENDING":     1,
+		"ORDER_STATE_HELD":        2,
+		"ORDER_STATE_COMMITTING":  3,
+		"ORDER_STATE_COMMITTED":   4,
+		"ORDER_STATE_RELEASING":   5,
+		"ORDER_STATE_RELEASED":    6,
+		"ORDER_STATE_FAILED":      7,
+	}
+)
+
+func (x OrderState) Enum() *OrderState {
+	p := new(OrderState)
+	*p = x
+	return p
+}
+
+func (x OrderState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OrderState) Descriptor() protoreflect.EnumDescriptor {
+	return file_shardstock_v1_types_proto_enumTypes[5].Descriptor()
+}
+
+func (OrderState) Type() protoreflect.EnumType {
+	return &file_shardstock_v1_types_proto_enumTypes[5]
+}
+
+func (x OrderState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OrderState.Descriptor instead.
+func (OrderState) EnumDescriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
 // Reservation is a hold on stock that ends in a commit, a release or expiry.
 type Reservation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1046,6 +1114,167 @@ func (*Sale_DeductKey) isSale_Sale() {}
 
 func (*Sale_ReservationId) isSale_Sale() {}
 
+type OrderLine struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sku           string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	Quantity      int64                  `protobuf:"varint,2,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	ReservationId string                 `protobuf:"bytes,3,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OrderLine) Reset() {
+	*x = OrderLine{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OrderLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OrderLine) ProtoMessage() {}
+
+func (x *OrderLine) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OrderLine.ProtoReflect.Descriptor instead.
+func (*OrderLine) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *OrderLine) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *OrderLine) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *OrderLine) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+type Order struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	OrderId        string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	OrderRef       string                 `protobuf:"bytes,2,opt,name=order_ref,json=orderRef,proto3" json:"order_ref,omitempty"`
+	State          OrderState             `protobuf:"varint,3,opt,name=state,proto3,enum=shardstock.v1.OrderState" json:"state,omitempty"`
+	ExpiresAt      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Lines          []*OrderLine           `protobuf:"bytes,5,rep,name=lines,proto3" json:"lines,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,6,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	CustomerRef    string                 `protobuf:"bytes,7,opt,name=customer_ref,json=customerRef,proto3" json:"customer_ref,omitempty"`
+	// Why it failed or was released.
+	Reason        string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Order) Reset() {
+	*x = Order{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Order) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Order) ProtoMessage() {}
+
+func (x *Order) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Order.ProtoReflect.Descriptor instead.
+func (*Order) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Order) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+func (x *Order) GetOrderRef() string {
+	if x != nil {
+		return x.OrderRef
+	}
+	return ""
+}
+
+func (x *Order) GetState() OrderState {
+	if x != nil {
+		return x.State
+	}
+	return OrderState_ORDER_STATE_UNSPECIFIED
+}
+
+func (x *Order) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Order) GetLines() []*OrderLine {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+func (x *Order) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *Order) GetCustomerRef() string {
+	if x != nil {
+		return x.CustomerRef
+	}
+	return ""
+}
+
+func (x *Order) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_shardstock_v1_types_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_types_proto_rawDesc = "" +
@@ -1125,7 +1354,21 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"deduct_key\x18\x01 \x01(\tH\x00R\tdeductKey\x12'\n" +
 	"\x0ereservation_id\x18\x02 \x01(\tH\x00R\rreservationIdB\x06\n" +
-	"\x04sale*\xb1\x01\n" +
+	"\x04sale\"`\n" +
+	"\tOrderLine\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1a\n" +
+	"\bquantity\x18\x02 \x01(\x03R\bquantity\x12%\n" +
+	"\x0ereservation_id\x18\x03 \x01(\tR\rreservationId\"\xbf\x02\n" +
+	"\x05Order\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x1b\n" +
+	"\torder_ref\x18\x02 \x01(\tR\borderRef\x12/\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x19.shardstock.v1.OrderStateR\x05state\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12.\n" +
+	"\x05lines\x18\x05 \x03(\v2\x18.shardstock.v1.OrderLineR\x05lines\x12'\n" +
+	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12!\n" +
+	"\fcustomer_ref\x18\a \x01(\tR\vcustomerRef\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason*\xb1\x01\n" +
 	"\x10ReservationState\x12!\n" +
 	"\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RESERVATION_STATE_HELD\x10\x01\x12\x1f\n" +
@@ -1154,7 +1397,17 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x16TRANSFER_STATE_DEBITED\x10\x02\x12\x1b\n" +
 	"\x17TRANSFER_STATE_CREDITED\x10\x03\x12\x1a\n" +
 	"\x16TRANSFER_STATE_ABORTED\x10\x04\x12\x1a\n" +
-	"\x16TRANSFER_STATE_PLANNED\x10\x05BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\x16TRANSFER_STATE_PLANNED\x10\x05*\xdc\x01\n" +
+	"\n" +
+	"OrderState\x12\x1b\n" +
+	"\x17ORDER_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13ORDER_STATE_PENDING\x10\x01\x12\x14\n" +
+	"\x10ORDER_STATE_HELD\x10\x02\x12\x1a\n" +
+	"\x16ORDER_STATE_COMMITTING\x10\x03\x12\x19\n" +
+	"\x15ORDER_STATE_COMMITTED\x10\x04\x12\x19\n" +
+	"\x15ORDER_STATE_RELEASING\x10\x05\x12\x18\n" +
+	"\x14ORDER_STATE_RELEASED\x10\x06\x12\x16\n" +
+	"\x12ORDER_STATE_FAILED\x10\aBAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_types_proto_rawDescOnce sync.Once
@@ -1168,43 +1421,49 @@ func file_shardstock_v1_types_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_types_proto_rawDescData
 }
 
-var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_shardstock_v1_types_proto_goTypes = []any{
 	(ReservationState)(0),         // 0: shardstock.v1.ReservationState
 	(OperationKind)(0),            // 1: shardstock.v1.OperationKind
 	(SkuStatus)(0),                // 2: shardstock.v1.SkuStatus
 	(ShardState)(0),               // 3: shardstock.v1.ShardState
 	(TransferState)(0),            // 4: shardstock.v1.TransferState
-	(*Reservation)(nil),           // 5: shardstock.v1.Reservation
-	(*Operation)(nil),             // 6: shardstock.v1.Operation
-	(*ShardStock)(nil),            // 7: shardstock.v1.ShardStock
-	(*Stock)(nil),                 // 8: shardstock.v1.Stock
-	(*Transfer)(nil),              // 9: shardstock.v1.Transfer
-	(*MoveLease)(nil),             // 10: shardstock.v1.MoveLease
-	(*Sale)(nil),                  // 11: shardstock.v1.Sale
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(OrderState)(0),               // 5: shardstock.v1.OrderState
+	(*Reservation)(nil),           // 6: shardstock.v1.Reservation
+	(*Operation)(nil),             // 7: shardstock.v1.Operation
+	(*ShardStock)(nil),            // 8: shardstock.v1.ShardStock
+	(*Stock)(nil),                 // 9: shardstock.v1.Stock
+	(*Transfer)(nil),              // 10: shardstock.v1.Transfer
+	(*MoveLease)(nil),             // 11: shardstock.v1.MoveLease
+	(*Sale)(nil),                  // 12: shardstock.v1.Sale
+	(*OrderLine)(nil),             // 13: shardstock.v1.OrderLine
+	(*Order)(nil),                 // 14: shardstock.v1.Order
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_shardstock_v1_types_proto_depIdxs = []int32{
 	0,  // 0: shardstock.v1.Reservation.state:type_name -> shardstock.v1.ReservationState
-	12, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	15, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 2: shardstock.v1.Operation.kind:type_name -> shardstock.v1.OperationKind
-	12, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	15, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: shardstock.v1.Operation.reservation_state:type_name -> shardstock.v1.ReservationState
-	11, // 5: shardstock.v1.Operation.original:type_name -> shardstock.v1.Sale
+	12, // 5: shardstock.v1.Operation.original:type_name -> shardstock.v1.Sale
 	3,  // 6: shardstock.v1.ShardStock.state:type_name -> shardstock.v1.ShardState
 	2,  // 7: shardstock.v1.Stock.status:type_name -> shardstock.v1.SkuStatus
-	7,  // 8: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
-	9,  // 9: shardstock.v1.Stock.moving:type_name -> shardstock.v1.Transfer
-	10, // 10: shardstock.v1.Stock.mover:type_name -> shardstock.v1.MoveLease
+	8,  // 8: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
+	10, // 9: shardstock.v1.Stock.moving:type_name -> shardstock.v1.Transfer
+	11, // 10: shardstock.v1.Stock.mover:type_name -> shardstock.v1.MoveLease
 	4,  // 11: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
-	12, // 12: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
-	12, // 13: shardstock.v1.Transfer.updated_at:type_name -> google.protobuf.Timestamp
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	15, // 12: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
+	15, // 13: shardstock.v1.Transfer.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 14: shardstock.v1.Order.state:type_name -> shardstock.v1.OrderState
+	15, // 15: shardstock.v1.Order.expires_at:type_name -> google.protobuf.Timestamp
+	13, // 16: shardstock.v1.Order.lines:type_name -> shardstock.v1.OrderLine
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_types_proto_init() }
@@ -1221,8 +1480,8 @@ func file_shardstock_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_types_proto_rawDesc), len(file_shardstock_v1_types_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   7,
+			NumEnums:      6,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -43,7 +43,33 @@ CREATE TABLE order_applied (
     PRIMARY KEY (sku, order_ref, kind)
 );
 
+-- Orders: a cart's lines held all or nothing (internal/allocator, order.go).
+-- The row is written before the first line is held; its driver holds a
+-- lease on it (lease_until) while it works, and a recovery takes over an
+-- open order (pending, committing, releasing) whose lease ran out. Orders
+-- live in the database named main, whichever databases hold their SKUs.
+CREATE TABLE orders (
+    id               text PRIMARY KEY,
+    idempotency_key  text NOT NULL UNIQUE,
+    params_hash      bytea NOT NULL,
+    order_ref        text NOT NULL DEFAULT '',
+    customer_ref     text NOT NULL DEFAULT '',
+    ttl_ms           bigint NOT NULL DEFAULT 0,
+    state            text NOT NULL CHECK (state IN ('pending', 'held', 'committing', 'committed', 'releasing', 'released', 'failed')),
+    lines            jsonb NOT NULL,
+    expires_at       timestamptz,
+    reason           text NOT NULL DEFAULT '',
+    fail_code        text NOT NULL DEFAULT '',
+    fail_sku         text NOT NULL DEFAULT '',
+    driver           text NOT NULL,
+    lease_until      timestamptz NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX orders_open ON orders (lease_until) WHERE state IN ('pending', 'committing', 'releasing');
+
 -- +goose Down
+DROP TABLE orders;
 DROP TABLE order_applied;
 DROP TABLE refunds;
 ALTER TABLE ledger DROP COLUMN original;

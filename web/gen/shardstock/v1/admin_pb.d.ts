@@ -763,6 +763,13 @@ export declare type LedgerEntry = Message<"shardstock.v1.LedgerEntry"> & {
    * @generated from field: google.protobuf.Timestamp created_at = 21;
    */
   createdAt?: Timestamp | undefined;
+
+  /**
+   * The sale a refund entry reverses: "deduct:KEY" or "reservation:ID".
+   *
+   * @generated from field: string original = 22;
+   */
+  original: string;
 };
 
 /**

@@ -424,6 +424,85 @@ export declare type Sale = Message<"shardstock.v1.Sale"> & {
 export declare const SaleSchema: GenMessage<Sale>;
 
 /**
+ * @generated from message shardstock.v1.OrderLine
+ */
+export declare type OrderLine = Message<"shardstock.v1.OrderLine"> & {
+  /**
+   * @generated from field: string sku = 1;
+   */
+  sku: string;
+
+  /**
+   * @generated from field: int64 quantity = 2;
+   */
+  quantity: bigint;
+
+  /**
+   * @generated from field: string reservation_id = 3;
+   */
+  reservationId: string;
+};
+
+/**
+ * Describes the message shardstock.v1.OrderLine.
+ * Use `create(OrderLineSchema)` to create a new message.
+ */
+export declare const OrderLineSchema: GenMessage<OrderLine>;
+
+/**
+ * @generated from message shardstock.v1.Order
+ */
+export declare type Order = Message<"shardstock.v1.Order"> & {
+  /**
+   * @generated from field: string order_id = 1;
+   */
+  orderId: string;
+
+  /**
+   * @generated from field: string order_ref = 2;
+   */
+  orderRef: string;
+
+  /**
+   * @generated from field: shardstock.v1.OrderState state = 3;
+   */
+  state: OrderState;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp expires_at = 4;
+   */
+  expiresAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: repeated shardstock.v1.OrderLine lines = 5;
+   */
+  lines: OrderLine[];
+
+  /**
+   * @generated from field: string idempotency_key = 6;
+   */
+  idempotencyKey: string;
+
+  /**
+   * @generated from field: string customer_ref = 7;
+   */
+  customerRef: string;
+
+  /**
+   * Why it failed or was released.
+   *
+   * @generated from field: string reason = 8;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message shardstock.v1.Order.
+ * Use `create(OrderSchema)` to create a new message.
+ */
+export declare const OrderSchema: GenMessage<Order>;
+
+/**
  * ReservationState is where a reservation is in its life. A reservation ends
  * exactly once: committed, released or expired.
  *
@@ -606,4 +685,62 @@ export enum TransferState {
  * Describes the enum shardstock.v1.TransferState.
  */
 export declare const TransferStateSchema: GenEnum<TransferState>;
+
+/**
+ * OrderState is where an order is: it ends once, as a whole.
+ *
+ * @generated from enum shardstock.v1.OrderState
+ */
+export enum OrderState {
+  /**
+   * @generated from enum value: ORDER_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Its lines are being held (or, after its driver died, undone).
+   *
+   * @generated from enum value: ORDER_STATE_PENDING = 1;
+   */
+  PENDING = 1,
+
+  /**
+   * Every line is held.
+   *
+   * @generated from enum value: ORDER_STATE_HELD = 2;
+   */
+  HELD = 2,
+
+  /**
+   * @generated from enum value: ORDER_STATE_COMMITTING = 3;
+   */
+  COMMITTING = 3,
+
+  /**
+   * @generated from enum value: ORDER_STATE_COMMITTED = 4;
+   */
+  COMMITTED = 4,
+
+  /**
+   * @generated from enum value: ORDER_STATE_RELEASING = 5;
+   */
+  RELEASING = 5,
+
+  /**
+   * @generated from enum value: ORDER_STATE_RELEASED = 6;
+   */
+  RELEASED = 6,
+
+  /**
+   * A line could not be held: none is (reason says why).
+   *
+   * @generated from enum value: ORDER_STATE_FAILED = 7;
+   */
+  FAILED = 7,
+}
+
+/**
+ * Describes the enum shardstock.v1.OrderState.
+ */
+export declare const OrderStateSchema: GenEnum<OrderState>;
 
