@@ -136,7 +136,7 @@ type Allocator struct {
 	rebal *rebalance.Rebalancer
 
 	orders    OrderStore
-	driverID  string // this allocator, as the driver of the orders it works on
+	driverID  string // this allocator, as the driver of the orders it works on (newDriver)
 	orderHook func(o *stock.Order, line int)
 	recovered chan struct{} // closed when recoverOrders has returned
 }

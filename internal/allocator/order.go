@@ -69,14 +69,15 @@ func (a *Allocator) ReserveOrder(ctx context.Context, o *stock.Order) (*stock.Or
 		return nil, false, err
 	}
 	o.ID, o.State = stock.NewOrderID(), stock.OrderPending
-	got, created, err := store.CreateOrder(ctx, o, a.driverID, orderLeaseTTL)
+	drv := a.newDriver()
+	got, created, err := store.CreateOrder(ctx, o, drv, orderLeaseTTL)
 	if err != nil {
 		return nil, false, err
 	}
 	if !created {
 		return a.answerOrder(got, true)
 	}
-	return a.answerOrder(a.holdLines(ctx, store, got), false)
+	return a.answerOrder(a.holdLines(ctx, store, got, drv), false)
 }
 
 // answerOrder is the answer for an order as it is: a failed order's
@@ -93,7 +94,7 @@ func (a *Allocator) answerOrder(o *stock.Order, replayed bool) (*stock.Order, bo
 
 // holdLines takes an order's lines, or undoes them, and returns the order
 // as it ends here.
-func (a *Allocator) holdLines(ctx context.Context, store OrderStore, o *stock.Order) *stock.Order {
+func (a *Allocator) holdLines(ctx context.Context, store OrderStore, o *stock.Order, drv string) *stock.Order {
 	for i := range o.Lines {
 		l := &o.Lines[i]
 		if a.orderHook != nil {
@@ -101,7 +102,7 @@ func (a *Allocator) holdLines(ctx context.Context, store OrderStore, o *stock.Or
 		}
 		// The lease is renewed just before each line: once a recovery took
 		// the order over, this driver takes no more.
-		if ok, err := store.SetOrder(ctx, o, stock.OrderPending, a.driverID, orderLeaseTTL, false); err != nil || !ok {
+		if ok, err := store.SetOrder(ctx, o, stock.OrderPending, drv, orderLeaseTTL, false); err != nil || !ok {
 			a.undoLines(context.WithoutCancel(ctx), o)
 			return a.reread(ctx, store, o)
 		}
@@ -126,7 +127,7 @@ func (a *Allocator) holdLines(ctx context.Context, store OrderStore, o *stock.Or
 			a.undoLines(context.WithoutCancel(ctx), o)
 			o.State, o.FailCode, o.FailSKU = stock.OrderFailed, res.Err.Code, l.SKU
 			o.Reason = fmt.Sprintf("line %s: %s", l.SKU, res.Err.Message)
-			return a.settle(ctx, store, o, stock.OrderPending)
+			return a.settle(ctx, store, o, stock.OrderPending, drv)
 		}
 		l.ReservationID = res.Reservation.ID
 		if o.ExpiresAt.IsZero() || res.Reservation.ExpiresAt.Before(o.ExpiresAt) {
@@ -134,8 +135,13 @@ func (a *Allocator) holdLines(ctx context.Context, store OrderStore, o *stock.Or
 		}
 	}
 	o.State = stock.OrderHeld
-	return a.settle(ctx, store, o, stock.OrderPending)
+	return a.settle(ctx, store, o, stock.OrderPending, drv)
 }
+
+// newDriver names one drive of an order: this allocator and a fresh
+// token, so that a recovery here never shares a name with a call here
+// still at work (each guard on the order's row names its own drive).
+func (a *Allocator) newDriver() string { return a.driverID + "/" + stock.NewTransferID()[3:15] }
 
 // takeLine holds one line: a reserve with the line's derived key, sent
 // again (the same key: it applies once) while it answers SHARD_UNAVAILABLE,
@@ -156,8 +162,8 @@ func (a *Allocator) takeLine(ctx context.Context, o *stock.Order, l *stock.Order
 
 // settle records o's new state if this driver still drives it; else the
 // order is what its new driver made it.
-func (a *Allocator) settle(ctx context.Context, store OrderStore, o *stock.Order, from stock.OrderState) *stock.Order {
-	ok, err := store.SetOrder(context.WithoutCancel(ctx), o, from, a.driverID, orderLeaseTTL, false)
+func (a *Allocator) settle(ctx context.Context, store OrderStore, o *stock.Order, from stock.OrderState, drv string) *stock.Order {
+	ok, err := store.SetOrder(context.WithoutCancel(ctx), o, from, drv, orderLeaseTTL, false)
 	if err == nil && ok {
 		return o
 	}
@@ -259,10 +265,11 @@ func (a *Allocator) endOrder(ctx context.Context, id string, to stock.OrderState
 		return o, false, errOrderLost
 	}
 	o.State, o.Reason = to, reason
-	if ok, err := store.SetOrder(ctx, o, stock.OrderHeld, a.driverID, orderLeaseTTL, true); err != nil || !ok {
+	drv := a.newDriver()
+	if ok, err := store.SetOrder(ctx, o, stock.OrderHeld, drv, orderLeaseTTL, true); err != nil || !ok {
 		return a.endOrder(ctx, id, to, reason) // another call took it: answer as it goes
 	}
-	o, err = a.finishOrder(ctx, store, o)
+	o, err = a.finishOrder(ctx, store, o, drv)
 	if err != nil {
 		return o, false, err
 	}
@@ -274,7 +281,7 @@ func (a *Allocator) endOrder(ctx context.Context, id string, to stock.OrderState
 
 // finishOrder carries a committing or releasing order to its end: the
 // driver's call, or a recovery's.
-func (a *Allocator) finishOrder(ctx context.Context, store OrderStore, o *stock.Order) (*stock.Order, error) {
+func (a *Allocator) finishOrder(ctx context.Context, store OrderStore, o *stock.Order, drv string) (*stock.Order, error) {
 	ctx = context.WithoutCancel(ctx)
 	from := o.State
 	if from == stock.OrderCommitting {
@@ -291,7 +298,7 @@ func (a *Allocator) finishOrder(ctx context.Context, store OrderStore, o *stock.
 				// whole. Nothing is committed yet unless every line was
 				// extended, so release what is held.
 				o.State, o.Reason = stock.OrderReleasing, "line "+l.SKU+": "+res.Err.Message
-				if ok, err := store.SetOrder(ctx, o, from, a.driverID, orderLeaseTTL, false); err != nil || !ok {
+				if ok, err := store.SetOrder(ctx, o, from, drv, orderLeaseTTL, false); err != nil || !ok {
 					return a.reread(ctx, store, o), errOrderLost
 				}
 				from = stock.OrderReleasing
@@ -318,7 +325,7 @@ func (a *Allocator) finishOrder(ctx context.Context, store OrderStore, o *stock.
 		}
 	}
 	o.State = end
-	return a.settle(ctx, store, o, from), nil
+	return a.settle(ctx, store, o, from, drv), nil
 }
 
 // GetOrder reads an order by id or by its idempotency key.
@@ -354,26 +361,27 @@ func (a *Allocator) recoverOrders() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), orderLeaseTTL)
-		os, err := a.orders.ClaimOrders(ctx, a.driverID, orderLeaseTTL, orderRecoverMax)
+		drv := a.newDriver()
+		os, err := a.orders.ClaimOrders(ctx, drv, orderLeaseTTL, orderRecoverMax)
 		if err != nil && !errors.Is(err, context.Canceled) {
 			a.log.Warn("order recovery: claim", "err", err)
 		}
 		for _, o := range os {
-			a.recoverOrder(ctx, o)
+			a.recoverOrder(ctx, o, drv)
 		}
 		cancel()
 	}
 }
 
-func (a *Allocator) recoverOrder(ctx context.Context, o *stock.Order) {
+func (a *Allocator) recoverOrder(ctx context.Context, o *stock.Order, drv string) {
 	a.metrics.ordersRecovered.WithLabelValues(string(o.State)).Inc()
 	if o.State != stock.OrderPending {
-		if _, err := a.finishOrder(ctx, a.orders, o); err != nil {
+		if _, err := a.finishOrder(ctx, a.orders, o, drv); err != nil {
 			a.log.Warn("order recovery: finish", "order", o.ID, "err", err)
 		}
 		return
 	}
 	a.undoLines(ctx, o)
 	o.State, o.FailCode, o.Reason = stock.OrderFailed, stock.CodeShardUnavailable, "its driver stopped before every line was held; none is"
-	a.settle(ctx, a.orders, o, stock.OrderPending)
+	a.settle(ctx, a.orders, o, stock.OrderPending, drv)
 }

@@ -303,3 +303,73 @@ func TestOrder_Hostile(t *testing.T) {
 	s.balanced("h-1")
 	s.balanced("h-2")
 }
+
+// TestOrder_SourceCase: the source document's case (100 units, 500
+// requests, 50 of them repeating an earlier key) run as orders of one line
+// gives what deducts give (internal/e2e's sourceCase): 100 keys held, each
+// once, every repeat the same outcome as its first (a repeat that finds
+// its order still being driven asks again, as a client after
+// OPERATION_IN_PROGRESS), and once the held orders are committed, 100 sold.
+func TestOrder_SourceCase(t *testing.T) {
+	s := newStack(t, []string{"a"}, "")
+	ctx := context.Background()
+	const sku = "case"
+	s.createSKU(sku, 8, 100)
+	a := s.orderAllocator(true, nil)
+	keys := make([]string, 500)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("case-order-%03d", i)
+		if i >= 450 {
+			keys[i] = keys[i-450]
+		}
+	}
+	got := make([]*stock.Order, len(keys))
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	// At most 100 at once: the test's database pool has 8 connections,
+	// and a cart of one line costs it as much as a deduct twice over.
+	slots := make(chan struct{}, 100)
+	for i, k := range keys {
+		wg.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			for range 100 {
+				got[i], _, errs[i] = a.ReserveOrder(ctx, &stock.Order{IdempotencyKey: k, Lines: []stock.OrderLine{{SKU: sku, Quantity: 1}}})
+				if stock.CodeOf(errs[i]) != stock.CodeOperationInProgress {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	held := map[string]string{}
+	for i, err := range errs {
+		switch code := stock.CodeOf(err); {
+		case err == nil:
+			if id, ok := held[keys[i]]; ok && id != got[i].ID {
+				t.Errorf("key %s held two orders", keys[i])
+			}
+			held[keys[i]] = got[i].ID
+		case code != stock.CodeOutOfStock:
+			t.Errorf("ReserveOrder(%s) = %v, want held or OUT_OF_STOCK", keys[i], err)
+		}
+	}
+	for i := 450; i < 500; i++ {
+		if (errs[i] == nil) != (errs[i-450] == nil) {
+			t.Errorf("key %s: %v / %v disagree", keys[i], errs[i-450], errs[i])
+		}
+	}
+	if len(held) != 100 {
+		t.Errorf("orders held = %d, want 100", len(held))
+	}
+	for _, id := range held {
+		if _, _, err := a.CommitOrder(ctx, id); err != nil {
+			t.Errorf("CommitOrder(%s) = %v", id, err)
+		}
+	}
+	if c := s.counts(sku); c.Available != 0 || c.Sold != 100 || c.Reserved != 0 {
+		t.Errorf("stock = %+v, want 100 sold, none left", c)
+	}
+	s.balanced(sku)
+}
