@@ -195,14 +195,18 @@ func TestOrder_CrashMidway(t *testing.T) {
 		t.Fatalf("the driver stopped with lines a, b not held")
 	}
 	start := time.Now()
-	for s.lineHeld(midway.ID, "crash-a") != nil || s.lineHeld(midway.ID, "crash-b") != nil {
+	failed := func() bool {
+		o, err := recovery.GetOrder(ctx, midway.ID, "")
+		return err == nil && o.State == stock.OrderFailed
+	}
+	for s.lineHeld(midway.ID, "crash-a") != nil || s.lineHeld(midway.ID, "crash-b") != nil || !failed() {
 		if time.Since(start) > allocator.OrderRecoveryBound {
 			close(wake)
-			t.Fatalf("lines of the stopped order still held after %s (OrderRecoveryBound)", allocator.OrderRecoveryBound)
+			t.Fatalf("lines of the stopped order still held, or the order not failed, after %s (OrderRecoveryBound)", allocator.OrderRecoveryBound)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("the stopped order's lines were released %s after the driver stopped", time.Since(start).Round(time.Millisecond))
+	t.Logf("the stopped order's lines were released and it failed %s after the driver stopped", time.Since(start).Round(time.Millisecond))
 	retry, replayed, err := recovery.ReserveOrder(ctx, &stock.Order{IdempotencyKey: "crash-1", Lines: o.Lines})
 	if !replayed || retry.State != stock.OrderFailed || err == nil {
 		t.Errorf("ReserveOrder(crash-1) again = %+v, %v, %v; want the one outcome: failed, replayed", retry, replayed, err)
