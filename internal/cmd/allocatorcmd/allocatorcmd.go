@@ -218,8 +218,10 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 		ledger.NewScheduler(ledger.SchedulerConfig{Store: proc.DBs, TryLease: w.moves.TryReconcile, Registerer: proc.Registry, Logger: log}).Run(rctx)
 	}()
 	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: proc.Registry, Moves: w.moves,
-		Rebalance: rebalance.Config{Off: !cfg.rebalance, Auto: rebalance.AutoShards{Off: !cfg.autoShards}, RetireGrace: cfg.retireGrace},
-		Orders:    proc.DBs.DB("main")} // orders live in main, whichever databases hold their lines' SKUs
+		Rebalance: rebalance.Config{Off: !cfg.rebalance, Auto: rebalance.AutoShards{Off: !cfg.autoShards}, RetireGrace: cfg.retireGrace}}
+	if main := proc.DBs.DB("main"); main != nil {
+		acfg.Orders = main // orders live in main, whichever databases hold their lines' SKUs
+	}
 	if cfg.shardClientTLS != nil {
 		acfg.HTTPClient, acfg.ShardScheme = transport.NewInternalTLSClient(cfg.shardClientTLS), "https"
 	}
