@@ -270,8 +270,15 @@ func checkEnds(t *testing.T, name string, w *BatchWrite) {
 		}
 		ended[e.ID] = e.State
 	}
-	entries := map[string]int{}
+	entries, rests := map[string]int{}, map[string]int{}
 	for _, e := range w.Ledger {
+		if e.Kind == OpRelease && ended[e.ReservationID] == ReservationCommitted {
+			// A partial commit releases the rest in the same step.
+			if rests[e.ReservationID]++; rests[e.ReservationID] > 1 {
+				t.Errorf("EvaluateBatch(%s) releases the rest of %s twice", name, e.ReservationID)
+			}
+			continue
+		}
 		switch e.Kind {
 		case OpCommit, OpRelease, OpExpire:
 			entries[e.ReservationID]++
@@ -951,4 +958,73 @@ func TestPlan_Invariant(t *testing.T) {
 	if !errors.Is(err, ErrInvariant) {
 		t.Errorf("EvaluateBatch(release of an unaccounted hold) = %v, want ErrInvariant", err)
 	}
+}
+
+func refund(key, sale string, q int64) *Request {
+	r := keyed(OpRefund, key, q)
+	r.Original = Sale{DeductKey: sale}
+	return r
+}
+
+// TestPlan_Bend: a partial commit is a commit entry and a release entry in
+// one batch; an extension moves the expiry within max_hold and ledgers an
+// entry of no delta; refunds in one batch count each other against their
+// sale, and the read's refunds too.
+func TestPlan_Bend(t *testing.T) {
+	held := hold("k-h", 3, time.Minute, "")
+	held.CreatedAt = planNow.Add(-time.Minute)
+	partial := commit(held)
+	partial.Quantity = 2
+	extend := &Request{Kind: OpExtend, Shard: planShard, ReservationID: held.ID, TTL: time.Hour, Source: SourceAPI}
+	tooLong := *extend
+	tooLong.TTL = 30 * time.Hour
+	sale := func(refunded int64) func(*BatchRead) {
+		return func(r *BatchRead) {
+			r.Ops["sale"] = recorded(deduct("sale", 3))
+			r.Refunded = map[string]int64{"deduct:sale": refunded}
+		}
+	}
+	runPlan(t, []planCase{
+		{
+			name: "PartialCommit",
+			from: Counts{Available: 10, Reserved: 3}, read: withReservations(held),
+			reqs: []*Request{partial, commit(held)}, want: []outcome{okay, replay},
+			to: Counts{Available: 11, Sold: 2}, ledger: []OpKind{OpCommit, OpRelease},
+			check: func(t *testing.T, w *BatchWrite, rs []Result) {
+				if len(w.Ended) != 1 || w.Ended[0].Committed != 2 || rs[1].Reservation.Committed != 2 {
+					t.Errorf("ends %+v, replay %+v, want one end that bought 2", w.Ended, rs[1].Reservation)
+				}
+			},
+		},
+		{
+			name: "ExtendThenCommit",
+			from: Counts{Available: 10, Reserved: 3}, read: withReservations(held),
+			reqs: []*Request{&tooLong, extend, commit(held)}, want: []outcome{refused(CodeHoldLimitReached), okay, okay},
+			to: Counts{Available: 10, Sold: 3}, ledger: []OpKind{OpExtend, OpCommit},
+			check: func(t *testing.T, w *BatchWrite, rs []Result) {
+				if len(w.Extended) != 1 || !w.Extended[0].ExpiresAt.Equal(planNow.Add(time.Hour)) {
+					t.Errorf("extended %+v, want one, to an hour from now", w.Extended)
+				}
+			},
+		},
+		{
+			name: "Refunds",
+			from: Counts{Available: 7, Sold: 3}, read: sale(0),
+			reqs: []*Request{refund("rf-1", "sale", 2), refund("rf-2", "sale", 1), refund("rf-3", "sale", 1), refund("rf-1", "sale", 2)},
+			want: []outcome{okay, okay, refused(CodeRefundExceedsSale), replay},
+			to:   Counts{Available: 10}, ledger: []OpKind{OpRefund, OpRefund},
+			check: func(t *testing.T, w *BatchWrite, rs []Result) {
+				if len(w.Refunds) != 2 || w.Refunds[0].Sold != 3 || w.Ledger[0].Original.DeductKey != "sale" {
+					t.Errorf("refunds %+v, ledger %+v, want two of the sale of 3, naming it", w.Refunds, w.Ledger)
+				}
+			},
+		},
+		{
+			name: "RefundedAlready",
+			from: Counts{Available: 7, Sold: 3}, read: sale(3),
+			reqs: []*Request{refund("rf-4", "sale", 1), refund("rf-5", "nothing", 1)},
+			want: []outcome{refused(CodeRefundExceedsSale), refused(CodeSaleNotFound)},
+			to:   Counts{Available: 7, Sold: 3},
+		},
+	})
 }
