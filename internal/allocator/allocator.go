@@ -86,6 +86,14 @@ type Config struct {
 	Moves *topology.MoveLeases
 	// Rebalance configures the rebalancer.
 	Rebalance rebalance.Config
+	// Orders keeps orders (the database named main); nil: the order calls
+	// answer UNIMPLEMENTED.
+	Orders OrderStore
+	// OrderRecoveryOff: this allocator does not take over orders whose
+	// driver stopped (tests; a deployment keeps it on in every allocator).
+	OrderRecoveryOff bool
+	// OrderHook, for tests, is called before each line of an order is taken.
+	OrderHook func(o *stock.Order, line int)
 }
 
 // LocalServer is a shard server in the allocator's own process
@@ -126,6 +134,11 @@ type Allocator struct {
 	// rebal moves stock: the rounds, SetShards, Rebalance and the
 	// consolidations routing asks for.
 	rebal *rebalance.Rebalancer
+
+	orders    OrderStore
+	driverID  string // this allocator, as the driver of the orders it works on (newDriver)
+	orderHook func(o *stock.Order, line int)
+	recovered chan struct{} // closed when recoverOrders has returned
 }
 
 type cachedSKU struct {
@@ -159,6 +172,10 @@ func New(cfg Config) *Allocator {
 		metrics:     newMetrics(cfg.Registerer),
 		stop:        make(chan struct{}),
 		followed:    make(chan struct{}),
+		orders:      cfg.Orders,
+		driverID:    "allocator-" + stock.NewTransferID()[3:19],
+		orderHook:   cfg.OrderHook,
+		recovered:   make(chan struct{}),
 	}
 	a.sweeps.a, a.sweeps.keysMax = a, sweepKeysMax
 	if cfg.Registerer != nil {
@@ -177,6 +194,11 @@ func New(cfg Config) *Allocator {
 	a.rebal = rebalance.New(rebalance.Host{Store: cfg.DB, Exec: a.exec, SKU: a.sku, Forget: a.forgetSKU,
 		Moves: cfg.Moves, Logger: log, Registerer: cfg.Registerer}, cfg.Rebalance)
 	go a.followTopology()
+	if a.orders != nil && !cfg.OrderRecoveryOff {
+		go func() { defer close(a.recovered); a.recoverOrders() }()
+	} else {
+		close(a.recovered)
+	}
 	return a
 }
 
@@ -196,6 +218,7 @@ func mustLRU[K comparable, V any](size int) *lru.Cache[K, V] {
 func (a *Allocator) Close() {
 	close(a.stop)
 	<-a.followed
+	<-a.recovered
 	a.rebal.Close()
 	a.mu.Lock()
 	defer a.mu.Unlock()

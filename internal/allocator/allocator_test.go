@@ -108,11 +108,17 @@ func newStack(t testing.TB, remote []string, local string) *stack {
 
 // newAllocator returns another allocator over the stack, with no hints
 // and no cached SKUs of its own.
-func (s *stack) newAllocator() *allocator.Allocator {
+func (s *stack) newAllocator() *allocator.Allocator { return s.newAllocatorWith(nil) }
+
+// newAllocatorWith is newAllocator with its Config changed by edit.
+func (s *stack) newAllocatorWith(edit func(*allocator.Config)) *allocator.Allocator {
 	// The rebalancer's rounds would move stock under the tests' feet; the
 	// rebalancer's own tests turn them on (newMover).
 	cfg := allocator.Config{DB: s.db, Topology: s.topo, Logger: quiet(),
 		Rebalance: rebalance.Config{Off: true, Auto: rebalance.AutoShards{Off: true}}}
+	if edit != nil {
+		edit(&cfg)
+	}
 	if s.local != "" {
 		cfg.Local, cfg.LocalID = s.servers[s.local], s.local
 	}

@@ -18,6 +18,8 @@ type metrics struct {
 	// replays counts reserves and deducts answered with their first
 	// result (a client's retry); a surge means clients retry a lot.
 	replays prometheus.Counter
+	// ordersRecovered counts orders taken over from a driver that stopped.
+	ordersRecovered *prometheus.CounterVec
 	// reconciles counts Reconcile calls by result: balanced, unbalanced.
 	reconciles *prometheus.CounterVec
 	breaker    *prometheus.CounterVec
@@ -85,9 +87,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_execute_refused_total", Help: "Execute calls refused by a shard server's open or half-open circuit breaker.",
 		}, []string{"server"}),
+		ordersRecovered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardstock_allocator_orders_recovered_total", Help: "Orders whose driver's lease ran out, taken over by this allocator's recovery, by the state it found them in (pending: undone; committing, releasing: finished).",
+		}, []string{"state"}),
 	}
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.sweepTime, m.reroutes, m.replays, m.reconciles, m.breaker, m.abandoned, m.settles, m.calls, m.refused)
+		reg.MustRegister(paths, m.sweeps, m.sweepTime, m.reroutes, m.replays, m.reconciles, m.breaker, m.abandoned, m.settles, m.calls, m.refused, m.ordersRecovered)
 	}
 	return m
 }

@@ -166,6 +166,11 @@ func (a *Allocator) UpdateSKU(ctx context.Context, name string, u stock.SKUUpdat
 	if err := stock.ValidateLimits(mpo, cl); err != nil {
 		return nil, err
 	}
+	if u.MaxHold != nil {
+		if err := stock.ValidateMaxHold(*u.MaxHold, stock.ReservationTTLMin); err != nil {
+			return nil, err
+		}
+	}
 	defer a.forgetSKU(name)
 	return a.admin.UpdateSKU(ctx, name, u)
 }

@@ -111,6 +111,7 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 	st, err := h.Admin.CreateSKU(ctx, stock.SKU{
 		Name: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
 		ReservationTTL: wire.DurationOf(m.GetReservationTtl()), SaleStart: timeOf(m.GetSaleStart()), SaleEnd: timeOf(m.GetSaleEnd()),
+		MaxHold: wire.DurationOf(m.GetMaxHold()), OnePerOrder: m.GetOnePerOrder(),
 	}, m.GetInitialStock())
 	if err != nil {
 		return nil, wire.ToConnect(err)
@@ -127,8 +128,14 @@ func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.Up
 	if m.GetClearSaleWindow() && (m.SaleStart != nil || m.SaleEnd != nil) {
 		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "clear_sale_window with sale_start or sale_end: set one or the other"))
 	}
-	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit, AutoShards: m.AutoShards,
-		SaleStart: timeOrNil(m.GetSaleStart()), SaleEnd: timeOrNil(m.GetSaleEnd()), ClearSaleWindow: m.GetClearSaleWindow()})
+	u := stock.SKUUpdate{Paused: m.Paused, MaxPerOrder: m.MaxPerOrder, CustomerLimit: m.CustomerLimit, AutoShards: m.AutoShards,
+		SaleStart: timeOrNil(m.GetSaleStart()), SaleEnd: timeOrNil(m.GetSaleEnd()), ClearSaleWindow: m.GetClearSaleWindow(),
+		OnePerOrder: m.OnePerOrder}
+	if m.MaxHold != nil {
+		hold := wire.DurationOf(m.MaxHold)
+		u.MaxHold = &hold
+	}
+	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), u)
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
@@ -335,7 +342,7 @@ func (h *AdminHandler) ResumeShard(ctx context.Context, req *connect.Request[v1.
 func skuToProto(s *stock.SKU) *v1.SkuConfig {
 	return &v1.SkuConfig{Sku: s.Name, Status: skuStatuses[s.Status], Shards: s.Shards, MaxPerOrder: s.MaxPerOrder,
 		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL), AutoShards: s.AutoShards,
-		SaleStart: protoTime(s.SaleStart), SaleEnd: protoTime(s.SaleEnd)}
+		SaleStart: protoTime(s.SaleStart), SaleEnd: protoTime(s.SaleEnd), MaxHold: durationpb.New(s.MaxHold), OnePerOrder: s.OnePerOrder}
 }
 
 func pageSize(n int32) int {

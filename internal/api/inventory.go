@@ -21,9 +21,18 @@ type Inventory interface {
 	// Allocate takes units from a shard that has them, which it chooses:
 	// a reserve or a deduct (r.Kind).
 	Allocate(ctx context.Context, r *stock.Request) stock.Result
-	// EndReservation commits or releases a reservation (r.Kind) on the
-	// shard its id names.
+	// EndReservation commits, releases or extends a reservation (r.Kind)
+	// on the shard its id names.
 	EndReservation(ctx context.Context, r *stock.Request) stock.Result
+	// Refund gives back units of a sale (r.Original).
+	Refund(ctx context.Context, r *stock.Request) stock.Result
+	// ReserveOrder holds every line of an order or none; CommitOrder and
+	// ReleaseOrder end a held order as a whole. Each returns the order as
+	// it is, and whether it was so already (replayed).
+	ReserveOrder(ctx context.Context, o *stock.Order) (*stock.Order, bool, error)
+	CommitOrder(ctx context.Context, id string) (*stock.Order, bool, error)
+	ReleaseOrder(ctx context.Context, id, reason string) (*stock.Order, bool, error)
+	GetOrder(ctx context.Context, id, key string) (*stock.Order, error)
 	// AdjustStock changes available stock: a replenish, or an adjustment
 	// either way (r.Kind, r.Quantity's sign).
 	AdjustStock(ctx context.Context, r *stock.Request) stock.Result
@@ -66,7 +75,7 @@ func (h *InventoryHandler) Reserve(ctx context.Context, req *connect.Request[v1.
 
 // Commit turns a reservation into a sale.
 func (h *InventoryHandler) Commit(ctx context.Context, req *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
-	r := &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId(), Caller: callerOf(ctx)}
+	r := &stock.Request{Kind: stock.OpCommit, ReservationID: req.Msg.GetReservationId(), Quantity: req.Msg.GetQuantity(), Caller: callerOf(ctx)}
 	res := h.Inventory.EndReservation(ctx, r)
 	audit(ctx, h.Log, "Commit", r, res)
 	if res.Err != nil {
@@ -114,6 +123,74 @@ func (h *InventoryHandler) Replenish(ctx context.Context, req *connect.Request[v
 		return nil, wire.ToConnect(res.Err)
 	}
 	return connect.NewResponse(&v1.ReplenishResponse{Operation: wire.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
+}
+
+// ExtendReservation moves a held reservation's expiry later.
+func (h *InventoryHandler) ExtendReservation(ctx context.Context, req *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error) {
+	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpExtend, ReservationID: req.Msg.GetReservationId(),
+		TTL: wire.DurationOf(req.Msg.GetTtl())})
+	if res.Err != nil {
+		return nil, wire.ToConnect(res.Err)
+	}
+	return connect.NewResponse(&v1.ExtendReservationResponse{Reservation: wire.ReservationToProto(res.Reservation), Replayed: res.Replayed}), nil
+}
+
+// Refund gives back units of a sale.
+func (h *InventoryHandler) Refund(ctx context.Context, req *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error) {
+	m := req.Msg
+	res := h.Inventory.Refund(ctx, &stock.Request{
+		Kind: stock.OpRefund, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
+		Original: wire.SaleFromProto(m.GetOriginal()), Reason: m.GetReason(),
+	})
+	if res.Err != nil {
+		return nil, wire.ToConnect(res.Err)
+	}
+	return connect.NewResponse(&v1.RefundResponse{Operation: wire.OperationToProto(res.Operation), Replayed: res.Replayed}), nil
+}
+
+// ReserveOrder holds a cart's lines all or nothing.
+func (h *InventoryHandler) ReserveOrder(ctx context.Context, req *connect.Request[v1.ReserveOrderRequest]) (*connect.Response[v1.ReserveOrderResponse], error) {
+	m := req.Msg
+	o := &stock.Order{IdempotencyKey: m.GetIdempotencyKey(), OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: wire.DurationOf(m.GetTtl())}
+	if len(m.GetLines()) > stock.OrderLinesMax {
+		// Refused before converting a hostile number of lines.
+		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "an order has at most %d lines", stock.OrderLinesMax))
+	}
+	for _, l := range m.GetLines() {
+		o.Lines = append(o.Lines, stock.OrderLine{SKU: l.GetSku(), Quantity: l.GetQuantity()})
+	}
+	got, replayed, err := h.Inventory.ReserveOrder(ctx, o)
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.ReserveOrderResponse{Order: wire.OrderToProto(got), Replayed: replayed}), nil
+}
+
+// CommitOrder buys every line of a held order.
+func (h *InventoryHandler) CommitOrder(ctx context.Context, req *connect.Request[v1.CommitOrderRequest]) (*connect.Response[v1.CommitOrderResponse], error) {
+	got, replayed, err := h.Inventory.CommitOrder(ctx, req.Msg.GetOrderId())
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.CommitOrderResponse{Order: wire.OrderToProto(got), Replayed: replayed}), nil
+}
+
+// ReleaseOrder gives every line of a held order back.
+func (h *InventoryHandler) ReleaseOrder(ctx context.Context, req *connect.Request[v1.ReleaseOrderRequest]) (*connect.Response[v1.ReleaseOrderResponse], error) {
+	got, replayed, err := h.Inventory.ReleaseOrder(ctx, req.Msg.GetOrderId(), req.Msg.GetReason())
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.ReleaseOrderResponse{Order: wire.OrderToProto(got), Replayed: replayed}), nil
+}
+
+// GetOrder reads an order.
+func (h *InventoryHandler) GetOrder(ctx context.Context, req *connect.Request[v1.GetOrderRequest]) (*connect.Response[v1.GetOrderResponse], error) {
+	got, err := h.Inventory.GetOrder(ctx, req.Msg.GetOrderId(), req.Msg.GetIdempotencyKey())
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&v1.GetOrderResponse{Order: wire.OrderToProto(got)}), nil
 }
 
 // GetOperation tells the state of a key.

@@ -24,7 +24,8 @@ func TestE2E_ErrorReasons(t *testing.T) {
 	s := newStack(t, 2)
 	ctx := context.Background()
 	const sku = "errs"
-	s.createSKU(sku, 10, 2, func(r *v1.CreateSkuRequest) { r.MaxPerOrder = 5; r.CustomerLimit = 3 })
+	s.createSKU(sku, 10, 2, func(r *v1.CreateSkuRequest) { r.MaxPerOrder = 5 })
+	s.createSKU("errs-limited", 10, 1, func(r *v1.CreateSkuRequest) { r.CustomerLimit = 3 })
 	s.createSKU("errs-paused", 10, 1)
 	s.createSKU("errs-small", 2, 2)
 	paused := true
@@ -82,7 +83,7 @@ func TestE2E_ErrorReasons(t *testing.T) {
 		}
 	}
 
-	before := s.stock(sku)
+	before, beforeLimited := s.stock(sku), s.stock("errs-limited")
 	for _, tc := range []struct {
 		reason string
 		code   connect.Code
@@ -112,7 +113,12 @@ func TestE2E_ErrorReasons(t *testing.T) {
 		{"RESERVATION_ALREADY_COMMITTED", connect.CodeFailedPrecondition, func() error { return release(committed) }},
 		{"RESERVATION_ALREADY_RELEASED", connect.CodeFailedPrecondition, func() error { return commit(released) }},
 		{"CUSTOMER_LIMIT_REACHED", connect.CodeFailedPrecondition, func() error {
-			_, err := s.inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: sku, Quantity: 4, IdempotencyKey: "greedy", CustomerRef: "carol"}))
+			_, err := s.inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "errs-limited", Quantity: 4, IdempotencyKey: "greedy", CustomerRef: "carol"}))
+			return err
+		}},
+		{"CUSTOMER_REF_REQUIRED", connect.CodeInvalidArgument, func() error { return deduct("errs-limited", 1, "anonymous") }},
+		{"CUSTOMER_REF_REQUIRED", connect.CodeInvalidArgument, func() error {
+			_, err := s.inv.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{Sku: "errs-limited", Quantity: 1, IdempotencyKey: "anonymous-hold"}))
 			return err
 		}},
 	} {
@@ -127,6 +133,9 @@ func TestE2E_ErrorReasons(t *testing.T) {
 		})
 	}
 	// Not even a shard's counts moved (a consolidating transfer would).
+	if after := s.stock("errs-limited"); !proto.Equal(after, beforeLimited) {
+		t.Errorf("stock %v -> %v: the refused calls changed it", beforeLimited, after)
+	}
 	if after := s.stock(sku); !proto.Equal(after, before) {
 		t.Errorf("stock %v -> %v: the refused calls changed it", before, after)
 	}

@@ -71,6 +71,10 @@ func TestE2E_HostileInput(t *testing.T) {
 		return b
 	}
 	deduct := func(fields string) []byte { return []byte(`{` + fields + `}`) }
+	var lines51 []any
+	for i := range 51 {
+		lines51 = append(lines51, map[string]any{"sku": fmt.Sprintf("s-%d", i), "quantity": "1"})
+	}
 	ok := `"sku":"hostile","quantity":"1","idempotencyKey":"k-ok"`
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)
@@ -146,6 +150,19 @@ func TestE2E_HostileInput(t *testing.T) {
 		{name: "reservation id 10 KiB", path: inv + "Release", body: j(map[string]string{"reservationId": strings.Repeat("r", 10<<10)}), status: 404, code: notFound, reason: "RESERVATION_NOT_FOUND"},
 		{name: "GetStock no sku", path: inv + "GetStock", body: []byte(`{}`), status: 400, code: badArg, reason: "INVALID_SKU"},
 		{name: "GetOperation no key", path: inv + "GetOperation", body: []byte(`{"sku":"hostile"}`), status: 400, code: badArg, reason: "INVALID_IDEMPOTENCY_KEY"},
+		{name: "commit quantity negative", path: inv + "Commit", body: j(map[string]any{"reservationId": victimID, "quantity": "-1"}), status: 400, code: badArg, reason: "INVALID_QUANTITY"},
+		{name: "extend without ttl", path: inv + "ExtendReservation", body: j(map[string]any{"reservationId": victimID}), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "extend 100 days", path: inv + "ExtendReservation", body: j(map[string]any{"reservationId": victimID, "ttl": "8640000s"}), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "extend another SKU's hold", path: inv + "ExtendReservation", body: j(map[string]any{"reservationId": foreignID, "ttl": "60s"}), status: 404, code: notFound, reason: "RESERVATION_NOT_FOUND"},
+		{name: "refund without original", path: inv + "Refund", body: deduct(`"sku":"hostile","quantity":"1","idempotencyKey":"rf"`), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "refund of another SKU's hold", path: inv + "Refund", body: j(map[string]any{"sku": "hostile", "quantity": "1", "idempotencyKey": "rf", "original": map[string]string{"reservationId": victimID}}), status: 404, code: notFound, reason: "SALE_NOT_FOUND"},
+		{name: "refund of no sale", path: inv + "Refund", body: j(map[string]any{"sku": "hostile", "quantity": "1", "idempotencyKey": "rf", "original": map[string]string{"deductKey": "never"}}), status: 404, code: notFound, reason: "SALE_NOT_FOUND"},
+		{name: "refund quantity overflow", path: inv + "Refund", body: j(map[string]any{"sku": "hostile", "quantity": "9223372036854775807", "idempotencyKey": "rf", "original": map[string]string{"deductKey": "never"}}), status: 400, code: badArg, reason: "INVALID_QUANTITY"},
+		{name: "order of 51 lines", path: inv + "ReserveOrder", body: j(map[string]any{"idempotencyKey": "o", "lines": lines51}), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "order with a SKU twice", path: inv + "ReserveOrder", body: j(map[string]any{"idempotencyKey": "o", "lines": []any{map[string]any{"sku": "hostile", "quantity": "1"}, map[string]any{"sku": "hostile", "quantity": "2"}}}), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "order quantities overflowing", path: inv + "ReserveOrder", body: j(map[string]any{"idempotencyKey": "o", "lines": []any{map[string]any{"sku": "hostile", "quantity": "9223372036854775807"}, map[string]any{"sku": "victim", "quantity": "9223372036854775807"}}}), status: 400, code: badArg, reason: "INVALID_QUANTITY"},
+		{name: "order line's key taken", path: inv + "Reserve", body: deduct(`"sku":"hostile","quantity":"1","idempotencyKey":"order-line:x"`), status: 400, code: badArg, reason: "INVALID_IDEMPOTENCY_KEY"},
+		{name: "get order of nothing", path: inv + "GetOrder", body: []byte(`{}`), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
 
 		// Credentials: none, a forged or unsigned JWT, or a role's that
 		// does not reach the call.

@@ -151,6 +151,9 @@ func mergeWrites(writes []unitWrite) *groupWrite {
 		g.all.NewReservations = append(g.all.NewReservations, w.NewReservations...)
 		g.all.Ended = append(g.all.Ended, w.Ended...)
 		g.all.Steps = append(g.all.Steps, w.Steps...)
+		g.all.Extended = append(g.all.Extended, w.Extended...)
+		g.all.Refunds = append(g.all.Refunds, w.Refunds...)
+		g.all.Applied = append(g.all.Applied, w.Applied...)
 		g.all.Ledger = append(g.all.Ledger, w.Ledger...)
 		for range w.Ledger {
 			g.epochs = append(g.epochs, uw.u.Fence.Epoch)
@@ -192,6 +195,9 @@ func (g *groupWrite) queue(b *pgx.Batch, mark commitMark) {
 	if len(g.usageAdd) > 0 {
 		queueUsageAdd(b, g.usageAdd)
 	}
+	if len(g.all.Refunds) > 0 {
+		queueRefunds(b, g.all.Refunds)
+	}
 	if len(g.all.Steps) > 0 {
 		queueStepTransfers(b, g.all.Steps)
 	}
@@ -215,11 +221,17 @@ func (g *groupWrite) parts(mark commitMark) []writePart {
 	if len(g.all.Ops) > 0 {
 		parts = append(parts, opsPart(g.all.Ops))
 	}
+	if len(g.all.Applied) > 0 {
+		parts = append(parts, appliedPart(g.all.Applied))
+	}
 	if len(g.all.NewReservations) > 0 {
 		parts = append(parts, reservationsPart(g.all.NewReservations))
 	}
 	if len(g.all.Ended) > 0 {
 		parts = append(parts, endsPart(g.all.Ended))
+	}
+	if len(g.all.Extended) > 0 {
+		parts = append(parts, extendsPart(g.all.Extended))
 	}
 	if len(g.shards) > 0 {
 		parts = append(parts, shardsPart(g.shards))

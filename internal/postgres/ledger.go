@@ -205,7 +205,7 @@ func (sn *snapshot) keyed(ctx context.Context) error {
 		sn.snap.KeyedMismatches = append(sn.snap.KeyedMismatches, m)
 		return nil
 	}, sqlTail+`, l AS (SELECT idempotency_key AS k, kind, count(*) AS n FROM tail
-			WHERE kind IN ('reserve', 'deduct', 'replenish', 'adjust') GROUP BY 1, 2),
+			WHERE kind IN ('reserve', 'deduct', 'replenish', 'adjust', 'refund') GROUP BY 1, 2),
 		o AS (SELECT idempotency_key AS k, kind FROM operations WHERE sku = $1 AND idempotency_key IN (SELECT k FROM l)
 			UNION SELECT o.idempotency_key, o.kind FROM cp CROSS JOIN LATERAL (SELECT idempotency_key, kind FROM operations o
 				WHERE o.sku = $1 AND o.shard = cp.shard AND o.group_seq > cp.group_seq OFFSET 0) o)
@@ -232,19 +232,21 @@ func (sn *snapshot) ends(ctx context.Context) error {
 		return nil
 	}, sqlTail+`, e AS (SELECT reservation_id AS id, kind, count(*) AS n FROM tail
 			WHERE kind IN ('commit', 'release', 'expire') GROUP BY 1, 2),
-		r AS (SELECT id, state FROM reservations WHERE sku = $1 AND id IN (SELECT id FROM e)
-			UNION SELECT r.id, r.state FROM cp CROSS JOIN LATERAL (SELECT id, state FROM reservations r
+		r AS (SELECT id, state, committed < quantity AS partial FROM reservations WHERE sku = $1 AND id IN (SELECT id FROM e)
+			UNION SELECT r.id, r.state, r.partial FROM cp CROSS JOIN LATERAL (SELECT id, state, committed < quantity AS partial FROM reservations r
 				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.end_group_seq > cp.group_seq OFFSET 0) r
-			UNION SELECT r.id, r.state FROM cp CROSS JOIN LATERAL (SELECT id, state FROM reservations r
+			UNION SELECT r.id, r.state, r.partial FROM cp CROSS JOIN LATERAL (SELECT id, state, committed < quantity AS partial FROM reservations r
 				WHERE r.sku = $1 AND r.shard = cp.shard AND r.state <> 'held' AND r.end_group_seq = 0
 					AND r.ended_at > cp.created_at OFFSET 0) r),
-		t AS (SELECT r.id, r.state,
+		t AS (SELECT r.id, r.state, coalesce(r.partial, false) AS partial,
 			coalesce(sum(e.n) FILTER (WHERE e.kind = CASE r.state WHEN 'committed' THEN 'commit'
 				WHEN 'released' THEN 'release' WHEN 'expired' THEN 'expire' END), 0) AS right_n,
+			coalesce(sum(e.n) FILTER (WHERE e.kind = 'release' AND r.state = 'committed'), 0) AS rest_n,
 			coalesce(sum(e.n), 0) AS all_n
-			FROM r LEFT JOIN e ON e.id = r.id GROUP BY r.id, r.state)
+			FROM r LEFT JOIN e ON e.id = r.id GROUP BY r.id, r.state, r.partial)
 		SELECT id, state, all_n::int8 FROM t
-		WHERE all_n <> right_n OR right_n <> CASE WHEN state = 'held' THEN 0 ELSE 1 END LIMIT $2`, mismatchesMax)
+		WHERE all_n <> right_n + rest_n OR right_n <> CASE WHEN state = 'held' THEN 0 ELSE 1 END
+			OR rest_n <> CASE WHEN partial THEN 1 ELSE 0 END LIMIT $2`, mismatchesMax)
 }
 
 // transfers lists the transfers whose steps in the ledger are not the ones
@@ -292,14 +294,15 @@ func (db *DB) ListLedger(ctx context.Context, sku string, after int64, limit int
 // sqlEntryColumns are the columns scanEntry reads, in its order.
 const sqlEntryColumns = `id, sku, shard, kind, quantity, available_before, available_after,
 	reserved_before, reserved_after, sold_before, sold_after, idempotency_key, reservation_id, transfer_id,
-	order_ref, source, reason, approver, server_id, epoch, created_at, caller`
+	order_ref, source, reason, approver, server_id, epoch, created_at, caller, original`
 
 // scanEntry scans sqlEntryColumns, after any columns before them (dest).
 func scanEntry(r pgx.CollectableRow, e *stock.LedgerEntry, dest ...any) error {
-	var kind string
+	var kind, original string
 	err := r.Scan(append(dest, &e.ID, &e.Shard.SKU, &e.Shard.Index, &kind, &e.Quantity, &e.Before.Available, &e.After.Available,
 		&e.Before.Reserved, &e.After.Reserved, &e.Before.Sold, &e.After.Sold, &e.IdempotencyKey, &e.ReservationID,
-		&e.TransferID, &e.OrderRef, &e.Source, &e.Reason, &e.Approver, &e.ServerID, &e.Epoch, &e.CreatedAt, &e.Caller)...)
+		&e.TransferID, &e.OrderRef, &e.Source, &e.Reason, &e.Approver, &e.ServerID, &e.Epoch, &e.CreatedAt, &e.Caller, &original)...)
 	e.Kind = stock.OpKind(kind)
+	e.Original = stock.ParseSale(original)
 	return err
 }

@@ -620,6 +620,32 @@ func TestDB_Batch(t *testing.T) {
 			t.Errorf("customer_usage[c] = %d, want 3", n)
 		}
 	})
+
+	t.Run("RefundCap", func(t *testing.T) {
+		// A sale of 3. Two refunds of 2 decided from the same read (as two
+		// shards' writers may, in two transactions at once): the second
+		// to write is refused by the guard on the sale's refunded units, a
+		// conflict to rerun, not a success past the sale.
+		db, conn, k, f := setup(t, 0)
+		exec(t, conn, `UPDATE shards SET available = 0, sold = 10 WHERE sku = $1`, k.SKU)
+		refund := func(from stock.Counts) stock.Decide {
+			return func(read *stock.BatchRead) (*stock.BatchWrite, error) {
+				return &stock.BatchWrite{Refunds: []stock.RefundAdd{{SKU: k.SKU, Sale: "deduct:s", Sold: 3, Quantity: 2}},
+					From: from, To: from.Add(stock.OpRefund.Delta(2))}, nil
+			}
+		}
+		q := stock.BatchQuery{Shard: k, Sales: []string{"deduct:s"}}
+		if err := db.Batch(ctx, f, q, refund(stock.Counts{Sold: 10})); err != nil {
+			t.Fatalf("Batch(refund 2 of 3) = %v", err)
+		}
+		err := db.Batch(ctx, f, q, refund(stock.Counts{Available: 2, Sold: 8}))
+		if !errors.Is(err, stock.ErrConflict) {
+			t.Errorf("Batch(refund 2 more of 3) = %v, want stock.ErrConflict", err)
+		}
+		if n := count(t, conn, `SELECT refunded FROM refunds WHERE sku = $1 AND sale = 'deduct:s'`, k.SKU); n != 2 {
+			t.Errorf("refunds[s] = %d, want 2", n)
+		}
+	})
 }
 
 // ownedShards creates sku with 3 shards of 10 units in a database of the

@@ -11,21 +11,24 @@ import (
 )
 
 // sqlSKUColumns are the columns scanSKU reads, in its order.
-const sqlSKUColumns = `sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, auto_shards, sale_start, sale_end`
+const sqlSKUColumns = `sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, auto_shards, sale_start, sale_end,
+	max_hold_ms, one_per_order`
 
 const sqlSelectSKU = `SELECT ` + sqlSKUColumns + ` FROM skus WHERE sku`
 
 func scanSKU(row pgx.Row) (*stock.SKU, error) {
 	var s stock.SKU
 	var status string
-	var ttlMS int64
+	var ttlMS, holdMS int64
 	var start, end *time.Time
-	if err := row.Scan(&s.Name, &status, &s.Shards, &s.ShardSpan, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS, &s.AutoShards, &start, &end); err != nil {
+	if err := row.Scan(&s.Name, &status, &s.Shards, &s.ShardSpan, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS, &s.AutoShards, &start, &end,
+		&holdMS, &s.OnePerOrder); err != nil {
 		return nil, err
 	}
 	s.Status = stock.Status(status)
 	s.ReservationTTL = time.Duration(ttlMS) * time.Millisecond
 	s.SaleStart, s.SaleEnd = timeOrZero(start), timeOrZero(end)
+	s.MaxHold = time.Duration(holdMS) * time.Millisecond
 	return &s, nil
 }
 
@@ -43,17 +46,18 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 // (a function scan, which first copies every element into a tuplestore):
 // every group statement does so, reads and writes alike.
 const sqlSelectOps = `SELECT o.sku, o.idempotency_key, o.kind, o.params_hash, o.quantity, o.shard,
-	o.reservation_id, o.order_ref, o.customer_ref, o.created_at, coalesce(r.state, ''), coalesce(r.expires_at, o.created_at)
+	o.reservation_id, o.order_ref, o.customer_ref, o.created_at, coalesce(r.state, ''), coalesce(r.expires_at, o.created_at), o.original
 	FROM (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS key) AS k
 	CROSS JOIN LATERAL (SELECT * FROM operations WHERE sku = k.sku AND idempotency_key = k.key) o
 	LEFT JOIN LATERAL (SELECT state, expires_at FROM reservations WHERE id = o.reservation_id AND o.reservation_id <> '') r ON true`
 
 func scanOp(row pgx.Row) (*stock.Operation, error) {
 	var o stock.Operation
-	var kind, state string
+	var kind, state, original string
 	err := row.Scan(&o.SKU, &o.IdempotencyKey, &kind, &o.ParamsHash, &o.Quantity, &o.Shard,
-		&o.ReservationID, &o.OrderRef, &o.CustomerRef, &o.CreatedAt, &state, &o.ReservationExpiresAt)
+		&o.ReservationID, &o.OrderRef, &o.CustomerRef, &o.CreatedAt, &state, &o.ReservationExpiresAt, &original)
 	o.Kind = stock.OpKind(kind)
+	o.Original = stock.ParseSale(original)
 	o.ReservationState = stock.ReservationState(state)
 	return &o, err
 }
@@ -88,14 +92,16 @@ func scanOpsFunc(rows pgx.Rows, err error, add func(*stock.Operation)) error {
 	return rows.Err()
 }
 
-const sqlSelectReservations = `SELECT id, sku, shard, idempotency_key, quantity, state, expires_at, order_ref, customer_ref FROM reservations`
+const sqlSelectReservations = `SELECT id, sku, shard, idempotency_key, quantity, state, expires_at, order_ref, customer_ref,
+	coalesce(committed, CASE WHEN state = 'committed' THEN quantity ELSE 0 END), created_at FROM reservations`
 
 const sqlSelectReservationsByID = `SELECT r.* FROM (SELECT unnest($1::text[]) AS id) AS k CROSS JOIN LATERAL (` + sqlSelectReservations + ` WHERE id = k.id) r`
 
 func scanReservation(row pgx.Row) (*stock.Reservation, error) {
 	var r stock.Reservation
 	var state string
-	err := row.Scan(&r.ID, &r.SKU, &r.Shard, &r.IdempotencyKey, &r.Quantity, &state, &r.ExpiresAt, &r.OrderRef, &r.CustomerRef)
+	err := row.Scan(&r.ID, &r.SKU, &r.Shard, &r.IdempotencyKey, &r.Quantity, &state, &r.ExpiresAt, &r.OrderRef, &r.CustomerRef,
+		&r.Committed, &r.CreatedAt)
 	r.State = stock.ReservationState(state)
 	return &r, err
 }
@@ -136,22 +142,23 @@ var groupedPart = writePart{name: "grouped", sql: `SELECT nextval('write_group_s
 func opsPart(ops []*stock.Operation) writePart {
 	n := len(ops)
 	sku, key, kind, res, oref, cref := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	orig := make([]string, n)
 	hash := make([][]byte, n)
 	qty := make([]int64, n)
 	shard := make([]int32, n)
 	created := make([]time.Time, n)
 	for i, o := range ops {
 		sku[i], key[i], kind[i], hash[i], qty[i], shard[i] = o.SKU, o.IdempotencyKey, string(o.Kind), o.ParamsHash, o.Quantity, o.Shard
-		res[i], oref[i], cref[i], created[i] = o.ReservationID, o.OrderRef, o.CustomerRef, o.CreatedAt
+		res[i], oref[i], cref[i], created[i], orig[i] = o.ReservationID, o.OrderRef, o.CustomerRef, o.CreatedAt, o.Original.ID()
 	}
 	// created_at is the time the first answer gave (BatchRead.Now), so
 	// that a replay gives the same; group_seq is the group's number
 	// (groupedPart), which reconciliation orders by.
 	return writePart{name: "ops", sql: `INSERT INTO operations (sku, idempotency_key, kind, params_hash, quantity, shard, reservation_id, order_ref,
-			customer_ref, created_at, group_seq)
+			customer_ref, created_at, group_seq, original)
 		SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]), unnest($4::bytea[]), unnest($5::bigint[]), unnest($6::int[]),
-		unnest($7::text[]), unnest($8::text[]), unnest($9::text[]), unnest($10::timestamptz[]), (SELECT seq FROM grouped)`,
-		args: []any{sku, key, kind, hash, qty, shard, res, oref, cref, created}}
+		unnest($7::text[]), unnest($8::text[]), unnest($9::text[]), unnest($10::timestamptz[]), (SELECT seq FROM grouped), unnest($11::text[])`,
+		args: []any{sku, key, kind, hash, qty, shard, res, oref, cref, created, orig}}
 }
 
 // queueUsageAdd adds units to customers' usage; the WHERE guard refuses an
@@ -216,15 +223,18 @@ func reservationsPart(rs []*stock.Reservation) writePart {
 	id, sku, key, oref, cref := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	shard, part := make([]int32, n), make([]int32, n)
 	qty := make([]int64, n)
-	exp := make([]time.Time, n)
+	exp, created := make([]time.Time, n), make([]time.Time, n)
 	for i, r := range rs {
 		id[i], sku[i], key[i], oref[i], cref[i] = r.ID, r.SKU, r.IdempotencyKey, r.OrderRef, r.CustomerRef
-		shard[i], part[i], qty[i], exp[i] = r.Shard, stock.PartitionOf(r.SKU, r.Shard), r.Quantity, r.ExpiresAt
+		shard[i], part[i], qty[i], exp[i], created[i] = r.Shard, stock.PartitionOf(r.SKU, r.Shard), r.Quantity, r.ExpiresAt, r.CreatedAt
 	}
-	return writePart{name: "held", sql: `INSERT INTO reservations (id, sku, shard, partition, idempotency_key, quantity, state, expires_at, order_ref, customer_ref)
+	// created_at is the time the planner made it (BatchRead.Now), from
+	// which its SKU's max_hold counts.
+	return writePart{name: "held", sql: `INSERT INTO reservations (id, sku, shard, partition, idempotency_key, quantity, state, expires_at, order_ref,
+			customer_ref, created_at)
 		SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::int[]), unnest($4::int[]), unnest($5::text[]), unnest($6::bigint[]),
-		'held', unnest($7::timestamptz[]), unnest($8::text[]), unnest($9::text[])`,
-		args: []any{id, sku, shard, part, key, qty, exp, oref, cref}}
+		'held', unnest($7::timestamptz[]), unnest($8::text[]), unnest($9::text[]), unnest($10::timestamptz[])`,
+		args: []any{id, sku, shard, part, key, qty, exp, oref, cref, created}}
 }
 
 // endsPart ends held reservations, stamped with the group's number
@@ -233,14 +243,75 @@ func reservationsPart(rs []*stock.Reservation) writePart {
 func endsPart(ends []stock.ReservationEnd) writePart {
 	n := len(ends)
 	id, state, reason := make([]string, n), make([]string, n), make([]string, n)
+	committed := make([]int64, n)
 	for i, e := range ends {
-		id[i], state[i], reason[i] = e.ID, string(e.State), e.Reason
+		id[i], state[i], reason[i], committed[i] = e.ID, string(e.State), e.Reason, e.Committed
 	}
 	return writePart{name: "ended", sql: `UPDATE reservations r SET state = u.state, ended_at = now(), end_reason = u.reason,
-			end_group_seq = (SELECT seq FROM grouped)
-		FROM (SELECT unnest($1::text[]) AS id, unnest($2::text[]) AS state, unnest($3::text[]) AS reason) AS u
+			end_group_seq = (SELECT seq FROM grouped), committed = nullif(u.committed, 0)
+		FROM (SELECT unnest($1::text[]) AS id, unnest($2::text[]) AS state, unnest($3::text[]) AS reason, unnest($4::bigint[]) AS committed) AS u
 		WHERE r.id = u.id AND r.state = 'held' RETURNING 1`,
-		args: []any{id, state, reason}, check: &rowCheck{want: n, what: "held reservations", code: sqlstateDiverged}}
+		args: []any{id, state, reason, committed}, check: &rowCheck{want: n, what: "held reservations", code: sqlstateDiverged}}
+}
+
+// extendsPart moves held reservations' expiry; like endsPart, a hold no
+// longer held is a divergence (SS002). A reservation is extended and
+// ended by one writer only, so it is never in both parts.
+func extendsPart(xs []stock.ReservationExtend) writePart {
+	n := len(xs)
+	id, at := make([]string, n), make([]time.Time, n)
+	for i, x := range xs {
+		id[i], at[i] = x.ID, x.ExpiresAt
+	}
+	return writePart{name: "extended", sql: `UPDATE reservations r SET expires_at = u.at
+		FROM (SELECT unnest($1::text[]) AS id, unnest($2::timestamptz[]) AS at) AS u
+		WHERE r.id = u.id AND r.state = 'held' RETURNING 1`,
+		args: []any{id, at}, check: &rowCheck{want: n, what: "extended reservations", code: sqlstateDiverged}}
+}
+
+// appliedPart records the first key of each (order_ref, kind) on a SKU
+// with one_per_order, sorted by the primary key (no deadlock on the index):
+// a pair recorded meanwhile by another shard's batch is a unique violation,
+// a conflict whose rerun reads it and refuses ORDER_ALREADY_APPLIED.
+func appliedPart(as []stock.OrderApplied) writePart {
+	as = slices.Clone(as)
+	slices.SortFunc(as, func(a, b stock.OrderApplied) int {
+		return compareStrings(a.SKU+"\x00"+a.OrderRef+"\x00"+string(a.Kind), b.SKU+"\x00"+b.OrderRef+"\x00"+string(b.Kind))
+	})
+	n := len(as)
+	sku, oref, kind, key := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	for i, a := range as {
+		sku[i], oref[i], kind[i], key[i] = a.SKU, a.OrderRef, string(a.Kind), a.Key
+	}
+	return writePart{name: "applied", sql: `INSERT INTO order_applied (sku, order_ref, kind, idempotency_key)
+		SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]), unnest($4::text[])`,
+		args: []any{sku, oref, kind, key}}
+}
+
+// queueRefunds adds to the sales' refunded units, guarded by what each
+// sold: a refund of the same sale by another shard's writer that got in
+// first makes the guard refuse, and the row count aborts the group as a
+// conflict (SS001), to be rerun with the new count read. Rows are written
+// in (sku, sale) order in every group, so two never deadlock.
+func queueRefunds(b *pgx.Batch, rs []stock.RefundAdd) {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b stock.RefundAdd) int { return compareStrings(a.SKU+"\x00"+a.Sale, b.SKU+"\x00"+b.Sale) })
+	// One row per sale: a group may refund one sale twice.
+	var sku, sale []string
+	var sold, q []int64
+	for i, r := range rs {
+		if i > 0 && r.SKU == sku[len(sku)-1] && r.Sale == sale[len(sale)-1] {
+			q[len(q)-1] += r.Quantity
+			continue
+		}
+		sku, sale, sold, q = append(sku, r.SKU), append(sale, r.Sale), append(sold, r.Sold), append(q, r.Quantity)
+	}
+	b.Queue(`WITH up AS (INSERT INTO refunds AS f (sku, sale, sold, refunded)
+		SELECT s, a, so, q FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS u(s, a, so, q) WHERE q <= so
+		ON CONFLICT (sku, sale) DO UPDATE SET refunded = f.refunded + excluded.refunded
+		WHERE f.refunded + excluded.refunded <= f.sold
+		RETURNING 1)
+		SELECT shardstock_expect(count(*), $5, 'sale refunds', 'SS001') FROM up`, sku, sale, sold, q, len(sku))
 }
 
 // ledgerPart appends the group's ledger entries, each with its writer's
@@ -258,16 +329,22 @@ func ledgerPart(server string, epochs []int64, es []*stock.LedgerEntry, returnin
 		key[i], rid[i], tid[i], oref[i], src[i], reason[i], appr[i] = e.IdempotencyKey, e.ReservationID, e.TransferID, e.OrderRef, e.Source, e.Reason, e.Approver
 		caller[i] = e.Caller
 	}
+	orig := make([]string, n)
+	for i, e := range es {
+		orig[i] = e.Original.ID()
+	}
 	sql := `INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after, reserved_before, reserved_after,
-		sold_before, sold_after, idempotency_key, reservation_id, transfer_id, order_ref, source, reason, approver, epoch, server_id, caller)
+		sold_before, sold_after, idempotency_key, reservation_id, transfer_id, order_ref, source, reason, approver, epoch, server_id, caller,
+		original)
 		SELECT unnest($1::text[]), unnest($2::int[]), unnest($3::text[]), unnest($4::bigint[]), unnest($5::bigint[]), unnest($6::bigint[]),
 		unnest($7::bigint[]), unnest($8::bigint[]), unnest($9::bigint[]), unnest($10::bigint[]), unnest($11::text[]), unnest($12::text[]),
-		unnest($13::text[]), unnest($14::text[]), unnest($15::text[]), unnest($16::text[]), unnest($17::text[]), unnest($18::bigint[]), $19, unnest($20::text[])`
+		unnest($13::text[]), unnest($14::text[]), unnest($15::text[]), unnest($16::text[]), unnest($17::text[]), unnest($18::bigint[]), $19,
+		unnest($20::text[]), unnest($21::text[])`
 	if returning {
 		sql += ` RETURNING id, sku, shard, kind, available_before, available_after, reserved_after, sold_after`
 	}
 	return writePart{name: "ledgered", sql: sql,
-		args: []any{sku, shard, kind, qty, ab, aa, rb, ra, sb, sa, key, rid, tid, oref, src, reason, appr, epochs, server, caller}}
+		args: []any{sku, shard, kind, qty, ab, aa, rb, ra, sb, sa, key, rid, tid, oref, src, reason, appr, epochs, server, caller, orig}}
 }
 
 // checkpoint is a shard whose writer asked for a checkpoint after its

@@ -38,6 +38,7 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*stock.Unit) ([]*sto
 type groupQuery struct {
 	parts                                                    []int32
 	skus, keySKUs, keys, rids, tids, usageSKUs, usageClients []string
+	saleSKUs, sales, orderSKUs, orders                       []string
 	sweeps                                                   []*stock.Unit
 	loadSKUs                                                 []string // of the units that load their row: every shard of each is read
 }
@@ -63,6 +64,12 @@ func newGroupQuery(units []*stock.Unit) *groupQuery {
 		q.tids = append(q.tids, u.Query.TransferIDs...)
 		for _, c := range u.Query.Customers {
 			q.usageSKUs, q.usageClients = append(q.usageSKUs, u.Query.Shard.SKU), append(q.usageClients, c)
+		}
+		for _, o := range u.Query.Orders {
+			q.orderSKUs, q.orders = append(q.orderSKUs, u.Query.Shard.SKU), append(q.orders, o)
+		}
+		for _, s := range u.Query.Sales {
+			q.saleSKUs, q.sales = append(q.saleSKUs, u.Query.Shard.SKU), append(q.sales, s)
 		}
 		if u.Query.SweepMax > 0 {
 			q.sweeps = append(q.sweeps, u)
@@ -102,6 +109,19 @@ func (q *groupQuery) queue(b *pgx.Batch) {
 			CROSS JOIN LATERAL (SELECT sku, customer_ref, quantity FROM customer_usage WHERE sku = k.sku AND customer_ref = k.c) u`,
 			q.usageSKUs, q.usageClients)
 	}
+	if len(q.sales) > 0 {
+		b.Queue(`SELECT f.sku, f.sale, f.refunded FROM (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS sale) AS k
+			CROSS JOIN LATERAL (SELECT sku, sale, refunded FROM refunds WHERE sku = k.sku AND sale = k.sale) f`, q.saleSKUs, q.sales)
+	}
+	if len(q.orders) > 0 {
+		// Only a SKU with one_per_order records them: for the others
+		// this finds nothing, by index.
+		b.Queue(`SELECT a.sku, a.kind || ':' || a.order_ref, a.idempotency_key
+			FROM (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS name) AS k
+			CROSS JOIN LATERAL (SELECT sku, kind, order_ref, idempotency_key FROM order_applied
+				WHERE sku = k.sku AND kind = split_part(k.name, ':', 1) AND order_ref = substr(k.name, strpos(k.name, ':') + 1)) a`,
+			q.orderSKUs, q.orders)
+	}
 }
 
 // groupRead is what the round trip answered.
@@ -115,8 +135,10 @@ type groupRead struct {
 	reservations map[string]*stock.Reservation
 	due          map[*stock.Unit][]*stock.Reservation
 	transfers    map[string]*stock.Transfer
-	moveFences   map[string]int64            // by SKU, of the transfers read
-	usage        map[string]map[string]int64 // sku -> customer -> units
+	moveFences   map[string]int64             // by SKU, of the transfers read
+	usage        map[string]map[string]int64  // sku -> customer -> units
+	refunded     map[string]map[string]int64  // sku -> sale -> units refunded
+	applied      map[string]map[string]string // sku -> OrderName -> first key
 }
 
 type fenceRow struct {
@@ -133,7 +155,8 @@ type loadedShard struct {
 // Any error means the transaction did not commit (nothing was written).
 func (q *groupQuery) scan(res pgx.BatchResults) (*groupRead, error) {
 	g := &groupRead{ops: map[string]map[string]*stock.Operation{}, reservations: map[string]*stock.Reservation{},
-		due: map[*stock.Unit][]*stock.Reservation{}, transfers: map[string]*stock.Transfer{}, moveFences: map[string]int64{}, usage: map[string]map[string]int64{}}
+		due: map[*stock.Unit][]*stock.Reservation{}, transfers: map[string]*stock.Transfer{}, moveFences: map[string]int64{}, usage: map[string]map[string]int64{},
+		refunded: map[string]map[string]int64{}, applied: map[string]map[string]string{}}
 	if _, err := res.Exec(); err != nil {
 		return nil, notCommitted("begin", err)
 	}
@@ -173,6 +196,16 @@ func (q *groupQuery) scan(res pgx.BatchResults) (*groupRead, error) {
 	if len(q.usageClients) > 0 {
 		if err := scanUsage(res, g.usage); err != nil {
 			return nil, notCommitted("usage", err)
+		}
+	}
+	if len(q.sales) > 0 {
+		if err := scanUsage(res, g.refunded); err != nil { // the same shape: sku, name, units
+			return nil, notCommitted("refunds", err)
+		}
+	}
+	if len(q.orders) > 0 {
+		if err := scanApplied(res, g.applied); err != nil {
+			return nil, notCommitted("orders applied", err)
 		}
 	}
 	return g, nil
@@ -248,6 +281,22 @@ func scanUsage(res pgx.BatchResults, into map[string]map[string]int64) error {
 	return err
 }
 
+func scanApplied(res pgx.BatchResults, into map[string]map[string]string) error {
+	rows, err := res.Query()
+	if err != nil {
+		return err
+	}
+	var sku, name, key string
+	_, err = pgx.ForEachRow(rows, []any{&sku, &name, &key}, func() error {
+		if into[sku] == nil {
+			into[sku] = map[string]string{}
+		}
+		into[sku][name] = key
+		return nil
+	})
+	return err
+}
+
 // addOp files an operation read under its SKU.
 func (g *groupRead) addOp(o *stock.Operation) {
 	if g.ops[o.SKU] == nil {
@@ -306,6 +355,12 @@ func (g *groupRead) reads(units []*stock.Unit) []*stock.BatchRead {
 		}
 		if read.Usage == nil {
 			read.Usage = map[string]int64{}
+		}
+		if read.Refunded = g.refunded[u.Query.Shard.SKU]; read.Refunded == nil {
+			read.Refunded = map[string]int64{}
+		}
+		if read.Applied = g.applied[u.Query.Shard.SKU]; read.Applied == nil {
+			read.Applied = map[string]string{}
 		}
 		reads[i] = read
 	}

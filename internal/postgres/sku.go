@@ -44,9 +44,10 @@ func (db *DB) createSKU(ctx context.Context, s stock.SKU, initial, fence int64, 
 			return fmt.Errorf("%w (fence %d, asked %d)", ErrPlacementFenced, cur, fence)
 		}
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, sale_start, sale_end)
-		VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit, s.ReservationTTL.Milliseconds(),
-		nullTime(s.SaleStart), nullTime(s.SaleEnd))
+	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, sale_start, sale_end,
+			max_hold_ms, one_per_order)
+		VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8, $9, $10)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit,
+		s.ReservationTTL.Milliseconds(), nullTime(s.SaleStart), nullTime(s.SaleEnd), s.MaxHold.Milliseconds(), s.OnePerOrder)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return stock.Errorf(stock.CodeSKUExists, "sku %q already exists", s.Name)
@@ -99,6 +100,11 @@ func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*st
 		ms := u.TTL.Milliseconds()
 		ttl = &ms
 	}
+	var hold *int64
+	if u.MaxHold != nil {
+		ms := u.MaxHold.Milliseconds()
+		hold = &ms
+	}
 	// The window: $7 clears both bounds, then $8 and $9 set theirs. A
 	// batch reads the row in its transaction (or checks it, speculating),
 	// so the new window holds for every batch that starts after this
@@ -107,9 +113,10 @@ func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*st
 		max_per_order = coalesce($3, max_per_order), customer_limit = coalesce($4, customer_limit),
 		reservation_ttl_ms = coalesce($5, reservation_ttl_ms), auto_shards = coalesce($6, auto_shards),
 		sale_start = coalesce($8, CASE WHEN $7 THEN NULL ELSE sale_start END),
-		sale_end = coalesce($9, CASE WHEN $7 THEN NULL ELSE sale_end END), updated_at = now()
+		sale_end = coalesce($9, CASE WHEN $7 THEN NULL ELSE sale_end END),
+		max_hold_ms = coalesce($10, max_hold_ms), one_per_order = coalesce($11, one_per_order), updated_at = now()
 		WHERE sku = $1 RETURNING `+sqlSKUColumns,
-		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl, u.AutoShards, u.ClearSaleWindow, u.SaleStart, u.SaleEnd))
+		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl, u.AutoShards, u.ClearSaleWindow, u.SaleStart, u.SaleEnd, hold, u.OnePerOrder))
 	if isNoRows(err) {
 		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
 	}

@@ -98,6 +98,13 @@ func (w *writer) remember(write *stock.BatchWrite) {
 	for _, e := range write.Ended {
 		delete(w.held, e.ID)
 	}
+	for _, x := range write.Extended {
+		if r := w.held[x.ID]; r != nil {
+			c := *r
+			c.ExpiresAt = x.ExpiresAt.Truncate(time.Microsecond) // as stored
+			w.held[x.ID] = &c
+		}
+	}
 	for _, r := range write.NewReservations {
 		if len(w.held) >= heldMax {
 			break
@@ -107,6 +114,7 @@ func (w *writer) remember(write *stock.BatchWrite) {
 		}
 		c := *r
 		c.ExpiresAt = c.ExpiresAt.Truncate(time.Microsecond) // as stored
+		c.CreatedAt = c.CreatedAt.Truncate(time.Microsecond)
 		w.held[c.ID] = &c
 	}
 }
@@ -551,14 +559,28 @@ func query(key stock.ShardKey, reqs []*stock.Request) (stock.BatchQuery, bool) {
 	customers := map[string]bool{}
 	for _, r := range reqs {
 		switch {
+		case r.Kind == stock.OpRefund:
+			// A refund reads its sale (a deduct's operation, or a
+			// reservation) and what was refunded of it.
+			q.Keys = append(q.Keys, r.Key)
+			q.Sales = append(q.Sales, r.Original.ID())
+			if r.Original.DeductKey != "" {
+				q.Keys = append(q.Keys, r.Original.DeductKey)
+			} else {
+				q.ReservationIDs = append(q.ReservationIDs, r.Original.ReservationID)
+			}
 		case r.Kind.Keyed():
 			q.Keys = append(q.Keys, r.Key)
+			if r.OrderRef != "" && (r.Kind == stock.OpReserve || r.Kind == stock.OpDeduct) {
+				q.Orders = append(q.Orders, stock.OrderName(r.OrderRef, r.Kind))
+			}
 			if r.CustomerRef != "" && !customers[r.CustomerRef] && (r.Kind == stock.OpReserve || r.Kind == stock.OpDeduct) {
 				customers[r.CustomerRef] = true
 				q.Customers = append(q.Customers, r.CustomerRef)
 			}
-		case r.Kind == stock.OpCommit || r.Kind == stock.OpRelease:
+		case r.Kind == stock.OpCommit || r.Kind == stock.OpRelease || r.Kind == stock.OpExtend:
 			q.ReservationIDs = append(q.ReservationIDs, r.ReservationID)
+			q.Extending = q.Extending || r.Kind == stock.OpExtend
 		case r.Kind == stock.OpTransferOut || r.Kind == stock.OpTransferIn:
 			q.TransferIDs = append(q.TransferIDs, r.TransferID)
 		case r.Kind == stock.OpExpire:

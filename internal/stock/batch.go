@@ -63,6 +63,16 @@ type BatchQuery struct {
 	// from what storage reads. Decide must therefore not depend on being
 	// called once.
 	KnownSKU *SKU
+	// Sales are the sales (Sale.ID) whose refunds the batch's refunds
+	// count: their Refunded is read.
+	Sales []string
+	// Orders are the (order_ref, kind) pairs of the batch's reserves and
+	// deducts that name an order (OrderApplied.Name): on a SKU with
+	// OnePerOrder, the first key that applied each is read.
+	Orders []string
+	// Extending: the batch extends a reservation, which needs the
+	// reservation as stored (when it was made); it is never speculated.
+	Extending bool
 	// KnownHeld has every reservation of ReservationIDs as the writer
 	// knows it: held (the writer made it, and has not ended it since); nil
 	// when the writer does not know them all. With KnownSKU, storage may
@@ -80,8 +90,10 @@ type BatchRead struct {
 	// key on another SKU is not here.
 	Ops          map[string]*Operation
 	Reservations map[string]*Reservation
-	Due          []*Reservation   // held and expired, for the sweep
-	Usage        map[string]int64 // customer ref -> units held or bought
+	Due          []*Reservation    // held and expired, for the sweep
+	Usage        map[string]int64  // customer ref -> units held or bought
+	Refunded     map[string]int64  // sale (Sale.ID) -> units refunded, of the query's Sales
+	Applied      map[string]string // OrderApplied.Name -> the first key that applied it, of the query's Orders
 	Transfers    map[string]*Transfer
 	// MoveFences are the move fences of the SKUs of Transfers: a pending
 	// transfer whose token is below its SKU's fence is aborted, not debited.
@@ -110,7 +122,15 @@ type BatchWrite struct {
 	UsageLimit      int64
 	Ledger          []*LedgerEntry
 	Steps           []TransferStep
-	From, To        Counts
+	// Extended moves held reservations' expiry later.
+	Extended []ReservationExtend
+	// Refunds add to their sales' refunded units, each guarded by what
+	// the sale sold (a refund of it on another shard may race this one).
+	Refunds []RefundAdd
+	// Applied records the first key of each (order_ref, kind) on a SKU
+	// with OnePerOrder; another key's is a conflict in storage.
+	Applied  []OrderApplied
+	From, To Counts
 	// Checkpoint asks for a checkpoint of the shard after the write's last
 	// ledger entry: its running balance, so that the books are read from
 	// there on (internal/ledger).
@@ -142,12 +162,40 @@ type ReservationEnd struct {
 	ID     string
 	State  ReservationState
 	Reason string
+	// Committed is the units bought (a commit; the rest was released).
+	Committed int64
+}
+
+// ReservationExtend moves a held reservation's expiry.
+type ReservationExtend struct {
+	ID        string
+	ExpiresAt time.Time
+}
+
+// OrderApplied is the first key that applied an order_ref for a kind.
+type OrderApplied struct {
+	SKU, OrderRef string
+	Kind          OpKind
+	Key           string
+}
+
+// OrderName names an (order_ref, kind) pair in BatchQuery.Orders.
+func OrderName(orderRef string, kind OpKind) string { return string(kind) + ":" + orderRef }
+
+// RefundAdd adds Quantity to a sale's refunded units, which must stay at
+// most Sold.
+type RefundAdd struct {
+	SKU      string
+	Sale     string // Sale.ID
+	Sold     int64
+	Quantity int64
 }
 
 // Empty reports whether the write changes nothing.
 func (w *BatchWrite) Empty() bool {
 	return len(w.Ops) == 0 && len(w.NewReservations) == 0 && len(w.Ended) == 0 && len(w.Ledger) == 0 &&
-		len(w.Steps) == 0 && len(w.UsageAdd) == 0 && len(w.UsageSub) == 0 && w.From == w.To
+		len(w.Steps) == 0 && len(w.UsageAdd) == 0 && len(w.UsageSub) == 0 && len(w.Extended) == 0 &&
+		len(w.Refunds) == 0 && len(w.Applied) == 0 && w.From == w.To
 }
 
 // Decide turns what a batch read into what it writes. It runs inside the
@@ -175,6 +223,8 @@ type SKUUpdate struct {
 	// ClearSaleWindow removes both (with neither set).
 	SaleStart, SaleEnd *time.Time
 	ClearSaleWindow    bool
+	MaxHold            *time.Duration
+	OnePerOrder        *bool
 }
 
 // StaleStep is a transfer step a shard server should finish: a pending

@@ -20,10 +20,18 @@ const (
 	CodeQuantityAboveMaxPerOrder Code = "QUANTITY_ABOVE_MAX_PER_ORDER"
 	CodeIdempotencyKeyReused     Code = "IDEMPOTENCY_KEY_REUSED"
 	CodeInvalidArgument          Code = "INVALID_ARGUMENT"
+	// CodeCustomerRefRequired: a reserve or deduct without customer_ref on
+	// a SKU with a customer_limit.
+	CodeCustomerRefRequired Code = "CUSTOMER_REF_REQUIRED"
 	// not_found
 	CodeSKUNotFound         Code = "SKU_NOT_FOUND"
 	CodeReservationNotFound Code = "RESERVATION_NOT_FOUND"
 	CodeOperationNotFound   Code = "OPERATION_NOT_FOUND"
+	// CodeSaleNotFound: a refund's original is no sale of the SKU (no
+	// deduct with that key, no committed reservation with that id).
+	CodeSaleNotFound Code = "SALE_NOT_FOUND"
+	// CodeOrderNotFound: no order with that id or key.
+	CodeOrderNotFound Code = "ORDER_NOT_FOUND"
 	// failed_precondition
 	CodeOutOfStock                  Code = "OUT_OF_STOCK"
 	CodeSKUPaused                   Code = "SKU_PAUSED"
@@ -31,8 +39,17 @@ const (
 	CodeReservationAlreadyCommitted Code = "RESERVATION_ALREADY_COMMITTED"
 	CodeReservationAlreadyReleased  Code = "RESERVATION_ALREADY_RELEASED"
 	CodeCustomerLimitReached        Code = "CUSTOMER_LIMIT_REACHED"
-	CodeSKUExists                   Code = "SKU_ALREADY_EXISTS"
-	CodeShardNotHalted              Code = "SHARD_NOT_HALTED"
+	// CodeHoldLimitReached: ExtendReservation would hold a reservation
+	// past its SKU's max_hold from when it was made.
+	CodeHoldLimitReached Code = "HOLD_LIMIT_REACHED"
+	// CodeOrderAlreadyApplied: the SKU applies an order_ref once per kind,
+	// and another key applied it already (the message names that key).
+	CodeOrderAlreadyApplied Code = "ORDER_ALREADY_APPLIED"
+	// CodeRefundExceedsSale: a refund would return more than its sale sold,
+	// counting the refunds of it before.
+	CodeRefundExceedsSale Code = "REFUND_EXCEEDS_SALE"
+	CodeSKUExists         Code = "SKU_ALREADY_EXISTS"
+	CodeShardNotHalted    Code = "SHARD_NOT_HALTED"
 	// CodeShardsRetiring: SetShards asked to shrink a SKU whose shards of
 	// an earlier shrink are still being retired (they hold reservations or
 	// stock); retry once GetStock lists them no more.
@@ -73,10 +90,11 @@ const (
 // above; TestCodes_Listed fails on a code declared and not listed.
 var Codes = []Code{
 	CodeInvalidSKU, CodeInvalidQuantity, CodeInvalidIdempotencyKey, CodeQuantityAboveMaxPerOrder,
-	CodeIdempotencyKeyReused, CodeInvalidArgument,
-	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound,
+	CodeIdempotencyKeyReused, CodeInvalidArgument, CodeCustomerRefRequired,
+	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound, CodeSaleNotFound, CodeOrderNotFound,
 	CodeOutOfStock, CodeSKUPaused, CodeReservationExpired, CodeReservationAlreadyCommitted,
-	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeSKUExists, CodeShardNotHalted,
+	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeHoldLimitReached, CodeOrderAlreadyApplied,
+	CodeRefundExceedsSale, CodeSKUExists, CodeShardNotHalted,
 	CodeShardsRetiring, CodeSaleNotStarted, CodeSaleEnded,
 	CodeOperationInProgress, CodeRebalanceInProgress, CodeMoveFenced, CodePlacementFull,
 	CodeShardUnavailable,
@@ -91,7 +109,8 @@ type Error struct {
 	Code    Code
 	Message string
 	// Metadata is the ErrorInfo metadata: facts a client acts on (e.g.
-	// SALE_NOT_STARTED's sale_start); nil for most codes.
+	// SALE_NOT_STARTED's sale_start, an order's refused line's "sku"); nil
+	// for most codes.
 	Metadata map[string]string
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // EvaluateBatch decides a batch in memory: given the shard's counts, the
@@ -31,6 +32,8 @@ func EvaluateBatch(shard ShardKey, from Counts, reqs []*Request, read *BatchRead
 		seen:    map[string]int{},
 		ended:   map[string]*Reservation{},
 		stepped: map[string]TransferState{},
+		refunds: map[string]int64{},
+		applied: map[string]string{},
 	}
 	if read.SKU != nil {
 		p.w.UsageLimit = read.SKU.CustomerLimit
@@ -39,7 +42,7 @@ func EvaluateBatch(shard ShardKey, from Counts, reqs []*Request, read *BatchRead
 		switch {
 		case r.Kind.Keyed():
 			p.keyed(i, r)
-		case r.Kind == OpCommit || r.Kind == OpRelease:
+		case r.Kind == OpCommit || r.Kind == OpRelease || r.Kind == OpExtend:
 			p.end(i, r)
 		case r.Kind == OpTransferOut || r.Kind == OpTransferIn:
 			p.transfer(i, r)
@@ -82,8 +85,10 @@ type planner struct {
 	results []Result
 	hashes  [][]byte
 	seen    map[string]int           // key -> first request in the batch
-	ended   map[string]*Reservation  // reservations ended in this batch
+	ended   map[string]*Reservation  // reservations ended or extended in this batch
 	stepped map[string]TransferState // transfers stepped in this batch
+	refunds map[string]int64         // sale -> units refunded in this batch
+	applied map[string]string        // OrderName -> key, applied in this batch
 }
 
 func (p *planner) fail(i int, code Code, format string, args ...any) {
@@ -106,16 +111,36 @@ func (p *planner) keyed(i int, r *Request) {
 		p.replay(i, r, op)
 		return
 	}
-	if err := p.refuse(r); err != nil {
+	var sale *soldUnits
+	if r.Kind == OpRefund {
+		var code Code
+		var msg string
+		if sale, code, msg = p.sale(r); code != "" {
+			p.fail(i, code, "%s", msg)
+			return
+		}
+	} else if err := p.refuse(r); err != nil {
 		p.results[i] = Result{Err: err}
+		return
+	} else if first := p.orderApplied(r); first != "" {
+		p.fail(i, CodeOrderAlreadyApplied, "order_ref %q was applied (%s) by idempotency_key %q", r.OrderRef, r.Kind, first)
 		return
 	}
 	op := &Operation{
 		SKU: r.Shard.SKU, IdempotencyKey: r.Key, Kind: r.Kind, Quantity: r.Quantity, Shard: r.Shard.Index,
 		ParamsHash: p.hashes[i], OrderRef: r.OrderRef, CustomerRef: r.CustomerRef, CreatedAt: p.read.Now,
+		Original: r.Original,
 	}
 	entry := &LedgerEntry{Kind: r.Kind, Quantity: r.Quantity, IdempotencyKey: r.Key, OrderRef: r.OrderRef,
-		Source: r.Source, Caller: r.Caller, Reason: r.Reason, Approver: r.Approver}
+		Original: r.Original, Source: r.Source, Caller: r.Caller, Reason: r.Reason, Approver: r.Approver}
+	if sale != nil {
+		// A refund is the sale's: its order and customer, whose quota
+		// the units return to.
+		op.OrderRef, op.CustomerRef, entry.OrderRef = sale.orderRef, sale.customer, sale.orderRef
+		p.refunds[sale.id] += r.Quantity
+		p.w.Refunds = append(p.w.Refunds, RefundAdd{SKU: r.Shard.SKU, Sale: sale.id, Sold: sale.sold, Quantity: r.Quantity})
+		p.giveBack(sale.customer, r.Quantity)
+	}
 	if r.Kind == OpReserve {
 		ttl := r.TTL
 		if ttl == 0 {
@@ -124,7 +149,7 @@ func (p *planner) keyed(i int, r *Request) {
 		res := &Reservation{
 			ID: NewReservationID(p.shard), SKU: p.shard.SKU, Shard: p.shard.Index, Quantity: r.Quantity,
 			State: ReservationHeld, ExpiresAt: p.read.Now.Add(ttl), OrderRef: r.OrderRef,
-			CustomerRef: r.CustomerRef, IdempotencyKey: r.Key,
+			CustomerRef: r.CustomerRef, IdempotencyKey: r.Key, CreatedAt: p.read.Now,
 		}
 		op.ReservationID, op.ReservationState, op.ReservationExpiresAt = res.ID, res.State, res.ExpiresAt
 		entry.ReservationID = res.ID
@@ -138,6 +163,11 @@ func (p *planner) keyed(i int, r *Request) {
 			p.w.UsageAdd = map[string]int64{}
 		}
 		p.w.UsageAdd[r.CustomerRef] += r.Quantity
+	}
+	if p.oncePerOrder(r) {
+		name := OrderName(r.OrderRef, r.Kind)
+		p.applied[name] = r.Key
+		p.w.Applied = append(p.w.Applied, OrderApplied{SKU: r.Shard.SKU, OrderRef: r.OrderRef, Kind: r.Kind, Key: r.Key})
 	}
 	// Only a new operation binds the key for the rest of the batch: a key
 	// whose first occurrence was refused is still free, as it would be if
@@ -178,6 +208,87 @@ func (p *planner) refuse(r *Request) *Error {
 		return Errorf(CodeOutOfStock, "not enough available stock")
 	}
 	return nil
+}
+
+// oncePerOrder reports whether the request's order_ref may be applied
+// once for its kind: a reserve or deduct naming an order, on a SKU with
+// OnePerOrder. Refunds are capped by their sale instead.
+func (p *planner) oncePerOrder(r *Request) bool {
+	return p.read.SKU != nil && p.read.SKU.OnePerOrder && r.OrderRef != "" && (r.Kind == OpReserve || r.Kind == OpDeduct)
+}
+
+// orderApplied returns the key that applied the request's order_ref for
+// its kind already, or "": the read's, or one earlier in this batch.
+func (p *planner) orderApplied(r *Request) string {
+	if !p.oncePerOrder(r) {
+		return ""
+	}
+	name := OrderName(r.OrderRef, r.Kind)
+	if k := p.applied[name]; k != "" {
+		return k
+	}
+	return p.read.Applied[name]
+}
+
+// soldUnits is what a refund reads of its sale.
+type soldUnits struct {
+	id                 string // Sale.ID
+	sold               int64
+	orderRef, customer string
+}
+
+// sale returns the sale a refund reverses, or why the refund cannot
+// apply: no such sale of the SKU, or more than it sold in all with the
+// refunds before (read, and earlier in this batch). The cap is what the
+// sale sold, wherever the refund lands; storage guards the sale's
+// refunded units against it (RefundAdd), so that refunds of one sale on
+// two shards cannot both pass it.
+func (p *planner) sale(r *Request) (*soldUnits, Code, string) {
+	sku := p.read.SKU
+	if sku == nil {
+		return nil, CodeSKUNotFound, "no sku " + quote(r.Shard.SKU)
+	}
+	s := &soldUnits{id: r.Original.ID()}
+	switch {
+	case r.Original.DeductKey != "":
+		op := p.read.Ops[r.Original.DeductKey]
+		if j, ok := p.seen[r.Original.DeductKey]; ok && op == nil {
+			op = p.results[j].Operation
+		}
+		if op == nil || op.Kind != OpDeduct || op.SKU != r.Shard.SKU {
+			return nil, CodeSaleNotFound, "no deduct of " + quote(r.Shard.SKU) + " with key " + quote(r.Original.DeductKey)
+		}
+		s.sold, s.orderRef, s.customer = op.Quantity, op.OrderRef, op.CustomerRef
+	default:
+		res := p.ended[r.Original.ReservationID]
+		if res == nil {
+			res = p.read.Reservations[r.Original.ReservationID]
+		}
+		if res == nil || res.SKU != r.Shard.SKU || res.State != ReservationCommitted {
+			return nil, CodeSaleNotFound, "no committed reservation " + quote(r.Original.ReservationID) + " of " + quote(r.Shard.SKU)
+		}
+		s.sold, s.orderRef, s.customer = res.bought(), res.OrderRef, res.CustomerRef
+	}
+	if done := p.read.Refunded[s.id] + p.refunds[s.id]; done+r.Quantity > s.sold {
+		return nil, CodeRefundExceedsSale, fmt.Sprintf("the sale sold %d, %d refunded already: a refund of %d would exceed it", s.sold, done, r.Quantity)
+	}
+	if p.cur.Sold < r.Quantity {
+		// Sold moves back to available on the refund's shard, which must
+		// have sold as much: the sale's own shard always has.
+		return nil, CodeInvalidArgument, "this shard sold fewer units than the refund: refund on the sale's shard"
+	}
+	if r.Quantity > p.cur.Room() {
+		return nil, CodeInvalidQuantity, fmt.Sprintf("a refund of %d would take this shard past %d units held", r.Quantity, int64(ShardCountMax))
+	}
+	return s, "", ""
+}
+
+// bought is the units a committed reservation sold.
+func (r *Reservation) bought() int64 {
+	if r.Committed > 0 {
+		return r.Committed
+	}
+	return r.Quantity
 }
 
 // limited reports whether a request counts against a customer limit.
@@ -226,20 +337,82 @@ func (p *planner) end(i int, r *Request) {
 		p.fail(i, CodeReservationNotFound, "no reservation %s", quote(r.ReservationID))
 		return
 	}
+	if IsOrderLineKey(res.IdempotencyKey) && r.Source != SourceOrder {
+		// An order ends as a whole: its lines only with it.
+		p.fail(i, CodeInvalidArgument, "reservation %s is a line of an order: commit or release the order", quote(r.ReservationID))
+		return
+	}
 	if res.State == ReservationHeld && !p.read.Now.Before(res.ExpiresAt) {
 		p.expire(res, r.Source) // due but not yet swept: expire it first
 	}
 	commit := r.Kind == OpCommit
-	switch res.State {
-	case ReservationHeld:
-		if commit {
-			res.State = ReservationCommitted
-		} else {
-			res.State = ReservationReleased
-			p.giveBack(res)
+	switch {
+	case res.State == ReservationHeld && r.Kind == OpExtend:
+		p.extend(i, r, res)
+	case res.State == ReservationHeld && commit:
+		q := r.Quantity
+		if q == 0 {
+			q = res.Quantity
 		}
-		p.finish(res, r.Kind, r.Source, r.Caller, r.Reason)
+		if q > res.Quantity {
+			p.fail(i, CodeInvalidQuantity, "quantity %d is more than the %d units held", q, res.Quantity)
+			return
+		}
+		// A partial commit buys q and releases the rest in the same step:
+		// a commit entry of q, then a release entry of the rest.
+		res.State, res.Committed = ReservationCommitted, q
+		p.finish(res, OpCommit, r.Source, r.Caller, r.Reason, q)
+		if rest := res.Quantity - q; rest > 0 {
+			p.giveBack(res.CustomerRef, rest)
+			p.record(res, OpRelease, r.Source, r.Caller, "partial commit: the rest released", rest)
+		}
 		p.results[i] = Result{Reservation: res}
+	case res.State == ReservationHeld:
+		res.State = ReservationReleased
+		p.giveBack(res.CustomerRef, res.Quantity)
+		p.finish(res, r.Kind, r.Source, r.Caller, r.Reason, res.Quantity)
+		p.results[i] = Result{Reservation: res}
+	case r.Kind == OpExtend:
+		p.fail(i, endedCodes[res.State], "reservation is %s: it can no longer be extended", res.State)
+	default:
+		p.answerEnded(i, res, commit)
+	}
+}
+
+// endedCodes are the refusals of a change to a reservation that ended.
+var endedCodes = map[ReservationState]Code{
+	ReservationCommitted: CodeReservationAlreadyCommitted,
+	ReservationReleased:  CodeReservationAlreadyReleased,
+	ReservationExpired:   CodeReservationExpired,
+}
+
+// extend moves a held reservation's expiry to now + ttl, within its SKU's
+// max_hold from when it was made. It never shortens a hold: an expiry at
+// or after the new one is answered as a replay, and nothing is written.
+func (p *planner) extend(i int, r *Request, res *Reservation) {
+	hold := MaxHoldDefault
+	if p.read.SKU != nil && p.read.SKU.MaxHold > 0 {
+		hold = p.read.SKU.MaxHold
+	}
+	at := p.read.Now.Add(r.TTL)
+	if limit := res.CreatedAt.Add(hold); at.After(limit) {
+		p.fail(i, CodeHoldLimitReached, "the sku holds a reservation at most %s: it can be extended until %s", hold, limit.UTC().Format(time.RFC3339))
+		return
+	}
+	if !at.After(res.ExpiresAt) {
+		p.results[i] = Result{Reservation: res, Replayed: true}
+		return
+	}
+	res.ExpiresAt = at
+	p.ended[res.ID] = res
+	p.w.Extended = append(p.w.Extended, ReservationExtend{ID: res.ID, ExpiresAt: at})
+	p.record(res, OpExtend, r.Source, r.Caller, "extended until "+at.UTC().Format(time.RFC3339Nano), res.Quantity)
+	p.results[i] = Result{Reservation: res}
+}
+
+// answerEnded answers a commit or release of a reservation that ended before.
+func (p *planner) answerEnded(i int, res *Reservation, commit bool) {
+	switch res.State {
 	case ReservationCommitted:
 		if !commit {
 			p.fail(i, CodeReservationAlreadyCommitted, "reservation is already committed")
@@ -319,27 +492,32 @@ func (p *planner) transfer(i int, r *Request) {
 // expire ends a held reservation whose time is up.
 func (p *planner) expire(res *Reservation, source string) {
 	res.State = ReservationExpired
-	p.giveBack(res)
-	p.finish(res, OpExpire, source, "", "expired")
+	p.giveBack(res.CustomerRef, res.Quantity)
+	p.finish(res, OpExpire, source, "", "expired", res.Quantity)
 }
 
-// giveBack returns a reservation's units to its customer's quota.
-func (p *planner) giveBack(res *Reservation) {
-	if p.read.SKU == nil || p.read.SKU.CustomerLimit == 0 || res.CustomerRef == "" {
+// giveBack returns q units to a customer's quota.
+func (p *planner) giveBack(customer string, q int64) {
+	if p.read.SKU == nil || p.read.SKU.CustomerLimit == 0 || customer == "" {
 		return
 	}
 	if p.w.UsageSub == nil {
 		p.w.UsageSub = map[string]int64{}
 	}
-	p.w.UsageSub[res.CustomerRef] += res.Quantity
+	p.w.UsageSub[customer] += q
 }
 
-// finish records a reservation's end and its ledger entry.
-func (p *planner) finish(res *Reservation, kind OpKind, source, caller, reason string) {
+// finish records a reservation's end and its ledger entry, of q units.
+func (p *planner) finish(res *Reservation, kind OpKind, source, caller, reason string, q int64) {
 	p.ended[res.ID] = res
-	p.w.Ended = append(p.w.Ended, ReservationEnd{ID: res.ID, State: res.State, Reason: reason})
-	p.apply(&LedgerEntry{Kind: kind, Quantity: res.Quantity, IdempotencyKey: res.IdempotencyKey,
-		ReservationID: res.ID, OrderRef: res.OrderRef, Source: source, Caller: caller, Reason: reason}, kind, res.Quantity)
+	p.w.Ended = append(p.w.Ended, ReservationEnd{ID: res.ID, State: res.State, Reason: reason, Committed: res.Committed})
+	p.record(res, kind, source, caller, reason, q)
+}
+
+// record appends a ledger entry of a reservation's, of q units.
+func (p *planner) record(res *Reservation, kind OpKind, source, caller, reason string, q int64) {
+	p.apply(&LedgerEntry{Kind: kind, Quantity: q, IdempotencyKey: res.IdempotencyKey,
+		ReservationID: res.ID, OrderRef: res.OrderRef, Source: source, Caller: caller, Reason: reason}, kind, q)
 }
 
 // apply moves the running counts and appends the ledger entry.

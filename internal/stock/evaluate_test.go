@@ -270,8 +270,15 @@ func checkEnds(t *testing.T, name string, w *BatchWrite) {
 		}
 		ended[e.ID] = e.State
 	}
-	entries := map[string]int{}
+	entries, rests := map[string]int{}, map[string]int{}
 	for _, e := range w.Ledger {
+		if e.Kind == OpRelease && ended[e.ReservationID] == ReservationCommitted {
+			// A partial commit releases the rest in the same step.
+			if rests[e.ReservationID]++; rests[e.ReservationID] > 1 {
+				t.Errorf("EvaluateBatch(%s) releases the rest of %s twice", name, e.ReservationID)
+			}
+			continue
+		}
 		switch e.Kind {
 		case OpCommit, OpRelease, OpExpire:
 			entries[e.ReservationID]++
@@ -880,16 +887,18 @@ func TestPlan_CustomerLimit(t *testing.T) {
 	runPlan(t, []planCase{
 		{
 			name: "OK",
-			// c holds 3 of 5; a release gives 3 back within the batch.
+			// c holds 3 of 5; a release gives 3 back within the batch. A
+			// request that names no customer cannot dodge the limit.
 			from: Counts{Available: 10, Reserved: 3},
 			read: limit(5, map[string]int64{"c": 3}, held),
 			reqs: []*Request{
 				by("c", reserve("k-1", 2)), by("c", reserve("k-2", 1)), by("c", deduct("k-3", 1)),
-				release(held), by("c", deduct("k-4", 3)), by("d", reserve("k-5", 4)), reserve("k-6", 1),
+				release(held), by("c", deduct("k-4", 3)), by("d", reserve("k-5", 4)), reserve("k-6", 1), deduct("k-7", 1),
 			},
-			want:   []outcome{okay, refused(CodeCustomerLimitReached), refused(CodeCustomerLimitReached), okay, okay, okay, okay},
-			to:     Counts{Available: 3, Reserved: 7, Sold: 3},
-			ledger: []OpKind{OpReserve, OpRelease, OpDeduct, OpReserve, OpReserve},
+			want: []outcome{okay, refused(CodeCustomerLimitReached), refused(CodeCustomerLimitReached), okay, okay, okay,
+				refused(CodeCustomerRefRequired), refused(CodeCustomerRefRequired)},
+			to:     Counts{Available: 4, Reserved: 6, Sold: 3},
+			ledger: []OpKind{OpReserve, OpRelease, OpDeduct, OpReserve},
 			check: func(t *testing.T, w *BatchWrite, rs []Result) {
 				usage(map[string]int64{"c": 5, "d": 4}, map[string]int64{"c": 3})(t, w, rs)
 				if w.UsageLimit != 5 {
@@ -949,4 +958,73 @@ func TestPlan_Invariant(t *testing.T) {
 	if !errors.Is(err, ErrInvariant) {
 		t.Errorf("EvaluateBatch(release of an unaccounted hold) = %v, want ErrInvariant", err)
 	}
+}
+
+func refund(key, sale string, q int64) *Request {
+	r := keyed(OpRefund, key, q)
+	r.Original = Sale{DeductKey: sale}
+	return r
+}
+
+// TestPlan_Bend: a partial commit is a commit entry and a release entry in
+// one batch; an extension moves the expiry within max_hold and ledgers an
+// entry of no delta; refunds in one batch count each other against their
+// sale, and the read's refunds too.
+func TestPlan_Bend(t *testing.T) {
+	held := hold("k-h", 3, time.Minute, "")
+	held.CreatedAt = planNow.Add(-time.Minute)
+	partial := commit(held)
+	partial.Quantity = 2
+	extend := &Request{Kind: OpExtend, Shard: planShard, ReservationID: held.ID, TTL: time.Hour, Source: SourceAPI}
+	tooLong := *extend
+	tooLong.TTL = 30 * time.Hour
+	sale := func(refunded int64) func(*BatchRead) {
+		return func(r *BatchRead) {
+			r.Ops["sale"] = recorded(deduct("sale", 3))
+			r.Refunded = map[string]int64{"deduct:sale": refunded}
+		}
+	}
+	runPlan(t, []planCase{
+		{
+			name: "PartialCommit",
+			from: Counts{Available: 10, Reserved: 3}, read: withReservations(held),
+			reqs: []*Request{partial, commit(held)}, want: []outcome{okay, replay},
+			to: Counts{Available: 11, Sold: 2}, ledger: []OpKind{OpCommit, OpRelease},
+			check: func(t *testing.T, w *BatchWrite, rs []Result) {
+				if len(w.Ended) != 1 || w.Ended[0].Committed != 2 || rs[1].Reservation.Committed != 2 {
+					t.Errorf("ends %+v, replay %+v, want one end that bought 2", w.Ended, rs[1].Reservation)
+				}
+			},
+		},
+		{
+			name: "ExtendThenCommit",
+			from: Counts{Available: 10, Reserved: 3}, read: withReservations(held),
+			reqs: []*Request{&tooLong, extend, commit(held)}, want: []outcome{refused(CodeHoldLimitReached), okay, okay},
+			to: Counts{Available: 10, Sold: 3}, ledger: []OpKind{OpExtend, OpCommit},
+			check: func(t *testing.T, w *BatchWrite, rs []Result) {
+				if len(w.Extended) != 1 || !w.Extended[0].ExpiresAt.Equal(planNow.Add(time.Hour)) {
+					t.Errorf("extended %+v, want one, to an hour from now", w.Extended)
+				}
+			},
+		},
+		{
+			name: "Refunds",
+			from: Counts{Available: 7, Sold: 3}, read: sale(0),
+			reqs: []*Request{refund("rf-1", "sale", 2), refund("rf-2", "sale", 1), refund("rf-3", "sale", 1), refund("rf-1", "sale", 2)},
+			want: []outcome{okay, okay, refused(CodeRefundExceedsSale), replay},
+			to:   Counts{Available: 10}, ledger: []OpKind{OpRefund, OpRefund},
+			check: func(t *testing.T, w *BatchWrite, rs []Result) {
+				if len(w.Refunds) != 2 || w.Refunds[0].Sold != 3 || w.Ledger[0].Original.DeductKey != "sale" {
+					t.Errorf("refunds %+v, ledger %+v, want two of the sale of 3, naming it", w.Refunds, w.Ledger)
+				}
+			},
+		},
+		{
+			name: "RefundedAlready",
+			from: Counts{Available: 7, Sold: 3}, read: sale(3),
+			reqs: []*Request{refund("rf-4", "sale", 1), refund("rf-5", "nothing", 1)},
+			want: []outcome{refused(CodeRefundExceedsSale), refused(CodeSaleNotFound)},
+			to:   Counts{Available: 7, Sold: 3},
+		},
+	})
 }

@@ -21,5 +21,8 @@ func ParamsHash(r *Request) []byte {
 	h.Write(n[:])
 	field(r.OrderRef)
 	field(r.CustomerRef)
+	if r.Kind == OpRefund {
+		field(r.Original.ID())
+	}
 	return h.Sum(nil)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"time"
 )
 
@@ -26,6 +27,11 @@ const (
 	ReservationTTLMin     = time.Second
 	ReservationTTLMax     = 24 * time.Hour
 	ReservationTTLDefault = 15 * time.Minute
+	// MaxHoldDefault is how long a reservation may be held in all, however
+	// often it is extended, on a SKU that sets no max_hold; MaxHoldMax is
+	// the most a SKU may set.
+	MaxHoldDefault = 24 * time.Hour
+	MaxHoldMax     = 7 * 24 * time.Hour
 )
 
 // ShardCountMax is the most units one shard may hold, available plus
@@ -113,6 +119,13 @@ type SKU struct {
 	// reserves and deducts are refused before SaleStart and from SaleEnd
 	// on, by the database's clock (SKU.Window).
 	SaleStart, SaleEnd time.Time
+	// MaxHold is the longest a reservation may be held from when it was
+	// made, however often it is extended (ExtendReservation).
+	MaxHold time.Duration
+	// OnePerOrder: an order_ref is applied at most once per kind (deduct,
+	// reserve, refund): another key with the same order_ref is refused
+	// ORDER_ALREADY_APPLIED.
+	OnePerOrder bool
 }
 
 // OpKind is the kind of a shard operation.
@@ -132,12 +145,16 @@ const (
 	// OpWarm starts a shard's writer with its row loaded
 	// (AdminService.Prewarm); it changes nothing and is not ledgered.
 	OpWarm OpKind = "warm"
+	// OpExtend moves a held reservation's expiry later; it moves no count.
+	OpExtend OpKind = "extend"
+	// OpRefund gives back units of a sale: sold back to available.
+	OpRefund OpKind = "refund"
 )
 
 // Keyed reports whether the kind is idempotent by (sku, idempotency_key);
-// commit and release are idempotent by reservation id instead.
+// commit, release and extend are idempotent by reservation id instead.
 func (k OpKind) Keyed() bool {
-	return k == OpReserve || k == OpDeduct || k == OpReplenish || k == OpAdjust
+	return k == OpReserve || k == OpDeduct || k == OpReplenish || k == OpAdjust || k == OpRefund
 }
 
 // Delta is how a kind of operation moves a shard's counts for quantity q.
@@ -155,6 +172,8 @@ func (k OpKind) Delta(q int64) Counts {
 		return Counts{Available: q}
 	case OpTransferOut:
 		return Counts{Available: -q}
+	case OpRefund:
+		return Counts{Available: q, Sold: -q}
 	}
 	return Counts{}
 }
@@ -180,6 +199,41 @@ type Reservation struct {
 	OrderRef       string
 	CustomerRef    string
 	IdempotencyKey string
+	// Committed is the units bought once committed: fewer than Quantity
+	// after a partial commit, which released the rest.
+	Committed int64
+	// CreatedAt is when the reservation was made: MaxHold counts from it.
+	CreatedAt time.Time
+}
+
+// Sale names a sale that a refund reverses: a deduct by its key, or a
+// committed reservation by its id. Exactly one is set.
+type Sale struct {
+	DeductKey     string
+	ReservationID string
+}
+
+// ID is the sale's name in the books ("deduct:KEY", "reservation:ID"),
+// under which its refunds are counted; "" for no sale.
+func (s Sale) ID() string {
+	switch {
+	case s.DeductKey != "":
+		return "deduct:" + s.DeductKey
+	case s.ReservationID != "":
+		return "reservation:" + s.ReservationID
+	}
+	return ""
+}
+
+// ParseSale is the Sale that ID returned id for.
+func ParseSale(id string) Sale {
+	if k, ok := strings.CutPrefix(id, "deduct:"); ok {
+		return Sale{DeductKey: k}
+	}
+	if r, ok := strings.CutPrefix(id, "reservation:"); ok {
+		return Sale{ReservationID: r}
+	}
+	return Sale{}
 }
 
 // Operation is the recorded first result of a keyed action.
@@ -198,6 +252,8 @@ type Operation struct {
 	ReservationState ReservationState
 	// ReservationExpiresAt is the reservation's expiry (reserve only).
 	ReservationExpiresAt time.Time
+	// Original is the sale a refund reverses (refund only).
+	Original Sale
 }
 
 // Source values for the ledger.
@@ -227,6 +283,8 @@ type Request struct {
 	// (never a secret), e.g. "service:token:3f2a9c1b0d4e"; empty for the
 	// shardstock's own work (sweeps, moves).
 	Caller string
+	// Original is the sale a refund reverses.
+	Original Sale
 }
 
 // Result is the answer to one Request.
@@ -264,13 +322,15 @@ type LedgerEntry struct {
 	ReservationID  string
 	TransferID     string
 	OrderRef       string
-	Source         string
-	Caller         string // Request.Caller
-	Reason         string
-	Approver       string
-	ServerID       string
-	Epoch          int64
-	CreatedAt      time.Time
+	// Original is the sale a refund entry reverses ("" for other kinds).
+	Original  Sale
+	Source    string
+	Caller    string // Request.Caller
+	Reason    string
+	Approver  string
+	ServerID  string
+	Epoch     int64
+	CreatedAt time.Time
 }
 
 // TransferState is where a two-phase transfer is.
@@ -333,12 +393,13 @@ type Transfer struct {
 
 // Refuse returns why the SKU refuses a reserve or deduct before its stock is
 // looked at, or nil: paused, outside its sale window at now, above
-// max_per_order, or taking the customer (who holds usage units already)
-// past customer_limit. The shard planner and the allocator's sold-out
-// answers both decide by it. now is the database's clock; zero when the
-// caller has none, and then the window is not looked at: only a batch
-// transaction's clock decides it, so that no process's clock can sell
-// outside the window or refuse inside it.
+// max_per_order, without a customer_ref under a customer_limit (a limit a
+// request could dodge by naming no customer is no limit), or taking the
+// customer (who holds usage units already) past customer_limit. The shard
+// planner and the allocator's sold-out answers both decide by it. now is
+// the database's clock; zero when the caller has none, and then the window
+// is not looked at: only a batch transaction's clock decides it, so that no
+// process's clock can sell outside the window or refuse inside it.
 func (s *SKU) Refuse(r *Request, usage int64, now time.Time) *Error {
 	if r.Kind != OpReserve && r.Kind != OpDeduct {
 		return nil
@@ -352,7 +413,9 @@ func (s *SKU) Refuse(r *Request, usage int64, now time.Time) *Error {
 	switch {
 	case s.MaxPerOrder > 0 && r.Quantity > s.MaxPerOrder:
 		return Errorf(CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order")
-	case s.CustomerLimit > 0 && r.CustomerRef != "" && usage+r.Quantity > s.CustomerLimit:
+	case s.CustomerLimit > 0 && r.CustomerRef == "":
+		return Errorf(CodeCustomerRefRequired, "sku %q has a customer_limit: customer_ref is required", s.Name)
+	case s.CustomerLimit > 0 && usage+r.Quantity > s.CustomerLimit:
 		return Errorf(CodeCustomerLimitReached, "customer %q reached the sku's customer_limit", r.CustomerRef)
 	}
 	return nil

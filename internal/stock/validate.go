@@ -114,6 +114,9 @@ func ValidateRequest(r *Request) error {
 		if err := ValidateKey(r.Key); err != nil {
 			return err
 		}
+		if IsOrderLineKey(r.Key) && r.Source != SourceOrder {
+			return Errorf(CodeInvalidIdempotencyKey, "idempotency_key may not start with %q: it names an order's line", OrderLineKeyPrefix)
+		}
 		if err := ValidateQuantity(r.Quantity); err != nil {
 			return err
 		}
@@ -127,13 +130,29 @@ func ValidateRequest(r *Request) error {
 		if r.Reason == "" || r.Approver == "" {
 			return Errorf(CodeInvalidArgument, "an adjustment needs a reason and an approver")
 		}
-	case OpCommit, OpRelease:
+	case OpRefund:
+		if err := ValidateKey(r.Key); err != nil {
+			return err
+		}
+		if err := ValidateQuantity(r.Quantity); err != nil {
+			return err
+		}
+		if err := ValidateSale(r.Shard.SKU, r.Original); err != nil {
+			return err
+		}
+	case OpCommit, OpRelease, OpExtend:
 		k, err := ParseReservationID(r.ReservationID)
 		if err != nil {
 			return err
 		}
 		if k != r.Shard {
 			return Errorf(CodeReservationNotFound, "reservation_id names another shard")
+		}
+		if r.Kind == OpCommit && (r.Quantity < 0 || r.Quantity > QuantityMax) {
+			return Errorf(CodeInvalidQuantity, "quantity must be 0 (all held) to %d, got %d", QuantityMax, r.Quantity)
+		}
+		if r.Kind == OpExtend && r.TTL == 0 {
+			return Errorf(CodeInvalidArgument, "ttl is required to extend a reservation")
 		}
 	case OpTransferOut, OpTransferIn:
 		if r.TransferID == "" || len(r.TransferID) > TransferIDLenMax || !isToken(r.TransferID) {
@@ -155,6 +174,37 @@ func ValidateRequest(r *Request) error {
 		if err := ValidateText(f.name, f.v, f.max); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// ValidateSale checks a refund's original: exactly one of a deduct's key
+// or a reservation id, the reservation of sku.
+func ValidateSale(sku string, s Sale) error {
+	switch {
+	case (s.DeductKey == "") == (s.ReservationID == ""):
+		return Errorf(CodeInvalidArgument, "original must name one sale: a deduct's key or a reservation id")
+	case s.DeductKey != "":
+		if err := ValidateKey(s.DeductKey); err != nil {
+			return Errorf(CodeInvalidArgument, "original: %s", err.(*Error).Message)
+		}
+	default:
+		k, err := ParseReservationID(s.ReservationID)
+		if err != nil {
+			return Errorf(CodeSaleNotFound, "original names no reservation")
+		}
+		if k.SKU != sku {
+			return Errorf(CodeSaleNotFound, "original names a reservation of another sku")
+		}
+	}
+	return nil
+}
+
+// ValidateMaxHold checks a SKU's max_hold: 0 (the default) or ttl (the
+// SKU's reservation TTL) to MaxHoldMax.
+func ValidateMaxHold(hold, ttl time.Duration) error {
+	if hold != 0 && (hold < ttl || hold > MaxHoldMax) {
+		return Errorf(CodeInvalidArgument, "max_hold must be between the reservation ttl (%s) and %s", ttl, MaxHoldMax)
 	}
 	return nil
 }
@@ -191,6 +241,9 @@ func PrepareNewSKU(s *SKU, initial int64) error {
 		s.ReservationTTL = ReservationTTLDefault
 	}
 	if err := ValidateTTL(s.ReservationTTL); err != nil {
+		return err
+	}
+	if err := ValidateMaxHold(s.MaxHold, s.ReservationTTL); err != nil {
 		return err
 	}
 	s.Status = StatusActive

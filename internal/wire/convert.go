@@ -20,6 +20,24 @@ var opKinds = map[v1.ShardOpKind]stock.OpKind{
 	v1.ShardOpKind_SHARD_OP_KIND_TRANSFER_OUT: stock.OpTransferOut,
 	v1.ShardOpKind_SHARD_OP_KIND_TRANSFER_IN:  stock.OpTransferIn,
 	v1.ShardOpKind_SHARD_OP_KIND_WARM:         stock.OpWarm,
+	v1.ShardOpKind_SHARD_OP_KIND_EXTEND:       stock.OpExtend,
+	v1.ShardOpKind_SHARD_OP_KIND_REFUND:       stock.OpRefund,
+}
+
+// SaleFromProto converts a refund's original; nil is no sale.
+func SaleFromProto(s *v1.Sale) stock.Sale {
+	return stock.Sale{DeductKey: s.GetDeductKey(), ReservationID: s.GetReservationId()}
+}
+
+// SaleToProto converts a refund's original; nil for no sale.
+func SaleToProto(s stock.Sale) *v1.Sale {
+	switch {
+	case s.DeductKey != "":
+		return &v1.Sale{Sale: &v1.Sale_DeductKey{DeductKey: s.DeductKey}}
+	case s.ReservationID != "":
+		return &v1.Sale{Sale: &v1.Sale_ReservationId{ReservationId: s.ReservationID}}
+	}
+	return nil
 }
 
 // RequestFromProto converts a shard op to a domain request.
@@ -38,6 +56,7 @@ func RequestFromProto(op *v1.ShardOp) *stock.Request {
 		Approver:      op.GetApprover(),
 		Source:        op.GetSource(),
 		Caller:        op.GetCaller(),
+		Original:      SaleFromProto(op.GetOriginal()),
 	}
 }
 
@@ -46,7 +65,7 @@ func RequestToProto(r *stock.Request) *v1.ShardOp {
 	op := &v1.ShardOp{
 		Sku: r.Shard.SKU, Shard: r.Shard.Index, Quantity: r.Quantity, IdempotencyKey: r.Key,
 		ReservationId: r.ReservationID, TransferId: r.TransferID, OrderRef: r.OrderRef, CustomerRef: r.CustomerRef,
-		Reason: r.Reason, Approver: r.Approver, Source: r.Source, Caller: r.Caller,
+		Reason: r.Reason, Approver: r.Approver, Source: r.Source, Caller: r.Caller, Original: SaleToProto(r.Original),
 	}
 	for k, v := range opKinds {
 		if v == r.Kind {
@@ -132,6 +151,7 @@ var pubKinds = map[stock.OpKind]v1.OperationKind{
 	stock.OpDeduct:    v1.OperationKind_OPERATION_KIND_DEDUCT,
 	stock.OpReplenish: v1.OperationKind_OPERATION_KIND_REPLENISH,
 	stock.OpAdjust:    v1.OperationKind_OPERATION_KIND_ADJUST,
+	stock.OpRefund:    v1.OperationKind_OPERATION_KIND_REFUND,
 }
 
 // ReservationToProto converts a reservation.
@@ -139,7 +159,7 @@ func ReservationToProto(r *stock.Reservation) *v1.Reservation {
 	return &v1.Reservation{
 		ReservationId: r.ID, Sku: r.SKU, Quantity: r.Quantity, State: resStates[r.State],
 		ExpiresAt: timestamppb.New(r.ExpiresAt), Shard: r.Shard, OrderRef: r.OrderRef,
-		IdempotencyKey: r.IdempotencyKey, CustomerRef: r.CustomerRef,
+		IdempotencyKey: r.IdempotencyKey, CustomerRef: r.CustomerRef, CommittedQuantity: r.Committed,
 	}
 }
 
@@ -148,7 +168,7 @@ func ReservationFromProto(r *v1.Reservation) *stock.Reservation {
 	return &stock.Reservation{
 		ID: r.GetReservationId(), SKU: r.GetSku(), Quantity: r.GetQuantity(), State: resStateFromProto(r.GetState()),
 		ExpiresAt: r.GetExpiresAt().AsTime(), Shard: r.GetShard(), OrderRef: r.GetOrderRef(),
-		IdempotencyKey: r.GetIdempotencyKey(), CustomerRef: r.GetCustomerRef(),
+		IdempotencyKey: r.GetIdempotencyKey(), CustomerRef: r.GetCustomerRef(), Committed: r.GetCommittedQuantity(),
 	}
 }
 
@@ -158,6 +178,7 @@ func OperationToProto(o *stock.Operation) *v1.Operation {
 		Sku: o.SKU, IdempotencyKey: o.IdempotencyKey, Kind: pubKinds[o.Kind], Quantity: o.Quantity, Shard: o.Shard,
 		ReservationId: o.ReservationID, OrderRef: o.OrderRef, CustomerRef: o.CustomerRef,
 		CreatedAt: timestamppb.New(o.CreatedAt), ReservationState: resStates[o.ReservationState],
+		Original: SaleToProto(o.Original),
 	}
 }
 
@@ -167,6 +188,7 @@ func OperationFromProto(o *v1.Operation) *stock.Operation {
 		SKU: o.GetSku(), IdempotencyKey: o.GetIdempotencyKey(), Quantity: o.GetQuantity(), Shard: o.GetShard(),
 		ReservationID: o.GetReservationId(), OrderRef: o.GetOrderRef(), CustomerRef: o.GetCustomerRef(),
 		CreatedAt: o.GetCreatedAt().AsTime(), ReservationState: resStateFromProto(o.GetReservationState()),
+		Original: SaleFromProto(o.GetOriginal()),
 	}
 	for k, v := range pubKinds {
 		if v == o.GetKind() {
@@ -253,6 +275,29 @@ func LedgerEntryToProto(e *stock.LedgerEntry) *v1.LedgerEntry {
 		SoldBefore: e.Before.Sold, SoldAfter: e.After.Sold,
 		IdempotencyKey: e.IdempotencyKey, ReservationId: e.ReservationID, TransferId: e.TransferID, OrderRef: e.OrderRef,
 		Source: e.Source, Reason: e.Reason, Approver: e.Approver, ServerId: e.ServerID, Epoch: e.Epoch,
-		CreatedAt: timestamppb.New(e.CreatedAt), Caller: e.Caller,
+		CreatedAt: timestamppb.New(e.CreatedAt), Caller: e.Caller, Original: e.Original.ID(),
 	}
+}
+
+var orderStates = map[stock.OrderState]v1.OrderState{
+	stock.OrderPending:    v1.OrderState_ORDER_STATE_PENDING,
+	stock.OrderHeld:       v1.OrderState_ORDER_STATE_HELD,
+	stock.OrderCommitting: v1.OrderState_ORDER_STATE_COMMITTING,
+	stock.OrderCommitted:  v1.OrderState_ORDER_STATE_COMMITTED,
+	stock.OrderReleasing:  v1.OrderState_ORDER_STATE_RELEASING,
+	stock.OrderReleased:   v1.OrderState_ORDER_STATE_RELEASED,
+	stock.OrderFailed:     v1.OrderState_ORDER_STATE_FAILED,
+}
+
+// OrderToProto converts an order.
+func OrderToProto(o *stock.Order) *v1.Order {
+	out := &v1.Order{OrderId: o.ID, OrderRef: o.OrderRef, State: orderStates[o.State], IdempotencyKey: o.IdempotencyKey,
+		CustomerRef: o.CustomerRef, Reason: o.Reason}
+	if !o.ExpiresAt.IsZero() {
+		out.ExpiresAt = timestamppb.New(o.ExpiresAt)
+	}
+	for _, l := range o.Lines {
+		out.Lines = append(out.Lines, &v1.OrderLine{Sku: l.SKU, Quantity: l.Quantity, ReservationId: l.ReservationID})
+	}
+	return out
 }

@@ -38,8 +38,15 @@ type SkuConfig struct {
 	// The sale window: before sale_start reserves and deducts are refused
 	// SALE_NOT_STARTED, from sale_end on SALE_ENDED, by the database's
 	// clock. Absent: no bound.
-	SaleStart     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=sale_start,json=saleStart,proto3" json:"sale_start,omitempty"`
-	SaleEnd       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=sale_end,json=saleEnd,proto3" json:"sale_end,omitempty"`
+	SaleStart *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=sale_start,json=saleStart,proto3" json:"sale_start,omitempty"`
+	SaleEnd   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=sale_end,json=saleEnd,proto3" json:"sale_end,omitempty"`
+	// The longest a reservation may be held, from when it was made, however
+	// often ExtendReservation extends it.
+	MaxHold *durationpb.Duration `protobuf:"bytes,10,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
+	// A Deduct or Reserve with an order_ref already applied by another key
+	// is refused ORDER_ALREADY_APPLIED, and so is a Refund of an order_ref
+	// already refunded by another key.
+	OnePerOrder   bool `protobuf:"varint,11,opt,name=one_per_order,json=onePerOrder,proto3" json:"one_per_order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -137,6 +144,20 @@ func (x *SkuConfig) GetSaleEnd() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *SkuConfig) GetMaxHold() *durationpb.Duration {
+	if x != nil {
+		return x.MaxHold
+	}
+	return nil
+}
+
+func (x *SkuConfig) GetOnePerOrder() bool {
+	if x != nil {
+		return x.OnePerOrder
+	}
+	return false
+}
+
 type CreateSkuRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Sku            string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -146,8 +167,11 @@ type CreateSkuRequest struct {
 	CustomerLimit  int64                  `protobuf:"varint,5,opt,name=customer_limit,json=customerLimit,proto3" json:"customer_limit,omitempty"`
 	ReservationTtl *durationpb.Duration   `protobuf:"bytes,6,opt,name=reservation_ttl,json=reservationTtl,proto3" json:"reservation_ttl,omitempty"`
 	// The sale window (SkuConfig); absent: no bound.
-	SaleStart     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=sale_start,json=saleStart,proto3" json:"sale_start,omitempty"`
-	SaleEnd       *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=sale_end,json=saleEnd,proto3" json:"sale_end,omitempty"`
+	SaleStart *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=sale_start,json=saleStart,proto3" json:"sale_start,omitempty"`
+	SaleEnd   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=sale_end,json=saleEnd,proto3" json:"sale_end,omitempty"`
+	// Unset: 24 h. At least reservation_ttl.
+	MaxHold       *durationpb.Duration `protobuf:"bytes,9,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
+	OnePerOrder   bool                 `protobuf:"varint,10,opt,name=one_per_order,json=onePerOrder,proto3" json:"one_per_order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -238,6 +262,20 @@ func (x *CreateSkuRequest) GetSaleEnd() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *CreateSkuRequest) GetMaxHold() *durationpb.Duration {
+	if x != nil {
+		return x.MaxHold
+	}
+	return nil
+}
+
+func (x *CreateSkuRequest) GetOnePerOrder() bool {
+	if x != nil {
+		return x.OnePerOrder
+	}
+	return false
+}
+
 type CreateSkuResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sku           *SkuConfig             `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -305,7 +343,9 @@ type UpdateSkuRequest struct {
 	SaleStart *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=sale_start,json=saleStart,proto3" json:"sale_start,omitempty"`
 	SaleEnd   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=sale_end,json=saleEnd,proto3" json:"sale_end,omitempty"`
 	// Remove both bounds of the sale window (with neither field set).
-	ClearSaleWindow bool `protobuf:"varint,8,opt,name=clear_sale_window,json=clearSaleWindow,proto3" json:"clear_sale_window,omitempty"`
+	ClearSaleWindow bool                 `protobuf:"varint,8,opt,name=clear_sale_window,json=clearSaleWindow,proto3" json:"clear_sale_window,omitempty"`
+	MaxHold         *durationpb.Duration `protobuf:"bytes,9,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
+	OnePerOrder     *bool                `protobuf:"varint,10,opt,name=one_per_order,json=onePerOrder,proto3,oneof" json:"one_per_order,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -392,6 +432,20 @@ func (x *UpdateSkuRequest) GetSaleEnd() *timestamppb.Timestamp {
 func (x *UpdateSkuRequest) GetClearSaleWindow() bool {
 	if x != nil {
 		return x.ClearSaleWindow
+	}
+	return false
+}
+
+func (x *UpdateSkuRequest) GetMaxHold() *durationpb.Duration {
+	if x != nil {
+		return x.MaxHold
+	}
+	return nil
+}
+
+func (x *UpdateSkuRequest) GetOnePerOrder() bool {
+	if x != nil && x.OnePerOrder != nil {
+		return *x.OnePerOrder
 	}
 	return false
 }
@@ -1440,7 +1494,9 @@ type LedgerEntry struct {
 	// Who asked for the change: a role and a credential id, never a secret
 	// ("service:token:3f2a9c1b0d4e", "admin:jwt:alice"); empty for
 	// shardstock's own work (sweeps, moves).
-	Caller        string `protobuf:"bytes,22,opt,name=caller,proto3" json:"caller,omitempty"`
+	Caller string `protobuf:"bytes,22,opt,name=caller,proto3" json:"caller,omitempty"`
+	// The sale a refund entry reverses: "deduct:KEY" or "reservation:ID".
+	Original      string `protobuf:"bytes,23,opt,name=original,proto3" json:"original,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1625,6 +1681,13 @@ func (x *LedgerEntry) GetCreatedAt() *timestamppb.Timestamp {
 func (x *LedgerEntry) GetCaller() string {
 	if x != nil {
 		return x.Caller
+	}
+	return ""
+}
+
+func (x *LedgerEntry) GetOriginal() string {
+	if x != nil {
+		return x.Original
 	}
 	return ""
 }
@@ -2478,7 +2541,7 @@ var File_shardstock_v1_admin_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\x89\x03\n" +
+	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\xe3\x03\n" +
 	"\tSkuConfig\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x120\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x18.shardstock.v1.SkuStatusR\x06status\x12\x16\n" +
@@ -2490,7 +2553,10 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"autoShards\x129\n" +
 	"\n" +
 	"sale_start\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tsaleStart\x125\n" +
-	"\bsale_end\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\"\xe2\x02\n" +
+	"\bsale_end\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\x124\n" +
+	"\bmax_hold\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x12\"\n" +
+	"\rone_per_order\x18\v \x01(\bR\vonePerOrder\"\xbc\x03\n" +
 	"\x10CreateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12#\n" +
 	"\rinitial_stock\x18\x02 \x01(\x03R\finitialStock\x12\x16\n" +
@@ -2500,10 +2566,13 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x0freservation_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\x129\n" +
 	"\n" +
 	"sale_start\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tsaleStart\x125\n" +
-	"\bsale_end\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\"k\n" +
+	"\bsale_end\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\x124\n" +
+	"\bmax_hold\x18\t \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x12\"\n" +
+	"\rone_per_order\x18\n" +
+	" \x01(\bR\vonePerOrder\"k\n" +
 	"\x11CreateSkuResponse\x12*\n" +
 	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\x12*\n" +
-	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\x9a\x03\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\x8b\x04\n" +
 	"\x10UpdateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1b\n" +
 	"\x06paused\x18\x02 \x01(\bH\x00R\x06paused\x88\x01\x01\x12'\n" +
@@ -2514,11 +2583,15 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"sale_start\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tsaleStart\x125\n" +
 	"\bsale_end\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\x12*\n" +
-	"\x11clear_sale_window\x18\b \x01(\bR\x0fclearSaleWindowB\t\n" +
+	"\x11clear_sale_window\x18\b \x01(\bR\x0fclearSaleWindow\x124\n" +
+	"\bmax_hold\x18\t \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x12'\n" +
+	"\rone_per_order\x18\n" +
+	" \x01(\bH\x04R\vonePerOrder\x88\x01\x01B\t\n" +
 	"\a_pausedB\x10\n" +
 	"\x0e_max_per_orderB\x11\n" +
 	"\x0f_customer_limitB\x0e\n" +
-	"\f_auto_shards\"?\n" +
+	"\f_auto_shardsB\x10\n" +
+	"\x0e_one_per_order\"?\n" +
 	"\x11UpdateSkuResponse\x12*\n" +
 	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\"\x99\x01\n" +
 	"\x12AdjustStockRequest\x12\x10\n" +
@@ -2589,7 +2662,7 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x1b\n" +
-	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"\xb9\x05\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"\xd5\x05\n" +
 	"\vLedgerEntry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x14\n" +
@@ -2617,7 +2690,8 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x05epoch\x18\x14 \x01(\x03R\x05epoch\x129\n" +
 	"\n" +
 	"created_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x16\n" +
-	"\x06caller\x18\x16 \x01(\tR\x06caller\"r\n" +
+	"\x06caller\x18\x16 \x01(\tR\x06caller\x12\x1a\n" +
+	"\boriginal\x18\x17 \x01(\tR\boriginal\"r\n" +
 	"\x12ListLedgerResponse\x124\n" +
 	"\aentries\x18\x01 \x03(\v2\x1a.shardstock.v1.LedgerEntryR\aentries\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"$\n" +
@@ -2758,71 +2832,74 @@ var file_shardstock_v1_admin_proto_depIdxs = []int32{
 	38, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
 	39, // 2: shardstock.v1.SkuConfig.sale_start:type_name -> google.protobuf.Timestamp
 	39, // 3: shardstock.v1.SkuConfig.sale_end:type_name -> google.protobuf.Timestamp
-	38, // 4: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
-	39, // 5: shardstock.v1.CreateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
-	39, // 6: shardstock.v1.CreateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
-	0,  // 7: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	40, // 8: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
-	39, // 9: shardstock.v1.UpdateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
-	39, // 10: shardstock.v1.UpdateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
-	0,  // 11: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	41, // 12: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
-	40, // 13: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
-	0,  // 14: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	40, // 15: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
-	42, // 16: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	43, // 17: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
-	42, // 18: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
-	14, // 19: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
-	15, // 20: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	44, // 21: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
-	17, // 22: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
-	18, // 23: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
-	17, // 24: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
-	39, // 25: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
-	22, // 26: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
-	25, // 27: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	40, // 28: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	40, // 29: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
-	22, // 30: shardstock.v1.WatchLedgerResponse.entry:type_name -> shardstock.v1.LedgerEntry
-	37, // 31: shardstock.v1.ListSkusRequest.status:type_name -> shardstock.v1.SkuStatus
-	0,  // 32: shardstock.v1.SkuSummary.sku:type_name -> shardstock.v1.SkuConfig
-	32, // 33: shardstock.v1.ListSkusResponse.skus:type_name -> shardstock.v1.SkuSummary
-	40, // 34: shardstock.v1.PrewarmedSku.stock:type_name -> shardstock.v1.Stock
-	35, // 35: shardstock.v1.PrewarmResponse.skus:type_name -> shardstock.v1.PrewarmedSku
-	1,  // 36: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	3,  // 37: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	5,  // 38: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	7,  // 39: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	9,  // 40: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	11, // 41: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	13, // 42: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	21, // 43: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	24, // 44: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	27, // 45: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
-	19, // 46: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
-	29, // 47: shardstock.v1.AdminService.WatchLedger:input_type -> shardstock.v1.WatchLedgerRequest
-	31, // 48: shardstock.v1.AdminService.ListSkus:input_type -> shardstock.v1.ListSkusRequest
-	34, // 49: shardstock.v1.AdminService.Prewarm:input_type -> shardstock.v1.PrewarmRequest
-	2,  // 50: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	4,  // 51: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	6,  // 52: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	8,  // 53: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	10, // 54: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	12, // 55: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	16, // 56: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	23, // 57: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	26, // 58: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	28, // 59: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
-	20, // 60: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
-	30, // 61: shardstock.v1.AdminService.WatchLedger:output_type -> shardstock.v1.WatchLedgerResponse
-	33, // 62: shardstock.v1.AdminService.ListSkus:output_type -> shardstock.v1.ListSkusResponse
-	36, // 63: shardstock.v1.AdminService.Prewarm:output_type -> shardstock.v1.PrewarmResponse
-	50, // [50:64] is the sub-list for method output_type
-	36, // [36:50] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	38, // 4: shardstock.v1.SkuConfig.max_hold:type_name -> google.protobuf.Duration
+	38, // 5: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
+	39, // 6: shardstock.v1.CreateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
+	39, // 7: shardstock.v1.CreateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
+	38, // 8: shardstock.v1.CreateSkuRequest.max_hold:type_name -> google.protobuf.Duration
+	0,  // 9: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	40, // 10: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
+	39, // 11: shardstock.v1.UpdateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
+	39, // 12: shardstock.v1.UpdateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
+	38, // 13: shardstock.v1.UpdateSkuRequest.max_hold:type_name -> google.protobuf.Duration
+	0,  // 14: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	41, // 15: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
+	40, // 16: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
+	0,  // 17: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
+	40, // 18: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
+	42, // 19: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	43, // 20: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
+	42, // 21: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	14, // 22: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
+	15, // 23: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
+	44, // 24: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
+	17, // 25: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
+	18, // 26: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
+	17, // 27: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
+	39, // 28: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	22, // 29: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
+	25, // 30: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
+	40, // 31: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	40, // 32: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
+	22, // 33: shardstock.v1.WatchLedgerResponse.entry:type_name -> shardstock.v1.LedgerEntry
+	37, // 34: shardstock.v1.ListSkusRequest.status:type_name -> shardstock.v1.SkuStatus
+	0,  // 35: shardstock.v1.SkuSummary.sku:type_name -> shardstock.v1.SkuConfig
+	32, // 36: shardstock.v1.ListSkusResponse.skus:type_name -> shardstock.v1.SkuSummary
+	40, // 37: shardstock.v1.PrewarmedSku.stock:type_name -> shardstock.v1.Stock
+	35, // 38: shardstock.v1.PrewarmResponse.skus:type_name -> shardstock.v1.PrewarmedSku
+	1,  // 39: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 40: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 41: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 42: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 43: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 44: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 45: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	21, // 46: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	24, // 47: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	27, // 48: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
+	19, // 49: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
+	29, // 50: shardstock.v1.AdminService.WatchLedger:input_type -> shardstock.v1.WatchLedgerRequest
+	31, // 51: shardstock.v1.AdminService.ListSkus:input_type -> shardstock.v1.ListSkusRequest
+	34, // 52: shardstock.v1.AdminService.Prewarm:input_type -> shardstock.v1.PrewarmRequest
+	2,  // 53: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 54: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 55: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 56: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 57: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 58: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 59: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	23, // 60: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	26, // 61: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	28, // 62: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
+	20, // 63: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
+	30, // 64: shardstock.v1.AdminService.WatchLedger:output_type -> shardstock.v1.WatchLedgerResponse
+	33, // 65: shardstock.v1.AdminService.ListSkus:output_type -> shardstock.v1.ListSkusResponse
+	36, // 66: shardstock.v1.AdminService.Prewarm:output_type -> shardstock.v1.PrewarmResponse
+	53, // [53:67] is the sub-list for method output_type
+	39, // [39:53] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }

@@ -221,6 +221,9 @@ func (x *ReserveResponse) GetReplayed() bool {
 type CommitRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// How many of the held units to buy; 0: all. Fewer than held buys
+	// those and releases the rest in the same step.
+	Quantity      int64 `protobuf:"varint,2,opt,name=quantity,proto3" json:"quantity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -260,6 +263,13 @@ func (x *CommitRequest) GetReservationId() string {
 		return x.ReservationId
 	}
 	return ""
+}
+
+func (x *CommitRequest) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
 }
 
 type CommitResponse struct {
@@ -955,6 +965,667 @@ func (x *WatchStockResponse) GetEvent() StockEvent {
 	return StockEvent_STOCK_EVENT_UNSPECIFIED
 }
 
+type ExtendReservationRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// The new expiry is now + ttl (1 s to 24 h), at most the SKU's max_hold
+	// after the reservation was made.
+	Ttl           *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendReservationRequest) Reset() {
+	*x = ExtendReservationRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendReservationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendReservationRequest) ProtoMessage() {}
+
+func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendReservationRequest.ProtoReflect.Descriptor instead.
+func (*ExtendReservationRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ExtendReservationRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ExtendReservationRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type ExtendReservationResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Reservation *Reservation           `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// The reservation already expired at or after now + ttl: nothing changed.
+	Replayed      bool `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendReservationResponse) Reset() {
+	*x = ExtendReservationResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendReservationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendReservationResponse) ProtoMessage() {}
+
+func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendReservationResponse.ProtoReflect.Descriptor instead.
+func (*ExtendReservationResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ExtendReservationResponse) GetReservation() *Reservation {
+	if x != nil {
+		return x.Reservation
+	}
+	return nil
+}
+
+func (x *ExtendReservationResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type RefundRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Sku            string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	Original       *Sale                  `protobuf:"bytes,3,opt,name=original,proto3" json:"original,omitempty"`
+	Quantity       int64                  `protobuf:"varint,4,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	Reason         string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RefundRequest) Reset() {
+	*x = RefundRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefundRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefundRequest) ProtoMessage() {}
+
+func (x *RefundRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefundRequest.ProtoReflect.Descriptor instead.
+func (*RefundRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RefundRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *RefundRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *RefundRequest) GetOriginal() *Sale {
+	if x != nil {
+		return x.Original
+	}
+	return nil
+}
+
+func (x *RefundRequest) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *RefundRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RefundResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Operation     *Operation             `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefundResponse) Reset() {
+	*x = RefundResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefundResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefundResponse) ProtoMessage() {}
+
+func (x *RefundResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefundResponse.ProtoReflect.Descriptor instead.
+func (*RefundResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RefundResponse) GetOperation() *Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *RefundResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type ReserveOrderRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	OrderRef       string                 `protobuf:"bytes,1,opt,name=order_ref,json=orderRef,proto3" json:"order_ref,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	CustomerRef    string                 `protobuf:"bytes,3,opt,name=customer_ref,json=customerRef,proto3" json:"customer_ref,omitempty"`
+	Ttl            *durationpb.Duration   `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// 1 to 50 lines, each SKU once; reservation_id is ignored.
+	Lines         []*OrderLine `protobuf:"bytes,5,rep,name=lines,proto3" json:"lines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveOrderRequest) Reset() {
+	*x = ReserveOrderRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveOrderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveOrderRequest) ProtoMessage() {}
+
+func (x *ReserveOrderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveOrderRequest.ProtoReflect.Descriptor instead.
+func (*ReserveOrderRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ReserveOrderRequest) GetOrderRef() string {
+	if x != nil {
+		return x.OrderRef
+	}
+	return ""
+}
+
+func (x *ReserveOrderRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *ReserveOrderRequest) GetCustomerRef() string {
+	if x != nil {
+		return x.CustomerRef
+	}
+	return ""
+}
+
+func (x *ReserveOrderRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *ReserveOrderRequest) GetLines() []*OrderLine {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+type ReserveOrderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Order         *Order                 `protobuf:"bytes,1,opt,name=order,proto3" json:"order,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveOrderResponse) Reset() {
+	*x = ReserveOrderResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveOrderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveOrderResponse) ProtoMessage() {}
+
+func (x *ReserveOrderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveOrderResponse.ProtoReflect.Descriptor instead.
+func (*ReserveOrderResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ReserveOrderResponse) GetOrder() *Order {
+	if x != nil {
+		return x.Order
+	}
+	return nil
+}
+
+func (x *ReserveOrderResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type CommitOrderRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitOrderRequest) Reset() {
+	*x = CommitOrderRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitOrderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitOrderRequest) ProtoMessage() {}
+
+func (x *CommitOrderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitOrderRequest.ProtoReflect.Descriptor instead.
+func (*CommitOrderRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *CommitOrderRequest) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+type CommitOrderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Order         *Order                 `protobuf:"bytes,1,opt,name=order,proto3" json:"order,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitOrderResponse) Reset() {
+	*x = CommitOrderResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitOrderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitOrderResponse) ProtoMessage() {}
+
+func (x *CommitOrderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitOrderResponse.ProtoReflect.Descriptor instead.
+func (*CommitOrderResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *CommitOrderResponse) GetOrder() *Order {
+	if x != nil {
+		return x.Order
+	}
+	return nil
+}
+
+func (x *CommitOrderResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type ReleaseOrderRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseOrderRequest) Reset() {
+	*x = ReleaseOrderRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseOrderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseOrderRequest) ProtoMessage() {}
+
+func (x *ReleaseOrderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseOrderRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseOrderRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ReleaseOrderRequest) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+func (x *ReleaseOrderRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ReleaseOrderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Order         *Order                 `protobuf:"bytes,1,opt,name=order,proto3" json:"order,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseOrderResponse) Reset() {
+	*x = ReleaseOrderResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseOrderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseOrderResponse) ProtoMessage() {}
+
+func (x *ReleaseOrderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseOrderResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseOrderResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ReleaseOrderResponse) GetOrder() *Order {
+	if x != nil {
+		return x.Order
+	}
+	return nil
+}
+
+func (x *ReleaseOrderResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type GetOrderRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One of the two.
+	OrderId        string `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetOrderRequest) Reset() {
+	*x = GetOrderRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOrderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOrderRequest) ProtoMessage() {}
+
+func (x *GetOrderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOrderRequest.ProtoReflect.Descriptor instead.
+func (*GetOrderRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *GetOrderRequest) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+func (x *GetOrderRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+type GetOrderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Order         *Order                 `protobuf:"bytes,1,opt,name=order,proto3" json:"order,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetOrderResponse) Reset() {
+	*x = GetOrderResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOrderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOrderResponse) ProtoMessage() {}
+
+func (x *GetOrderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOrderResponse.ProtoReflect.Descriptor instead.
+func (*GetOrderResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *GetOrderResponse) GetOrder() *Order {
+	if x != nil {
+		return x.Order
+	}
+	return nil
+}
+
 var File_shardstock_v1_inventory_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_inventory_proto_rawDesc = "" +
@@ -969,9 +1640,10 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x03ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"k\n" +
 	"\x0fReserveResponse\x12<\n" +
 	"\vreservation\x18\x01 \x01(\v2\x1a.shardstock.v1.ReservationR\vreservation\x12\x1a\n" +
-	"\breplayed\x18\x02 \x01(\bR\breplayed\"6\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"R\n" +
 	"\rCommitRequest\x12%\n" +
-	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\"j\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x1a\n" +
+	"\bquantity\x18\x02 \x01(\x03R\bquantity\"j\n" +
 	"\x0eCommitResponse\x12<\n" +
 	"\vreservation\x18\x01 \x01(\v2\x1a.shardstock.v1.ReservationR\vreservation\x12\x1a\n" +
 	"\breplayed\x18\x02 \x01(\bR\breplayed\"O\n" +
@@ -1012,14 +1684,54 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x04skus\x18\x01 \x03(\tR\x04skus\"q\n" +
 	"\x12WatchStockResponse\x12*\n" +
 	"\x05stock\x18\x01 \x01(\v2\x14.shardstock.v1.StockR\x05stock\x12/\n" +
-	"\x05event\x18\x02 \x01(\x0e2\x19.shardstock.v1.StockEventR\x05event*\x95\x01\n" +
+	"\x05event\x18\x02 \x01(\x0e2\x19.shardstock.v1.StockEventR\x05event\"n\n" +
+	"\x18ExtendReservationRequest\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"u\n" +
+	"\x19ExtendReservationResponse\x12<\n" +
+	"\vreservation\x18\x01 \x01(\v2\x1a.shardstock.v1.ReservationR\vreservation\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"\xaf\x01\n" +
+	"\rRefundRequest\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12/\n" +
+	"\boriginal\x18\x03 \x01(\v2\x13.shardstock.v1.SaleR\boriginal\x12\x1a\n" +
+	"\bquantity\x18\x04 \x01(\x03R\bquantity\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"d\n" +
+	"\x0eRefundResponse\x126\n" +
+	"\toperation\x18\x01 \x01(\v2\x18.shardstock.v1.OperationR\toperation\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"\xdb\x01\n" +
+	"\x13ReserveOrderRequest\x12\x1b\n" +
+	"\torder_ref\x18\x01 \x01(\tR\borderRef\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12!\n" +
+	"\fcustomer_ref\x18\x03 \x01(\tR\vcustomerRef\x12+\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12.\n" +
+	"\x05lines\x18\x05 \x03(\v2\x18.shardstock.v1.OrderLineR\x05lines\"^\n" +
+	"\x14ReserveOrderResponse\x12*\n" +
+	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"/\n" +
+	"\x12CommitOrderRequest\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId\"]\n" +
+	"\x13CommitOrderResponse\x12*\n" +
+	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"H\n" +
+	"\x13ReleaseOrderRequest\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"^\n" +
+	"\x14ReleaseOrderResponse\x12*\n" +
+	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"U\n" +
+	"\x0fGetOrderRequest\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\">\n" +
+	"\x10GetOrderResponse\x12*\n" +
+	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order*\x95\x01\n" +
 	"\n" +
 	"StockEvent\x12\x1b\n" +
 	"\x17STOCK_EVENT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14STOCK_EVENT_SNAPSHOT\x10\x01\x12\x17\n" +
 	"\x13STOCK_EVENT_CHANGED\x10\x02\x12\x18\n" +
 	"\x14STOCK_EVENT_SOLD_OUT\x10\x03\x12\x1d\n" +
-	"\x19STOCK_EVENT_BACK_IN_STOCK\x10\x042\x95\x05\n" +
+	"\x19STOCK_EVENT_BACK_IN_STOCK\x10\x042\xa8\t\n" +
 	"\x10InventoryService\x12J\n" +
 	"\aReserve\x12\x1d.shardstock.v1.ReserveRequest\x1a\x1e.shardstock.v1.ReserveResponse\"\x00\x12G\n" +
 	"\x06Commit\x12\x1c.shardstock.v1.CommitRequest\x1a\x1d.shardstock.v1.CommitResponse\"\x00\x12J\n" +
@@ -1029,7 +1741,13 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\fGetOperation\x12\".shardstock.v1.GetOperationRequest\x1a#.shardstock.v1.GetOperationResponse\"\x03\x90\x02\x01\x12P\n" +
 	"\bGetStock\x12\x1e.shardstock.v1.GetStockRequest\x1a\x1f.shardstock.v1.GetStockResponse\"\x03\x90\x02\x01\x12U\n" +
 	"\n" +
-	"WatchStock\x12 .shardstock.v1.WatchStockRequest\x1a!.shardstock.v1.WatchStockResponse\"\x000\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"WatchStock\x12 .shardstock.v1.WatchStockRequest\x1a!.shardstock.v1.WatchStockResponse\"\x000\x01\x12h\n" +
+	"\x11ExtendReservation\x12'.shardstock.v1.ExtendReservationRequest\x1a(.shardstock.v1.ExtendReservationResponse\"\x00\x12G\n" +
+	"\x06Refund\x12\x1c.shardstock.v1.RefundRequest\x1a\x1d.shardstock.v1.RefundResponse\"\x00\x12Y\n" +
+	"\fReserveOrder\x12\".shardstock.v1.ReserveOrderRequest\x1a#.shardstock.v1.ReserveOrderResponse\"\x00\x12V\n" +
+	"\vCommitOrder\x12!.shardstock.v1.CommitOrderRequest\x1a\".shardstock.v1.CommitOrderResponse\"\x00\x12Y\n" +
+	"\fReleaseOrder\x12\".shardstock.v1.ReleaseOrderRequest\x1a#.shardstock.v1.ReleaseOrderResponse\"\x00\x12P\n" +
+	"\bGetOrder\x12\x1e.shardstock.v1.GetOrderRequest\x1a\x1f.shardstock.v1.GetOrderResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_inventory_proto_rawDescOnce sync.Once
@@ -1044,62 +1762,99 @@ func file_shardstock_v1_inventory_proto_rawDescGZIP() []byte {
 }
 
 var file_shardstock_v1_inventory_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_shardstock_v1_inventory_proto_goTypes = []any{
-	(StockEvent)(0),              // 0: shardstock.v1.StockEvent
-	(*ReserveRequest)(nil),       // 1: shardstock.v1.ReserveRequest
-	(*ReserveResponse)(nil),      // 2: shardstock.v1.ReserveResponse
-	(*CommitRequest)(nil),        // 3: shardstock.v1.CommitRequest
-	(*CommitResponse)(nil),       // 4: shardstock.v1.CommitResponse
-	(*ReleaseRequest)(nil),       // 5: shardstock.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 6: shardstock.v1.ReleaseResponse
-	(*DeductRequest)(nil),        // 7: shardstock.v1.DeductRequest
-	(*DeductResponse)(nil),       // 8: shardstock.v1.DeductResponse
-	(*ReplenishRequest)(nil),     // 9: shardstock.v1.ReplenishRequest
-	(*ReplenishResponse)(nil),    // 10: shardstock.v1.ReplenishResponse
-	(*GetOperationRequest)(nil),  // 11: shardstock.v1.GetOperationRequest
-	(*GetOperationResponse)(nil), // 12: shardstock.v1.GetOperationResponse
-	(*GetStockRequest)(nil),      // 13: shardstock.v1.GetStockRequest
-	(*GetStockResponse)(nil),     // 14: shardstock.v1.GetStockResponse
-	(*WatchStockRequest)(nil),    // 15: shardstock.v1.WatchStockRequest
-	(*WatchStockResponse)(nil),   // 16: shardstock.v1.WatchStockResponse
-	(*durationpb.Duration)(nil),  // 17: google.protobuf.Duration
-	(*Reservation)(nil),          // 18: shardstock.v1.Reservation
-	(*Operation)(nil),            // 19: shardstock.v1.Operation
-	(*Stock)(nil),                // 20: shardstock.v1.Stock
+	(StockEvent)(0),                   // 0: shardstock.v1.StockEvent
+	(*ReserveRequest)(nil),            // 1: shardstock.v1.ReserveRequest
+	(*ReserveResponse)(nil),           // 2: shardstock.v1.ReserveResponse
+	(*CommitRequest)(nil),             // 3: shardstock.v1.CommitRequest
+	(*CommitResponse)(nil),            // 4: shardstock.v1.CommitResponse
+	(*ReleaseRequest)(nil),            // 5: shardstock.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 6: shardstock.v1.ReleaseResponse
+	(*DeductRequest)(nil),             // 7: shardstock.v1.DeductRequest
+	(*DeductResponse)(nil),            // 8: shardstock.v1.DeductResponse
+	(*ReplenishRequest)(nil),          // 9: shardstock.v1.ReplenishRequest
+	(*ReplenishResponse)(nil),         // 10: shardstock.v1.ReplenishResponse
+	(*GetOperationRequest)(nil),       // 11: shardstock.v1.GetOperationRequest
+	(*GetOperationResponse)(nil),      // 12: shardstock.v1.GetOperationResponse
+	(*GetStockRequest)(nil),           // 13: shardstock.v1.GetStockRequest
+	(*GetStockResponse)(nil),          // 14: shardstock.v1.GetStockResponse
+	(*WatchStockRequest)(nil),         // 15: shardstock.v1.WatchStockRequest
+	(*WatchStockResponse)(nil),        // 16: shardstock.v1.WatchStockResponse
+	(*ExtendReservationRequest)(nil),  // 17: shardstock.v1.ExtendReservationRequest
+	(*ExtendReservationResponse)(nil), // 18: shardstock.v1.ExtendReservationResponse
+	(*RefundRequest)(nil),             // 19: shardstock.v1.RefundRequest
+	(*RefundResponse)(nil),            // 20: shardstock.v1.RefundResponse
+	(*ReserveOrderRequest)(nil),       // 21: shardstock.v1.ReserveOrderRequest
+	(*ReserveOrderResponse)(nil),      // 22: shardstock.v1.ReserveOrderResponse
+	(*CommitOrderRequest)(nil),        // 23: shardstock.v1.CommitOrderRequest
+	(*CommitOrderResponse)(nil),       // 24: shardstock.v1.CommitOrderResponse
+	(*ReleaseOrderRequest)(nil),       // 25: shardstock.v1.ReleaseOrderRequest
+	(*ReleaseOrderResponse)(nil),      // 26: shardstock.v1.ReleaseOrderResponse
+	(*GetOrderRequest)(nil),           // 27: shardstock.v1.GetOrderRequest
+	(*GetOrderResponse)(nil),          // 28: shardstock.v1.GetOrderResponse
+	(*durationpb.Duration)(nil),       // 29: google.protobuf.Duration
+	(*Reservation)(nil),               // 30: shardstock.v1.Reservation
+	(*Operation)(nil),                 // 31: shardstock.v1.Operation
+	(*Stock)(nil),                     // 32: shardstock.v1.Stock
+	(*Sale)(nil),                      // 33: shardstock.v1.Sale
+	(*OrderLine)(nil),                 // 34: shardstock.v1.OrderLine
+	(*Order)(nil),                     // 35: shardstock.v1.Order
 }
 var file_shardstock_v1_inventory_proto_depIdxs = []int32{
-	17, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	18, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
-	18, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
-	18, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
-	19, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
-	19, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
-	19, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
-	20, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
-	20, // 8: shardstock.v1.WatchStockResponse.stock:type_name -> shardstock.v1.Stock
+	29, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	30, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
+	30, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
+	30, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
+	31, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
+	31, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
+	31, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
+	32, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
+	32, // 8: shardstock.v1.WatchStockResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 9: shardstock.v1.WatchStockResponse.event:type_name -> shardstock.v1.StockEvent
-	1,  // 10: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
-	3,  // 11: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
-	5,  // 12: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
-	7,  // 13: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
-	9,  // 14: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
-	11, // 15: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
-	13, // 16: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
-	15, // 17: shardstock.v1.InventoryService.WatchStock:input_type -> shardstock.v1.WatchStockRequest
-	2,  // 18: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
-	4,  // 19: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
-	6,  // 20: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
-	8,  // 21: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
-	10, // 22: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
-	12, // 23: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
-	14, // 24: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
-	16, // 25: shardstock.v1.InventoryService.WatchStock:output_type -> shardstock.v1.WatchStockResponse
-	18, // [18:26] is the sub-list for method output_type
-	10, // [10:18] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	29, // 10: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
+	30, // 11: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
+	33, // 12: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
+	31, // 13: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
+	29, // 14: shardstock.v1.ReserveOrderRequest.ttl:type_name -> google.protobuf.Duration
+	34, // 15: shardstock.v1.ReserveOrderRequest.lines:type_name -> shardstock.v1.OrderLine
+	35, // 16: shardstock.v1.ReserveOrderResponse.order:type_name -> shardstock.v1.Order
+	35, // 17: shardstock.v1.CommitOrderResponse.order:type_name -> shardstock.v1.Order
+	35, // 18: shardstock.v1.ReleaseOrderResponse.order:type_name -> shardstock.v1.Order
+	35, // 19: shardstock.v1.GetOrderResponse.order:type_name -> shardstock.v1.Order
+	1,  // 20: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
+	3,  // 21: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
+	5,  // 22: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
+	7,  // 23: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
+	9,  // 24: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
+	11, // 25: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
+	13, // 26: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
+	15, // 27: shardstock.v1.InventoryService.WatchStock:input_type -> shardstock.v1.WatchStockRequest
+	17, // 28: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
+	19, // 29: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
+	21, // 30: shardstock.v1.InventoryService.ReserveOrder:input_type -> shardstock.v1.ReserveOrderRequest
+	23, // 31: shardstock.v1.InventoryService.CommitOrder:input_type -> shardstock.v1.CommitOrderRequest
+	25, // 32: shardstock.v1.InventoryService.ReleaseOrder:input_type -> shardstock.v1.ReleaseOrderRequest
+	27, // 33: shardstock.v1.InventoryService.GetOrder:input_type -> shardstock.v1.GetOrderRequest
+	2,  // 34: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
+	4,  // 35: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
+	6,  // 36: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
+	8,  // 37: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
+	10, // 38: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
+	12, // 39: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
+	14, // 40: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
+	16, // 41: shardstock.v1.InventoryService.WatchStock:output_type -> shardstock.v1.WatchStockResponse
+	18, // 42: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
+	20, // 43: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
+	22, // 44: shardstock.v1.InventoryService.ReserveOrder:output_type -> shardstock.v1.ReserveOrderResponse
+	24, // 45: shardstock.v1.InventoryService.CommitOrder:output_type -> shardstock.v1.CommitOrderResponse
+	26, // 46: shardstock.v1.InventoryService.ReleaseOrder:output_type -> shardstock.v1.ReleaseOrderResponse
+	28, // 47: shardstock.v1.InventoryService.GetOrder:output_type -> shardstock.v1.GetOrderResponse
+	34, // [34:48] is the sub-list for method output_type
+	20, // [20:34] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_inventory_proto_init() }
@@ -1114,7 +1869,7 @@ func file_shardstock_v1_inventory_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_inventory_proto_rawDesc), len(file_shardstock_v1_inventory_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,22 +37,26 @@ const (
 	ShardOpKind_SHARD_OP_KIND_TRANSFER_IN  ShardOpKind = 8
 	// Start the shard's writer with its row loaded (AdminService.Prewarm);
 	// changes nothing.
-	ShardOpKind_SHARD_OP_KIND_WARM ShardOpKind = 9
+	ShardOpKind_SHARD_OP_KIND_WARM   ShardOpKind = 9
+	ShardOpKind_SHARD_OP_KIND_EXTEND ShardOpKind = 10
+	ShardOpKind_SHARD_OP_KIND_REFUND ShardOpKind = 11
 )
 
 // Enum value maps for ShardOpKind.
 var (
 	ShardOpKind_name = map[int32]string{
-		0: "SHARD_OP_KIND_UNSPECIFIED",
-		1: "SHARD_OP_KIND_RESERVE",
-		2: "SHARD_OP_KIND_COMMIT",
-		3: "SHARD_OP_KIND_RELEASE",
-		4: "SHARD_OP_KIND_DEDUCT",
-		5: "SHARD_OP_KIND_REPLENISH",
-		6: "SHARD_OP_KIND_ADJUST",
-		7: "SHARD_OP_KIND_TRANSFER_OUT",
-		8: "SHARD_OP_KIND_TRANSFER_IN",
-		9: "SHARD_OP_KIND_WARM",
+		0:  "SHARD_OP_KIND_UNSPECIFIED",
+		1:  "SHARD_OP_KIND_RESERVE",
+		2:  "SHARD_OP_KIND_COMMIT",
+		3:  "SHARD_OP_KIND_RELEASE",
+		4:  "SHARD_OP_KIND_DEDUCT",
+		5:  "SHARD_OP_KIND_REPLENISH",
+		6:  "SHARD_OP_KIND_ADJUST",
+		7:  "SHARD_OP_KIND_TRANSFER_OUT",
+		8:  "SHARD_OP_KIND_TRANSFER_IN",
+		9:  "SHARD_OP_KIND_WARM",
+		10: "SHARD_OP_KIND_EXTEND",
+		11: "SHARD_OP_KIND_REFUND",
 	}
 	ShardOpKind_value = map[string]int32{
 		"SHARD_OP_KIND_UNSPECIFIED":  0,
@@ -65,6 +69,8 @@ var (
 		"SHARD_OP_KIND_TRANSFER_OUT": 7,
 		"SHARD_OP_KIND_TRANSFER_IN":  8,
 		"SHARD_OP_KIND_WARM":         9,
+		"SHARD_OP_KIND_EXTEND":       10,
+		"SHARD_OP_KIND_REFUND":       11,
 	}
 )
 
@@ -114,7 +120,9 @@ type ShardOp struct {
 	TransferId string `protobuf:"bytes,13,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
 	// Who asked, for the ledger: a role and a credential id, never a secret
 	// ("service:token:3f2a9c1b0d4e"); empty for shardstock's own work.
-	Caller        string `protobuf:"bytes,14,opt,name=caller,proto3" json:"caller,omitempty"`
+	Caller string `protobuf:"bytes,14,opt,name=caller,proto3" json:"caller,omitempty"`
+	// For refunds: the sale reversed.
+	Original      *Sale `protobuf:"bytes,15,opt,name=original,proto3" json:"original,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -245,6 +253,13 @@ func (x *ShardOp) GetCaller() string {
 		return x.Caller
 	}
 	return ""
+}
+
+func (x *ShardOp) GetOriginal() *Sale {
+	if x != nil {
+		return x.Original
+	}
+	return nil
 }
 
 type ShardError struct {
@@ -646,7 +661,7 @@ var File_shardstock_v1_shard_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/shard.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19shardstock/v1/types.proto\"\xbf\x03\n" +
+	"\x19shardstock/v1/shard.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19shardstock/v1/types.proto\"\xf0\x03\n" +
 	"\aShardOp\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.shardstock.v1.ShardOpKindR\x04kind\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x14\n" +
@@ -663,7 +678,8 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x06source\x18\f \x01(\tR\x06source\x12\x1f\n" +
 	"\vtransfer_id\x18\r \x01(\tR\n" +
 	"transferId\x12\x16\n" +
-	"\x06caller\x18\x0e \x01(\tR\x06caller\"\xc0\x01\n" +
+	"\x06caller\x18\x0e \x01(\tR\x06caller\x12/\n" +
+	"\boriginal\x18\x0f \x01(\v2\x13.shardstock.v1.SaleR\boriginal\"\xc0\x01\n" +
 	"\n" +
 	"ShardError\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
@@ -689,7 +705,7 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\"F\n" +
 	"\x11GetShardsResponse\x121\n" +
-	"\x06shards\x18\x01 \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards*\xa4\x02\n" +
+	"\x06shards\x18\x01 \x03(\v2\x19.shardstock.v1.ShardStockR\x06shards*\xd8\x02\n" +
 	"\vShardOpKind\x12\x1d\n" +
 	"\x19SHARD_OP_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SHARD_OP_KIND_RESERVE\x10\x01\x12\x18\n" +
@@ -700,7 +716,10 @@ const file_shardstock_v1_shard_proto_rawDesc = "" +
 	"\x14SHARD_OP_KIND_ADJUST\x10\x06\x12\x1e\n" +
 	"\x1aSHARD_OP_KIND_TRANSFER_OUT\x10\a\x12\x1d\n" +
 	"\x19SHARD_OP_KIND_TRANSFER_IN\x10\b\x12\x16\n" +
-	"\x12SHARD_OP_KIND_WARM\x10\t2\xaf\x01\n" +
+	"\x12SHARD_OP_KIND_WARM\x10\t\x12\x18\n" +
+	"\x14SHARD_OP_KIND_EXTEND\x10\n" +
+	"\x12\x18\n" +
+	"\x14SHARD_OP_KIND_REFUND\x10\v2\xaf\x01\n" +
 	"\fShardService\x12J\n" +
 	"\aExecute\x12\x1d.shardstock.v1.ExecuteRequest\x1a\x1e.shardstock.v1.ExecuteResponse\"\x00\x12S\n" +
 	"\tGetShards\x12\x1f.shardstock.v1.GetShardsRequest\x1a .shardstock.v1.GetShardsResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
@@ -730,31 +749,33 @@ var file_shardstock_v1_shard_proto_goTypes = []any{
 	(*GetShardsResponse)(nil),   // 7: shardstock.v1.GetShardsResponse
 	nil,                         // 8: shardstock.v1.ShardError.MetadataEntry
 	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
-	(*Operation)(nil),           // 10: shardstock.v1.Operation
-	(*Reservation)(nil),         // 11: shardstock.v1.Reservation
-	(*Transfer)(nil),            // 12: shardstock.v1.Transfer
-	(*ShardStock)(nil),          // 13: shardstock.v1.ShardStock
+	(*Sale)(nil),                // 10: shardstock.v1.Sale
+	(*Operation)(nil),           // 11: shardstock.v1.Operation
+	(*Reservation)(nil),         // 12: shardstock.v1.Reservation
+	(*Transfer)(nil),            // 13: shardstock.v1.Transfer
+	(*ShardStock)(nil),          // 14: shardstock.v1.ShardStock
 }
 var file_shardstock_v1_shard_proto_depIdxs = []int32{
 	0,  // 0: shardstock.v1.ShardOp.kind:type_name -> shardstock.v1.ShardOpKind
 	9,  // 1: shardstock.v1.ShardOp.ttl:type_name -> google.protobuf.Duration
-	8,  // 2: shardstock.v1.ShardError.metadata:type_name -> shardstock.v1.ShardError.MetadataEntry
-	10, // 3: shardstock.v1.ShardResult.operation:type_name -> shardstock.v1.Operation
-	11, // 4: shardstock.v1.ShardResult.reservation:type_name -> shardstock.v1.Reservation
-	2,  // 5: shardstock.v1.ShardResult.error:type_name -> shardstock.v1.ShardError
-	12, // 6: shardstock.v1.ShardResult.transfer:type_name -> shardstock.v1.Transfer
-	1,  // 7: shardstock.v1.ExecuteRequest.ops:type_name -> shardstock.v1.ShardOp
-	3,  // 8: shardstock.v1.ExecuteResponse.results:type_name -> shardstock.v1.ShardResult
-	13, // 9: shardstock.v1.GetShardsResponse.shards:type_name -> shardstock.v1.ShardStock
-	4,  // 10: shardstock.v1.ShardService.Execute:input_type -> shardstock.v1.ExecuteRequest
-	6,  // 11: shardstock.v1.ShardService.GetShards:input_type -> shardstock.v1.GetShardsRequest
-	5,  // 12: shardstock.v1.ShardService.Execute:output_type -> shardstock.v1.ExecuteResponse
-	7,  // 13: shardstock.v1.ShardService.GetShards:output_type -> shardstock.v1.GetShardsResponse
-	12, // [12:14] is the sub-list for method output_type
-	10, // [10:12] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	10, // 2: shardstock.v1.ShardOp.original:type_name -> shardstock.v1.Sale
+	8,  // 3: shardstock.v1.ShardError.metadata:type_name -> shardstock.v1.ShardError.MetadataEntry
+	11, // 4: shardstock.v1.ShardResult.operation:type_name -> shardstock.v1.Operation
+	12, // 5: shardstock.v1.ShardResult.reservation:type_name -> shardstock.v1.Reservation
+	2,  // 6: shardstock.v1.ShardResult.error:type_name -> shardstock.v1.ShardError
+	13, // 7: shardstock.v1.ShardResult.transfer:type_name -> shardstock.v1.Transfer
+	1,  // 8: shardstock.v1.ExecuteRequest.ops:type_name -> shardstock.v1.ShardOp
+	3,  // 9: shardstock.v1.ExecuteResponse.results:type_name -> shardstock.v1.ShardResult
+	14, // 10: shardstock.v1.GetShardsResponse.shards:type_name -> shardstock.v1.ShardStock
+	4,  // 11: shardstock.v1.ShardService.Execute:input_type -> shardstock.v1.ExecuteRequest
+	6,  // 12: shardstock.v1.ShardService.GetShards:input_type -> shardstock.v1.GetShardsRequest
+	5,  // 13: shardstock.v1.ShardService.Execute:output_type -> shardstock.v1.ExecuteResponse
+	7,  // 14: shardstock.v1.ShardService.GetShards:output_type -> shardstock.v1.GetShardsResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_shard_proto_init() }

@@ -88,6 +88,7 @@ const (
 	OperationKind_OPERATION_KIND_DEDUCT      OperationKind = 2
 	OperationKind_OPERATION_KIND_REPLENISH   OperationKind = 3
 	OperationKind_OPERATION_KIND_ADJUST      OperationKind = 4
+	OperationKind_OPERATION_KIND_REFUND      OperationKind = 5
 )
 
 // Enum value maps for OperationKind.
@@ -98,6 +99,7 @@ var (
 		2: "OPERATION_KIND_DEDUCT",
 		3: "OPERATION_KIND_REPLENISH",
 		4: "OPERATION_KIND_ADJUST",
+		5: "OPERATION_KIND_REFUND",
 	}
 	OperationKind_value = map[string]int32{
 		"OPERATION_KIND_UNSPECIFIED": 0,
@@ -105,6 +107,7 @@ var (
 		"OPERATION_KIND_DEDUCT":      2,
 		"OPERATION_KIND_REPLENISH":   3,
 		"OPERATION_KIND_ADJUST":      4,
+		"OPERATION_KIND_REFUND":      5,
 	}
 )
 
@@ -299,6 +302,74 @@ func (TransferState) EnumDescriptor() ([]byte, []int) {
 	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
+// OrderState is where an order is: it ends once, as a whole.
+type OrderState int32
+
+const (
+	OrderState_ORDER_STATE_UNSPECIFIED OrderState = 0
+	// Its lines are being held (or, after its driver died, undone).
+	OrderState_ORDER_STATE_PENDING OrderState = 1
+	// Every line is held.
+	OrderState_ORDER_STATE_HELD       OrderState = 2
+	OrderState_ORDER_STATE_COMMITTING OrderState = 3
+	OrderState_ORDER_STATE_COMMITTED  OrderState = 4
+	OrderState_ORDER_STATE_RELEASING  OrderState = 5
+	OrderState_ORDER_STATE_RELEASED   OrderState = 6
+	// A line could not be held: none is (reason says why).
+	OrderState_ORDER_STATE_FAILED OrderState = 7
+)
+
+// Enum value maps for OrderState.
+var (
+	OrderState_name = map[int32]string{
+		0: "ORDER_STATE_UNSPECIFIED",
+		1: "ORDER_STATE_PENDING",
+		2: "ORDER_STATE_HELD",
+		3: "ORDER_STATE_COMMITTING",
+		4: "ORDER_STATE_COMMITTED",
+		5: "ORDER_STATE_RELEASING",
+		6: "ORDER_STATE_RELEASED",
+		7: "ORDER_STATE_FAILED",
+	}
+	OrderState_value = map[string]int32{
+		"ORDER_STATE_UNSPECIFIED": 0,
+		"ORDER_STATE_PENDING":     1,
+		"ORDER_STATE_HELD":        2,
+		"ORDER_STATE_COMMITTING":  3,
+		"ORDER_STATE_COMMITTED":   4,
+		"ORDER_STATE_RELEASING":   5,
+		"ORDER_STATE_RELEASED":    6,
+		"ORDER_STATE_FAILED":      7,
+	}
+)
+
+func (x OrderState) Enum() *OrderState {
+	p := new(OrderState)
+	*p = x
+	return p
+}
+
+func (x OrderState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OrderState) Descriptor() protoreflect.EnumDescriptor {
+	return file_shardstock_v1_types_proto_enumTypes[5].Descriptor()
+}
+
+func (OrderState) Type() protoreflect.EnumType {
+	return &file_shardstock_v1_types_proto_enumTypes[5]
+}
+
+func (x OrderState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OrderState.Descriptor instead.
+func (OrderState) EnumDescriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
 // Reservation is a hold on stock that ends in a commit, a release or expiry.
 type Reservation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -313,8 +384,11 @@ type Reservation struct {
 	OrderRef       string                 `protobuf:"bytes,7,opt,name=order_ref,json=orderRef,proto3" json:"order_ref,omitempty"`
 	IdempotencyKey string                 `protobuf:"bytes,8,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	CustomerRef    string                 `protobuf:"bytes,9,opt,name=customer_ref,json=customerRef,proto3" json:"customer_ref,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The units bought, once committed: fewer than quantity after a partial
+	// commit, which released the rest.
+	CommittedQuantity int64 `protobuf:"varint,10,opt,name=committed_quantity,json=committedQuantity,proto3" json:"committed_quantity,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Reservation) Reset() {
@@ -410,6 +484,13 @@ func (x *Reservation) GetCustomerRef() string {
 	return ""
 }
 
+func (x *Reservation) GetCommittedQuantity() int64 {
+	if x != nil {
+		return x.CommittedQuantity
+	}
+	return 0
+}
+
 // Operation is the recorded first result of an idempotent action.
 type Operation struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -426,8 +507,10 @@ type Operation struct {
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Set for reserve operations: the reservation's current state.
 	ReservationState ReservationState `protobuf:"varint,10,opt,name=reservation_state,json=reservationState,proto3,enum=shardstock.v1.ReservationState" json:"reservation_state,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set for refunds: the sale reversed.
+	Original      *Sale `protobuf:"bytes,11,opt,name=original,proto3" json:"original,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Operation) Reset() {
@@ -528,6 +611,13 @@ func (x *Operation) GetReservationState() ReservationState {
 		return x.ReservationState
 	}
 	return ReservationState_RESERVATION_STATE_UNSPECIFIED
+}
+
+func (x *Operation) GetOriginal() *Sale {
+	if x != nil {
+		return x.Original
+	}
+	return nil
 }
 
 // ShardStock is one shard's counts.
@@ -940,11 +1030,256 @@ func (x *MoveLease) GetToken() int64 {
 	return 0
 }
 
+// Sale names a sale a refund reverses: the idempotency key of a deduct, or
+// a committed reservation (its id).
+type Sale struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Sale:
+	//
+	//	*Sale_DeductKey
+	//	*Sale_ReservationId
+	Sale          isSale_Sale `protobuf_oneof:"sale"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Sale) Reset() {
+	*x = Sale{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Sale) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Sale) ProtoMessage() {}
+
+func (x *Sale) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Sale.ProtoReflect.Descriptor instead.
+func (*Sale) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Sale) GetSale() isSale_Sale {
+	if x != nil {
+		return x.Sale
+	}
+	return nil
+}
+
+func (x *Sale) GetDeductKey() string {
+	if x != nil {
+		if x, ok := x.Sale.(*Sale_DeductKey); ok {
+			return x.DeductKey
+		}
+	}
+	return ""
+}
+
+func (x *Sale) GetReservationId() string {
+	if x != nil {
+		if x, ok := x.Sale.(*Sale_ReservationId); ok {
+			return x.ReservationId
+		}
+	}
+	return ""
+}
+
+type isSale_Sale interface {
+	isSale_Sale()
+}
+
+type Sale_DeductKey struct {
+	DeductKey string `protobuf:"bytes,1,opt,name=deduct_key,json=deductKey,proto3,oneof"`
+}
+
+type Sale_ReservationId struct {
+	ReservationId string `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3,oneof"`
+}
+
+func (*Sale_DeductKey) isSale_Sale() {}
+
+func (*Sale_ReservationId) isSale_Sale() {}
+
+type OrderLine struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sku           string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	Quantity      int64                  `protobuf:"varint,2,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	ReservationId string                 `protobuf:"bytes,3,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OrderLine) Reset() {
+	*x = OrderLine{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OrderLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OrderLine) ProtoMessage() {}
+
+func (x *OrderLine) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OrderLine.ProtoReflect.Descriptor instead.
+func (*OrderLine) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *OrderLine) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *OrderLine) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *OrderLine) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+type Order struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	OrderId        string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	OrderRef       string                 `protobuf:"bytes,2,opt,name=order_ref,json=orderRef,proto3" json:"order_ref,omitempty"`
+	State          OrderState             `protobuf:"varint,3,opt,name=state,proto3,enum=shardstock.v1.OrderState" json:"state,omitempty"`
+	ExpiresAt      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Lines          []*OrderLine           `protobuf:"bytes,5,rep,name=lines,proto3" json:"lines,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,6,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	CustomerRef    string                 `protobuf:"bytes,7,opt,name=customer_ref,json=customerRef,proto3" json:"customer_ref,omitempty"`
+	// Why it failed or was released.
+	Reason        string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Order) Reset() {
+	*x = Order{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Order) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Order) ProtoMessage() {}
+
+func (x *Order) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Order.ProtoReflect.Descriptor instead.
+func (*Order) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Order) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+func (x *Order) GetOrderRef() string {
+	if x != nil {
+		return x.OrderRef
+	}
+	return ""
+}
+
+func (x *Order) GetState() OrderState {
+	if x != nil {
+		return x.State
+	}
+	return OrderState_ORDER_STATE_UNSPECIFIED
+}
+
+func (x *Order) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Order) GetLines() []*OrderLine {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+func (x *Order) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *Order) GetCustomerRef() string {
+	if x != nil {
+		return x.CustomerRef
+	}
+	return ""
+}
+
+func (x *Order) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_shardstock_v1_types_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/types.proto\x12\rshardstock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x02\n" +
+	"\x19shardstock/v1/types.proto\x12\rshardstock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x03\n" +
 	"\vReservation\x12%\n" +
 	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x1a\n" +
@@ -955,7 +1290,9 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x05shard\x18\x06 \x01(\x05R\x05shard\x12\x1b\n" +
 	"\torder_ref\x18\a \x01(\tR\borderRef\x12'\n" +
 	"\x0fidempotency_key\x18\b \x01(\tR\x0eidempotencyKey\x12!\n" +
-	"\fcustomer_ref\x18\t \x01(\tR\vcustomerRef\"\x9a\x03\n" +
+	"\fcustomer_ref\x18\t \x01(\tR\vcustomerRef\x12-\n" +
+	"\x12committed_quantity\x18\n" +
+	" \x01(\x03R\x11committedQuantity\"\xcb\x03\n" +
 	"\tOperation\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x120\n" +
@@ -968,7 +1305,8 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12L\n" +
 	"\x11reservation_state\x18\n" +
-	" \x01(\x0e2\x1f.shardstock.v1.ReservationStateR\x10reservationState\"\xe3\x01\n" +
+	" \x01(\x0e2\x1f.shardstock.v1.ReservationStateR\x10reservationState\x12/\n" +
+	"\boriginal\x18\v \x01(\v2\x13.shardstock.v1.SaleR\boriginal\"\xe3\x01\n" +
 	"\n" +
 	"ShardStock\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1b\n" +
@@ -1011,19 +1349,39 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\tMoveLease\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
-	"\x05token\x18\x03 \x01(\x03R\x05token*\xb1\x01\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\"X\n" +
+	"\x04Sale\x12\x1f\n" +
+	"\n" +
+	"deduct_key\x18\x01 \x01(\tH\x00R\tdeductKey\x12'\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tH\x00R\rreservationIdB\x06\n" +
+	"\x04sale\"`\n" +
+	"\tOrderLine\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1a\n" +
+	"\bquantity\x18\x02 \x01(\x03R\bquantity\x12%\n" +
+	"\x0ereservation_id\x18\x03 \x01(\tR\rreservationId\"\xbf\x02\n" +
+	"\x05Order\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x1b\n" +
+	"\torder_ref\x18\x02 \x01(\tR\borderRef\x12/\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x19.shardstock.v1.OrderStateR\x05state\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12.\n" +
+	"\x05lines\x18\x05 \x03(\v2\x18.shardstock.v1.OrderLineR\x05lines\x12'\n" +
+	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12!\n" +
+	"\fcustomer_ref\x18\a \x01(\tR\vcustomerRef\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason*\xb1\x01\n" +
 	"\x10ReservationState\x12!\n" +
 	"\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RESERVATION_STATE_HELD\x10\x01\x12\x1f\n" +
 	"\x1bRESERVATION_STATE_COMMITTED\x10\x02\x12\x1e\n" +
 	"\x1aRESERVATION_STATE_RELEASED\x10\x03\x12\x1d\n" +
-	"\x19RESERVATION_STATE_EXPIRED\x10\x04*\x9f\x01\n" +
+	"\x19RESERVATION_STATE_EXPIRED\x10\x04*\xba\x01\n" +
 	"\rOperationKind\x12\x1e\n" +
 	"\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16OPERATION_KIND_RESERVE\x10\x01\x12\x19\n" +
 	"\x15OPERATION_KIND_DEDUCT\x10\x02\x12\x1c\n" +
 	"\x18OPERATION_KIND_REPLENISH\x10\x03\x12\x19\n" +
-	"\x15OPERATION_KIND_ADJUST\x10\x04*U\n" +
+	"\x15OPERATION_KIND_ADJUST\x10\x04\x12\x19\n" +
+	"\x15OPERATION_KIND_REFUND\x10\x05*U\n" +
 	"\tSkuStatus\x12\x1a\n" +
 	"\x16SKU_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SKU_STATUS_ACTIVE\x10\x01\x12\x15\n" +
@@ -1039,7 +1397,17 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x16TRANSFER_STATE_DEBITED\x10\x02\x12\x1b\n" +
 	"\x17TRANSFER_STATE_CREDITED\x10\x03\x12\x1a\n" +
 	"\x16TRANSFER_STATE_ABORTED\x10\x04\x12\x1a\n" +
-	"\x16TRANSFER_STATE_PLANNED\x10\x05BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\x16TRANSFER_STATE_PLANNED\x10\x05*\xdc\x01\n" +
+	"\n" +
+	"OrderState\x12\x1b\n" +
+	"\x17ORDER_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13ORDER_STATE_PENDING\x10\x01\x12\x14\n" +
+	"\x10ORDER_STATE_HELD\x10\x02\x12\x1a\n" +
+	"\x16ORDER_STATE_COMMITTING\x10\x03\x12\x19\n" +
+	"\x15ORDER_STATE_COMMITTED\x10\x04\x12\x19\n" +
+	"\x15ORDER_STATE_RELEASING\x10\x05\x12\x18\n" +
+	"\x14ORDER_STATE_RELEASED\x10\x06\x12\x16\n" +
+	"\x12ORDER_STATE_FAILED\x10\aBAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_types_proto_rawDescOnce sync.Once
@@ -1053,41 +1421,49 @@ func file_shardstock_v1_types_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_types_proto_rawDescData
 }
 
-var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_shardstock_v1_types_proto_goTypes = []any{
 	(ReservationState)(0),         // 0: shardstock.v1.ReservationState
 	(OperationKind)(0),            // 1: shardstock.v1.OperationKind
 	(SkuStatus)(0),                // 2: shardstock.v1.SkuStatus
 	(ShardState)(0),               // 3: shardstock.v1.ShardState
 	(TransferState)(0),            // 4: shardstock.v1.TransferState
-	(*Reservation)(nil),           // 5: shardstock.v1.Reservation
-	(*Operation)(nil),             // 6: shardstock.v1.Operation
-	(*ShardStock)(nil),            // 7: shardstock.v1.ShardStock
-	(*Stock)(nil),                 // 8: shardstock.v1.Stock
-	(*Transfer)(nil),              // 9: shardstock.v1.Transfer
-	(*MoveLease)(nil),             // 10: shardstock.v1.MoveLease
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(OrderState)(0),               // 5: shardstock.v1.OrderState
+	(*Reservation)(nil),           // 6: shardstock.v1.Reservation
+	(*Operation)(nil),             // 7: shardstock.v1.Operation
+	(*ShardStock)(nil),            // 8: shardstock.v1.ShardStock
+	(*Stock)(nil),                 // 9: shardstock.v1.Stock
+	(*Transfer)(nil),              // 10: shardstock.v1.Transfer
+	(*MoveLease)(nil),             // 11: shardstock.v1.MoveLease
+	(*Sale)(nil),                  // 12: shardstock.v1.Sale
+	(*OrderLine)(nil),             // 13: shardstock.v1.OrderLine
+	(*Order)(nil),                 // 14: shardstock.v1.Order
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_shardstock_v1_types_proto_depIdxs = []int32{
 	0,  // 0: shardstock.v1.Reservation.state:type_name -> shardstock.v1.ReservationState
-	11, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	15, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 2: shardstock.v1.Operation.kind:type_name -> shardstock.v1.OperationKind
-	11, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	15, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: shardstock.v1.Operation.reservation_state:type_name -> shardstock.v1.ReservationState
-	3,  // 5: shardstock.v1.ShardStock.state:type_name -> shardstock.v1.ShardState
-	2,  // 6: shardstock.v1.Stock.status:type_name -> shardstock.v1.SkuStatus
-	7,  // 7: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
-	9,  // 8: shardstock.v1.Stock.moving:type_name -> shardstock.v1.Transfer
-	10, // 9: shardstock.v1.Stock.mover:type_name -> shardstock.v1.MoveLease
-	4,  // 10: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
-	11, // 11: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
-	11, // 12: shardstock.v1.Transfer.updated_at:type_name -> google.protobuf.Timestamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	12, // 5: shardstock.v1.Operation.original:type_name -> shardstock.v1.Sale
+	3,  // 6: shardstock.v1.ShardStock.state:type_name -> shardstock.v1.ShardState
+	2,  // 7: shardstock.v1.Stock.status:type_name -> shardstock.v1.SkuStatus
+	8,  // 8: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
+	10, // 9: shardstock.v1.Stock.moving:type_name -> shardstock.v1.Transfer
+	11, // 10: shardstock.v1.Stock.mover:type_name -> shardstock.v1.MoveLease
+	4,  // 11: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
+	15, // 12: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
+	15, // 13: shardstock.v1.Transfer.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 14: shardstock.v1.Order.state:type_name -> shardstock.v1.OrderState
+	15, // 15: shardstock.v1.Order.expires_at:type_name -> google.protobuf.Timestamp
+	13, // 16: shardstock.v1.Order.lines:type_name -> shardstock.v1.OrderLine
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_types_proto_init() }
@@ -1095,13 +1471,17 @@ func file_shardstock_v1_types_proto_init() {
 	if File_shardstock_v1_types_proto != nil {
 		return
 	}
+	file_shardstock_v1_types_proto_msgTypes[6].OneofWrappers = []any{
+		(*Sale_DeductKey)(nil),
+		(*Sale_ReservationId)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_types_proto_rawDesc), len(file_shardstock_v1_types_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   6,
+			NumEnums:      6,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -38,8 +38,9 @@ import (
 // postgres.DB is the store the allocator reads, through a dbset.Set when
 // SKUs are placed on several databases.
 var (
-	_ allocator.Store = (*postgres.DB)(nil)
-	_ allocator.Store = (*dbset.Set)(nil)
+	_ allocator.Store      = (*postgres.DB)(nil)
+	_ allocator.Store      = (*dbset.Set)(nil)
+	_ allocator.OrderStore = (*postgres.DB)(nil)
 )
 
 // Run runs the command until ctx ends; args are the command-line arguments
@@ -269,6 +270,9 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 	}()
 	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: proc.Registry, Moves: w.moves,
 		Rebalance: rebalance.Config{Off: !cfg.rebalance, Auto: rebalance.AutoShards{Off: !cfg.autoShards}, RetireGrace: cfg.retireGrace}}
+	if main := proc.DBs.DB("main"); main != nil {
+		acfg.Orders = main // orders live in main, whichever databases hold their lines' SKUs
+	}
 	if cfg.shardClientTLS != nil {
 		acfg.HTTPClient, acfg.ShardScheme = transport.NewInternalTLSClient(cfg.shardClientTLS), "https"
 	}

@@ -84,6 +84,7 @@ global flags (before the command):
 commands:
   stock SKU                              a SKU's stock, per shard
   operation SKU KEY                      the first answer to an idempotency key
+  order ORDER_ID | order -key KEY        an order (docs/orders.md): its state and lines
   create-sku SKU -stock N [-shards N -max-per-order N -customer-limit N -ttl D]
   update-sku SKU [-paused=true|false -max-per-order N -customer-limit N -auto-shards=true|false
                  -sale-start T -sale-end T -clear-sale-window]
@@ -267,6 +268,7 @@ func init() {
 	commands = map[string]func(ctx context.Context, c *cli, args []string) error{
 		"stock":              cmdStock,
 		"operation":          cmdOperation,
+		"order":              cmdOrder,
 		"create-sku":         cmdCreateSKU,
 		"update-sku":         cmdUpdateSKU,
 		"pause":              func(ctx context.Context, c *cli, a []string) error { return cmdPause(ctx, c, a, true) },
@@ -389,6 +391,37 @@ func cmdOperation(ctx context.Context, c *cli, args []string) error {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", op.GetSku(), op.GetIdempotencyKey(), strings.TrimPrefix(op.GetKind().String(), "OPERATION_KIND_"),
 			op.GetQuantity(), op.GetShard(), dash(op.GetReservationId()), strings.TrimPrefix(op.GetReservationState().String(), "RESERVATION_STATE_"),
 			op.GetCreatedAt().AsTime().Format(time.RFC3339))
+	})
+}
+
+func cmdOrder(ctx context.Context, c *cli, args []string) error {
+	fs := flag.NewFlagSet("order", flag.ContinueOnError)
+	key := fs.String("key", "", "")
+	pos, err := parse(fs, args, -1, "")
+	if err != nil {
+		return err
+	}
+	if (len(pos) == 1) == (*key != "") || len(pos) > 1 {
+		return usagef("order: want ORDER_ID, or -key KEY")
+	}
+	m := &v1.GetOrderRequest{IdempotencyKey: *key}
+	if len(pos) == 1 {
+		m.OrderId = pos[0]
+	}
+	resp, err := call(ctx, c, func(ctx context.Context) (*connect.Response[v1.GetOrderResponse], error) {
+		return c.inv.GetOrder(ctx, req(c, m))
+	})
+	if err != nil {
+		return err
+	}
+	return c.show(resp.Msg, func(w *tabwriter.Writer) {
+		o := resp.Msg.GetOrder()
+		fmt.Fprintf(w, "ORDER\tKEY\tSTATE\tREASON\n%s\t%s\t%s\t%s\n", o.GetOrderId(), o.GetIdempotencyKey(),
+			strings.TrimPrefix(o.GetState().String(), "ORDER_STATE_"), dash(o.GetReason()))
+		fmt.Fprintf(w, "SKU\tQUANTITY\tRESERVATION\n")
+		for _, l := range o.GetLines() {
+			fmt.Fprintf(w, "%s\t%d\t%s\n", l.GetSku(), l.GetQuantity(), dash(l.GetReservationId()))
+		}
 	})
 }
 

@@ -18,6 +18,31 @@ func (s *Server) AdjustStock(context.Context, *stock.Request) stock.Result {
 	return errResult(unimplemented("stock given back"))
 }
 
+// Refund is not served: the in-memory ceiling keeps no refunds.
+func (s *Server) Refund(context.Context, *stock.Request) stock.Result {
+	return errResult(unimplemented("refunds"))
+}
+
+// ReserveOrder is not served: the in-memory ceiling keeps no orders.
+func (s *Server) ReserveOrder(context.Context, *stock.Order) (*stock.Order, bool, error) {
+	return nil, false, unimplemented("orders")
+}
+
+// CommitOrder is not served.
+func (s *Server) CommitOrder(context.Context, string) (*stock.Order, bool, error) {
+	return nil, false, unimplemented("orders")
+}
+
+// ReleaseOrder is not served.
+func (s *Server) ReleaseOrder(context.Context, string, string) (*stock.Order, bool, error) {
+	return nil, false, unimplemented("orders")
+}
+
+// GetOrder is not served.
+func (s *Server) GetOrder(context.Context, string, string) (*stock.Order, error) {
+	return nil, unimplemented("orders")
+}
+
 // GetOperation returns the operation recorded for a SKU's key.
 func (s *Server) GetOperation(_ context.Context, sku, key string) (*stock.Operation, error) {
 	if err := stock.ValidateSKU(sku); err != nil {

@@ -55,6 +55,23 @@ const (
 	// InventoryServiceWatchStockProcedure is the fully-qualified name of the InventoryService's
 	// WatchStock RPC.
 	InventoryServiceWatchStockProcedure = "/shardstock.v1.InventoryService/WatchStock"
+	// InventoryServiceExtendReservationProcedure is the fully-qualified name of the InventoryService's
+	// ExtendReservation RPC.
+	InventoryServiceExtendReservationProcedure = "/shardstock.v1.InventoryService/ExtendReservation"
+	// InventoryServiceRefundProcedure is the fully-qualified name of the InventoryService's Refund RPC.
+	InventoryServiceRefundProcedure = "/shardstock.v1.InventoryService/Refund"
+	// InventoryServiceReserveOrderProcedure is the fully-qualified name of the InventoryService's
+	// ReserveOrder RPC.
+	InventoryServiceReserveOrderProcedure = "/shardstock.v1.InventoryService/ReserveOrder"
+	// InventoryServiceCommitOrderProcedure is the fully-qualified name of the InventoryService's
+	// CommitOrder RPC.
+	InventoryServiceCommitOrderProcedure = "/shardstock.v1.InventoryService/CommitOrder"
+	// InventoryServiceReleaseOrderProcedure is the fully-qualified name of the InventoryService's
+	// ReleaseOrder RPC.
+	InventoryServiceReleaseOrderProcedure = "/shardstock.v1.InventoryService/ReleaseOrder"
+	// InventoryServiceGetOrderProcedure is the fully-qualified name of the InventoryService's GetOrder
+	// RPC.
+	InventoryServiceGetOrderProcedure = "/shardstock.v1.InventoryService/GetOrder"
 )
 
 // InventoryServiceClient is a client for the shardstock.v1.InventoryService service.
@@ -78,6 +95,25 @@ type InventoryServiceClient interface {
 	// changes in between coalesced into the last), with SOLD_OUT when
 	// nothing sellable is left and BACK_IN_STOCK when stock returns.
 	WatchStock(context.Context, *connect.Request[v1.WatchStockRequest]) (*connect.ServerStreamForClient[v1.WatchStockResponse], error)
+	// ExtendReservation moves a held reservation's expiry to ttl from now,
+	// at most the SKU's max_hold after the reservation was made; refused
+	// once it expired. Idempotent by reservation id: it never shortens a hold.
+	ExtendReservation(context.Context, *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error)
+	// Refund gives back units of a sale (a deduct, or a committed
+	// reservation): to available stock, and to the customer's quota. All
+	// refunds of one sale return at most what it sold. Idempotent by key.
+	Refund(context.Context, *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error)
+	// ReserveOrder holds every line of a cart or none: lines in the order of
+	// their SKUs, each a reservation; a line that cannot be held releases
+	// those held, and the error names the line's SKU (ErrorInfo metadata
+	// "sku"). Idempotent by idempotency_key.
+	ReserveOrder(context.Context, *connect.Request[v1.ReserveOrderRequest]) (*connect.Response[v1.ReserveOrderResponse], error)
+	// CommitOrder buys every line of a held order; an order ends once, whole.
+	CommitOrder(context.Context, *connect.Request[v1.CommitOrderRequest]) (*connect.Response[v1.CommitOrderResponse], error)
+	// ReleaseOrder gives every line of a held order back.
+	ReleaseOrder(context.Context, *connect.Request[v1.ReleaseOrderRequest]) (*connect.Response[v1.ReleaseOrderResponse], error)
+	// GetOrder reads an order by id or by its idempotency key.
+	GetOrder(context.Context, *connect.Request[v1.GetOrderRequest]) (*connect.Response[v1.GetOrderResponse], error)
 }
 
 // NewInventoryServiceClient constructs a client for the shardstock.v1.InventoryService service. By
@@ -141,19 +177,62 @@ func NewInventoryServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(inventoryServiceMethods.ByName("WatchStock")),
 			connect.WithClientOptions(opts...),
 		),
+		extendReservation: connect.NewClient[v1.ExtendReservationRequest, v1.ExtendReservationResponse](
+			httpClient,
+			baseURL+InventoryServiceExtendReservationProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("ExtendReservation")),
+			connect.WithClientOptions(opts...),
+		),
+		refund: connect.NewClient[v1.RefundRequest, v1.RefundResponse](
+			httpClient,
+			baseURL+InventoryServiceRefundProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("Refund")),
+			connect.WithClientOptions(opts...),
+		),
+		reserveOrder: connect.NewClient[v1.ReserveOrderRequest, v1.ReserveOrderResponse](
+			httpClient,
+			baseURL+InventoryServiceReserveOrderProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("ReserveOrder")),
+			connect.WithClientOptions(opts...),
+		),
+		commitOrder: connect.NewClient[v1.CommitOrderRequest, v1.CommitOrderResponse](
+			httpClient,
+			baseURL+InventoryServiceCommitOrderProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("CommitOrder")),
+			connect.WithClientOptions(opts...),
+		),
+		releaseOrder: connect.NewClient[v1.ReleaseOrderRequest, v1.ReleaseOrderResponse](
+			httpClient,
+			baseURL+InventoryServiceReleaseOrderProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("ReleaseOrder")),
+			connect.WithClientOptions(opts...),
+		),
+		getOrder: connect.NewClient[v1.GetOrderRequest, v1.GetOrderResponse](
+			httpClient,
+			baseURL+InventoryServiceGetOrderProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("GetOrder")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // inventoryServiceClient implements InventoryServiceClient.
 type inventoryServiceClient struct {
-	reserve      *connect.Client[v1.ReserveRequest, v1.ReserveResponse]
-	commit       *connect.Client[v1.CommitRequest, v1.CommitResponse]
-	release      *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
-	deduct       *connect.Client[v1.DeductRequest, v1.DeductResponse]
-	replenish    *connect.Client[v1.ReplenishRequest, v1.ReplenishResponse]
-	getOperation *connect.Client[v1.GetOperationRequest, v1.GetOperationResponse]
-	getStock     *connect.Client[v1.GetStockRequest, v1.GetStockResponse]
-	watchStock   *connect.Client[v1.WatchStockRequest, v1.WatchStockResponse]
+	reserve           *connect.Client[v1.ReserveRequest, v1.ReserveResponse]
+	commit            *connect.Client[v1.CommitRequest, v1.CommitResponse]
+	release           *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
+	deduct            *connect.Client[v1.DeductRequest, v1.DeductResponse]
+	replenish         *connect.Client[v1.ReplenishRequest, v1.ReplenishResponse]
+	getOperation      *connect.Client[v1.GetOperationRequest, v1.GetOperationResponse]
+	getStock          *connect.Client[v1.GetStockRequest, v1.GetStockResponse]
+	watchStock        *connect.Client[v1.WatchStockRequest, v1.WatchStockResponse]
+	extendReservation *connect.Client[v1.ExtendReservationRequest, v1.ExtendReservationResponse]
+	refund            *connect.Client[v1.RefundRequest, v1.RefundResponse]
+	reserveOrder      *connect.Client[v1.ReserveOrderRequest, v1.ReserveOrderResponse]
+	commitOrder       *connect.Client[v1.CommitOrderRequest, v1.CommitOrderResponse]
+	releaseOrder      *connect.Client[v1.ReleaseOrderRequest, v1.ReleaseOrderResponse]
+	getOrder          *connect.Client[v1.GetOrderRequest, v1.GetOrderResponse]
 }
 
 // Reserve calls shardstock.v1.InventoryService.Reserve.
@@ -196,6 +275,36 @@ func (c *inventoryServiceClient) WatchStock(ctx context.Context, req *connect.Re
 	return c.watchStock.CallServerStream(ctx, req)
 }
 
+// ExtendReservation calls shardstock.v1.InventoryService.ExtendReservation.
+func (c *inventoryServiceClient) ExtendReservation(ctx context.Context, req *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error) {
+	return c.extendReservation.CallUnary(ctx, req)
+}
+
+// Refund calls shardstock.v1.InventoryService.Refund.
+func (c *inventoryServiceClient) Refund(ctx context.Context, req *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error) {
+	return c.refund.CallUnary(ctx, req)
+}
+
+// ReserveOrder calls shardstock.v1.InventoryService.ReserveOrder.
+func (c *inventoryServiceClient) ReserveOrder(ctx context.Context, req *connect.Request[v1.ReserveOrderRequest]) (*connect.Response[v1.ReserveOrderResponse], error) {
+	return c.reserveOrder.CallUnary(ctx, req)
+}
+
+// CommitOrder calls shardstock.v1.InventoryService.CommitOrder.
+func (c *inventoryServiceClient) CommitOrder(ctx context.Context, req *connect.Request[v1.CommitOrderRequest]) (*connect.Response[v1.CommitOrderResponse], error) {
+	return c.commitOrder.CallUnary(ctx, req)
+}
+
+// ReleaseOrder calls shardstock.v1.InventoryService.ReleaseOrder.
+func (c *inventoryServiceClient) ReleaseOrder(ctx context.Context, req *connect.Request[v1.ReleaseOrderRequest]) (*connect.Response[v1.ReleaseOrderResponse], error) {
+	return c.releaseOrder.CallUnary(ctx, req)
+}
+
+// GetOrder calls shardstock.v1.InventoryService.GetOrder.
+func (c *inventoryServiceClient) GetOrder(ctx context.Context, req *connect.Request[v1.GetOrderRequest]) (*connect.Response[v1.GetOrderResponse], error) {
+	return c.getOrder.CallUnary(ctx, req)
+}
+
 // InventoryServiceHandler is an implementation of the shardstock.v1.InventoryService service.
 type InventoryServiceHandler interface {
 	// Reserve holds quantity units for ttl (the SKU's default when unset).
@@ -217,6 +326,25 @@ type InventoryServiceHandler interface {
 	// changes in between coalesced into the last), with SOLD_OUT when
 	// nothing sellable is left and BACK_IN_STOCK when stock returns.
 	WatchStock(context.Context, *connect.Request[v1.WatchStockRequest], *connect.ServerStream[v1.WatchStockResponse]) error
+	// ExtendReservation moves a held reservation's expiry to ttl from now,
+	// at most the SKU's max_hold after the reservation was made; refused
+	// once it expired. Idempotent by reservation id: it never shortens a hold.
+	ExtendReservation(context.Context, *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error)
+	// Refund gives back units of a sale (a deduct, or a committed
+	// reservation): to available stock, and to the customer's quota. All
+	// refunds of one sale return at most what it sold. Idempotent by key.
+	Refund(context.Context, *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error)
+	// ReserveOrder holds every line of a cart or none: lines in the order of
+	// their SKUs, each a reservation; a line that cannot be held releases
+	// those held, and the error names the line's SKU (ErrorInfo metadata
+	// "sku"). Idempotent by idempotency_key.
+	ReserveOrder(context.Context, *connect.Request[v1.ReserveOrderRequest]) (*connect.Response[v1.ReserveOrderResponse], error)
+	// CommitOrder buys every line of a held order; an order ends once, whole.
+	CommitOrder(context.Context, *connect.Request[v1.CommitOrderRequest]) (*connect.Response[v1.CommitOrderResponse], error)
+	// ReleaseOrder gives every line of a held order back.
+	ReleaseOrder(context.Context, *connect.Request[v1.ReleaseOrderRequest]) (*connect.Response[v1.ReleaseOrderResponse], error)
+	// GetOrder reads an order by id or by its idempotency key.
+	GetOrder(context.Context, *connect.Request[v1.GetOrderRequest]) (*connect.Response[v1.GetOrderResponse], error)
 }
 
 // NewInventoryServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -276,6 +404,43 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 		connect.WithSchema(inventoryServiceMethods.ByName("WatchStock")),
 		connect.WithHandlerOptions(opts...),
 	)
+	inventoryServiceExtendReservationHandler := connect.NewUnaryHandler(
+		InventoryServiceExtendReservationProcedure,
+		svc.ExtendReservation,
+		connect.WithSchema(inventoryServiceMethods.ByName("ExtendReservation")),
+		connect.WithHandlerOptions(opts...),
+	)
+	inventoryServiceRefundHandler := connect.NewUnaryHandler(
+		InventoryServiceRefundProcedure,
+		svc.Refund,
+		connect.WithSchema(inventoryServiceMethods.ByName("Refund")),
+		connect.WithHandlerOptions(opts...),
+	)
+	inventoryServiceReserveOrderHandler := connect.NewUnaryHandler(
+		InventoryServiceReserveOrderProcedure,
+		svc.ReserveOrder,
+		connect.WithSchema(inventoryServiceMethods.ByName("ReserveOrder")),
+		connect.WithHandlerOptions(opts...),
+	)
+	inventoryServiceCommitOrderHandler := connect.NewUnaryHandler(
+		InventoryServiceCommitOrderProcedure,
+		svc.CommitOrder,
+		connect.WithSchema(inventoryServiceMethods.ByName("CommitOrder")),
+		connect.WithHandlerOptions(opts...),
+	)
+	inventoryServiceReleaseOrderHandler := connect.NewUnaryHandler(
+		InventoryServiceReleaseOrderProcedure,
+		svc.ReleaseOrder,
+		connect.WithSchema(inventoryServiceMethods.ByName("ReleaseOrder")),
+		connect.WithHandlerOptions(opts...),
+	)
+	inventoryServiceGetOrderHandler := connect.NewUnaryHandler(
+		InventoryServiceGetOrderProcedure,
+		svc.GetOrder,
+		connect.WithSchema(inventoryServiceMethods.ByName("GetOrder")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.InventoryService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case InventoryServiceReserveProcedure:
@@ -294,6 +459,18 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 			inventoryServiceGetStockHandler.ServeHTTP(w, r)
 		case InventoryServiceWatchStockProcedure:
 			inventoryServiceWatchStockHandler.ServeHTTP(w, r)
+		case InventoryServiceExtendReservationProcedure:
+			inventoryServiceExtendReservationHandler.ServeHTTP(w, r)
+		case InventoryServiceRefundProcedure:
+			inventoryServiceRefundHandler.ServeHTTP(w, r)
+		case InventoryServiceReserveOrderProcedure:
+			inventoryServiceReserveOrderHandler.ServeHTTP(w, r)
+		case InventoryServiceCommitOrderProcedure:
+			inventoryServiceCommitOrderHandler.ServeHTTP(w, r)
+		case InventoryServiceReleaseOrderProcedure:
+			inventoryServiceReleaseOrderHandler.ServeHTTP(w, r)
+		case InventoryServiceGetOrderProcedure:
+			inventoryServiceGetOrderHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -333,4 +510,28 @@ func (UnimplementedInventoryServiceHandler) GetStock(context.Context, *connect.R
 
 func (UnimplementedInventoryServiceHandler) WatchStock(context.Context, *connect.Request[v1.WatchStockRequest], *connect.ServerStream[v1.WatchStockResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.WatchStock is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) ExtendReservation(context.Context, *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.ExtendReservation is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) Refund(context.Context, *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.Refund is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) ReserveOrder(context.Context, *connect.Request[v1.ReserveOrderRequest]) (*connect.Response[v1.ReserveOrderResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.ReserveOrder is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) CommitOrder(context.Context, *connect.Request[v1.CommitOrderRequest]) (*connect.Response[v1.CommitOrderResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.CommitOrder is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) ReleaseOrder(context.Context, *connect.Request[v1.ReleaseOrderRequest]) (*connect.Response[v1.ReleaseOrderResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.ReleaseOrder is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) GetOrder(context.Context, *connect.Request[v1.GetOrderRequest]) (*connect.Response[v1.GetOrderResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.GetOrder is not implemented"))
 }

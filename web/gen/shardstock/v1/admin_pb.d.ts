@@ -70,6 +70,23 @@ export declare type SkuConfig = Message<"shardstock.v1.SkuConfig"> & {
    * @generated from field: google.protobuf.Timestamp sale_end = 9;
    */
   saleEnd?: Timestamp | undefined;
+
+  /**
+   * The longest a reservation may be held, from when it was made, however
+   * often ExtendReservation extends it.
+   *
+   * @generated from field: google.protobuf.Duration max_hold = 10;
+   */
+  maxHold?: Duration | undefined;
+
+  /**
+   * A Deduct or Reserve with an order_ref already applied by another key
+   * is refused ORDER_ALREADY_APPLIED, and so is a Refund of an order_ref
+   * already refunded by another key.
+   *
+   * @generated from field: bool one_per_order = 11;
+   */
+  onePerOrder: boolean;
 };
 
 /**
@@ -123,6 +140,18 @@ export declare type CreateSkuRequest = Message<"shardstock.v1.CreateSkuRequest">
    * @generated from field: google.protobuf.Timestamp sale_end = 8;
    */
   saleEnd?: Timestamp | undefined;
+
+  /**
+   * Unset: 24 h. At least reservation_ttl.
+   *
+   * @generated from field: google.protobuf.Duration max_hold = 9;
+   */
+  maxHold?: Duration | undefined;
+
+  /**
+   * @generated from field: bool one_per_order = 10;
+   */
+  onePerOrder: boolean;
 };
 
 /**
@@ -204,6 +233,16 @@ export declare type UpdateSkuRequest = Message<"shardstock.v1.UpdateSkuRequest">
    * @generated from field: bool clear_sale_window = 8;
    */
   clearSaleWindow: boolean;
+
+  /**
+   * @generated from field: google.protobuf.Duration max_hold = 9;
+   */
+  maxHold?: Duration | undefined;
+
+  /**
+   * @generated from field: optional bool one_per_order = 10;
+   */
+  onePerOrder?: boolean | undefined;
 };
 
 /**
@@ -779,6 +818,13 @@ export declare type LedgerEntry = Message<"shardstock.v1.LedgerEntry"> & {
    * @generated from field: string caller = 22;
    */
   caller: string;
+
+  /**
+   * The sale a refund entry reverses: "deduct:KEY" or "reservation:ID".
+   *
+   * @generated from field: string original = 23;
+   */
+  original: string;
 };
 
 /**

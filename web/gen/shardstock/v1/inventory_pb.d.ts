@@ -5,7 +5,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Duration } from "@bufbuild/protobuf/wkt";
-import type { Operation, Reservation, Stock } from "./types_pb.js";
+import type { Operation, Order, OrderLine, Reservation, Sale, Stock } from "./types_pb.js";
 
 /**
  * Describes the file shardstock/v1/inventory.proto.
@@ -82,6 +82,14 @@ export declare type CommitRequest = Message<"shardstock.v1.CommitRequest"> & {
    * @generated from field: string reservation_id = 1;
    */
   reservationId: string;
+
+  /**
+   * How many of the held units to buy; 0: all. Fewer than held buys
+   * those and releases the rest in the same step.
+   *
+   * @generated from field: int64 quantity = 2;
+   */
+  quantity: bigint;
 };
 
 /**
@@ -376,6 +384,287 @@ export declare type WatchStockResponse = Message<"shardstock.v1.WatchStockRespon
 export declare const WatchStockResponseSchema: GenMessage<WatchStockResponse>;
 
 /**
+ * @generated from message shardstock.v1.ExtendReservationRequest
+ */
+export declare type ExtendReservationRequest = Message<"shardstock.v1.ExtendReservationRequest"> & {
+  /**
+   * @generated from field: string reservation_id = 1;
+   */
+  reservationId: string;
+
+  /**
+   * The new expiry is now + ttl (1 s to 24 h), at most the SKU's max_hold
+   * after the reservation was made.
+   *
+   * @generated from field: google.protobuf.Duration ttl = 2;
+   */
+  ttl?: Duration | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.ExtendReservationRequest.
+ * Use `create(ExtendReservationRequestSchema)` to create a new message.
+ */
+export declare const ExtendReservationRequestSchema: GenMessage<ExtendReservationRequest>;
+
+/**
+ * @generated from message shardstock.v1.ExtendReservationResponse
+ */
+export declare type ExtendReservationResponse = Message<"shardstock.v1.ExtendReservationResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Reservation reservation = 1;
+   */
+  reservation?: Reservation | undefined;
+
+  /**
+   * The reservation already expired at or after now + ttl: nothing changed.
+   *
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+};
+
+/**
+ * Describes the message shardstock.v1.ExtendReservationResponse.
+ * Use `create(ExtendReservationResponseSchema)` to create a new message.
+ */
+export declare const ExtendReservationResponseSchema: GenMessage<ExtendReservationResponse>;
+
+/**
+ * @generated from message shardstock.v1.RefundRequest
+ */
+export declare type RefundRequest = Message<"shardstock.v1.RefundRequest"> & {
+  /**
+   * @generated from field: string sku = 1;
+   */
+  sku: string;
+
+  /**
+   * @generated from field: string idempotency_key = 2;
+   */
+  idempotencyKey: string;
+
+  /**
+   * @generated from field: shardstock.v1.Sale original = 3;
+   */
+  original?: Sale | undefined;
+
+  /**
+   * @generated from field: int64 quantity = 4;
+   */
+  quantity: bigint;
+
+  /**
+   * @generated from field: string reason = 5;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message shardstock.v1.RefundRequest.
+ * Use `create(RefundRequestSchema)` to create a new message.
+ */
+export declare const RefundRequestSchema: GenMessage<RefundRequest>;
+
+/**
+ * @generated from message shardstock.v1.RefundResponse
+ */
+export declare type RefundResponse = Message<"shardstock.v1.RefundResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Operation operation = 1;
+   */
+  operation?: Operation | undefined;
+
+  /**
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+};
+
+/**
+ * Describes the message shardstock.v1.RefundResponse.
+ * Use `create(RefundResponseSchema)` to create a new message.
+ */
+export declare const RefundResponseSchema: GenMessage<RefundResponse>;
+
+/**
+ * @generated from message shardstock.v1.ReserveOrderRequest
+ */
+export declare type ReserveOrderRequest = Message<"shardstock.v1.ReserveOrderRequest"> & {
+  /**
+   * @generated from field: string order_ref = 1;
+   */
+  orderRef: string;
+
+  /**
+   * @generated from field: string idempotency_key = 2;
+   */
+  idempotencyKey: string;
+
+  /**
+   * @generated from field: string customer_ref = 3;
+   */
+  customerRef: string;
+
+  /**
+   * @generated from field: google.protobuf.Duration ttl = 4;
+   */
+  ttl?: Duration | undefined;
+
+  /**
+   * 1 to 50 lines, each SKU once; reservation_id is ignored.
+   *
+   * @generated from field: repeated shardstock.v1.OrderLine lines = 5;
+   */
+  lines: OrderLine[];
+};
+
+/**
+ * Describes the message shardstock.v1.ReserveOrderRequest.
+ * Use `create(ReserveOrderRequestSchema)` to create a new message.
+ */
+export declare const ReserveOrderRequestSchema: GenMessage<ReserveOrderRequest>;
+
+/**
+ * @generated from message shardstock.v1.ReserveOrderResponse
+ */
+export declare type ReserveOrderResponse = Message<"shardstock.v1.ReserveOrderResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Order order = 1;
+   */
+  order?: Order | undefined;
+
+  /**
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+};
+
+/**
+ * Describes the message shardstock.v1.ReserveOrderResponse.
+ * Use `create(ReserveOrderResponseSchema)` to create a new message.
+ */
+export declare const ReserveOrderResponseSchema: GenMessage<ReserveOrderResponse>;
+
+/**
+ * @generated from message shardstock.v1.CommitOrderRequest
+ */
+export declare type CommitOrderRequest = Message<"shardstock.v1.CommitOrderRequest"> & {
+  /**
+   * @generated from field: string order_id = 1;
+   */
+  orderId: string;
+};
+
+/**
+ * Describes the message shardstock.v1.CommitOrderRequest.
+ * Use `create(CommitOrderRequestSchema)` to create a new message.
+ */
+export declare const CommitOrderRequestSchema: GenMessage<CommitOrderRequest>;
+
+/**
+ * @generated from message shardstock.v1.CommitOrderResponse
+ */
+export declare type CommitOrderResponse = Message<"shardstock.v1.CommitOrderResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Order order = 1;
+   */
+  order?: Order | undefined;
+
+  /**
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+};
+
+/**
+ * Describes the message shardstock.v1.CommitOrderResponse.
+ * Use `create(CommitOrderResponseSchema)` to create a new message.
+ */
+export declare const CommitOrderResponseSchema: GenMessage<CommitOrderResponse>;
+
+/**
+ * @generated from message shardstock.v1.ReleaseOrderRequest
+ */
+export declare type ReleaseOrderRequest = Message<"shardstock.v1.ReleaseOrderRequest"> & {
+  /**
+   * @generated from field: string order_id = 1;
+   */
+  orderId: string;
+
+  /**
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message shardstock.v1.ReleaseOrderRequest.
+ * Use `create(ReleaseOrderRequestSchema)` to create a new message.
+ */
+export declare const ReleaseOrderRequestSchema: GenMessage<ReleaseOrderRequest>;
+
+/**
+ * @generated from message shardstock.v1.ReleaseOrderResponse
+ */
+export declare type ReleaseOrderResponse = Message<"shardstock.v1.ReleaseOrderResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Order order = 1;
+   */
+  order?: Order | undefined;
+
+  /**
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+};
+
+/**
+ * Describes the message shardstock.v1.ReleaseOrderResponse.
+ * Use `create(ReleaseOrderResponseSchema)` to create a new message.
+ */
+export declare const ReleaseOrderResponseSchema: GenMessage<ReleaseOrderResponse>;
+
+/**
+ * @generated from message shardstock.v1.GetOrderRequest
+ */
+export declare type GetOrderRequest = Message<"shardstock.v1.GetOrderRequest"> & {
+  /**
+   * One of the two.
+   *
+   * @generated from field: string order_id = 1;
+   */
+  orderId: string;
+
+  /**
+   * @generated from field: string idempotency_key = 2;
+   */
+  idempotencyKey: string;
+};
+
+/**
+ * Describes the message shardstock.v1.GetOrderRequest.
+ * Use `create(GetOrderRequestSchema)` to create a new message.
+ */
+export declare const GetOrderRequestSchema: GenMessage<GetOrderRequest>;
+
+/**
+ * @generated from message shardstock.v1.GetOrderResponse
+ */
+export declare type GetOrderResponse = Message<"shardstock.v1.GetOrderResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Order order = 1;
+   */
+  order?: Order | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.GetOrderResponse.
+ * Use `create(GetOrderResponseSchema)` to create a new message.
+ */
+export declare const GetOrderResponseSchema: GenMessage<GetOrderResponse>;
+
+/**
  * StockEvent says what a WatchStock message reports.
  *
  * @generated from enum shardstock.v1.StockEvent
@@ -511,6 +800,73 @@ export declare const InventoryService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchStockRequestSchema;
     output: typeof WatchStockResponseSchema;
+  },
+  /**
+   * ExtendReservation moves a held reservation's expiry to ttl from now,
+   * at most the SKU's max_hold after the reservation was made; refused
+   * once it expired. Idempotent by reservation id: it never shortens a hold.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.ExtendReservation
+   */
+  extendReservation: {
+    methodKind: "unary";
+    input: typeof ExtendReservationRequestSchema;
+    output: typeof ExtendReservationResponseSchema;
+  },
+  /**
+   * Refund gives back units of a sale (a deduct, or a committed
+   * reservation): to available stock, and to the customer's quota. All
+   * refunds of one sale return at most what it sold. Idempotent by key.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.Refund
+   */
+  refund: {
+    methodKind: "unary";
+    input: typeof RefundRequestSchema;
+    output: typeof RefundResponseSchema;
+  },
+  /**
+   * ReserveOrder holds every line of a cart or none: lines in the order of
+   * their SKUs, each a reservation; a line that cannot be held releases
+   * those held, and the error names the line's SKU (ErrorInfo metadata
+   * "sku"). Idempotent by idempotency_key.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.ReserveOrder
+   */
+  reserveOrder: {
+    methodKind: "unary";
+    input: typeof ReserveOrderRequestSchema;
+    output: typeof ReserveOrderResponseSchema;
+  },
+  /**
+   * CommitOrder buys every line of a held order; an order ends once, whole.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.CommitOrder
+   */
+  commitOrder: {
+    methodKind: "unary";
+    input: typeof CommitOrderRequestSchema;
+    output: typeof CommitOrderResponseSchema;
+  },
+  /**
+   * ReleaseOrder gives every line of a held order back.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.ReleaseOrder
+   */
+  releaseOrder: {
+    methodKind: "unary";
+    input: typeof ReleaseOrderRequestSchema;
+    output: typeof ReleaseOrderResponseSchema;
+  },
+  /**
+   * GetOrder reads an order by id or by its idempotency key.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.GetOrder
+   */
+  getOrder: {
+    methodKind: "unary";
+    input: typeof GetOrderRequestSchema;
+    output: typeof GetOrderResponseSchema;
   },
 }>;
 

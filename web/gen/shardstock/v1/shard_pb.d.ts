@@ -5,7 +5,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Duration } from "@bufbuild/protobuf/wkt";
-import type { Operation, Reservation, ShardStock, Transfer } from "./types_pb.js";
+import type { Operation, Reservation, Sale, ShardStock, Transfer } from "./types_pb.js";
 
 /**
  * Describes the file shardstock/v1/shard.proto.
@@ -92,6 +92,13 @@ export declare type ShardOp = Message<"shardstock.v1.ShardOp"> & {
    * @generated from field: string caller = 14;
    */
   caller: string;
+
+  /**
+   * For refunds: the sale reversed.
+   *
+   * @generated from field: shardstock.v1.Sale original = 15;
+   */
+  original?: Sale | undefined;
 };
 
 /**
@@ -318,6 +325,16 @@ export enum ShardOpKind {
    * @generated from enum value: SHARD_OP_KIND_WARM = 9;
    */
   WARM = 9,
+
+  /**
+   * @generated from enum value: SHARD_OP_KIND_EXTEND = 10;
+   */
+  EXTEND = 10,
+
+  /**
+   * @generated from enum value: SHARD_OP_KIND_REFUND = 11;
+   */
+  REFUND = 11,
 }
 
 /**

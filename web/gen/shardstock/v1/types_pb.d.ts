@@ -64,6 +64,14 @@ export declare type Reservation = Message<"shardstock.v1.Reservation"> & {
    * @generated from field: string customer_ref = 9;
    */
   customerRef: string;
+
+  /**
+   * The units bought, once committed: fewer than quantity after a partial
+   * commit, which released the rest.
+   *
+   * @generated from field: int64 committed_quantity = 10;
+   */
+  committedQuantity: bigint;
 };
 
 /**
@@ -133,6 +141,13 @@ export declare type Operation = Message<"shardstock.v1.Operation"> & {
    * @generated from field: shardstock.v1.ReservationState reservation_state = 10;
    */
   reservationState: ReservationState;
+
+  /**
+   * Set for refunds: the sale reversed.
+   *
+   * @generated from field: shardstock.v1.Sale original = 11;
+   */
+  original?: Sale | undefined;
 };
 
 /**
@@ -378,6 +393,116 @@ export declare type MoveLease = Message<"shardstock.v1.MoveLease"> & {
 export declare const MoveLeaseSchema: GenMessage<MoveLease>;
 
 /**
+ * Sale names a sale a refund reverses: the idempotency key of a deduct, or
+ * a committed reservation (its id).
+ *
+ * @generated from message shardstock.v1.Sale
+ */
+export declare type Sale = Message<"shardstock.v1.Sale"> & {
+  /**
+   * @generated from oneof shardstock.v1.Sale.sale
+   */
+  sale: {
+    /**
+     * @generated from field: string deduct_key = 1;
+     */
+    value: string;
+    case: "deductKey";
+  } | {
+    /**
+     * @generated from field: string reservation_id = 2;
+     */
+    value: string;
+    case: "reservationId";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message shardstock.v1.Sale.
+ * Use `create(SaleSchema)` to create a new message.
+ */
+export declare const SaleSchema: GenMessage<Sale>;
+
+/**
+ * @generated from message shardstock.v1.OrderLine
+ */
+export declare type OrderLine = Message<"shardstock.v1.OrderLine"> & {
+  /**
+   * @generated from field: string sku = 1;
+   */
+  sku: string;
+
+  /**
+   * @generated from field: int64 quantity = 2;
+   */
+  quantity: bigint;
+
+  /**
+   * @generated from field: string reservation_id = 3;
+   */
+  reservationId: string;
+};
+
+/**
+ * Describes the message shardstock.v1.OrderLine.
+ * Use `create(OrderLineSchema)` to create a new message.
+ */
+export declare const OrderLineSchema: GenMessage<OrderLine>;
+
+/**
+ * @generated from message shardstock.v1.Order
+ */
+export declare type Order = Message<"shardstock.v1.Order"> & {
+  /**
+   * @generated from field: string order_id = 1;
+   */
+  orderId: string;
+
+  /**
+   * @generated from field: string order_ref = 2;
+   */
+  orderRef: string;
+
+  /**
+   * @generated from field: shardstock.v1.OrderState state = 3;
+   */
+  state: OrderState;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp expires_at = 4;
+   */
+  expiresAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: repeated shardstock.v1.OrderLine lines = 5;
+   */
+  lines: OrderLine[];
+
+  /**
+   * @generated from field: string idempotency_key = 6;
+   */
+  idempotencyKey: string;
+
+  /**
+   * @generated from field: string customer_ref = 7;
+   */
+  customerRef: string;
+
+  /**
+   * Why it failed or was released.
+   *
+   * @generated from field: string reason = 8;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message shardstock.v1.Order.
+ * Use `create(OrderSchema)` to create a new message.
+ */
+export declare const OrderSchema: GenMessage<Order>;
+
+/**
  * ReservationState is where a reservation is in its life. A reservation ends
  * exactly once: committed, released or expired.
  *
@@ -445,6 +570,11 @@ export enum OperationKind {
    * @generated from enum value: OPERATION_KIND_ADJUST = 4;
    */
   ADJUST = 4,
+
+  /**
+   * @generated from enum value: OPERATION_KIND_REFUND = 5;
+   */
+  REFUND = 5,
 }
 
 /**
@@ -555,4 +685,62 @@ export enum TransferState {
  * Describes the enum shardstock.v1.TransferState.
  */
 export declare const TransferStateSchema: GenEnum<TransferState>;
+
+/**
+ * OrderState is where an order is: it ends once, as a whole.
+ *
+ * @generated from enum shardstock.v1.OrderState
+ */
+export enum OrderState {
+  /**
+   * @generated from enum value: ORDER_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Its lines are being held (or, after its driver died, undone).
+   *
+   * @generated from enum value: ORDER_STATE_PENDING = 1;
+   */
+  PENDING = 1,
+
+  /**
+   * Every line is held.
+   *
+   * @generated from enum value: ORDER_STATE_HELD = 2;
+   */
+  HELD = 2,
+
+  /**
+   * @generated from enum value: ORDER_STATE_COMMITTING = 3;
+   */
+  COMMITTING = 3,
+
+  /**
+   * @generated from enum value: ORDER_STATE_COMMITTED = 4;
+   */
+  COMMITTED = 4,
+
+  /**
+   * @generated from enum value: ORDER_STATE_RELEASING = 5;
+   */
+  RELEASING = 5,
+
+  /**
+   * @generated from enum value: ORDER_STATE_RELEASED = 6;
+   */
+  RELEASED = 6,
+
+  /**
+   * A line could not be held: none is (reason says why).
+   *
+   * @generated from enum value: ORDER_STATE_FAILED = 7;
+   */
+  FAILED = 7,
+}
+
+/**
+ * Describes the enum shardstock.v1.OrderState.
+ */
+export declare const OrderStateSchema: GenEnum<OrderState>;
 
