@@ -10,10 +10,10 @@ type metrics struct {
 	// local and remote count the requests handed to the allocator's own
 	// shard server and those sent to shard servers over RPC.
 	local, remote prometheus.Counter
-	sweeps        prometheus.Counter
-	sweepTime     prometheus.Histogram
+	checks        prometheus.Counter
+	checkTime     prometheus.Histogram
 	// reroutes counts shard calls to other shards than a request's first
-	// choice: what skewed stock costs routing before any sweep.
+	// choice: what skewed stock costs routing before any sold-out check.
 	reroutes prometheus.Counter
 	// replays counts reserves and deducts answered with their first
 	// result (a client's retry); a surge means clients retry a lot.
@@ -54,11 +54,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		local:  paths.WithLabelValues("local"),
 		remote: paths.WithLabelValues("rpc"),
-		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "shardstock_allocator_sweeps_total", Help: "Sweeps of all of a SKU's shards before an OUT_OF_STOCK.",
+		checks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_checks_total", Help: "Sold-out checks (one read of all of a SKU's shards and its stock in transit) before an OUT_OF_STOCK.",
 		}),
-		sweepTime: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "shardstock_allocator_sweep_seconds", Help: "Time of one sweep (the read of every shard of a SKU, and of the keys that joined it).",
+		checkTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "shardstock_allocator_soldout_check_seconds", Help: "Time of one sold-out check (the read of every shard of a SKU, and of the keys that joined it).",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
 		}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
@@ -87,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"server"}),
 	}
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.sweepTime, m.reroutes, m.replays, m.reconciles, m.breaker, m.abandoned, m.settles, m.calls, m.refused)
+		reg.MustRegister(paths, m.checks, m.checkTime, m.reroutes, m.replays, m.reconciles, m.breaker, m.abandoned, m.settles, m.calls, m.refused)
 	}
 	return m
 }

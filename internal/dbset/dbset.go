@@ -408,13 +408,13 @@ func (s *Set) ResumeShard(ctx context.Context, k stock.ShardKey) (string, error)
 	return db.ResumeShard(ctx, k)
 }
 
-// Sweep reads the SKU's shards, stock in transit and operations of keys.
-func (s *Set) Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
+// SoldOutCheck reads the SKU's shards, stock in transit and operations of keys.
+func (s *Set) SoldOutCheck(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
 	db, err := s.of(ctx, sku)
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	return db.Sweep(ctx, sku, keys)
+	return db.SoldOutCheck(ctx, sku, keys)
 }
 
 // GetOperation reads a keyed operation of the SKU.

@@ -186,13 +186,13 @@ func (db *DB) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 	return o, nil
 }
 
-// Sweep reads every shard of a SKU (with why it is halted, if it is) and
+// SoldOutCheck reads every shard of a SKU (with why it is halted, if it is) and
 // its stock in transit in one statement, so in one snapshot: a transfer is
 // counted exactly once, on its source, in transit or on its destination,
 // however its steps interleave with the read. In the same round trip it
 // looks the SKU's keys up (the operations a sold-out answer must replay),
 // as LookupOperations does.
-func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
+func (db *DB) SoldOutCheck(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	b := &pgx.Batch{}
