@@ -86,6 +86,10 @@ type Config struct {
 	Moves *topology.MoveLeases
 	// Rebalance configures the rebalancer.
 	Rebalance rebalance.Config
+	// SoldOut, when set, are the SKUs' sold-out marks (etcd): a new key
+	// of a SKU sold out for good is refused from memory (docs/soldout.md).
+	// Its Run must be running. nil: every refusal is checked.
+	SoldOut *topology.SoldOut
 }
 
 // LocalServer is a shard server in the allocator's own process
@@ -117,6 +121,7 @@ type Allocator struct {
 	transitWait time.Duration
 
 	checks   checker
+	memory   memory    // the sold-out answered from memory
 	inflight sync.Map  // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
 	doubts   doubtBook // keys a shard may still apply: OPERATION_IN_PROGRESS
 	metrics  *metrics
@@ -161,6 +166,7 @@ func New(cfg Config) *Allocator {
 		followed:    make(chan struct{}),
 	}
 	a.checks.a, a.checks.keysMax = a, checkKeysMax
+	a.memory.init(cfg.SoldOut)
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "shardstock_units_in_transit", Help: "Units of every SKU debited by a transfer and not yet credited (read from the database at each scrape; -1 if it could not be read).",
@@ -532,6 +538,9 @@ func (a *Allocator) tryShards(ctx context.Context, r *stock.Request, sku *stock.
 func (a *Allocator) afterCheck(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, asked bool, chk checkResult) (*stock.SKU, stock.Result, bool) {
 	switch {
 	case chk.available+chk.inTransit < q && chk.unknown == 0:
+		if chk.forGood {
+			a.markSoon(sku.Name)
+		}
 		return sku, a.outOfStock(ctx, r, sku, asked, chk), true
 	case chk.available+chk.inTransit < q:
 		// Shards that did not answer, or are halted, may hold the stock:
@@ -606,9 +615,7 @@ func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, sku *stock
 			rr.Shard.Index = op.Shard
 			return a.exec(ctx, &rr)
 		}
-		if code, msg := sku.Refuse(r, 0); code != "" {
-			return stock.Result{Err: stock.Errorf(code, "%s", msg)}
-		}
+		return refusal(r, sku)
 	}
 	return stock.Result{Err: stock.Errorf(stock.CodeOutOfStock, "not enough stock of %s", r.Shard.SKU)}
 }

@@ -24,6 +24,9 @@ type checkResult struct {
 	maxShard  int64 // the most any one shard holds
 	inTransit int64
 	unknown   int // shards with stock that cannot be reached (or are halted) now
+	// forGood: no unit available, held or in transit (soldOutForGood): the
+	// SKU can be marked sold out.
+	forGood bool
 	// ops are the SKU's operations recorded for the keys of the requests
 	// that joined the check (read in its round trip): a sold-out answer
 	// replays them on the shard that recorded them. nil: the caller's key
@@ -135,7 +138,7 @@ func (a *Allocator) checkOnce(sku *stock.SKU, keys []string) checkResult {
 		a.log.Debug("check failed", "sku", sku.Name, "err", err)
 		return checkResult{err: stock.Errorf(stock.CodeShardUnavailable, "could not read the stock of %s; retry with the same key", sku.Name)}
 	}
-	res := checkResult{inTransit: inTransit, ops: ops}
+	res := checkResult{inTransit: inTransit, ops: ops, forGood: soldOutForGood(rows, inTransit)}
 	skip := a.skipper(sku.Name)
 	var serving int32
 	for _, r := range rows {

@@ -29,6 +29,14 @@ type metrics struct {
 	// doubt refused it too), served (one of them served it) or unavailable
 	// (one could not be asked: SHARD_UNAVAILABLE instead of the refusal).
 	settles *prometheus.CounterVec
+	// memoryRefusals counts reserves and deducts refused from memory (a
+	// SKU marked sold out for good, a new key): no query, no shard call.
+	memoryRefusals prometheus.Counter
+	// marks counts the SKUs this allocator marked sold out for good;
+	// reopenWaits the reopens that waited for every allocator to stop
+	// trusting a mark; settledReopens the reopens another allocator left
+	// that this one finished.
+	marks, reopenWaits, settledReopens prometheus.Counter
 	// calls and refused count, by shard server, the Execute calls its
 	// breaker let through and those it refused.
 	calls, refused *prometheus.CounterVec
@@ -79,6 +87,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_settles_total", Help: "Refusals held back because a shard whose call failed after it reached it may still apply the request, by outcome: refused (asked again, it refused too), served (asked again, it served it), unavailable (it could not be asked: SHARD_UNAVAILABLE, retry with the same key, instead of the refusal).",
 		}, []string{"outcome"}),
+		memoryRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_memory_refusals_total", Help: "Reserves and deducts refused from memory: their SKU is marked sold out for good (nothing available, held or in transit) and no operation of the SKU has their key; no query, no shard call.",
+		}),
+		marks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_marks_total", Help: "SKUs this allocator marked sold out for good (in etcd, for every allocator).",
+		}),
+		reopenWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_reopen_waits_total", Help: "Replenishes and positive adjustments that took a sold-out mark away and waited until no allocator could trust it before adding stock.",
+		}),
+		settledReopens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_settled_reopens_total", Help: "Reopens left pending by another allocator (it died, or its request was in doubt) that this one sent again and finished.",
+		}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_execute_calls_total", Help: "Execute calls sent to shard servers (let through by their circuit breaker).",
 		}, []string{"server"}),
@@ -87,7 +107,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"server"}),
 	}
 	if reg != nil {
-		reg.MustRegister(paths, m.checks, m.checkTime, m.reroutes, m.replays, m.reconciles, m.breaker, m.abandoned, m.settles, m.calls, m.refused)
+		reg.MustRegister(paths, m.checks, m.checkTime, m.reroutes, m.replays, m.reconciles, m.breaker, m.abandoned, m.settles, m.calls, m.refused,
+			m.memoryRefusals, m.marks, m.reopenWaits, m.settledReopens)
 	}
 	return m
 }

@@ -426,6 +426,15 @@ func (s *Set) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 	return db.GetOperation(ctx, sku, key)
 }
 
+// OperationKeys lists a SKU's operation keys in its database.
+func (s *Set) OperationKeys(ctx context.Context, sku string, limit int, each func(key string)) (int, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return 0, err
+	}
+	return db.OperationKeys(ctx, sku, limit, each)
+}
+
 // CreateTransfer records a transfer in its SKU's database.
 func (s *Set) CreateTransfer(ctx context.Context, t *stock.Transfer) error {
 	db, err := s.of(ctx, t.SKU)
