@@ -1,0 +1,168 @@
+package allocator_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardstock/shardstock/internal/allocator"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rebalance"
+	"github.com/shardstock/shardstock/internal/stock"
+	"github.com/shardstock/shardstock/internal/topology"
+)
+
+// countingDB is the stack's database, counting the queries routing makes
+// (every RouteStore call is one round trip).
+type countingDB struct {
+	*postgres.DB
+	queries atomic.Int64
+}
+
+func (c *countingDB) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
+	c.queries.Add(1)
+	return c.DB.GetSKU(ctx, sku)
+}
+
+func (c *countingDB) SoldOutCheck(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
+	c.queries.Add(1)
+	return c.DB.SoldOutCheck(ctx, sku, keys)
+}
+
+func (c *countingDB) GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error) {
+	c.queries.Add(1)
+	return c.DB.GetOperation(ctx, sku, key)
+}
+
+func (c *countingDB) OperationKeys(ctx context.Context, sku string, limit int, each func(string)) (int, error) {
+	c.queries.Add(1)
+	return c.DB.OperationKeys(ctx, sku, limit, each)
+}
+
+// newMarked returns an allocator over the stack that follows and writes
+// the sold-out marks (its own etcd client, as a process has), over db.
+func (s *stack) newMarked(db allocator.Store) *allocator.Allocator {
+	s.t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: s.etcd.Endpoints(), DialTimeout: 2 * time.Second})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	marks := topology.NewSoldOut(cli, quiet())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); marks.Run(ctx) }()
+	a := allocator.New(allocator.Config{DB: db, Topology: s.topo, Logger: quiet(), SoldOut: marks,
+		Rebalance: rebalance.Config{Off: true, Auto: rebalance.AutoShards{Off: true}}})
+	s.t.Cleanup(func() {
+		a.Close()
+		cancel()
+		<-done
+		cli.Close()
+	})
+	return a
+}
+
+// untilFromMemory asks a for new keys of sku until it refuses one from
+// memory, and returns how long that took.
+func untilFromMemory(t *testing.T, a *allocator.Allocator, sku, prefix string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for i := 0; ; i++ {
+		before := a.MemoryRefusals()
+		res := a.Allocate(context.Background(), deduct(sku, fmt.Sprintf("%s-%d", prefix, i), 1))
+		if codeOf(res) != stock.CodeOutOfStock {
+			t.Fatalf("Allocate(deduct %s %s-%d) = %+v, want OUT_OF_STOCK", sku, prefix, i, res)
+		}
+		if a.MemoryRefusals() > before {
+			return time.Since(start)
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("%s: no refusal from memory within 5 s of the sell-out", sku)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSoldOut_FromMemory: once a SKU is sold out for good, both allocators
+// learn it within a second, and 10,000 requests with new keys cost no query
+// and no shard call; a replayed key still gets its first result (and a
+// key reused with other parameters its refusal); a replenish through one
+// allocator reopens the SKU at the other at once.
+func TestSoldOut_FromMemory(t *testing.T) {
+	s := newStack(t, []string{"s1", "s2"}, "")
+	ctx := context.Background()
+	dbA, dbB := &countingDB{DB: s.db}, &countingDB{DB: s.db}
+	a, b := s.newMarked(dbA), s.newMarked(dbB)
+	const sku = "drop"
+	s.createSKU(sku, 4, 4)
+	for i := range 4 {
+		if res := a.Allocate(ctx, deduct(sku, fmt.Sprint("sold-", i), 1)); res.Err != nil {
+			t.Fatalf("Allocate(deduct sold-%d) = %v", i, res.Err)
+		}
+	}
+	for name, al := range map[string]*allocator.Allocator{"A": a, "B": b} {
+		if d := untilFromMemory(t, al, sku, "learn-"+name); d > time.Second {
+			t.Errorf("allocator %s refused from memory %s after the sell-out, want within 1 s", name, d)
+		}
+	}
+
+	const calls = 10000
+	queries, shardCalls := dbA.queries.Load()+dbB.queries.Load(), a.ShardRequests()+b.ShardRequests()
+	refusals := a.MemoryRefusals() + b.MemoryRefusals()
+	var wg sync.WaitGroup
+	var wrong atomic.Int64
+	for w := range 8 {
+		al := a
+		if w%2 == 1 {
+			al = b
+		}
+		wg.Go(func() {
+			for i := w; i < calls; i += 8 {
+				if res := al.Allocate(ctx, deduct(sku, fmt.Sprint("new-", i), 1)); codeOf(res) != stock.CodeOutOfStock {
+					wrong.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := wrong.Load(); n > 0 {
+		t.Errorf("%d of %d deducts with new keys of a sold-out SKU not answered OUT_OF_STOCK", n, calls)
+	}
+	if got := dbA.queries.Load() + dbB.queries.Load() - queries; got != 0 {
+		t.Errorf("%d calls with new keys made %d queries, want 0", calls, got)
+	}
+	if got := a.ShardRequests() + b.ShardRequests() - shardCalls; got != 0 {
+		t.Errorf("%d calls with new keys made %v shard calls, want 0", calls, got)
+	}
+	if got := a.MemoryRefusals() + b.MemoryRefusals() - refusals; got != calls {
+		t.Errorf("%v refusals from memory, want %d", got, calls)
+	}
+
+	// A key applied before the sell-out gets its first result, at either
+	// allocator; with other parameters, its refusal.
+	first := a.Allocate(ctx, deduct(sku, "sold-1", 1))
+	if res := b.Allocate(ctx, deduct(sku, "sold-1", 1)); res.Err != nil || !res.Replayed || res.Operation.Shard != first.Operation.Shard {
+		t.Errorf("Allocate(deduct sold-1) after the sell-out = %+v, want its first result replayed", res)
+	}
+	if res := b.Allocate(ctx, deduct(sku, "sold-2", 2)); codeOf(res) != stock.CodeIdempotencyKeyReused {
+		t.Errorf("Allocate(deduct sold-2 2) after the sell-out = %+v, want IDEMPOTENCY_KEY_REUSED", res)
+	}
+
+	// A replenish through A reopens the SKU at B by the time it returns.
+	start := time.Now()
+	if res := a.AdjustStock(ctx, &stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: sku}, Quantity: 2, Key: "restock"}); res.Err != nil {
+		t.Fatalf("AdjustStock(replenish 2) = %v", res.Err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("the replenish of a sold-out SKU took %s, want within 1 s", d)
+	}
+	if res := b.Allocate(ctx, deduct(sku, "after-restock", 2)); res.Err != nil {
+		t.Errorf("Allocate(deduct 2) at B once a replenish of 2 through A returned = %v, want success", res.Err)
+	}
+	s.balanced(sku)
+}
