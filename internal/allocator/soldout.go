@@ -46,7 +46,7 @@ type memory struct {
 	mu    sync.Mutex
 	sets  *lru.Cache[string, *keySet] // evictions lower total
 	total int                         // keys in sets
-	busy  map[string]time.Time        // SKUs being marked or read, since
+	busy  map[string]time.Time        // jobs running ("mark" or "keys", NUL, SKU), since
 }
 
 // keySet is a marked SKU's keys, as hashes, read after its mark was seen.
@@ -107,28 +107,28 @@ func refusal(r *stock.Request, sku *stock.SKU) stock.Result {
 	return stock.Result{Err: stock.Errorf(stock.CodeOutOfStock, "not enough stock of %s", r.Shard.SKU)}
 }
 
-// start reserves sku for one background marking or key read, at most one
-// at a time per SKU and once per markInterval, at most markingsMax SKUs.
-func (m *memory) start(sku string) bool {
+// start reserves job (a SKU's marking, or its key read) for one run in
+// the background: at most one at a time, at most markingsMax at once.
+func (m *memory) start(job string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.busy[sku]; ok || len(m.busy) >= markingsMax {
+	if _, ok := m.busy[job]; ok || len(m.busy) >= markingsMax {
 		return false
 	}
-	m.busy[sku] = time.Now()
+	m.busy[job] = time.Now()
 	return true
 }
 
-// finish ends start's reservation, at least markInterval after it began.
-func (m *memory) finish(sku string) {
+// finish ends start's reservation, at least least after it began.
+func (m *memory) finish(job string, least time.Duration) {
 	m.mu.Lock()
-	began := m.busy[sku]
+	began := m.busy[job]
 	m.mu.Unlock()
-	if wait := markInterval - time.Since(began); wait > 0 {
+	if wait := least - time.Since(began); wait > 0 {
 		time.Sleep(wait)
 	}
 	m.mu.Lock()
-	delete(m.busy, sku)
+	delete(m.busy, job)
 	m.mu.Unlock()
 }
 
@@ -139,11 +139,12 @@ func (m *memory) finish(sku string) {
 // reopen, which takes the mark away first.
 func (a *Allocator) readKeys(sku string, rev int64) {
 	m := &a.memory
-	if !m.start(sku) {
+	job := "keys\x00" + sku
+	if !m.start(job) {
 		return
 	}
 	go func() {
-		defer m.finish(sku)
+		defer m.finish(job, 0)
 		ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
 		defer cancel()
 		hashes := []uint64{}
@@ -190,11 +191,12 @@ func (a *Allocator) markSoon(sku string) {
 	if m.marks == nil {
 		return
 	}
-	if _, ok := m.marks.Marked(sku); ok || !m.start(sku) {
+	job := "mark\x00" + sku
+	if _, ok := m.marks.Marked(sku); ok || !m.start(job) {
 		return
 	}
 	go func() {
-		defer m.finish(sku)
+		defer m.finish(job, markInterval)
 		ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
 		defer cancel()
 		a.mark(ctx, sku)

@@ -88,13 +88,20 @@ func untilFromMemory(t *testing.T, a *allocator.Allocator, sku, prefix string) t
 	}
 }
 
-// TestSoldOut_FromMemory: once a SKU is sold out for good, both allocators
+// TestSoldOut: the sold-out answered from memory, on one stack.
+//
+// FromMemory: once a SKU is sold out for good, both allocators
 // learn it within a second, and 10,000 requests with new keys cost no query
 // and no shard call; a replayed key still gets its first result (and a
 // key reused with other parameters its refusal); a replenish through one
 // allocator reopens the SKU at the other at once.
-func TestSoldOut_FromMemory(t *testing.T) {
+func TestSoldOut(t *testing.T) {
 	s := newStack(t, []string{"s1", "s2"}, "")
+	t.Run("FromMemory", func(t *testing.T) { soldOutFromMemory(t, s) })
+	t.Run("NeverWhileStockCanComeBack", func(t *testing.T) { soldOutNeverWhileStockCanComeBack(t, s) })
+}
+
+func soldOutFromMemory(t *testing.T, s *stack) {
 	ctx := context.Background()
 	dbA, dbB := &countingDB{DB: s.db}, &countingDB{DB: s.db}
 	a, b := s.newMarked(dbA), s.newMarked(dbB)
@@ -163,6 +170,130 @@ func TestSoldOut_FromMemory(t *testing.T) {
 	}
 	if res := b.Allocate(ctx, deduct(sku, "after-restock", 2)); res.Err != nil {
 		t.Errorf("Allocate(deduct 2) at B once a replenish of 2 through A returned = %v, want success", res.Err)
+	}
+	s.balanced(sku)
+}
+
+// NeverWhileStockCanComeBack: while a unit is held (then
+// released, or left to expire) or in transit, no allocator refuses from
+// memory, although every request is refused; once the unit is back, both
+// sell it at once. And a replenish racing the marks (through one
+// allocator, the other asked the moment it returns) is never refused. A
+// mark made from a check that ignored holds or stock in transit, or a
+// replenish that did not take the mark away, fails it.
+func soldOutNeverWhileStockCanComeBack(t *testing.T, s *stack) {
+	ctx := context.Background()
+	a, b := s.newMarked(s.db), s.newMarked(s.db)
+	both := []*allocator.Allocator{a, b}
+	const sku = "comeback"
+	s.createSKU(sku, 2, 2) // 1 on each shard
+	refusals := func() float64 { return a.MemoryRefusals() + b.MemoryRefusals() }
+	n := 0
+	key := func(p string) string { n++; return fmt.Sprintf("%s-%d", p, n) }
+	// refusedMeanwhile asks both allocators for new keys for d: every
+	// answer must be a refusal, none from memory.
+	refusedMeanwhile := func(what string, d time.Duration) {
+		t.Helper()
+		before := refusals()
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			for _, al := range both {
+				if res := al.Allocate(ctx, deduct(sku, key("while-"+what), 1)); res.Err == nil {
+					t.Fatalf("Allocate(deduct) while %s = success, want a refusal", what)
+				}
+			}
+		}
+		if got := refusals() - before; got != 0 {
+			t.Fatalf("%v refusals from memory while %s, want none: a unit could still come back", got, what)
+		}
+	}
+	// sellBoth sells one unit through each allocator: the units are back.
+	sellBoth := func(what string) {
+		t.Helper()
+		for i, al := range both {
+			if res := al.Allocate(ctx, deduct(sku, key("after-"+what), 1)); res.Err != nil {
+				t.Fatalf("allocator %d: Allocate(deduct 1) once %s = %v, want success", i, what, res.Err)
+			}
+		}
+	}
+	// soldOutForGood waits until both allocators refuse from memory.
+	soldOutForGood := func() {
+		t.Helper()
+		untilFromMemory(t, a, sku, key("a"))
+		untilFromMemory(t, b, sku, key("b"))
+	}
+	reserveAll := func(ttl time.Duration) []string {
+		t.Helper()
+		var ids []string
+		for range 2 {
+			res := a.Allocate(ctx, &stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: sku}, Quantity: 1, Key: key("hold"), TTL: ttl})
+			if res.Err != nil {
+				t.Fatalf("Allocate(reserve 1) = %v", res.Err)
+			}
+			ids = append(ids, res.Reservation.ID)
+		}
+		return ids
+	}
+	replenish := func(al *allocator.Allocator, q int64) {
+		t.Helper()
+		if res := al.AdjustStock(ctx, &stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: sku}, Quantity: q, Key: key("restock")}); res.Err != nil {
+			t.Fatalf("AdjustStock(replenish %d) = %v", q, res.Err)
+		}
+	}
+
+	// Held, then released.
+	ids := reserveAll(0)
+	refusedMeanwhile("held", 400*time.Millisecond)
+	for _, id := range ids {
+		if res := b.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: id}); res.Err != nil {
+			t.Fatalf("EndReservation(release %s) = %v", id, res.Err)
+		}
+	}
+	sellBoth("released")
+	soldOutForGood()
+
+	// Replenished through one allocator, sold through the other the moment
+	// it returns, a few times each way.
+	for i := range 2 {
+		replenish(both[i%2], 2)
+		if res := both[(i+1)%2].Allocate(ctx, deduct(sku, key("race"), 2)); res.Err != nil {
+			t.Fatalf("Allocate(deduct 2) at the other allocator once a replenish of 2 returned = %v, want success", res.Err)
+		}
+		soldOutForGood()
+	}
+
+	// Held, then expired (the shard servers' expiry sweep: no allocator is
+	// told).
+	replenish(a, 2)
+	reserveAll(stock.ReservationTTLMin)
+	refusedMeanwhile("held until expiry", 400*time.Millisecond)
+	waitUntil(t, func() bool {
+		st, err := a.GetStock(ctx, sku)
+		return err == nil && st.Total.Reserved == 0
+	})
+	sellBoth("expired")
+	soldOutForGood()
+
+	// In transit: debited from shard 0, not yet credited to shard 1.
+	replenish(a, 1)
+	from := stock.ShardKey{SKU: sku, Index: 0}
+	if st, err := a.GetStock(ctx, sku); err != nil || st.Shards[0].Available != 1 {
+		// The replenish went to shard 1: move from there.
+		from.Index = 1
+	}
+	tr := &stock.Transfer{ID: stock.NewTransferID(), SKU: sku, From: from.Index, To: 1 - from.Index, Quantity: 1, Reason: "test"}
+	if err := s.db.CreateTransfer(ctx, tr); err != nil {
+		t.Fatal(err)
+	}
+	if res := s.owner(from).Do(ctx, &stock.Request{Kind: stock.OpTransferOut, Shard: from, TransferID: tr.ID, Source: stock.SourceAPI}); res.Err != nil {
+		t.Fatalf("transfer out = %v", res.Err)
+	}
+	refusedMeanwhile("in transit", 400*time.Millisecond)
+	to := stock.ShardKey{SKU: sku, Index: tr.To}
+	if res := s.owner(to).Do(ctx, &stock.Request{Kind: stock.OpTransferIn, Shard: to, TransferID: tr.ID, Source: stock.SourceAPI}); res.Err != nil {
+		t.Fatalf("transfer in = %v", res.Err)
+	}
+	if res := b.Allocate(ctx, deduct(sku, key("landed"), 1)); res.Err != nil {
+		t.Fatalf("Allocate(deduct 1) once the transfer landed = %v, want success", res.Err)
 	}
 	s.balanced(sku)
 }
