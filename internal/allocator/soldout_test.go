@@ -190,15 +190,16 @@ func soldOutNeverWhileStockCanComeBack(t *testing.T, s *stack) {
 	refusals := func() float64 { return a.MemoryRefusals() + b.MemoryRefusals() }
 	n := 0
 	key := func(p string) string { n++; return fmt.Sprintf("%s-%d", p, n) }
-	// refusedMeanwhile asks both allocators for new keys for d: every
-	// answer must be a refusal, none from memory.
+	// refusedMeanwhile asks both allocators for 2 units, more than could
+	// come back, with new keys for d: every answer must be a refusal (each
+	// a sold-out check, which would ask for a mark), none from memory.
 	refusedMeanwhile := func(what string, d time.Duration) {
 		t.Helper()
 		before := refusals()
 		for end := time.Now().Add(d); time.Now().Before(end); {
 			for _, al := range both {
-				if res := al.Allocate(ctx, deduct(sku, key("while-"+what), 1)); res.Err == nil {
-					t.Fatalf("Allocate(deduct) while %s = success, want a refusal", what)
+				if res := al.Allocate(ctx, deduct(sku, key("while"), 2)); codeOf(res) != stock.CodeOutOfStock {
+					t.Fatalf("Allocate(deduct 2) while %s = %+v, want OUT_OF_STOCK", what, res)
 				}
 			}
 		}
@@ -210,7 +211,7 @@ func soldOutNeverWhileStockCanComeBack(t *testing.T, s *stack) {
 	sellBoth := func(what string) {
 		t.Helper()
 		for i, al := range both {
-			if res := al.Allocate(ctx, deduct(sku, key("after-"+what), 1)); res.Err != nil {
+			if res := al.Allocate(ctx, deduct(sku, key("after"), 1)); res.Err != nil {
 				t.Fatalf("allocator %d: Allocate(deduct 1) once %s = %v, want success", i, what, res.Err)
 			}
 		}
