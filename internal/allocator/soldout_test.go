@@ -2,6 +2,7 @@ package allocator_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -99,6 +100,7 @@ func TestSoldOut(t *testing.T) {
 	s := newStack(t, []string{"s1", "s2"}, "")
 	t.Run("FromMemory", func(t *testing.T) { soldOutFromMemory(t, s) })
 	t.Run("NeverWhileStockCanComeBack", func(t *testing.T) { soldOutNeverWhileStockCanComeBack(t, s) })
+	t.Run("AbandonedReopen", func(t *testing.T) { soldOutAbandonedReopen(t, s) })
 }
 
 func soldOutFromMemory(t *testing.T, s *stack) {
@@ -295,6 +297,53 @@ func soldOutNeverWhileStockCanComeBack(t *testing.T, s *stack) {
 	}
 	if res := b.Allocate(ctx, deduct(sku, key("landed"), 1)); res.Err != nil {
 		t.Fatalf("Allocate(deduct 1) once the transfer landed = %v, want success", res.Err)
+	}
+	s.balanced(sku)
+}
+
+// AbandonedReopen: an allocator that took a SKU's mark away and died
+// before it sent its replenish (or whose replenish is in doubt) leaves
+// its reopen recorded. No allocator trusts the mark any more, the SKU is
+// not marked again while the reopen is pending, and the next marking
+// finishes it: the replenish is sent again with its key and applied once.
+func soldOutAbandonedReopen(t *testing.T, s *stack) {
+	ctx := context.Background()
+	a := s.newMarked(s.db)
+	const sku = "abandoned"
+	s.createSKU(sku, 2, 1)
+	if res := a.Allocate(ctx, deduct(sku, "only", 1)); res.Err != nil {
+		t.Fatalf("Allocate(deduct only) = %v", res.Err)
+	}
+	untilFromMemory(t, a, sku, "marked")
+
+	dead := topology.NewSoldOut(s.etcd.Client(), quiet())
+	rec, err := json.Marshal(&stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: sku}, Quantity: 3, Key: "lost-restock", Source: stock.SourceAPI})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dead.Reopen(ctx, sku, "lost-restock", rec); err != nil {
+		t.Fatal(err)
+	}
+	// The allocator stops answering from the mark, then the marking it
+	// asks for finishes the reopen: the units come.
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; ; i++ {
+		res := a.Allocate(ctx, deduct(sku, fmt.Sprint("after-", i), 1))
+		if res.Err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Allocate(deduct 1) = %v 5 s after a reopen was abandoned, want the reopen finished and a unit sold", res.Err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	op, err := a.GetOperation(ctx, sku, "lost-restock")
+	if err != nil || op.Kind != stock.OpReplenish || op.Quantity != 3 {
+		t.Errorf("GetOperation(lost-restock) = %+v, %v, want the replenish of 3 applied", op, err)
+	}
+	resp, err := s.etcd.Client().Get(ctx, "/shardstock/reopen/"+sku+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count != 0 {
+		t.Errorf("pending reopens of %s after it was finished: %v, %v, want none", sku, resp, err)
 	}
 	s.balanced(sku)
 }
