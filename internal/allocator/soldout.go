@@ -280,8 +280,15 @@ func (a *Allocator) reopen(ctx context.Context, r *stock.Request, sku *stock.SKU
 	}
 	if ro.Wait > 0 {
 		a.metrics.reopenWaits.Inc()
-		if !sleep(ctx, ro.Wait) {
-			a.endReopen(ctx, ro)
+		if started := time.Now(); !sleep(ctx, ro.Wait) {
+			// Nothing was sent, but the record stays for the whole wait:
+			// a reopen that finds it pending waits too, where one that
+			// found nothing would send at once while the mark this one
+			// took away may still be trusted.
+			go func() {
+				time.Sleep(ro.Wait - time.Since(started))
+				a.endReopen(context.Background(), ro)
+			}()
 			return unavailable("deadline passed while %s reopened; retry with the same key", sku.Name)
 		}
 	}
