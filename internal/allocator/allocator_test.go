@@ -36,7 +36,7 @@ const stableTimeout = 60 * time.Second
 // (served over HTTP/2 as cmd/shard serves them, or called directly as an
 // allocator's own -shard-id server is) and an allocator over them.
 type stack struct {
-	t       *testing.T
+	t       testing.TB
 	url     string
 	db      *postgres.DB
 	topo    func() topology.View
@@ -53,7 +53,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // newStack starts shard servers remote (over RPC) and, unless local is "",
 // one the allocator calls in-process, and waits until the partitions have
 // settled on them.
-func newStack(t *testing.T, remote []string, local string) *stack {
+func newStack(t testing.TB, remote []string, local string) *stack {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	url := pgtest.NewDB(t)
