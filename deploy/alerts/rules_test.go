@@ -154,7 +154,7 @@ func TestRules_Reconciliation(t *testing.T) {
 // A misspelt metric is caught: the check cannot pass for every name.
 func TestRules_CatchesUnknownMetric(t *testing.T) {
 	names := exported(t)
-	for _, name := range selectors(t, `rate(shardstock_allocator_sweeps_totl[5m])`) {
+	for _, name := range selectors(t, `rate(shardstock_allocator_soldout_checks_totl[5m])`) {
 		if names[name] {
 			t.Errorf("%q counted as exported", name)
 		}

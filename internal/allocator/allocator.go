@@ -1,6 +1,6 @@
 // Package allocator is the public front door's logic: it routes each
 // idempotent request to a shard with stock, coalesces the requests bound for
-// one shard server into one call, sweeps every shard before it answers
+// one shard server into one call, checks every shard before it answers
 // OUT_OF_STOCK, and has the rebalancer (internal/rebalance, which runs in
 // the allocator's process) consolidate fragmented stock with transfers.
 package allocator
@@ -28,14 +28,14 @@ import (
 
 // Bounds of routing.
 const (
-	// routeRoundsMax bounds the rounds of try-shards, sweep, consolidate
+	// routeRoundsMax bounds the rounds of try-shards, sold-out check, consolidate
 	// that one request may take.
 	routeRoundsMax = 4
 	// skuCacheTTL is how long a SKU's configuration is trusted. The shard
 	// servers check status and limits in every batch regardless; the
 	// allocator uses its copy to route (the shard count, which SetShards
 	// and the rebalancer's automatic split and merge change: this allocator
-	// forgets its copy when it changes the count or a sweep finds another
+	// forgets its copy when it changes the count or a sold-out check finds another
 	// layout) and to word refusals. A short TTL costs a cold SKU a
 	// query for nearly every request (docs/benchmarks.md measured it); a
 	// change made through another allocator shows here within this TTL.
@@ -94,6 +94,10 @@ type Config struct {
 	OrderRecoveryOff bool
 	// OrderHook, for tests, is called before each line of an order is taken.
 	OrderHook func(o *stock.Order, line int)
+	// SoldOut, when set, are the SKUs' sold-out marks (etcd): a new key
+	// of a SKU sold out for good is refused from memory (docs/soldout.md).
+	// Its Run must be running. nil: every refusal is checked.
+	SoldOut *topology.SoldOut
 }
 
 // LocalServer is a shard server in the allocator's own process
@@ -124,7 +128,8 @@ type Allocator struct {
 	// transitWait is inTransitWait; longer in tests.
 	transitWait time.Duration
 
-	sweeps   sweeper
+	checks   checker
+	memory   memory    // the sold-out answered from memory
 	inflight sync.Map  // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
 	doubts   doubtBook // keys a shard may still apply: OPERATION_IN_PROGRESS
 	metrics  *metrics
@@ -177,7 +182,8 @@ func New(cfg Config) *Allocator {
 		orderHook:   cfg.OrderHook,
 		recovered:   make(chan struct{}),
 	}
-	a.sweeps.a, a.sweeps.keysMax = a, sweepKeysMax
+	a.checks.a, a.checks.keysMax = a, checkKeysMax
+	a.memory.init(cfg.SoldOut)
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "shardstock_units_in_transit", Help: "Units of every SKU debited by a transfer and not yet credited (read from the database at each scrape; -1 if it could not be read).",
@@ -415,8 +421,8 @@ func (a *Allocator) skipper(sku string) func(int32) bool {
 }
 
 // take routes a request that takes q available units (reserve, deduct, a
-// negative adjustment): try the shards that may have enough, then sweep
-// them all; answer OUT_OF_STOCK only when the sweep (counting stock in
+// negative adjustment): try the shards that may have enough, then check
+// them all (the sold-out check); answer OUT_OF_STOCK only when it (counting stock in
 // transit) says the SKU holds less than q; consolidate when the stock is
 // there but split. doubt lists the shards that may still apply r; it is
 // not empty only when the answer is SHARD_UNAVAILABLE.
@@ -483,19 +489,19 @@ func (a *Allocator) route(ctx context.Context, r *stock.Request, sku *stock.SKU,
 			last = res
 		}
 		// A shard that refused the request in this call looked its key up
-		// in its own transaction: the sweep need not look it up again.
+		// in its own transaction: the sold-out check need not look it up again.
 		key := r.Key
 		if asked {
 			key = ""
 		}
-		sw := a.sweeps.sweep(ctx, sku, key)
-		if sw.err != nil {
-			return stock.Result{Err: sw.err}
+		chk := a.checks.check(ctx, sku, key)
+		if chk.err != nil {
+			return stock.Result{Err: chk.err}
 		}
 		if fresh, err := a.sku(ctx, sku.Name); err == nil {
-			sku = fresh // the sweep forgets a layout that SetShards changed
+			sku = fresh // the check forgets a layout that SetShards changed
 		}
-		if sku, res, done = a.afterSweep(ctx, r, sku, q, asked, sw); done {
+		if sku, res, done = a.afterCheck(ctx, r, sku, q, asked, chk); done {
 			return res
 		}
 		if res.Err != nil {
@@ -547,16 +553,19 @@ func (a *Allocator) tryShards(ctx context.Context, r *stock.Request, sku *stock.
 	return last, asked, false
 }
 
-// afterSweep decides, from a sweep of every shard, what the next round
+// afterCheck decides, from a sold-out check of every shard, what the next round
 // does: answer (done), wait for shards or stock in transit, consolidate
 // fragmented stock, or just try again with fresh hints. It returns the SKU
 // as the next round sees it, and any SHARD_UNAVAILABLE to answer should the
 // rounds run out.
-func (a *Allocator) afterSweep(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, asked bool, sw sweepResult) (*stock.SKU, stock.Result, bool) {
+func (a *Allocator) afterCheck(ctx context.Context, r *stock.Request, sku *stock.SKU, q int64, asked bool, chk checkResult) (*stock.SKU, stock.Result, bool) {
 	switch {
-	case sw.available+sw.inTransit < q && sw.unknown == 0:
-		return sku, a.outOfStock(ctx, r, sku, asked, sw), true
-	case sw.available+sw.inTransit < q:
+	case chk.available+chk.inTransit < q && chk.unknown == 0:
+		if chk.forGood {
+			a.markSoon(sku.Name)
+		}
+		return sku, a.outOfStock(ctx, r, sku, asked, chk), true
+	case chk.available+chk.inTransit < q:
 		// Shards that did not answer, or are halted, may hold the stock:
 		// not a sold-out. A partition changing hands answers again in
 		// moments; a halted shard when an operator resumes it.
@@ -564,7 +573,7 @@ func (a *Allocator) afterSweep(ctx context.Context, r *stock.Request, sku *stock
 			return sku, unavailable("deadline passed while shards of %s were unreachable or halted; retry with the same key", sku.Name), true
 		}
 		return sku, unavailable("some shards of %s holding stock are unreachable or halted; retry with the same key", sku.Name), false
-	case sw.maxShard >= q:
+	case chk.maxShard >= q:
 		return sku, stock.Result{}, false // a shard holds enough now: try again with fresh hints
 	case refused(r, sku):
 		// The cached SKU refuses this request whatever the stock. The copy
@@ -578,10 +587,10 @@ func (a *Allocator) afterSweep(ctx context.Context, r *stock.Request, sku *stock
 			return sku, unavailable("could not read %s; retry with the same key", sku.Name), true
 		}
 		if refused(r, fresh) {
-			return fresh, a.outOfStock(ctx, r, fresh, false, sw), true
+			return fresh, a.outOfStock(ctx, r, fresh, false, chk), true
 		}
 		return fresh, stock.Result{}, false
-	case sw.available >= q:
+	case chk.available >= q:
 		if err := a.consolidate(ctx, sku, q); err != nil {
 			a.log.Debug("consolidation failed", "sku", sku.Name, "err", err)
 		}
@@ -615,24 +624,22 @@ func refused(r *stock.Request, sku *stock.SKU) bool {
 	return sku.Refuse(r, 0, time.Time{}) != nil
 }
 
-// outOfStock answers a request the sweep found no stock for. When a shard
+// outOfStock answers a request the sold-out check found no stock for. When a shard
 // refused it during this call, that shard looked the key up in its
-// transaction already. Otherwise the sweep looked it up: a replay goes to
+// transaction already. Otherwise the sold-out check looked it up: a replay goes to
 // the shard that recorded it and gets its first result even after the SKU
 // sold out; a new key gets the SKU's most specific refusal.
-func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, sku *stock.SKU, asked bool, sw sweepResult) stock.Result {
+func (a *Allocator) outOfStock(ctx context.Context, r *stock.Request, sku *stock.SKU, asked bool, chk checkResult) stock.Result {
 	if !asked {
-		if sw.ops == nil {
+		if chk.ops == nil {
 			return unavailable("could not check the key; retry with the same key")
 		}
-		if op := sw.ops[r.Key]; op != nil {
+		if op := chk.ops[r.Key]; op != nil {
 			rr := *r
 			rr.Shard.Index = op.Shard
 			return a.exec(ctx, &rr)
 		}
-		if err := sku.Refuse(r, 0, time.Time{}); err != nil {
-			return stock.Result{Err: err}
-		}
+		return refusal(r, sku)
 	}
 	return stock.Result{Err: stock.Errorf(stock.CodeOutOfStock, "not enough stock of %s", r.Shard.SKU)}
 }

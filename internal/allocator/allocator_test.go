@@ -279,23 +279,23 @@ func TestAllocator_Take(t *testing.T) {
 			t.Errorf("available = %v, want %v", got, want)
 		}
 	})
-	t.Run("SweepBeforeOutOfStock", func(t *testing.T) {
-		s.createSKU("sweep", 2, 2) // 1 on each
-		mustTake(s.alloc, deduct("sweep", keyFor(t, "d", 2, 0), 1))
-		mustTake(s.alloc, deduct("sweep", keyFor(t, "d", 2, 1), 1))
+	t.Run("CheckBeforeOutOfStock", func(t *testing.T) {
+		s.createSKU("check", 2, 2) // 1 on each
+		mustTake(s.alloc, deduct("check", keyFor(t, "d", 2, 0), 1))
+		mustTake(s.alloc, deduct("check", keyFor(t, "d", 2, 1), 1))
 		// s.alloc's hints say both shards are empty; another allocator
-		// replenishes one. The sweep finds it.
+		// replenishes one. The sold-out check finds it.
 		b := s.newAllocator()
-		if res := b.AdjustStock(ctx, &stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: "sweep"}, Quantity: 5, Key: "restock"}); res.Err != nil {
+		if res := b.AdjustStock(ctx, &stock.Request{Kind: stock.OpReplenish, Shard: stock.ShardKey{SKU: "check"}, Quantity: 5, Key: "restock"}); res.Err != nil {
 			t.Fatalf("Give(replenish 5) = %v", res.Err)
 		}
-		if res := take(s.alloc, deduct("sweep", "after-restock", 2)); res.Err != nil {
+		if res := take(s.alloc, deduct("check", "after-restock", 2)); res.Err != nil {
 			t.Errorf("Take(deduct 2) after another allocator restocked = %v, want success (swept, not sold out)", res.Err)
 		}
-		if res := take(s.alloc, deduct("sweep", "too-many", 4)); codeOf(res) != stock.CodeOutOfStock {
+		if res := take(s.alloc, deduct("check", "too-many", 4)); codeOf(res) != stock.CodeOutOfStock {
 			t.Errorf("Take(deduct 4) with 3 in stock = %+v, want OUT_OF_STOCK", res)
 		}
-		s.balanced("sweep")
+		s.balanced("check")
 	})
 	t.Run("Consolidation", func(t *testing.T) {
 		s.createSKU("split", 4, 12) // 3 on each
@@ -335,7 +335,7 @@ func TestAllocator_Take(t *testing.T) {
 			t.Errorf("Take(deduct once, another quantity) = %+v, want IDEMPOTENCY_KEY_REUSED", res)
 		}
 		// Sell out; s.alloc's hints then say every shard is empty, so a
-		// retry is answered from the sweep's lookup of its key.
+		// retry is answered from the sold-out check's lookup of its key.
 		for i := 0; ; i++ {
 			if res := take(s.alloc, deduct("replay", fmt.Sprint("rest-", i), 1)); res.Err != nil {
 				if codeOf(res) != stock.CodeOutOfStock || i != 3 {

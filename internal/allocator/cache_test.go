@@ -103,7 +103,7 @@ func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
 	go func() {
 		done <- a.Allocate(rctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: s.Name}, Quantity: 1, Key: "k"})
 	}()
-	// The request reaches the wait: its first sweep has run.
+	// The request reaches the wait: its first sold-out check has run.
 	waitFor(t, func() bool {
 		h := a.hintsOf(s.Name, s.Shards)
 		return h[0].known && h[1].known

@@ -119,7 +119,7 @@ const doubtAnswerTimeout = 2 * time.Second
 // TestAllocator_InDoubt: a deduct whose call to the shard holding the only
 // unit fails after the shard queued it (behind the release of a hold on
 // that unit, waiting for a row lock) is not answered OUT_OF_STOCK although
-// the other shard refuses it and the sweep finds nothing available, since
+// the other shard refuses it and the sold-out check finds nothing available, since
 // the first shard then applies it; and GetOperation does not answer
 // OPERATION_NOT_FOUND meanwhile, since a client would buy again under a new
 // key. A retry with the same key gets the deduct's first result.

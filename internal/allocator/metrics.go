@@ -10,10 +10,10 @@ type metrics struct {
 	// local and remote count the requests handed to the allocator's own
 	// shard server and those sent to shard servers over RPC.
 	local, remote prometheus.Counter
-	sweeps        prometheus.Counter
-	sweepTime     prometheus.Histogram
+	checks        prometheus.Counter
+	checkTime     prometheus.Histogram
 	// reroutes counts shard calls to other shards than a request's first
-	// choice: what skewed stock costs routing before any sweep.
+	// choice: what skewed stock costs routing before any sold-out check.
 	reroutes prometheus.Counter
 	// replays counts reserves and deducts answered with their first
 	// result (a client's retry); a surge means clients retry a lot.
@@ -31,6 +31,14 @@ type metrics struct {
 	// doubt refused it too), served (one of them served it) or unavailable
 	// (one could not be asked: SHARD_UNAVAILABLE instead of the refusal).
 	settles *prometheus.CounterVec
+	// memoryRefusals counts reserves and deducts refused from memory (a
+	// SKU marked sold out for good, a new key): no query, no shard call.
+	memoryRefusals prometheus.Counter
+	// marks counts the SKUs this allocator marked sold out for good;
+	// reopenWaits the reopens that waited for every allocator to stop
+	// trusting a mark; settledReopens the reopens another allocator left
+	// that this one finished.
+	marks, reopenWaits, settledReopens prometheus.Counter
 	// calls and refused count, by shard server, the Execute calls its
 	// breaker let through and those it refused.
 	calls, refused *prometheus.CounterVec
@@ -56,11 +64,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		local:  paths.WithLabelValues("local"),
 		remote: paths.WithLabelValues("rpc"),
-		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "shardstock_allocator_sweeps_total", Help: "Sweeps of all of a SKU's shards before an OUT_OF_STOCK.",
+		checks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_checks_total", Help: "Sold-out checks (one read of all of a SKU's shards and its stock in transit) before an OUT_OF_STOCK.",
 		}),
-		sweepTime: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "shardstock_allocator_sweep_seconds", Help: "Time of one sweep (the read of every shard of a SKU, and of the keys that joined it).",
+		checkTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "shardstock_allocator_soldout_check_seconds", Help: "Time of one sold-out check (the read of every shard of a SKU, and of the keys that joined it).",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
 		}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
@@ -81,6 +89,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_settles_total", Help: "Refusals held back because a shard whose call failed after it reached it may still apply the request, by outcome: refused (asked again, it refused too), served (asked again, it served it), unavailable (it could not be asked: SHARD_UNAVAILABLE, retry with the same key, instead of the refusal).",
 		}, []string{"outcome"}),
+		memoryRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_memory_refusals_total", Help: "Reserves and deducts refused from memory: their SKU is marked sold out for good (nothing available, held or in transit) and no operation of the SKU has their key; no query, no shard call.",
+		}),
+		marks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_marks_total", Help: "SKUs this allocator marked sold out for good (in etcd, for every allocator).",
+		}),
+		reopenWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_reopen_waits_total", Help: "Replenishes and positive adjustments that took a sold-out mark away and waited until no allocator could trust it before adding stock.",
+		}),
+		settledReopens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_allocator_soldout_settled_reopens_total", Help: "Reopens left pending by another allocator (it died, or its request was in doubt) that this one sent again and finished.",
+		}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardstock_allocator_execute_calls_total", Help: "Execute calls sent to shard servers (let through by their circuit breaker).",
 		}, []string{"server"}),
@@ -92,7 +112,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"state"}),
 	}
 	if reg != nil {
-		reg.MustRegister(paths, m.sweeps, m.sweepTime, m.reroutes, m.replays, m.reconciles, m.breaker, m.abandoned, m.settles, m.calls, m.refused, m.ordersRecovered)
+		reg.MustRegister(paths, m.checks, m.checkTime, m.reroutes, m.replays, m.reconciles, m.breaker, m.abandoned, m.settles, m.calls, m.refused,
+			m.ordersRecovered, m.memoryRefusals, m.marks, m.reopenWaits, m.settledReopens)
 	}
 	return m
 }

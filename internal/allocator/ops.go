@@ -16,6 +16,9 @@ func (a *Allocator) Allocate(ctx context.Context, r *stock.Request) stock.Result
 	if err != nil {
 		return errResult(err)
 	}
+	if res, ok := a.fromMemory(r, sku); ok {
+		return res
+	}
 	// Status and limits are left to the shard, which checks them after the
 	// replay lookup: a retry of a deduct that succeeded before the SKU was
 	// paused gets its first result, not SKU_PAUSED.
@@ -78,16 +81,33 @@ func (a *Allocator) AdjustStock(ctx context.Context, r *stock.Request) stock.Res
 		res, _ := a.take(ctx, r, sku)
 		return res
 	}
+	if a.memory.marks != nil {
+		return a.reopen(ctx, r, sku)
+	}
+	res, _ := a.give(ctx, r, sku)
+	return res
+}
+
+// give sends a request that adds stock to the key's first choice, then to
+// the next shards while they answer SHARD_UNAVAILABLE. inDoubt: a shard
+// it reached answered SHARD_UNAVAILABLE and may still apply it, and no
+// shard applied or replayed it since.
+func (a *Allocator) give(ctx context.Context, r *stock.Request, sku *stock.SKU) (res stock.Result, inDoubt bool) {
 	first := firstChoice(r.Key, sku.Shards)
-	res := unavailable("no shard of %s is reachable; retry with the same key", sku.Name)
+	res = unavailable("no shard of %s is reachable; retry with the same key", sku.Name)
 	for d := int32(0); d < sku.Shards; d++ {
 		rr := *r
 		rr.Shard.Index = (first + d) % sku.Shards
-		if res = a.exec(ctx, &rr); res.Err == nil || res.Err.Code != stock.CodeShardUnavailable {
-			return res
+		var reached bool
+		if res, reached = a.send(ctx, &rr); res.Err == nil {
+			return res, false
+		}
+		inDoubt = inDoubt || reached && res.Err.Code == stock.CodeShardUnavailable
+		if res.Err.Code != stock.CodeShardUnavailable {
+			return res, inDoubt
 		}
 	}
-	return res
+	return res, inDoubt
 }
 
 // GetOperation returns the recorded operation of a key.

@@ -252,9 +252,9 @@ func TestRebalance_SplitSpreads(t *testing.T) {
 // Skewed demand: every request's first choice is one of 2 of 16 shards.
 // The SKU sells out exactly and no OUT_OF_STOCK is answered while units
 // remain, with the rebalancer off and on. With it on, routing sends far
-// fewer requests away from their first choice, and needs no more sweeps
+// fewer requests away from their first choice, and needs no more sold-out checks
 // and consolidations. (Off, the hints already route around empty shards
-// without a sweep until the last units: most sweeps are the sell-out's
+// without a sold-out check until the last units: most sold-out checks are the sell-out's
 // own, one per refusal, and the same either way.)
 func TestRebalance_SkewedDemand(t *testing.T) {
 	s := newStack(t, []string{"s1", "s2"}, "")
@@ -274,7 +274,7 @@ func TestRebalance_SkewedDemand(t *testing.T) {
 		s.balanced(sku)
 	}
 	off, on2 := counts[false], counts[true]
-	t.Logf("routing needed, rebalancer off: %.0f sweeps, %.0f consolidations, %.0f reroutes; on: %.0f sweeps, %.0f consolidations, %.0f reroutes",
+	t.Logf("routing needed, rebalancer off: %.0f sold-out checks, %.0f consolidations, %.0f reroutes; on: %.0f sold-out checks, %.0f consolidations, %.0f reroutes",
 		off[0], off[1], off[2], on2[0], on2[1], on2[2])
 	// Measured on 2 cores: about a sixth when the machine is quiet, 0.26
 	// under a parallel load test (the rebalancer's rounds and the load share
@@ -282,10 +282,10 @@ func TestRebalance_SkewedDemand(t *testing.T) {
 	if on2[2] > off[2]/2 {
 		t.Errorf("with the rebalancer on, %.0f reroutes, off %.0f: want at most half", on2[2], off[2])
 	}
-	// The sell-out's own sweeps (one per client refused, shared when they
+	// The sell-out's own sold-out checks (one per client refused, shared when they
 	// coincide) vary from run to run by about 16.
 	if on2[0]+on2[1] > off[0]+off[1]+16 {
-		t.Errorf("with the rebalancer on, %.0f sweeps and consolidations, off %.0f: want no more", on2[0]+on2[1], off[0]+off[1])
+		t.Errorf("with the rebalancer on, %.0f sold-out checks and consolidations, off %.0f: want no more", on2[0]+on2[1], off[0]+off[1])
 	}
 }
 
@@ -294,7 +294,7 @@ func TestRebalance_SkewedDemand(t *testing.T) {
 // refused one unit. It checks that exactly initial sold and that no
 // OUT_OF_STOCK of q came before a success of q or more that started after
 // it (the stock only goes down: the refusal was false), and returns the
-// sweeps and consolidations the allocator needed.
+// sold-out checks and consolidations the allocator needed.
 func sellSkewed(t *testing.T, a *allocator.Allocator, g prometheus.Gatherer, sku string, initial int64) routing {
 	t.Helper()
 	reg := metricsOf(t, a, g)
@@ -364,7 +364,7 @@ func sellSkewed(t *testing.T, a *allocator.Allocator, g prometheus.Gatherer, sku
 	return reg().minus(before)
 }
 
-// routing is what routing needed: sweeps, consolidations, reroutes.
+// routing is what routing needed: sold-out checks, consolidations, reroutes.
 type routing [3]float64
 
 // metricsOf returns a reader of an allocator's routing counts; the

@@ -20,14 +20,27 @@ func (a *Allocator) Refund(ctx context.Context, r *stock.Request) stock.Result {
 	if err != nil {
 		return errResult(err)
 	}
+	if a.memory.marks != nil {
+		// A refund brings stock back: a SKU marked sold out is reopened
+		// first, as by a replenish (docs/soldout.md).
+		return a.reopen(ctx, r, sku)
+	}
+	res, _ := a.sendRefund(ctx, r, sku)
+	return res
+}
+
+// sendRefund sends a refund to the shard its sale was made on (or, when
+// that shard left service, one that sold enough). inDoubt: the shard was
+// reached and answered SHARD_UNAVAILABLE, so it may still apply it.
+func (a *Allocator) sendRefund(ctx context.Context, r *stock.Request, sku *stock.SKU) (res stock.Result, inDoubt bool) {
 	k, err := a.saleShard(ctx, r.Shard.SKU, r.Original)
 	if err != nil {
-		return errResult(err)
+		return errResult(err), false
 	}
 	if k.Index >= sku.Shards {
-		rows, _, _, err := a.db.Sweep(ctx, sku.Name, nil)
+		rows, _, _, err := a.db.SoldOutCheck(ctx, sku.Name, nil)
 		if err != nil {
-			return errResult(err)
+			return errResult(err), false
 		}
 		for _, row := range rows {
 			if row.Index < sku.Shards && row.Sold >= r.Quantity && row.HaltReason == "" {
@@ -40,7 +53,8 @@ func (a *Allocator) Refund(ctx context.Context, r *stock.Request) stock.Result {
 	flight := r.Shard.SKU + "\x00" + r.Key
 	a.inflight.Store(flight, struct{}{})
 	defer a.inflight.Delete(flight)
-	return a.exec(ctx, r)
+	res, reached := a.send(ctx, r)
+	return res, reached && res.Err != nil && res.Err.Code == stock.CodeShardUnavailable
 }
 
 // saleShard is the shard a sale was made on: a reservation's id names it;

@@ -11,11 +11,11 @@ import (
 )
 
 // hint is what the allocator believes a shard has available: the shard's
-// answer to the last request or sweep. Unknown hints are tried.
+// answer to the last request or sold-out check. Unknown hints are tried.
 type hint struct {
 	available int64
 	known     bool
-	// halted: the last sweep found the shard halted. It refuses every
+	// halted: the last sold-out check found the shard halted. It refuses every
 	// write until an operator resumes it, a transfer's credit included, so
 	// it is never part of a consolidation. A shard that answers a request
 	// is not halted: its answer clears this.

@@ -11,7 +11,7 @@ import (
 // TestAllocator_KeyScope: an operation is identified by (sku,
 // idempotency_key). The same key on two SKUs is two operations, each
 // replayed on retry and read back by GetOperation as its own; the same key
-// with other parameters on one SKU is IDEMPOTENCY_KEY_REUSED; and a sweep
+// with other parameters on one SKU is IDEMPOTENCY_KEY_REUSED; and a sold-out check
 // that looks a key up finds only its SKU's operation, so a request is never
 // resent to a shard index because another SKU recorded the key there.
 func TestAllocator_KeyScope(t *testing.T) {
@@ -52,31 +52,31 @@ func TestAllocator_KeyScope(t *testing.T) {
 		}
 	})
 
-	t.Run("SweepKeepsToItsSKU", func(t *testing.T) {
-		// key is recorded on sweep-x's shard 3.
-		s.createSKU("sweep-x", 4, 4)
+	t.Run("CheckKeepsToItsSKU", func(t *testing.T) {
+		// key is recorded on check-x's shard 3.
+		s.createSKU("check-x", 4, 4)
 		key := keyFor(t, "swept", 4, 3)
-		if res := s.alloc.Allocate(ctx, deduct("sweep-x", key, 1)); res.Err != nil || res.Operation.Shard != 3 {
-			t.Fatalf("Allocate(deduct sweep-x %s 1) = %+v, want shard 3", key, res)
+		if res := s.alloc.Allocate(ctx, deduct("check-x", key, 1)); res.Err != nil || res.Operation.Shard != 3 {
+			t.Fatalf("Allocate(deduct check-x %s 1) = %+v, want shard 3", key, res)
 		}
-		// sweep-y sold out through s.alloc, whose hints then say every
-		// shard is empty: a new request is answered from the sweep.
-		s.createSKU("sweep-y", 4, 4)
+		// check-y sold out through s.alloc, whose hints then say every
+		// shard is empty: a new request is answered from the sold-out check.
+		s.createSKU("check-y", 4, 4)
 		for i := 0; ; i++ {
-			if res := s.alloc.Allocate(ctx, deduct("sweep-y", fmt.Sprint("sell-", i), 1)); res.Err != nil {
+			if res := s.alloc.Allocate(ctx, deduct("check-y", fmt.Sprint("sell-", i), 1)); res.Err != nil {
 				if codeOf(res) != stock.CodeOutOfStock || i != 4 {
-					t.Fatalf("Allocate(deduct sweep-y sell-%d) = %v, want OUT_OF_STOCK after 4", i, res.Err)
+					t.Fatalf("Allocate(deduct check-y sell-%d) = %v, want OUT_OF_STOCK after 4", i, res.Err)
 				}
 				break
 			}
 		}
-		if res := s.alloc.Allocate(ctx, deduct("sweep-y", key, 1)); codeOf(res) != stock.CodeOutOfStock {
-			t.Errorf("Allocate(deduct sweep-y %s 1) = %+v, want OUT_OF_STOCK (the key is sweep-x's)", key, res)
+		if res := s.alloc.Allocate(ctx, deduct("check-y", key, 1)); codeOf(res) != stock.CodeOutOfStock {
+			t.Errorf("Allocate(deduct check-y %s 1) = %+v, want OUT_OF_STOCK (the key is check-x's)", key, res)
 		}
-		if op, err := s.alloc.GetOperation(ctx, "sweep-y", key); codeOfErr(err) != stock.CodeOperationNotFound {
-			t.Errorf("GetOperation(sweep-y, %s) = %+v, %v, want OPERATION_NOT_FOUND", key, op, err)
+		if op, err := s.alloc.GetOperation(ctx, "check-y", key); codeOfErr(err) != stock.CodeOperationNotFound {
+			t.Errorf("GetOperation(check-y, %s) = %+v, %v, want OPERATION_NOT_FOUND", key, op, err)
 		}
-		s.balanced("sweep-x")
-		s.balanced("sweep-y")
+		s.balanced("check-x")
+		s.balanced("check-y")
 	})
 }

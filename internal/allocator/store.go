@@ -20,14 +20,17 @@ type Store interface {
 }
 
 // RouteStore is the storage routing reads: a SKU's configuration, and the
-// sweep before OUT_OF_STOCK. Declared by its consumer, like shard.Store.
+// sold-out check before OUT_OF_STOCK. Declared by its consumer, like shard.Store.
 type RouteStore interface {
 	GetSKU(ctx context.Context, sku string) (*stock.SKU, error)
-	// Sweep reads a SKU's shards, its stock in transit and its operations
+	// SoldOutCheck reads a SKU's shards, its stock in transit and its operations
 	// of keys (by key; the same key on another SKU is another operation),
 	// as of one instant (the check before OUT_OF_STOCK).
-	Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error)
+	SoldOutCheck(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error)
 	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
+	// OperationKeys calls each with the keys of a SKU's operations, at
+	// most limit, and returns how many it found, up to limit+1.
+	OperationKeys(ctx context.Context, sku string, limit int, each func(key string)) (int, error)
 }
 
 // AdminStore is the storage the admin calls read and write, and the

@@ -419,13 +419,13 @@ func (s *Set) ResumeShard(ctx context.Context, k stock.ShardKey) (string, error)
 	return db.ResumeShard(ctx, k)
 }
 
-// Sweep reads the SKU's shards, stock in transit and operations of keys.
-func (s *Set) Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
+// SoldOutCheck reads the SKU's shards, stock in transit and operations of keys.
+func (s *Set) SoldOutCheck(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
 	db, err := s.of(ctx, sku)
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	return db.Sweep(ctx, sku, keys)
+	return db.SoldOutCheck(ctx, sku, keys)
 }
 
 // GetOperation reads a keyed operation of the SKU.
@@ -435,6 +435,15 @@ func (s *Set) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 		return nil, err
 	}
 	return db.GetOperation(ctx, sku, key)
+}
+
+// OperationKeys lists a SKU's operation keys in its database.
+func (s *Set) OperationKeys(ctx context.Context, sku string, limit int, each func(key string)) (int, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return 0, err
+	}
+	return db.OperationKeys(ctx, sku, limit, each)
 }
 
 // CreateTransfer records a transfer in its SKU's database.

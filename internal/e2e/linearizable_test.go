@@ -533,9 +533,16 @@ func checkHistory(t *testing.T, s *stack, sku string, h *history, after int64, f
 		}
 	}
 	sold := h.sold()
-	t.Logf("%d operations (%d deducts, %d reserves, %d commits, %d releases acknowledged; %d units sold, %d successes after %s; %d refused; %d calls retried after an unknown outcome) over %s with %s: %s",
+	// Refusals from memory (docs/soldout.md) are in the history like any
+	// other: the model refuses one given while a unit is available, and so
+	// one given after a hold or a transfer came back.
+	fromMemory, err := s.sample("shardstock_allocator_soldout_memory_refusals_total")
+	if err != nil {
+		fromMemory = -1 // the allocator cannot be asked now
+	}
+	t.Logf("%d operations (%d deducts, %d reserves, %d commits, %d releases acknowledged; %d units sold, %d successes after %s; %d refused, %.0f from memory; %d calls retried after an unknown outcome) over %s with %s: %s",
 		len(h.ops), counts[stock.OpDeduct], counts[stock.OpReserve], counts[stock.OpCommit], counts[stock.OpRelease], sold, late,
-		time.Duration(after), len(h.refused), h.unknown, h.took.Round(time.Millisecond), faults, res)
+		time.Duration(after), len(h.refused), fromMemory, h.unknown, h.took.Round(time.Millisecond), faults, res)
 	if res != porcupine.Ok {
 		t.Fatalf("the history is not linearizable against one exact stock counter: %s", res)
 	}

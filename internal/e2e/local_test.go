@@ -123,9 +123,18 @@ func TestE2E_AllocatorShard(t *testing.T) {
 // (0 if absent).
 func (s *stack) counter(sample string) float64 {
 	s.t.Helper()
+	n, err := s.sample(sample)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return n
+}
+
+// sample is counter, with the error instead of a failure.
+func (s *stack) sample(sample string) (float64, error) {
 	resp, err := http.Get(s.ops + "/metrics")
 	if err != nil {
-		s.t.Fatalf("GET /metrics: %v", err)
+		return 0, fmt.Errorf("GET /metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -133,12 +142,12 @@ func (s *stack) counter(sample string) float64 {
 		if v, ok := strings.CutPrefix(sc.Text(), sample+" "); ok {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil {
-				s.t.Fatalf("metric %s: %v", sample, err)
+				return 0, fmt.Errorf("metric %s: %w", sample, err)
 			}
-			return n
+			return n, nil
 		}
 	}
-	return 0
+	return 0, sc.Err()
 }
 
 // owners returns the owner of every partition.

@@ -11,7 +11,7 @@ import (
 // TestDB_KeyScope: operations are keyed by (sku, idempotency_key). The same
 // key on two SKUs of one database is two operations, written by one group
 // (speculative or not) without a conflict; every lookup (a group's read,
-// GetOperation, a sweep's) finds the SKU's own.
+// GetOperation, a sold-out check's) finds the SKU's own.
 func TestDB_KeyScope(t *testing.T) {
 	ctx := context.Background()
 	ten := stock.Counts{Available: 10}
@@ -100,7 +100,7 @@ func TestDB_KeyScope(t *testing.T) {
 		db, ks, fs, known := setup(t)
 		// k recorded on scope-x only: scope-y has no operation of k.
 		group(t, db, ks[:1], fs[:1], known[:1], "k", ten)
-		if _, _, ops, err := db.Sweep(ctx, "scope-y", []string{"k"}); err != nil || len(ops) != 0 {
+		if _, _, ops, err := db.SoldOutCheck(ctx, "scope-y", []string{"k"}); err != nil || len(ops) != 0 {
 			t.Errorf("Sweep(scope-y, [k]) = %+v, %v, want no operation (k is scope-x's)", ops, err)
 		}
 		if _, err := db.GetOperation(ctx, "scope-y", "k"); stock.CodeOf(err) != stock.CodeOperationNotFound {
@@ -112,7 +112,7 @@ func TestDB_KeyScope(t *testing.T) {
 			if err != nil || op.SKU != sku || op.IdempotencyKey != "k" {
 				t.Errorf("GetOperation(%s, k) = %+v, %v, want its own operation", sku, op, err)
 			}
-			_, _, ops, err := db.Sweep(ctx, sku, []string{"k", "other"})
+			_, _, ops, err := db.SoldOutCheck(ctx, sku, []string{"k", "other"})
 			if err != nil || len(ops) != 1 || ops["k"] == nil || ops["k"].SKU != sku {
 				t.Errorf("Sweep(%s, [k other]) = %+v, %v, want its own operation of k only", sku, ops, err)
 			}

@@ -186,13 +186,13 @@ func (db *DB) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 	return o, nil
 }
 
-// Sweep reads every shard of a SKU (with why it is halted, if it is) and
+// SoldOutCheck reads every shard of a SKU (with why it is halted, if it is) and
 // its stock in transit in one statement, so in one snapshot: a transfer is
 // counted exactly once, on its source, in transit or on its destination,
 // however its steps interleave with the read. In the same round trip it
 // looks the SKU's keys up (the operations a sold-out answer must replay),
 // as LookupOperations does.
-func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
+func (db *DB) SoldOutCheck(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	b := &pgx.Batch{}
@@ -223,6 +223,32 @@ func (db *DB) Sweep(ctx context.Context, sku string, keys []string) ([]stock.Sha
 		}
 	}
 	return out, inTransit, ops, res.Close()
+}
+
+// OperationKeys calls each with every key of a SKU's operations, at most
+// limit of them (one index-only range of the operations' key), and
+// returns how many there were, up to limit+1: more than limit means the
+// listing stopped short. A sold-out SKU's allocators keep them to tell a
+// new key from a replay without a query (docs/soldout.md).
+func (db *DB) OperationKeys(ctx context.Context, sku string, limit int, each func(key string)) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	rows, err := db.pool.Query(ctx, `SELECT idempotency_key FROM operations WHERE sku = $1 LIMIT $2`, sku, limit+1)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	n := 0
+	var key string
+	for rows.Next() {
+		if err := rows.Scan(&key); err != nil {
+			return 0, err
+		}
+		if n++; n <= limit {
+			each(key)
+		}
+	}
+	return n, rows.Err()
 }
 
 // ResetFences forgets every partition's owner and epoch, every SKU's

@@ -10,11 +10,11 @@ import (
 )
 
 // Hint is what routing believes a shard has available: the shard's answer
-// to the last request or sweep.
+// to the last request or sold-out check.
 type Hint struct {
 	Available int64
 	Known     bool
-	// Halted: the last sweep found the shard halted. It refuses every
+	// Halted: the last sold-out check found the shard halted. It refuses every
 	// write until an operator resumes it, a transfer's credit included, so
 	// it is never part of a consolidation.
 	Halted bool

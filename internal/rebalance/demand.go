@@ -12,7 +12,7 @@ import (
 // demandSKUsMax bounds the SKUs whose demand one allocator tracks (2 KB
 // each: 8 MB at most). A SKU past the bound is not tracked until a round
 // forgets an idle one; the rebalancer then does not refill it, and routing
-// still sweeps and consolidates for it.
+// still checks and consolidates for it.
 const demandSKUsMax = 4096
 
 // demandIdleRounds is how many rounds without a request a SKU stays

@@ -13,7 +13,7 @@ const (
 	// shard's stock included.
 	PolicyTail Policy = "tail"
 	// PolicyRefill moves stock toward the shards with recent demand and
-	// away from cold ones, so that routing rarely needs a sweep or a
+	// away from cold ones, so that routing rarely needs a sold-out check or a
 	// consolidation during a sale.
 	PolicyRefill Policy = "refill"
 	// PolicyConsolidate gathers on one shard the units of a request larger
@@ -42,13 +42,13 @@ type Thresholds struct {
 	DemandFloorDivisor int64
 	// TailUnitsPerShard: the tail starts once the SKU's available stock is
 	// at most this many units per shard in service. Gathering moves units
-	// through transit while they sell, which costs sweeps: the default
+	// through transit while they sell, which costs sold-out checks: the default
 	// starts it late (the per-request consolidation covers the rest).
 	TailUnitsPerShard int64
 	// RefillUnitsPerShardMin: no refill below this many available units
 	// per shard in service. Near the end of a sale a refill would only put
 	// the last units in transit while they sell, which costs each request
-	// that needs them a sweep and a wait; routing finds them where they
+	// that needs them a sold-out check and a wait; routing finds them where they
 	// are, and the tail policy gathers the very last.
 	RefillUnitsPerShardMin int64
 	// MoveMinDivisor: a move below total/(shards*MoveMinDivisor) units is

@@ -5,7 +5,7 @@
 # fresh dev stack (one allocator with its own shard server owning every
 # partition, -allocator-shard). For each it prints loadgen's table
 # (throughput, p99, correctness) and what routing needed, read from the
-# allocator's /metrics before and after the load: sweeps, consolidations,
+# allocator's /metrics before and after the load: checks, consolidations,
 # reroutes (calls to another shard than the key's first choice), and the
 # rebalancer's transfers and units moved; and the units still in transit at
 # the end (loadgen's final GetStock, in its table).
@@ -45,12 +45,12 @@ trap 'exit 130' INT TERM
 # counters prints the sum of each counter the comparison reads.
 counters() {
 	curl -fsS "$ops/metrics" | awk '
-		/^shardstock_allocator_sweeps_total /                  { sweeps += $2 }
+		/^shardstock_allocator_soldout_checks_total /                  { checks += $2 }
 		/^shardstock_allocator_consolidations_total /          { cons += $2 }
 		/^shardstock_allocator_reroutes_total /                { rer += $2 }
 		/^shardstock_rebalancer_transfers_started_total/       { tr += $2 }
 		/^shardstock_rebalancer_units_moved_total /            { moved += $2 }
-		END { printf "%d %d %d %d %d\n", sweeps, cons, rer, tr, moved }'
+		END { printf "%d %d %d %d %d\n", checks, cons, rer, tr, moved }'
 }
 
 run() { # run MODEL REBALANCE(0|1) LOADGEN-ARGS...
@@ -75,7 +75,7 @@ run() { # run MODEL REBALANCE(0|1) LOADGEN-ARGS...
 	fi
 	local label=off
 	((on == 1)) && label=on
-	printf 'rebalance: model %s, rebalancer %s: %d sweeps, %d consolidations, %d reroutes, %d transfers started, %d units moved, %s units in open transfers after the stack stopped\n' \
+	printf 'rebalance: model %s, rebalancer %s: %d checks, %d consolidations, %d reroutes, %d transfers started, %d units moved, %s units in open transfers after the stack stopped\n' \
 		"$model" "$label" $((s1 - s0)) $((c1 - c0)) $((r1 - r0)) $((t1 - t0)) $((m1 - m0)) "$open"
 }
 

@@ -226,9 +226,10 @@ func (c *config) check() error {
 // adapters: the topology, the move leases, the scheduled reconciliation,
 // and with -shard-id a shard server of its own and that server's listener.
 type wired struct {
-	etcdCheck *startup.EtcdCheck
-	watchDone chan error // the topology watcher's Run
-	moves     *topology.MoveLeases
+	etcdCheck   *startup.EtcdCheck
+	watchDone   chan error // the topology watcher's Run
+	soldOutDone chan error // the sold-out marks' Run
+	moves       *topology.MoveLeases
 	// stopReconciling ends the scheduled reconciliation, whose Run closes
 	// reconciled.
 	stopReconciling context.CancelFunc
@@ -259,6 +260,10 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 	w.watchDone = make(chan error, 1)
 	go func() { w.watchDone <- watcher.Run(ctx) }()
 
+	soldOut := topology.NewSoldOut(proc.Etcd, log)
+	w.soldOutDone = make(chan error, 1)
+	go func() { w.soldOutDone <- soldOut.Run(ctx) }()
+
 	host, _ := os.Hostname()
 	w.moves = topology.NewMoveLeases(proc.Etcd, fmt.Sprintf("allocator/%s/%d@%s", host, os.Getpid(), proc.Listener.Addr()), 0, log)
 	var rctx context.Context
@@ -268,7 +273,7 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 		defer close(w.reconciled)
 		ledger.NewScheduler(ledger.SchedulerConfig{Store: proc.DBs, TryLease: w.moves.TryReconcile, Registerer: proc.Registry, Logger: log}).Run(rctx)
 	}()
-	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: proc.Registry, Moves: w.moves,
+	acfg := allocator.Config{DB: proc.DBs, Topology: watcher.Snapshot, Logger: log, Registerer: proc.Registry, Moves: w.moves, SoldOut: soldOut,
 		Rebalance: rebalance.Config{Off: !cfg.rebalance, Auto: rebalance.AutoShards{Off: !cfg.autoShards}, RetireGrace: cfg.retireGrace}}
 	if main := proc.DBs.DB("main"); main != nil {
 		acfg.Orders = main // orders live in main, whichever databases hold their lines' SKUs
@@ -348,6 +353,7 @@ func serve(ctx context.Context, cancel context.CancelFunc, cfg *config, proc *st
 	cancel()
 	serr, nerr, oerr := <-shardDone, <-nodeDone, <-opsDone
 	<-w.watchDone
+	<-w.soldOutDone
 	log.Info("allocator stopped")
 	return errors.Join(serveErr, serr, nerr, oerr)
 }

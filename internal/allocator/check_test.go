@@ -18,28 +18,28 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// TestSweeper_KeysOverflow: requests that join a sweep share its round
+// TestChecker_KeysOverflow: requests that join a check share its round
 // trip, and the keys it looks up are bounded. A request whose key did not
 // fit gets no lookup (ops nil), so outOfStock answers it SHARD_UNAVAILABLE
 // (retry) rather than an OUT_OF_STOCK that could hide its replay.
-func TestSweeper_KeysOverflow(t *testing.T) {
+func TestChecker_KeysOverflow(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.NewDB(t)
-	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: "sweeptest"})
+	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: "checktest"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	sku := &stock.SKU{Name: "sweep-sku", Status: stock.StatusActive, Shards: 2, ReservationTTL: stock.ReservationTTLDefault}
+	sku := &stock.SKU{Name: "check-sku", Status: stock.StatusActive, Shards: 2, ReservationTTL: stock.ReservationTTLDefault}
 	if err := db.CreateSKU(ctx, *sku, 0); err != nil {
 		t.Fatal(err)
 	}
 	a := New(Config{DB: db, Topology: func() topology.View { return topology.View{} }})
 	defer a.Close()
 	const keysMax = 2
-	a.sweeps.keysMax = keysMax
+	a.checks.keysMax = keysMax
 
-	// Hold the shards table so that the first sweep waits in the
+	// Hold the shards table so that the first check waits in the
 	// database: the requests after it queue for the next one.
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -53,21 +53,21 @@ func TestSweeper_KeysOverflow(t *testing.T) {
 	if _, err := tx.Exec(ctx, "LOCK TABLE shards IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
-	first := make(chan sweepResult, 1)
-	go func() { first <- a.sweeps.sweep(ctx, sku, "k-first") }()
-	waitFor(t, func() bool { a.sweeps.mu.Lock(); defer a.sweeps.mu.Unlock(); return a.sweeps.bySKU[sku.Name] != nil })
+	first := make(chan checkResult, 1)
+	go func() { first <- a.checks.check(ctx, sku, "k-first") }()
+	waitFor(t, func() bool { a.checks.mu.Lock(); defer a.checks.mu.Unlock(); return a.checks.bySKU[sku.Name] != nil })
 
 	const joiners = keysMax + 2
-	results := make([]sweepResult, joiners)
+	results := make([]checkResult, joiners)
 	var wg sync.WaitGroup
 	for i := range joiners {
-		wg.Go(func() { results[i] = a.sweeps.sweep(ctx, sku, fmt.Sprintf("k-%d", i)) })
+		wg.Go(func() { results[i] = a.checks.check(ctx, sku, fmt.Sprintf("k-%d", i)) })
 	}
-	// Every joiner is queued behind the running sweep before it ends.
+	// Every joiner is queued behind the running check before it ends.
 	waitFor(t, func() bool {
-		a.sweeps.mu.Lock()
-		defer a.sweeps.mu.Unlock()
-		st := a.sweeps.bySKU[sku.Name]
+		a.checks.mu.Lock()
+		defer a.checks.mu.Unlock()
+		st := a.checks.bySKU[sku.Name]
 		return st != nil && st.next != nil && len(st.next.keys) == keysMax
 	})
 	time.Sleep(50 * time.Millisecond) // the overflowing joiners reach the queue too
@@ -75,7 +75,7 @@ func TestSweeper_KeysOverflow(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r := <-first; r.err != nil || r.ops == nil {
-		t.Fatalf("first sweep = %+v, want its key looked up", r)
+		t.Fatalf("first check = %+v, want its key looked up", r)
 	}
 	wg.Wait()
 	looked, skipped := 0, 0
@@ -98,12 +98,12 @@ func TestSweeper_KeysOverflow(t *testing.T) {
 	if looked != keysMax || skipped != joiners-keysMax {
 		t.Errorf("%d joiners looked up and %d not, want %d and %d", looked, skipped, keysMax, joiners-keysMax)
 	}
-	var sweeps dto.Metric
-	if err := a.metrics.sweeps.Write(&sweeps); err != nil {
+	var checks dto.Metric
+	if err := a.metrics.checks.Write(&checks); err != nil {
 		t.Fatal(err)
 	}
-	if got := sweeps.GetCounter().GetValue(); got != 2 {
-		t.Errorf("%v sweeps, want 2: the running one and the one every joiner shared", got)
+	if got := checks.GetCounter().GetValue(); got != 2 {
+		t.Errorf("%v checks, want 2: the running one and the one every joiner shared", got)
 	}
 }
 

@@ -8,74 +8,77 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// Bounds of a sweep.
+// Bounds of a sold-out check.
 const (
-	// sweepTimeout bounds one sweep of a SKU's shards.
-	sweepTimeout = 3 * time.Second
-	// sweepKeysMax bounds the keys one sweep looks up; a request whose key
+	// checkTimeout bounds one check of a SKU's shards.
+	checkTimeout = 3 * time.Second
+	// checkKeysMax bounds the keys one check looks up; a request whose key
 	// did not fit is answered SHARD_UNAVAILABLE (retry) rather than
 	// refused unchecked.
-	sweepKeysMax = 4096
+	checkKeysMax = 4096
 )
 
-// sweepResult is what one sweep saw of a SKU.
-type sweepResult struct {
+// checkResult is what one check saw of a SKU.
+type checkResult struct {
 	available int64 // sum over the shards that answered
 	maxShard  int64 // the most any one shard holds
 	inTransit int64
 	unknown   int // shards with stock that cannot be reached (or are halted) now
+	// forGood: no unit available, held or in transit (soldOutForGood): the
+	// SKU can be marked sold out.
+	forGood bool
 	// ops are the SKU's operations recorded for the keys of the requests
-	// that joined the sweep (read in its round trip): a sold-out answer
+	// that joined the check (read in its round trip): a sold-out answer
 	// replays them on the shard that recorded them. nil: the caller's key
 	// was not looked up.
 	ops map[string]*stock.Operation
 	err *stock.Error
 }
 
-// sweeper runs sweeps single-flight per SKU. A request joins only a sweep
-// that starts after it arrived: the one queued behind the sweep in flight,
+// checker runs checks single-flight per SKU. A request joins only a check
+// that starts after it arrived: the one queued behind the check in flight,
 // or a new one. So every answer it gets was read during the request, which
-// is what "no false sold-out" needs; and a sell-out storm costs one sweep
-// in flight and one queued per SKU, whatever the request rate. Each sweep
+// is what "no false sold-out" needs; and a sell-out storm costs one check
+// in flight and one queued per SKU, whatever the request rate. Each check
 // also looks up the keys of the requests that joined it, so a sold-out
 // answer costs no second query.
-type sweeper struct {
+type checker struct {
 	a       *Allocator
-	keysMax int // sweepKeysMax; smaller in tests
+	keysMax int // checkKeysMax; smaller in tests
 	mu      sync.Mutex
-	bySKU   map[string]*sweepState
+	bySKU   map[string]*checkState
 }
 
-type sweepState struct {
-	running, next *sweepRun
+type checkState struct {
+	running, next *checkRun
 }
 
-type sweepRun struct {
-	keys []string // of the requests that joined; guarded by sweeper.mu until it starts
+type checkRun struct {
+	keys []string // of the requests that joined; guarded by checker.mu until it starts
 	done chan struct{}
-	res  sweepResult
+	res  checkResult
 }
 
-// sweep returns a sweep of sku that started after the call, with the
+// check returns a check of sku that started after the call, with the
 // operation recorded for key, if any, in its ops.
-func (s *sweeper) sweep(ctx context.Context, sku *stock.SKU, key string) sweepResult {
+func (s *checker) check(ctx context.Context, sku *stock.SKU, key string) checkResult {
 	s.mu.Lock()
 	if s.bySKU == nil {
-		s.bySKU = map[string]*sweepState{}
+		s.bySKU = map[string]*checkState{}
 	}
 	st := s.bySKU[sku.Name]
 	if st == nil {
-		st = &sweepState{}
+		st = &checkState{}
 		s.bySKU[sku.Name] = st
 	}
-	var run *sweepRun
+	var run *checkRun
 	switch {
 	case st.running == nil:
-		run = &sweepRun{done: make(chan struct{})}
+		run = &checkRun{done: make(chan struct{})}
 		st.running = run
 		go s.loop(sku, st)
 	case st.next == nil:
-		st.next = &sweepRun{done: make(chan struct{})}
+		st.next = &checkRun{done: make(chan struct{})}
 		run = st.next
 	default:
 		run = st.next
@@ -93,22 +96,22 @@ func (s *sweeper) sweep(ctx context.Context, sku *stock.SKU, key string) sweepRe
 		}
 		return res
 	case <-ctx.Done():
-		return sweepResult{err: stock.Errorf(stock.CodeShardUnavailable, "deadline passed during the stock sweep; retry with the same key")}
+		return checkResult{err: stock.Errorf(stock.CodeShardUnavailable, "deadline passed during the stock check; retry with the same key")}
 	}
 }
 
-// loop runs the sweep in flight, then the one queued behind it, until none
+// loop runs the check in flight, then the one queued behind it, until none
 // is queued.
-func (s *sweeper) loop(sku *stock.SKU, st *sweepState) {
+func (s *checker) loop(sku *stock.SKU, st *checkState) {
 	for {
 		s.mu.Lock()
 		run := st.running
 		keys := run.keys
 		s.mu.Unlock()
 		start := time.Now()
-		run.res = s.a.sweepOnce(sku, keys)
-		s.a.metrics.sweeps.Inc()
-		s.a.metrics.sweepTime.Observe(time.Since(start).Seconds())
+		run.res = s.a.checkOnce(sku, keys)
+		s.a.metrics.checks.Inc()
+		s.a.metrics.checkTime.Observe(time.Since(start).Seconds())
 		close(run.done)
 		s.mu.Lock()
 		st.running, st.next = st.next, nil
@@ -121,21 +124,21 @@ func (s *sweeper) loop(sku *stock.SKU, st *sweepState) {
 	}
 }
 
-// sweepOnce reads every shard of the SKU and its stock in transit, as
+// checkOnce reads every shard of the SKU and its stock in transit, as
 // committed, in one database snapshot. Asking the shard servers (they hold
 // the counts in memory) would be no cheaper, and their answers are not of
 // one instant: a transfer debited after its source answered and credited
 // after its destination answered would be counted nowhere, and a request
 // refused OUT_OF_STOCK while the stock exists.
-func (a *Allocator) sweepOnce(sku *stock.SKU, keys []string) sweepResult {
-	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
+func (a *Allocator) checkOnce(sku *stock.SKU, keys []string) checkResult {
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
 	defer cancel()
-	rows, inTransit, ops, err := a.db.Sweep(ctx, sku.Name, keys)
+	rows, inTransit, ops, err := a.db.SoldOutCheck(ctx, sku.Name, keys)
 	if err != nil {
-		a.log.Debug("sweep failed", "sku", sku.Name, "err", err)
-		return sweepResult{err: stock.Errorf(stock.CodeShardUnavailable, "could not read the stock of %s; retry with the same key", sku.Name)}
+		a.log.Debug("check failed", "sku", sku.Name, "err", err)
+		return checkResult{err: stock.Errorf(stock.CodeShardUnavailable, "could not read the stock of %s; retry with the same key", sku.Name)}
 	}
-	res := sweepResult{inTransit: inTransit, ops: ops}
+	res := checkResult{inTransit: inTransit, ops: ops, forGood: soldOutForGood(rows, inTransit)}
 	skip := a.skipper(sku.Name)
 	var serving int32
 	for _, r := range rows {
