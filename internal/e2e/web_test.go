@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/auth"
 	"github.com/shardstock/shardstock/internal/auth/authtest"
+	"github.com/shardstock/shardstock/internal/pgtest"
 )
 
 // webDir holds the Connect-ES clients and their Node tests (npm ci --prefix
