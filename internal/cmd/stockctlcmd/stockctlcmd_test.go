@@ -166,13 +166,13 @@ func TestStockctl(t *testing.T) {
 		t.Errorf("update-sku -sale-start printed %q, want the window", out)
 	}
 	inv := shardstockv1connect.NewInventoryServiceClient(transport.NewClient(), base, authtest.Bearer(token)) // an admin may act as a service
-	_, err := inv.Deduct(context.Background(), connect.NewRequest(&v1.DeductRequest{Sku: "tee", Quantity: 1, IdempotencyKey: "early"}))
+	_, err := inv.Deduct(context.Background(), connect.NewRequest(&v1.DeductRequest{Sku: "tee", Quantity: 1, IdempotencyKey: "early", CustomerRef: "c1"}))
 	var ce *connect.Error
 	if !errors.As(err, &ce) || wire.Reason(err) != string(stock.CodeSaleNotStarted) || saleStartOf(ce) == "" {
 		t.Errorf("Deduct before the sale starts = %v, want SALE_NOT_STARTED with sale_start in its ErrorInfo", err)
 	}
 	must("update-sku", "tee", "-clear-sale-window")
-	if _, err := inv.Deduct(context.Background(), connect.NewRequest(&v1.DeductRequest{Sku: "tee", Quantity: 1, IdempotencyKey: "early"})); err != nil {
+	if _, err := inv.Deduct(context.Background(), connect.NewRequest(&v1.DeductRequest{Sku: "tee", Quantity: 1, IdempotencyKey: "early", CustomerRef: "c1"})); err != nil {
 		t.Errorf("Deduct after the window was cleared = %v, want a sale", err)
 	}
 
