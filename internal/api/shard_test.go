@@ -21,6 +21,7 @@ func TestClaimable(t *testing.T) {
 		{stock.SourceAPI, "service:token:3f2a9c1b0d4e", true},
 		{stock.SourceRebalancer, "", true},
 		{stock.SourceAllocator, "", true},
+		{stock.SourceOrder, "service:token:3f2a9c1b0d4e", true},
 		{"admin:alice", "admin:jwt:alice", true},
 		{"admin:alice", "", false},
 		{"admin:anyone", "service:token:3f2a9c1b0d4e", false},
