@@ -104,10 +104,10 @@ type config struct {
 	dbs            map[string]string // by name
 	policy         *api.Policy
 	proxies        []netip.Prefix
-	tls            *tls.Config // of every listener; nil: cleartext
-	scheme         string      // "https" with tls, else "http"
-	shardClientTLS *tls.Config // to call shard servers; nil: cleartext
-	localTLS       *tls.Config // of -shard-id's listener with mTLS
+	tls            *tls.Config          // of every listener; nil: cleartext
+	scheme         string               // "https" with tls, else "http"
+	shardClientTLS *transport.CertFiles // to call shard servers; nil: cleartext
+	localTLS       *tls.Config          // of -shard-id's listener with mTLS
 }
 
 // parseConfig reads the flags.

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // Env returns getenv(name), or def when it is empty: a flag's default, so
@@ -178,6 +180,8 @@ func Scheme(cfg *tls.Config) string {
 
 // TLSConfig loads a server certificate and key (both empty: nil, no TLS).
 // With clientCA, clients must present a certificate that CA signed (mTLS).
+// The files are re-read when they change (transport.ServerTLS): a renewed
+// certificate needs no restart.
 func TLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
 	if certFile == "" && keyFile == "" {
 		if clientCA != "" {
@@ -188,21 +192,10 @@ func TLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
 	if certFile == "" || keyFile == "" {
 		return nil, errors.New("-tls-cert and -tls-key go together")
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("TLS certificate: %w", err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if clientCA != "" {
-		pool, err := CertPool(clientCA)
-		if err != nil {
-			return nil, err
-		}
-		// Verified when given; the services that need one refuse calls
-		// without (transport.RequireClientCert), so probes still work.
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
-	}
-	return cfg, nil
+	// A client certificate is verified when given; the services that need
+	// one refuse calls without (transport.RequireClientCert), so probes
+	// still work.
+	return transport.ServerTLS(certFile, keyFile, clientCA, nil)
 }
 
 // CertPool reads the PEM certificates of file.
@@ -218,24 +211,17 @@ func CertPool(file string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// ClientTLSConfig is the TLS of a client that presents certFile/keyFile and
-// trusts caFile's certificates (all empty: nil, cleartext).
-func ClientTLSConfig(certFile, keyFile, caFile string) (*tls.Config, error) {
+// ClientTLSConfig are the files of a client that presents certFile/keyFile
+// and trusts caFile's certificates (all empty: nil, cleartext), re-read
+// when they change (transport.NewInternalTLSClient dials with them).
+func ClientTLSConfig(certFile, keyFile, caFile string) (*transport.CertFiles, error) {
 	if certFile == "" && keyFile == "" && caFile == "" {
 		return nil, nil
 	}
 	if certFile == "" || keyFile == "" || caFile == "" {
 		return nil, errors.New("-shard-tls-cert, -shard-tls-key and -shard-tls-ca go together")
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("client certificate: %w", err)
-	}
-	pool, err := CertPool(caFile)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+	return transport.ClientTLS(certFile, keyFile, caFile, nil)
 }
 
 // Stores is where a server command finds its databases and etcd: the
