@@ -145,8 +145,11 @@ func (f *CertFiles) load() error {
 	if pool != nil {
 		// Replaces the server's own config in the handshake (see
 		// serverConfig), so it names the protocols ServeTLS offers.
+		// No session tickets: a resumed session keeps the client
+		// certificate verified before, past a change of CA.
 		f.server.Store(&tls.Config{GetCertificate: f.getCertificate, MinVersion: tls.VersionTLS12,
-			NextProtos: []string{"h2", "http/1.1"}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven})
+			NextProtos: []string{"h2", "http/1.1"}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven,
+			SessionTicketsDisabled: true})
 	}
 	return nil
 }
@@ -202,7 +205,7 @@ func (f *CertFiles) serverConfig() *tls.Config {
 	}
 	// The client CA is fixed in a tls.Config, so each handshake gets the
 	// config that load built with the current pool.
-	cfg.ClientCAs, cfg.ClientAuth = f.pool.Load(), tls.VerifyClientCertIfGiven
+	cfg.ClientCAs, cfg.ClientAuth, cfg.SessionTicketsDisabled = f.pool.Load(), tls.VerifyClientCertIfGiven, true
 	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		f.refresh()
 		return f.server.Load(), nil

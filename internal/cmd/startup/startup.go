@@ -167,7 +167,7 @@ func EtcdTLS(cfg EtcdConfig) (*clientv3.Client, error) {
 }
 
 // TLSUsage documents -tls-cert and -tls-key.
-const TLSUsage = "PEM files of the certificate (with its chain) and key to serve TLS with on every listener of the process; both or neither (env SHARDSTOCK_TLS_CERT, SHARDSTOCK_TLS_KEY)"
+const TLSUsage = "PEM files of the certificate (with its chain) and key to serve TLS with on every listener of the process, re-read when they change; both or neither (env SHARDSTOCK_TLS_CERT, SHARDSTOCK_TLS_KEY)"
 
 // Scheme is the URL scheme of a listener served with cfg: https, or http
 // without TLS (nil).
