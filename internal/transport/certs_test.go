@@ -226,6 +226,7 @@ func TestCertFiles_ClientRotates(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := NewInternalTLSClient(cliFiles)
+	defer c.CloseIdleConnections() // before the server shuts down: it waits for open ones
 	if got, _, _ := getTLS(t, c, url); got != "client-a" {
 		t.Fatalf("before: the server saw %q, want client-a", got)
 	}
