@@ -181,8 +181,8 @@ func Scheme(cfg *tls.Config) string {
 // TLSConfig loads a server certificate and key (both empty: nil, no TLS).
 // With clientCA, clients must present a certificate that CA signed (mTLS).
 // The files are re-read when they change (transport.ServerTLS): a renewed
-// certificate needs no restart.
-func TLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
+// certificate needs no restart; log says when they are, or cannot be.
+func TLSConfig(certFile, keyFile, clientCA string, log *slog.Logger) (*tls.Config, error) {
 	if certFile == "" && keyFile == "" {
 		if clientCA != "" {
 			return nil, errors.New("a client CA needs -tls-cert and -tls-key")
@@ -195,7 +195,7 @@ func TLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
 	// A client certificate is verified when given; the services that need
 	// one refuse calls without (transport.RequireClientCert), so probes
 	// still work.
-	return transport.ServerTLS(certFile, keyFile, clientCA, nil)
+	return transport.ServerTLS(certFile, keyFile, clientCA, log)
 }
 
 // CertPool reads the PEM certificates of file.
@@ -214,14 +214,14 @@ func CertPool(file string) (*x509.CertPool, error) {
 // ClientTLSConfig are the files of a client that presents certFile/keyFile
 // and trusts caFile's certificates (all empty: nil, cleartext), re-read
 // when they change (transport.NewInternalTLSClient dials with them).
-func ClientTLSConfig(certFile, keyFile, caFile string) (*transport.CertFiles, error) {
+func ClientTLSConfig(certFile, keyFile, caFile string, log *slog.Logger) (*transport.CertFiles, error) {
 	if certFile == "" && keyFile == "" && caFile == "" {
 		return nil, nil
 	}
 	if certFile == "" || keyFile == "" || caFile == "" {
 		return nil, errors.New("-shard-tls-cert, -shard-tls-key and -shard-tls-ca go together")
 	}
-	return transport.ClientTLS(certFile, keyFile, caFile, nil)
+	return transport.ClientTLS(certFile, keyFile, caFile, log)
 }
 
 // Stores is where a server command finds its databases and etcd: the
