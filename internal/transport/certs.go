@@ -193,6 +193,7 @@ func (f *CertFiles) certificate() *tls.Certificate {
 	return f.pair.Load()
 }
 
+// getCertificate is tls.Config.GetCertificate: the current pair.
 func (f *CertFiles) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return f.certificate(), nil
 }
