@@ -5,6 +5,7 @@
 package transport
 
 import (
+	"context"
 	"crypto/tls"
 	"net"
 	"net/http"
@@ -74,18 +75,26 @@ const (
 	pingTimeout = 2 * time.Second
 )
 
-// NewInternalTLSClient is NewInternalClient over TLS with cfg (HTTP/2 by
-// ALPN): for shard servers that require a client certificate.
-func NewInternalTLSClient(cfg *tls.Config) *http.Client {
+// NewInternalTLSClient is NewInternalClient over TLS (HTTP/2 by ALPN) with
+// files' certificate and CA as they are when each connection is made: for
+// shard servers that require a client certificate.
+func NewInternalTLSClient(files *CertFiles) *http.Client {
 	var p http.Protocols
 	p.SetHTTP2(true)
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	t := &http.Transport{
 		Protocols:           &p,
-		TLSClientConfig:     cfg.Clone(),
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     idleTimeout,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		HTTP2:               &http.HTTP2Config{SendPingTimeout: pingIdleTimeout, PingTimeout: pingTimeout},
+		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			d := tls.Dialer{NetDialer: dialer, Config: files.ClientConfig(host)}
+			return d.DialContext(ctx, network, addr)
+		},
+		HTTP2: &http.HTTP2Config{SendPingTimeout: pingIdleTimeout, PingTimeout: pingTimeout},
 	}
 	return &http.Client{Transport: t}
 }

@@ -57,7 +57,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	if err := cfg.check(); err != nil {
+	if err := cfg.check(log); err != nil {
 		return err
 	}
 	dbOpts, err := startup.WithMigrateURLs(postgres.Options{MaxConns: int32(cfg.maxConns), ApplicationName: "shardstock-allocator"}, cfg.dbs, cfg.stores.MigrateURL, cfg.stores.MigrateDatabases)
@@ -104,10 +104,10 @@ type config struct {
 	dbs            map[string]string // by name
 	policy         *api.Policy
 	proxies        []netip.Prefix
-	tls            *tls.Config // of every listener; nil: cleartext
-	scheme         string      // "https" with tls, else "http"
-	shardClientTLS *tls.Config // to call shard servers; nil: cleartext
-	localTLS       *tls.Config // of -shard-id's listener with mTLS
+	tls            *tls.Config          // of every listener; nil: cleartext
+	scheme         string               // "https" with tls, else "http"
+	shardClientTLS *transport.CertFiles // to call shard servers; nil: cleartext
+	localTLS       *tls.Config          // of -shard-id's listener with mTLS
 }
 
 // parseConfig reads the flags.
@@ -160,8 +160,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 }
 
 // check refuses a configuration that cannot work and derives the
-// databases and TLS configurations from it.
-func (c *config) check() error {
+// databases and TLS configurations from it (log: of reloaded TLS files).
+func (c *config) check(log *slog.Logger) error {
 	if err := shardnode.CheckGroupDelay(c.groupDelay); err != nil {
 		return err
 	}
@@ -199,14 +199,14 @@ func (c *config) check() error {
 	if c.aheadBytes < transport.PublicReadMaxBytes {
 		return fmt.Errorf("-max-read-ahead-bytes must be at least %d (one message)", transport.PublicReadMaxBytes)
 	}
-	if c.tls, err = startup.TLSConfig(c.tlsCert, c.tlsKey, ""); err != nil {
+	if c.tls, err = startup.TLSConfig(c.tlsCert, c.tlsKey, "", log); err != nil {
 		return err
 	}
 	c.scheme = "http"
 	if c.tls != nil {
 		c.scheme = "https"
 	}
-	if c.shardClientTLS, err = startup.ClientTLSConfig(c.shardCert, c.shardKey, c.shardCA); err != nil {
+	if c.shardClientTLS, err = startup.ClientTLSConfig(c.shardCert, c.shardKey, c.shardCA, log); err != nil {
 		return err
 	}
 	if c.rateLimit < 0 || c.serviceRateLimit < 0 || c.inFlight < 0 || c.clientConns < 0 {
@@ -215,7 +215,7 @@ func (c *config) check() error {
 	// With mTLS, this allocator's own shard listener speaks it too: its
 	// -tls-cert, callers' certificates signed by -shard-tls-ca.
 	if c.shardClientTLS != nil && c.shardID != "" {
-		if c.localTLS, err = startup.TLSConfig(c.tlsCert, c.tlsKey, c.shardCA); err != nil || c.localTLS == nil {
+		if c.localTLS, err = startup.TLSConfig(c.tlsCert, c.tlsKey, c.shardCA, log); err != nil || c.localTLS == nil {
 			return fmt.Errorf("-shard-id with -shard-tls-*: its shard listener needs -tls-cert and -tls-key too (%v)", err)
 		}
 	}

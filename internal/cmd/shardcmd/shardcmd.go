@@ -37,7 +37,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	tlsCfg, err := startup.TLSConfig(cfg.tlsCert, cfg.tlsKey, cfg.clientCA)
+	tlsCfg, err := startup.TLSConfig(cfg.tlsCert, cfg.tlsKey, cfg.clientCA, log)
 	if err != nil {
 		return err
 	}

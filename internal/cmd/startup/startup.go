@@ -18,6 +18,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 // Env returns getenv(name), or def when it is empty: a flag's default, so
@@ -165,7 +167,7 @@ func EtcdTLS(cfg EtcdConfig) (*clientv3.Client, error) {
 }
 
 // TLSUsage documents -tls-cert and -tls-key.
-const TLSUsage = "PEM files of the certificate (with its chain) and key to serve TLS with on every listener of the process; both or neither (env SHARDSTOCK_TLS_CERT, SHARDSTOCK_TLS_KEY)"
+const TLSUsage = "PEM files of the certificate (with its chain) and key to serve TLS with on every listener of the process, re-read when they change; both or neither (env SHARDSTOCK_TLS_CERT, SHARDSTOCK_TLS_KEY)"
 
 // Scheme is the URL scheme of a listener served with cfg: https, or http
 // without TLS (nil).
@@ -178,7 +180,9 @@ func Scheme(cfg *tls.Config) string {
 
 // TLSConfig loads a server certificate and key (both empty: nil, no TLS).
 // With clientCA, clients must present a certificate that CA signed (mTLS).
-func TLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
+// The files are re-read when they change (transport.ServerTLS): a renewed
+// certificate needs no restart; log says when they are, or cannot be.
+func TLSConfig(certFile, keyFile, clientCA string, log *slog.Logger) (*tls.Config, error) {
 	if certFile == "" && keyFile == "" {
 		if clientCA != "" {
 			return nil, errors.New("a client CA needs -tls-cert and -tls-key")
@@ -188,21 +192,10 @@ func TLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
 	if certFile == "" || keyFile == "" {
 		return nil, errors.New("-tls-cert and -tls-key go together")
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("TLS certificate: %w", err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if clientCA != "" {
-		pool, err := CertPool(clientCA)
-		if err != nil {
-			return nil, err
-		}
-		// Verified when given; the services that need one refuse calls
-		// without (transport.RequireClientCert), so probes still work.
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
-	}
-	return cfg, nil
+	// A client certificate is verified when given; the services that need
+	// one refuse calls without (transport.RequireClientCert), so probes
+	// still work.
+	return transport.ServerTLS(certFile, keyFile, clientCA, log)
 }
 
 // CertPool reads the PEM certificates of file.
@@ -218,24 +211,17 @@ func CertPool(file string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// ClientTLSConfig is the TLS of a client that presents certFile/keyFile and
-// trusts caFile's certificates (all empty: nil, cleartext).
-func ClientTLSConfig(certFile, keyFile, caFile string) (*tls.Config, error) {
+// ClientTLSConfig are the files of a client that presents certFile/keyFile
+// and trusts caFile's certificates (all empty: nil, cleartext), re-read
+// when they change (transport.NewInternalTLSClient dials with them).
+func ClientTLSConfig(certFile, keyFile, caFile string, log *slog.Logger) (*transport.CertFiles, error) {
 	if certFile == "" && keyFile == "" && caFile == "" {
 		return nil, nil
 	}
 	if certFile == "" || keyFile == "" || caFile == "" {
 		return nil, errors.New("-shard-tls-cert, -shard-tls-key and -shard-tls-ca go together")
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("client certificate: %w", err)
-	}
-	pool, err := CertPool(caFile)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+	return transport.ClientTLS(certFile, keyFile, caFile, log)
 }
 
 // Stores is where a server command finds its databases and etcd: the
