@@ -113,6 +113,24 @@ func TestShard_BackendTerminated(t *testing.T) {
 	acquire(t, s, sku, 1, 0, 1, 2, 3)
 	ctx := context.Background()
 
+	// The clients go on until kills have hit batches, within bounds: a
+	// group is one round trip (speculative), so a backend is busy for well
+	// under a millisecond at a time, and a fixed count of deducts could be
+	// over before the killer hit one. The killer goes on for killMin, and
+	// then until its kills have hit enough batches (or the load's
+	// deadline), so that the clients' last requests and their retries end
+	// soon after it: a killer going on until every client was done made
+	// each of their retries fail again (over a minute on 2 cores).
+	const clients, perClientMin, perClientMax = 16, 40, 20_000
+	const killsWanted, hitsWanted, loadMax, killMin = 10, 5, 20 * time.Second, 3 * time.Second
+	acked := make([]bool, clients*perClientMax)
+	issued := make([]bool, clients*perClientMax)
+	killUntil, deadline := time.Now().Add(killMin), time.Now().Add(loadMax)
+	var kills, unavailable, reruns atomic.Int64
+	enough := func() bool {
+		return kills.Load() >= killsWanted && unavailable.Load()+reruns.Load() >= hitsWanted
+	}
+
 	killer, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -123,10 +141,9 @@ func TestShard_BackendTerminated(t *testing.T) {
 	// A kill hits a batch when the batch's group fails on it: the batch
 	// is rerun (its group did not commit) or answered retryably (whether
 	// it committed is not known).
-	var kills, unavailable, reruns atomic.Int64
 	go func() {
 		defer close(killerDone)
-		for {
+		for (time.Now().Before(killUntil) || !enough()) && time.Now().Before(deadline) {
 			select {
 			case <-stop:
 				return
@@ -142,18 +159,9 @@ func TestShard_BackendTerminated(t *testing.T) {
 		}
 	}()
 
-	// The clients go on until kills have hit batches, within bounds: a
-	// group is one round trip (speculative), so a backend is busy for well
-	// under a millisecond at a time, and a fixed count of deducts could be
-	// over before the killer hit one.
-	const clients, perClientMin, perClientMax = 16, 40, 20_000
-	const killsWanted, hitsWanted, loadMax = 10, 5, 20 * time.Second
-	acked := make([]bool, clients*perClientMax)
-	issued := make([]bool, clients*perClientMax)
-	deadline := time.Now().Add(loadMax)
 	parallel(t, clients, 90*time.Second, func(g int) {
 		for i := 0; i < perClientMax && time.Now().Before(deadline) &&
-			(i < perClientMin || kills.Load() < killsWanted || unavailable.Load()+reruns.Load() < hitsWanted); i++ {
+			(i < perClientMin || !enough()); i++ {
 			n := g*perClientMax + i
 			issued[n] = true
 			r := &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: int32(n % 4)}, Quantity: 1, Key: key("kill", n)}
