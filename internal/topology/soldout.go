@@ -141,7 +141,12 @@ func (s *SoldOut) follow(ctx context.Context) error {
 	defer w.Close()
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
-	ch := w.Watch(wctx, soldOutPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	// From the loaded revision itself, not the next: etcd answers a
+	// progress request only once the store has reached every watcher's
+	// start, so a watch from the next revision would go unanswered (and
+	// the marks untrusted) until some other write. The events of the
+	// loaded revision come again; applying them again changes nothing.
+	ch := w.Watch(wctx, soldOutPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
 	tick := time.NewTicker(progressInterval)
 	defer tick.Stop()
 	var asked time.Duration // when the oldest unanswered progress request was sent; 0: none
