@@ -120,16 +120,28 @@ func TestRun_Watch(t *testing.T) {
 		t.Errorf("resumed: received %v, want [d-after]", keys)
 	}
 
-	resp, err := http.Get("http://" + ops + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, line := range []string{`shardstock_watch_consumers{stream="stock"} 1`, `shardstock_watch_consumers{stream="ledger"} 0`,
-		`shardstock_watch_entries_delivered_total{stream="ledger"} 13`} {
-		if !strings.Contains(string(body), line+"\n") {
-			t.Errorf("/metrics lacks %s", line)
+	// The ledger watches just ended on the client's side; the server's
+	// handlers end (and count themselves out) a moment later.
+	want := []string{`shardstock_watch_consumers{stream="stock"} 1`, `shardstock_watch_consumers{stream="ledger"} 0`,
+		`shardstock_watch_entries_delivered_total{stream="ledger"} 13`}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get("http://" + ops + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var missing []string
+		for _, line := range want {
+			if !strings.Contains(string(body), line+"\n") {
+				missing = append(missing, line)
+			}
+		}
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics lacks %v after 5 s", missing)
 		}
 	}
 }
