@@ -75,7 +75,7 @@ func TestE2E_Dashboard(t *testing.T) {
 		artifacts, _ = filepath.Abs(filepath.Join(webDir, "..", "tmp", "artifacts"))
 	}
 	s := newStack(t, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "--test", "test/dashboard.test.mjs")
 	cmd.Dir = webDir
