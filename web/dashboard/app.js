@@ -370,17 +370,18 @@ async function readMetrics() {
 // judge from one allocator's metrics, with the page's history (at most
 // samplesMax ticks) for the rules' windows: an early warning on the
 // screen; Prometheus's evaluation, over every process, is the one that
-// pages. Thresholds as in the rules.
+// pages. Names, layers and thresholds as in the rules (deploy/alerts
+// TestDashboardPage checks them against the rules file).
 const alertRules = [
-  { name: "ShardstockShardHalted", layer: "data-safety", firing: (a, b) => b.halted > 0 },
-  { name: "ShardstockReconcileUnbalanced", layer: "data-safety", firing: (a, b) => b.unbalanced > 0 },
-  { name: "ShardstockQueueRejections", layer: "execution", firing: (a, b) => b.queueRejected - a.queueRejected > 0 },
-  { name: "ShardstockBreakerOpen", layer: "execution", firing: (a, b) => b.breakerOpens - a.breakerOpens > 0 },
-  { name: "ShardstockTransferFailures", layer: "execution", firing: (a, b) => b.transferFailures - a.transferFailures > 10 },
-  { name: "ShardstockReplaySurge", layer: "execution", firing: (a, b) => b.replays - a.replays > 0.2 * (b.sellCalls - a.sellCalls) && b.replays > a.replays },
-  { name: "ShardstockQueueDepth", layer: "capacity", firing: (a, b) => b.queueDepthMax > 2048 },
-  { name: "ShardstockLatencyP99", layer: "capacity", firing: (a, b) => quantile(0.99, a, b) > 0.25 },
-  { name: "ShardstockPoolWaits", layer: "capacity", firing: (a, b) => (b.poolWait - a.poolWait) / Math.max(1, b.at - a.at) > 0.5 },
+  { name: "ShardstockShardHalted", layer: "data-safety", threshold: 0, firing: (a, b, x) => b.halted > x },
+  { name: "ShardstockReconcileUnbalanced", layer: "data-safety", threshold: 0, firing: (a, b, x) => b.unbalanced > x },
+  { name: "ShardstockQueueRejections", layer: "execution", threshold: 0, firing: (a, b, x) => b.queueRejected - a.queueRejected > x },
+  { name: "ShardstockBreakerOpen", layer: "execution", threshold: 0, firing: (a, b, x) => b.breakerOpens - a.breakerOpens > x },
+  { name: "ShardstockTransferFailures", layer: "execution", threshold: 10, firing: (a, b, x) => b.transferFailures - a.transferFailures > x },
+  { name: "ShardstockReplaySurge", layer: "execution", threshold: 0.2, firing: (a, b, x) => b.replays > a.replays && b.replays - a.replays > x * (b.sellCalls - a.sellCalls) },
+  { name: "ShardstockQueueDepth", layer: "capacity", threshold: 2048, firing: (a, b, x) => b.queueDepthMax > x },
+  { name: "ShardstockLatencyP99", layer: "capacity", threshold: 0.25, firing: (a, b, x) => quantile(0.99, a, b) > x },
+  { name: "ShardstockPoolWaits", layer: "capacity", threshold: 0.5, firing: (a, b, x) => (b.poolWait - a.poolWait) / Math.max(1, b.at - a.at) > x },
 ];
 
 function drawAlerts() {
@@ -390,7 +391,7 @@ function drawAlerts() {
     return;
   }
   const a = reads[0], b = reads[reads.length - 1];
-  const firing = alertRules.filter((r) => r.firing(a, b));
+  const firing = alertRules.filter((r) => r.firing(a, b, r.threshold));
   box.dataset.firing = String(firing.length);
   box.replaceChildren(firing.length
     ? el("ul", {}, ...firing.map((r) => el("li", { class: "firing", "data-alert": r.name }, `${r.name} (${r.layer})`)))
