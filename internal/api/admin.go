@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
@@ -74,6 +75,9 @@ type AdminHandler struct {
 	Catalog Catalog
 	// Warmer prewarms SKUs; nil: Prewarm is unimplemented.
 	Warmer Warmer
+	// Metrics are the process's metrics ReadMetrics reads; nil:
+	// ReadMetrics is unimplemented.
+	Metrics prometheus.Gatherer
 }
 
 var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)

@@ -51,10 +51,13 @@ func TestE2E_WebClients(t *testing.T) {
 }
 
 // TestE2E_Dashboard drives the dashboard in headless Chromium (Debian's
-// chromium, through playwright-core from web/node_modules): it creates a
-// SKU through the page, deducts from the script, sees the bars move, pauses
-// the SKU through the page and sees it paused; web/test/dashboard.test.mjs.
-// The screenshot is saved under tmp/artifacts (ARTIFACTS_DIR).
+// chromium, through playwright-core from web/node_modules): with no typing
+// it lists and shows a SKU made before it opened, whose charts move and
+// grow under a few seconds of load, live from WatchStock (no GetStock
+// sent); it creates a SKU through the page, deducts from the script, sees
+// the bars move, pauses the SKU through the page and sees it paused;
+// web/test/dashboard.test.mjs. The screenshots are saved under
+// tmp/artifacts (ARTIFACTS_DIR).
 func TestE2E_Dashboard(t *testing.T) {
 	besideOthers(t)
 	node, err := exec.LookPath("node")
@@ -75,7 +78,7 @@ func TestE2E_Dashboard(t *testing.T) {
 		artifacts, _ = filepath.Abs(filepath.Join(webDir, "..", "tmp", "artifacts"))
 	}
 	s := newStack(t, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "--test", "test/dashboard.test.mjs")
 	cmd.Dir = webDir

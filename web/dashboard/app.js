@@ -1,10 +1,12 @@
-// shardstock's dashboard: every SKU (AdminService.ListSkus, searched by
-// prefix), the stock of the SKUs selling, per shard, charts of the
-// selected SKU over the last minutes (sold per second, stock left,
-// reservations held, in transit, projected sell-out), transfers in flight,
-// the topology, recent ledger entries and the last reconciliation,
-// refreshed every second while the tab is visible; and the actions of a
-// sale (pause, resume, adjust, rebalance, set shards, create). It calls the
+// shardstock's dashboard for a sale. It lists every SKU
+// (AdminService.ListSkus, searched by prefix) and shows the SKUs selling
+// live: their stock per shard from InventoryService.WatchStock, the
+// selected SKU's ledger from AdminService.WatchLedger, and, once a second,
+// the allocator's own metrics (AdminService.ReadMetrics, what its
+// operator listener's /metrics exposes) for the charts of calls refused
+// and rejected, latency percentiles and the alerts. The charts keep the
+// last samplesMax seconds in the page. Only what has no stream is read
+// again now and then (the SKU list, transfers, topology). It calls the
 // public and admin APIs with @connectrpc/connect-web, the admin ones with
 // the token entered once or given in the address (#token=..., as `make
 // run` prints it), kept in sessionStorage.
@@ -14,16 +16,29 @@ import { InventoryService } from "../gen/shardstock/v1/inventory_pb.js";
 import { AdminService } from "../gen/shardstock/v1/admin_pb.js";
 import { SkuStatus, ShardState, TransferState } from "../gen/shardstock/v1/types_pb.js";
 
-const refreshMs = 1000;
+// tickMs: the charts take one sample a tick, and the metrics are read
+// once a tick (as a scrape would).
+const tickMs = 1000;
+// slowEvery: the SKU list, transfers and topology, which have no stream,
+// are read every this many ticks.
+const slowEvery = 5;
 const ledgerRows = 15;
 const transfersMax = 20;
-// listEvery: the SKU list is read every this many refreshes (it pages the
-// catalogue); listMax SKUs are listed, boxesMax shown with their shards.
-const listEvery = 5;
+// listMax SKUs are listed, boxesMax shown with their shards (and watched).
 const listMax = 50;
 const boxesMax = 4;
-// samplesMax: the charts keep one sample a refresh, for the last 5 minutes.
+// samplesMax: the charts keep one sample a tick, for the last 5 minutes.
 const samplesMax = 300;
+// rateWindow: the samples the sell-out projection averages the sales
+// rate over, so that one quiet second does not send it to infinity;
+// latencyWindow: the ticks the latency percentiles are computed over.
+const rateWindow = 10;
+const latencyWindow = 10;
+// A broken stream is opened again after retryMs, doubling to retryMsMax.
+const retryMs = 500;
+const retryMsMax = 8000;
+// renderMs: stream messages are drawn at most this often.
+const renderMs = 200;
 
 const $ = (sel) => document.querySelector(sel);
 const el = (tag, attrs = {}, ...children) => {
@@ -36,6 +51,7 @@ const el = (tag, attrs = {}, ...children) => {
   for (const c of children) e.append(c);
   return e;
 };
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // A token in the address (#token=...) is taken and removed from it.
 const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
@@ -53,19 +69,17 @@ const inv = createClient(InventoryService, transport);
 const admin = createClient(AdminService, transport);
 
 // listed: the last ListSkus page (by name, from the prefix searched);
-// shown: the SKUs shown with their shards, the selected one first.
+// stocks: the last stock each watched SKU's stream sent; selected: the
+// SKU charted.
 let listed = [];
 let prefix = "";
-let ticks = 0;
+let selected = "";
+const stocks = new Map();
 const shown = () => {
   const selling = listed.filter((s) => s.sku.status !== SkuStatus.PAUSED && (s.available > 0n || s.reserved > 0n)).map((s) => s.sku.sku);
   const names = [selected, ...selling, ...listed.map((s) => s.sku.sku)].filter(Boolean);
   return [...new Set(names)].slice(0, boxesMax);
 };
-// previous: the last snapshot per SKU, for the rates (units sold per
-// second between two snapshots).
-const previous = new Map();
-let selected = "";
 
 function showError(err) {
   const box = $("#error");
@@ -87,34 +101,154 @@ const codeNames = ["ok", "canceled", "unknown", "invalid_argument", "deadline_ex
   "internal", "unavailable", "data_loss", "unauthenticated"];
 const codeName = (c) => codeNames[c] || String(c);
 
-// act runs an action and shows its error, if any, then refreshes.
-async function act(f) {
+// act runs an action and shows its error, if any; then the SKU's stock is
+// read once, so that a change no ledger entry says (a pause) shows at
+// once rather than at the stream's next recheck.
+async function act(f, sku) {
   try {
     await f();
     showError(null);
   } catch (err) {
     showError(err);
   }
-  refresh();
+  if (sku) {
+    try {
+      const { stock } = await inv.getStock({ sku });
+      stocks.set(sku, stock);
+    } catch { /* the stream will tell */ }
+  }
+  slowTicks = 0;
+  await slow();
+  render();
 }
 
-function renderSKU(stock) {
-  const name = stock.sku;
-  const paused = stock.status === SkuStatus.PAUSED;
-  const max = Math.max(1, ...stock.shards.map((s) => Number(s.available + s.reserved + s.sold)));
-  const prev = previous.get(name);
-  const now = performance.now();
-  let rate = "";
-  if (prev) {
-    const sold = Number(stock.sold - prev.sold);
-    const secs = (now - prev.at) / 1000;
-    if (secs > 0) {
-      rate = `${(sold / secs).toFixed(1)} sold/s`;
-      if (name === selected) sample(stock, sold / secs);
-    }
+// ---- Streams -------------------------------------------------------------
+
+// follow keeps a server stream open while key stays the same: open(signal)
+// returns the stream, each message goes to onMessage; a broken stream is
+// opened again after a backoff. A new key closes the old stream.
+function follower(name) {
+  let current = { key: null, abort: new AbortController() };
+  return (key, open, onMessage) => {
+    if (current.key === key) return;
+    current.abort.abort();
+    const abort = new AbortController();
+    current = { key, abort };
+    if (key === "") return;
+    (async () => {
+      for (let wait = retryMs; !abort.signal.aborted; wait = Math.min(retryMsMax, wait * 2)) {
+        try {
+          for await (const m of open(abort.signal)) {
+            wait = retryMs;
+            onMessage(m);
+          }
+        } catch (err) {
+          if (abort.signal.aborted) return;
+          console.warn(`${name} stream:`, err);
+        }
+        await sleep(wait);
+      }
+    })();
+  };
+}
+const followStock = follower("WatchStock");
+const followLedger = follower("WatchLedger");
+
+// ledgerTail: the selected SKU's last ledger entries, newest last.
+let ledgerTail = [];
+let ledgerOf = "";
+
+function follow() {
+  const names = shown();
+  followStock(names.join("\n"), (signal) => inv.watchStock({ skus: names }, { signal }), (m) => {
+    if (m.stock) stocks.set(m.stock.sku, m.stock);
+    scheduleRender();
+  });
+  const sku = token ? selected : "";
+  if (sku !== ledgerOf) {
+    ledgerOf = sku;
+    ledgerTail = [];
   }
-  previous.set(name, { sold: stock.sold, at: now });
-  const shards = stock.shards.map((s) => {
+  // From the start of the ledger (a cursor the stream gave is the only
+  // other place to start), keeping the last rows: at least once, so an
+  // entry seen again is dropped by its (database, id).
+  followLedger(sku, (signal) => admin.watchLedger({ skus: [sku], consumer: "dashboard" }, { signal }), (m) => {
+    if (!m.entry || m.entry.sku !== ledgerOf) return;
+    const key = `${m.database}/${m.entry.id}`;
+    if (ledgerTail.some((e) => e.key === key)) return;
+    ledgerTail.push({ key, entry: m.entry });
+    if (ledgerTail.length > ledgerRows) ledgerTail.shift();
+    scheduleRender();
+  });
+}
+
+let renderTimer = 0;
+function scheduleRender() {
+  if (!renderTimer) renderTimer = setTimeout(() => { renderTimer = 0; render(); }, renderMs);
+}
+
+// ---- SKU boxes -------------------------------------------------------------
+
+// boxes: the box of each SKU shown, made once and updated in place, so
+// that what is typed into its inputs survives the stream's updates.
+const boxes = new Map();
+
+function makeBox(name) {
+  const num = (ph) => el("input", { type: "number", placeholder: ph });
+  const delta = num("delta"), reason = el("input", { placeholder: "reason" }), approver = el("input", { placeholder: "approver" });
+  const shardsIn = num("shards");
+  const dry = el("input", { type: "checkbox" });
+  const pause = el("button", { "data-action": "pause" }, "Pause");
+  pause.addEventListener("click", () => {
+    const paused = pause.dataset.action === "resume";
+    act(() => admin.updateSku({ sku: name, paused: !paused }), name);
+  });
+  const field = (f) => el("b", { "data-field": f }, "-");
+  const root = el("div", { class: "sku", "data-sku": name },
+    el("h3", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); select(name); } }, name),
+      el("span", { class: "status", "data-field": "status" }, "-"),
+      el("span", { class: "rate" }, "")),
+    el("div", { class: "totals" },
+      "available ", field("available"), ", reserved ", field("reserved"), ", sold ", field("sold"),
+      ", in transit ", field("inTransit"), ", ", field("shardsInService"), " shards in service"),
+    el("div", { class: "shards" }),
+    el("div", { class: "actions" },
+      pause, delta, reason, approver,
+      el("button", { "data-action": "adjust", onclick: () => act(() => admin.adjustStock({
+        sku: name, delta: BigInt(delta.value || 0), reason: reason.value, approver: approver.value,
+        idempotencyKey: `dashboard-${Date.now()}-${Math.random().toString(36).slice(2)}` }), name) }, "Adjust"),
+      el("label", {}, dry, "dry run"),
+      el("button", { "data-action": "rebalance", onclick: () => act(async () => {
+        const r = await admin.rebalance({ sku: name, dryRun: dry.checked });
+        $("#reconcile").textContent = `rebalance of ${name}: ${r.transfers.length} moves${dry.checked ? " planned" : ""}`;
+      }, name) }, "Rebalance"),
+      shardsIn,
+      el("button", { "data-action": "set-shards", onclick: () => act(() => admin.setShards({ sku: name, shards: Number(shardsIn.value) }), name) }, "Set shards"),
+      el("button", { "data-action": "reconcile", onclick: () => act(async () => {
+        const r = await admin.reconcile({ sku: name });
+        $("#reconcile").textContent = `${name} at ${new Date().toLocaleTimeString()}: ` +
+          (r.balanced ? "balanced" : `${r.discrepancies.length} discrepancies: ` + r.discrepancies.map((d) => `${d.check} (shard ${d.shard})`).join(", "));
+      }) }, "Reconcile"),
+      el("button", { "data-action": "select", onclick: () => select(name) }, "Chart")));
+  return { root, pause };
+}
+
+function updateBox(box, stock) {
+  const paused = stock.status === SkuStatus.PAUSED;
+  const set = (f, v) => { box.root.querySelector(`[data-field=${f}]`).textContent = String(v); };
+  set("status", paused ? "paused" : "active");
+  box.root.querySelector("[data-field=status]").className = `status ${paused ? "paused" : "active"}`;
+  set("available", stock.available);
+  set("reserved", stock.reserved);
+  set("sold", stock.sold);
+  set("inTransit", stock.inTransit);
+  set("shardsInService", stock.shardsInService);
+  box.pause.dataset.action = paused ? "resume" : "pause";
+  box.pause.textContent = paused ? "Resume" : "Pause";
+  const rate = rates.get(stock.sku);
+  box.root.querySelector(".rate").textContent = rate === undefined ? "" : `${rate.toFixed(1)} sold/s`;
+  const max = Math.max(1, ...stock.shards.map((s) => Number(s.available + s.reserved + s.sold)));
+  box.root.querySelector(".shards").replaceChildren(...stock.shards.map((s) => {
     const state = s.state === ShardState.RETIRING ? "retiring" : s.haltedReason ? "halted" : "";
     const w = (n) => `${(100 * Number(n)) / max}%`;
     return el("div", { class: `shard ${state}`, "data-shard": String(s.index), title: s.haltedReason || "" },
@@ -124,75 +258,203 @@ function renderSKU(stock) {
         el("div", { class: "reserved", style: `width:${w(s.reserved)}` }),
         el("div", { class: "sold", style: `width:${w(s.sold)}` })),
       el("span", {}, `${s.available} / ${s.reserved} / ${s.sold}${state ? " " + state : ""}`));
-  });
-  const num = (ph) => el("input", { type: "number", placeholder: ph });
-  const delta = num("delta"), reason = el("input", { placeholder: "reason" }), approver = el("input", { placeholder: "approver" });
-  const shardsIn = num("shards");
-  const dry = el("input", { type: "checkbox" });
-  return el("div", { class: "sku", "data-sku": name },
-    el("h3", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); selected = name; refresh(); } }, name),
-      el("span", { class: `status ${paused ? "paused" : "active"}`, "data-field": "status" }, paused ? "paused" : "active"),
-      el("span", { class: "rate" }, rate)),
-    el("div", { class: "totals" },
-      "available ", el("b", { "data-field": "available" }, String(stock.available)),
-      ", reserved ", el("b", { "data-field": "reserved" }, String(stock.reserved)),
-      ", sold ", el("b", { "data-field": "sold" }, String(stock.sold)),
-      `, in transit ${stock.inTransit}, ${stock.shardsInService} shards in service`),
-    ...shards,
-    el("div", { class: "actions" },
-      el("button", { "data-action": paused ? "resume" : "pause", onclick: () => act(() => admin.updateSku({ sku: name, paused: !paused })) },
-        paused ? "Resume" : "Pause"),
-      delta, reason, approver,
-      el("button", { "data-action": "adjust", onclick: () => act(() => admin.adjustStock({
-        sku: name, delta: BigInt(delta.value || 0), reason: reason.value, approver: approver.value,
-        idempotencyKey: `dashboard-${Date.now()}-${Math.random().toString(36).slice(2)}` })) }, "Adjust"),
-      el("label", {}, dry, "dry run"),
-      el("button", { "data-action": "rebalance", onclick: () => act(async () => {
-        const r = await admin.rebalance({ sku: name, dryRun: dry.checked });
-        showError(null);
-        $("#reconcile").textContent = `rebalance of ${name}: ${r.transfers.length} moves${dry.checked ? " planned" : ""}`;
-      }) }, "Rebalance"),
-      shardsIn,
-      el("button", { "data-action": "set-shards", onclick: () => act(() => admin.setShards({ sku: name, shards: Number(shardsIn.value) })) }, "Set shards"),
-      el("button", { "data-action": "reconcile", onclick: () => act(async () => {
-        const r = await admin.reconcile({ sku: name });
-        $("#reconcile").textContent = `${name} at ${new Date().toLocaleTimeString()}: ` +
-          (r.balanced ? "balanced" : `${r.discrepancies.length} discrepancies: ` + r.discrepancies.map((d) => `${d.check} (shard ${d.shard})`).join(", "));
-      }) }, "Reconcile"),
-      el("button", { "data-action": "select", onclick: () => { selected = name; refresh(); } }, "Chart")));
+  }));
 }
 
-// The charts of the selected SKU: one sample a refresh, drawn into SVGs
-// made once and updated in place.
+function render() {
+  const names = shown();
+  for (const name of boxes.keys()) if (!names.includes(name)) boxes.delete(name);
+  const roots = names.map((name) => {
+    if (!boxes.has(name)) boxes.set(name, makeBox(name));
+    const box = boxes.get(name);
+    const stock = stocks.get(name);
+    if (stock) updateBox(box, stock);
+    return box.root;
+  });
+  const container = $("#skus");
+  if (roots.length !== container.children.length || roots.some((r, i) => container.children[i] !== r)) container.replaceChildren(...roots);
+  $("#ledger-sku").textContent = ledgerOf ? `of ${ledgerOf}` : "";
+  $("#ledger tbody").replaceChildren(...ledgerTail.slice().reverse().map(({ entry: e }) => el("tr", {},
+    el("td", {}, String(e.id)), el("td", {}, String(e.shard)), el("td", {}, e.kind), el("td", {}, String(e.quantity)),
+    el("td", {}, e.source), el("td", {}, e.createdAt ? new Date(Number(e.createdAt.seconds) * 1000).toLocaleTimeString() : ""))));
+}
+
+function select(name) {
+  selected = name;
+  for (const tr of document.querySelectorAll("#sku-list tbody tr")) tr.classList.toggle("selected", tr.dataset.sku === name);
+  follow();
+  render();
+}
+
+// ---- Metrics ----------------------------------------------------------------
+
+// The families the page reads: the call counts and latency of the sale's
+// calls, and the inputs of the alert rules it evaluates.
+const metricNames = ["shardstock_rpc_calls_total", "shardstock_rpc_seconds", "shardstock_shard_halted",
+  "shardstock_reconcile_unbalanced", "shardstock_shard_queue_rejected_total", "shardstock_shard_queue_depth",
+  "shardstock_allocator_breaker_transitions_total", "shardstock_allocator_replays_total",
+  "shardstock_rebalancer_transfers_ended_total", "shardstock_db_pool_wait_seconds_total"];
+// sellCall: the calls that sell, whose refusals and latency are charted.
+const sellCall = /InventoryService\/(Reserve|Deduct|ReserveOrder)$/;
+// rejectedReasons: the service did not decide the call (overload, its
+// own failure, the caller unknown); any other reason is a refusal, the
+// sale's answer (OUT_OF_STOCK, SALE_NOT_STARTED, SKU_PAUSED, ...).
+const rejectedReasons = new Set(["RATE_LIMITED", "SHARD_UNAVAILABLE", "UNAUTHENTICATED", "PERMISSION_DENIED", "INTERNAL",
+  "unavailable", "deadline_exceeded", "canceled", "resource_exhausted", "unknown", "internal", "unauthenticated", "permission_denied"]);
+
+// summarise reduces one ReadMetrics answer to the figures the charts and
+// alerts need (counters as read: the rates are differences of two reads).
+function summarise(samples, at) {
+  const m = { at, refused: 0, rejected: 0, buckets: new Map(), halted: 0, unbalanced: 0, queueRejected: 0, queueDepthMax: 0,
+    breakerOpens: 0, replays: 0, sellCalls: 0, transferFailures: 0, poolWait: 0 };
+  for (const s of samples) {
+    const l = s.labels;
+    switch (s.name) {
+      case "shardstock_rpc_calls_total":
+        if (!sellCall.test(l.procedure)) break;
+        m.sellCalls += s.value;
+        if (l.reason === "OK") break;
+        if (rejectedReasons.has(l.reason)) m.rejected += s.value;
+        else m.refused += s.value;
+        break;
+      case "shardstock_rpc_seconds_bucket":
+        if (sellCall.test(l.procedure)) m.buckets.set(l.le, (m.buckets.get(l.le) || 0) + s.value);
+        break;
+      case "shardstock_shard_halted": m.halted = Math.max(m.halted, s.value); break;
+      case "shardstock_reconcile_unbalanced": m.unbalanced = Math.max(m.unbalanced, s.value); break;
+      case "shardstock_shard_queue_rejected_total": m.queueRejected += s.value; break;
+      case "shardstock_shard_queue_depth": m.queueDepthMax = Math.max(m.queueDepthMax, s.value); break;
+      case "shardstock_allocator_breaker_transitions_total": if (l.state === "open") m.breakerOpens += s.value; break;
+      case "shardstock_allocator_replays_total": m.replays += s.value; break;
+      case "shardstock_rebalancer_transfers_ended_total":
+        if (l.outcome !== "credited" && l.outcome !== "OUT_OF_STOCK") m.transferFailures += s.value;
+        break;
+      case "shardstock_db_pool_wait_seconds_total": m.poolWait += s.value; break;
+    }
+  }
+  return m;
+}
+
+// quantile is histogram_quantile over the difference of two reads'
+// cumulative buckets: linear within the bucket the rank falls in.
+function quantile(q, from, to) {
+  const bounds = [...to.buckets.keys()].map((le) => [le, le === "+Inf" ? Infinity : Number(le)]).sort((a, b) => a[1] - b[1]);
+  const counts = bounds.map(([le, ub]) => [ub, (to.buckets.get(le) || 0) - (from.buckets.get(le) || 0)]);
+  const total = counts.length ? counts[counts.length - 1][1] : 0;
+  if (total <= 0) return NaN;
+  const rank = q * total;
+  let lower = 0, below = 0;
+  for (const [ub, c] of counts) {
+    if (c >= rank) {
+      if (ub === Infinity) return lower;
+      return lower + (ub - lower) * ((rank - below) / Math.max(1, c - below));
+    }
+    lower = ub;
+    below = c;
+  }
+  return lower;
+}
+
+// reads: the summaries of the metrics read, one a tick, as many as the
+// charts keep.
+const reads = [];
+
+async function readMetrics() {
+  if (!token) return;
+  const r = await admin.readMetrics({ names: metricNames });
+  reads.push(summarise(r.samples, r.readAt ? Number(r.readAt.seconds) + r.readAt.nanos / 1e9 : Date.now() / 1000));
+  if (reads.length > samplesMax) reads.shift();
+}
+
+// The alert rules of deploy/alerts/shardstock.rules.yml the page can
+// judge from one allocator's metrics, with the page's history (at most
+// samplesMax ticks) for the rules' windows: an early warning on the
+// screen; Prometheus's evaluation, over every process, is the one that
+// pages. Names, layers and thresholds as in the rules (deploy/alerts
+// TestDashboardPage checks them against the rules file).
+const alertRules = [
+  { name: "ShardstockShardHalted", layer: "data-safety", threshold: 0, firing: (a, b, x) => b.halted > x },
+  { name: "ShardstockReconcileUnbalanced", layer: "data-safety", threshold: 0, firing: (a, b, x) => b.unbalanced > x },
+  { name: "ShardstockQueueRejections", layer: "execution", threshold: 0, firing: (a, b, x) => b.queueRejected - a.queueRejected > x },
+  { name: "ShardstockBreakerOpen", layer: "execution", threshold: 0, firing: (a, b, x) => b.breakerOpens - a.breakerOpens > x },
+  { name: "ShardstockTransferFailures", layer: "execution", threshold: 10, firing: (a, b, x) => b.transferFailures - a.transferFailures > x },
+  { name: "ShardstockReplaySurge", layer: "execution", threshold: 0.2, firing: (a, b, x) => b.replays > a.replays && b.replays - a.replays > x * (b.sellCalls - a.sellCalls) },
+  { name: "ShardstockQueueDepth", layer: "capacity", threshold: 2048, firing: (a, b, x) => b.queueDepthMax > x },
+  { name: "ShardstockLatencyP99", layer: "capacity", threshold: 0.25, firing: (a, b, x) => quantile(0.99, a, b) > x },
+  { name: "ShardstockPoolWaits", layer: "capacity", threshold: 0.5, firing: (a, b, x) => (b.poolWait - a.poolWait) / Math.max(1, b.at - a.at) > x },
+];
+
+function drawAlerts() {
+  const box = $("#alerts");
+  if (reads.length < 2) {
+    box.textContent = token ? "reading metrics..." : "enter the admin token to see alerts";
+    return;
+  }
+  const a = reads[0], b = reads[reads.length - 1];
+  const firing = alertRules.filter((r) => r.firing(a, b, r.threshold));
+  box.dataset.firing = String(firing.length);
+  box.replaceChildren(firing.length
+    ? el("ul", {}, ...firing.map((r) => el("li", { class: "firing", "data-alert": r.name }, `${r.name} (${r.layer})`)))
+    : el("span", {}, `none of ${alertRules.length} rules firing over the last ${Math.round(b.at - a.at)} s`));
+}
+
+// ---- Charts -----------------------------------------------------------------
+
+// The charts of the selected SKU: one sample a tick, drawn into SVGs made
+// once and updated in place.
 const series = [
   { key: "soldPerSec", title: "sold per second" },
+  { key: "refusedPerSec", title: "refused per second*" },
+  { key: "rejectedPerSec", title: "rejected per second*" },
+  { key: "p50ms", title: "latency p50 (ms)*" },
+  { key: "p99ms", title: "latency p99 (ms)*" },
   { key: "available", title: "stock left" },
-  { key: "reserved", title: "reservations held" },
   { key: "inTransit", title: "in transit" },
+  { key: "reserved", title: "reservations held" },
   { key: "sellOut", title: "projected sell-out (s)" },
 ];
 let samples = [];
 let charted = "";
 const chartW = 300, chartH = 60;
+// rates: units sold per second of each SKU shown, over the last tick;
+// lastSold: each SKU's sold count at the last tick.
+const rates = new Map();
+const lastSold = new Map();
 
-function sample(stock, soldPerSec) {
-  if (charted !== stock.sku) {
-    charted = stock.sku;
+function sample() {
+  const now = performance.now();
+  for (const [name, st] of stocks) {
+    const prev = lastSold.get(name);
+    if (prev) rates.set(name, Number(st.sold - prev.sold) / Math.max(0.001, (now - prev.at) / 1000));
+    lastSold.set(name, { sold: st.sold, at: now });
+  }
+  const stock = stocks.get(selected);
+  if (!stock || !rates.has(selected)) return;
+  if (charted !== selected) {
+    charted = selected;
     samples = [];
   }
+  const soldPerSec = rates.get(selected);
   const available = Number(stock.available);
-  // Recent rate: the average over the last 10 samples, so that one
-  // quiet second does not send the projection to infinity.
-  const recent = samples.slice(-9).map((x) => x.soldPerSec).concat([soldPerSec]);
+  const recent = samples.slice(-(rateWindow - 1)).map((x) => x.soldPerSec).concat([soldPerSec]);
   const rate = recent.reduce((a, b) => a + b, 0) / recent.length;
-  samples.push({ at: Date.now(), soldPerSec, available, reserved: Number(stock.reserved), inTransit: Number(stock.inTransit),
-    sellOut: rate > 0 ? available / rate : NaN });
+  const s = { at: Date.now(), soldPerSec, available, reserved: Number(stock.reserved), inTransit: Number(stock.inTransit),
+    sellOut: rate > 0 ? available / rate : NaN, refusedPerSec: NaN, rejectedPerSec: NaN, p50ms: NaN, p99ms: NaN };
+  if (reads.length >= 2) {
+    const a = reads[reads.length - 2], b = reads[reads.length - 1], secs = Math.max(0.001, b.at - a.at);
+    s.refusedPerSec = (b.refused - a.refused) / secs;
+    s.rejectedPerSec = (b.rejected - a.rejected) / secs;
+    const from = reads[Math.max(0, reads.length - 1 - latencyWindow)];
+    s.p50ms = 1000 * quantile(0.5, from, b);
+    s.p99ms = 1000 * quantile(0.99, from, b);
+  }
+  samples.push(s);
   if (samples.length > samplesMax) samples.shift();
   drawCharts();
 }
 
 function drawCharts() {
-  $("#charts-sku").textContent = charted ? `of ${charted}, last ${Math.round(samples.length * refreshMs / 1000)} s` : "";
+  $("#charts-sku").textContent = charted ? `of ${charted}, last ${Math.round(samples.length * tickMs / 1000)} s` : "";
   for (const s of series) {
     const svg = $(`#charts svg[data-series="${s.key}"]`);
     const vals = samples.map((x) => x[s.key]);
@@ -225,6 +487,8 @@ function makeCharts() {
   }));
 }
 
+// ---- What has no stream -----------------------------------------------------
+
 // refreshList reads the SKU list (the admin API): the SKUs whose names
 // start with the prefix searched, by name.
 async function refreshList() {
@@ -236,7 +500,7 @@ async function refreshList() {
   listed = skus;
   if (!selected && skus.length) selected = shown()[0] || "";
   $("#sku-list tbody").replaceChildren(...skus.map((s) => el("tr", { "data-sku": s.sku.sku, class: s.sku.sku === selected ? "selected" : "" },
-    el("td", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); selected = s.sku.sku; refresh(); } }, s.sku.sku)),
+    el("td", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); select(s.sku.sku); } }, s.sku.sku)),
     el("td", {}, s.sku.status === SkuStatus.PAUSED ? "paused" : "active"),
     el("td", {}, String(s.available)), el("td", {}, String(s.reserved)), el("td", {}, String(s.sold)),
     el("td", {}, saleWindow(s.sku)))));
@@ -245,20 +509,6 @@ async function refreshList() {
 function saleWindow(cfg) {
   const at = (t) => (t ? new Date(Number(t.seconds) * 1000).toLocaleString() : "");
   return cfg.saleStart || cfg.saleEnd ? `${at(cfg.saleStart)} .. ${at(cfg.saleEnd)}` : "";
-}
-
-async function refreshSKUs() {
-  if (ticks++ % listEvery === 0 || !listed.length) await refreshList();
-  const boxes = [];
-  for (const name of shown()) {
-    try {
-      const { stock } = await inv.getStock({ sku: name });
-      boxes.push(renderSKU(stock));
-    } catch (err) {
-      boxes.push(el("div", { class: "sku", "data-sku": name }, el("h3", {}, name), String(err.rawMessage || err)));
-    }
-  }
-  $("#skus").replaceChildren(...boxes);
 }
 
 async function refreshSide() {
@@ -292,35 +542,42 @@ async function refreshSide() {
     el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "server"), el("th", {}, "address"), el("th", {}, "partitions"), el("th", {}, "epochs"))),
       el("tbody", {}, ...servers)),
     el("div", {}, topo.moveLeases.length ? "moving: " + topo.moveLeases.map((l) => `${l.sku} by ${l.holder}`).join(", ") : "no SKU being moved"));
-
-  if (selected) {
-    $("#ledger-sku").textContent = `of ${selected}`;
-    // The ledger pages oldest first: page on to the end, keep the last rows.
-    let tail = [], pageToken = "";
-    for (let i = 0; i < 20; i++) {
-      const r = await admin.listLedger({ sku: selected, pageToken, pageSize: 1000 });
-      tail = tail.concat(r.entries).slice(-ledgerRows);
-      if (!r.nextPageToken) break;
-      pageToken = r.nextPageToken;
-    }
-    $("#ledger tbody").replaceChildren(...tail.reverse().map((e) => el("tr", {},
-      el("td", {}, String(e.id)), el("td", {}, String(e.shard)), el("td", {}, e.kind), el("td", {}, String(e.quantity)),
-      el("td", {}, e.source), el("td", {}, e.createdAt ? new Date(Number(e.createdAt.seconds) * 1000).toLocaleTimeString() : ""))));
-  }
 }
 
-let running = false;
-async function refresh() {
-  if (running) return;
-  running = true;
+// slow reads what has no stream, every slowEvery ticks (at once after an
+// action or a search), and follows the SKUs it shows.
+let slowTicks = 0;
+let slowRunning = false;
+async function slow() {
+  if (slowRunning || slowTicks++ % slowEvery !== 0) return;
+  slowRunning = true;
   try {
-    await refreshSKUs();
+    await refreshList();
+    follow();
+    render();
     await refreshSide();
   } catch (err) {
     showError(err);
   } finally {
-    running = false;
+    slowRunning = false;
   }
+}
+
+let tickRunning = false;
+async function tick() {
+  if (tickRunning) return;
+  tickRunning = true;
+  try {
+    await readMetrics();
+  } catch (err) {
+    showError(err);
+  } finally {
+    tickRunning = false;
+  }
+  sample();
+  drawAlerts();
+  render();
+  slow();
 }
 
 $("#token").value = token;
@@ -330,15 +587,15 @@ $("#token-form").addEventListener("submit", (e) => {
   token = $("#token").value.trim();
   sessionStorage.setItem("shardstock-token", token);
   $("#token-state").textContent = token ? "set" : "not set";
-  ticks = 0;
-  refresh();
+  slowTicks = 0;
+  slow();
 });
 $("#search-form").addEventListener("submit", (e) => {
   e.preventDefault();
   prefix = $("#search-prefix").value.trim();
   selected = "";
-  ticks = 0;
-  refresh();
+  slowTicks = 0;
+  slow();
 });
 $("#create-form").addEventListener("submit", (e) => {
   e.preventDefault();
@@ -346,12 +603,13 @@ $("#create-form").addEventListener("submit", (e) => {
   act(async () => {
     await admin.createSku({ sku, initialStock: BigInt($("#create-stock").value || 0), shards: Number($("#create-shards").value || 1) });
     selected = sku;
-    ticks = 0;
-  });
+  }, sku);
 });
 
 makeCharts();
-refresh();
+slow();
+// The streams stay open while the tab is hidden (they cost the server a
+// watch each, bounded); the ticks, which read, stop.
 setInterval(() => {
-  if (!document.hidden) refresh();
-}, refreshMs);
+  if (!document.hidden) tick();
+}, tickMs);

@@ -3,10 +3,12 @@
 // admin token internal/e2e's TestE2E_Dashboard passes in SHARDSTOCK_URL and
 // SHARDSTOCK_ADMIN_TOKEN: opened with the token in its address (as `make
 // run` prints it), the page lists and shows a SKU created before it with
-// no typing, and its charts move and grow under load; then enter the
-// token, create a SKU through the page, deduct from this script, see the
-// bars move, pause the SKU through the page, see it paused (and a deduct
-// refused), and save screenshots.
+// no typing; under load its charts (sold, refused, latency, stock) move
+// and grow, its ledger's last entries change, and it sends no GetStock
+// (the stock comes from WatchStock); then enter the token, create a SKU
+// through the page, deduct from this script, see the bars move, pause the
+// SKU through the page, see it paused (and a deduct refused), and save
+// screenshots.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
@@ -25,7 +27,7 @@ const sku = `dash-${process.pid}`;
 const demo = `demo-${process.pid}`;
 const timeout = 15_000;
 
-test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, async () => {
+test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, async () => {
   assert.ok(baseUrl, "SHARDSTOCK_URL is not set");
   const browser = await chromium.launch({ executablePath, args: ["--no-sandbox", "--headless=new"] });
   try {
@@ -38,36 +40,72 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 60_000 }, a
     const inv = createClient(InventoryService, createConnectTransport({ baseUrl, interceptors: [bearer] })); // an admin may act as a service
     const admin = createClient(AdminService, createConnectTransport({ baseUrl, interceptors: [bearer] }));
     await admin.createSku({ sku: demo, initialStock: 100000n, shards: 4 });
+    // A SKU with nothing to sell, whose deducts are refused OUT_OF_STOCK.
+    await admin.createSku({ sku: `${demo}-out`, initialStock: 0n, shards: 1 });
+    // Every call the page makes, by procedure: it follows the stock through
+    // WatchStock, not by reading it again each second.
+    const calls = [];
+    page.on("request", (r) => calls.push({ at: Date.now(), procedure: new URL(r.url()).pathname.split("/").pop() }));
     await page.goto(`${baseUrl}/#token=${encodeURIComponent(token)}`);
     await page.waitForSelector(`#sku-list tr[data-sku="${demo}"]`, { timeout });
-    await page.waitForSelector(`.sku[data-sku="${demo}"] [data-field=available]`, { timeout });
+    await page.waitForSelector(`.sku[data-sku="${demo}"] [data-field=available]:text-is("100000")`, { timeout });
     assert.ok(!(await page.evaluate(() => location.hash)).includes("token"), "the token stayed in the address");
 
     // Under load the charts move and grow: their data differ between two
-    // reads, and hold more points.
+    // reads, and hold more points; the ledger's last entries change.
     const chartsFrom = Date.now();
     let load = true;
     const loading = (async () => {
-      for (let i = 0; load; i++) await inv.deduct({ sku: demo, quantity: 1n, idempotencyKey: `${demo}-${i}` });
+      for (let i = 0; load; i++) {
+        await inv.deduct({ sku: demo, quantity: 1n, idempotencyKey: `${demo}-${i}` });
+        if (i % 10 === 0) await inv.deduct({ sku: `${demo}-out`, quantity: 1n, idempotencyKey: `${demo}-out-${i}` }).catch(() => {});
+      }
     })();
     const chartData = () => page.locator("#charts svg.chart").evaluateAll((svgs) =>
-      svgs.map((s) => ({ series: s.dataset.series, points: Number(s.dataset.points), line: s.querySelector("polyline").getAttribute("points") })));
-    await page.waitForFunction(() => Number(document.querySelector('#charts svg[data-series="soldPerSec"]').dataset.points) >= 2, null, { timeout });
+      svgs.map((s) => ({ series: s.dataset.series, points: Number(s.dataset.points), line: s.querySelector("polyline").getAttribute("points"),
+        value: s.parentElement.querySelector(".value").textContent })));
+    const ledgerTop = () => page.locator("#ledger tbody tr").first().textContent();
+    await page.waitForFunction(() => Number(document.querySelector('#charts svg[data-series="refusedPerSec"]').dataset.points) >= 2, null, { timeout });
+    await page.waitForSelector("#ledger tbody tr", { timeout });
     const first = await chartData();
-    await page.waitForFunction((n) => Number(document.querySelector('#charts svg[data-series="available"]').dataset.points) >= n + 2,
+    const ledgerFirst = await ledgerTop();
+    const watched = Date.now();
+    await page.waitForFunction((n) => Number(document.querySelector('#charts svg[data-series="available"]').dataset.points) >= n + 3,
       first.find((c) => c.series === "available").points, { timeout });
     const second = await chartData();
+    const ledgerSecond = await ledgerTop();
+    const during = calls.filter((c) => c.at >= watched && c.at <= Date.now());
     load = false;
     await loading;
-    assert.ok(first.length >= 5, `${first.length} charts, want sold per second, stock left, reservations, in transit, sell-out`);
-    for (const key of ["soldPerSec", "available"]) {
+    const keys = ["soldPerSec", "refusedPerSec", "rejectedPerSec", "p50ms", "p99ms", "available", "inTransit", "reserved", "sellOut"];
+    assert.deepEqual(first.map((c) => c.series), keys, "the charts");
+    for (const key of ["soldPerSec", "available", "refusedPerSec", "p99ms"]) {
       const a = first.find((c) => c.series === key), b = second.find((c) => c.series === key);
       assert.ok(b.points > a.points, `chart ${key}: ${a.points} -> ${b.points} points, want more under load`);
       assert.notEqual(b.line, a.line, `chart ${key} did not move under load`);
     }
+    // Moving is more than growing: the stock left read lower, and its
+    // line holds more than one height.
+    const heights = (c) => new Set(c.line.split(" ").map((p) => p.split(",")[1])).size;
+    const avail = (d) => d.find((c) => c.series === "available");
+    assert.ok(Number(avail(second).value) < Number(avail(first).value), `stock left ${avail(first).value} -> ${avail(second).value} under load`);
+    assert.ok(heights(avail(second)) > 1, `stock left charted flat under load: ${avail(second).line}`);
+    assert.ok(Number(second.find((c) => c.series === "refusedPerSec").value) > 0 ||
+      second.some((c) => c.series === "refusedPerSec" && c.line !== first.find((f) => f.series === c.series).line),
+      "no refusals charted while OUT_OF_STOCK deducts were sent");
+    assert.notEqual(ledgerSecond, ledgerFirst, "the ledger's last entry did not change under load");
+    // The alerts are judged (which fire depends on this machine's load:
+    // LatencyP99 may): a count, and each firing one named.
+    const firing = Number(await page.locator("#alerts").getAttribute("data-firing"));
+    assert.ok(Number.isInteger(firing), "the alerts were not judged");
+    assert.equal(await page.locator("#alerts li[data-alert^=Shardstock]").count(), firing, "alerts firing without a name");
+    const count = (p) => during.filter((c) => c.procedure === p).length;
+    assert.equal(count("GetStock"), 0, `GetStock called ${count("GetStock")} times while the stock was watched`);
+    assert.ok(count("ReadMetrics") >= 2, `ReadMetrics called ${count("ReadMetrics")} times, want once a second`);
+    console.log(`charts checked in ${Date.now() - chartsFrom} ms; calls while watched: ${JSON.stringify(Object.fromEntries(
+      [...new Set(during.map((c) => c.procedure))].map((p) => [p, count(p)])))}`);
     mkdirSync(artifacts, { recursive: true });
     await page.screenshot({ path: join(artifacts, "dashboard-charts.png"), fullPage: true });
-    console.log(`charts checked in ${Date.now() - chartsFrom} ms`);
 
     await page.fill("#token", token);
     await page.click("#token-form button");

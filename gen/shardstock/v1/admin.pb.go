@@ -2537,6 +2537,167 @@ func (x *PrewarmResponse) GetSkus() []*PrewarmedSku {
 	return nil
 }
 
+type ReadMetricsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Metric family names, 1 to 32, each starting shardstock_.
+	Names         []string `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadMetricsRequest) Reset() {
+	*x = ReadMetricsRequest{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadMetricsRequest) ProtoMessage() {}
+
+func (x *ReadMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadMetricsRequest.ProtoReflect.Descriptor instead.
+func (*ReadMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ReadMetricsRequest) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+// MetricSample is one sample of a metric as the Prometheus text format
+// writes it: a histogram's buckets are samples named <family>_bucket with
+// the label le, besides <family>_sum and <family>_count.
+type MetricSample struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Labels        map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Value         float64                `protobuf:"fixed64,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetricSample) Reset() {
+	*x = MetricSample{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricSample) ProtoMessage() {}
+
+func (x *MetricSample) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricSample.ProtoReflect.Descriptor instead.
+func (*MetricSample) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *MetricSample) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MetricSample) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *MetricSample) GetValue() float64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+type ReadMetricsResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Samples []*MetricSample        `protobuf:"bytes,1,rep,name=samples,proto3" json:"samples,omitempty"`
+	// When this process read its metrics.
+	ReadAt        *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=read_at,json=readAt,proto3" json:"read_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadMetricsResponse) Reset() {
+	*x = ReadMetricsResponse{}
+	mi := &file_shardstock_v1_admin_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadMetricsResponse) ProtoMessage() {}
+
+func (x *ReadMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_admin_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadMetricsResponse.ProtoReflect.Descriptor instead.
+func (*ReadMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_admin_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ReadMetricsResponse) GetSamples() []*MetricSample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
+func (x *ReadMetricsResponse) GetReadAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReadAt
+	}
+	return nil
+}
+
 var File_shardstock_v1_admin_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_admin_proto_rawDesc = "" +
@@ -2749,7 +2910,20 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"shardsWarm\x12*\n" +
 	"\x05stock\x18\x03 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"B\n" +
 	"\x0fPrewarmResponse\x12/\n" +
-	"\x04skus\x18\x01 \x03(\v2\x1b.shardstock.v1.PrewarmedSkuR\x04skus2\xc2\t\n" +
+	"\x04skus\x18\x01 \x03(\v2\x1b.shardstock.v1.PrewarmedSkuR\x04skus\"*\n" +
+	"\x12ReadMetricsRequest\x12\x14\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\"\xb4\x01\n" +
+	"\fMetricSample\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12?\n" +
+	"\x06labels\x18\x02 \x03(\v2'.shardstock.v1.MetricSample.LabelsEntryR\x06labels\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\x01R\x05value\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
+	"\x13ReadMetricsResponse\x125\n" +
+	"\asamples\x18\x01 \x03(\v2\x1b.shardstock.v1.MetricSampleR\asamples\x123\n" +
+	"\aread_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06readAt2\x9d\n" +
+	"\n" +
 	"\fAdminService\x12P\n" +
 	"\tCreateSku\x12\x1f.shardstock.v1.CreateSkuRequest\x1a .shardstock.v1.CreateSkuResponse\"\x00\x12P\n" +
 	"\tUpdateSku\x12\x1f.shardstock.v1.UpdateSkuRequest\x1a .shardstock.v1.UpdateSkuResponse\"\x00\x12V\n" +
@@ -2765,7 +2939,8 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\fSetPlacement\x12\".shardstock.v1.SetPlacementRequest\x1a#.shardstock.v1.SetPlacementResponse\"\x00\x12X\n" +
 	"\vWatchLedger\x12!.shardstock.v1.WatchLedgerRequest\x1a\".shardstock.v1.WatchLedgerResponse\"\x000\x01\x12P\n" +
 	"\bListSkus\x12\x1e.shardstock.v1.ListSkusRequest\x1a\x1f.shardstock.v1.ListSkusResponse\"\x03\x90\x02\x01\x12J\n" +
-	"\aPrewarm\x12\x1d.shardstock.v1.PrewarmRequest\x1a\x1e.shardstock.v1.PrewarmResponse\"\x00BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\aPrewarm\x12\x1d.shardstock.v1.PrewarmRequest\x1a\x1e.shardstock.v1.PrewarmResponse\"\x00\x12Y\n" +
+	"\vReadMetrics\x12!.shardstock.v1.ReadMetricsRequest\x1a\".shardstock.v1.ReadMetricsResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_admin_proto_rawDescOnce sync.Once
@@ -2779,7 +2954,7 @@ func file_shardstock_v1_admin_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_admin_proto_rawDescData
 }
 
-var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_shardstock_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*SkuConfig)(nil),             // 0: shardstock.v1.SkuConfig
 	(*CreateSkuRequest)(nil),      // 1: shardstock.v1.CreateSkuRequest
@@ -2818,88 +2993,97 @@ var file_shardstock_v1_admin_proto_goTypes = []any{
 	(*PrewarmRequest)(nil),        // 34: shardstock.v1.PrewarmRequest
 	(*PrewarmedSku)(nil),          // 35: shardstock.v1.PrewarmedSku
 	(*PrewarmResponse)(nil),       // 36: shardstock.v1.PrewarmResponse
-	(SkuStatus)(0),                // 37: shardstock.v1.SkuStatus
-	(*durationpb.Duration)(nil),   // 38: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 39: google.protobuf.Timestamp
-	(*Stock)(nil),                 // 40: shardstock.v1.Stock
-	(*Operation)(nil),             // 41: shardstock.v1.Operation
-	(*Transfer)(nil),              // 42: shardstock.v1.Transfer
-	(TransferState)(0),            // 43: shardstock.v1.TransferState
-	(*MoveLease)(nil),             // 44: shardstock.v1.MoveLease
+	(*ReadMetricsRequest)(nil),    // 37: shardstock.v1.ReadMetricsRequest
+	(*MetricSample)(nil),          // 38: shardstock.v1.MetricSample
+	(*ReadMetricsResponse)(nil),   // 39: shardstock.v1.ReadMetricsResponse
+	nil,                           // 40: shardstock.v1.MetricSample.LabelsEntry
+	(SkuStatus)(0),                // 41: shardstock.v1.SkuStatus
+	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
+	(*Stock)(nil),                 // 44: shardstock.v1.Stock
+	(*Operation)(nil),             // 45: shardstock.v1.Operation
+	(*Transfer)(nil),              // 46: shardstock.v1.Transfer
+	(TransferState)(0),            // 47: shardstock.v1.TransferState
+	(*MoveLease)(nil),             // 48: shardstock.v1.MoveLease
 }
 var file_shardstock_v1_admin_proto_depIdxs = []int32{
-	37, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
-	38, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
-	39, // 2: shardstock.v1.SkuConfig.sale_start:type_name -> google.protobuf.Timestamp
-	39, // 3: shardstock.v1.SkuConfig.sale_end:type_name -> google.protobuf.Timestamp
-	38, // 4: shardstock.v1.SkuConfig.max_hold:type_name -> google.protobuf.Duration
-	38, // 5: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
-	39, // 6: shardstock.v1.CreateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
-	39, // 7: shardstock.v1.CreateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
-	38, // 8: shardstock.v1.CreateSkuRequest.max_hold:type_name -> google.protobuf.Duration
+	41, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
+	42, // 1: shardstock.v1.SkuConfig.reservation_ttl:type_name -> google.protobuf.Duration
+	43, // 2: shardstock.v1.SkuConfig.sale_start:type_name -> google.protobuf.Timestamp
+	43, // 3: shardstock.v1.SkuConfig.sale_end:type_name -> google.protobuf.Timestamp
+	42, // 4: shardstock.v1.SkuConfig.max_hold:type_name -> google.protobuf.Duration
+	42, // 5: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
+	43, // 6: shardstock.v1.CreateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
+	43, // 7: shardstock.v1.CreateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
+	42, // 8: shardstock.v1.CreateSkuRequest.max_hold:type_name -> google.protobuf.Duration
 	0,  // 9: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	40, // 10: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
-	39, // 11: shardstock.v1.UpdateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
-	39, // 12: shardstock.v1.UpdateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
-	38, // 13: shardstock.v1.UpdateSkuRequest.max_hold:type_name -> google.protobuf.Duration
+	44, // 10: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
+	43, // 11: shardstock.v1.UpdateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
+	43, // 12: shardstock.v1.UpdateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
+	42, // 13: shardstock.v1.UpdateSkuRequest.max_hold:type_name -> google.protobuf.Duration
 	0,  // 14: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	41, // 15: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
-	40, // 16: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
+	45, // 15: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
+	44, // 16: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 17: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	40, // 18: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
-	42, // 19: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	43, // 20: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
-	42, // 21: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	44, // 18: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
+	46, // 19: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	47, // 20: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
+	46, // 21: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
 	14, // 22: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
 	15, // 23: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	44, // 24: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
+	48, // 24: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
 	17, // 25: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
 	18, // 26: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
 	17, // 27: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
-	39, // 28: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	43, // 28: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
 	22, // 29: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
 	25, // 30: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	40, // 31: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	40, // 32: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
+	44, // 31: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	44, // 32: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
 	22, // 33: shardstock.v1.WatchLedgerResponse.entry:type_name -> shardstock.v1.LedgerEntry
-	37, // 34: shardstock.v1.ListSkusRequest.status:type_name -> shardstock.v1.SkuStatus
+	41, // 34: shardstock.v1.ListSkusRequest.status:type_name -> shardstock.v1.SkuStatus
 	0,  // 35: shardstock.v1.SkuSummary.sku:type_name -> shardstock.v1.SkuConfig
 	32, // 36: shardstock.v1.ListSkusResponse.skus:type_name -> shardstock.v1.SkuSummary
-	40, // 37: shardstock.v1.PrewarmedSku.stock:type_name -> shardstock.v1.Stock
+	44, // 37: shardstock.v1.PrewarmedSku.stock:type_name -> shardstock.v1.Stock
 	35, // 38: shardstock.v1.PrewarmResponse.skus:type_name -> shardstock.v1.PrewarmedSku
-	1,  // 39: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	3,  // 40: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	5,  // 41: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	7,  // 42: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	9,  // 43: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	11, // 44: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	13, // 45: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	21, // 46: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	24, // 47: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	27, // 48: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
-	19, // 49: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
-	29, // 50: shardstock.v1.AdminService.WatchLedger:input_type -> shardstock.v1.WatchLedgerRequest
-	31, // 51: shardstock.v1.AdminService.ListSkus:input_type -> shardstock.v1.ListSkusRequest
-	34, // 52: shardstock.v1.AdminService.Prewarm:input_type -> shardstock.v1.PrewarmRequest
-	2,  // 53: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	4,  // 54: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	6,  // 55: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	8,  // 56: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	10, // 57: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	12, // 58: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	16, // 59: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	23, // 60: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	26, // 61: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	28, // 62: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
-	20, // 63: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
-	30, // 64: shardstock.v1.AdminService.WatchLedger:output_type -> shardstock.v1.WatchLedgerResponse
-	33, // 65: shardstock.v1.AdminService.ListSkus:output_type -> shardstock.v1.ListSkusResponse
-	36, // 66: shardstock.v1.AdminService.Prewarm:output_type -> shardstock.v1.PrewarmResponse
-	53, // [53:67] is the sub-list for method output_type
-	39, // [39:53] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	40, // 39: shardstock.v1.MetricSample.labels:type_name -> shardstock.v1.MetricSample.LabelsEntry
+	38, // 40: shardstock.v1.ReadMetricsResponse.samples:type_name -> shardstock.v1.MetricSample
+	43, // 41: shardstock.v1.ReadMetricsResponse.read_at:type_name -> google.protobuf.Timestamp
+	1,  // 42: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 43: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 44: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 45: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 46: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 47: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 48: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	21, // 49: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	24, // 50: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	27, // 51: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
+	19, // 52: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
+	29, // 53: shardstock.v1.AdminService.WatchLedger:input_type -> shardstock.v1.WatchLedgerRequest
+	31, // 54: shardstock.v1.AdminService.ListSkus:input_type -> shardstock.v1.ListSkusRequest
+	34, // 55: shardstock.v1.AdminService.Prewarm:input_type -> shardstock.v1.PrewarmRequest
+	37, // 56: shardstock.v1.AdminService.ReadMetrics:input_type -> shardstock.v1.ReadMetricsRequest
+	2,  // 57: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 58: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 59: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 60: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 61: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 62: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 63: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	23, // 64: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	26, // 65: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	28, // 66: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
+	20, // 67: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
+	30, // 68: shardstock.v1.AdminService.WatchLedger:output_type -> shardstock.v1.WatchLedgerResponse
+	33, // 69: shardstock.v1.AdminService.ListSkus:output_type -> shardstock.v1.ListSkusResponse
+	36, // 70: shardstock.v1.AdminService.Prewarm:output_type -> shardstock.v1.PrewarmResponse
+	39, // 71: shardstock.v1.AdminService.ReadMetrics:output_type -> shardstock.v1.ReadMetricsResponse
+	57, // [57:72] is the sub-list for method output_type
+	42, // [42:57] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }
@@ -2915,7 +3099,7 @@ func file_shardstock_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_admin_proto_rawDesc), len(file_shardstock_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -382,7 +382,7 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	// operators' calls are few.
 	admit.InFlight = 0
 	mux.Handle(shardstockv1connect.InventoryServiceWatchStockProcedure, api.Admit(admit, invHandler, metrics.Refused))
-	adminPath, adminHandler := shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes, Catalog: proc.DBs, Warmer: w.alloc},
+	adminPath, adminHandler := shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes, Catalog: proc.DBs, Warmer: w.alloc, Metrics: proc.Registry},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.AuditAdmin(log)))...)
 	mux.Handle(adminPath, api.Admit(admit, adminHandler, metrics.Refused))
 	mux.Handle("/", api.Dashboard())

@@ -67,6 +67,9 @@ const (
 	AdminServiceListSkusProcedure = "/shardstock.v1.AdminService/ListSkus"
 	// AdminServicePrewarmProcedure is the fully-qualified name of the AdminService's Prewarm RPC.
 	AdminServicePrewarmProcedure = "/shardstock.v1.AdminService/Prewarm"
+	// AdminServiceReadMetricsProcedure is the fully-qualified name of the AdminService's ReadMetrics
+	// RPC.
+	AdminServiceReadMetricsProcedure = "/shardstock.v1.AdminService/ReadMetrics"
 )
 
 // AdminServiceClient is a client for the shardstock.v1.AdminService service.
@@ -132,6 +135,13 @@ type AdminServiceClient interface {
 	// routing hints filled, and database connections are opened. Unknown
 	// SKUs are not_found; at most 100 SKUs a call.
 	Prewarm(context.Context, *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error)
+	// ReadMetrics reads this process's metrics of the families named, as
+	// its operator listener's /metrics would expose them (a histogram as its
+	// _bucket, _sum and _count samples): the dashboard's view of calls,
+	// latency and the alert rules' inputs, on the public port for an admin
+	// only. Names are 1 to 32 metric families of shardstock (shardstock_...);
+	// others are invalid_argument. A family with no sample yet is absent.
+	ReadMetrics(context.Context, *connect.Request[v1.ReadMetricsRequest]) (*connect.Response[v1.ReadMetricsResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the shardstock.v1.AdminService service. By default,
@@ -234,6 +244,13 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("Prewarm")),
 			connect.WithClientOptions(opts...),
 		),
+		readMetrics: connect.NewClient[v1.ReadMetricsRequest, v1.ReadMetricsResponse](
+			httpClient,
+			baseURL+AdminServiceReadMetricsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ReadMetrics")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -253,6 +270,7 @@ type adminServiceClient struct {
 	watchLedger   *connect.Client[v1.WatchLedgerRequest, v1.WatchLedgerResponse]
 	listSkus      *connect.Client[v1.ListSkusRequest, v1.ListSkusResponse]
 	prewarm       *connect.Client[v1.PrewarmRequest, v1.PrewarmResponse]
+	readMetrics   *connect.Client[v1.ReadMetricsRequest, v1.ReadMetricsResponse]
 }
 
 // CreateSku calls shardstock.v1.AdminService.CreateSku.
@@ -325,6 +343,11 @@ func (c *adminServiceClient) Prewarm(ctx context.Context, req *connect.Request[v
 	return c.prewarm.CallUnary(ctx, req)
 }
 
+// ReadMetrics calls shardstock.v1.AdminService.ReadMetrics.
+func (c *adminServiceClient) ReadMetrics(ctx context.Context, req *connect.Request[v1.ReadMetricsRequest]) (*connect.Response[v1.ReadMetricsResponse], error) {
+	return c.readMetrics.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the shardstock.v1.AdminService service.
 type AdminServiceHandler interface {
 	// CreateSku creates a SKU with initial_stock spread over its shards.
@@ -388,6 +411,13 @@ type AdminServiceHandler interface {
 	// routing hints filled, and database connections are opened. Unknown
 	// SKUs are not_found; at most 100 SKUs a call.
 	Prewarm(context.Context, *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error)
+	// ReadMetrics reads this process's metrics of the families named, as
+	// its operator listener's /metrics would expose them (a histogram as its
+	// _bucket, _sum and _count samples): the dashboard's view of calls,
+	// latency and the alert rules' inputs, on the public port for an admin
+	// only. Names are 1 to 32 metric families of shardstock (shardstock_...);
+	// others are invalid_argument. A family with no sample yet is absent.
+	ReadMetrics(context.Context, *connect.Request[v1.ReadMetricsRequest]) (*connect.Response[v1.ReadMetricsResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -486,6 +516,13 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("Prewarm")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceReadMetricsHandler := connect.NewUnaryHandler(
+		AdminServiceReadMetricsProcedure,
+		svc.ReadMetrics,
+		connect.WithSchema(adminServiceMethods.ByName("ReadMetrics")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceCreateSkuProcedure:
@@ -516,6 +553,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceListSkusHandler.ServeHTTP(w, r)
 		case AdminServicePrewarmProcedure:
 			adminServicePrewarmHandler.ServeHTTP(w, r)
+		case AdminServiceReadMetricsProcedure:
+			adminServiceReadMetricsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -579,4 +618,8 @@ func (UnimplementedAdminServiceHandler) ListSkus(context.Context, *connect.Reque
 
 func (UnimplementedAdminServiceHandler) Prewarm(context.Context, *connect.Request[v1.PrewarmRequest]) (*connect.Response[v1.PrewarmResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.Prewarm is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ReadMetrics(context.Context, *connect.Request[v1.ReadMetricsRequest]) (*connect.Response[v1.ReadMetricsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.AdminService.ReadMetrics is not implemented"))
 }

@@ -1227,6 +1227,77 @@ export declare type PrewarmResponse = Message<"shardstock.v1.PrewarmResponse"> &
 export declare const PrewarmResponseSchema: GenMessage<PrewarmResponse>;
 
 /**
+ * @generated from message shardstock.v1.ReadMetricsRequest
+ */
+export declare type ReadMetricsRequest = Message<"shardstock.v1.ReadMetricsRequest"> & {
+  /**
+   * Metric family names, 1 to 32, each starting shardstock_.
+   *
+   * @generated from field: repeated string names = 1;
+   */
+  names: string[];
+};
+
+/**
+ * Describes the message shardstock.v1.ReadMetricsRequest.
+ * Use `create(ReadMetricsRequestSchema)` to create a new message.
+ */
+export declare const ReadMetricsRequestSchema: GenMessage<ReadMetricsRequest>;
+
+/**
+ * MetricSample is one sample of a metric as the Prometheus text format
+ * writes it: a histogram's buckets are samples named <family>_bucket with
+ * the label le, besides <family>_sum and <family>_count.
+ *
+ * @generated from message shardstock.v1.MetricSample
+ */
+export declare type MetricSample = Message<"shardstock.v1.MetricSample"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: map<string, string> labels = 2;
+   */
+  labels: { [key: string]: string };
+
+  /**
+   * @generated from field: double value = 3;
+   */
+  value: number;
+};
+
+/**
+ * Describes the message shardstock.v1.MetricSample.
+ * Use `create(MetricSampleSchema)` to create a new message.
+ */
+export declare const MetricSampleSchema: GenMessage<MetricSample>;
+
+/**
+ * @generated from message shardstock.v1.ReadMetricsResponse
+ */
+export declare type ReadMetricsResponse = Message<"shardstock.v1.ReadMetricsResponse"> & {
+  /**
+   * @generated from field: repeated shardstock.v1.MetricSample samples = 1;
+   */
+  samples: MetricSample[];
+
+  /**
+   * When this process read its metrics.
+   *
+   * @generated from field: google.protobuf.Timestamp read_at = 2;
+   */
+  readAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.ReadMetricsResponse.
+ * Use `create(ReadMetricsResponseSchema)` to create a new message.
+ */
+export declare const ReadMetricsResponseSchema: GenMessage<ReadMetricsResponse>;
+
+/**
  * AdminService controls SKUs, stock and topology. Every call needs
  * `Authorization: Bearer <admin token>`.
  *
@@ -1405,6 +1476,21 @@ export declare const AdminService: GenService<{
     methodKind: "unary";
     input: typeof PrewarmRequestSchema;
     output: typeof PrewarmResponseSchema;
+  },
+  /**
+   * ReadMetrics reads this process's metrics of the families named, as
+   * its operator listener's /metrics would expose them (a histogram as its
+   * _bucket, _sum and _count samples): the dashboard's view of calls,
+   * latency and the alert rules' inputs, on the public port for an admin
+   * only. Names are 1 to 32 metric families of shardstock (shardstock_...);
+   * others are invalid_argument. A family with no sample yet is absent.
+   *
+   * @generated from rpc shardstock.v1.AdminService.ReadMetrics
+   */
+  readMetrics: {
+    methodKind: "unary";
+    input: typeof ReadMetricsRequestSchema;
+    output: typeof ReadMetricsResponseSchema;
   },
 }>;
 
