@@ -125,6 +125,13 @@ func (a *Allocator) GetOperation(ctx context.Context, sku, key string) (*stock.O
 			return nil, stock.Errorf(stock.CodeOperationInProgress, "the operation with key %q is in progress; ask again", key)
 		}
 	}
+	if err == nil && stock.IsOrderLineKey(op.IdempotencyKey) && op.ReservationID != "" && a.orders != nil {
+		// A line's key is a hash of its order and SKU, so the order is
+		// found by the line's reservation in the orders' database.
+		if op.OrderID, err = a.orders.OrderOfLine(ctx, op.ReservationID); err != nil {
+			return nil, err
+		}
+	}
 	return op, err
 }
 
