@@ -129,7 +129,8 @@ func (a *Allocator) GetOperation(ctx context.Context, sku, key string) (*stock.O
 		// A line's key is a hash of its order and SKU, so the order is
 		// found by the line's reservation in the orders' database.
 		if op.OrderID, err = a.orders.OrderOfLine(ctx, op.ReservationID); err != nil {
-			return nil, err
+			a.log.Warn("GetOperation: the order of a line", "sku", sku, "err", err)
+			return nil, stock.Errorf(stock.CodeShardUnavailable, "the orders' database did not answer; ask again")
 		}
 	}
 	return op, err
