@@ -18,6 +18,7 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/api"
+	"github.com/shardstock/shardstock/internal/dbset"
 	"github.com/shardstock/shardstock/internal/etcdtest"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
@@ -36,9 +37,12 @@ const stableTimeout = 60 * time.Second
 // (served over HTTP/2 as cmd/shard serves them, or called directly as an
 // allocator's own -shard-id server is) and an allocator over them.
 type stack struct {
-	t       testing.TB
-	url     string
-	db      *postgres.DB
+	t   testing.TB
+	url string
+	db  *postgres.DB
+	// store is what allocators and shard servers read SKUs from: db, or
+	// with a second database (newStackDBs) a dbset over both.
+	store   allocator.Store
 	topo    func() topology.View
 	servers map[string]*shard.Server
 	// metrics are each shard server's own registry.
@@ -55,13 +59,33 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // settled on them.
 func newStack(t testing.TB, remote []string, local string) *stack {
 	t.Helper()
+	return newStackDBs(t, remote, local, false)
+}
+
+// newStackDBs is newStack; with second, SKUs are placed half on the
+// database named main (s.db) and half on one named second, as
+// SHARDSTOCK_DATABASES places them: the allocators read through a dbset,
+// and each shard server serves both databases.
+func newStackDBs(t testing.TB, remote []string, local string, second bool) *stack {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	url := pgtest.NewDB(t)
-	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 8, ApplicationName: "allocatortest"})
-	if err != nil {
-		t.Fatal(err)
+	db := openDB(t, url)
+	var store allocator.Store = db
+	newServer := func(id string, reg prometheus.Registerer) *shard.Server {
+		return shard.New(shard.Config{ServerID: id, DB: db, Logger: quiet(), Registerer: reg})
 	}
-	t.Cleanup(db.Close)
+	if second {
+		set := twoDatabases(t, db, openDB(t, pgtest.NewDB(t)))
+		store = set
+		newServer = func(id string, reg prometheus.Registerer) *shard.Server {
+			dbs := map[string]shard.Store{}
+			for _, name := range set.Names() {
+				dbs[name] = set.DB(name)
+			}
+			return shard.New(shard.Config{ServerID: id, DBs: dbs, Locate: set.Locate, Logger: quiet(), Registerer: reg})
+		}
+	}
 	e := etcdtest.Start(t)
 	var stopped []chan struct{}
 	t.Cleanup(func() {
@@ -77,14 +101,14 @@ func newStack(t testing.TB, remote []string, local string) *stack {
 	}
 	w := topology.NewWatcher(e.Client(), stock.Partitions)
 	run(func() { w.Run(ctx) })
-	s := &stack{t: t, url: url, db: db, topo: w.Snapshot, servers: map[string]*shard.Server{}, metrics: map[string]*prometheus.Registry{}, local: local, etcd: e}
+	s := &stack{t: t, url: url, db: db, store: store, topo: w.Snapshot, servers: map[string]*shard.Server{}, metrics: map[string]*prometheus.Registry{}, local: local, etcd: e}
 	ids := slices.Clone(remote)
 	if local != "" {
 		ids = append(ids, local)
 	}
 	for _, id := range ids {
 		reg := prometheus.NewRegistry()
-		srv := shard.New(shard.Config{ServerID: id, DB: db, Logger: quiet(), Registerer: reg})
+		srv := newServer(id, reg)
 		s.servers[id], s.metrics[id] = srv, reg
 		run(func() { srv.Run(ctx) })
 		addr := "127.0.0.1:1" // the local server is never dialled
@@ -106,6 +130,36 @@ func newStack(t testing.TB, remote []string, local string) *stack {
 	return s
 }
 
+// openDB opens the database at url for a stack.
+func openDB(t testing.TB, url string) *postgres.DB {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), url, postgres.Options{MaxConns: 8, ApplicationName: "allocatortest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
+}
+
+// twoDatabases is a dbset over main and second whose placement spreads
+// new SKUs evenly over both, recorded in each.
+func twoDatabases(t testing.TB, main, second *postgres.DB) *dbset.Set {
+	t.Helper()
+	p, err := stock.Placement{}.Next([]string{stock.DefaultDatabase, "second"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := dbset.New(map[string]*postgres.DB{stock.DefaultDatabase: main, "second": second}, &dbset.Fixed{P: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.SetLogger(quiet())
+	if err := set.Record(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
 // newAllocator returns another allocator over the stack, with no hints
 // and no cached SKUs of its own.
 func (s *stack) newAllocator() *allocator.Allocator { return s.newAllocatorWith(nil) }
@@ -114,7 +168,7 @@ func (s *stack) newAllocator() *allocator.Allocator { return s.newAllocatorWith(
 func (s *stack) newAllocatorWith(edit func(*allocator.Config)) *allocator.Allocator {
 	// The rebalancer's rounds would move stock under the tests' feet; the
 	// rebalancer's own tests turn them on (newMover).
-	cfg := allocator.Config{DB: s.db, Topology: s.topo, Logger: quiet(),
+	cfg := allocator.Config{DB: s.store, Topology: s.topo, Logger: quiet(),
 		Rebalance: rebalance.Config{Off: true, Auto: rebalance.AutoShards{Off: true}}}
 	if edit != nil {
 		edit(&cfg)

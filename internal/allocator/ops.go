@@ -125,6 +125,14 @@ func (a *Allocator) GetOperation(ctx context.Context, sku, key string) (*stock.O
 			return nil, stock.Errorf(stock.CodeOperationInProgress, "the operation with key %q is in progress; ask again", key)
 		}
 	}
+	if err == nil && stock.IsOrderLineKey(op.IdempotencyKey) && op.ReservationID != "" && a.orders != nil {
+		// A line's key is a hash of its order and SKU, so the order is
+		// found by the line's reservation in the orders' database.
+		if op.OrderID, err = a.orders.OrderOfLine(ctx, op.ReservationID); err != nil {
+			a.log.Warn("GetOperation: the order of a line", "sku", sku, "err", err)
+			return nil, stock.Errorf(stock.CodeShardUnavailable, "the orders' database did not answer; ask again")
+		}
+	}
 	return op, err
 }
 

@@ -42,6 +42,8 @@ type OrderStore interface {
 	GetOrder(ctx context.Context, id, key string) (*stock.Order, error)
 	SetOrder(ctx context.Context, o *stock.Order, from stock.OrderState, driver string, lease time.Duration, claim bool) (bool, error)
 	ClaimOrders(ctx context.Context, driver string, lease time.Duration, limit int) ([]*stock.Order, error)
+	// OrderOfLine names the order a recorded line's reservation is of.
+	OrderOfLine(ctx context.Context, reservationID string) (string, error)
 }
 
 // errOrderLost: another driver (a recovery) took the order over.

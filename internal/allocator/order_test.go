@@ -31,7 +31,7 @@ func (s *stack) orderAllocator(recovery bool, hook func(*stock.Order, int)) *all
 // lineHeld returns the reservation an order's line holds now, or nil.
 func (s *stack) lineHeld(orderID, sku string) *stock.Operation {
 	s.t.Helper()
-	op, err := s.db.GetOperation(context.Background(), sku, stock.OrderLineKey(orderID, sku))
+	op, err := s.store.GetOperation(context.Background(), sku, stock.OrderLineKey(orderID, sku))
 	if stock.CodeOf(err) == stock.CodeOperationNotFound {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,6 +78,20 @@ func (db *DB) GetOrder(ctx context.Context, id, key string) (*stock.Order, error
 	}
 	o, _, err := scanOrder(db.pool.QueryRow(ctx, q, arg))
 	return o, err
+}
+
+// OrderOfLine returns the id of the order one of whose recorded lines
+// holds reservation id, or "" if none does (index orders_lines).
+func (db *DB) OrderOfLine(ctx context.Context, reservationID string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var id string
+	err := db.pool.QueryRow(ctx, `SELECT id FROM orders WHERE lines @> jsonb_build_array(jsonb_build_object('reservation_id', $1::text))`,
+		reservationID).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return id, err
 }
 
 // SetOrder writes o's state, lines, expiry and reason, and renews the

@@ -254,6 +254,9 @@ type Operation struct {
 	ReservationExpiresAt time.Time
 	// Original is the sale a refund reverses (refund only).
 	Original Sale
+	// OrderID is the order whose line this reserve is (order lines only,
+	// once the order records the line; filled in by the allocator).
+	OrderID string
 }
 
 // Source values for the ledger.

@@ -178,7 +178,7 @@ func OperationToProto(o *stock.Operation) *v1.Operation {
 		Sku: o.SKU, IdempotencyKey: o.IdempotencyKey, Kind: pubKinds[o.Kind], Quantity: o.Quantity, Shard: o.Shard,
 		ReservationId: o.ReservationID, OrderRef: o.OrderRef, CustomerRef: o.CustomerRef,
 		CreatedAt: timestamppb.New(o.CreatedAt), ReservationState: resStates[o.ReservationState],
-		Original: SaleToProto(o.Original),
+		Original: SaleToProto(o.Original), OrderId: o.OrderID,
 	}
 }
 
@@ -188,7 +188,7 @@ func OperationFromProto(o *v1.Operation) *stock.Operation {
 		SKU: o.GetSku(), IdempotencyKey: o.GetIdempotencyKey(), Quantity: o.GetQuantity(), Shard: o.GetShard(),
 		ReservationID: o.GetReservationId(), OrderRef: o.GetOrderRef(), CustomerRef: o.GetCustomerRef(),
 		CreatedAt: o.GetCreatedAt().AsTime(), ReservationState: resStateFromProto(o.GetReservationState()),
-		Original: SaleFromProto(o.GetOriginal()),
+		Original: SaleFromProto(o.GetOriginal()), OrderID: o.GetOrderId(),
 	}
 	for k, v := range pubKinds {
 		if v == o.GetKind() {

@@ -62,7 +62,8 @@ func TestConvert_Result(t *testing.T) {
 	res := &stock.Reservation{ID: "r1.x", SKU: "s", Shard: 2, Quantity: 3, State: stock.ReservationCommitted,
 		ExpiresAt: when, OrderRef: "o", CustomerRef: "c", IdempotencyKey: "k"}
 	op := &stock.Operation{SKU: "s", IdempotencyKey: "k", Kind: stock.OpAdjust, Quantity: -2, Shard: 1,
-		ReservationID: "r1.y", OrderRef: "o", CustomerRef: "c", CreatedAt: when, ReservationState: stock.ReservationExpired}
+		ReservationID: "r1.y", OrderRef: "o", CustomerRef: "c", CreatedAt: when, ReservationState: stock.ReservationExpired,
+		OrderID: "o1.z"}
 	tr := &stock.Transfer{ID: "t1", SKU: "s", From: 1, To: 2, Quantity: 5, State: stock.TransferDebited, FenceToken: 12,
 		CreatedAt: when, UpdatedAt: when.Add(time.Second)}
 	for _, tc := range []struct {

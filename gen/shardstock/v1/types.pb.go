@@ -508,7 +508,11 @@ type Operation struct {
 	// Set for reserve operations: the reservation's current state.
 	ReservationState ReservationState `protobuf:"varint,10,opt,name=reservation_state,json=reservationState,proto3,enum=shardstock.v1.ReservationState" json:"reservation_state,omitempty"`
 	// Set for refunds: the sale reversed.
-	Original      *Sale `protobuf:"bytes,11,opt,name=original,proto3" json:"original,omitempty"`
+	Original *Sale `protobuf:"bytes,11,opt,name=original,proto3" json:"original,omitempty"`
+	// Set for an order line's reserve (its key starts "order-line:"): the
+	// order it is a line of (InventoryService.GetOrder). Empty while the
+	// order's driver has not yet recorded the line.
+	OrderId       string `protobuf:"bytes,12,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -618,6 +622,13 @@ func (x *Operation) GetOriginal() *Sale {
 		return x.Original
 	}
 	return nil
+}
+
+func (x *Operation) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
 }
 
 // ShardStock is one shard's counts.
@@ -1292,7 +1303,7 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\b \x01(\tR\x0eidempotencyKey\x12!\n" +
 	"\fcustomer_ref\x18\t \x01(\tR\vcustomerRef\x12-\n" +
 	"\x12committed_quantity\x18\n" +
-	" \x01(\x03R\x11committedQuantity\"\xcb\x03\n" +
+	" \x01(\x03R\x11committedQuantity\"\xe6\x03\n" +
 	"\tOperation\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x120\n" +
@@ -1306,7 +1317,8 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12L\n" +
 	"\x11reservation_state\x18\n" +
 	" \x01(\x0e2\x1f.shardstock.v1.ReservationStateR\x10reservationState\x12/\n" +
-	"\boriginal\x18\v \x01(\v2\x13.shardstock.v1.SaleR\boriginal\"\xe3\x01\n" +
+	"\boriginal\x18\v \x01(\v2\x13.shardstock.v1.SaleR\boriginal\x12\x19\n" +
+	"\border_id\x18\f \x01(\tR\aorderId\"\xe3\x01\n" +
 	"\n" +
 	"ShardStock\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1b\n" +

@@ -34,6 +34,7 @@ import (
 	"github.com/shardstock/shardstock/internal/cmd/startup"
 	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/transport"
+	"github.com/shardstock/shardstock/internal/wire"
 )
 
 // Exit codes by class of error.
@@ -387,10 +388,10 @@ func cmdOperation(ctx context.Context, c *cli, args []string) error {
 	}
 	return c.show(resp.Msg, func(w *tabwriter.Writer) {
 		op := resp.Msg.GetOperation()
-		fmt.Fprintf(w, "SKU\tKEY\tKIND\tQUANTITY\tSHARD\tRESERVATION\tSTATE\tCREATED\n")
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", op.GetSku(), op.GetIdempotencyKey(), strings.TrimPrefix(op.GetKind().String(), "OPERATION_KIND_"),
+		fmt.Fprintf(w, "SKU\tKEY\tKIND\tQUANTITY\tSHARD\tRESERVATION\tSTATE\tORDER\tORIGINAL\tCREATED\n")
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", op.GetSku(), op.GetIdempotencyKey(), strings.TrimPrefix(op.GetKind().String(), "OPERATION_KIND_"),
 			op.GetQuantity(), op.GetShard(), dash(op.GetReservationId()), strings.TrimPrefix(op.GetReservationState().String(), "RESERVATION_STATE_"),
-			op.GetCreatedAt().AsTime().Format(time.RFC3339))
+			dash(op.GetOrderId()), dash(wire.SaleFromProto(op.GetOriginal()).ID()), op.GetCreatedAt().AsTime().Format(time.RFC3339))
 	})
 }
 

@@ -176,6 +176,28 @@ func TestStockctl(t *testing.T) {
 		t.Errorf("Deduct after the window was cleared = %v, want a sale", err)
 	}
 
+	// An order's line and a refund, as stockctl shows them: the line's
+	// operation names its order, the refund the sale it reverses.
+	ord, err := inv.ReserveOrder(context.Background(), connect.NewRequest(&v1.ReserveOrderRequest{IdempotencyKey: "cart-1", CustomerRef: "c1",
+		Lines: []*v1.OrderLine{{Sku: "tee", Quantity: 1}}}))
+	if err != nil {
+		t.Fatalf("ReserveOrder = %v", err)
+	}
+	id := ord.Msg.GetOrder().GetOrderId()
+	if out := must("order", id); !strings.Contains(out, "HELD") || !strings.Contains(out, ord.Msg.GetOrder().GetLines()[0].GetReservationId()) {
+		t.Errorf("order %s printed %q, want it held with its line's reservation", id, out)
+	}
+	if out := must("operation", "tee", stock.OrderLineKey(id, "tee")); !strings.Contains(out, id) {
+		t.Errorf("operation of the order's line printed %q, want its order %s", out, id)
+	}
+	if _, err := inv.Refund(context.Background(), connect.NewRequest(&v1.RefundRequest{Sku: "tee", IdempotencyKey: "refund-1", Quantity: 1,
+		Original: &v1.Sale{Sale: &v1.Sale_DeductKey{DeductKey: "early"}}, Reason: "payment failed"})); err != nil {
+		t.Fatalf("Refund(early) = %v", err)
+	}
+	if out := must("operation", "tee", "refund-1"); !strings.Contains(out, "REFUND") || !strings.Contains(out, "deduct:early") {
+		t.Errorf("operation refund-1 printed %q, want a refund of deduct:early", out)
+	}
+
 	// Exit codes by class.
 	for _, tc := range []struct {
 		name string

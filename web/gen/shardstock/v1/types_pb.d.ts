@@ -148,6 +148,15 @@ export declare type Operation = Message<"shardstock.v1.Operation"> & {
    * @generated from field: shardstock.v1.Sale original = 11;
    */
   original?: Sale | undefined;
+
+  /**
+   * Set for an order line's reserve (its key starts "order-line:"): the
+   * order it is a line of (InventoryService.GetOrder). Empty while the
+   * order's driver has not yet recorded the line.
+   *
+   * @generated from field: string order_id = 12;
+   */
+  orderId: string;
 };
 
 /**
