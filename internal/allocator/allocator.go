@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/shardstock/shardstock/internal/pause"
 	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -569,7 +570,7 @@ func (a *Allocator) afterCheck(ctx context.Context, r *stock.Request, sku *stock
 		// Shards that did not answer, or are halted, may hold the stock:
 		// not a sold-out. A partition changing hands answers again in
 		// moments; a halted shard when an operator resumes it.
-		if !sleep(ctx, a.transitWait) {
+		if !pause.For(ctx, a.transitWait) {
 			return sku, unavailable("deadline passed while shards of %s were unreachable or halted; retry with the same key", sku.Name), true
 		}
 		return sku, unavailable("some shards of %s holding stock are unreachable or halted; retry with the same key", sku.Name), false
@@ -597,23 +598,10 @@ func (a *Allocator) afterCheck(ctx context.Context, r *stock.Request, sku *stock
 		return sku, stock.Result{}, false
 	}
 	// Enough only with what is in transit: let it land.
-	if !sleep(ctx, a.transitWait) {
+	if !pause.For(ctx, a.transitWait) {
 		return sku, unavailable("deadline passed while stock of %s was in transit; retry with the same key", sku.Name), true
 	}
 	return sku, stock.Result{}, false
-}
-
-// sleep pauses for d, or less if ctx ends first; it reports whether all of d
-// passed. A request's retries so end with its deadline, not a pause later.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // refused reports whether the SKU's configuration (as cached) refuses r

@@ -10,6 +10,7 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
+	"github.com/shardstock/shardstock/internal/pause"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -234,7 +235,7 @@ func (a *Allocator) mark(ctx context.Context, sku string) {
 // this answer (a key is recorded once). It first waits as a reopen does:
 // sending may apply the request now.
 func (a *Allocator) settleReopens(ctx context.Context, pending []topology.Reopen) {
-	if !sleep(ctx, topology.SoldOutFreshMax) {
+	if !pause.For(ctx, topology.SoldOutFreshMax) {
 		return
 	}
 	for _, p := range pending {
@@ -289,7 +290,7 @@ func (a *Allocator) reopen(ctx context.Context, r *stock.Request, sku *stock.SKU
 	}
 	if ro.Wait > 0 {
 		a.metrics.reopenWaits.Inc()
-		if started := time.Now(); !sleep(ctx, ro.Wait) {
+		if started := time.Now(); !pause.For(ctx, ro.Wait) {
 			// Nothing was sent, but the record stays for the whole wait:
 			// a reopen that finds it pending waits too, where one that
 			// found nothing would send at once while the mark this one

@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardstock/shardstock/internal/pause"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -157,7 +158,7 @@ func (m *Member) Run(ctx context.Context) error {
 			return fmt.Errorf("topology: member %s: %d consecutive failed sessions: %w", m.cfg.ServerID, failures-1, err)
 		}
 		m.logger.Warn("topology: session ended, registering again", "err", err, "failures", failures)
-		if !sleep(ctx, backoff(failures, sessionRetryBackoffMin, sessionRetryBackoffMax)) {
+		if !pause.For(ctx, backoff(failures, sessionRetryBackoffMin, sessionRetryBackoffMax)) {
 			return nil
 		}
 	}

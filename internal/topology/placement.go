@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/shardstock/shardstock/internal/pause"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -201,7 +202,7 @@ func (p *Placements) Watch(ctx context.Context) {
 		}
 		cancel()
 		failures++
-		if !sleep(ctx, backoff(failures, placementWatchRetryMin, placementWatchRetryMax)) {
+		if !pause.For(ctx, backoff(failures, placementWatchRetryMin, placementWatchRetryMax)) {
 			return
 		}
 		if _, err := p.refresh(ctx); err != nil {

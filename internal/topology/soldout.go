@@ -11,6 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardstock/shardstock/internal/pause"
 )
 
 // The sold-out marks. docs/soldout.md argues why an allocator that
@@ -108,7 +110,7 @@ func (s *SoldOut) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if err := s.follow(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("sold-out marks: watch broken; loading them again", "err", err)
-			if !sleepCtx(ctx, progressInterval) {
+			if !pause.For(ctx, progressInterval) {
 				break
 			}
 		}
@@ -316,17 +318,4 @@ func (s *SoldOut) Settle(ctx context.Context, p Reopen) error {
 		If(clientv3.Compare(clientv3.ModRevision(p.Key), "=", p.Rev)).
 		Then(clientv3.OpDelete(p.Key)).Commit()
 	return err
-}
-
-// sleepCtx pauses for d or until ctx ends; it reports whether all of d
-// passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -15,6 +15,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardstock/shardstock/internal/pause"
 )
 
 // View is an immutable snapshot of the topology: registered servers and
@@ -155,7 +157,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			return fmt.Errorf("topology: watch: %d consecutive failures: %w", failures-1, err)
 		}
 		w.logger.Warn("topology: watch failed, loading again", "err", err, "failures", failures)
-		if !sleep(ctx, backoff(failures, resyncBackoffMin, resyncBackoffMax)) {
+		if !pause.For(ctx, backoff(failures, resyncBackoffMin, resyncBackoffMax)) {
 			return nil
 		}
 	}
@@ -313,16 +315,4 @@ func backoff(attempt int, lo, hi time.Duration) time.Duration {
 	}
 	d = min(d, hi)
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
-}
-
-// sleep waits d or until ctx is done; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -10,12 +10,13 @@
 //	loadgen -stack bin/shardstock-dev -target all -model C,case -duration 5s
 //
 // With -stack it starts the dev stack itself (on a free port, with a new
-// admin token and a database of its own) and stops it with SIGTERM at the
-// end; -paced reruns a target at a share of the rate it reached, to measure
-// latency below the peak. -target memory measures the ceiling of the public
-// API over Connect: an in-memory server (internal/loadgen/memory) that
-// loadgen runs as a child process of itself (`loadgen serve-memory`) and
-// drives with the shardstock client.
+// admin token, a new service token its load calls with, and a database of
+// its own) and stops it with SIGTERM at the end; -paced reruns a target at
+// a share of the rate it reached, to measure latency below the peak.
+// -target memory measures the ceiling of the public API over Connect: an
+// in-memory server (internal/loadgen/memory) that loadgen runs as a child
+// process of itself (`loadgen serve-memory`) and drives with the shardstock
+// client.
 package main
 
 import (
@@ -62,15 +63,16 @@ func main() {
 
 // options are what the target constructors need.
 type options struct {
-	addr, adminToken, databaseURL, redisAddr string
-	pgConns                                  int32
-	redisPool                                int
+	addr, adminToken, serviceToken string
+	databaseURL, redisAddr         string
+	pgConns                        int32
+	redisPool                      int
 }
 
 // targets builds each target by name. Tests add their own.
 var targets = map[string]func(options) loadgen.Target{
 	"shardstock": func(o options) loadgen.Target {
-		return shardstock.New(shardstock.Config{Addr: o.addr, AdminToken: o.adminToken})
+		return shardstock.New(shardstock.Config{Addr: o.addr, AdminToken: o.adminToken, ServiceToken: o.serviceToken})
 	},
 	"naive": func(o options) loadgen.Target {
 		return baseline.NewNaive(baseline.PostgresConfig{DatabaseURL: o.databaseURL, MaxConns: o.pgConns})
@@ -170,6 +172,7 @@ func parseModels(s string) ([]loadgen.Model, error) {
 // config is every flag of run, as given.
 type config struct {
 	targetList, addr, adminToken, databaseURL, redisAddr, modelList string
+	serviceToken                                                    string
 	duration, timeout, latencyGoal, pgCrashEvery                    time.Duration
 	requests, stockPerSKU                                           int64
 	concurrency, skus, pgConns, redisPool, pgCrashCount             int
@@ -192,6 +195,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.targetList, "target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api (the same API and handlers over a Redis Lua script with appendfsync always, in a process of its own; in no group), memory (the API's ceiling: an in-memory server in a process of its own, driven like shardstock; in no group); or all-baselines, all")
 	fs.StringVar(&c.addr, "addr", shardstock.AddrDefault, "shardstock allocator base URL (cleartext HTTP/2)")
 	fs.StringVar(&c.adminToken, "admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
+	fs.StringVar(&c.serviceToken, "service-token", getenv("SHARDSTOCK_SERVICE_TOKEN"), "shardstock service bearer token, for the InventoryService (default $SHARDSTOCK_SERVICE_TOKEN); empty: -admin-token's, and the allocator logs each stock call at info")
 	fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")
 	fs.StringVar(&c.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address of the Redis baselines")
 	fs.StringVar(&c.modelList, "model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), skew (as A, but every key's first-choice shard is one of 2), case (100 units, 500 deducts, 50 reused keys)")
@@ -215,7 +219,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.IntVar(&c.redisPool, "redis-pool", 128, "connection pool size of each Redis baseline")
 	fs.StringVar(&c.reportPath, "report", "", "write an HTML report to this path (with several models, one per model: path-MODEL.html)")
 	fs.BoolVar(&c.progress, "progress", true, "show a progress bar on stderr")
-	fs.StringVar(&c.stackBin, "stack", "", "start this shardstock-dev binary on 127.0.0.1 (free port, new admin token, a database of its own) for the run, and stop it with SIGTERM after; -addr and -admin-token are then ignored")
+	fs.StringVar(&c.stackBin, "stack", "", "start this shardstock-dev binary on 127.0.0.1 (free port, new admin and service tokens, a database of its own) for the run, and stop it with SIGTERM after; -addr, -admin-token and -service-token are then ignored")
 	fs.StringVar(&c.databaseNote, "database-note", "", "with -stack and -database-url, how the tables name that server (e.g. \"private durable Postgres 15\")")
 	fs.StringVar(&c.stackLog, "stack-log", "", "with -stack, write the stack's output here (default: a file in the temporary directory)")
 	fs.StringVar(&c.stackArgs, "stack-args", "", "with -stack, the stack's own flags, space-separated (e.g. \"-shard-servers 0 -allocator-shard\": one process owning every partition)")
@@ -360,7 +364,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		defer stopProf()
 	}
 	opts := options{
-		addr: c.addr, adminToken: c.adminToken, databaseURL: c.databaseURL, redisAddr: c.redisAddr,
+		addr: c.addr, adminToken: c.adminToken, serviceToken: c.serviceToken, databaseURL: c.databaseURL, redisAddr: c.redisAddr,
 		pgConns: int32(c.pgConns), redisPool: c.redisPool,
 	}
 	st, stop, err := c.launchStack(ctx, &opts, stderr)
@@ -421,7 +425,7 @@ func (c *config) launchStack(ctx context.Context, opts *options, stderr io.Write
 			fmt.Fprintf(stderr, "loadgen: stack: %v\n", err)
 		}
 	})
-	opts.addr, opts.adminToken, opts.databaseURL = st.baseURL, st.token, st.databaseURL
+	opts.addr, opts.adminToken, opts.serviceToken, opts.databaseURL = st.baseURL, st.token, st.serviceToken, st.databaseURL
 	fmt.Fprintf(stderr, "loadgen: stack: %s, admin token %s, %s; log %s\n", st.baseURL, st.token, st.dbNote, st.logPath)
 	if c.serverProf != "" {
 		if err := os.MkdirAll(c.serverProf, 0o755); err != nil {

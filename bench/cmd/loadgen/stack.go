@@ -81,6 +81,7 @@ type stackConfig struct {
 // allocator on 127.0.0.1, with embedded etcd.
 type stack struct {
 	baseURL, token      string
+	serviceToken        string // the service role's: the load's InventoryService calls
 	opsURL              string // the allocator's operator listener (/metrics, /debug/pprof)
 	databaseURL, dbNote string
 	logPath             string
@@ -122,7 +123,7 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 		return s, err
 	}
 	s.opsURL = "http://127.0.0.1:" + strconv.Itoa(opsPort)
-	s.token = randomHex(16)
+	s.token, s.serviceToken = randomHex(16), randomHex(16)
 
 	var log *os.File
 	if cfg.LogPath != "" {
@@ -148,6 +149,7 @@ func startStack(ctx context.Context, cfg stackConfig) (s *stack, err error) {
 		"SHARDSTOCK_ADDR=127.0.0.1:"+strconv.Itoa(port),
 		"SHARDSTOCK_OPERATOR_ADDR=127.0.0.1:"+strconv.Itoa(opsPort),
 		"SHARDSTOCK_ADMIN_TOKEN="+s.token,
+		"SHARDSTOCK_SERVICE_TOKEN="+s.serviceToken,
 		"DATABASE_URL="+s.databaseURL,
 		"ETCD_ENDPOINTS=",
 		"SHARDSTOCK_PPROF="+pprofOn,

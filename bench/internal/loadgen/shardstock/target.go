@@ -38,7 +38,13 @@ const (
 // Config configures the target.
 type Config struct {
 	Addr       string // the allocator's base URL; default AddrDefault
-	AdminToken string // bearer token of the admin role: the AdminService, and the InventoryService (an admin acts as a service)
+	AdminToken string // bearer token of the admin role: the AdminService
+	// ServiceToken is the bearer token of the service role, which the
+	// InventoryService is called with, as the services it stands for call
+	// it. Empty: AdminToken (an admin acts as a service), but the allocator
+	// then logs every stock call at info, an admin's (internal/api, audit):
+	// a write a request that no service's call costs.
+	ServiceToken string
 	// HTTPClient, when set, replaces the cleartext HTTP/2 client.
 	HTTPClient *http.Client
 }
@@ -62,17 +68,25 @@ func New(cfg Config) *Target {
 	if hc == nil {
 		hc = newHTTP2Client()
 	}
-	bearer := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+cfg.AdminToken)
-			return next(ctx, req)
-		}
-	})
+	service := cfg.ServiceToken
+	if service == "" {
+		service = cfg.AdminToken
+	}
 	return &Target{
 		cfg:   cfg,
 		http:  hc,
-		inv:   shardstockv1connect.NewInventoryServiceClient(hc, cfg.Addr, connect.WithInterceptors(bearer)), // an admin acts as a service
-		admin: shardstockv1connect.NewAdminServiceClient(hc, cfg.Addr, connect.WithInterceptors(bearer)),
+		inv:   shardstockv1connect.NewInventoryServiceClient(hc, cfg.Addr, connect.WithInterceptors(bearer(service))),
+		admin: shardstockv1connect.NewAdminServiceClient(hc, cfg.Addr, connect.WithInterceptors(bearer(cfg.AdminToken))),
+	}
+}
+
+// bearer sends token in every request's Authorization header.
+func bearer(token string) connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("Authorization", "Bearer "+token)
+			return next(ctx, req)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -402,4 +403,68 @@ func TestTarget_Verify(t *testing.T) {
 			t.Errorf("Verify() discrepancies = %+v, want a loadgen_ledger_sum one", s.Discrepancies)
 		}
 	})
+}
+
+// TestTarget_Tokens checks which credential each service is called with:
+// the InventoryService with the service token, as the services the load
+// stands for call it (an admin's stock calls are each logged at info, a
+// cost no service's call has), and with the admin token only when no
+// service token is given; the AdminService always with the admin token.
+func TestTarget_Tokens(t *testing.T) {
+	const service = "service-token"
+	f := newFake()
+	var mu sync.Mutex
+	seen := map[string]map[string]bool{} // service name -> bearer tokens
+	mux := http.NewServeMux()
+	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(f))
+	mux.Handle(shardstockv1connect.NewAdminServiceHandler(f))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")[0]
+		mu.Lock()
+		if seen[name] == nil {
+			seen[name] = map[string]bool{}
+		}
+		seen[name][strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")] = true
+		mu.Unlock()
+		if name == shardstockv1connect.InventoryServiceName && r.Header.Get("Authorization") == "Bearer "+service {
+			r.Header.Set("Authorization", "Bearer "+token) // the fake knows one token
+		}
+		mux.ServeHTTP(w, r)
+	}))
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	t.Cleanup(srv.Close)
+
+	for _, tc := range []struct {
+		name, service, wantInventory string
+	}{
+		{"Service", service, service},
+		{"AdminActsAsService", "", token},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			clear(seen)
+			mu.Unlock()
+			target := shardstock.New(shardstock.Config{Addr: srv.URL, AdminToken: token, ServiceToken: tc.service})
+			ctx := context.Background()
+			sku := "tokens-" + tc.name
+			if err := target.Setup(ctx, []loadgen.SKUSpec{{SKU: sku, Stock: 5, Shards: 1}}); err != nil {
+				t.Fatalf("Setup() = %v", err)
+			}
+			if o := target.Deduct(ctx, sku, "k", 1); o.Status != loadgen.StatusOK {
+				t.Fatalf("Deduct() = %v, want ok", o)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			inv, adm := seen[shardstockv1connect.InventoryServiceName], seen[shardstockv1connect.AdminServiceName]
+			if len(inv) != 1 || !inv[tc.wantInventory] {
+				t.Errorf("InventoryService called with tokens %v, want only %q", inv, tc.wantInventory)
+			}
+			if len(adm) != 1 || !adm[token] {
+				t.Errorf("AdminService called with tokens %v, want only the admin token", adm)
+			}
+		})
+	}
 }
