@@ -192,6 +192,15 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 	return s
 }
 
+// as returns s as test t sees it: the same processes and clients, with
+// t's failures and logs. The tests that share a stack (TestE2E_Shared)
+// each use their own view, so that a failure fails the test that saw it.
+func (s *stack) as(t *testing.T) *stack {
+	view := *s
+	view.t = t
+	return &view
+}
+
 // waitStable waits until every partition is owned by the shard server
 // rendezvous hashing assigns it among the live ones: start-up hand-overs
 // are over.
