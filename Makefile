@@ -25,11 +25,12 @@ run: ## build cmd/shardstock-dev into bin/ and run the local development stack (
 # Two test runs at once, so that the longest package does not wait for the
 # others: internal/e2e on a throwaway Postgres cluster of its own (pgtest,
 # DATABASE_URL unset), and beside it every other package, one test binary
-# at a time (-p 1), on DATABASE_URL's server, then bench/'s and deploy/'s
-# modules in the same lane (run after both lanes, they lengthened the
-# critical path). Each server sees one test binary at a time, so that the
-# packages that start whole stacks do not together exhaust a default
-# Postgres's 100 connections. e2e's output is printed when it ends.
+# at a time (-p 1), on DATABASE_URL's server. Each server sees one test
+# binary at a time, so that the packages that start whole stacks do not
+# together exhaust a default Postgres's 100 connections. bench/'s and
+# deploy/'s modules run in the lane that ends first (mkdir takes the lock),
+# on its server: after both lanes they lengthened the critical path. e2e's
+# lane's output is printed when it ends.
 test: web/node_modules ## build everything, then run all tests, bench/'s too (Postgres on 127.0.0.1:5432 if it answers and has room)
 	go build ./...
 	@if [ -z "$${DATABASE_URL:-}" ] && command -v pg_isready >/dev/null 2>&1 \
@@ -37,15 +38,19 @@ test: web/node_modules ## build everything, then run all tests, bench/'s too (Po
 		export DATABASE_URL='$(LOCAL_DATABASE_URL)'; \
 	fi; \
 	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
-	e2e_log="$$(mktemp)"; trap 'rm -f "$$e2e_log"' EXIT; \
+	e2e_log="$$(mktemp)"; lock="$$(mktemp -d)"; trap 'rm -rf "$$e2e_log" "$$lock"' EXIT; \
+	modules() { \
+		mkdir "$$lock/modules" 2>/dev/null || return 0; \
+		echo "(cd bench && go test -count=1 -p 1 -timeout 15m ./...), then deploy/alerts, deploy/k8s"; \
+		(cd bench && go test -count=1 -p 1 -timeout 15m ./...) && \
+		(cd deploy/alerts && go test -count=1 ./...) && \
+		(cd deploy/k8s && go test -count=1 ./...); \
+	}; \
 	echo "DATABASE_URL= go test -count=1 -timeout 15m ./internal/e2e (beside the rest)"; \
-	DATABASE_URL= go test -count=1 -timeout 15m ./internal/e2e >"$$e2e_log" 2>&1 & e2e=$$!; \
+	(export DATABASE_URL=; go test -count=1 -timeout 15m ./internal/e2e; rc=$$?; modules || rc=1; exit $$rc) >"$$e2e_log" 2>&1 & e2e=$$!; \
 	echo go test -count=1 -p 1 -timeout 15m '$$(go list ./... | grep -v /internal/e2e$$)'; \
-	go test -count=1 -p 1 -timeout 15m $$(go list ./... | grep -v '/internal/e2e$$') && \
-	echo "(cd bench && go test -count=1 -p 1 -timeout 15m ./...)" && \
-	(cd bench && go test -count=1 -p 1 -timeout 15m ./...) && \
-	(cd deploy/alerts && go test -count=1 ./...) && \
-	(cd deploy/k8s && go test -count=1 ./...); rest=$$?; \
+	go test -count=1 -p 1 -timeout 15m $$(go list ./... | grep -v '/internal/e2e$$'); rest=$$?; \
+	modules || rest=1; \
 	wait $$e2e; e2e_rc=$$?; cat "$$e2e_log"; \
 	[ $$rest -eq 0 ] && [ $$e2e_rc -eq 0 ]
 
