@@ -22,11 +22,10 @@ run: ## build cmd/shardstock-dev into bin/ and run the local development stack (
 	go build -o bin/shardstock-dev ./cmd/shardstock-dev
 	exec bin/shardstock-dev $(RUN_ARGS)
 
-# The packages, after internal/e2e's and in the order taken, that either
-# lane of `make test` takes once it has run its own: the longest first
-# (about a third of the other lane's time), then bench/'s and deploy/'s
-# modules.
-TEST_SHARED_TAIL := internal/ledger internal/cmd/allocatorcmd internal/cmd/stockctlcmd internal/dbset bench deploy/alerts deploy/k8s
+# The packages that either lane of `make test` takes, in this order, once
+# it has run its own: the second lane's longest (about half its time),
+# longest first, then bench/'s and deploy/'s modules.
+TEST_SHARED_TAIL := internal/postgres internal/ledger internal/cmd/allocatorcmd internal/cmd/stockctlcmd internal/dbset bench deploy/alerts deploy/k8s
 
 # Two test runs at once, so that the longest package does not wait for the
 # others: internal/e2e on a throwaway Postgres cluster of its own (pgtest,
