@@ -13,9 +13,7 @@ const sharedShardServers = 3
 // count, or needs a flag of its own. A new test that fits adds itself
 // here, as a func(*testing.T, *stack), and gets the shared stack (see
 // TestE2E_Shared); one that does not starts its own with newStack and
-// besideOthers. (TestE2E_StaleSKUCache keeps its stack of one shard
-// server: on three it failed once on the shared stack, unexplained, and
-// its consolidation is then the one server's own.)
+// besideOthers.
 var sharedTests = []struct {
 	name string
 	run  func(t *testing.T, s *stack)
@@ -23,6 +21,7 @@ var sharedTests = []struct {
 	{"SourceCase", sharedSourceCase},
 	{"NoFalseSoldOut", sharedNoFalseSoldOut},
 	{"Protocols", sharedProtocols},
+	{"StaleSKUCache", sharedStaleSKUCache},
 	{"Admin", sharedAdmin},
 	{"HostileInput", sharedHostileInput},
 }
@@ -30,7 +29,7 @@ var sharedTests = []struct {
 // TestE2E_Shared runs sharedTests as its subtests on one stack, beside one
 // another (as many at once as -parallel allows), instead of each on a
 // stack of its own: one start-up (an etcd, a database, three shard
-// servers, an allocator and the hand-overs between them) instead of five,
+// servers, an allocator and the hand-overs between them) instead of six,
 // which on two cores was CPU the neighbouring tests wanted. Each subtest
 // sees the stack through stack.as: its failures are its own. Run one with
 // -run 'TestE2E_Shared/Admin$'.
