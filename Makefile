@@ -22,13 +22,20 @@ run: ## build cmd/shardstock-dev into bin/ and run the local development stack (
 	go build -o bin/shardstock-dev ./cmd/shardstock-dev
 	exec bin/shardstock-dev $(RUN_ARGS)
 
+# The packages that either lane of `make test` takes, in this order, once
+# it has run its own: the second lane's longest (about half its time),
+# longest first, then bench/'s and deploy/'s modules.
+TEST_SHARED_TAIL := internal/postgres internal/ledger internal/cmd/allocatorcmd internal/cmd/stockctlcmd internal/dbset bench deploy/alerts deploy/k8s
+
 # Two test runs at once, so that the longest package does not wait for the
 # others: internal/e2e on a throwaway Postgres cluster of its own (pgtest,
 # DATABASE_URL unset), and beside it every other package, one test binary
 # at a time (-p 1), on DATABASE_URL's server. Each server sees one test
 # binary at a time, so that the packages that start whole stacks do not
-# together exhaust a default Postgres's 100 connections. e2e's output is
-# printed when it ends.
+# together exhaust a default Postgres's 100 connections. Then each lane
+# takes the packages of TEST_SHARED_TAIL that the other has not (mkdir is
+# the lock), so that the two lanes end about together, whichever is the
+# longer on the machine. e2e's lane's output is printed when it ends.
 test: web/node_modules ## build everything, then run all tests, bench/'s too (Postgres on 127.0.0.1:5432 if it answers and has room)
 	go build ./...
 	@if [ -z "$${DATABASE_URL:-}" ] && command -v pg_isready >/dev/null 2>&1 \
@@ -36,17 +43,29 @@ test: web/node_modules ## build everything, then run all tests, bench/'s too (Po
 		export DATABASE_URL='$(LOCAL_DATABASE_URL)'; \
 	fi; \
 	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
-	e2e_log="$$(mktemp)"; trap 'rm -f "$$e2e_log"' EXIT; \
+	e2e_log="$$(mktemp)"; lock="$$(mktemp -d)"; trap 'rm -rf "$$e2e_log" "$$lock"' EXIT; \
+	take_tail() { \
+		rc=0; \
+		for dir in $(TEST_SHARED_TAIL); do \
+			mkdir "$$lock/$$(echo "$$dir" | tr / _)" 2>/dev/null || continue; \
+			if [ -f "$$dir/go.mod" ]; then \
+				echo "(cd $$dir && go test -count=1 -p 1 -timeout 15m ./...)"; \
+				(cd "$$dir" && go test -count=1 -p 1 -timeout 15m ./...) || rc=1; \
+			else \
+				echo "go test -count=1 -timeout 15m ./$$dir"; \
+				go test -count=1 -timeout 15m "./$$dir" || rc=1; \
+			fi; \
+		done; \
+		return $$rc; \
+	}; \
 	echo "DATABASE_URL= go test -count=1 -timeout 15m ./internal/e2e (beside the rest)"; \
-	DATABASE_URL= go test -count=1 -timeout 15m ./internal/e2e >"$$e2e_log" 2>&1 & e2e=$$!; \
-	echo go test -count=1 -p 1 -timeout 15m '$$(go list ./... | grep -v /internal/e2e$$)'; \
-	go test -count=1 -p 1 -timeout 15m $$(go list ./... | grep -v '/internal/e2e$$'); rest=$$?; \
+	(export DATABASE_URL=; go test -count=1 -timeout 15m ./internal/e2e; rc=$$?; take_tail || rc=1; exit $$rc) >"$$e2e_log" 2>&1 & e2e=$$!; \
+	skip="$$(for dir in internal/e2e $(TEST_SHARED_TAIL); do printf -- '-e /%s$$ ' "$$dir"; done)"; \
+	echo go test -count=1 -p 1 -timeout 15m '$$(go list ./... | grep -v' "$$skip)"; \
+	go test -count=1 -p 1 -timeout 15m $$(go list ./... | grep -v $$skip); rest=$$?; \
+	take_tail || rest=1; \
 	wait $$e2e; e2e_rc=$$?; cat "$$e2e_log"; \
-	[ $$rest -eq 0 ] && [ $$e2e_rc -eq 0 ] && \
-	echo "(cd bench && go test -count=1 -p 1 -timeout 15m ./...)" && \
-	cd bench && go test -count=1 -p 1 -timeout 15m ./...
-	cd deploy/alerts && go test -count=1 ./...
-	cd deploy/k8s && go test -count=1 ./...
+	[ $$rest -eq 0 ] && [ $$e2e_rc -eq 0 ]
 
 lint: ## check gofmt, go vet and buf lint
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then \

@@ -12,12 +12,10 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 )
 
-// TestE2E_Admin: stock adjustments are idempotent and ledgered with their
-// reason and approver, the ledger pages, the topology lists every owner,
-// and health, readiness and metrics answer.
-func TestE2E_Admin(t *testing.T) {
-	besideOthers(t)
-	s := newStack(t, 2)
+// sharedAdmin (TestE2E_Shared/Admin): stock adjustments are idempotent and
+// ledgered with their reason and approver, the ledger pages, the topology
+// lists every owner, and health, readiness and metrics answer.
+func sharedAdmin(t *testing.T, s *stack) {
 	ctx := context.Background()
 	const sku = "adm"
 	s.createSKU(sku, 40, 4)
@@ -118,8 +116,8 @@ func TestE2E_Admin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if resp.Msg.Partitions != 256 || len(resp.Msg.Owners) != 256 || len(resp.Msg.Servers) != 2 {
-			t.Errorf("topology: %d partitions, %d owners, %d servers; want 256, 256, 2", resp.Msg.Partitions, len(resp.Msg.Owners), len(resp.Msg.Servers))
+		if resp.Msg.Partitions != 256 || len(resp.Msg.Owners) != 256 || len(resp.Msg.Servers) != len(s.shards) {
+			t.Errorf("topology: %d partitions, %d owners, %d servers; want 256, 256, %d", resp.Msg.Partitions, len(resp.Msg.Owners), len(resp.Msg.Servers), len(s.shards))
 		}
 	})
 	t.Run("HealthReadyMetrics", func(t *testing.T) {

@@ -11,14 +11,13 @@ import (
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
-// TestE2E_StaleSKUCache: the allocator caches a SKU's configuration, and
-// another allocator may change it meanwhile (here: the database directly).
-// A request larger than any one shard is refused on the SKU's configuration
-// only after a fresh read: a SKU resumed elsewhere consolidates and sells,
-// rather than answering SKU_PAUSED from the cached copy.
-func TestE2E_StaleSKUCache(t *testing.T) {
-	besideOthers(t)
-	s := newStack(t, 1)
+// sharedStaleSKUCache (TestE2E_Shared/StaleSKUCache): the allocator caches
+// a SKU's configuration, and another allocator may change it meanwhile
+// (here: the database directly). A request larger than any one shard is
+// refused on the SKU's configuration only after a fresh read: a SKU resumed
+// elsewhere consolidates and sells, rather than answering SKU_PAUSED from
+// the cached copy.
+func sharedStaleSKUCache(t *testing.T, s *stack) {
 	ctx := context.Background()
 	const sku = "stale-cache"
 	s.createSKU(sku, 8, 8) // one unit on each shard

@@ -38,16 +38,14 @@ type hostileCase struct {
 	skipErr bool   // the answer is not a Connect error (e.g. 415, 405)
 }
 
-// TestE2E_HostileInput sends more than 40 malformed or hostile requests
-// through the public and admin APIs as raw HTTP: wrong types and
-// encodings, sizes past every bound, overflowing and negative quantities,
-// control characters and invalid UTF-8, forged or foreign reservation ids,
-// bad and missing tokens, bad deadlines. Each gets its documented code and
-// reason, and none changes anything: every SKU's stock and ledger, and the
-// placement, are as before.
-func TestE2E_HostileInput(t *testing.T) {
-	besideOthers(t)
-	s := newStack(t, 2)
+// sharedHostileInput (TestE2E_Shared/HostileInput) sends more than 40
+// malformed or hostile requests through the public and admin APIs as raw
+// HTTP: wrong types and encodings, sizes past every bound, overflowing and
+// negative quantities, control characters and invalid UTF-8, forged or
+// foreign reservation ids, bad and missing tokens, bad deadlines. Each gets
+// its documented code and reason, and none changes anything: every SKU's
+// stock and ledger, and the placement, are as before.
+func sharedHostileInput(t *testing.T, s *stack) {
 	ctx := context.Background()
 	s.createSKU("hostile", 100, 4, func(r *v1.CreateSkuRequest) { r.MaxPerOrder = 10 })
 	s.createSKU("victim", 100, 2)

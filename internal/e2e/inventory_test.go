@@ -9,12 +9,10 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 )
 
-// TestE2E_SourceCase: the source document's case through the public API:
-// 100 units on 8 shards over 3 shard servers, 500 concurrent deducts with 50
-// duplicate keys.
-func TestE2E_SourceCase(t *testing.T) {
-	besideOthers(t)
-	s := newStack(t, 3)
+// sharedSourceCase (TestE2E_Shared/SourceCase): the source document's case
+// through the public API: 100 units on 8 shards over 3 shard servers, 500
+// concurrent deducts with 50 duplicate keys.
+func sharedSourceCase(t *testing.T, s *stack) {
 	const sku = "case"
 	s.createSKU(sku, 100, 8)
 	sourceCase(t, s, sku)
@@ -82,11 +80,10 @@ func sourceCase(t *testing.T, s *stack, sku string) {
 	}
 }
 
-// TestE2E_NoFalseSoldOut: stock spread thin over many shards still sells to
-// the last unit, and a request larger than any one shard succeeds.
-func TestE2E_NoFalseSoldOut(t *testing.T) {
-	besideOthers(t)
-	s := newStack(t, 3)
+// sharedNoFalseSoldOut (TestE2E_Shared/NoFalseSoldOut): stock spread thin
+// over many shards still sells to the last unit, and a request larger than
+// any one shard succeeds.
+func sharedNoFalseSoldOut(t *testing.T, s *stack) {
 	ctx := context.Background()
 	t.Run("LastUnits", func(t *testing.T) {
 		s.createSKU("thin", 10, 8) // shards of 2, 2, 1, 1, 1, 1, 1, 1

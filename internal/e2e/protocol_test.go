@@ -12,11 +12,10 @@ import (
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
-// TestE2E_Protocols: Connect, gRPC and gRPC-Web clients each reserve and
-// commit on the one port, and see errors with their reasons.
-func TestE2E_Protocols(t *testing.T) {
-	besideOthers(t)
-	s := newStack(t, 1)
+// sharedProtocols (TestE2E_Shared/Protocols): Connect, gRPC and gRPC-Web
+// clients each reserve and commit on the one port, and see errors with
+// their reasons.
+func sharedProtocols(t *testing.T, s *stack) {
 	s.createSKU("proto", 30, 2)
 	ctx := context.Background()
 	for _, tc := range []struct {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -108,6 +109,13 @@ type stack struct {
 	ops       string // http://host:port of its operator listener (/metrics)
 	inv       shardstockv1connect.InventoryServiceClient
 	admin     shardstockv1connect.AdminServiceClient
+	procs     *procSet // every process started, restarted ones too
+}
+
+// procSet is the processes of one stack, which its cleanup stops together.
+type procSet struct {
+	mu  sync.Mutex
+	all []*proc
 }
 
 // proc is one child process.
@@ -168,7 +176,7 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 	if o.ttl == 0 {
 		o.ttl = leaseTTL
 	}
-	s := &stack{t: t, dbURL: o.dbURL, env: o.env, netns: o.netns, etcd: o.etcd, shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl}
+	s := &stack{t: t, dbURL: o.dbURL, env: o.env, netns: o.netns, etcd: o.etcd, shards: map[string]*proc{}, localID: o.localID, leaseTTL: o.ttl, procs: &procSet{}}
 	if o.startShards != nil {
 		o.startShards(s)
 	}
@@ -190,6 +198,15 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 	s.admin = shardstockv1connect.NewAdminServiceClient(hc, s.base)
 	s.waitStable(startTimeout)
 	return s
+}
+
+// as returns s as test t sees it: the same processes and clients, with
+// t's failures and logs. The tests that share a stack (TestE2E_Shared)
+// each use their own view, so that a failure fails the test that saw it.
+func (s *stack) as(t *testing.T) *stack {
+	view := *s
+	view.t = t
+	return &view
 }
 
 // waitStable waits until every partition is owned by the shard server
@@ -266,8 +283,11 @@ func (s *stack) startEnv(name string, env []string, path string, args ...string)
 		cmd.Wait()
 		close(p.done)
 	}()
+	s.procs.mu.Lock()
+	s.procs.all = append(s.procs.all, p)
+	s.procs.mu.Unlock()
 	s.t.Cleanup(func() {
-		p.stop(syscall.SIGTERM)
+		s.procs.stop() // the first of the stack's cleanups stops them all
 		if strings.Contains(p.output(), "WARNING: DATA RACE") {
 			s.t.Errorf("%s reported a data race", name)
 		}
@@ -337,7 +357,32 @@ func (p *proc) waitFor(t *testing.T, what string, match func(string) bool) strin
 	return ""
 }
 
-// stop signals the process and waits for it (SIGKILL after 15 s).
+// stop stops every process of the set at once (SIGTERM), and waits for
+// them as proc.stop does. One after another, each shard server that left
+// handed its partitions to those still running, which took them over in
+// etcd and Postgres only to leave in turn: seconds of a loaded machine's
+// two cores per stack, for nothing.
+func (ps *procSet) stop() {
+	ps.mu.Lock()
+	all := slices.Clone(ps.all)
+	ps.mu.Unlock()
+	for _, p := range all {
+		select {
+		case <-p.done:
+		default:
+			p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, p := range all {
+		p.waitStopped()
+	}
+}
+
+// procStopTimeout is how long a signalled process may take to exit before
+// it is killed: its graceful stop (rpc's shutdownTimeout, 10 s) and room.
+const procStopTimeout = 15 * time.Second
+
+// stop signals the process and waits for it (SIGKILL after procStopTimeout).
 func (p *proc) stop(sig syscall.Signal) {
 	select {
 	case <-p.done:
@@ -345,9 +390,15 @@ func (p *proc) stop(sig syscall.Signal) {
 	default:
 	}
 	p.cmd.Process.Signal(sig)
+	p.waitStopped()
+}
+
+// waitStopped waits for the process to exit, and kills it after
+// procStopTimeout.
+func (p *proc) waitStopped() {
 	select {
 	case <-p.done:
-	case <-time.After(15 * time.Second):
+	case <-time.After(procStopTimeout):
 		p.cmd.Process.Kill()
 		<-p.done
 	}
