@@ -96,7 +96,7 @@ type config struct {
 	shardID, shardAddr, advertise             string
 	leaseTTL, groupDelay, retireGrace         time.Duration
 	pprof, rebalance, autoShards, requireSync bool
-	tlsCert, tlsKey                           string
+	tlsCert, tlsKey, serviceClientCA          string
 	shardCert, shardKey, shardCA              string
 	corsOrigins                               string
 
@@ -105,6 +105,8 @@ type config struct {
 	policy         *api.Policy
 	proxies        []netip.Prefix
 	tls            *tls.Config          // of every listener; nil: cleartext
+	publicTLS      *tls.Config          // of the public listener: tls, asking for client certificates with serviceCAs
+	serviceCAs     *transport.CertFiles // -service-client-ca; nil: none
 	scheme         string               // "https" with tls, else "http"
 	shardClientTLS *transport.CertFiles // to call shard servers; nil: cleartext
 	localTLS       *tls.Config          // of -shard-id's listener with mTLS
@@ -151,6 +153,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.shardKey, "shard-tls-key", env.String("SHARDSTOCK_SHARD_TLS_KEY", ""), "see -shard-tls-cert")
 	fs.StringVar(&c.shardCA, "shard-tls-ca", env.String("SHARDSTOCK_SHARD_TLS_CA", ""), "see -shard-tls-cert; with -shard-id, also the CA its own shard listener requires of callers")
 	fs.StringVar(&c.tlsKey, "tls-key", env.String("SHARDSTOCK_TLS_KEY", ""), "see -tls-cert")
+	fs.StringVar(&c.serviceClientCA, "service-client-ca", env.String("SHARDSTOCK_SERVICE_CLIENT_CA", ""), "with -tls-cert, PEM file of the CAs whose client certificates are the service role on the public port, named service:cert:<CN or first SAN>; re-read when it changes; a certificate of another CA counts as none (env SHARDSTOCK_SERVICE_CLIENT_CA)")
 	fs.StringVar(&c.corsOrigins, "cors-origins", env.String("SHARDSTOCK_CORS_ORIGINS", ""), "comma-separated origins whose browser clients may call the API (CORS), e.g. https://shop.example.com; empty: none (env SHARDSTOCK_CORS_ORIGINS)")
 	fs.BoolVar(&c.requireSync, "require-sync-standby", env.Bool("SHARDSTOCK_REQUIRE_SYNC_STANDBY", false), "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
@@ -202,9 +205,18 @@ func (c *config) check(log *slog.Logger) error {
 	if c.tls, err = startup.TLSConfig(c.tlsCert, c.tlsKey, "", log); err != nil {
 		return err
 	}
-	c.scheme = "http"
+	c.scheme, c.publicTLS = "http", c.tls
 	if c.tls != nil {
 		c.scheme = "https"
+	}
+	if c.serviceClientCA != "" {
+		if c.tls == nil {
+			return errors.New("-service-client-ca needs -tls-cert and -tls-key: a client certificate comes over TLS")
+		}
+		if c.serviceCAs, err = transport.ClientCAFile(c.serviceClientCA, log); err != nil {
+			return fmt.Errorf("-service-client-ca: %w", err)
+		}
+		c.publicTLS = transport.RequestClientCerts(c.tls)
 	}
 	if c.shardClientTLS, err = startup.ClientTLSConfig(c.shardCert, c.shardKey, c.shardCA, log); err != nil {
 		return err
@@ -248,9 +260,13 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 	var err error
 	// A JWKS that cannot be read stops the start: callers would all be
 	// refused.
-	if w.auth, err = auth.New(ctx, auth.Config{AdminTokens: splitList(cfg.token), ServiceTokens: splitList(cfg.serviceToken),
+	authCfg := auth.Config{AdminTokens: splitList(cfg.token), ServiceTokens: splitList(cfg.serviceToken),
 		PublicTokens: splitList(cfg.publicToken), JWKS: cfg.jwks, Issuer: cfg.jwtIssuer, Audience: cfg.jwtAudience,
-		Refresh: cfg.jwksRefresh, Logger: log}); err != nil {
+		Refresh: cfg.jwksRefresh, Logger: log}
+	if cfg.serviceCAs != nil {
+		authCfg.ClientCAs = cfg.serviceCAs.Pool
+	}
+	if w.auth, err = auth.New(ctx, authCfg); err != nil {
 		return w, err
 	}
 	// Not ready while etcd is behind the databases' fences (restored or
@@ -347,7 +363,7 @@ func serve(ctx context.Context, cancel context.CancelFunc, cfg *config, proc *st
 		Addr: cfg.scheme + "://" + proc.Listener.Addr().String(), Operator: cfg.scheme + "://" + opsLis.Addr().String()}, w.ready)
 	log.Info("allocator started", "addr", proc.Listener.Addr().String())
 	public := transport.LimitConns(proc.Listener, cfg.clientConns, transport.NewConnMetrics(proc.Registry, "shardstock_allocator_client"))
-	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(cfg.corsOrigins)), cfg.tls)
+	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(cfg.corsOrigins)), cfg.publicTLS)
 
 	// Shut down: everything started above stops with ctx.
 	cancel()
