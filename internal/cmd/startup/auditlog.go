@@ -21,30 +21,35 @@ const (
 	// a pipe (a container runtime's log pipe) writes without
 	// interleaving it with the lines of the process's other logger.
 	auditWriteBytesMax = 4096
-	// auditFlushInterval is the longest a line waits to be written: the
-	// lines of a busy moment share a write (about 15 to a write, at 250
-	// bytes a line) where a write each would cost a system call each.
+	// auditFlushInterval is how long the writer waits, once a line has
+	// come, for more to share its writes: the longest a line waits. The
+	// lines of a busy moment are written together (about 15 to a write,
+	// at 250 bytes a line), and the writer wakes once per batch, not per
+	// line: a wake-up each, or a write each, would cost each call about
+	// what the line's write did (docs/benchmarks.md).
 	auditFlushInterval = 50 * time.Millisecond
 )
 
 // AuditLog is a logger whose lines are formatted and written by a
-// goroutine of its own, several lines a write, each within
-// auditFlushInterval: a caller hands over a record and goes on (a write a line cost a stock call tens of
-// microseconds of its server's CPU, docs/benchmarks.md). The queue is
-// bounded: when it is full a line is dropped, counted (Dropped), and the
-// drops are said in a line of their own once the queue has room again.
-// Close writes what is queued.
+// goroutine of its own, in batches: a caller hands over a record and goes
+// on, and the writer writes what came within auditFlushInterval of the
+// first, several lines a write. The queue is bounded: when it is full a
+// line is dropped, counted (Dropped), and the drops are said in a line of
+// their own at the next write. Close writes what is queued.
 type AuditLog struct {
 	*slog.Logger
-	queue    chan auditLine
-	dropped  atomic.Int64 // all the lines dropped
-	said     int64        // of dropped, those already said (the writer's)
-	w        io.Writer
-	buf      bytes.Buffer // lines formatted, not yet written (the writer's)
-	base     slog.Handler // writes into buf
-	stop     chan struct{}
-	done     chan struct{}
-	stopOnce sync.Once
+	mu      sync.Mutex
+	pending []auditLine // queued, at most auditQueueLenMax
+	closed  bool
+	wake    chan struct{} // capacity 1: a batch has begun
+	dropped atomic.Int64  // all the lines dropped
+
+	// The writer's alone:
+	w    io.Writer
+	buf  bytes.Buffer // lines formatted, not yet written
+	base slog.Handler // writes into buf
+	said int64        // of dropped, those already said
+	done chan struct{}
 }
 
 // auditLine is a queued record and the handler (with its attributes) to
@@ -57,7 +62,7 @@ type auditLine struct {
 // NewAuditLog returns an AuditLog writing to w at level in format (as
 // Logger), until Close.
 func NewAuditLog(w io.Writer, level, format string) (*AuditLog, error) {
-	a := &AuditLog{queue: make(chan auditLine, auditQueueLenMax), w: w, stop: make(chan struct{}), done: make(chan struct{})}
+	a := &AuditLog{w: w, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	base, err := logHandler(&a.buf, level, format)
 	if err != nil {
 		return nil, err
@@ -74,39 +79,64 @@ func (a *AuditLog) Dropped() int64 { return a.dropped.Load() }
 // Close writes the lines queued and stops the writer; lines logged after
 // it are dropped.
 func (a *AuditLog) Close() {
-	a.stopOnce.Do(func() { close(a.stop) })
+	a.mu.Lock()
+	if !a.closed {
+		a.closed = true
+		a.signal()
+	}
+	a.mu.Unlock()
 	<-a.done
 }
 
-// run formats the queued lines and writes them auditFlushInterval after
-// the first of them, until Close.
+// signal wakes the writer, if it is not awake already.
+func (a *AuditLog) signal() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// queue hands l to the writer, or drops it; never waits but for the
+// lock, held for an append.
+func (a *AuditLog) queue(l auditLine) {
+	a.mu.Lock()
+	if a.closed || len(a.pending) >= auditQueueLenMax {
+		a.mu.Unlock()
+		a.dropped.Add(1)
+		return
+	}
+	a.pending = append(a.pending, l)
+	first := len(a.pending) == 1
+	a.mu.Unlock()
+	if first {
+		a.signal()
+	}
+}
+
+// run writes batches until Close: woken by a batch's first line, it waits
+// auditFlushInterval for the rest, takes them all and writes them.
 func (a *AuditLog) run() {
 	defer close(a.done)
-	timer := time.NewTimer(auditFlushInterval)
-	timer.Stop()
-	armed := false
+	var batch []auditLine
 	for {
-		select {
-		case l := <-a.queue:
-			a.format(l)
-			if !armed {
-				timer.Reset(auditFlushInterval)
-				armed = true
-			}
-		case <-timer.C:
-			armed = false
-			a.flush()
-		case <-a.stop:
-			timer.Stop()
-			for {
-				select {
-				case l := <-a.queue:
-					a.format(l)
-				default:
-					a.flush()
-					return
-				}
-			}
+		<-a.wake
+		a.mu.Lock()
+		closed := a.closed
+		a.mu.Unlock()
+		if !closed {
+			time.Sleep(auditFlushInterval)
+		}
+		a.mu.Lock()
+		batch, a.pending = a.pending, batch[:0]
+		closed = a.closed
+		a.mu.Unlock()
+		for i := range batch {
+			a.format(batch[i])
+			batch[i] = auditLine{} // the records' attributes go with the batch
+		}
+		a.flush()
+		if closed {
+			return
 		}
 	}
 }
@@ -130,7 +160,7 @@ func (a *AuditLog) flush() {
 	if n := a.dropped.Load(); n > a.said {
 		r := slog.NewRecord(time.Now(), slog.LevelWarn, "audit lines dropped: more stock calls than the log writer kept up with", 0)
 		r.AddAttrs(slog.Int64("dropped", n-a.said), slog.Int64("dropped_total", n))
-		_ = a.base.Handle(context.Background(), r)
+		a.format(auditLine{h: a.base, r: r})
 		a.said = n
 	}
 	a.write()
@@ -153,19 +183,9 @@ type auditHandler struct {
 func (h auditHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.inner.Enabled(ctx, l) }
 
 // Handle queues r, or drops it if the queue is full or the log closed:
-// never waits.
+// never waits for the writer.
 func (h auditHandler) Handle(_ context.Context, r slog.Record) error {
-	select {
-	case <-h.a.stop:
-		h.a.dropped.Add(1)
-		return nil
-	default:
-	}
-	select {
-	case h.a.queue <- auditLine{h: h.inner, r: r.Clone()}:
-	default:
-		h.a.dropped.Add(1)
-	}
+	h.a.queue(auditLine{h: h.inner, r: r.Clone()})
 	return nil
 }
 

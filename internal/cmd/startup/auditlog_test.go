@@ -35,8 +35,8 @@ func (w *writes) all() (string, int) {
 }
 
 // TestAuditLog_Lines: every line is written whole, with its attributes,
-// within the flush interval and several to a write, at most PIPE_BUF (4096 bytes) a write unless one
-// line is longer; lines below the level are not.
+// without Close and several to a write, at most PIPE_BUF (4096 bytes) a
+// write unless one line is longer; lines below the level are not.
 func TestAuditLog_Lines(t *testing.T) {
 	var w writes
 	a, err := startup.NewAuditLog(&w, "info", "text")
