@@ -25,8 +25,8 @@ const (
 	// come, for more to share its writes: the longest a line waits. The
 	// lines of a busy moment are written together (about 15 to a write,
 	// at 250 bytes a line), and the writer wakes once per batch, not per
-	// line: a wake-up each, or a write each, would cost each call about
-	// what the line's write did (docs/benchmarks.md).
+	// line: waking a parked goroutine can take a system call (a futex) as
+	// a write does. What a line costs: docs/benchmarks.md.
 	auditFlushInterval = 50 * time.Millisecond
 )
 

@@ -1,9 +1,16 @@
 package startup_test
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,4 +124,68 @@ func TestAuditLog_Full(t *testing.T) {
 	if want := fmt.Sprintf("dropped_total=%d\n", dropped); !strings.Contains(out, "level=WARN msg=\"audit lines dropped") || !strings.Contains(out, want) {
 		t.Errorf("no line says the %d drops (%q): %q", dropped, want, out[max(0, len(out)-400):])
 	}
+}
+
+// BenchmarkAuditLine: the process CPU (all goroutines, from getrusage) a
+// stock call's audit line costs, written to a pipe that another process
+// drains (as a container runtime's log pipe): off (the level filters it),
+// sync (the process's logger writes it in the call) and async (an
+// AuditLog). Paced under the AuditLog's queue (2,048 lines, then a pause
+// longer than its flush interval), every mode alike, so that none is
+// dropped (dropped/op). Read cpu-ns/op as ratios within one run:
+// docs/benchmarks.md.
+func BenchmarkAuditLine(b *testing.B) {
+	for _, mode := range []string{"off", "sync", "async"} {
+		b.Run(mode, func(b *testing.B) {
+			r, w, err := os.Pipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			drain := exec.Command("cat")
+			drain.Stdin, drain.Stdout = r, io.Discard
+			if err := drain.Start(); err != nil {
+				b.Fatal(err)
+			}
+			r.Close()
+			level, closeLog, dropped := "info", func() {}, func() int64 { return 0 }
+			if mode == "off" {
+				level = "warn"
+			}
+			log, err := startup.Logger(w, level, "text")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if mode == "async" {
+				a, err := startup.NewAuditLog(w, level, "text")
+				if err != nil {
+					b.Fatal(err)
+				}
+				log, closeLog, dropped = a.Logger, a.Close, a.Dropped
+			}
+			ctx := context.Background()
+			before := cpuTime()
+			b.ResetTimer()
+			for i := range b.N {
+				if i%2048 == 2047 {
+					time.Sleep(60 * time.Millisecond) // CPU-free
+				}
+				log.LogAttrs(ctx, slog.LevelInfo, "stock call", slog.String("call", "Deduct"), slog.String("caller", "service:token:3f2a9c1b0d4e"),
+					slog.String("sku", "hot"), slog.String("key", "k-"+strconv.Itoa(i)), slog.String("reservation", ""),
+					slog.Int64("quantity", 1), slog.String("outcome", "ok"))
+			}
+			closeLog() // its lines written: their CPU counts
+			b.StopTimer()
+			b.ReportMetric(float64(cpuTime()-before)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(dropped())/float64(b.N), "dropped/op")
+			w.Close()
+			drain.Wait()
+		})
+	}
+}
+
+// cpuTime is this process's CPU time so far, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
