@@ -51,8 +51,8 @@ type InventoryHandler struct {
 	// Changes: nil where there is no change stream; WatchStock is then
 	// unimplemented.
 	Changes *ledger.Stream
-	// Log receives a line per stock-changing call, with its caller; nil:
-	// none.
+	// Log receives a line per stock-changing call at info, with its
+	// caller (the allocator's startup.AuditLog); nil: none.
 	Log *slog.Logger
 }
 

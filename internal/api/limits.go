@@ -29,7 +29,8 @@ const (
 
 // AdmitConfig configures Admit.
 type AdmitConfig struct {
-	// Auth tells who calls (UNAUTHENTICATED for a credential it refuses);
+	// Auth tells who calls, by the Authorization header and the TLS
+	// client certificate (UNAUTHENTICATED for a credential it refuses);
 	// nil: every caller is auth.Anonymous.
 	Auth *auth.Authenticator
 	// Need is the least role a procedure needs and whether the caller
@@ -159,7 +160,7 @@ func Admit(cfg AdmitConfig, h http.Handler, refused func(procedure, reason strin
 		caller := auth.Anonymous
 		if cfg.Auth != nil {
 			var err error
-			if caller, err = cfg.Auth.Authenticate(r.Header.Get("Authorization")); err != nil {
+			if caller, err = cfg.Auth.AuthenticateTLS(r.Header.Get("Authorization"), r.TLS); err != nil {
 				refuse(w, r, badCredential)
 				return
 			}

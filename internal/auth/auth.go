@@ -1,13 +1,16 @@
 // Package auth tells who calls: it turns an Authorization header into a
 // Caller (a role, the id of the credential, and for the public role the
 // verified customer), from bearer tokens configured per role or from JWTs
-// verified against a JWKS that it re-reads while running.
+// verified against a JWKS that it re-reads while running; a TLS client
+// certificate of a configured CA names a service.
 package auth
 
 import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -54,8 +57,9 @@ func parseRole(s string) (Role, bool) {
 type Caller struct {
 	Role Role
 	// ID names the credential, never its secret: "token:" and the first
-	// 12 hex digits of the token's SHA-256, or "jwt:" and the JWT's
-	// subject; empty for a call without a credential.
+	// 12 hex digits of the token's SHA-256, "jwt:" and the JWT's subject,
+	// or "cert:" and a client certificate's name (CertID); empty for a
+	// call without a credential.
 	ID string
 	// Customer is the verified customer of a public JWT (its subject);
 	// empty otherwise.
@@ -131,7 +135,11 @@ type Config struct {
 	Refresh time.Duration
 	// Client fetches a JWKS URL; nil: a client with a 10 s timeout.
 	Client *http.Client
-	Logger *slog.Logger
+	// ClientCAs returns the current pool of the CAs whose client
+	// certificates name a service (AuthenticateTLS); nil: certificates
+	// name nobody.
+	ClientCAs func() *x509.CertPool
+	Logger    *slog.Logger
 }
 
 // ErrRefused is the error of a credential that is not admitted.
@@ -148,12 +156,16 @@ type Authenticator struct {
 	tokens []token
 	keys   *keySet // nil without a JWKS
 	parser *jwt.Parser
+	certs  *certs // nil without client CAs
 }
 
 // New builds an Authenticator. With a JWKS, it reads it once (an error if
 // it cannot) and again every cfg.Refresh until ctx ends.
 func New(ctx context.Context, cfg Config) (*Authenticator, error) {
 	a := &Authenticator{}
+	if cfg.ClientCAs != nil {
+		a.certs = newCerts(cfg.ClientCAs)
+	}
 	for _, set := range []struct {
 		role   Role
 		tokens []string
@@ -216,6 +228,24 @@ func (a *Authenticator) Authenticate(header string) (Caller, error) {
 	return a.verify(bearer)
 }
 
+// AuthenticateTLS is Authenticate for a request over a TLS connection
+// (state; nil for cleartext) whose client certificate, if the configured
+// client CAs verify it, names a service caller (CertID). With both a
+// certificate and an Authorization header, the higher role of the two
+// calls, the header's on a tie; a header that is not admitted is refused
+// whatever the certificate. A certificate that does not verify (another
+// CA, expired, not for client authentication) counts as none.
+func (a *Authenticator) AuthenticateTLS(header string, state *tls.ConnectionState) (Caller, error) {
+	caller, err := a.Authenticate(header)
+	if err != nil || a.certs == nil || caller.Role >= RoleService {
+		return caller, err
+	}
+	if c, ok := a.certs.caller(state); ok {
+		return c, nil
+	}
+	return caller, nil
+}
+
 // claims are the JWT claims read.
 type claims struct {
 	jwt.RegisteredClaims
@@ -237,7 +267,7 @@ func (a *Authenticator) verify(s string) (Caller, error) {
 	if !ok {
 		return Caller{}, fmt.Errorf("%w: JWT role claim %q is not public, service or admin", ErrRefused, c.Role)
 	}
-	if c.Subject == "" || len(c.Subject) > subjectLenMax || strings.ContainsFunc(c.Subject, func(r rune) bool { return r < 0x21 || r == 0x7f }) {
+	if c.Subject == "" || !printable(c.Subject) {
 		return Caller{}, fmt.Errorf("%w: JWT subject empty, longer than %d or not printable", ErrRefused, subjectLenMax)
 	}
 	caller := Caller{Role: role, ID: "jwt:" + c.Subject}

@@ -231,3 +231,34 @@ func (f *CertFiles) ClientConfig(serverName string) *tls.Config {
 		},
 	}
 }
+
+// ClientCAFile is a CA file that verifies client certificates outside the
+// handshake (Pool), followed like the other files: a handshake cannot
+// fall back to another credential when a certificate does not verify, so
+// the listener only requests one (RequestClientCerts) and the caller
+// checks it against Pool.
+func ClientCAFile(caFile string, log *slog.Logger) (*CertFiles, error) {
+	if caFile == "" {
+		return nil, errors.New("transport: TLS: no client CA file")
+	}
+	return newCertFiles("", "", caFile, certCheckInterval, log)
+}
+
+// Pool is the current CA pool, after a check of the files; nil without a
+// CA file.
+func (f *CertFiles) Pool() *x509.CertPool {
+	f.refresh()
+	return f.pool.Load()
+}
+
+// RequestClientCerts returns a copy of a server's cfg that asks every
+// client for a certificate and takes any, or none, without verifying it:
+// whoever serves the connection verifies it (against a ClientCAFile's
+// Pool) and treats one that does not verify as no certificate. Session
+// tickets are off, so that a resumed session cannot carry a certificate
+// past its connection.
+func RequestClientCerts(cfg *tls.Config) *tls.Config {
+	c := cfg.Clone()
+	c.ClientAuth, c.SessionTicketsDisabled = tls.RequestClientCert, true
+	return c
+}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/allocator"
@@ -70,6 +71,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer proc.Close()
 
+	audit, closeAudit, err := auditLog(cfg, proc, log, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
+
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w, err := wire(ctx, cfg, proc, log)
@@ -77,6 +84,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	w.audit = audit
 	return serve(ctx, cancel, cfg, proc, w, log, stdout)
 }
 
@@ -92,11 +100,11 @@ type config struct {
 	rateLimit, serviceRateLimit               float64
 	aheadBytes                                int
 	inFlight, clientConns, maxConns           int
-	logFormat, level                          string
+	logFormat, level, auditLog                string
 	shardID, shardAddr, advertise             string
 	leaseTTL, groupDelay, retireGrace         time.Duration
 	pprof, rebalance, autoShards, requireSync bool
-	tlsCert, tlsKey                           string
+	tlsCert, tlsKey, serviceClientCA          string
 	shardCert, shardKey, shardCA              string
 	corsOrigins                               string
 
@@ -105,6 +113,8 @@ type config struct {
 	policy         *api.Policy
 	proxies        []netip.Prefix
 	tls            *tls.Config          // of every listener; nil: cleartext
+	publicTLS      *tls.Config          // of the public listener: tls, asking for client certificates with serviceCAs
+	serviceCAs     *transport.CertFiles // -service-client-ca; nil: none
 	scheme         string               // "https" with tls, else "http"
 	shardClientTLS *transport.CertFiles // to call shard servers; nil: cleartext
 	localTLS       *tls.Config          // of -shard-id's listener with mTLS
@@ -142,6 +152,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.DurationVar(&c.groupDelay, "group-delay", env.Duration("SHARDSTOCK_GROUP_DELAY", 0), "with -shard-id, its shard server's: "+shardnode.GroupDelayUsage)
 	fs.BoolVar(&c.pprof, "pprof", env.Bool("SHARDSTOCK_PPROF", false), "serve /debug/pprof/ on the operator listener (env SHARDSTOCK_PPROF=1)")
 	fs.StringVar(&c.operatorAddr, "operator-addr", env.String("SHARDSTOCK_OPERATOR_ADDR", "127.0.0.1:0"), "listen address of the operator listener: /metrics, /debug/pprof/ (with -pprof), /healthz and /readyz, never on the public port; port 0 picks one (env SHARDSTOCK_OPERATOR_ADDR)")
+	fs.StringVar(&c.auditLog, "audit-log", env.String("SHARDSTOCK_AUDIT_LOG", "async"), "the line at info that names the caller of each stock-changing call: async (formatted and written by a goroutine of its own, several lines a write; lines beyond a bounded queue are dropped, counted in shardstock_allocator_audit_lines_dropped_total and said), sync (written by the call), or off (the ledger alone names callers; for measuring the lines' cost) (env SHARDSTOCK_AUDIT_LOG)")
 	fs.StringVar(&c.level, "log-level", env.String("SHARDSTOCK_LOG_LEVEL", "info"), "debug, info, warn or error (env SHARDSTOCK_LOG_LEVEL)")
 	fs.BoolVar(&c.rebalance, "rebalance", env.Bool("SHARDSTOCK_REBALANCE", true), "run the rebalancer's refill and tail plans (env SHARDSTOCK_REBALANCE=0 turns them off); drains of retired shards, SetShards, Rebalance and consolidation run regardless")
 	fs.BoolVar(&c.autoShards, "auto-shards", env.Bool("SHARDSTOCK_AUTO_SHARDS", true), "split hot SKUs and merge them back when cold, automatically (env SHARDSTOCK_AUTO_SHARDS=0 turns it off)")
@@ -151,6 +162,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.shardKey, "shard-tls-key", env.String("SHARDSTOCK_SHARD_TLS_KEY", ""), "see -shard-tls-cert")
 	fs.StringVar(&c.shardCA, "shard-tls-ca", env.String("SHARDSTOCK_SHARD_TLS_CA", ""), "see -shard-tls-cert; with -shard-id, also the CA its own shard listener requires of callers")
 	fs.StringVar(&c.tlsKey, "tls-key", env.String("SHARDSTOCK_TLS_KEY", ""), "see -tls-cert")
+	fs.StringVar(&c.serviceClientCA, "service-client-ca", env.String("SHARDSTOCK_SERVICE_CLIENT_CA", ""), "with -tls-cert, PEM file of the CAs whose client certificates are the service role on the public port, named service:cert:<CN or first SAN>; re-read when it changes; a certificate of another CA counts as none (env SHARDSTOCK_SERVICE_CLIENT_CA)")
 	fs.StringVar(&c.corsOrigins, "cors-origins", env.String("SHARDSTOCK_CORS_ORIGINS", ""), "comma-separated origins whose browser clients may call the API (CORS), e.g. https://shop.example.com; empty: none (env SHARDSTOCK_CORS_ORIGINS)")
 	fs.BoolVar(&c.requireSync, "require-sync-standby", env.Bool("SHARDSTOCK_REQUIRE_SYNC_STANDBY", false), "with -shard-id, "+shardnode.RequireSyncStandbyUsage)
 	if err := fs.Parse(args); err != nil {
@@ -202,12 +214,26 @@ func (c *config) check(log *slog.Logger) error {
 	if c.tls, err = startup.TLSConfig(c.tlsCert, c.tlsKey, "", log); err != nil {
 		return err
 	}
-	c.scheme = "http"
+	c.scheme, c.publicTLS = "http", c.tls
 	if c.tls != nil {
 		c.scheme = "https"
 	}
+	if c.serviceClientCA != "" {
+		if c.tls == nil {
+			return errors.New("-service-client-ca needs -tls-cert and -tls-key: a client certificate comes over TLS")
+		}
+		if c.serviceCAs, err = transport.ClientCAFile(c.serviceClientCA, log); err != nil {
+			return fmt.Errorf("-service-client-ca: %w", err)
+		}
+		c.publicTLS = transport.RequestClientCerts(c.tls)
+	}
 	if c.shardClientTLS, err = startup.ClientTLSConfig(c.shardCert, c.shardKey, c.shardCA, log); err != nil {
 		return err
+	}
+	switch c.auditLog {
+	case "async", "sync", "off":
+	default:
+		return fmt.Errorf("-audit-log %q: want async, sync or off", c.auditLog)
 	}
 	if c.rateLimit < 0 || c.serviceRateLimit < 0 || c.inFlight < 0 || c.clientConns < 0 {
 		return errors.New("-rate-limit, -service-rate-limit, -max-in-flight and -max-client-conns must not be negative")
@@ -239,6 +265,28 @@ type wired struct {
 	alloc           *allocator.Allocator
 	changes         *ledger.Stream // WatchLedger and WatchStock
 	auth            *auth.Authenticator
+	audit           *slog.Logger // stock calls' lines; nil: none
+}
+
+// auditLog is the logger of the stock calls' audit lines that -audit-log
+// names (nil for off) and what closes it, writing what it holds: the
+// process's log for sync, else a startup.AuditLog on stderr whose dropped
+// lines the registry counts.
+func auditLog(cfg *config, proc *startup.Process, log *slog.Logger, stderr io.Writer) (*slog.Logger, func(), error) {
+	switch cfg.auditLog {
+	case "off":
+		return nil, func() {}, nil
+	case "sync":
+		return log, func() {}, nil
+	}
+	a, err := startup.NewAuditLog(stderr, cfg.level, cfg.logFormat)
+	if err != nil {
+		return nil, nil, err
+	}
+	proc.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shardstock_allocator_audit_lines_dropped_total",
+		Help: "Audit lines of stock calls dropped because more came than the log writer kept up with (-audit-log async); each drop is also said in the log."},
+		func() float64 { return float64(a.Dropped()) }))
+	return a.Logger, a.Close, nil
 }
 
 // wire builds the allocator over proc. Whatever it built, even when it
@@ -248,9 +296,13 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 	var err error
 	// A JWKS that cannot be read stops the start: callers would all be
 	// refused.
-	if w.auth, err = auth.New(ctx, auth.Config{AdminTokens: splitList(cfg.token), ServiceTokens: splitList(cfg.serviceToken),
+	authCfg := auth.Config{AdminTokens: splitList(cfg.token), ServiceTokens: splitList(cfg.serviceToken),
 		PublicTokens: splitList(cfg.publicToken), JWKS: cfg.jwks, Issuer: cfg.jwtIssuer, Audience: cfg.jwtAudience,
-		Refresh: cfg.jwksRefresh, Logger: log}); err != nil {
+		Refresh: cfg.jwksRefresh, Logger: log}
+	if cfg.serviceCAs != nil {
+		authCfg.ClientCAs = cfg.serviceCAs.Pool
+	}
+	if w.auth, err = auth.New(ctx, authCfg); err != nil {
 		return w, err
 	}
 	// Not ready while etcd is behind the databases' fences (restored or
@@ -347,7 +399,7 @@ func serve(ctx context.Context, cancel context.CancelFunc, cfg *config, proc *st
 		Addr: cfg.scheme + "://" + proc.Listener.Addr().String(), Operator: cfg.scheme + "://" + opsLis.Addr().String()}, w.ready)
 	log.Info("allocator started", "addr", proc.Listener.Addr().String())
 	public := transport.LimitConns(proc.Listener, cfg.clientConns, transport.NewConnMetrics(proc.Registry, "shardstock_allocator_client"))
-	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(cfg.corsOrigins)), cfg.tls)
+	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(cfg.corsOrigins)), cfg.publicTLS)
 
 	// Shut down: everything started above stops with ctx.
 	cancel()
@@ -373,7 +425,7 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	// refusals are counted in the call metrics too.
 	admit := api.AdmitConfig{Auth: w.auth, Need: cfg.policy.Need, PerClient: cfg.rateLimit, PerCredential: cfg.serviceRateLimit,
 		TrustedProxies: cfg.proxies, InFlight: cfg.inFlight, AheadBytes: int64(cfg.aheadBytes)}
-	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc, Log: log, Changes: w.changes},
+	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc, Log: w.audit, Changes: w.changes},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
 	mux.Handle(invPath, api.Admit(admit, transport.Warm(invHandler, 0), metrics.Refused))
 	// A watch lasts as long as its client wants: it holds no place among

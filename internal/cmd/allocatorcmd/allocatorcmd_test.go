@@ -51,13 +51,19 @@ func start(t *testing.T, extra ...string) (base string, stop func() error) {
 // startOn is start with url as the main database.
 func startOn(t *testing.T, url string, extra ...string) (base string, stop func() error) {
 	t.Helper()
+	return startLogging(t, url, io.Discard, extra...)
+}
+
+// startLogging is startOn with the command's log written to stderr.
+func startLogging(t *testing.T, url string, stderr io.Writer, extra ...string) (base string, stop func() error) {
+	t.Helper()
 	e := etcdtest.Start(t)
 	args := append([]string{"-addr", "127.0.0.1:0", "-database-url", url, "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
 		"-admin-token", token, "-service-token", serviceToken, "-db-max-conns", "4", "-log-level", "error"}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout cmdtest.Output
 	done := make(chan error, 1)
-	go func() { done <- allocatorcmd.Run(ctx, args, func(string) string { return "" }, &stdout, io.Discard) }()
+	go func() { done <- allocatorcmd.Run(ctx, args, func(string) string { return "" }, &stdout, stderr) }()
 	stopped := false
 	stop = func() error {
 		t.Helper()

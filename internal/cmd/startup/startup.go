@@ -92,6 +92,15 @@ const LogFormatUsage = "log format: text or json (env SHARDSTOCK_LOG_FORMAT)"
 // Logger returns a logger at level ("debug", "info", "warn", "error") in
 // format ("text", or "json": one JSON object a line, for log collectors).
 func Logger(w io.Writer, level, format string) (*slog.Logger, error) {
+	h, err := logHandler(w, level, format)
+	if err != nil {
+		return nil, err
+	}
+	return slog.New(h), nil
+}
+
+// logHandler is Logger's handler.
+func logHandler(w io.Writer, level, format string) (slog.Handler, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("log level %q: %w", level, err)
@@ -99,9 +108,9 @@ func Logger(w io.Writer, level, format string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: l}
 	switch format {
 	case "text", "":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.NewTextHandler(w, opts), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.NewJSONHandler(w, opts), nil
 	}
 	return nil, fmt.Errorf("log format %q: want text or json", format)
 }
