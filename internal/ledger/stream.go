@@ -238,7 +238,8 @@ func (lw *ledgerWatch) catchUp(ctx context.Context, sub *subscriber) error {
 				if err != nil {
 					return err
 				}
-				if joined[name] = ok; ok {
+				if ok {
+					joined[name] = true
 					continue
 				}
 			}
