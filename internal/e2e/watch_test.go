@@ -125,7 +125,8 @@ func (c *ledgerConsumer) check(t *testing.T, stop func(), kills int) {
 	for _, e := range c.s.ledger(c.sku) {
 		want[e.Id] = true
 	}
-	for deadline := time.Now().Add(consumerCatchUpMax); ; time.Sleep(50 * time.Millisecond) {
+	start := time.Now()
+	for deadline := start.Add(consumerCatchUpMax); ; time.Sleep(50 * time.Millisecond) {
 		c.mu.Lock()
 		n := len(c.received())
 		c.mu.Unlock()
@@ -137,6 +138,7 @@ func (c *ledgerConsumer) check(t *testing.T, stop func(), kills int) {
 			break
 		}
 	}
+	caughtUp := time.Since(start)
 	stop()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -176,8 +178,8 @@ func (c *ledgerConsumer) check(t *testing.T, stop func(), kills int) {
 			chains[e.Shard] = counts{e.AvailableAfter, e.ReservedAfter, e.SoldAfter}
 		}
 	}
-	t.Logf("change stream: %d entries, all received by a consumer in %d sessions (%d killed; ended otherwise: %v), %d received again after a resume",
-		len(want), len(c.sessions), c.kills, c.endedOtherwise(), again)
+	t.Logf("change stream: %d entries, all received by a consumer in %d sessions (%d killed; ended otherwise: %v), %d received again after a resume; "+
+		"the last received %s after the ledger was read", len(want), len(c.sessions), c.kills, c.endedOtherwise(), again, caughtUp.Round(time.Millisecond))
 }
 
 // endedOtherwise says how the sessions that were neither killed nor
