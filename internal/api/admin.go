@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,9 @@ type AdminHandler struct {
 	// Changes: nil where there is no change stream; WatchLedger is then
 	// unimplemented.
 	Changes *ledger.Stream
+	// WatchSendMax bounds one message of a watch served through
+	// WatchWriter (0: WatchSendMaxDefault).
+	WatchSendMax time.Duration
 	// Catalog lists SKUs; nil: ListSkus is unimplemented.
 	Catalog Catalog
 	// Warmer prewarms SKUs; nil: Prewarm is unimplemented.

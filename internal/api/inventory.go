@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -51,6 +52,9 @@ type InventoryHandler struct {
 	// Changes: nil where there is no change stream; WatchStock is then
 	// unimplemented.
 	Changes *ledger.Stream
+	// WatchSendMax bounds one message of a watch served through
+	// WatchWriter (0: WatchSendMaxDefault).
+	WatchSendMax time.Duration
 	// Log receives a line per stock-changing call at info, with its
 	// caller (the allocator's startup.AuditLog); nil: none.
 	Log *slog.Logger

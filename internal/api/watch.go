@@ -2,6 +2,9 @@ package api
 
 import (
 	"context"
+	"net/http"
+	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -18,6 +21,85 @@ import (
 // generator's targets).
 var noStream = wire.ToConnect(stock.Errorf(stock.CodeUnimplemented, "this server has no change stream"))
 
+// WatchSendMaxDefault bounds how long one message of a watch may wait for
+// its consumer to take it (WatchWriter): a consumer that stops reading
+// without closing (its HTTP/2 window full) blocks a send for good, and
+// holds its goroutine and its buffer of the shared read until its stream is
+// reset. A consumer that reads at all takes a message within milliseconds;
+// a slow one is ended sooner by the stream's own bounds (docs/changestream.md).
+const WatchSendMaxDefault = 30 * time.Second
+
+// watchWriterKey is the context key of a watch's response controller.
+type watchWriterKey struct{}
+
+// WatchWriter lets the watches of h end their own stream: a send that
+// waits longer than the handler's WatchSendMax sets the stream's write
+// deadline in the past, which resets the stream and returns the send.
+// Connect hands a handler no ResponseWriter, so the controller travels in
+// the request's context.
+func WatchWriter(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := context.WithValue(r.Context(), watchWriterKey{}, http.NewResponseController(w))
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// sendGuard bounds each send of one watch to max (see WatchWriter); a nil
+// guard bounds nothing (no WatchWriter).
+type sendGuard struct {
+	max   time.Duration
+	timer *time.Timer
+	mu    sync.Mutex // the timer's function and close: never the controller after the handler ends
+	done  bool
+	fired bool
+}
+
+// guardSends returns the guard of ctx's watch, and what stops it before
+// the handler returns.
+func guardSends(ctx context.Context, max time.Duration) (*sendGuard, func()) {
+	rc, _ := ctx.Value(watchWriterKey{}).(*http.ResponseController)
+	if rc == nil {
+		return nil, func() {}
+	}
+	if max <= 0 {
+		max = WatchSendMaxDefault
+	}
+	g := &sendGuard{max: max}
+	g.timer = time.AfterFunc(time.Hour, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if !g.done {
+			g.fired = true
+			_ = rc.SetWriteDeadline(time.Unix(1, 0))
+		}
+	})
+	g.timer.Stop()
+	return g, func() {
+		g.timer.Stop()
+		g.mu.Lock()
+		g.done = true
+		g.mu.Unlock()
+	}
+}
+
+// send runs one send within the guard's bound: CONSUMER_BEHIND if the
+// bound ended it.
+func (g *sendGuard) send(f func() error) error {
+	if g == nil {
+		return f()
+	}
+	g.timer.Reset(g.max)
+	err := f()
+	g.timer.Stop()
+	g.mu.Lock()
+	fired := g.fired
+	g.mu.Unlock()
+	if fired {
+		return stock.Errorf(stock.CodeConsumerBehind, "this consumer took no message for %s: its stream was reset; resume from its last cursor", g.max)
+	}
+	return err
+}
+
 // WatchLedger streams the ledger after a cursor.
 func (h *AdminHandler) WatchLedger(ctx context.Context, req *connect.Request[v1.WatchLedgerRequest], out *connect.ServerStream[v1.WatchLedgerResponse]) error {
 	if h.Changes == nil {
@@ -28,12 +110,14 @@ func (h *AdminHandler) WatchLedger(ctx context.Context, req *connect.Request[v1.
 	if err != nil {
 		return wire.ToConnect(err)
 	}
+	guard, stop := guardSends(ctx, h.WatchSendMax)
+	defer stop()
 	err = h.Changes.WatchLedger(ctx, ledger.Watch{Cursor: cur, SKUs: m.GetSkus(), Consumer: m.GetConsumer()}, func(d ledger.Delivery) error {
 		msg := &v1.WatchLedgerResponse{Database: d.Database, Cursor: d.Cursor}
 		if d.Entry != nil {
 			msg.Entry = wire.LedgerEntryToProto(d.Entry)
 		}
-		return out.Send(msg)
+		return guard.send(func() error { return out.Send(msg) })
 	})
 	return streamEnd(ctx, err)
 }
@@ -51,8 +135,11 @@ func (h *InventoryHandler) WatchStock(ctx context.Context, req *connect.Request[
 	if h.Changes == nil {
 		return noStream
 	}
+	guard, stop := guardSends(ctx, h.WatchSendMax)
+	defer stop()
 	err := h.Changes.WatchStock(ctx, req.Msg.GetSkus(), h.Inventory.GetStock, func(c ledger.StockChange) error {
-		return out.Send(&v1.WatchStockResponse{Stock: StockToProto(c.Stock), Event: stockEvents[c.Event]})
+		msg := &v1.WatchStockResponse{Stock: StockToProto(c.Stock), Event: stockEvents[c.Event]}
+		return guard.send(func() error { return out.Send(msg) })
 	})
 	return streamEnd(ctx, err)
 }

@@ -78,7 +78,9 @@ const (
 // lease and continued (the zombie must be fenced), and Postgres crashed and
 // restarted; meanwhile, every 300 ms, a call to the third is cut once
 // delivered, while it may still be deciding it (10 in all). The history is checked by
-// checkHistory.
+// checkHistory. A WatchLedger consumer is attached throughout, killed and
+// resumed from its cursor twice: at the end it has received the ledger
+// (ledgerConsumer.check).
 func TestE2E_LinearizableUnderFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
 	defer cancel()
@@ -95,6 +97,9 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 		s3 = startProxiedShard(t, s, "s3", "")
 	}})
 	s.createSKU(sku, linStock, 8)
+	// A change stream consumer is attached throughout, killed twice (and
+	// resumed from its cursor each time) and cut off by the Postgres crash.
+	consumer, stopConsumer := attachConsumer(t, s, sku)
 
 	var restarted atomic.Int64 // when Postgres answered again, since the run's start
 	h := runHistory(ctx, t, s, sku, func(ctx context.Context, since func() int64) {
@@ -112,6 +117,7 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 		if !step(700 * time.Millisecond) {
 			return
 		}
+		consumer.kill()
 		s.startShard("s1")
 		s2 := s.shards["s2"]
 		s2.cmd.Process.Signal(syscall.SIGSTOP) // past its 2 s lease: a zombie
@@ -120,6 +126,7 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 			return
 		}
 		s2.cmd.Process.Signal(syscall.SIGCONT)
+		consumer.kill()
 		if !step(500 * time.Millisecond) {
 			return
 		}
@@ -138,6 +145,7 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 	}
 	checkHistory(t, s, sku, h, restarted.Load(), fmt.Sprintf("a shard server killed, one stopped past its lease, Postgres crashed, "+
 		"%d calls cut once delivered to a third", s3.Cuts()))
+	consumer.check(t, stopConsumer, 2)
 }
 
 // Delivered cuts in TestE2E_LinearizableUnderFaults: at least

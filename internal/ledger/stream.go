@@ -26,14 +26,14 @@ type Reader interface {
 	Head(ctx context.Context) (head Position, next uint64, err error)
 }
 
-// Bounds of the change stream. Each watch reads its databases itself, a
-// page at a time, so a consumer costs the writers nothing and the others
-// nothing but its reads; these bound what one costs its process.
+// Bounds of the change stream. A process reads each database once for all
+// its watches (tail.go), a page at a time; a watch behind the tail reads on
+// its own until it reaches it. These bound what a consumer costs its
+// process; none can slow the reads or the writers.
 const (
-	// watchPageMax bounds the entries read at once from one database for
-	// one watch: all of a watch's memory but its cursor.
+	// watchPageMax bounds the entries read at once from one database.
 	watchPageMax = 256
-	// PollIntervalDefault is how long a watch that has read everything
+	// PollIntervalDefault is how long a tail that has read everything
 	// waits before it reads again: about half of it is the stream's lag
 	// behind a commit when the database is idle otherwise.
 	PollIntervalDefault = 100 * time.Millisecond
@@ -78,6 +78,7 @@ type Stream struct {
 	readers map[string]Reader
 	names   []string
 	poll    time.Duration
+	tails   map[string]*tail
 	slots   chan struct{}
 	metrics streamMetrics
 }
@@ -87,16 +88,19 @@ type streamMetrics struct {
 	lagEntries *prometheus.GaugeVec // by consumer
 	lagSeconds *prometheus.GaugeVec // by consumer
 	delivered  *prometheus.CounterVec
+	reads      *prometheus.CounterVec // by read
+	dropped    prometheus.Counter
 }
 
 // NewStream returns a Stream over cfg's databases.
 func NewStream(cfg StreamConfig) *Stream {
-	s := &Stream{readers: cfg.Readers, poll: cfg.PollInterval, slots: make(chan struct{}, watchersMax)}
+	s := &Stream{readers: cfg.Readers, poll: cfg.PollInterval, slots: make(chan struct{}, watchersMax), tails: map[string]*tail{}}
 	if s.poll <= 0 {
 		s.poll = PollIntervalDefault
 	}
-	for name := range cfg.Readers {
+	for name, r := range cfg.Readers {
 		s.names = append(s.names, name)
+		s.tails[name] = &tail{stream: s, name: name, r: r}
 	}
 	sort.Strings(s.names)
 	s.metrics = streamMetrics{
@@ -108,9 +112,13 @@ func NewStream(cfg StreamConfig) *Stream {
 			Help: "Age of the oldest entry a WatchLedger consumer had yet to receive at its last read."}, []string{"consumer"}),
 		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardstock_watch_entries_delivered_total",
 			Help: "Ledger entries sent to WatchLedger consumers, and stock messages to WatchStock consumers, by stream."}, []string{"stream"}),
+		reads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardstock_watch_reads_total",
+			Help: "Reads of the ledger for the watches, by read (tail: one a poll interval per database, whatever the number of watches; catch_up: a watch behind the tail reading on its own; head: a tail starting)."}, []string{"read"}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardstock_watch_consumers_dropped_total",
+			Help: "Watches ended CONSUMER_BEHIND because they let their buffer of the tail fill up."}),
 	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(s.metrics.consumers, s.metrics.lagEntries, s.metrics.lagSeconds, s.metrics.delivered)
+		cfg.Registerer.MustRegister(s.metrics.consumers, s.metrics.lagEntries, s.metrics.lagSeconds, s.metrics.delivered, s.metrics.reads, s.metrics.dropped)
 	}
 	return s
 }
@@ -137,8 +145,10 @@ type Delivery struct {
 
 // WatchLedger sends every ledger entry after w.Cursor that w selects, each
 // with the cursor after it, until ctx ends, send fails or a database
-// cannot be read (SHARD_UNAVAILABLE: resume from the last cursor). A
-// consumer that receives a page slower than pageSendMax is ended with
+// cannot be read (SHARD_UNAVAILABLE: resume from the last cursor). In each
+// database it reads on its own up to the tail's position, then joins the
+// tail (tail.go). A consumer that receives a page slower than pageSendMax,
+// or that lets subscriberPagesMax pages of the tail pile up, is ended with
 // CONSUMER_BEHIND. Bad input is INVALID_ARGUMENT before anything is read.
 func (s *Stream) WatchLedger(ctx context.Context, w Watch, send func(Delivery) error) error {
 	skus, err := checkSKUs(w.SKUs, false)
@@ -163,52 +173,136 @@ func (s *Stream) WatchLedger(ctx context.Context, w Watch, send func(Delivery) e
 	}
 	defer s.metrics.lagEntries.DeleteLabelValues(consumer)
 	defer s.metrics.lagSeconds.DeleteLabelValues(consumer)
-	lastSent, sentCursor := time.Now(), cur.String()
-	lag := make(map[string]lagAt, len(s.names))
-	for {
-		more := false
+	lw := &ledgerWatch{stream: s, skus: skus, consumer: consumer, send: send, cur: cur, sentCursor: cur.String(),
+		lastSent: time.Now(), lag: make(map[string]lagAt, len(s.names))}
+	sub := newSubscriber()
+	defer func() {
 		for _, name := range s.names {
-			page, err := s.readers[name].Changes(ctx, cur[name], watchPageMax)
-			if err != nil {
-				return unreadable(ctx, name, err)
-			}
-			lag[name] = lagOf(page)
-			s.setLag(consumer, lag)
-			more = more || len(page) == watchPageMax
-			start := time.Now()
-			for i := range page {
-				c := &page[i]
-				cur[name] = c.Pos
-				if skus != nil && !skus[c.Entry.Shard.SKU] {
-					continue
-				}
-				sentCursor = cur.String()
-				if err := send(Delivery{Database: name, Entry: &c.Entry, Cursor: sentCursor}); err != nil {
-					return err
-				}
-				s.metrics.delivered.WithLabelValues("ledger").Inc()
-				lastSent = time.Now()
-			}
-			if time.Since(start) > pageSendMax {
-				return stock.Errorf(stock.CodeConsumerBehind, "this consumer took over %s to receive %d entries: resume from its last cursor", pageSendMax, len(page))
-			}
-			lag[name] = lagAt{}
-			s.setLag(consumer, lag)
+			s.tails[name].leave(sub)
 		}
-		// A cursor alone: the filter skipped entries, or all is quiet.
-		if since := time.Since(lastSent); since >= keepAliveInterval || since >= progressInterval && cur.String() != sentCursor {
-			sentCursor = cur.String()
-			if err := send(Delivery{Cursor: sentCursor}); err != nil {
+	}()
+	if err := lw.catchUp(ctx, sub); err != nil {
+		return err
+	}
+	tick := time.NewTicker(progressInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sub.dropped:
+			return sub.err
+		case p := <-sub.pages:
+			queued := sub.queued.Add(-int64(len(p.changes)))
+			lw.lag[p.db] = lagAt{entries: int(queued) + len(p.changes), oldest: p.changes[0].Entry.CreatedAt}
+			s.setLag(consumer, lw.lag)
+			if err := lw.deliver(p.db, p.changes); err != nil {
 				return err
 			}
-			lastSent = time.Now()
-		}
-		if !more {
-			if err := sleep(ctx, s.poll); err != nil {
+			lw.lag[p.db] = lagAt{}
+			s.setLag(consumer, lw.lag)
+		case <-tick.C:
+			if err := lw.progress(); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// ledgerWatch is one WatchLedger's state.
+type ledgerWatch struct {
+	stream     *Stream
+	skus       map[string]bool
+	consumer   string
+	send       func(Delivery) error
+	cur        Cursor
+	sentCursor string
+	lastSent   time.Time
+	lag        map[string]lagAt
+}
+
+// catchUp reads each database on its own, a page at a time, from the
+// watch's cursor until it is at or past the tail's position, and joins the
+// tail there: from then on the tail's pages hold all that follows.
+func (lw *ledgerWatch) catchUp(ctx context.Context, sub *subscriber) error {
+	s := lw.stream
+	caughtUp := make(map[string]bool, len(s.names)) // its last read was not a full page
+	joined := make(map[string]bool, len(s.names))
+	for len(joined) < len(s.names) {
+		for _, name := range s.names {
+			if joined[name] {
+				continue
+			}
+			if caughtUp[name] {
+				ok, err := s.tails[name].join(ctx, sub, lw.cur[name], false)
+				if err != nil {
+					return err
+				}
+				if ok {
+					joined[name] = true
+					continue
+				}
+			}
+			page, err := s.readers[name].Changes(ctx, lw.cur[name], watchPageMax)
+			s.metrics.reads.WithLabelValues("catch_up").Inc()
+			if err != nil {
+				return unreadable(ctx, name, err)
+			}
+			caughtUp[name] = len(page) < watchPageMax
+			lw.lag[name] = lagOf(page)
+			s.setLag(lw.consumer, lw.lag)
+			if err := lw.deliver(name, page); err != nil {
+				return err
+			}
+			lw.lag[name] = lagAt{}
+			s.setLag(lw.consumer, lw.lag)
+		}
+		if err := lw.progress(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deliver sends the entries of a page of database name that follow the
+// watch's cursor and that it selects, moving the cursor past each.
+func (lw *ledgerWatch) deliver(name string, page []Change) error {
+	start := time.Now()
+	for i := range page {
+		c := &page[i]
+		if !lw.cur[name].Less(c.Pos) {
+			continue // read before the watch joined the tail
+		}
+		lw.cur[name] = c.Pos
+		if lw.skus != nil && !lw.skus[c.Entry.Shard.SKU] {
+			continue
+		}
+		lw.sentCursor = lw.cur.String()
+		if err := lw.send(Delivery{Database: name, Entry: &c.Entry, Cursor: lw.sentCursor}); err != nil {
+			return err
+		}
+		lw.stream.metrics.delivered.WithLabelValues("ledger").Inc()
+		lw.lastSent = time.Now()
+	}
+	if time.Since(start) > pageSendMax {
+		return stock.Errorf(stock.CodeConsumerBehind, "this consumer took over %s to receive %d entries: resume from its last cursor", pageSendMax, len(page))
+	}
+	return nil
+}
+
+// progress sends the cursor alone if the filter skipped entries since the
+// last message, or all has been quiet for keepAliveInterval.
+func (lw *ledgerWatch) progress() error {
+	since := time.Since(lw.lastSent)
+	if since < keepAliveInterval && (since < progressInterval || lw.cur.String() == lw.sentCursor) {
+		return nil
+	}
+	lw.sentCursor = lw.cur.String()
+	if err := lw.send(Delivery{Cursor: lw.sentCursor}); err != nil {
+		return err
+	}
+	lw.lastSent = time.Now()
+	return nil
 }
 
 // checkCursor refuses a cursor that names a database this stream does not
@@ -384,12 +478,17 @@ func (s *Stream) WatchStock(ctx context.Context, skus []string, stockOf func(con
 		return err
 	}
 	defer release()
-	// Start at the head of every database: the stock read below is at
-	// least as new, and any entry after the head leads to a read again.
-	cur := Cursor{}
+	// Join every database's tail where it is: the stock read below is at
+	// least as new, and any entry after it leads to a read again.
+	sub := newSubscriber()
+	defer func() {
+		for _, name := range s.names {
+			s.tails[name].leave(sub)
+		}
+	}()
 	for _, name := range s.names {
-		if cur[name], _, err = s.readers[name].Head(ctx); err != nil {
-			return unreadable(ctx, name, err)
+		if _, err := s.tails[name].join(ctx, sub, Position{}, true); err != nil {
+			return err
 		}
 	}
 	w := &stockWatch{stream: s, stockOf: stockOf, send: send, last: map[string]*stock.Stock{}, sentAt: map[string]time.Time{},
@@ -399,24 +498,9 @@ func (s *Stream) WatchStock(ctx context.Context, skus []string, stockOf func(con
 		w.dirty[sku] = true
 	}
 	recheck := time.Now()
+	tick := time.NewTicker(s.poll)
+	defer tick.Stop()
 	for {
-		for _, name := range s.names {
-			for {
-				page, err := s.readers[name].Changes(ctx, cur[name], watchPageMax)
-				if err != nil {
-					return unreadable(ctx, name, err)
-				}
-				for _, c := range page {
-					cur[name] = c.Pos
-					if set[c.Entry.Shard.SKU] {
-						w.dirty[c.Entry.Shard.SKU] = true
-					}
-				}
-				if len(page) < watchPageMax {
-					break
-				}
-			}
-		}
 		if time.Since(recheck) >= stockRecheckInterval {
 			recheck = time.Now()
 			for _, sku := range names {
@@ -426,8 +510,19 @@ func (s *Stream) WatchStock(ctx context.Context, skus []string, stockOf func(con
 		if err := w.flush(ctx); err != nil {
 			return err
 		}
-		if err := sleep(ctx, s.poll); err != nil {
-			return err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sub.dropped:
+			return sub.err
+		case p := <-sub.pages:
+			sub.queued.Add(-int64(len(p.changes)))
+			for _, c := range p.changes {
+				if set[c.Entry.Shard.SKU] {
+					w.dirty[c.Entry.Shard.SKU] = true
+				}
+			}
+		case <-tick.C:
 		}
 	}
 }

@@ -3,9 +3,11 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,6 +105,8 @@ func TestStream(t *testing.T) {
 	t.Run("SKUs", func(t *testing.T) { testSKUs(t, b) })
 	t.Run("Refused", func(t *testing.T) { testRefused(t, b) })
 	t.Run("TwoDatabases", func(t *testing.T) { testTwoDatabases(t, b, openBooksAt(t, urls[1], 0)) })
+	t.Run("SharedRead", func(t *testing.T) { testSharedRead(t, b) })
+	t.Run("StuckConsumer", func(t *testing.T) { testStuckConsumer(t, b) })
 }
 
 // testOutOfOrderCommits is the change stream's reason to exist: a
@@ -244,5 +248,196 @@ func TestParseCursor(t *testing.T) {
 		if got, err := ledger.ParseCursor(bad); stock.CodeOf(err) != stock.CodeInvalidArgument {
 			t.Errorf("ParseCursor(%q) = %v, %v; want INVALID_ARGUMENT", bad, got, err)
 		}
+	}
+}
+
+// countingReader is a database's Reader that counts the reads that reach
+// Postgres.
+type countingReader struct {
+	ledger.Reader
+	changes atomic.Int64
+}
+
+func (r *countingReader) Changes(ctx context.Context, after ledger.Position, limit int) ([]ledger.Change, error) {
+	r.changes.Add(1)
+	return r.Reader.Changes(ctx, after, limit)
+}
+
+// follower is a watch run in the background, and what it received.
+type follower struct {
+	mu   sync.Mutex
+	keys []string
+	err  error
+	done chan struct{}
+}
+
+// follow starts a watch of sku on s; send, if set, is called before each
+// entry is kept (a consumer that blocks in it stops reading).
+func follow(ctx context.Context, s *ledger.Stream, sku string, send func()) *follower {
+	f := &follower{done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		err := s.WatchLedger(ctx, ledger.Watch{SKUs: []string{sku}}, func(d ledger.Delivery) error {
+			if send != nil {
+				send()
+			}
+			if d.Entry != nil {
+				f.mu.Lock()
+				f.keys = append(f.keys, d.Entry.IdempotencyKey)
+				f.mu.Unlock()
+			}
+			return nil
+		})
+		f.mu.Lock()
+		f.err = err
+		f.mu.Unlock()
+	}()
+	return f
+}
+
+// ended is how the watch ended, nil if it has not.
+func (f *follower) ended() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+func (f *follower) received() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.keys)
+}
+
+// writeEvery appends an entry of sku every d until the returned function
+// is called, which returns the keys written, in commit order (one
+// connection: one after another).
+func writeEvery(t *testing.T, b *books, sku string, d time.Duration) (stop func() []string) {
+	var keys []string
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				return
+			case <-time.After(d):
+			}
+			key := fmt.Sprintf("%s-%d", sku, i)
+			insertEntry(t, b.conn, sku, key)
+			keys = append(keys, key)
+		}
+	}()
+	return func() []string { close(quit); <-done; return keys }
+}
+
+// Bounds of testSharedRead.
+const (
+	sharedWatchers = 16
+	sharedWindow   = time.Second // reads are counted over this long, with 1 watch and with 16
+)
+
+// testSharedRead: a process reads a database once per poll interval for
+// all its watches. With entries written throughout, the reads that reach
+// Postgres in a second are counted with one watch attached, then with 16
+// (the 15 new ones start from the beginning: they catch up on their own,
+// then join the shared read): the same within a few, and every watch
+// receives every entry, in commit order.
+func testSharedRead(t *testing.T, b *books) {
+	r := &countingReader{Reader: b.db}
+	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": r}, PollInterval: streamPoll})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const sku = "shared"
+	stopWrites := writeEvery(t, b, sku, 5*time.Millisecond)
+	readsIn := func() int64 {
+		before := r.changes.Load()
+		time.Sleep(sharedWindow)
+		return r.changes.Load() - before
+	}
+	followers := []*follower{follow(ctx, s, sku, nil)}
+	time.Sleep(sharedWindow) // it has caught up
+	one := readsIn()
+	for range sharedWatchers - 1 {
+		followers = append(followers, follow(ctx, s, sku, nil))
+	}
+	time.Sleep(sharedWindow) // the new ones have caught up
+	many := readsIn()
+	written := stopWrites()
+	t.Logf("reads of the ledger in %s: %d with 1 watch, %d with %d (poll interval %s; %d entries written)", sharedWindow, one, many, sharedWatchers, streamPoll, len(written))
+	// A read every poll interval, and a few more (a watch's own reads
+	// before it joins, a page that was full).
+	polls := int64(sharedWindow / streamPoll)
+	if max := one + one/4 + 2; many > max || one > 2*polls {
+		t.Errorf("%d reads in %s with %d watches, %d with one: want at most %d, and at most %d with one (one read a poll interval, shared by all)",
+			many, sharedWindow, sharedWatchers, one, max, 2*polls)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(streamPoll) {
+		all := true
+		for _, f := range followers {
+			all = all && len(f.received()) >= len(written)
+		}
+		if all || time.Now().After(deadline) {
+			break
+		}
+	}
+	for i, f := range followers {
+		if got := f.received(); !slices.Equal(got, written) {
+			t.Errorf("watch %d received %d entries (then %v), want the %d written, in order (first difference at %d)", i, len(got), f.ended(), len(written), firstDiff(got, written))
+		}
+	}
+}
+
+func firstDiff(a, b []string) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// testStuckConsumer: a consumer that stops reading (its send blocks) is
+// dropped by the shared read once subscriberPagesMax pages wait for it,
+// CONSUMER_BEHIND, while another watch of the same database receives
+// every entry meanwhile: the stuck one holds back neither.
+func testStuckConsumer(t *testing.T, b *books) {
+	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": b.db}, PollInterval: streamPoll})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const sku = "stuck"
+	unstick := make(chan struct{})
+	var stuck *follower
+	stuck = follow(ctx, s, sku, func() {
+		if len(stuck.received()) > 0 {
+			<-unstick // it stops reading after its first entry
+		}
+	})
+	live := follow(ctx, s, sku, nil)
+	// Both have read what there was (nothing of sku) and joined the
+	// shared read before the first entry.
+	time.Sleep(sharedWindow)
+	stopWrites := writeEvery(t, b, sku, 5*time.Millisecond)
+	// 64 pages of the shared read at one every poll interval at least,
+	// and more: then the stuck one must have been dropped.
+	time.Sleep(100 * streamPoll)
+	written := stopWrites()
+	for deadline := time.Now().Add(10 * time.Second); len(live.received()) < len(written) && time.Now().Before(deadline); {
+		time.Sleep(streamPoll)
+	}
+	if got := live.received(); !slices.Equal(got, written) {
+		t.Errorf("the live watch received %d entries, want the %d written, in order (first difference at %d)", len(got), len(written), firstDiff(got, written))
+	}
+	close(unstick) // its send returns: it learns it was dropped
+	select {
+	case <-stuck.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stuck watch did not end within 10 s of its send returning")
+	}
+	if stock.CodeOf(stuck.err) != stock.CodeConsumerBehind {
+		t.Errorf("the stuck watch ended with %v, want CONSUMER_BEHIND", stuck.err)
+	}
+	// It receives the rest of the page its send held, and no more.
+	if n := len(stuck.received()); n*4 > len(written) {
+		t.Errorf("the stuck watch received %d of %d entries, want the first page's only", n, len(written))
 	}
 }

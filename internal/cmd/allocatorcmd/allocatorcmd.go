@@ -433,10 +433,13 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	// kept goroutine. The AdminService has no in-flight bound either:
 	// operators' calls are few.
 	admit.InFlight = 0
-	mux.Handle(shardstockv1connect.InventoryServiceWatchStockProcedure, api.Admit(admit, invHandler, metrics.Refused))
+	// A watch's sends are bounded (a consumer that stops reading is reset):
+	// api.WatchWriter.
+	mux.Handle(shardstockv1connect.InventoryServiceWatchStockProcedure, api.Admit(admit, api.WatchWriter(invHandler), metrics.Refused))
 	adminPath, adminHandler := shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes, Catalog: proc.DBs, Warmer: w.alloc, Metrics: proc.Registry},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.AuditAdmin(log)))...)
 	mux.Handle(adminPath, api.Admit(admit, adminHandler, metrics.Refused))
+	mux.Handle(shardstockv1connect.AdminServiceWatchLedgerProcedure, api.Admit(admit, api.WatchWriter(adminHandler), metrics.Refused))
 	mux.Handle("/", api.Dashboard())
 	return mux
 }

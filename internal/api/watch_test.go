@@ -1,0 +1,124 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/ledger"
+	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/postgres"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// Bounds of TestWatchLedger_StuckConsumer.
+const (
+	stuckEntries  = 3000                   // far more than the client's window holds
+	stuckWindow   = 64 << 10               // the client's HTTP/2 receive window, per stream and connection
+	stuckSendMax  = 500 * time.Millisecond // the handler's WatchSendMax
+	stuckEndedMax = 10 * time.Second       // by when the watch must have ended
+)
+
+// TestWatchLedger_StuckConsumer: a real HTTP/2 client starts WatchLedger
+// over a ledger of stuckEntries, takes one message and stops reading
+// without closing. Its window fills, the server's send blocks, and
+// within WatchSendMax the watch ends (it counts itself out of
+// shardstock_watch_consumers) and its stream is reset: reading on, the
+// client gets an error after what it had buffered.
+func TestWatchLedger_StuckConsumer(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.NewPrivateDBs(t, 1)[0] // the stream waits for the cluster's oldest transaction
+	db, err := postgres.Open(ctx, url, postgres.Options{ApplicationName: "apiwatch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `INSERT INTO ledger (sku, shard, kind, quantity, available_before, available_after,
+		reserved_before, reserved_after, sold_before, sold_after, idempotency_key, source, server_id, epoch)
+		SELECT 'stuck', 0, 'replenish', 1, g - 1, g, 0, 0, 0, 0, 'k-' || g, 'test', 'test', 1 FROM generate_series(1, $1) g`, stuckEntries); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	stream := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": db}, PollInterval: 20 * time.Millisecond, Registerer: reg})
+	path, h := shardstockv1connect.NewAdminServiceHandler(&AdminHandler{Changes: stream, WatchSendMax: stuckSendMax})
+	mux := http.NewServeMux()
+	mux.Handle(path, WatchWriter(h))
+	srv := httptest.NewUnstartedServer(mux)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	defer srv.Close()
+
+	var cp http.Protocols
+	cp.SetUnencryptedHTTP2(true)
+	client := &http.Client{Transport: &http.Transport{Protocols: &cp,
+		HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: stuckWindow, MaxReceiveBufferPerConnection: stuckWindow}}}
+	admin := shardstockv1connect.NewAdminServiceClient(client, srv.URL)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := admin.WatchLedger(wctx, connect.NewRequest(&v1.WatchLedgerRequest{Consumer: "stuck"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !s.Receive() {
+		t.Fatalf("WatchLedger: no first message: %v", s.Err())
+	}
+	if n := watching(t, reg); n != 1 {
+		t.Fatalf("shardstock_watch_consumers{stream=\"ledger\"} = %v with the watch open, want 1", n)
+	}
+	// It stops reading.
+	start := time.Now()
+	for watching(t, reg) != 0 {
+		if time.Since(start) > stuckEndedMax {
+			t.Fatalf("a consumer that stopped reading still watched after %s (WatchSendMax %s)", stuckEndedMax, stuckSendMax)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("a consumer that stopped reading after one message was ended after %s (WatchSendMax %s)", time.Since(start).Round(time.Millisecond), stuckSendMax)
+	received := 1
+	for s.Receive() {
+		received++
+	}
+	if s.Err() == nil || received >= stuckEntries {
+		t.Errorf("reading on after the reset: %d messages, then %v; want fewer than %d and an error", received, s.Err(), stuckEntries)
+	}
+}
+
+// watching returns shardstock_watch_consumers{stream="ledger"} of reg.
+func watching(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "shardstock_watch_consumers" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "stream" && l.GetValue() == "ledger" {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
