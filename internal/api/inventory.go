@@ -131,8 +131,10 @@ func (h *InventoryHandler) Replenish(ctx context.Context, req *connect.Request[v
 
 // ExtendReservation moves a held reservation's expiry later.
 func (h *InventoryHandler) ExtendReservation(ctx context.Context, req *connect.Request[v1.ExtendReservationRequest]) (*connect.Response[v1.ExtendReservationResponse], error) {
-	res := h.Inventory.EndReservation(ctx, &stock.Request{Kind: stock.OpExtend, ReservationID: req.Msg.GetReservationId(),
-		TTL: wire.DurationOf(req.Msg.GetTtl())})
+	r := &stock.Request{Kind: stock.OpExtend, ReservationID: req.Msg.GetReservationId(),
+		TTL: wire.DurationOf(req.Msg.GetTtl()), Caller: callerOf(ctx)}
+	res := h.Inventory.EndReservation(ctx, r)
+	audit(ctx, h.Log, "ExtendReservation", r, res)
 	if res.Err != nil {
 		return nil, wire.ToConnect(res.Err)
 	}
@@ -142,10 +144,12 @@ func (h *InventoryHandler) ExtendReservation(ctx context.Context, req *connect.R
 // Refund gives back units of a sale.
 func (h *InventoryHandler) Refund(ctx context.Context, req *connect.Request[v1.RefundRequest]) (*connect.Response[v1.RefundResponse], error) {
 	m := req.Msg
-	res := h.Inventory.Refund(ctx, &stock.Request{
+	r := &stock.Request{
 		Kind: stock.OpRefund, Shard: stock.ShardKey{SKU: m.GetSku()}, Quantity: m.GetQuantity(), Key: m.GetIdempotencyKey(),
-		Original: wire.SaleFromProto(m.GetOriginal()), Reason: m.GetReason(),
-	})
+		Original: wire.SaleFromProto(m.GetOriginal()), Reason: m.GetReason(), Caller: callerOf(ctx),
+	}
+	res := h.Inventory.Refund(ctx, r)
+	audit(ctx, h.Log, "Refund", r, res)
 	if res.Err != nil {
 		return nil, wire.ToConnect(res.Err)
 	}
@@ -164,6 +168,7 @@ func (h *InventoryHandler) ReserveOrder(ctx context.Context, req *connect.Reques
 		o.Lines = append(o.Lines, stock.OrderLine{SKU: l.GetSku(), Quantity: l.GetQuantity()})
 	}
 	got, replayed, err := h.Inventory.ReserveOrder(ctx, o)
+	auditOrder(ctx, h.Log, "ReserveOrder", got, replayed, err)
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
@@ -173,6 +178,7 @@ func (h *InventoryHandler) ReserveOrder(ctx context.Context, req *connect.Reques
 // CommitOrder buys every line of a held order.
 func (h *InventoryHandler) CommitOrder(ctx context.Context, req *connect.Request[v1.CommitOrderRequest]) (*connect.Response[v1.CommitOrderResponse], error) {
 	got, replayed, err := h.Inventory.CommitOrder(ctx, req.Msg.GetOrderId())
+	auditOrder(ctx, h.Log, "CommitOrder", got, replayed, err)
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
@@ -182,6 +188,7 @@ func (h *InventoryHandler) CommitOrder(ctx context.Context, req *connect.Request
 // ReleaseOrder gives every line of a held order back.
 func (h *InventoryHandler) ReleaseOrder(ctx context.Context, req *connect.Request[v1.ReleaseOrderRequest]) (*connect.Response[v1.ReleaseOrderResponse], error) {
 	got, replayed, err := h.Inventory.ReleaseOrder(ctx, req.Msg.GetOrderId(), req.Msg.GetReason())
+	auditOrder(ctx, h.Log, "ReleaseOrder", got, replayed, err)
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -114,4 +115,28 @@ func audit(ctx context.Context, log *slog.Logger, call string, r *stock.Request,
 	log.LogAttrs(ctx, slog.LevelInfo, "stock call", slog.String("call", call), slog.String("caller", r.Caller),
 		slog.String("sku", r.Shard.SKU), slog.String("key", r.Key), slog.String("reservation", r.ReservationID),
 		slog.Int64("quantity", r.Quantity), slog.String("outcome", outcome))
+}
+
+// auditOrder logs an order call as audit does a stock call: the order's
+// lines are held and ended by the allocator (source order), so the log is
+// where the order's caller is named.
+func auditOrder(ctx context.Context, log *slog.Logger, call string, o *stock.Order, replayed bool, err error) {
+	if log == nil || !log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	outcome := "ok"
+	var se *stock.Error
+	switch {
+	case errors.As(err, &se):
+		outcome = string(se.Code)
+	case err != nil:
+		outcome = "error"
+	case replayed:
+		outcome = "replayed"
+	}
+	attrs := []slog.Attr{slog.String("call", call), slog.String("caller", callerOf(ctx)), slog.String("outcome", outcome)}
+	if o != nil {
+		attrs = append(attrs, slog.String("order", o.ID), slog.String("order_ref", o.OrderRef), slog.Int("lines", len(o.Lines)))
+	}
+	log.LogAttrs(ctx, slog.LevelInfo, "order call", attrs...)
 }

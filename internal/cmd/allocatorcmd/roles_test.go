@@ -200,6 +200,11 @@ func TestRun_Roles(t *testing.T) {
 	if _, err := service.Release(ctx, connect.NewRequest(&v1.ReleaseRequest{ReservationId: rid})); err != nil {
 		t.Errorf("service Release = %v", err)
 	}
+	// A refund and an extension change stock too: they name their caller.
+	if _, err := service.Refund(ctx, connect.NewRequest(&v1.RefundRequest{Sku: sku, IdempotencyKey: "refund-1", Quantity: 1,
+		Original: &v1.Sale{Sale: &v1.Sale_DeductKey{DeductKey: protocols[0].name + "-ServiceToken-d"}}})); err != nil {
+		t.Errorf("service Refund = %v", err)
+	}
 	// The ledger names every caller, never a secret.
 	callers := map[string]int{}
 	for _, e := range ledgerOf(t, admin, sku) {
@@ -213,7 +218,8 @@ func TestRun_Roles(t *testing.T) {
 	svcToken, svcJWT, adm := "service:"+auth.TokenID(serviceToken), "service:jwt:orders", "admin:"+auth.TokenID(token)
 	for entry, want := range map[string]int{
 		"reserve " + svcToken: 4, "commit " + svcToken: 3, "release " + svcToken: 1, "deduct " + svcToken: 3, "replenish " + svcToken: 3,
-		"reserve " + svcJWT: 3, "deduct " + svcJWT: 3, "replenish " + svcJWT: 3,
+		"refund " + svcToken: 1,
+		"reserve " + svcJWT:  3, "deduct " + svcJWT: 3, "replenish " + svcJWT: 3,
 		"reserve " + adm: 3, "deduct " + adm: 3, "adjust " + adm: 3,
 	} {
 		if callers[entry] != want {
