@@ -24,7 +24,7 @@ import (
 // Store keeps the tickets (internal/postgres).
 type Store interface {
 	EnterTicket(ctx context.Context, t stock.Ticket, params []byte, waitlistMax, perCustomer int64,
-		free func(context.Context) (int64, error)) (*stock.Ticket, bool, error)
+		free func(context.Context) (int64, bool, error)) (*stock.Ticket, bool, error)
 	WaitTicket(ctx context.Context, id string, waitlistMax int64) (*stock.Ticket, error)
 	DropTicket(ctx context.Context, id string) error
 	ClaimTicket(ctx context.Context, id string) (bool, error)
@@ -91,9 +91,8 @@ func (s *Service) RequestToken(ctx context.Context, r TokenRequest) (Answer, err
 	}
 	ad := sku.Admission
 	t, replayed, err := s.store.EnterTicket(ctx, stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef},
-		paramsHash(r), ad.WaitlistMax, ad.TokensPerCustomer, func(ctx context.Context) (int64, error) {
-			n, _, err := s.seller.Availability(ctx, r.SKU)
-			return n, err
+		paramsHash(r), ad.WaitlistMax, ad.TokensPerCustomer, func(ctx context.Context) (int64, bool, error) {
+			return s.seller.Availability(ctx, r.SKU)
 		})
 	if err != nil {
 		return Answer{}, err

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/shardstock/shardstock/internal/stock"
@@ -29,6 +30,10 @@ const (
 	skusPerPassMax = 1000
 	// passTimeout bounds one SKU's pass.
 	passTimeout = 5 * time.Second
+	// admitParallelMax bounds the admissions a pass has in flight: as
+	// many as a shard writer batches well, few enough that one SKU's
+	// pass does not take a pool's connections.
+	admitParallelMax = 8
 )
 
 // Lease is a SKU's admission lease, held (topology.MoveLease).
@@ -156,45 +161,58 @@ func (w *Worker) pass(ctx context.Context, sku string, l Lease) error {
 		s.metrics.soldOut.Add(float64(n))
 		return err
 	}
+	// Claimed in order, one by one, before any reserve: if this worker
+	// stops between a claim and its mark, the next finishes the admission
+	// whatever is free then, for the reserve may hold the units already.
+	var batch []*stock.Ticket
 	for _, t := range tickets {
-		select {
-		case <-l.Lost():
-			return nil // another worker goes on; a reserve it repeats is a replay
-		default:
-		}
 		if t.State == stock.TicketWaiting {
 			if t.Quantity > free {
 				continue // the oldest ticket they fit may come later
 			}
-			// Claimed before the reserve: if this worker stops between
-			// the two, the next finishes the admission whatever is free
-			// then, for the reserve may hold the units already.
-			if ok, err := s.store.ClaimTicket(ctx, t.ID); err != nil || !ok {
-				if err != nil {
-					return err
-				}
-				continue
+			ok, err := s.store.ClaimTicket(ctx, t.ID)
+			if err != nil {
+				return err
 			}
-			t.State = stock.TicketPending
+			if !ok {
+				continue // cancelled meanwhile
+			}
+			t.State, free = stock.TicketPending, free-t.Quantity
 		}
 		// A pending ticket (claimed, or its request's process gone) is
 		// admitted whatever is free: its reserve, the same key, is a
 		// replay if it was applied.
-		_, res := s.admit(ctx, t, cfg, "", false)
-		switch {
-		case res.Err == nil:
-			free -= t.Quantity
-		case res.Err.Code == stock.CodeOutOfStock:
-			if _, err := s.store.WaitTicket(ctx, t.ID, cfg.Admission.WaitlistMax); err != nil {
-				return err
-			}
-			free = 0 // taken meanwhile: only claimed tickets go on this pass
-		default:
-			// Unknown outcome: the ticket stays claimed, and the next
-			// pass tries it again with the same key.
-			w.log.Warn("admission: admit", "sku", sku, "ticket", t.ID, "err", res.Err)
-			free -= t.Quantity
-		}
+		batch = append(batch, t)
 	}
+	// The reserves and marks of a batch run admitParallelMax at a time:
+	// one after another, the units of a crowd's expiries would reach their
+	// tickets a round trip each. The claims fixed which tickets they go to.
+	sem := make(chan struct{}, admitParallelMax)
+	var wg sync.WaitGroup
+	for _, t := range batch {
+		select {
+		case <-l.Lost():
+			wg.Wait()
+			return nil // another worker finishes the claimed ones: a reserve it repeats is a replay
+		case sem <- struct{}{}:
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_, res := s.admit(ctx, t, cfg, "", false)
+			switch {
+			case res.Err == nil:
+			case res.Err.Code == stock.CodeOutOfStock:
+				// Taken meanwhile: back in its place in the waitlist.
+				if _, err := s.store.WaitTicket(ctx, t.ID, cfg.Admission.WaitlistMax); err != nil {
+					w.log.Warn("admission: put back", "sku", sku, "ticket", t.ID, "err", err)
+				}
+			default:
+				// Unknown outcome: the ticket stays claimed, and the next
+				// pass tries it again with the same key.
+				w.log.Warn("admission: admit", "sku", sku, "ticket", t.ID, "err", res.Err)
+			}
+		})
+	}
+	wg.Wait()
 	return nil
 }

@@ -138,9 +138,12 @@ func TestAdmission_Crowd(t *testing.T) {
 		waitMax            = 1000
 		released, expiring = 30, 20
 		// The crowd must be served before any token expires: on the
-		// shared 2-core machine it took 15 to 20 s under a load of 28.
-		tokenTTL            = 40 * time.Second
-		crowdMax            = 3 * tokenTTL / 4
+		// shared 2-core machine it took 15 to 56 s under a load of 28.
+		tokenTTL = 3 * time.Minute
+		crowdMax = tokenTTL / 2
+		// shortTTL is the tokens' TTL while the 30 released units are
+		// admitted: 20 of those tokens expire.
+		shortTTL            = 10 * time.Second
 		withinReturn        = time.Second
 		extendedTTL         = 2 * time.Minute
 		settleTimeout       = 10 * time.Second
@@ -148,7 +151,8 @@ func TestAdmission_Crowd(t *testing.T) {
 		retriesMax          = 5
 	)
 	s.createAdmissionSKU(sku, 2, units, stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: tokenTTL, WaitlistMax: waitMax, TokensPerCustomer: 1})
-	sides := []*admissionSide{s.newAdmission("adm-a", s.newAllocator(), nil), s.newAdmission("adm-b", s.newAllocator(), nil)}
+	allocs := []*allocator.Allocator{s.newAllocator(), s.newAllocator()}
+	sides := []*admissionSide{s.newAdmission("adm-a", allocs[0], nil), s.newAdmission("adm-b", allocs[1], nil)}
 	stopWatch := make(chan struct{})
 	longest := s.watchConserved(sku, units, sides[0].svc, stopWatch)
 
@@ -215,8 +219,10 @@ func TestAdmission_Crowd(t *testing.T) {
 	if len(tokens) != units {
 		t.Fatalf("%d tokens granted (%d at once, %d from the waitlist), want exactly %d", len(tokens), len(direct), len(early), units)
 	}
-	if len(waiting) != waitMax || full != crowd-units-waitMax+len(early) {
-		t.Fatalf("%d tickets waited and %d were refused WAITLIST_FULL, want %d and %d", len(waiting), full, waitMax, crowd-units-waitMax+len(early))
+	// The waitlist ends full: waitMax wait, and those admitted meanwhile
+	// made room for as many more.
+	if len(waiting) != waitMax+len(early) || full != crowd-units-waitMax {
+		t.Fatalf("%d tickets waited and %d were refused WAITLIST_FULL, want %d and %d", len(waiting), full, waitMax+len(early), crowd-units-waitMax)
 	}
 	for i, e := range early {
 		if e.ID != waiting[i].ID {
@@ -239,22 +245,28 @@ func TestAdmission_Crowd(t *testing.T) {
 		}
 	}
 
-	// 30 tokens released, 20 left to expire, the other 50 extended.
-	for i, tk := range tokens {
-		r := &stock.Request{Kind: stock.OpExtend, ReservationID: tk.TokenID, TTL: extendedTTL}
-		switch {
-		case i < released:
-			r = &stock.Request{Kind: stock.OpRelease, ReservationID: tk.TokenID, Reason: "test"}
-		case i < released+expiring:
-			continue
-		}
-		if res := s.alloc.EndReservation(ctx, r); res.Err != nil {
-			t.Fatalf("%s(token %s) = %v", r.Kind, tk.TokenID, res.Err)
+	// 30 tokens released; their units go to the oldest 30 waiting
+	// tickets, whose tokens are short (the SKU's token TTL made short
+	// first, through both allocators so that neither uses a cached TTL).
+	// 10 of those are extended and 20 expire: their units go to the next
+	// 20. The TTL is long again before they are admitted.
+	setTTL := func(ttl time.Duration) {
+		for _, a := range allocs {
+			if _, err := a.UpdateSKU(ctx, sku, stock.SKUUpdate{Admission: &stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: ttl,
+				WaitlistMax: waitMax, TokensPerCustomer: 1}}); err != nil {
+				t.Fatalf("UpdateSKU(token TTL %s) = %v", ttl, err)
+			}
 		}
 	}
-	admittedNow := func() []*stock.Ticket {
+	setTTL(shortTTL)
+	for _, tk := range tokens[:released] {
+		if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: tk.TokenID, Reason: "test"}); res.Err != nil {
+			t.Fatalf("Release(token %s) = %v", tk.TokenID, res.Err)
+		}
+	}
+	admitted := func(n int) []*stock.Ticket {
 		var out []*stock.Ticket
-		for _, w := range rest {
+		for _, w := range rest[:min(n+1, len(rest))] {
 			got, err := sides[1].svc.GetTicket(ctx, w.ID, "", "")
 			if err != nil {
 				t.Fatalf("GetTicket(%s) = %v", w.ID, err)
@@ -266,8 +278,15 @@ func TestAdmission_Crowd(t *testing.T) {
 		return out
 	}
 	var returned []*stock.Ticket
-	waitFor(t, tokenTTL+settleTimeout, "50 waiting tickets admitted", func() bool {
-		returned = admittedNow()
+	waitFor(t, settleTimeout, "30 waiting tickets admitted", func() bool { returned = admitted(released); return len(returned) >= released })
+	setTTL(tokenTTL)
+	for _, tk := range returned[expiring:] {
+		if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpExtend, ReservationID: tk.TokenID, TTL: extendedTTL}); res.Err != nil {
+			t.Fatalf("Extend(token %s) = %v", tk.TokenID, res.Err)
+		}
+	}
+	waitFor(t, shortTTL+settleTimeout, "50 waiting tickets admitted", func() bool {
+		returned = admitted(released + expiring)
 		return len(returned) >= released+expiring
 	})
 	if len(returned) != released+expiring {
@@ -278,8 +297,9 @@ func TestAdmission_Crowd(t *testing.T) {
 			t.Fatalf("admitted ticket %d is %s, want the oldest waiting %s", i, got.ID, rest[i].ID)
 		}
 	}
-	// The rest commit: the 50 extended tokens and the 50 admitted.
-	for _, tk := range append(tokens[released+expiring:], returned...) {
+	// The rest commit: the 70 tokens of the crowd, the 10 extended and
+	// the 20 admitted last.
+	for _, tk := range append(append(tokens[released:], returned[expiring:released]...), returned[released:]...) {
 		if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: tk.TokenID}); res.Err != nil {
 			t.Fatalf("Commit(token %s) = %v", tk.TokenID, res.Err)
 		}

@@ -50,7 +50,8 @@ func lockAdmission(ctx context.Context, tx pgx.Tx, sku string) error {
 // once) while no ticket waits, else WAITING, or refused WAITLIST_FULL at
 // waitlistMax; CUSTOMER_LIMIT_REACHED once the customer has perCustomer
 // tickets pending, waiting or admitted (0: no limit). free, called only
-// while no ticket waits, reads the units the SKU has available: a new
+// while no ticket waits, reads the units the SKU has available and whether
+// it is sold out for good (then OUT_OF_STOCK, and nothing is recorded): a new
 // ticket also waits when the requests in flight ask for them all already,
 // so that a crowd's requests do not all reach the shards for the same
 // units (the worker admits the waiting ones as soon as they fit).
@@ -60,7 +61,7 @@ func lockAdmission(ctx context.Context, tx pgx.Tx, sku string) error {
 // at that moment of the request. Under the lock, four round trips: the
 // lock, the counts, the insert and the commit.
 func (db *DB) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, waitlistMax, perCustomer int64,
-	free func(context.Context) (int64, error)) (*stock.Ticket, bool, error) {
+	free func(context.Context) (int64, bool, error)) (*stock.Ticket, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	if got, err := db.replayTicket(ctx, db.pool, t, params); got != nil || err != nil {
@@ -75,10 +76,16 @@ func (db *DB) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, wa
 	}
 	available := int64(math.MaxInt64)
 	if queued == 0 {
-		var err error
-		if available, err = free(ctx); err != nil {
+		n, gone, err := free(ctx)
+		if err != nil {
 			return nil, false, err
 		}
+		if gone {
+			// Sold out for good when read: nothing can come back to a
+			// ticket but a replenish.
+			return nil, false, stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", t.SKU)
+		}
+		available = n
 	}
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
