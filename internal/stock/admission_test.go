@@ -50,7 +50,7 @@ func TestValidateAdmission(t *testing.T) {
 func TestSKU_RefuseTokenRequired(t *testing.T) {
 	s := &SKU{Name: "drop", Status: StatusActive, Admission: Admission{Mode: AdmissionTokens}}
 	for _, k := range []OpKind{OpReserve, OpDeduct} {
-		if err := s.Refuse(&Request{Kind: k, Quantity: 1, Source: SourceAPI}, 0, time.Time{}); CodeOf(err) != CodeTokenRequired {
+		if err := s.Refuse(&Request{Kind: k, Quantity: 1, Source: SourceAPI}, 0, time.Time{}); err == nil || err.Code != CodeTokenRequired {
 			t.Errorf("Refuse(%s from the API) = %v, want TOKEN_REQUIRED", k, err)
 		}
 	}
