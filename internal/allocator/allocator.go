@@ -251,6 +251,11 @@ func (a *Allocator) sku(ctx context.Context, name string) (*stock.SKU, error) {
 	return s, nil
 }
 
+// SKU returns a SKU's configuration, as cached for routing (skuCacheTTL).
+func (a *Allocator) SKU(ctx context.Context, name string) (*stock.SKU, error) {
+	return a.sku(ctx, name)
+}
+
 func (a *Allocator) forgetSKU(name string) { a.skus.Remove(name) }
 
 // client returns the client of the server that owns shard k, or nil; local

@@ -199,6 +199,20 @@ func (a *Allocator) UpdateSKU(ctx context.Context, name string, u stock.SKUUpdat
 			return nil, err
 		}
 	}
+	if u.Admission != nil {
+		// The token TTL defaults to the SKU's reservation TTL as it is now.
+		ttl := stock.ReservationTTLDefault
+		if u.Admission.TokenTTL == 0 {
+			cur, err := a.db.GetSKU(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			ttl = cur.ReservationTTL
+		}
+		if err := stock.ValidateAdmission(u.Admission, ttl); err != nil {
+			return nil, err
+		}
+	}
 	defer a.forgetSKU(name)
 	return a.admin.UpdateSKU(ctx, name, u)
 }

@@ -170,6 +170,20 @@ func (a *Allocator) readKeys(sku string, rev int64) {
 	}()
 }
 
+// Availability reads sku's shards and its stock in transit in one snapshot,
+// as the sold-out check does: the units available, and whether the SKU is
+// sold out for good (soldOutForGood). The admission worker polls it.
+func (a *Allocator) Availability(ctx context.Context, sku string) (available int64, soldOut bool, err error) {
+	rows, inTransit, _, err := a.db.SoldOutCheck(ctx, sku, nil)
+	if err != nil {
+		return 0, false, err
+	}
+	for _, r := range rows {
+		available += r.Available
+	}
+	return available, soldOutForGood(rows, inTransit), nil
+}
+
 // soldOutForGood reports whether a SKU's shards and transfers, read in
 // one snapshot, hold nothing: no unit available, held or in transit. Only
 // a reopen (a replenish, a positive adjustment) brings stock back then.

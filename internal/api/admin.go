@@ -113,13 +113,13 @@ func AuditAdmin(log *slog.Logger) connect.UnaryInterceptorFunc {
 // CreateSku creates a SKU.
 func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.CreateSkuRequest]) (*connect.Response[v1.CreateSkuResponse], error) {
 	m := req.Msg
-	if err := validTimes(m.GetSaleStart(), m.GetSaleEnd()); err != nil {
+	if err := validTimes(m.GetSaleStart(), m.GetSaleEnd(), m.GetAdmission().GetDrawAt()); err != nil {
 		return nil, wire.ToConnect(err)
 	}
 	st, err := h.Admin.CreateSKU(ctx, stock.SKU{
 		Name: m.GetSku(), Shards: m.GetShards(), MaxPerOrder: m.GetMaxPerOrder(), CustomerLimit: m.GetCustomerLimit(),
 		ReservationTTL: wire.DurationOf(m.GetReservationTtl()), SaleStart: timeOf(m.GetSaleStart()), SaleEnd: timeOf(m.GetSaleEnd()),
-		MaxHold: wire.DurationOf(m.GetMaxHold()), OnePerOrder: m.GetOnePerOrder(),
+		MaxHold: wire.DurationOf(m.GetMaxHold()), OnePerOrder: m.GetOnePerOrder(), Admission: admissionOf(m.GetAdmission()),
 	}, m.GetInitialStock())
 	if err != nil {
 		return nil, wire.ToConnect(err)
@@ -130,7 +130,7 @@ func (h *AdminHandler) CreateSku(ctx context.Context, req *connect.Request[v1.Cr
 // UpdateSku pauses, resumes or changes limits.
 func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.UpdateSkuRequest]) (*connect.Response[v1.UpdateSkuResponse], error) {
 	m := req.Msg
-	if err := validTimes(m.GetSaleStart(), m.GetSaleEnd()); err != nil {
+	if err := validTimes(m.GetSaleStart(), m.GetSaleEnd(), m.GetAdmission().GetDrawAt()); err != nil {
 		return nil, wire.ToConnect(err)
 	}
 	if m.GetClearSaleWindow() && (m.SaleStart != nil || m.SaleEnd != nil) {
@@ -142,6 +142,10 @@ func (h *AdminHandler) UpdateSku(ctx context.Context, req *connect.Request[v1.Up
 	if m.MaxHold != nil {
 		hold := wire.DurationOf(m.MaxHold)
 		u.MaxHold = &hold
+	}
+	if m.Admission != nil {
+		ad := admissionOf(m.Admission)
+		u.Admission = &ad
 	}
 	s, err := h.Admin.UpdateSKU(ctx, m.GetSku(), u)
 	if err != nil {
@@ -350,7 +354,8 @@ func (h *AdminHandler) ResumeShard(ctx context.Context, req *connect.Request[v1.
 func skuToProto(s *stock.SKU) *v1.SkuConfig {
 	return &v1.SkuConfig{Sku: s.Name, Status: skuStatuses[s.Status], Shards: s.Shards, MaxPerOrder: s.MaxPerOrder,
 		CustomerLimit: s.CustomerLimit, ReservationTtl: durationpb.New(s.ReservationTTL), AutoShards: s.AutoShards,
-		SaleStart: protoTime(s.SaleStart), SaleEnd: protoTime(s.SaleEnd), MaxHold: durationpb.New(s.MaxHold), OnePerOrder: s.OnePerOrder}
+		SaleStart: protoTime(s.SaleStart), SaleEnd: protoTime(s.SaleEnd), MaxHold: durationpb.New(s.MaxHold), OnePerOrder: s.OnePerOrder,
+		Admission: admissionToProto(s.Admission)}
 }
 
 func pageSize(n int32) int {
@@ -372,4 +377,38 @@ func decodeToken(tok string) (string, error) {
 		return "", stock.Errorf(stock.CodeInvalidArgument, "page_token is not one this API gave")
 	}
 	return string(b), nil
+}
+
+var admissionModes = map[v1.AdmissionMode]stock.AdmissionMode{
+	v1.AdmissionMode_ADMISSION_MODE_UNSPECIFIED: stock.AdmissionOff,
+	v1.AdmissionMode_ADMISSION_MODE_TOKENS:      stock.AdmissionTokens,
+	v1.AdmissionMode_ADMISSION_MODE_DRAW:        stock.AdmissionDraw,
+}
+
+// admissionOf is a SKU's admission as asked; an unknown mode is kept as
+// its number so that stock.ValidateAdmission refuses it by name.
+func admissionOf(m *v1.Admission) stock.Admission {
+	if m == nil {
+		return stock.Admission{}
+	}
+	mode, ok := admissionModes[m.GetMode()]
+	if !ok {
+		mode = stock.AdmissionMode(m.GetMode().String())
+	}
+	return stock.Admission{Mode: mode, TokenTTL: wire.DurationOf(m.GetTokenTtl()), WaitlistMax: m.GetWaitlistMax(),
+		TokensPerCustomer: m.GetTokensPerCustomer(), DrawAt: timeOf(m.GetDrawAt())}
+}
+
+func admissionToProto(a stock.Admission) *v1.Admission {
+	if !a.On() {
+		return nil
+	}
+	out := &v1.Admission{TokenTtl: durationpb.New(a.TokenTTL), WaitlistMax: a.WaitlistMax, TokensPerCustomer: a.TokensPerCustomer,
+		DrawAt: protoTime(a.DrawAt)}
+	for k, v := range admissionModes {
+		if v == a.Mode {
+			out.Mode = k
+		}
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/admission"
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -58,6 +59,9 @@ type InventoryHandler struct {
 	// Log receives a line per stock-changing call at info, with its
 	// caller (the allocator's startup.AuditLog); nil: none.
 	Log *slog.Logger
+	// Admission serves RequestToken and the ticket calls; nil: they are
+	// unimplemented.
+	Admission *admission.Service
 }
 
 var _ shardstockv1connect.InventoryServiceHandler = (*InventoryHandler)(nil)
@@ -220,6 +224,13 @@ func (h *InventoryHandler) GetStock(ctx context.Context, req *connect.Request[v1
 		return nil, wire.ToConnect(err)
 	}
 	out := StockToProto(st)
+	if st.SKU != nil && st.SKU.Admission.On() && h.Admission != nil {
+		// Every hold of a SKU under admission is a token.
+		out.TokensOutstanding = st.Total.Reserved
+		if out.WaitlistLength, err = h.Admission.Waitlist(ctx, st.SKU.Name); err != nil {
+			return nil, wire.ToConnect(err)
+		}
+	}
 	if internalsHidden(ctx) {
 		hideInternals(out)
 	}

@@ -28,6 +28,19 @@ var publicReads = map[string]bool{
 	shardstockv1connect.InventoryServiceWatchStockProcedure: true,
 }
 
+// publicAdmission are the admission calls, open to the public role in
+// every deployment (they are what a browser makes during a drop), each
+// with whether it needs a verified customer: RequestToken counts the
+// customer's tokens, CancelTicket must be the ticket's customer's; a
+// ticket is read by its id, 128 random bits, or by its key, only by its
+// customer (InventoryHandler.GetTicket).
+var publicAdmission = map[string]bool{
+	shardstockv1connect.InventoryServiceRequestTokenProcedure: true,
+	shardstockv1connect.InventoryServiceCancelTicketProcedure: true,
+	shardstockv1connect.InventoryServiceGetTicketProcedure:    false,
+	shardstockv1connect.InventoryServiceWatchTicketProcedure:  false,
+}
+
 // PublicOptIns are the InventoryService calls a deployment may open to the
 // public role (-public-calls). Replenish is not among them: it creates
 // stock.
@@ -38,6 +51,9 @@ var PublicOptIns = []string{"Reserve", "Commit", "Release", "Deduct", "GetOperat
 func NewPolicy(publicCalls []string) (*Policy, error) {
 	p := &Policy{public: map[string]bool{}}
 	for proc := range publicReads {
+		p.public[proc] = true
+	}
+	for proc := range publicAdmission {
 		p.public[proc] = true
 	}
 	for _, name := range publicCalls {
@@ -61,6 +77,9 @@ func NewPolicy(publicCalls []string) (*Policy, error) {
 func (p *Policy) Need(procedure string) (role auth.Role, customer bool) {
 	switch {
 	case p.public[procedure]:
+		if customer, ok := publicAdmission[procedure]; ok {
+			return auth.RolePublic, customer
+		}
 		return auth.RolePublic, !publicReads[procedure]
 	case strings.HasPrefix(procedure, "/"+shardstockv1connect.InventoryServiceName+"/"):
 		return auth.RoleService, false

@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/auth"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -56,5 +57,30 @@ func TestInventoryHandler_Caller(t *testing.T) {
 				t.Errorf("log at info = %q, want Deduct's line with the caller %s and no secret", got, tc.wantCaller)
 			}
 		})
+	}
+}
+
+// TestPolicy_Admission: the admission calls are open to the public role
+// in every deployment, RequestToken and CancelTicket with a verified
+// customer only; the other InventoryService calls stay the service's.
+func TestPolicy_Admission(t *testing.T) {
+	p, err := NewPolicy(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		proc     string
+		role     auth.Role
+		customer bool
+	}{
+		{shardstockv1connect.InventoryServiceRequestTokenProcedure, auth.RolePublic, true},
+		{shardstockv1connect.InventoryServiceCancelTicketProcedure, auth.RolePublic, true},
+		{shardstockv1connect.InventoryServiceGetTicketProcedure, auth.RolePublic, false},
+		{shardstockv1connect.InventoryServiceWatchTicketProcedure, auth.RolePublic, false},
+		{shardstockv1connect.InventoryServiceReserveProcedure, auth.RoleService, false},
+	} {
+		if role, customer := p.Need(tc.proc); role != tc.role || customer != tc.customer {
+			t.Errorf("Need(%s) = %v, %v; want %v, %v", tc.proc, role, customer, tc.role, tc.customer)
+		}
 	}
 }

@@ -51,14 +51,14 @@ func (h *ShardHandler) Execute(ctx context.Context, req *connect.Request[v1.Exec
 }
 
 // claimable says whether an op from the wire may name its source: the
-// allocator's own (api, allocator, rebalancer, order; empty is api); an
+// allocator's own (api, allocator, rebalancer, order, admission; empty is api); an
 // operator's (admin:NAME) only for a caller the allocator verified as an
 // admin; never the sweeper's, which only a shard server's own sweeps name.
 // Who may call at all is the listener's to decide (mTLS: allocators'
 // certificates only).
 func claimable(r *stock.Request) bool {
 	switch r.Source {
-	case "", stock.SourceAPI, stock.SourceAllocator, stock.SourceRebalancer, stock.SourceOrder:
+	case "", stock.SourceAPI, stock.SourceAllocator, stock.SourceRebalancer, stock.SourceOrder, stock.SourceAdmission:
 		return true
 	}
 	return strings.HasPrefix(r.Source, stock.SourceAdminPrefix) && strings.HasPrefix(r.Caller, auth.RoleAdmin.String()+":")

@@ -47,6 +47,7 @@ var layers = map[string]int{
 	"internal/rebalance":   3, // the rebalancer: the allocator runs it, it imports no allocator code
 	"internal/shard":       4, // the services
 	"internal/allocator":   4,
+	"internal/admission":   4, // tokens and the waitlist: over the allocator through interfaces of its own
 	"internal/api":         5, // handlers, and what the commands do at start
 	"internal/cmd/startup": 5,
 	"internal/shardnode":   6,  // a shard server wired into a process

@@ -204,6 +204,8 @@ func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 	var owners, skus, status []string
 	var epochs, maxPerOrder, customerLimit, ttlMS, holdMS []int64
 	var auto, sell, once []bool
+	var admission []string // the mode: a SKU put under admission refuses plain reserves
+	var tokenTTL, waitMax, perCustomer []int64
 	var saleStart, saleEnd []*time.Time
 	seenFence, seenSKU := map[fence]bool{}, map[string]bool{}
 	for _, u := range units {
@@ -219,6 +221,9 @@ func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 			ttlMS, auto = append(ttlMS, s.ReservationTTL.Milliseconds()), append(auto, s.AutoShards)
 			saleStart, saleEnd, sell = append(saleStart, nullTime(s.SaleStart)), append(saleEnd, nullTime(s.SaleEnd)), append(sell, sells[s.Name])
 			holdMS, once = append(holdMS, s.MaxHold.Milliseconds()), append(once, s.OnePerOrder)
+			admission = append(admission, string(s.Admission.Mode))
+			tokenTTL, waitMax = append(tokenTTL, s.Admission.TokenTTL.Milliseconds()), append(waitMax, s.Admission.WaitlistMax)
+			perCustomer = append(perCustomer, s.Admission.TokensPerCustomer)
 		}
 	}
 	return []writePart{
@@ -230,13 +235,16 @@ func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 			JOIN (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS status, unnest($3::int[]) AS shards, unnest($4::int[]) AS span,
 				unnest($5::bigint[]) AS mpo, unnest($6::bigint[]) AS cl, unnest($7::bigint[]) AS ttl, unnest($8::bool[]) AS auto,
 				unnest($9::timestamptz[]) AS sale_start, unnest($10::timestamptz[]) AS sale_end, unnest($11::bool[]) AS sells,
-				unnest($12::bigint[]) AS hold, unnest($13::bool[]) AS once) k ON s.sku = k.sku
+				unnest($12::bigint[]) AS hold, unnest($13::bool[]) AS once, unnest($14::text[]) AS admission,
+				unnest($15::bigint[]) AS token_ttl, unnest($16::bigint[]) AS wait_max, unnest($17::bigint[]) AS per_customer) k ON s.sku = k.sku
 			WHERE s.status = k.status AND s.shards = k.shards AND s.shard_span = k.span AND s.max_per_order = k.mpo
 				AND s.customer_limit = k.cl AND s.reservation_ttl_ms = k.ttl AND s.auto_shards = k.auto
-				AND s.max_hold_ms = k.hold AND s.one_per_order = k.once
+				AND s.max_hold_ms = k.hold AND s.one_per_order = k.once AND s.admission_mode = k.admission
+				AND s.token_ttl_ms = k.token_ttl AND s.waitlist_max = k.wait_max AND s.tokens_per_customer = k.per_customer
 				AND s.sale_start IS NOT DISTINCT FROM k.sale_start AND s.sale_end IS NOT DISTINCT FROM k.sale_end
 				AND (NOT k.sells OR ((s.sale_start IS NULL OR now() >= s.sale_start) AND (s.sale_end IS NULL OR now() < s.sale_end)))`,
-			args:  []any{skus, status, skuShards, skuSpan, maxPerOrder, customerLimit, ttlMS, auto, saleStart, saleEnd, sell, holdMS, once},
+			args: []any{skus, status, skuShards, skuSpan, maxPerOrder, customerLimit, ttlMS, auto, saleStart, saleEnd, sell, holdMS, once, admission,
+				tokenTTL, waitMax, perCustomer},
 			check: &rowCheck{want: len(skus), what: "SKUs as assumed", code: sqlstateStale}},
 	}
 }

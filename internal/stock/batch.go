@@ -225,6 +225,8 @@ type SKUUpdate struct {
 	ClearSaleWindow    bool
 	MaxHold            *time.Duration
 	OnePerOrder        *bool
+	// Admission replaces the SKU's admission; nil keeps it.
+	Admission *Admission
 }
 
 // StaleStep is a transfer step a shard server should finish: a pending

@@ -32,6 +32,8 @@ const (
 	CodeSaleNotFound Code = "SALE_NOT_FOUND"
 	// CodeOrderNotFound: no order with that id or key.
 	CodeOrderNotFound Code = "ORDER_NOT_FOUND"
+	// CodeTicketNotFound: no ticket with that id, or sku and key.
+	CodeTicketNotFound Code = "TICKET_NOT_FOUND"
 	// failed_precondition
 	CodeOutOfStock                  Code = "OUT_OF_STOCK"
 	CodeSKUPaused                   Code = "SKU_PAUSED"
@@ -59,6 +61,12 @@ const (
 	// has closed (sale_end).
 	CodeSaleNotStarted Code = "SALE_NOT_STARTED"
 	CodeSaleEnded      Code = "SALE_ENDED"
+	// CodeTokenRequired: a plain Reserve or Deduct of a SKU under
+	// admission, which sells only through tokens (RequestToken).
+	CodeTokenRequired Code = "TOKEN_REQUIRED"
+	// CodeWaitlistFull: no unit is free and the SKU's waitlist holds its
+	// waitlist_max tickets.
+	CodeWaitlistFull Code = "WAITLIST_FULL"
 	// aborted
 	CodeOperationInProgress Code = "OPERATION_IN_PROGRESS"
 	// CodeRebalanceInProgress: another allocator holds the SKU's rebalance
@@ -91,11 +99,11 @@ const (
 var Codes = []Code{
 	CodeInvalidSKU, CodeInvalidQuantity, CodeInvalidIdempotencyKey, CodeQuantityAboveMaxPerOrder,
 	CodeIdempotencyKeyReused, CodeInvalidArgument, CodeCustomerRefRequired,
-	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound, CodeSaleNotFound, CodeOrderNotFound,
+	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound, CodeSaleNotFound, CodeOrderNotFound, CodeTicketNotFound,
 	CodeOutOfStock, CodeSKUPaused, CodeReservationExpired, CodeReservationAlreadyCommitted,
 	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeHoldLimitReached, CodeOrderAlreadyApplied,
 	CodeRefundExceedsSale, CodeSKUExists, CodeShardNotHalted,
-	CodeShardsRetiring, CodeSaleNotStarted, CodeSaleEnded,
+	CodeShardsRetiring, CodeSaleNotStarted, CodeSaleEnded, CodeTokenRequired, CodeWaitlistFull,
 	CodeOperationInProgress, CodeRebalanceInProgress, CodeMoveFenced, CodePlacementFull,
 	CodeShardUnavailable,
 	CodeRateLimited, CodeConsumerBehind,

@@ -126,6 +126,10 @@ type SKU struct {
 	// reserve, refund): another key with the same order_ref is refused
 	// ORDER_ALREADY_APPLIED.
 	OnePerOrder bool
+	// Admission: when on, the SKU sells only through purchase tokens
+	// (docs/admission.md); a plain reserve or deduct is refused
+	// TOKEN_REQUIRED.
+	Admission Admission
 }
 
 // OpKind is the kind of a shard operation.
@@ -409,6 +413,9 @@ func (s *SKU) Refuse(r *Request, usage int64, now time.Time) *Error {
 	}
 	if s.Status == StatusPaused {
 		return Errorf(CodeSKUPaused, "sku %q is paused", s.Name)
+	}
+	if s.Admission.On() && r.Source != SourceAdmission {
+		return Errorf(CodeTokenRequired, "sku %q sells only through tokens: ask RequestToken", s.Name)
 	}
 	if err := s.Window(now); err != nil {
 		return err

@@ -117,6 +117,9 @@ func ValidateRequest(r *Request) error {
 		if IsOrderLineKey(r.Key) && r.Source != SourceOrder {
 			return Errorf(CodeInvalidIdempotencyKey, "idempotency_key may not start with %q: it names an order's line", OrderLineKeyPrefix)
 		}
+		if IsAdmissionKey(r.Key) && r.Source != SourceAdmission {
+			return Errorf(CodeInvalidIdempotencyKey, "idempotency_key may not start with %q: it names a token", AdmissionKeyPrefix)
+		}
 		if err := ValidateQuantity(r.Quantity); err != nil {
 			return err
 		}
@@ -244,6 +247,9 @@ func PrepareNewSKU(s *SKU, initial int64) error {
 		return err
 	}
 	if err := ValidateMaxHold(s.MaxHold, s.ReservationTTL); err != nil {
+		return err
+	}
+	if err := ValidateAdmission(&s.Admission, s.ReservationTTL); err != nil {
 		return err
 	}
 	s.Status = StatusActive

@@ -46,7 +46,10 @@ type SkuConfig struct {
 	// A Deduct or Reserve with an order_ref already applied by another key
 	// is refused ORDER_ALREADY_APPLIED, and so is a Refund of an order_ref
 	// already refunded by another key.
-	OnePerOrder   bool `protobuf:"varint,11,opt,name=one_per_order,json=onePerOrder,proto3" json:"one_per_order,omitempty"`
+	OnePerOrder bool `protobuf:"varint,11,opt,name=one_per_order,json=onePerOrder,proto3" json:"one_per_order,omitempty"`
+	// Admission: when set (mode not UNSPECIFIED) the SKU sells only through
+	// purchase tokens (InventoryService.RequestToken; docs/admission.md).
+	Admission     *Admission `protobuf:"bytes,12,opt,name=admission,proto3" json:"admission,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -158,6 +161,13 @@ func (x *SkuConfig) GetOnePerOrder() bool {
 	return false
 }
 
+func (x *SkuConfig) GetAdmission() *Admission {
+	if x != nil {
+		return x.Admission
+	}
+	return nil
+}
+
 type CreateSkuRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Sku            string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -170,8 +180,10 @@ type CreateSkuRequest struct {
 	SaleStart *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=sale_start,json=saleStart,proto3" json:"sale_start,omitempty"`
 	SaleEnd   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=sale_end,json=saleEnd,proto3" json:"sale_end,omitempty"`
 	// Unset: 24 h. At least reservation_ttl.
-	MaxHold       *durationpb.Duration `protobuf:"bytes,9,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
-	OnePerOrder   bool                 `protobuf:"varint,10,opt,name=one_per_order,json=onePerOrder,proto3" json:"one_per_order,omitempty"`
+	MaxHold     *durationpb.Duration `protobuf:"bytes,9,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
+	OnePerOrder bool                 `protobuf:"varint,10,opt,name=one_per_order,json=onePerOrder,proto3" json:"one_per_order,omitempty"`
+	// Absent: the SKU sells without admission (Reserve and Deduct).
+	Admission     *Admission `protobuf:"bytes,11,opt,name=admission,proto3" json:"admission,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -276,6 +288,13 @@ func (x *CreateSkuRequest) GetOnePerOrder() bool {
 	return false
 }
 
+func (x *CreateSkuRequest) GetAdmission() *Admission {
+	if x != nil {
+		return x.Admission
+	}
+	return nil
+}
+
 type CreateSkuResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sku           *SkuConfig             `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -346,8 +365,11 @@ type UpdateSkuRequest struct {
 	ClearSaleWindow bool                 `protobuf:"varint,8,opt,name=clear_sale_window,json=clearSaleWindow,proto3" json:"clear_sale_window,omitempty"`
 	MaxHold         *durationpb.Duration `protobuf:"bytes,9,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
 	OnePerOrder     *bool                `protobuf:"varint,10,opt,name=one_per_order,json=onePerOrder,proto3,oneof" json:"one_per_order,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Replace the SKU's admission; mode ADMISSION_MODE_UNSPECIFIED turns it
+	// off. Absent: unchanged.
+	Admission     *Admission `protobuf:"bytes,11,opt,name=admission,proto3" json:"admission,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateSkuRequest) Reset() {
@@ -448,6 +470,13 @@ func (x *UpdateSkuRequest) GetOnePerOrder() bool {
 		return *x.OnePerOrder
 	}
 	return false
+}
+
+func (x *UpdateSkuRequest) GetAdmission() *Admission {
+	if x != nil {
+		return x.Admission
+	}
+	return nil
 }
 
 type UpdateSkuResponse struct {
@@ -2702,7 +2731,7 @@ var File_shardstock_v1_admin_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\xe3\x03\n" +
+	"\x19shardstock/v1/admin.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\x9b\x04\n" +
 	"\tSkuConfig\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x120\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x18.shardstock.v1.SkuStatusR\x06status\x12\x16\n" +
@@ -2717,7 +2746,8 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\bsale_end\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\x124\n" +
 	"\bmax_hold\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x12\"\n" +
-	"\rone_per_order\x18\v \x01(\bR\vonePerOrder\"\xbc\x03\n" +
+	"\rone_per_order\x18\v \x01(\bR\vonePerOrder\x126\n" +
+	"\tadmission\x18\f \x01(\v2\x18.shardstock.v1.AdmissionR\tadmission\"\xf4\x03\n" +
 	"\x10CreateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12#\n" +
 	"\rinitial_stock\x18\x02 \x01(\x03R\finitialStock\x12\x16\n" +
@@ -2730,10 +2760,11 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\bsale_end\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\asaleEnd\x124\n" +
 	"\bmax_hold\x18\t \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x12\"\n" +
 	"\rone_per_order\x18\n" +
-	" \x01(\bR\vonePerOrder\"k\n" +
+	" \x01(\bR\vonePerOrder\x126\n" +
+	"\tadmission\x18\v \x01(\v2\x18.shardstock.v1.AdmissionR\tadmission\"k\n" +
 	"\x11CreateSkuResponse\x12*\n" +
 	"\x03sku\x18\x01 \x01(\v2\x18.shardstock.v1.SkuConfigR\x03sku\x12*\n" +
-	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\x8b\x04\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\xc3\x04\n" +
 	"\x10UpdateSkuRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1b\n" +
 	"\x06paused\x18\x02 \x01(\bH\x00R\x06paused\x88\x01\x01\x12'\n" +
@@ -2747,7 +2778,8 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x11clear_sale_window\x18\b \x01(\bR\x0fclearSaleWindow\x124\n" +
 	"\bmax_hold\x18\t \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x12'\n" +
 	"\rone_per_order\x18\n" +
-	" \x01(\bH\x04R\vonePerOrder\x88\x01\x01B\t\n" +
+	" \x01(\bH\x04R\vonePerOrder\x88\x01\x01\x126\n" +
+	"\tadmission\x18\v \x01(\v2\x18.shardstock.v1.AdmissionR\tadmissionB\t\n" +
 	"\a_pausedB\x10\n" +
 	"\x0e_max_per_orderB\x11\n" +
 	"\x0f_customer_limitB\x0e\n" +
@@ -3000,11 +3032,12 @@ var file_shardstock_v1_admin_proto_goTypes = []any{
 	(SkuStatus)(0),                // 41: shardstock.v1.SkuStatus
 	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
-	(*Stock)(nil),                 // 44: shardstock.v1.Stock
-	(*Operation)(nil),             // 45: shardstock.v1.Operation
-	(*Transfer)(nil),              // 46: shardstock.v1.Transfer
-	(TransferState)(0),            // 47: shardstock.v1.TransferState
-	(*MoveLease)(nil),             // 48: shardstock.v1.MoveLease
+	(*Admission)(nil),             // 44: shardstock.v1.Admission
+	(*Stock)(nil),                 // 45: shardstock.v1.Stock
+	(*Operation)(nil),             // 46: shardstock.v1.Operation
+	(*Transfer)(nil),              // 47: shardstock.v1.Transfer
+	(TransferState)(0),            // 48: shardstock.v1.TransferState
+	(*MoveLease)(nil),             // 49: shardstock.v1.MoveLease
 }
 var file_shardstock_v1_admin_proto_depIdxs = []int32{
 	41, // 0: shardstock.v1.SkuConfig.status:type_name -> shardstock.v1.SkuStatus
@@ -3012,78 +3045,81 @@ var file_shardstock_v1_admin_proto_depIdxs = []int32{
 	43, // 2: shardstock.v1.SkuConfig.sale_start:type_name -> google.protobuf.Timestamp
 	43, // 3: shardstock.v1.SkuConfig.sale_end:type_name -> google.protobuf.Timestamp
 	42, // 4: shardstock.v1.SkuConfig.max_hold:type_name -> google.protobuf.Duration
-	42, // 5: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
-	43, // 6: shardstock.v1.CreateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
-	43, // 7: shardstock.v1.CreateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
-	42, // 8: shardstock.v1.CreateSkuRequest.max_hold:type_name -> google.protobuf.Duration
-	0,  // 9: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	44, // 10: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
-	43, // 11: shardstock.v1.UpdateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
-	43, // 12: shardstock.v1.UpdateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
-	42, // 13: shardstock.v1.UpdateSkuRequest.max_hold:type_name -> google.protobuf.Duration
-	0,  // 14: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
-	45, // 15: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
-	44, // 16: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
-	0,  // 17: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
-	44, // 18: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
-	46, // 19: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
-	47, // 20: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
-	46, // 21: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
-	14, // 22: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
-	15, // 23: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
-	48, // 24: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
-	17, // 25: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
-	18, // 26: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
-	17, // 27: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
-	43, // 28: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
-	22, // 29: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
-	25, // 30: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
-	44, // 31: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
-	44, // 32: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
-	22, // 33: shardstock.v1.WatchLedgerResponse.entry:type_name -> shardstock.v1.LedgerEntry
-	41, // 34: shardstock.v1.ListSkusRequest.status:type_name -> shardstock.v1.SkuStatus
-	0,  // 35: shardstock.v1.SkuSummary.sku:type_name -> shardstock.v1.SkuConfig
-	32, // 36: shardstock.v1.ListSkusResponse.skus:type_name -> shardstock.v1.SkuSummary
-	44, // 37: shardstock.v1.PrewarmedSku.stock:type_name -> shardstock.v1.Stock
-	35, // 38: shardstock.v1.PrewarmResponse.skus:type_name -> shardstock.v1.PrewarmedSku
-	40, // 39: shardstock.v1.MetricSample.labels:type_name -> shardstock.v1.MetricSample.LabelsEntry
-	38, // 40: shardstock.v1.ReadMetricsResponse.samples:type_name -> shardstock.v1.MetricSample
-	43, // 41: shardstock.v1.ReadMetricsResponse.read_at:type_name -> google.protobuf.Timestamp
-	1,  // 42: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
-	3,  // 43: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
-	5,  // 44: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
-	7,  // 45: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
-	9,  // 46: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
-	11, // 47: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
-	13, // 48: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
-	21, // 49: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
-	24, // 50: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
-	27, // 51: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
-	19, // 52: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
-	29, // 53: shardstock.v1.AdminService.WatchLedger:input_type -> shardstock.v1.WatchLedgerRequest
-	31, // 54: shardstock.v1.AdminService.ListSkus:input_type -> shardstock.v1.ListSkusRequest
-	34, // 55: shardstock.v1.AdminService.Prewarm:input_type -> shardstock.v1.PrewarmRequest
-	37, // 56: shardstock.v1.AdminService.ReadMetrics:input_type -> shardstock.v1.ReadMetricsRequest
-	2,  // 57: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
-	4,  // 58: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
-	6,  // 59: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
-	8,  // 60: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
-	10, // 61: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
-	12, // 62: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
-	16, // 63: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
-	23, // 64: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
-	26, // 65: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
-	28, // 66: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
-	20, // 67: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
-	30, // 68: shardstock.v1.AdminService.WatchLedger:output_type -> shardstock.v1.WatchLedgerResponse
-	33, // 69: shardstock.v1.AdminService.ListSkus:output_type -> shardstock.v1.ListSkusResponse
-	36, // 70: shardstock.v1.AdminService.Prewarm:output_type -> shardstock.v1.PrewarmResponse
-	39, // 71: shardstock.v1.AdminService.ReadMetrics:output_type -> shardstock.v1.ReadMetricsResponse
-	57, // [57:72] is the sub-list for method output_type
-	42, // [42:57] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	44, // 5: shardstock.v1.SkuConfig.admission:type_name -> shardstock.v1.Admission
+	42, // 6: shardstock.v1.CreateSkuRequest.reservation_ttl:type_name -> google.protobuf.Duration
+	43, // 7: shardstock.v1.CreateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
+	43, // 8: shardstock.v1.CreateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
+	42, // 9: shardstock.v1.CreateSkuRequest.max_hold:type_name -> google.protobuf.Duration
+	44, // 10: shardstock.v1.CreateSkuRequest.admission:type_name -> shardstock.v1.Admission
+	0,  // 11: shardstock.v1.CreateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	45, // 12: shardstock.v1.CreateSkuResponse.stock:type_name -> shardstock.v1.Stock
+	43, // 13: shardstock.v1.UpdateSkuRequest.sale_start:type_name -> google.protobuf.Timestamp
+	43, // 14: shardstock.v1.UpdateSkuRequest.sale_end:type_name -> google.protobuf.Timestamp
+	42, // 15: shardstock.v1.UpdateSkuRequest.max_hold:type_name -> google.protobuf.Duration
+	44, // 16: shardstock.v1.UpdateSkuRequest.admission:type_name -> shardstock.v1.Admission
+	0,  // 17: shardstock.v1.UpdateSkuResponse.sku:type_name -> shardstock.v1.SkuConfig
+	46, // 18: shardstock.v1.AdjustStockResponse.operation:type_name -> shardstock.v1.Operation
+	45, // 19: shardstock.v1.AdjustStockResponse.stock:type_name -> shardstock.v1.Stock
+	0,  // 20: shardstock.v1.SetShardsResponse.sku:type_name -> shardstock.v1.SkuConfig
+	45, // 21: shardstock.v1.SetShardsResponse.stock:type_name -> shardstock.v1.Stock
+	47, // 22: shardstock.v1.RebalanceResponse.transfers:type_name -> shardstock.v1.Transfer
+	48, // 23: shardstock.v1.ListTransfersRequest.state:type_name -> shardstock.v1.TransferState
+	47, // 24: shardstock.v1.ListTransfersResponse.transfers:type_name -> shardstock.v1.Transfer
+	14, // 25: shardstock.v1.GetTopologyResponse.servers:type_name -> shardstock.v1.ShardServer
+	15, // 26: shardstock.v1.GetTopologyResponse.owners:type_name -> shardstock.v1.PartitionOwner
+	49, // 27: shardstock.v1.GetTopologyResponse.move_leases:type_name -> shardstock.v1.MoveLease
+	17, // 28: shardstock.v1.GetTopologyResponse.placement:type_name -> shardstock.v1.Placement
+	18, // 29: shardstock.v1.Placement.databases:type_name -> shardstock.v1.DatabasePlacement
+	17, // 30: shardstock.v1.SetPlacementResponse.placement:type_name -> shardstock.v1.Placement
+	43, // 31: shardstock.v1.LedgerEntry.created_at:type_name -> google.protobuf.Timestamp
+	22, // 32: shardstock.v1.ListLedgerResponse.entries:type_name -> shardstock.v1.LedgerEntry
+	25, // 33: shardstock.v1.ReconcileResponse.discrepancies:type_name -> shardstock.v1.Discrepancy
+	45, // 34: shardstock.v1.ReconcileResponse.stock:type_name -> shardstock.v1.Stock
+	45, // 35: shardstock.v1.ResumeShardResponse.stock:type_name -> shardstock.v1.Stock
+	22, // 36: shardstock.v1.WatchLedgerResponse.entry:type_name -> shardstock.v1.LedgerEntry
+	41, // 37: shardstock.v1.ListSkusRequest.status:type_name -> shardstock.v1.SkuStatus
+	0,  // 38: shardstock.v1.SkuSummary.sku:type_name -> shardstock.v1.SkuConfig
+	32, // 39: shardstock.v1.ListSkusResponse.skus:type_name -> shardstock.v1.SkuSummary
+	45, // 40: shardstock.v1.PrewarmedSku.stock:type_name -> shardstock.v1.Stock
+	35, // 41: shardstock.v1.PrewarmResponse.skus:type_name -> shardstock.v1.PrewarmedSku
+	40, // 42: shardstock.v1.MetricSample.labels:type_name -> shardstock.v1.MetricSample.LabelsEntry
+	38, // 43: shardstock.v1.ReadMetricsResponse.samples:type_name -> shardstock.v1.MetricSample
+	43, // 44: shardstock.v1.ReadMetricsResponse.read_at:type_name -> google.protobuf.Timestamp
+	1,  // 45: shardstock.v1.AdminService.CreateSku:input_type -> shardstock.v1.CreateSkuRequest
+	3,  // 46: shardstock.v1.AdminService.UpdateSku:input_type -> shardstock.v1.UpdateSkuRequest
+	5,  // 47: shardstock.v1.AdminService.AdjustStock:input_type -> shardstock.v1.AdjustStockRequest
+	7,  // 48: shardstock.v1.AdminService.SetShards:input_type -> shardstock.v1.SetShardsRequest
+	9,  // 49: shardstock.v1.AdminService.Rebalance:input_type -> shardstock.v1.RebalanceRequest
+	11, // 50: shardstock.v1.AdminService.ListTransfers:input_type -> shardstock.v1.ListTransfersRequest
+	13, // 51: shardstock.v1.AdminService.GetTopology:input_type -> shardstock.v1.GetTopologyRequest
+	21, // 52: shardstock.v1.AdminService.ListLedger:input_type -> shardstock.v1.ListLedgerRequest
+	24, // 53: shardstock.v1.AdminService.Reconcile:input_type -> shardstock.v1.ReconcileRequest
+	27, // 54: shardstock.v1.AdminService.ResumeShard:input_type -> shardstock.v1.ResumeShardRequest
+	19, // 55: shardstock.v1.AdminService.SetPlacement:input_type -> shardstock.v1.SetPlacementRequest
+	29, // 56: shardstock.v1.AdminService.WatchLedger:input_type -> shardstock.v1.WatchLedgerRequest
+	31, // 57: shardstock.v1.AdminService.ListSkus:input_type -> shardstock.v1.ListSkusRequest
+	34, // 58: shardstock.v1.AdminService.Prewarm:input_type -> shardstock.v1.PrewarmRequest
+	37, // 59: shardstock.v1.AdminService.ReadMetrics:input_type -> shardstock.v1.ReadMetricsRequest
+	2,  // 60: shardstock.v1.AdminService.CreateSku:output_type -> shardstock.v1.CreateSkuResponse
+	4,  // 61: shardstock.v1.AdminService.UpdateSku:output_type -> shardstock.v1.UpdateSkuResponse
+	6,  // 62: shardstock.v1.AdminService.AdjustStock:output_type -> shardstock.v1.AdjustStockResponse
+	8,  // 63: shardstock.v1.AdminService.SetShards:output_type -> shardstock.v1.SetShardsResponse
+	10, // 64: shardstock.v1.AdminService.Rebalance:output_type -> shardstock.v1.RebalanceResponse
+	12, // 65: shardstock.v1.AdminService.ListTransfers:output_type -> shardstock.v1.ListTransfersResponse
+	16, // 66: shardstock.v1.AdminService.GetTopology:output_type -> shardstock.v1.GetTopologyResponse
+	23, // 67: shardstock.v1.AdminService.ListLedger:output_type -> shardstock.v1.ListLedgerResponse
+	26, // 68: shardstock.v1.AdminService.Reconcile:output_type -> shardstock.v1.ReconcileResponse
+	28, // 69: shardstock.v1.AdminService.ResumeShard:output_type -> shardstock.v1.ResumeShardResponse
+	20, // 70: shardstock.v1.AdminService.SetPlacement:output_type -> shardstock.v1.SetPlacementResponse
+	30, // 71: shardstock.v1.AdminService.WatchLedger:output_type -> shardstock.v1.WatchLedgerResponse
+	33, // 72: shardstock.v1.AdminService.ListSkus:output_type -> shardstock.v1.ListSkusResponse
+	36, // 73: shardstock.v1.AdminService.Prewarm:output_type -> shardstock.v1.PrewarmResponse
+	39, // 74: shardstock.v1.AdminService.ReadMetrics:output_type -> shardstock.v1.ReadMetricsResponse
+	60, // [60:75] is the sub-list for method output_type
+	45, // [45:60] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_admin_proto_init() }

@@ -1626,6 +1626,417 @@ func (x *GetOrderResponse) GetOrder() *Order {
 	return nil
 }
 
+type RequestTokenRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Sku            string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	Quantity       int64                  `protobuf:"varint,2,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// Required under tokens_per_customer; a verified customer's own.
+	CustomerRef   string `protobuf:"bytes,4,opt,name=customer_ref,json=customerRef,proto3" json:"customer_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestTokenRequest) Reset() {
+	*x = RequestTokenRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestTokenRequest) ProtoMessage() {}
+
+func (x *RequestTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestTokenRequest.ProtoReflect.Descriptor instead.
+func (*RequestTokenRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RequestTokenRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *RequestTokenRequest) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *RequestTokenRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *RequestTokenRequest) GetCustomerRef() string {
+	if x != nil {
+		return x.CustomerRef
+	}
+	return ""
+}
+
+type RequestTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One of the two: a token, or a ticket in the waitlist.
+	Token         *Token  `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Ticket        *Ticket `protobuf:"bytes,2,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	Replayed      bool    `protobuf:"varint,3,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestTokenResponse) Reset() {
+	*x = RequestTokenResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestTokenResponse) ProtoMessage() {}
+
+func (x *RequestTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestTokenResponse.ProtoReflect.Descriptor instead.
+func (*RequestTokenResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *RequestTokenResponse) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *RequestTokenResponse) GetTicket() *Ticket {
+	if x != nil {
+		return x.Ticket
+	}
+	return nil
+}
+
+func (x *RequestTokenResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type GetTicketRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ticket_id, or sku and idempotency_key.
+	TicketId       string `protobuf:"bytes,1,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	Sku            string `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetTicketRequest) Reset() {
+	*x = GetTicketRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTicketRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTicketRequest) ProtoMessage() {}
+
+func (x *GetTicketRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTicketRequest.ProtoReflect.Descriptor instead.
+func (*GetTicketRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *GetTicketRequest) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+func (x *GetTicketRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *GetTicketRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+type GetTicketResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ticket        *Ticket                `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTicketResponse) Reset() {
+	*x = GetTicketResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTicketResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTicketResponse) ProtoMessage() {}
+
+func (x *GetTicketResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTicketResponse.ProtoReflect.Descriptor instead.
+func (*GetTicketResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *GetTicketResponse) GetTicket() *Ticket {
+	if x != nil {
+		return x.Ticket
+	}
+	return nil
+}
+
+type CancelTicketRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TicketId      string                 `protobuf:"bytes,1,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelTicketRequest) Reset() {
+	*x = CancelTicketRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelTicketRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelTicketRequest) ProtoMessage() {}
+
+func (x *CancelTicketRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelTicketRequest.ProtoReflect.Descriptor instead.
+func (*CancelTicketRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *CancelTicketRequest) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+type CancelTicketResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ticket        *Ticket                `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelTicketResponse) Reset() {
+	*x = CancelTicketResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelTicketResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelTicketResponse) ProtoMessage() {}
+
+func (x *CancelTicketResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelTicketResponse.ProtoReflect.Descriptor instead.
+func (*CancelTicketResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *CancelTicketResponse) GetTicket() *Ticket {
+	if x != nil {
+		return x.Ticket
+	}
+	return nil
+}
+
+type WatchTicketRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TicketId      string                 `protobuf:"bytes,1,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchTicketRequest) Reset() {
+	*x = WatchTicketRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchTicketRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchTicketRequest) ProtoMessage() {}
+
+func (x *WatchTicketRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchTicketRequest.ProtoReflect.Descriptor instead.
+func (*WatchTicketRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *WatchTicketRequest) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+type WatchTicketResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ticket        *Ticket                `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchTicketResponse) Reset() {
+	*x = WatchTicketResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchTicketResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchTicketResponse) ProtoMessage() {}
+
+func (x *WatchTicketResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchTicketResponse.ProtoReflect.Descriptor instead.
+func (*WatchTicketResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *WatchTicketResponse) GetTicket() *Ticket {
+	if x != nil {
+		return x.Ticket
+	}
+	return nil
+}
+
 var File_shardstock_v1_inventory_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_inventory_proto_rawDesc = "" +
@@ -1724,14 +2135,37 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\border_id\x18\x01 \x01(\tR\aorderId\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\">\n" +
 	"\x10GetOrderResponse\x12*\n" +
-	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order*\x95\x01\n" +
+	"\x05order\x18\x01 \x01(\v2\x14.shardstock.v1.OrderR\x05order\"\x8f\x01\n" +
+	"\x13RequestTokenRequest\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1a\n" +
+	"\bquantity\x18\x02 \x01(\x03R\bquantity\x12'\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\x12!\n" +
+	"\fcustomer_ref\x18\x04 \x01(\tR\vcustomerRef\"\x8d\x01\n" +
+	"\x14RequestTokenResponse\x12*\n" +
+	"\x05token\x18\x01 \x01(\v2\x14.shardstock.v1.TokenR\x05token\x12-\n" +
+	"\x06ticket\x18\x02 \x01(\v2\x15.shardstock.v1.TicketR\x06ticket\x12\x1a\n" +
+	"\breplayed\x18\x03 \x01(\bR\breplayed\"j\n" +
+	"\x10GetTicketRequest\x12\x1b\n" +
+	"\tticket_id\x18\x01 \x01(\tR\bticketId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12'\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"B\n" +
+	"\x11GetTicketResponse\x12-\n" +
+	"\x06ticket\x18\x01 \x01(\v2\x15.shardstock.v1.TicketR\x06ticket\"2\n" +
+	"\x13CancelTicketRequest\x12\x1b\n" +
+	"\tticket_id\x18\x01 \x01(\tR\bticketId\"E\n" +
+	"\x14CancelTicketResponse\x12-\n" +
+	"\x06ticket\x18\x01 \x01(\v2\x15.shardstock.v1.TicketR\x06ticket\"1\n" +
+	"\x12WatchTicketRequest\x12\x1b\n" +
+	"\tticket_id\x18\x01 \x01(\tR\bticketId\"D\n" +
+	"\x13WatchTicketResponse\x12-\n" +
+	"\x06ticket\x18\x01 \x01(\v2\x15.shardstock.v1.TicketR\x06ticket*\x95\x01\n" +
 	"\n" +
 	"StockEvent\x12\x1b\n" +
 	"\x17STOCK_EVENT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14STOCK_EVENT_SNAPSHOT\x10\x01\x12\x17\n" +
 	"\x13STOCK_EVENT_CHANGED\x10\x02\x12\x18\n" +
 	"\x14STOCK_EVENT_SOLD_OUT\x10\x03\x12\x1d\n" +
-	"\x19STOCK_EVENT_BACK_IN_STOCK\x10\x042\xa8\t\n" +
+	"\x19STOCK_EVENT_BACK_IN_STOCK\x10\x042\x8d\f\n" +
 	"\x10InventoryService\x12J\n" +
 	"\aReserve\x12\x1d.shardstock.v1.ReserveRequest\x1a\x1e.shardstock.v1.ReserveResponse\"\x00\x12G\n" +
 	"\x06Commit\x12\x1c.shardstock.v1.CommitRequest\x1a\x1d.shardstock.v1.CommitResponse\"\x00\x12J\n" +
@@ -1747,7 +2181,11 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\fReserveOrder\x12\".shardstock.v1.ReserveOrderRequest\x1a#.shardstock.v1.ReserveOrderResponse\"\x00\x12V\n" +
 	"\vCommitOrder\x12!.shardstock.v1.CommitOrderRequest\x1a\".shardstock.v1.CommitOrderResponse\"\x00\x12Y\n" +
 	"\fReleaseOrder\x12\".shardstock.v1.ReleaseOrderRequest\x1a#.shardstock.v1.ReleaseOrderResponse\"\x00\x12P\n" +
-	"\bGetOrder\x12\x1e.shardstock.v1.GetOrderRequest\x1a\x1f.shardstock.v1.GetOrderResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\bGetOrder\x12\x1e.shardstock.v1.GetOrderRequest\x1a\x1f.shardstock.v1.GetOrderResponse\"\x03\x90\x02\x01\x12Y\n" +
+	"\fRequestToken\x12\".shardstock.v1.RequestTokenRequest\x1a#.shardstock.v1.RequestTokenResponse\"\x00\x12S\n" +
+	"\tGetTicket\x12\x1f.shardstock.v1.GetTicketRequest\x1a .shardstock.v1.GetTicketResponse\"\x03\x90\x02\x01\x12Y\n" +
+	"\fCancelTicket\x12\".shardstock.v1.CancelTicketRequest\x1a#.shardstock.v1.CancelTicketResponse\"\x00\x12X\n" +
+	"\vWatchTicket\x12!.shardstock.v1.WatchTicketRequest\x1a\".shardstock.v1.WatchTicketResponse\"\x000\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_inventory_proto_rawDescOnce sync.Once
@@ -1762,7 +2200,7 @@ func file_shardstock_v1_inventory_proto_rawDescGZIP() []byte {
 }
 
 var file_shardstock_v1_inventory_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_shardstock_v1_inventory_proto_goTypes = []any{
 	(StockEvent)(0),                   // 0: shardstock.v1.StockEvent
 	(*ReserveRequest)(nil),            // 1: shardstock.v1.ReserveRequest
@@ -1793,68 +2231,91 @@ var file_shardstock_v1_inventory_proto_goTypes = []any{
 	(*ReleaseOrderResponse)(nil),      // 26: shardstock.v1.ReleaseOrderResponse
 	(*GetOrderRequest)(nil),           // 27: shardstock.v1.GetOrderRequest
 	(*GetOrderResponse)(nil),          // 28: shardstock.v1.GetOrderResponse
-	(*durationpb.Duration)(nil),       // 29: google.protobuf.Duration
-	(*Reservation)(nil),               // 30: shardstock.v1.Reservation
-	(*Operation)(nil),                 // 31: shardstock.v1.Operation
-	(*Stock)(nil),                     // 32: shardstock.v1.Stock
-	(*Sale)(nil),                      // 33: shardstock.v1.Sale
-	(*OrderLine)(nil),                 // 34: shardstock.v1.OrderLine
-	(*Order)(nil),                     // 35: shardstock.v1.Order
+	(*RequestTokenRequest)(nil),       // 29: shardstock.v1.RequestTokenRequest
+	(*RequestTokenResponse)(nil),      // 30: shardstock.v1.RequestTokenResponse
+	(*GetTicketRequest)(nil),          // 31: shardstock.v1.GetTicketRequest
+	(*GetTicketResponse)(nil),         // 32: shardstock.v1.GetTicketResponse
+	(*CancelTicketRequest)(nil),       // 33: shardstock.v1.CancelTicketRequest
+	(*CancelTicketResponse)(nil),      // 34: shardstock.v1.CancelTicketResponse
+	(*WatchTicketRequest)(nil),        // 35: shardstock.v1.WatchTicketRequest
+	(*WatchTicketResponse)(nil),       // 36: shardstock.v1.WatchTicketResponse
+	(*durationpb.Duration)(nil),       // 37: google.protobuf.Duration
+	(*Reservation)(nil),               // 38: shardstock.v1.Reservation
+	(*Operation)(nil),                 // 39: shardstock.v1.Operation
+	(*Stock)(nil),                     // 40: shardstock.v1.Stock
+	(*Sale)(nil),                      // 41: shardstock.v1.Sale
+	(*OrderLine)(nil),                 // 42: shardstock.v1.OrderLine
+	(*Order)(nil),                     // 43: shardstock.v1.Order
+	(*Token)(nil),                     // 44: shardstock.v1.Token
+	(*Ticket)(nil),                    // 45: shardstock.v1.Ticket
 }
 var file_shardstock_v1_inventory_proto_depIdxs = []int32{
-	29, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	30, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
-	30, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
-	30, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
-	31, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
-	31, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
-	31, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
-	32, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
-	32, // 8: shardstock.v1.WatchStockResponse.stock:type_name -> shardstock.v1.Stock
+	37, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	38, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
+	38, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
+	38, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
+	39, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
+	39, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
+	39, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
+	40, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
+	40, // 8: shardstock.v1.WatchStockResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 9: shardstock.v1.WatchStockResponse.event:type_name -> shardstock.v1.StockEvent
-	29, // 10: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
-	30, // 11: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
-	33, // 12: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
-	31, // 13: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
-	29, // 14: shardstock.v1.ReserveOrderRequest.ttl:type_name -> google.protobuf.Duration
-	34, // 15: shardstock.v1.ReserveOrderRequest.lines:type_name -> shardstock.v1.OrderLine
-	35, // 16: shardstock.v1.ReserveOrderResponse.order:type_name -> shardstock.v1.Order
-	35, // 17: shardstock.v1.CommitOrderResponse.order:type_name -> shardstock.v1.Order
-	35, // 18: shardstock.v1.ReleaseOrderResponse.order:type_name -> shardstock.v1.Order
-	35, // 19: shardstock.v1.GetOrderResponse.order:type_name -> shardstock.v1.Order
-	1,  // 20: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
-	3,  // 21: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
-	5,  // 22: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
-	7,  // 23: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
-	9,  // 24: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
-	11, // 25: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
-	13, // 26: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
-	15, // 27: shardstock.v1.InventoryService.WatchStock:input_type -> shardstock.v1.WatchStockRequest
-	17, // 28: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
-	19, // 29: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
-	21, // 30: shardstock.v1.InventoryService.ReserveOrder:input_type -> shardstock.v1.ReserveOrderRequest
-	23, // 31: shardstock.v1.InventoryService.CommitOrder:input_type -> shardstock.v1.CommitOrderRequest
-	25, // 32: shardstock.v1.InventoryService.ReleaseOrder:input_type -> shardstock.v1.ReleaseOrderRequest
-	27, // 33: shardstock.v1.InventoryService.GetOrder:input_type -> shardstock.v1.GetOrderRequest
-	2,  // 34: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
-	4,  // 35: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
-	6,  // 36: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
-	8,  // 37: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
-	10, // 38: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
-	12, // 39: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
-	14, // 40: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
-	16, // 41: shardstock.v1.InventoryService.WatchStock:output_type -> shardstock.v1.WatchStockResponse
-	18, // 42: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
-	20, // 43: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
-	22, // 44: shardstock.v1.InventoryService.ReserveOrder:output_type -> shardstock.v1.ReserveOrderResponse
-	24, // 45: shardstock.v1.InventoryService.CommitOrder:output_type -> shardstock.v1.CommitOrderResponse
-	26, // 46: shardstock.v1.InventoryService.ReleaseOrder:output_type -> shardstock.v1.ReleaseOrderResponse
-	28, // 47: shardstock.v1.InventoryService.GetOrder:output_type -> shardstock.v1.GetOrderResponse
-	34, // [34:48] is the sub-list for method output_type
-	20, // [20:34] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	37, // 10: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
+	38, // 11: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
+	41, // 12: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
+	39, // 13: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
+	37, // 14: shardstock.v1.ReserveOrderRequest.ttl:type_name -> google.protobuf.Duration
+	42, // 15: shardstock.v1.ReserveOrderRequest.lines:type_name -> shardstock.v1.OrderLine
+	43, // 16: shardstock.v1.ReserveOrderResponse.order:type_name -> shardstock.v1.Order
+	43, // 17: shardstock.v1.CommitOrderResponse.order:type_name -> shardstock.v1.Order
+	43, // 18: shardstock.v1.ReleaseOrderResponse.order:type_name -> shardstock.v1.Order
+	43, // 19: shardstock.v1.GetOrderResponse.order:type_name -> shardstock.v1.Order
+	44, // 20: shardstock.v1.RequestTokenResponse.token:type_name -> shardstock.v1.Token
+	45, // 21: shardstock.v1.RequestTokenResponse.ticket:type_name -> shardstock.v1.Ticket
+	45, // 22: shardstock.v1.GetTicketResponse.ticket:type_name -> shardstock.v1.Ticket
+	45, // 23: shardstock.v1.CancelTicketResponse.ticket:type_name -> shardstock.v1.Ticket
+	45, // 24: shardstock.v1.WatchTicketResponse.ticket:type_name -> shardstock.v1.Ticket
+	1,  // 25: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
+	3,  // 26: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
+	5,  // 27: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
+	7,  // 28: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
+	9,  // 29: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
+	11, // 30: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
+	13, // 31: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
+	15, // 32: shardstock.v1.InventoryService.WatchStock:input_type -> shardstock.v1.WatchStockRequest
+	17, // 33: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
+	19, // 34: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
+	21, // 35: shardstock.v1.InventoryService.ReserveOrder:input_type -> shardstock.v1.ReserveOrderRequest
+	23, // 36: shardstock.v1.InventoryService.CommitOrder:input_type -> shardstock.v1.CommitOrderRequest
+	25, // 37: shardstock.v1.InventoryService.ReleaseOrder:input_type -> shardstock.v1.ReleaseOrderRequest
+	27, // 38: shardstock.v1.InventoryService.GetOrder:input_type -> shardstock.v1.GetOrderRequest
+	29, // 39: shardstock.v1.InventoryService.RequestToken:input_type -> shardstock.v1.RequestTokenRequest
+	31, // 40: shardstock.v1.InventoryService.GetTicket:input_type -> shardstock.v1.GetTicketRequest
+	33, // 41: shardstock.v1.InventoryService.CancelTicket:input_type -> shardstock.v1.CancelTicketRequest
+	35, // 42: shardstock.v1.InventoryService.WatchTicket:input_type -> shardstock.v1.WatchTicketRequest
+	2,  // 43: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
+	4,  // 44: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
+	6,  // 45: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
+	8,  // 46: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
+	10, // 47: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
+	12, // 48: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
+	14, // 49: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
+	16, // 50: shardstock.v1.InventoryService.WatchStock:output_type -> shardstock.v1.WatchStockResponse
+	18, // 51: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
+	20, // 52: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
+	22, // 53: shardstock.v1.InventoryService.ReserveOrder:output_type -> shardstock.v1.ReserveOrderResponse
+	24, // 54: shardstock.v1.InventoryService.CommitOrder:output_type -> shardstock.v1.CommitOrderResponse
+	26, // 55: shardstock.v1.InventoryService.ReleaseOrder:output_type -> shardstock.v1.ReleaseOrderResponse
+	28, // 56: shardstock.v1.InventoryService.GetOrder:output_type -> shardstock.v1.GetOrderResponse
+	30, // 57: shardstock.v1.InventoryService.RequestToken:output_type -> shardstock.v1.RequestTokenResponse
+	32, // 58: shardstock.v1.InventoryService.GetTicket:output_type -> shardstock.v1.GetTicketResponse
+	34, // 59: shardstock.v1.InventoryService.CancelTicket:output_type -> shardstock.v1.CancelTicketResponse
+	36, // 60: shardstock.v1.InventoryService.WatchTicket:output_type -> shardstock.v1.WatchTicketResponse
+	43, // [43:61] is the sub-list for method output_type
+	25, // [25:43] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_inventory_proto_init() }
@@ -1869,7 +2330,7 @@ func file_shardstock_v1_inventory_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_inventory_proto_rawDesc), len(file_shardstock_v1_inventory_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -9,6 +9,7 @@ package shardstockv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -368,6 +369,120 @@ func (x OrderState) Number() protoreflect.EnumNumber {
 // Deprecated: Use OrderState.Descriptor instead.
 func (OrderState) EnumDescriptor() ([]byte, []int) {
 	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
+// AdmissionMode is how a SKU under admission hands out purchase tokens.
+type AdmissionMode int32
+
+const (
+	// No admission: Reserve and Deduct sell as for any SKU.
+	AdmissionMode_ADMISSION_MODE_UNSPECIFIED AdmissionMode = 0
+	// First come, first served: a token while units are free, else a ticket
+	// in the waitlist.
+	AdmissionMode_ADMISSION_MODE_TOKENS AdmissionMode = 1
+	// A draw among registrations (not built yet: refused INVALID_ARGUMENT).
+	AdmissionMode_ADMISSION_MODE_DRAW AdmissionMode = 2
+)
+
+// Enum value maps for AdmissionMode.
+var (
+	AdmissionMode_name = map[int32]string{
+		0: "ADMISSION_MODE_UNSPECIFIED",
+		1: "ADMISSION_MODE_TOKENS",
+		2: "ADMISSION_MODE_DRAW",
+	}
+	AdmissionMode_value = map[string]int32{
+		"ADMISSION_MODE_UNSPECIFIED": 0,
+		"ADMISSION_MODE_TOKENS":      1,
+		"ADMISSION_MODE_DRAW":        2,
+	}
+)
+
+func (x AdmissionMode) Enum() *AdmissionMode {
+	p := new(AdmissionMode)
+	*p = x
+	return p
+}
+
+func (x AdmissionMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AdmissionMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_shardstock_v1_types_proto_enumTypes[6].Descriptor()
+}
+
+func (AdmissionMode) Type() protoreflect.EnumType {
+	return &file_shardstock_v1_types_proto_enumTypes[6]
+}
+
+func (x AdmissionMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AdmissionMode.Descriptor instead.
+func (AdmissionMode) EnumDescriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
+// TicketState is where a waitlist ticket is.
+type TicketState int32
+
+const (
+	TicketState_TICKET_STATE_UNSPECIFIED TicketState = 0
+	// Waiting for units to come back; position says how many wait before it.
+	TicketState_TICKET_STATE_WAITING TicketState = 1
+	// Units came back for it: the ticket holds a token.
+	TicketState_TICKET_STATE_ADMITTED TicketState = 2
+	// The SKU sold out for good while the ticket waited.
+	TicketState_TICKET_STATE_SOLD_OUT TicketState = 3
+	// CancelTicket took it out of the waitlist.
+	TicketState_TICKET_STATE_CANCELLED TicketState = 4
+)
+
+// Enum value maps for TicketState.
+var (
+	TicketState_name = map[int32]string{
+		0: "TICKET_STATE_UNSPECIFIED",
+		1: "TICKET_STATE_WAITING",
+		2: "TICKET_STATE_ADMITTED",
+		3: "TICKET_STATE_SOLD_OUT",
+		4: "TICKET_STATE_CANCELLED",
+	}
+	TicketState_value = map[string]int32{
+		"TICKET_STATE_UNSPECIFIED": 0,
+		"TICKET_STATE_WAITING":     1,
+		"TICKET_STATE_ADMITTED":    2,
+		"TICKET_STATE_SOLD_OUT":    3,
+		"TICKET_STATE_CANCELLED":   4,
+	}
+)
+
+func (x TicketState) Enum() *TicketState {
+	p := new(TicketState)
+	*p = x
+	return p
+}
+
+func (x TicketState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TicketState) Descriptor() protoreflect.EnumDescriptor {
+	return file_shardstock_v1_types_proto_enumTypes[7].Descriptor()
+}
+
+func (TicketState) Type() protoreflect.EnumType {
+	return &file_shardstock_v1_types_proto_enumTypes[7]
+}
+
+func (x TicketState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TicketState.Descriptor instead.
+func (TicketState) EnumDescriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 // Reservation is a hold on stock that ends in a commit, a release or expiry.
@@ -746,9 +861,13 @@ type Stock struct {
 	Moving []*Transfer `protobuf:"bytes,9,rep,name=moving,proto3" json:"moving,omitempty"`
 	// The holder of the SKU's rebalance lease; absent when no one is moving
 	// the SKU's stock.
-	Mover         *MoveLease `protobuf:"bytes,10,opt,name=mover,proto3" json:"mover,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Mover *MoveLease `protobuf:"bytes,10,opt,name=mover,proto3" json:"mover,omitempty"`
+	// Under admission: units held by tokens not yet committed, released or
+	// expired, and the number of tickets waiting.
+	TokensOutstanding int64 `protobuf:"varint,11,opt,name=tokens_outstanding,json=tokensOutstanding,proto3" json:"tokens_outstanding,omitempty"`
+	WaitlistLength    int64 `protobuf:"varint,12,opt,name=waitlist_length,json=waitlistLength,proto3" json:"waitlist_length,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Stock) Reset() {
@@ -849,6 +968,20 @@ func (x *Stock) GetMover() *MoveLease {
 		return x.Mover
 	}
 	return nil
+}
+
+func (x *Stock) GetTokensOutstanding() int64 {
+	if x != nil {
+		return x.TokensOutstanding
+	}
+	return 0
+}
+
+func (x *Stock) GetWaitlistLength() int64 {
+	if x != nil {
+		return x.WaitlistLength
+	}
+	return 0
 }
 
 // Transfer moves available stock from one shard of a SKU to another, in two
@@ -1286,11 +1419,268 @@ func (x *Order) GetReason() string {
 	return ""
 }
 
+// Admission is a SKU's admission configuration (docs/admission.md).
+type Admission struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  AdmissionMode          `protobuf:"varint,1,opt,name=mode,proto3,enum=shardstock.v1.AdmissionMode" json:"mode,omitempty"`
+	// How long a token holds its units: 1 s to 24 h; unset: the SKU's
+	// reservation_ttl.
+	TokenTtl *durationpb.Duration `protobuf:"bytes,2,opt,name=token_ttl,json=tokenTtl,proto3" json:"token_ttl,omitempty"`
+	// The most tickets that may wait at once: 0 to 1,000,000 (0: none wait,
+	// a request finding no free unit is refused WAITLIST_FULL).
+	WaitlistMax int64 `protobuf:"varint,3,opt,name=waitlist_max,json=waitlistMax,proto3" json:"waitlist_max,omitempty"`
+	// The most tokens and waiting tickets one verified customer may hold of
+	// the SKU: 0 (no limit) to 1,000.
+	TokensPerCustomer int64 `protobuf:"varint,4,opt,name=tokens_per_customer,json=tokensPerCustomer,proto3" json:"tokens_per_customer,omitempty"`
+	// When a draw's registration closes (ADMISSION_MODE_DRAW only).
+	DrawAt        *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=draw_at,json=drawAt,proto3" json:"draw_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Admission) Reset() {
+	*x = Admission{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Admission) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Admission) ProtoMessage() {}
+
+func (x *Admission) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Admission.ProtoReflect.Descriptor instead.
+func (*Admission) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Admission) GetMode() AdmissionMode {
+	if x != nil {
+		return x.Mode
+	}
+	return AdmissionMode_ADMISSION_MODE_UNSPECIFIED
+}
+
+func (x *Admission) GetTokenTtl() *durationpb.Duration {
+	if x != nil {
+		return x.TokenTtl
+	}
+	return nil
+}
+
+func (x *Admission) GetWaitlistMax() int64 {
+	if x != nil {
+		return x.WaitlistMax
+	}
+	return 0
+}
+
+func (x *Admission) GetTokensPerCustomer() int64 {
+	if x != nil {
+		return x.TokensPerCustomer
+	}
+	return 0
+}
+
+func (x *Admission) GetDrawAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrawAt
+	}
+	return nil
+}
+
+// Token is a purchase token: a reservation (token_id is its reservation id)
+// that Commit buys and Release gives back, and that expires like any hold.
+type Token struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TokenId       string                 `protobuf:"bytes,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	Sku           string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	Quantity      int64                  `protobuf:"varint,3,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Token) Reset() {
+	*x = Token{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Token) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Token) ProtoMessage() {}
+
+func (x *Token) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Token.ProtoReflect.Descriptor instead.
+func (*Token) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Token) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
+}
+
+func (x *Token) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *Token) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *Token) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+// Ticket is a place in a SKU's waitlist.
+type Ticket struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TicketId string                 `protobuf:"bytes,1,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	Sku      string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	Quantity int64                  `protobuf:"varint,3,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	State    TicketState            `protobuf:"varint,4,opt,name=state,proto3,enum=shardstock.v1.TicketState" json:"state,omitempty"`
+	// While WAITING: the tickets waiting before this one (0: next).
+	Position int64 `protobuf:"varint,5,opt,name=position,proto3" json:"position,omitempty"`
+	// Set once ADMITTED.
+	Token          *Token                 `protobuf:"bytes,6,opt,name=token,proto3" json:"token,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,7,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	CreatedAt      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Ticket) Reset() {
+	*x = Ticket{}
+	mi := &file_shardstock_v1_types_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Ticket) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Ticket) ProtoMessage() {}
+
+func (x *Ticket) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_types_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Ticket.ProtoReflect.Descriptor instead.
+func (*Ticket) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_types_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Ticket) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+func (x *Ticket) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *Ticket) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *Ticket) GetState() TicketState {
+	if x != nil {
+		return x.State
+	}
+	return TicketState_TICKET_STATE_UNSPECIFIED
+}
+
+func (x *Ticket) GetPosition() int64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *Ticket) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *Ticket) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *Ticket) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
 var File_shardstock_v1_types_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x19shardstock/v1/types.proto\x12\rshardstock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x03\n" +
+	"\x19shardstock/v1/types.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x03\n" +
 	"\vReservation\x12%\n" +
 	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x1a\n" +
@@ -1327,7 +1717,7 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\breserved\x18\x04 \x01(\x03R\breserved\x12\x12\n" +
 	"\x04sold\x18\x05 \x01(\x03R\x04sold\x12#\n" +
 	"\rhalted_reason\x18\x06 \x01(\tR\fhaltedReason\x12/\n" +
-	"\x05state\x18\a \x01(\x0e2\x19.shardstock.v1.ShardStateR\x05state\"\xf8\x02\n" +
+	"\x05state\x18\a \x01(\x0e2\x19.shardstock.v1.ShardStateR\x05state\"\xd0\x03\n" +
 	"\x05Stock\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\x03R\tavailable\x12\x1a\n" +
@@ -1340,7 +1730,9 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x11shards_in_service\x18\b \x01(\x05R\x0fshardsInService\x12/\n" +
 	"\x06moving\x18\t \x03(\v2\x17.shardstock.v1.TransferR\x06moving\x12.\n" +
 	"\x05mover\x18\n" +
-	" \x01(\v2\x18.shardstock.v1.MoveLeaseR\x05mover\"\xf6\x02\n" +
+	" \x01(\v2\x18.shardstock.v1.MoveLeaseR\x05mover\x12-\n" +
+	"\x12tokens_outstanding\x18\v \x01(\x03R\x11tokensOutstanding\x12'\n" +
+	"\x0fwaitlist_length\x18\f \x01(\x03R\x0ewaitlistLength\"\xf6\x02\n" +
 	"\bTransfer\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x10\n" +
@@ -1380,7 +1772,29 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x05lines\x18\x05 \x03(\v2\x18.shardstock.v1.OrderLineR\x05lines\x12'\n" +
 	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12!\n" +
 	"\fcustomer_ref\x18\a \x01(\tR\vcustomerRef\x12\x16\n" +
-	"\x06reason\x18\b \x01(\tR\x06reason*\xb1\x01\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"\xfd\x01\n" +
+	"\tAdmission\x120\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x1c.shardstock.v1.AdmissionModeR\x04mode\x126\n" +
+	"\ttoken_ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\btokenTtl\x12!\n" +
+	"\fwaitlist_max\x18\x03 \x01(\x03R\vwaitlistMax\x12.\n" +
+	"\x13tokens_per_customer\x18\x04 \x01(\x03R\x11tokensPerCustomer\x123\n" +
+	"\adraw_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x06drawAt\"\x8b\x01\n" +
+	"\x05Token\x12\x19\n" +
+	"\btoken_id\x18\x01 \x01(\tR\atokenId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x1a\n" +
+	"\bquantity\x18\x03 \x01(\x03R\bquantity\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xb1\x02\n" +
+	"\x06Ticket\x12\x1b\n" +
+	"\tticket_id\x18\x01 \x01(\tR\bticketId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x1a\n" +
+	"\bquantity\x18\x03 \x01(\x03R\bquantity\x120\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x1a.shardstock.v1.TicketStateR\x05state\x12\x1a\n" +
+	"\bposition\x18\x05 \x01(\x03R\bposition\x12*\n" +
+	"\x05token\x18\x06 \x01(\v2\x14.shardstock.v1.TokenR\x05token\x12'\n" +
+	"\x0fidempotency_key\x18\a \x01(\tR\x0eidempotencyKey\x129\n" +
+	"\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt*\xb1\x01\n" +
 	"\x10ReservationState\x12!\n" +
 	"\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RESERVATION_STATE_HELD\x10\x01\x12\x1f\n" +
@@ -1419,7 +1833,17 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x15ORDER_STATE_COMMITTED\x10\x04\x12\x19\n" +
 	"\x15ORDER_STATE_RELEASING\x10\x05\x12\x18\n" +
 	"\x14ORDER_STATE_RELEASED\x10\x06\x12\x16\n" +
-	"\x12ORDER_STATE_FAILED\x10\aBAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\x12ORDER_STATE_FAILED\x10\a*c\n" +
+	"\rAdmissionMode\x12\x1e\n" +
+	"\x1aADMISSION_MODE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15ADMISSION_MODE_TOKENS\x10\x01\x12\x17\n" +
+	"\x13ADMISSION_MODE_DRAW\x10\x02*\x97\x01\n" +
+	"\vTicketState\x12\x1c\n" +
+	"\x18TICKET_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14TICKET_STATE_WAITING\x10\x01\x12\x19\n" +
+	"\x15TICKET_STATE_ADMITTED\x10\x02\x12\x19\n" +
+	"\x15TICKET_STATE_SOLD_OUT\x10\x03\x12\x1a\n" +
+	"\x16TICKET_STATE_CANCELLED\x10\x04BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_types_proto_rawDescOnce sync.Once
@@ -1433,8 +1857,8 @@ func file_shardstock_v1_types_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_types_proto_rawDescData
 }
 
-var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_shardstock_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_shardstock_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_shardstock_v1_types_proto_goTypes = []any{
 	(ReservationState)(0),         // 0: shardstock.v1.ReservationState
 	(OperationKind)(0),            // 1: shardstock.v1.OperationKind
@@ -1442,40 +1866,53 @@ var file_shardstock_v1_types_proto_goTypes = []any{
 	(ShardState)(0),               // 3: shardstock.v1.ShardState
 	(TransferState)(0),            // 4: shardstock.v1.TransferState
 	(OrderState)(0),               // 5: shardstock.v1.OrderState
-	(*Reservation)(nil),           // 6: shardstock.v1.Reservation
-	(*Operation)(nil),             // 7: shardstock.v1.Operation
-	(*ShardStock)(nil),            // 8: shardstock.v1.ShardStock
-	(*Stock)(nil),                 // 9: shardstock.v1.Stock
-	(*Transfer)(nil),              // 10: shardstock.v1.Transfer
-	(*MoveLease)(nil),             // 11: shardstock.v1.MoveLease
-	(*Sale)(nil),                  // 12: shardstock.v1.Sale
-	(*OrderLine)(nil),             // 13: shardstock.v1.OrderLine
-	(*Order)(nil),                 // 14: shardstock.v1.Order
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(AdmissionMode)(0),            // 6: shardstock.v1.AdmissionMode
+	(TicketState)(0),              // 7: shardstock.v1.TicketState
+	(*Reservation)(nil),           // 8: shardstock.v1.Reservation
+	(*Operation)(nil),             // 9: shardstock.v1.Operation
+	(*ShardStock)(nil),            // 10: shardstock.v1.ShardStock
+	(*Stock)(nil),                 // 11: shardstock.v1.Stock
+	(*Transfer)(nil),              // 12: shardstock.v1.Transfer
+	(*MoveLease)(nil),             // 13: shardstock.v1.MoveLease
+	(*Sale)(nil),                  // 14: shardstock.v1.Sale
+	(*OrderLine)(nil),             // 15: shardstock.v1.OrderLine
+	(*Order)(nil),                 // 16: shardstock.v1.Order
+	(*Admission)(nil),             // 17: shardstock.v1.Admission
+	(*Token)(nil),                 // 18: shardstock.v1.Token
+	(*Ticket)(nil),                // 19: shardstock.v1.Ticket
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
 }
 var file_shardstock_v1_types_proto_depIdxs = []int32{
 	0,  // 0: shardstock.v1.Reservation.state:type_name -> shardstock.v1.ReservationState
-	15, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 1: shardstock.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 2: shardstock.v1.Operation.kind:type_name -> shardstock.v1.OperationKind
-	15, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	20, // 3: shardstock.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: shardstock.v1.Operation.reservation_state:type_name -> shardstock.v1.ReservationState
-	12, // 5: shardstock.v1.Operation.original:type_name -> shardstock.v1.Sale
+	14, // 5: shardstock.v1.Operation.original:type_name -> shardstock.v1.Sale
 	3,  // 6: shardstock.v1.ShardStock.state:type_name -> shardstock.v1.ShardState
 	2,  // 7: shardstock.v1.Stock.status:type_name -> shardstock.v1.SkuStatus
-	8,  // 8: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
-	10, // 9: shardstock.v1.Stock.moving:type_name -> shardstock.v1.Transfer
-	11, // 10: shardstock.v1.Stock.mover:type_name -> shardstock.v1.MoveLease
+	10, // 8: shardstock.v1.Stock.shards:type_name -> shardstock.v1.ShardStock
+	12, // 9: shardstock.v1.Stock.moving:type_name -> shardstock.v1.Transfer
+	13, // 10: shardstock.v1.Stock.mover:type_name -> shardstock.v1.MoveLease
 	4,  // 11: shardstock.v1.Transfer.state:type_name -> shardstock.v1.TransferState
-	15, // 12: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
-	15, // 13: shardstock.v1.Transfer.updated_at:type_name -> google.protobuf.Timestamp
+	20, // 12: shardstock.v1.Transfer.created_at:type_name -> google.protobuf.Timestamp
+	20, // 13: shardstock.v1.Transfer.updated_at:type_name -> google.protobuf.Timestamp
 	5,  // 14: shardstock.v1.Order.state:type_name -> shardstock.v1.OrderState
-	15, // 15: shardstock.v1.Order.expires_at:type_name -> google.protobuf.Timestamp
-	13, // 16: shardstock.v1.Order.lines:type_name -> shardstock.v1.OrderLine
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	20, // 15: shardstock.v1.Order.expires_at:type_name -> google.protobuf.Timestamp
+	15, // 16: shardstock.v1.Order.lines:type_name -> shardstock.v1.OrderLine
+	6,  // 17: shardstock.v1.Admission.mode:type_name -> shardstock.v1.AdmissionMode
+	21, // 18: shardstock.v1.Admission.token_ttl:type_name -> google.protobuf.Duration
+	20, // 19: shardstock.v1.Admission.draw_at:type_name -> google.protobuf.Timestamp
+	20, // 20: shardstock.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	7,  // 21: shardstock.v1.Ticket.state:type_name -> shardstock.v1.TicketState
+	18, // 22: shardstock.v1.Ticket.token:type_name -> shardstock.v1.Token
+	20, // 23: shardstock.v1.Ticket.created_at:type_name -> google.protobuf.Timestamp
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_types_proto_init() }
@@ -1492,8 +1929,8 @@ func file_shardstock_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_types_proto_rawDesc), len(file_shardstock_v1_types_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   9,
+			NumEnums:      8,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/admission"
 	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/auth"
@@ -263,9 +264,14 @@ type wired struct {
 	node            *shardnode.Node // nil without -shard-id
 	shardLis        net.Listener    // nil without -shard-id
 	alloc           *allocator.Allocator
-	changes         *ledger.Stream // WatchLedger and WatchStock
-	auth            *auth.Authenticator
-	audit           *slog.Logger // stock calls' lines; nil: none
+	// admission serves tokens and tickets (nil without a database named
+	// main); its worker runs until stopAdmission, then closes admitted.
+	admission     *admission.Service
+	stopAdmission context.CancelFunc
+	admitted      chan struct{}
+	changes       *ledger.Stream // WatchLedger and WatchStock
+	auth          *auth.Authenticator
+	audit         *slog.Logger // stock calls' lines; nil: none
 }
 
 // auditLog is the logger of the stock calls' audit lines that -audit-log
@@ -350,6 +356,22 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 		acfg.Local, acfg.LocalID = w.node.Server, cfg.shardID
 	}
 	w.alloc = allocator.New(acfg)
+	if main := proc.DBs.DB("main"); main != nil {
+		// Tickets live in main, like orders, whichever database holds
+		// their SKU.
+		w.admission = admission.New(main, w.alloc, proc.Registry)
+		var actx context.Context
+		actx, w.stopAdmission = context.WithCancel(ctx)
+		w.admitted = make(chan struct{})
+		worker := admission.NewWorker(w.admission, func(ctx context.Context, sku string) (admission.Lease, error) {
+			l, err := w.moves.TryAdmission(ctx, sku)
+			if l == nil {
+				return nil, err
+			}
+			return l, nil
+		}, 0, log)
+		go func() { defer close(w.admitted); worker.Run(actx) }()
+	}
 	w.changes = ledger.NewStream(ledger.StreamConfig{Readers: proc.DBs.Readers(), Registerer: proc.Registry})
 	return w, nil
 }
@@ -357,6 +379,10 @@ func wire(ctx context.Context, cfg *config, proc *startup.Process, log *slog.Log
 // close stops the allocator and the scheduled reconciliation, then closes
 // the shard listener and the move leases: the reverse of wire.
 func (w *wired) close() {
+	if w.admitted != nil {
+		w.stopAdmission()
+		<-w.admitted
+	}
 	if w.reconciled != nil {
 		w.stopReconciling()
 		<-w.reconciled
@@ -425,7 +451,7 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	// refusals are counted in the call metrics too.
 	admit := api.AdmitConfig{Auth: w.auth, Need: cfg.policy.Need, PerClient: cfg.rateLimit, PerCredential: cfg.serviceRateLimit,
 		TrustedProxies: cfg.proxies, InFlight: cfg.inFlight, AheadBytes: int64(cfg.aheadBytes)}
-	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc, Log: w.audit, Changes: w.changes},
+	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc, Log: w.audit, Changes: w.changes, Admission: w.admission},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
 	mux.Handle(invPath, api.Admit(admit, transport.Warm(invHandler, 0), metrics.Refused))
 	// A watch lasts as long as its client wants: it holds no place among
@@ -436,6 +462,7 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	// A watch's sends are bounded (a consumer that stops reading is reset):
 	// api.WatchWriter.
 	mux.Handle(shardstockv1connect.InventoryServiceWatchStockProcedure, api.Admit(admit, api.WatchWriter(invHandler), metrics.Refused))
+	mux.Handle(shardstockv1connect.InventoryServiceWatchTicketProcedure, api.Admit(admit, api.WatchWriter(invHandler), metrics.Refused))
 	adminPath, adminHandler := shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes, Catalog: proc.DBs, Warmer: w.alloc, Metrics: proc.Registry},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.AuditAdmin(log)))...)
 	mux.Handle(adminPath, api.Admit(admit, adminHandler, metrics.Refused))

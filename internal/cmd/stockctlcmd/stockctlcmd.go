@@ -87,6 +87,11 @@ commands:
   operation SKU KEY                      the first answer to an idempotency key
   order ORDER_ID | order -key KEY        an order (docs/orders.md): its state and lines
   create-sku SKU -stock N [-shards N -max-per-order N -customer-limit N -ttl D]
+                 [-admission tokens -token-ttl D -waitlist-max N -tokens-per-customer N]
+  request-token SKU -key K [-quantity N -customer C]
+                                         a purchase token, or a ticket in the waitlist (docs/admission.md)
+  ticket TICKET_ID | ticket -sku SKU -key KEY
+                                         a ticket: WAITING and its position, ADMITTED and its token, ...
   update-sku SKU [-paused=true|false -max-per-order N -customer-limit N -auto-shards=true|false
                  -sale-start T -sale-end T -clear-sale-window]
                                          T: RFC 3339 (2026-12-24T18:00:00Z) or +DURATION from now
@@ -288,6 +293,8 @@ func init() {
 		"bump-etcd-revision": cmdBumpEtcdRevision,
 		"skus":               cmdSKUs,
 		"prewarm":            cmdPrewarm,
+		"request-token":      cmdRequestToken,
+		"ticket":             cmdTicket,
 	}
 }
 
@@ -347,6 +354,9 @@ func stockTable(w *tabwriter.Writer, st *v1.Stock) {
 	fmt.Fprintf(w, "SKU\tSTATUS\tAVAILABLE\tRESERVED\tSOLD\tIN TRANSIT\tSHARDS IN SERVICE\n")
 	fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", st.GetSku(), strings.TrimPrefix(st.GetStatus().String(), "SKU_STATUS_"),
 		st.GetAvailable(), st.GetReserved(), st.GetSold(), st.GetInTransit(), st.GetShardsInService())
+	if st.GetTokensOutstanding() != 0 || st.GetWaitlistLength() != 0 {
+		fmt.Fprintf(w, "\nTOKENS OUTSTANDING\tWAITLIST\n%d\t%d\n", st.GetTokensOutstanding(), st.GetWaitlistLength())
+	}
 	fmt.Fprintf(w, "\nSHARD\tSTATE\tSERVER\tAVAILABLE\tRESERVED\tSOLD\tHALTED\n")
 	for _, sh := range st.GetShards() {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%d\t%d\t%s\n", sh.GetIndex(), strings.TrimPrefix(sh.GetState().String(), "SHARD_STATE_"),
@@ -433,6 +443,7 @@ func cmdCreateSKU(ctx context.Context, c *cli, args []string) error {
 	maxPer := fs.Int64("max-per-order", 0, "")
 	limit := fs.Int64("customer-limit", 0, "")
 	ttl := fs.Duration("ttl", 0, "")
+	adm := addAdmissionFlags(fs)
 	pos, err := parse(fs, args, 1, "SKU -stock N")
 	if err != nil {
 		return err
@@ -441,6 +452,9 @@ func cmdCreateSKU(ctx context.Context, c *cli, args []string) error {
 		return usagef("create-sku: -stock N is required")
 	}
 	m := &v1.CreateSkuRequest{Sku: pos[0], InitialStock: *initial, Shards: int32(*shards), MaxPerOrder: *maxPer, CustomerLimit: *limit}
+	if m.Admission, err = adm.admission(); err != nil {
+		return err
+	}
 	if *ttl > 0 {
 		m.ReservationTtl = durationpb.New(*ttl)
 	}

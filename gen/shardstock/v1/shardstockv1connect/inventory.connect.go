@@ -72,6 +72,18 @@ const (
 	// InventoryServiceGetOrderProcedure is the fully-qualified name of the InventoryService's GetOrder
 	// RPC.
 	InventoryServiceGetOrderProcedure = "/shardstock.v1.InventoryService/GetOrder"
+	// InventoryServiceRequestTokenProcedure is the fully-qualified name of the InventoryService's
+	// RequestToken RPC.
+	InventoryServiceRequestTokenProcedure = "/shardstock.v1.InventoryService/RequestToken"
+	// InventoryServiceGetTicketProcedure is the fully-qualified name of the InventoryService's
+	// GetTicket RPC.
+	InventoryServiceGetTicketProcedure = "/shardstock.v1.InventoryService/GetTicket"
+	// InventoryServiceCancelTicketProcedure is the fully-qualified name of the InventoryService's
+	// CancelTicket RPC.
+	InventoryServiceCancelTicketProcedure = "/shardstock.v1.InventoryService/CancelTicket"
+	// InventoryServiceWatchTicketProcedure is the fully-qualified name of the InventoryService's
+	// WatchTicket RPC.
+	InventoryServiceWatchTicketProcedure = "/shardstock.v1.InventoryService/WatchTicket"
 )
 
 // InventoryServiceClient is a client for the shardstock.v1.InventoryService service.
@@ -114,6 +126,21 @@ type InventoryServiceClient interface {
 	ReleaseOrder(context.Context, *connect.Request[v1.ReleaseOrderRequest]) (*connect.Response[v1.ReleaseOrderResponse], error)
 	// GetOrder reads an order by id or by its idempotency key.
 	GetOrder(context.Context, *connect.Request[v1.GetOrderRequest]) (*connect.Response[v1.GetOrderResponse], error)
+	// RequestToken asks for a purchase token of a SKU under admission: a
+	// token while units are free and no ticket waits, else a ticket in the
+	// SKU's waitlist; OUT_OF_STOCK once the SKU is sold out for good,
+	// WAITLIST_FULL at its waitlist_max, CUSTOMER_LIMIT_REACHED past its
+	// tokens_per_customer. Idempotent by idempotency_key: the same token or
+	// ticket (docs/admission.md).
+	RequestToken(context.Context, *connect.Request[v1.RequestTokenRequest]) (*connect.Response[v1.RequestTokenResponse], error)
+	// GetTicket reads a ticket by id or by sku and idempotency key.
+	GetTicket(context.Context, *connect.Request[v1.GetTicketRequest]) (*connect.Response[v1.GetTicketResponse], error)
+	// CancelTicket takes a waiting ticket out of the waitlist; a ticket that
+	// ended already is answered as it ended.
+	CancelTicket(context.Context, *connect.Request[v1.CancelTicketRequest]) (*connect.Response[v1.CancelTicketResponse], error)
+	// WatchTicket streams a ticket: as it is, then each change of position
+	// or state, and ends once the ticket is no longer WAITING.
+	WatchTicket(context.Context, *connect.Request[v1.WatchTicketRequest]) (*connect.ServerStreamForClient[v1.WatchTicketResponse], error)
 }
 
 // NewInventoryServiceClient constructs a client for the shardstock.v1.InventoryService service. By
@@ -214,6 +241,31 @@ func NewInventoryServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		requestToken: connect.NewClient[v1.RequestTokenRequest, v1.RequestTokenResponse](
+			httpClient,
+			baseURL+InventoryServiceRequestTokenProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("RequestToken")),
+			connect.WithClientOptions(opts...),
+		),
+		getTicket: connect.NewClient[v1.GetTicketRequest, v1.GetTicketResponse](
+			httpClient,
+			baseURL+InventoryServiceGetTicketProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("GetTicket")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		cancelTicket: connect.NewClient[v1.CancelTicketRequest, v1.CancelTicketResponse](
+			httpClient,
+			baseURL+InventoryServiceCancelTicketProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("CancelTicket")),
+			connect.WithClientOptions(opts...),
+		),
+		watchTicket: connect.NewClient[v1.WatchTicketRequest, v1.WatchTicketResponse](
+			httpClient,
+			baseURL+InventoryServiceWatchTicketProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("WatchTicket")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -233,6 +285,10 @@ type inventoryServiceClient struct {
 	commitOrder       *connect.Client[v1.CommitOrderRequest, v1.CommitOrderResponse]
 	releaseOrder      *connect.Client[v1.ReleaseOrderRequest, v1.ReleaseOrderResponse]
 	getOrder          *connect.Client[v1.GetOrderRequest, v1.GetOrderResponse]
+	requestToken      *connect.Client[v1.RequestTokenRequest, v1.RequestTokenResponse]
+	getTicket         *connect.Client[v1.GetTicketRequest, v1.GetTicketResponse]
+	cancelTicket      *connect.Client[v1.CancelTicketRequest, v1.CancelTicketResponse]
+	watchTicket       *connect.Client[v1.WatchTicketRequest, v1.WatchTicketResponse]
 }
 
 // Reserve calls shardstock.v1.InventoryService.Reserve.
@@ -305,6 +361,26 @@ func (c *inventoryServiceClient) GetOrder(ctx context.Context, req *connect.Requ
 	return c.getOrder.CallUnary(ctx, req)
 }
 
+// RequestToken calls shardstock.v1.InventoryService.RequestToken.
+func (c *inventoryServiceClient) RequestToken(ctx context.Context, req *connect.Request[v1.RequestTokenRequest]) (*connect.Response[v1.RequestTokenResponse], error) {
+	return c.requestToken.CallUnary(ctx, req)
+}
+
+// GetTicket calls shardstock.v1.InventoryService.GetTicket.
+func (c *inventoryServiceClient) GetTicket(ctx context.Context, req *connect.Request[v1.GetTicketRequest]) (*connect.Response[v1.GetTicketResponse], error) {
+	return c.getTicket.CallUnary(ctx, req)
+}
+
+// CancelTicket calls shardstock.v1.InventoryService.CancelTicket.
+func (c *inventoryServiceClient) CancelTicket(ctx context.Context, req *connect.Request[v1.CancelTicketRequest]) (*connect.Response[v1.CancelTicketResponse], error) {
+	return c.cancelTicket.CallUnary(ctx, req)
+}
+
+// WatchTicket calls shardstock.v1.InventoryService.WatchTicket.
+func (c *inventoryServiceClient) WatchTicket(ctx context.Context, req *connect.Request[v1.WatchTicketRequest]) (*connect.ServerStreamForClient[v1.WatchTicketResponse], error) {
+	return c.watchTicket.CallServerStream(ctx, req)
+}
+
 // InventoryServiceHandler is an implementation of the shardstock.v1.InventoryService service.
 type InventoryServiceHandler interface {
 	// Reserve holds quantity units for ttl (the SKU's default when unset).
@@ -345,6 +421,21 @@ type InventoryServiceHandler interface {
 	ReleaseOrder(context.Context, *connect.Request[v1.ReleaseOrderRequest]) (*connect.Response[v1.ReleaseOrderResponse], error)
 	// GetOrder reads an order by id or by its idempotency key.
 	GetOrder(context.Context, *connect.Request[v1.GetOrderRequest]) (*connect.Response[v1.GetOrderResponse], error)
+	// RequestToken asks for a purchase token of a SKU under admission: a
+	// token while units are free and no ticket waits, else a ticket in the
+	// SKU's waitlist; OUT_OF_STOCK once the SKU is sold out for good,
+	// WAITLIST_FULL at its waitlist_max, CUSTOMER_LIMIT_REACHED past its
+	// tokens_per_customer. Idempotent by idempotency_key: the same token or
+	// ticket (docs/admission.md).
+	RequestToken(context.Context, *connect.Request[v1.RequestTokenRequest]) (*connect.Response[v1.RequestTokenResponse], error)
+	// GetTicket reads a ticket by id or by sku and idempotency key.
+	GetTicket(context.Context, *connect.Request[v1.GetTicketRequest]) (*connect.Response[v1.GetTicketResponse], error)
+	// CancelTicket takes a waiting ticket out of the waitlist; a ticket that
+	// ended already is answered as it ended.
+	CancelTicket(context.Context, *connect.Request[v1.CancelTicketRequest]) (*connect.Response[v1.CancelTicketResponse], error)
+	// WatchTicket streams a ticket: as it is, then each change of position
+	// or state, and ends once the ticket is no longer WAITING.
+	WatchTicket(context.Context, *connect.Request[v1.WatchTicketRequest], *connect.ServerStream[v1.WatchTicketResponse]) error
 }
 
 // NewInventoryServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -441,6 +532,31 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	inventoryServiceRequestTokenHandler := connect.NewUnaryHandler(
+		InventoryServiceRequestTokenProcedure,
+		svc.RequestToken,
+		connect.WithSchema(inventoryServiceMethods.ByName("RequestToken")),
+		connect.WithHandlerOptions(opts...),
+	)
+	inventoryServiceGetTicketHandler := connect.NewUnaryHandler(
+		InventoryServiceGetTicketProcedure,
+		svc.GetTicket,
+		connect.WithSchema(inventoryServiceMethods.ByName("GetTicket")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	inventoryServiceCancelTicketHandler := connect.NewUnaryHandler(
+		InventoryServiceCancelTicketProcedure,
+		svc.CancelTicket,
+		connect.WithSchema(inventoryServiceMethods.ByName("CancelTicket")),
+		connect.WithHandlerOptions(opts...),
+	)
+	inventoryServiceWatchTicketHandler := connect.NewServerStreamHandler(
+		InventoryServiceWatchTicketProcedure,
+		svc.WatchTicket,
+		connect.WithSchema(inventoryServiceMethods.ByName("WatchTicket")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.InventoryService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case InventoryServiceReserveProcedure:
@@ -471,6 +587,14 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 			inventoryServiceReleaseOrderHandler.ServeHTTP(w, r)
 		case InventoryServiceGetOrderProcedure:
 			inventoryServiceGetOrderHandler.ServeHTTP(w, r)
+		case InventoryServiceRequestTokenProcedure:
+			inventoryServiceRequestTokenHandler.ServeHTTP(w, r)
+		case InventoryServiceGetTicketProcedure:
+			inventoryServiceGetTicketHandler.ServeHTTP(w, r)
+		case InventoryServiceCancelTicketProcedure:
+			inventoryServiceCancelTicketHandler.ServeHTTP(w, r)
+		case InventoryServiceWatchTicketProcedure:
+			inventoryServiceWatchTicketHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -534,4 +658,20 @@ func (UnimplementedInventoryServiceHandler) ReleaseOrder(context.Context, *conne
 
 func (UnimplementedInventoryServiceHandler) GetOrder(context.Context, *connect.Request[v1.GetOrderRequest]) (*connect.Response[v1.GetOrderResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.GetOrder is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) RequestToken(context.Context, *connect.Request[v1.RequestTokenRequest]) (*connect.Response[v1.RequestTokenResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.RequestToken is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) GetTicket(context.Context, *connect.Request[v1.GetTicketRequest]) (*connect.Response[v1.GetTicketResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.GetTicket is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) CancelTicket(context.Context, *connect.Request[v1.CancelTicketRequest]) (*connect.Response[v1.CancelTicketResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.CancelTicket is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) WatchTicket(context.Context, *connect.Request[v1.WatchTicketRequest], *connect.ServerStream[v1.WatchTicketResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.WatchTicket is not implemented"))
 }

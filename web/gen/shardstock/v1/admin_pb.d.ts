@@ -4,7 +4,7 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { MoveLease, Operation, SkuStatus, Stock, Transfer, TransferState } from "./types_pb.js";
+import type { Admission, MoveLease, Operation, SkuStatus, Stock, Transfer, TransferState } from "./types_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 
 /**
@@ -87,6 +87,14 @@ export declare type SkuConfig = Message<"shardstock.v1.SkuConfig"> & {
    * @generated from field: bool one_per_order = 11;
    */
   onePerOrder: boolean;
+
+  /**
+   * Admission: when set (mode not UNSPECIFIED) the SKU sells only through
+   * purchase tokens (InventoryService.RequestToken; docs/admission.md).
+   *
+   * @generated from field: shardstock.v1.Admission admission = 12;
+   */
+  admission?: Admission | undefined;
 };
 
 /**
@@ -152,6 +160,13 @@ export declare type CreateSkuRequest = Message<"shardstock.v1.CreateSkuRequest">
    * @generated from field: bool one_per_order = 10;
    */
   onePerOrder: boolean;
+
+  /**
+   * Absent: the SKU sells without admission (Reserve and Deduct).
+   *
+   * @generated from field: shardstock.v1.Admission admission = 11;
+   */
+  admission?: Admission | undefined;
 };
 
 /**
@@ -243,6 +258,14 @@ export declare type UpdateSkuRequest = Message<"shardstock.v1.UpdateSkuRequest">
    * @generated from field: optional bool one_per_order = 10;
    */
   onePerOrder?: boolean | undefined;
+
+  /**
+   * Replace the SKU's admission; mode ADMISSION_MODE_UNSPECIFIED turns it
+   * off. Absent: unchanged.
+   *
+   * @generated from field: shardstock.v1.Admission admission = 11;
+   */
+  admission?: Admission | undefined;
 };
 
 /**

@@ -5,7 +5,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Duration } from "@bufbuild/protobuf/wkt";
-import type { Operation, Order, OrderLine, Reservation, Sale, Stock } from "./types_pb.js";
+import type { Operation, Order, OrderLine, Reservation, Sale, Stock, Ticket, Token } from "./types_pb.js";
 
 /**
  * Describes the file shardstock/v1/inventory.proto.
@@ -665,6 +665,175 @@ export declare type GetOrderResponse = Message<"shardstock.v1.GetOrderResponse">
 export declare const GetOrderResponseSchema: GenMessage<GetOrderResponse>;
 
 /**
+ * @generated from message shardstock.v1.RequestTokenRequest
+ */
+export declare type RequestTokenRequest = Message<"shardstock.v1.RequestTokenRequest"> & {
+  /**
+   * @generated from field: string sku = 1;
+   */
+  sku: string;
+
+  /**
+   * @generated from field: int64 quantity = 2;
+   */
+  quantity: bigint;
+
+  /**
+   * @generated from field: string idempotency_key = 3;
+   */
+  idempotencyKey: string;
+
+  /**
+   * Required under tokens_per_customer; a verified customer's own.
+   *
+   * @generated from field: string customer_ref = 4;
+   */
+  customerRef: string;
+};
+
+/**
+ * Describes the message shardstock.v1.RequestTokenRequest.
+ * Use `create(RequestTokenRequestSchema)` to create a new message.
+ */
+export declare const RequestTokenRequestSchema: GenMessage<RequestTokenRequest>;
+
+/**
+ * @generated from message shardstock.v1.RequestTokenResponse
+ */
+export declare type RequestTokenResponse = Message<"shardstock.v1.RequestTokenResponse"> & {
+  /**
+   * One of the two: a token, or a ticket in the waitlist.
+   *
+   * @generated from field: shardstock.v1.Token token = 1;
+   */
+  token?: Token | undefined;
+
+  /**
+   * @generated from field: shardstock.v1.Ticket ticket = 2;
+   */
+  ticket?: Ticket | undefined;
+
+  /**
+   * @generated from field: bool replayed = 3;
+   */
+  replayed: boolean;
+};
+
+/**
+ * Describes the message shardstock.v1.RequestTokenResponse.
+ * Use `create(RequestTokenResponseSchema)` to create a new message.
+ */
+export declare const RequestTokenResponseSchema: GenMessage<RequestTokenResponse>;
+
+/**
+ * @generated from message shardstock.v1.GetTicketRequest
+ */
+export declare type GetTicketRequest = Message<"shardstock.v1.GetTicketRequest"> & {
+  /**
+   * ticket_id, or sku and idempotency_key.
+   *
+   * @generated from field: string ticket_id = 1;
+   */
+  ticketId: string;
+
+  /**
+   * @generated from field: string sku = 2;
+   */
+  sku: string;
+
+  /**
+   * @generated from field: string idempotency_key = 3;
+   */
+  idempotencyKey: string;
+};
+
+/**
+ * Describes the message shardstock.v1.GetTicketRequest.
+ * Use `create(GetTicketRequestSchema)` to create a new message.
+ */
+export declare const GetTicketRequestSchema: GenMessage<GetTicketRequest>;
+
+/**
+ * @generated from message shardstock.v1.GetTicketResponse
+ */
+export declare type GetTicketResponse = Message<"shardstock.v1.GetTicketResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Ticket ticket = 1;
+   */
+  ticket?: Ticket | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.GetTicketResponse.
+ * Use `create(GetTicketResponseSchema)` to create a new message.
+ */
+export declare const GetTicketResponseSchema: GenMessage<GetTicketResponse>;
+
+/**
+ * @generated from message shardstock.v1.CancelTicketRequest
+ */
+export declare type CancelTicketRequest = Message<"shardstock.v1.CancelTicketRequest"> & {
+  /**
+   * @generated from field: string ticket_id = 1;
+   */
+  ticketId: string;
+};
+
+/**
+ * Describes the message shardstock.v1.CancelTicketRequest.
+ * Use `create(CancelTicketRequestSchema)` to create a new message.
+ */
+export declare const CancelTicketRequestSchema: GenMessage<CancelTicketRequest>;
+
+/**
+ * @generated from message shardstock.v1.CancelTicketResponse
+ */
+export declare type CancelTicketResponse = Message<"shardstock.v1.CancelTicketResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Ticket ticket = 1;
+   */
+  ticket?: Ticket | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.CancelTicketResponse.
+ * Use `create(CancelTicketResponseSchema)` to create a new message.
+ */
+export declare const CancelTicketResponseSchema: GenMessage<CancelTicketResponse>;
+
+/**
+ * @generated from message shardstock.v1.WatchTicketRequest
+ */
+export declare type WatchTicketRequest = Message<"shardstock.v1.WatchTicketRequest"> & {
+  /**
+   * @generated from field: string ticket_id = 1;
+   */
+  ticketId: string;
+};
+
+/**
+ * Describes the message shardstock.v1.WatchTicketRequest.
+ * Use `create(WatchTicketRequestSchema)` to create a new message.
+ */
+export declare const WatchTicketRequestSchema: GenMessage<WatchTicketRequest>;
+
+/**
+ * @generated from message shardstock.v1.WatchTicketResponse
+ */
+export declare type WatchTicketResponse = Message<"shardstock.v1.WatchTicketResponse"> & {
+  /**
+   * @generated from field: shardstock.v1.Ticket ticket = 1;
+   */
+  ticket?: Ticket | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.WatchTicketResponse.
+ * Use `create(WatchTicketResponseSchema)` to create a new message.
+ */
+export declare const WatchTicketResponseSchema: GenMessage<WatchTicketResponse>;
+
+/**
  * StockEvent says what a WatchStock message reports.
  *
  * @generated from enum shardstock.v1.StockEvent
@@ -867,6 +1036,53 @@ export declare const InventoryService: GenService<{
     methodKind: "unary";
     input: typeof GetOrderRequestSchema;
     output: typeof GetOrderResponseSchema;
+  },
+  /**
+   * RequestToken asks for a purchase token of a SKU under admission: a
+   * token while units are free and no ticket waits, else a ticket in the
+   * SKU's waitlist; OUT_OF_STOCK once the SKU is sold out for good,
+   * WAITLIST_FULL at its waitlist_max, CUSTOMER_LIMIT_REACHED past its
+   * tokens_per_customer. Idempotent by idempotency_key: the same token or
+   * ticket (docs/admission.md).
+   *
+   * @generated from rpc shardstock.v1.InventoryService.RequestToken
+   */
+  requestToken: {
+    methodKind: "unary";
+    input: typeof RequestTokenRequestSchema;
+    output: typeof RequestTokenResponseSchema;
+  },
+  /**
+   * GetTicket reads a ticket by id or by sku and idempotency key.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.GetTicket
+   */
+  getTicket: {
+    methodKind: "unary";
+    input: typeof GetTicketRequestSchema;
+    output: typeof GetTicketResponseSchema;
+  },
+  /**
+   * CancelTicket takes a waiting ticket out of the waitlist; a ticket that
+   * ended already is answered as it ended.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.CancelTicket
+   */
+  cancelTicket: {
+    methodKind: "unary";
+    input: typeof CancelTicketRequestSchema;
+    output: typeof CancelTicketResponseSchema;
+  },
+  /**
+   * WatchTicket streams a ticket: as it is, then each change of position
+   * or state, and ends once the ticket is no longer WAITING.
+   *
+   * @generated from rpc shardstock.v1.InventoryService.WatchTicket
+   */
+  watchTicket: {
+    methodKind: "server_streaming";
+    input: typeof WatchTicketRequestSchema;
+    output: typeof WatchTicketResponseSchema;
   },
 }>;
 

@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { Timestamp } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 
 /**
  * Describes the file shardstock/v1/types.proto.
@@ -284,6 +284,19 @@ export declare type Stock = Message<"shardstock.v1.Stock"> & {
    * @generated from field: shardstock.v1.MoveLease mover = 10;
    */
   mover?: MoveLease | undefined;
+
+  /**
+   * Under admission: units held by tokens not yet committed, released or
+   * expired, and the number of tickets waiting.
+   *
+   * @generated from field: int64 tokens_outstanding = 11;
+   */
+  tokensOutstanding: bigint;
+
+  /**
+   * @generated from field: int64 waitlist_length = 12;
+   */
+  waitlistLength: bigint;
 };
 
 /**
@@ -510,6 +523,146 @@ export declare type Order = Message<"shardstock.v1.Order"> & {
  * Use `create(OrderSchema)` to create a new message.
  */
 export declare const OrderSchema: GenMessage<Order>;
+
+/**
+ * Admission is a SKU's admission configuration (docs/admission.md).
+ *
+ * @generated from message shardstock.v1.Admission
+ */
+export declare type Admission = Message<"shardstock.v1.Admission"> & {
+  /**
+   * @generated from field: shardstock.v1.AdmissionMode mode = 1;
+   */
+  mode: AdmissionMode;
+
+  /**
+   * How long a token holds its units: 1 s to 24 h; unset: the SKU's
+   * reservation_ttl.
+   *
+   * @generated from field: google.protobuf.Duration token_ttl = 2;
+   */
+  tokenTtl?: Duration | undefined;
+
+  /**
+   * The most tickets that may wait at once: 0 to 1,000,000 (0: none wait,
+   * a request finding no free unit is refused WAITLIST_FULL).
+   *
+   * @generated from field: int64 waitlist_max = 3;
+   */
+  waitlistMax: bigint;
+
+  /**
+   * The most tokens and waiting tickets one verified customer may hold of
+   * the SKU: 0 (no limit) to 1,000.
+   *
+   * @generated from field: int64 tokens_per_customer = 4;
+   */
+  tokensPerCustomer: bigint;
+
+  /**
+   * When a draw's registration closes (ADMISSION_MODE_DRAW only).
+   *
+   * @generated from field: google.protobuf.Timestamp draw_at = 5;
+   */
+  drawAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.Admission.
+ * Use `create(AdmissionSchema)` to create a new message.
+ */
+export declare const AdmissionSchema: GenMessage<Admission>;
+
+/**
+ * Token is a purchase token: a reservation (token_id is its reservation id)
+ * that Commit buys and Release gives back, and that expires like any hold.
+ *
+ * @generated from message shardstock.v1.Token
+ */
+export declare type Token = Message<"shardstock.v1.Token"> & {
+  /**
+   * @generated from field: string token_id = 1;
+   */
+  tokenId: string;
+
+  /**
+   * @generated from field: string sku = 2;
+   */
+  sku: string;
+
+  /**
+   * @generated from field: int64 quantity = 3;
+   */
+  quantity: bigint;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp expires_at = 4;
+   */
+  expiresAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.Token.
+ * Use `create(TokenSchema)` to create a new message.
+ */
+export declare const TokenSchema: GenMessage<Token>;
+
+/**
+ * Ticket is a place in a SKU's waitlist.
+ *
+ * @generated from message shardstock.v1.Ticket
+ */
+export declare type Ticket = Message<"shardstock.v1.Ticket"> & {
+  /**
+   * @generated from field: string ticket_id = 1;
+   */
+  ticketId: string;
+
+  /**
+   * @generated from field: string sku = 2;
+   */
+  sku: string;
+
+  /**
+   * @generated from field: int64 quantity = 3;
+   */
+  quantity: bigint;
+
+  /**
+   * @generated from field: shardstock.v1.TicketState state = 4;
+   */
+  state: TicketState;
+
+  /**
+   * While WAITING: the tickets waiting before this one (0: next).
+   *
+   * @generated from field: int64 position = 5;
+   */
+  position: bigint;
+
+  /**
+   * Set once ADMITTED.
+   *
+   * @generated from field: shardstock.v1.Token token = 6;
+   */
+  token?: Token | undefined;
+
+  /**
+   * @generated from field: string idempotency_key = 7;
+   */
+  idempotencyKey: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp created_at = 8;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message shardstock.v1.Ticket.
+ * Use `create(TicketSchema)` to create a new message.
+ */
+export declare const TicketSchema: GenMessage<Ticket>;
 
 /**
  * ReservationState is where a reservation is in its life. A reservation ends
@@ -752,4 +905,83 @@ export enum OrderState {
  * Describes the enum shardstock.v1.OrderState.
  */
 export declare const OrderStateSchema: GenEnum<OrderState>;
+
+/**
+ * AdmissionMode is how a SKU under admission hands out purchase tokens.
+ *
+ * @generated from enum shardstock.v1.AdmissionMode
+ */
+export enum AdmissionMode {
+  /**
+   * No admission: Reserve and Deduct sell as for any SKU.
+   *
+   * @generated from enum value: ADMISSION_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * First come, first served: a token while units are free, else a ticket
+   * in the waitlist.
+   *
+   * @generated from enum value: ADMISSION_MODE_TOKENS = 1;
+   */
+  TOKENS = 1,
+
+  /**
+   * A draw among registrations (not built yet: refused INVALID_ARGUMENT).
+   *
+   * @generated from enum value: ADMISSION_MODE_DRAW = 2;
+   */
+  DRAW = 2,
+}
+
+/**
+ * Describes the enum shardstock.v1.AdmissionMode.
+ */
+export declare const AdmissionModeSchema: GenEnum<AdmissionMode>;
+
+/**
+ * TicketState is where a waitlist ticket is.
+ *
+ * @generated from enum shardstock.v1.TicketState
+ */
+export enum TicketState {
+  /**
+   * @generated from enum value: TICKET_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Waiting for units to come back; position says how many wait before it.
+   *
+   * @generated from enum value: TICKET_STATE_WAITING = 1;
+   */
+  WAITING = 1,
+
+  /**
+   * Units came back for it: the ticket holds a token.
+   *
+   * @generated from enum value: TICKET_STATE_ADMITTED = 2;
+   */
+  ADMITTED = 2,
+
+  /**
+   * The SKU sold out for good while the ticket waited.
+   *
+   * @generated from enum value: TICKET_STATE_SOLD_OUT = 3;
+   */
+  SOLD_OUT = 3,
+
+  /**
+   * CancelTicket took it out of the waitlist.
+   *
+   * @generated from enum value: TICKET_STATE_CANCELLED = 4;
+   */
+  CANCELLED = 4,
+}
+
+/**
+ * Describes the enum shardstock.v1.TicketState.
+ */
+export declare const TicketStateSchema: GenEnum<TicketState>;
 

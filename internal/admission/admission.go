@@ -1,0 +1,337 @@
+// Package admission sells a SKU under admission through purchase tokens
+// and a waitlist (docs/admission.md). A token is a reservation taken
+// through the allocator like every other hold, with a key derived from its
+// ticket (stock.TicketKey), so the shard servers' writers keep the
+// invariants (no oversell, at most once, every change in the ledger)
+// without a rule of their own. Every request for a token is a ticket in
+// the admission store, in order of arrival; the tickets that found no free
+// unit wait, and the Worker admits them as units come back, one SKU in one
+// process at a time under an etcd lease.
+package admission
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Store keeps the tickets (internal/postgres).
+type Store interface {
+	EnterTicket(ctx context.Context, t stock.Ticket, params []byte, waitlistMax, perCustomer int64,
+		free func(context.Context) (int64, bool, error)) (*stock.Ticket, bool, error)
+	WaitTicket(ctx context.Context, id string, waitlistMax int64) (*stock.Ticket, error)
+	DropTicket(ctx context.Context, id string) error
+	ClaimTicket(ctx context.Context, id string) (bool, error)
+	AdmitTicket(ctx context.Context, id, tokenID string, expiresAt time.Time, direct bool) (*stock.Ticket, error)
+	CancelTicket(ctx context.Context, id string) (*stock.Ticket, error)
+	SoldOutTicket(ctx context.Context, id string) (*stock.Ticket, error)
+	SoldOutWaiting(ctx context.Context, sku string) (int64, error)
+	GetTicket(ctx context.Context, id string) (*stock.Ticket, error)
+	GetTicketByKey(ctx context.Context, sku, key string) (*stock.Ticket, error)
+	OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, error)
+	OpenTicketSKUs(ctx context.Context, limit int) ([]string, error)
+	WaitingCount(ctx context.Context, sku string) (int64, error)
+	WaitingTotal(ctx context.Context) (int64, error)
+}
+
+// Seller takes and gives back holds (the allocator).
+type Seller interface {
+	Allocate(ctx context.Context, r *stock.Request) stock.Result
+	EndReservation(ctx context.Context, r *stock.Request) stock.Result
+	SKU(ctx context.Context, name string) (*stock.SKU, error)
+	// Availability reads the SKU's units available and whether it is sold
+	// out for good, in one snapshot (the allocator's sold-out check).
+	Availability(ctx context.Context, sku string) (available int64, soldOut bool, err error)
+}
+
+// Service answers the admission calls of InventoryService.
+type Service struct {
+	store   Store
+	seller  Seller
+	metrics *metrics
+	// AfterReserve, for tests, runs between a ticket's reserve and its
+	// mark: an error stops the admission there, as a crash would.
+	AfterReserve func(t *stock.Ticket) error
+}
+
+// New returns a Service; reg, when set, receives its metrics.
+func New(store Store, seller Seller, reg prometheus.Registerer) *Service {
+	return &Service{store: store, seller: seller, metrics: newMetrics(reg, store)}
+}
+
+// TokenRequest is a RequestToken call.
+type TokenRequest struct {
+	SKU         string
+	Quantity    int64
+	Key         string
+	CustomerRef string // the verified customer's, when there is one
+	Caller      string // for the ledger (stock.Request.Caller)
+}
+
+// Answer is RequestToken's answer: the ticket, ADMITTED (its token) or
+// WAITING (its position).
+type Answer struct {
+	Ticket   *stock.Ticket
+	Replayed bool
+}
+
+// RequestToken answers a token while units are free and no ticket waits,
+// else a ticket in the waitlist; OUT_OF_STOCK once the SKU is sold out for
+// good; WAITLIST_FULL at waitlist_max.
+func (s *Service) RequestToken(ctx context.Context, r TokenRequest) (Answer, error) {
+	sku, err := s.validate(ctx, r)
+	if err != nil {
+		return Answer{}, err
+	}
+	ad := sku.Admission
+	t, replayed, err := s.store.EnterTicket(ctx, stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef},
+		paramsHash(r), ad.WaitlistMax, ad.TokensPerCustomer, func(ctx context.Context) (int64, bool, error) {
+			return s.seller.Availability(ctx, r.SKU)
+		})
+	if err != nil {
+		return Answer{}, err
+	}
+	if !replayed && t.State == stock.TicketWaiting {
+		s.metrics.waiting.Inc()
+	}
+	if t.State == stock.TicketPending {
+		// New, or a retry of a request that did not finish (its reserve
+		// in doubt): the reserve's key is the ticket's, so a retry cannot
+		// take a second hold.
+		t, err = s.serve(ctx, t, sku, r.Caller)
+		if err != nil {
+			return Answer{}, err
+		}
+	}
+	return answer(t, replayed)
+}
+
+// answer turns a ticket into RequestToken's answer: a sold-out ticket is
+// OUT_OF_STOCK, as when it was first answered.
+func answer(t *stock.Ticket, replayed bool) (Answer, error) {
+	if t.State == stock.TicketSoldOut {
+		return Answer{}, stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", t.SKU)
+	}
+	return Answer{Ticket: t, Replayed: replayed}, nil
+}
+
+// validate checks a request's shape and the SKU's admission; every refusal
+// here changes nothing.
+func (s *Service) validate(ctx context.Context, r TokenRequest) (*stock.SKU, error) {
+	if err := stock.ValidateSKU(r.SKU); err != nil {
+		return nil, err
+	}
+	if err := stock.ValidateQuantity(r.Quantity); err != nil {
+		return nil, err
+	}
+	if err := stock.ValidateKey(r.Key); err != nil {
+		return nil, err
+	}
+	if err := stock.ValidateText("customer_ref", r.CustomerRef, stock.RefLenMax); err != nil {
+		return nil, err
+	}
+	sku, err := s.seller.SKU(ctx, r.SKU)
+	if err != nil {
+		return nil, err
+	}
+	switch ad := sku.Admission; {
+	case !ad.On():
+		return nil, stock.Errorf(stock.CodeInvalidArgument, "sku %q is not under admission: use Reserve", r.SKU)
+	case ad.TokensPerCustomer > 0 && r.CustomerRef == "":
+		return nil, stock.Errorf(stock.CodeCustomerRefRequired, "sku %q has tokens_per_customer: customer_ref is required", r.SKU)
+	case sku.MaxPerOrder > 0 && r.Quantity > sku.MaxPerOrder:
+		// Refused now, not when the ticket's turn comes.
+		return nil, stock.Errorf(stock.CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order")
+	}
+	return sku, nil
+}
+
+// paramsHash names what a key was first used for: the same key with
+// another quantity or customer is IDEMPOTENCY_KEY_REUSED.
+func paramsHash(r TokenRequest) []byte {
+	h := sha256.New()
+	h.Write(binary.BigEndian.AppendUint64(nil, uint64(r.Quantity)))
+	h.Write([]byte(r.CustomerRef))
+	return h.Sum(nil)
+}
+
+// serve tries to admit a PENDING ticket at once. No unit free: the ticket
+// waits (or the SKU is sold out for good, or the waitlist is full). A
+// definite refusal forgets the ticket; any other failure leaves it PENDING
+// for a retry of its key or the worker (which takes it once it is
+// pendingStale old).
+func (s *Service) serve(ctx context.Context, t *stock.Ticket, sku *stock.SKU, caller string) (*stock.Ticket, error) {
+	got, res := s.admit(ctx, t, sku, caller, true)
+	if res.Err == nil {
+		return got, nil
+	}
+	switch code := res.Err.Code; {
+	case code == stock.CodeOutOfStock:
+		gone, err := s.soldOutForGood(ctx, t.SKU)
+		if err != nil {
+			return nil, err
+		}
+		if gone {
+			return s.store.SoldOutTicket(ctx, t.ID)
+		}
+		w, err := s.store.WaitTicket(ctx, t.ID, sku.Admission.WaitlistMax)
+		if err == nil && w.State == stock.TicketWaiting {
+			s.metrics.waiting.Inc()
+		}
+		return w, err
+	case code.Definite():
+		if err := s.store.DropTicket(ctx, t.ID); err != nil {
+			return nil, err
+		}
+	}
+	return nil, res.Err
+}
+
+// admit reserves t's units with the ticket's own key and the SKU's token
+// TTL, then marks the ticket ADMITTED with that token. The reserve comes
+// first: a crash between the two leaves a hold that the next attempt
+// (same key) gets back as a replay, never a second one. A ticket that
+// ended meanwhile (cancelled) gives its token back.
+func (s *Service) admit(ctx context.Context, t *stock.Ticket, sku *stock.SKU, caller string, direct bool) (*stock.Ticket, stock.Result) {
+	res := s.seller.Allocate(ctx, &stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: t.SKU}, Quantity: t.Quantity,
+		Key: stock.TicketKey(t.ID), CustomerRef: t.CustomerRef, TTL: sku.Admission.TokenTTL, Source: stock.SourceAdmission, Caller: caller})
+	if res.Err != nil {
+		return nil, res
+	}
+	if s.AfterReserve != nil {
+		if err := s.AfterReserve(t); err != nil {
+			return nil, stock.ErrResult(err, stock.Errorf(stock.CodeShardUnavailable, "admission stopped: %v", err))
+		}
+	}
+	rsv := res.Reservation
+	got, err := s.store.AdmitTicket(ctx, t.ID, rsv.ID, rsv.ExpiresAt, direct)
+	if err != nil {
+		return nil, stock.ErrResult(err, stock.Errorf(stock.CodeShardUnavailable, "the ticket could not be marked admitted; retry"))
+	}
+	if got.TokenID != rsv.ID {
+		// The ticket ended otherwise before it was marked: the hold is
+		// no one's.
+		s.seller.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: rsv.ID, Reason: "ticket " + string(got.State),
+			Source: stock.SourceAdmission})
+		return got, stock.Result{}
+	}
+	if !res.Replayed {
+		s.metrics.granted.Inc()
+		if !direct {
+			s.metrics.admitted.Inc()
+		}
+	}
+	return got, stock.Result{}
+}
+
+// soldOutForGood reports whether nothing of sku is available, held or in
+// transit: only a replenish or an adjustment can bring stock back.
+func (s *Service) soldOutForGood(ctx context.Context, sku string) (bool, error) {
+	_, gone, err := s.seller.Availability(ctx, sku)
+	return gone, err
+}
+
+// GetTicket reads a ticket by id, or by sku and key when id is "".
+func (s *Service) GetTicket(ctx context.Context, id, sku, key string) (*stock.Ticket, error) {
+	if id != "" {
+		if err := validTicketID(id); err != nil {
+			return nil, err
+		}
+		return s.store.GetTicket(ctx, id)
+	}
+	if err := stock.ValidateSKU(sku); err != nil {
+		return nil, err
+	}
+	if err := stock.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	return s.store.GetTicketByKey(ctx, sku, key)
+}
+
+// ticketIDLenMax bounds a ticket id: "tkt_" and 32 hex digits.
+const ticketIDLenMax = 36
+
+func validTicketID(id string) error {
+	if id == "" || len(id) > ticketIDLenMax {
+		return stock.Errorf(stock.CodeInvalidArgument, "ticket_id must be 1 to %d characters", ticketIDLenMax)
+	}
+	return stock.ValidateText("ticket_id", id, ticketIDLenMax)
+}
+
+// CancelTicket takes a waiting ticket out of the waitlist; customer, when
+// set (a verified customer's call), must be the ticket's.
+func (s *Service) CancelTicket(ctx context.Context, id, customer string) (*stock.Ticket, error) {
+	if err := validTicketID(id); err != nil {
+		return nil, err
+	}
+	if customer != "" {
+		t, err := s.store.GetTicket(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if t.CustomerRef != customer {
+			return nil, stock.Errorf(stock.CodeTicketNotFound, "no ticket %q", id)
+		}
+	}
+	t, err := s.store.CancelTicket(ctx, id)
+	if err == nil && t.State == stock.TicketCancelled {
+		s.metrics.cancelled.Inc()
+	}
+	return t, err
+}
+
+// watchInterval is how often WatchTicket looks at its ticket: a position
+// a browser shows need not move faster, and a stream costs one indexed
+// query per interval. watchLenMax bounds a stream's life; the client
+// watches again.
+const (
+	watchInterval = 250 * time.Millisecond
+	watchLenMax   = 10 * time.Minute
+)
+
+// WatchTicket sends the ticket, then each change of it, until it is no
+// longer waiting (the outcome is the last message) or ctx ends.
+func (s *Service) WatchTicket(ctx context.Context, id string, send func(*stock.Ticket) error) error {
+	if err := validTicketID(id); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, watchLenMax)
+	defer cancel()
+	tick := time.NewTicker(watchInterval)
+	defer tick.Stop()
+	var last *stock.Ticket
+	for {
+		t, err := s.store.GetTicket(ctx, id)
+		if err != nil {
+			return err
+		}
+		if last == nil || t.State != last.State || t.Position != last.Position {
+			if err := send(t); err != nil {
+				return err
+			}
+			last = t
+		}
+		if t.State != stock.TicketWaiting && t.State != stock.TicketPending {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil
+			}
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// Waitlist returns the number of sku's tickets waiting.
+func (s *Service) Waitlist(ctx context.Context, sku string) (int64, error) {
+	return s.store.WaitingCount(ctx, sku)
+}

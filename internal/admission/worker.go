@@ -1,0 +1,218 @@
+package admission
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// Bounds of the admission worker.
+const (
+	// PollInterval is how often the worker looks at each SKU with waiting
+	// tickets: units that come back (a release, an expiry, a replenish)
+	// reach the oldest ticket they fit within about this much, well within
+	// the second the design promises. A look is two queries (the SKU's
+	// counts and its first tickets), only for SKUs with tickets open.
+	PollInterval = 100 * time.Millisecond
+	// pendingStale is how old a PENDING ticket must be before the worker
+	// takes it over: its request's process died, or gave up, between
+	// entering it and answering. A live request answers in well under
+	// this (a reserve is bounded by the allocator's deadlines).
+	pendingStale = 10 * time.Second
+	// admitBatchLen bounds the tickets one pass reads: more than the units
+	// that come back between two passes in any sale we know of; those
+	// beyond wait for the next pass.
+	admitBatchLen = 500
+	// skusPerPassMax bounds the SKUs one worker looks at per interval.
+	skusPerPassMax = 1000
+	// passTimeout bounds one SKU's pass.
+	passTimeout = 5 * time.Second
+	// admitParallelMax bounds the admissions a pass has in flight: as
+	// many as a shard writer batches well, few enough that one SKU's
+	// pass does not take a pool's connections.
+	admitParallelMax = 8
+)
+
+// Lease is a SKU's admission lease, held (topology.MoveLease).
+type Lease interface {
+	Lost() <-chan struct{}
+	Release(ctx context.Context) error
+}
+
+// Leases takes a SKU's admission lease: nil and no error while another
+// process holds it.
+type Leases func(ctx context.Context, sku string) (Lease, error)
+
+// Worker admits waiting tickets as units come back, for every SKU whose
+// lease it takes. It learns of returned units by polling the SKU's
+// available count (docs/admission.md says why not the change stream).
+type Worker struct {
+	svc      *Service
+	leases   Leases
+	interval time.Duration
+	log      *slog.Logger
+	held     map[string]Lease
+}
+
+// NewWorker returns a worker of svc; interval 0 is PollInterval.
+func NewWorker(svc *Service, leases Leases, interval time.Duration, log *slog.Logger) *Worker {
+	if interval == 0 {
+		interval = PollInterval
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Worker{svc: svc, leases: leases, interval: interval, log: log, held: map[string]Lease{}}
+}
+
+// Run works until ctx ends, then gives its leases back.
+func (w *Worker) Run(ctx context.Context) {
+	defer w.releaseAll()
+	tick := time.NewTicker(w.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		w.round(ctx)
+	}
+}
+
+// round makes one pass over every SKU with open tickets whose lease this
+// worker holds or takes, and gives back the leases of SKUs with none.
+func (w *Worker) round(ctx context.Context) {
+	skus, err := w.svc.store.OpenTicketSKUs(ctx, skusPerPassMax)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("admission: list the waitlists", "err", err)
+		}
+		return
+	}
+	open := make(map[string]bool, len(skus))
+	for _, sku := range skus {
+		open[sku] = true
+		if !w.hold(ctx, sku) {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, passTimeout)
+		if err := w.pass(pctx, sku, w.held[sku]); err != nil && ctx.Err() == nil {
+			w.log.Warn("admission: pass", "sku", sku, "err", err)
+		}
+		cancel()
+	}
+	for sku, l := range w.held {
+		if !open[sku] {
+			_ = l.Release(ctx)
+			delete(w.held, sku)
+		}
+	}
+}
+
+// hold reports whether this worker holds sku's lease, taking it if free.
+func (w *Worker) hold(ctx context.Context, sku string) bool {
+	if l, ok := w.held[sku]; ok {
+		select {
+		case <-l.Lost():
+			delete(w.held, sku)
+		default:
+			return true
+		}
+	}
+	l, err := w.leases(ctx, sku)
+	if err != nil || l == nil {
+		return false
+	}
+	w.held[sku] = l
+	return true
+}
+
+func (w *Worker) releaseAll() {
+	for sku, l := range w.held {
+		_ = l.Release(context.Background())
+		delete(w.held, sku)
+	}
+}
+
+// pass admits sku's oldest tickets that the units available now fit, in
+// order of arrival, while the lease holds; once the SKU is sold out for
+// good it answers every waiting ticket SOLD_OUT.
+func (w *Worker) pass(ctx context.Context, sku string, l Lease) error {
+	s := w.svc
+	s.metrics.passes.Inc()
+	cfg, err := s.seller.SKU(ctx, sku)
+	if err != nil {
+		return err
+	}
+	free, gone, err := s.seller.Availability(ctx, sku)
+	if err != nil {
+		return err
+	}
+	tickets, err := s.store.OpenTickets(ctx, sku, pendingStale, admitBatchLen)
+	if err != nil {
+		return err
+	}
+	if gone {
+		n, err := s.store.SoldOutWaiting(ctx, sku)
+		s.metrics.soldOut.Add(float64(n))
+		return err
+	}
+	// Claimed in order, one by one, before any reserve: if this worker
+	// stops between a claim and its mark, the next finishes the admission
+	// whatever is free then, for the reserve may hold the units already.
+	var batch []*stock.Ticket
+	for _, t := range tickets {
+		if t.State == stock.TicketWaiting {
+			if t.Quantity > free {
+				continue // the oldest ticket they fit may come later
+			}
+			ok, err := s.store.ClaimTicket(ctx, t.ID)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue // cancelled meanwhile
+			}
+			t.State, free = stock.TicketPending, free-t.Quantity
+		}
+		// A pending ticket (claimed, or its request's process gone) is
+		// admitted whatever is free: its reserve, the same key, is a
+		// replay if it was applied.
+		batch = append(batch, t)
+	}
+	// The reserves and marks of a batch run admitParallelMax at a time:
+	// one after another, the units of a crowd's expiries would reach their
+	// tickets a round trip each. The claims fixed which tickets they go to.
+	sem := make(chan struct{}, admitParallelMax)
+	var wg sync.WaitGroup
+	for _, t := range batch {
+		select {
+		case <-l.Lost():
+			wg.Wait()
+			return nil // another worker finishes the claimed ones: a reserve it repeats is a replay
+		case sem <- struct{}{}:
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_, res := s.admit(ctx, t, cfg, "", false)
+			switch {
+			case res.Err == nil:
+			case res.Err.Code == stock.CodeOutOfStock:
+				// Taken meanwhile: back in its place in the waitlist.
+				if _, err := s.store.WaitTicket(ctx, t.ID, cfg.Admission.WaitlistMax); err != nil {
+					w.log.Warn("admission: put back", "sku", sku, "ticket", t.ID, "err", err)
+				}
+			default:
+				// Unknown outcome: the ticket stays claimed, and the next
+				// pass tries it again with the same key.
+				w.log.Warn("admission: admit", "sku", sku, "ticket", t.ID, "err", res.Err)
+			}
+		})
+	}
+	wg.Wait()
+	return nil
+}

@@ -1,0 +1,109 @@
+package stockctlcmd
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+)
+
+// admissionFlags are create-sku's admission flags (docs/admission.md).
+type admissionFlags struct {
+	mode                 *string
+	tokenTTL             *time.Duration
+	waitlistMax, perCust *int64
+}
+
+func addAdmissionFlags(fs *flag.FlagSet) admissionFlags {
+	return admissionFlags{mode: fs.String("admission", "", ""), tokenTTL: fs.Duration("token-ttl", 0, ""),
+		waitlistMax: fs.Int64("waitlist-max", 0, ""), perCust: fs.Int64("tokens-per-customer", 0, "")}
+}
+
+// admission is the flags' admission: nil without -admission.
+func (f admissionFlags) admission() (*v1.Admission, error) {
+	var mode v1.AdmissionMode
+	switch *f.mode {
+	case "":
+		return nil, nil
+	case "off":
+	case "tokens":
+		mode = v1.AdmissionMode_ADMISSION_MODE_TOKENS
+	case "draw":
+		mode = v1.AdmissionMode_ADMISSION_MODE_DRAW
+	default:
+		return nil, usagef("-admission: want tokens, draw or off, not %q", *f.mode)
+	}
+	a := &v1.Admission{Mode: mode, WaitlistMax: *f.waitlistMax, TokensPerCustomer: *f.perCust}
+	if *f.tokenTTL > 0 {
+		a.TokenTtl = durationpb.New(*f.tokenTTL)
+	}
+	return a, nil
+}
+
+func cmdRequestToken(ctx context.Context, c *cli, args []string) error {
+	fs := flag.NewFlagSet("request-token", flag.ContinueOnError)
+	key := fs.String("key", "", "")
+	quantity := fs.Int64("quantity", 1, "")
+	customer := fs.String("customer", "", "")
+	pos, err := parse(fs, args, 1, "SKU -key K")
+	if err != nil {
+		return err
+	}
+	if *key == "" {
+		return usagef("request-token: -key K is required")
+	}
+	resp, err := call(ctx, c, func(ctx context.Context) (*connect.Response[v1.RequestTokenResponse], error) {
+		return c.inv.RequestToken(ctx, req(c, &v1.RequestTokenRequest{Sku: pos[0], Quantity: *quantity, IdempotencyKey: *key, CustomerRef: *customer}))
+	})
+	if err != nil {
+		return err
+	}
+	return c.show(resp.Msg, func(w *tabwriter.Writer) {
+		if tk := resp.Msg.GetToken(); tk != nil {
+			tokenTable(w, tk)
+			return
+		}
+		ticketTable(w, resp.Msg.GetTicket())
+	})
+}
+
+func cmdTicket(ctx context.Context, c *cli, args []string) error {
+	fs := flag.NewFlagSet("ticket", flag.ContinueOnError)
+	sku := fs.String("sku", "", "")
+	key := fs.String("key", "", "")
+	pos, err := parse(fs, args, -1, "")
+	if err != nil {
+		return err
+	}
+	if (len(pos) == 1) == (*key != "") || len(pos) > 1 || (*key != "") != (*sku != "") {
+		return usagef("ticket: want TICKET_ID, or -sku SKU -key KEY")
+	}
+	m := &v1.GetTicketRequest{Sku: *sku, IdempotencyKey: *key}
+	if len(pos) == 1 {
+		m.TicketId = pos[0]
+	}
+	resp, err := call(ctx, c, func(ctx context.Context) (*connect.Response[v1.GetTicketResponse], error) {
+		return c.inv.GetTicket(ctx, req(c, m))
+	})
+	if err != nil {
+		return err
+	}
+	return c.show(resp.Msg, func(w *tabwriter.Writer) { ticketTable(w, resp.Msg.GetTicket()) })
+}
+
+func tokenTable(w *tabwriter.Writer, tk *v1.Token) {
+	fmt.Fprintf(w, "TOKEN\tSKU\tQUANTITY\tEXPIRES\n%s\t%s\t%d\t%s\n", tk.GetTokenId(), tk.GetSku(), tk.GetQuantity(),
+		tk.GetExpiresAt().AsTime().Format(time.RFC3339))
+}
+
+func ticketTable(w *tabwriter.Writer, t *v1.Ticket) {
+	fmt.Fprintf(w, "TICKET\tSKU\tQUANTITY\tSTATE\tPOSITION\tTOKEN\n%s\t%s\t%d\t%s\t%d\t%s\n", t.GetTicketId(), t.GetSku(), t.GetQuantity(),
+		strings.TrimPrefix(t.GetState().String(), "TICKET_STATE_"), t.GetPosition(), dash(t.GetToken().GetTokenId()))
+}

@@ -1,0 +1,143 @@
+package stock
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"time"
+)
+
+// AdmissionMode is how a SKU under admission hands out purchase tokens
+// (docs/admission.md); "" is no admission.
+type AdmissionMode string
+
+const (
+	AdmissionOff    AdmissionMode = ""
+	AdmissionTokens AdmissionMode = "tokens"
+	// AdmissionDraw is declared for the API's enum; it is not built yet and
+	// ValidateAdmission refuses it.
+	AdmissionDraw AdmissionMode = "draw"
+)
+
+// Admission is a SKU's admission configuration.
+type Admission struct {
+	Mode AdmissionMode
+	// TokenTTL is how long a token holds its units; 0: the SKU's
+	// ReservationTTL.
+	TokenTTL time.Duration
+	// WaitlistMax is the most tickets that may wait at once.
+	WaitlistMax int64
+	// TokensPerCustomer is the most tokens and waiting tickets one
+	// customer may hold of the SKU; 0: no limit.
+	TokensPerCustomer int64
+	// DrawAt closes a draw's registration (AdmissionDraw only).
+	DrawAt time.Time
+}
+
+// On reports whether the SKU sells only through tokens.
+func (a Admission) On() bool { return a.Mode != AdmissionOff }
+
+// Bounds of admission. Each is far above an honest sale and low enough that
+// a hostile configuration cannot make one SKU's waitlist or one customer's
+// tickets a burden: a waiting ticket is one row and one position query.
+const (
+	// WaitlistMaxMax bounds waitlist_max: a million rows of a few hundred
+	// bytes each, and the admission worker reads at most
+	// admitBatchLen of them per pass however long the list is.
+	WaitlistMaxMax = 1_000_000
+	// TokensPerCustomerMax bounds tokens_per_customer: an anti-scalping
+	// limit above a thousand limits nothing.
+	TokensPerCustomerMax = 1_000
+)
+
+// ValidateAdmission checks an admission configuration, filling in the token
+// TTL from the SKU's reservation TTL when it is unset.
+func ValidateAdmission(a *Admission, reservationTTL time.Duration) error {
+	switch a.Mode {
+	case AdmissionOff:
+		*a = Admission{}
+		return nil
+	case AdmissionTokens:
+	case AdmissionDraw:
+		return Errorf(CodeInvalidArgument, "admission mode DRAW is not available yet")
+	default:
+		return Errorf(CodeInvalidArgument, "admission mode %q is unknown", string(a.Mode))
+	}
+	if a.TokenTTL == 0 {
+		a.TokenTTL = reservationTTL
+	}
+	if a.TokenTTL < ReservationTTLMin || a.TokenTTL > ReservationTTLMax {
+		return Errorf(CodeInvalidArgument, "admission token_ttl must be between %s and %s", ReservationTTLMin, ReservationTTLMax)
+	}
+	if a.WaitlistMax < 0 || a.WaitlistMax > WaitlistMaxMax {
+		return Errorf(CodeInvalidArgument, "admission waitlist_max must be between 0 and %d", WaitlistMaxMax)
+	}
+	if a.TokensPerCustomer < 0 || a.TokensPerCustomer > TokensPerCustomerMax {
+		return Errorf(CodeInvalidArgument, "admission tokens_per_customer must be between 0 and %d", TokensPerCustomerMax)
+	}
+	if !a.DrawAt.IsZero() {
+		return Errorf(CodeInvalidArgument, "admission draw_at is for mode DRAW only")
+	}
+	return nil
+}
+
+// SourceAdmission is the ledger source of tokens: reserves the admission
+// component takes for a request or a ticket. Only it may reserve a SKU
+// under admission.
+const SourceAdmission = "admission"
+
+// AdmissionKeyPrefix starts the idempotency key of every token's reserve,
+// so that no plain Reserve's key can collide with one (ValidateRequest
+// refuses it from any other source).
+const AdmissionKeyPrefix = "admission:"
+
+// TicketKey is the idempotency key of the reserve that admits ticket id:
+// derived from the ticket alone, so that however often an admission is
+// retried (a worker that crashed, a lease that moved), the shard applies it
+// once and every retry gets the same reservation.
+func TicketKey(ticketID string) string {
+	h := sha256.Sum256([]byte(ticketID))
+	return AdmissionKeyPrefix + hex.EncodeToString(h[:16])
+}
+
+// IsAdmissionKey reports whether key names a token's reserve.
+func IsAdmissionKey(key string) bool { return strings.HasPrefix(key, AdmissionKeyPrefix) }
+
+// TicketState is where a request for a token is.
+type TicketState string
+
+const (
+	// TicketPending: the request is being served now (a reserve in
+	// flight); not in the waitlist yet.
+	TicketPending TicketState = "pending"
+	TicketWaiting TicketState = "waiting"
+	// TicketAdmitted: the ticket holds a token (its reservation).
+	TicketAdmitted  TicketState = "admitted"
+	TicketSoldOut   TicketState = "sold_out"
+	TicketCancelled TicketState = "cancelled"
+)
+
+// Ticket is one request for a token, in the SKU's order of arrival. A
+// request answered with a token at once is a ticket admitted at once.
+type Ticket struct {
+	ID             string
+	Seq            int64 // order of arrival within the database
+	SKU            string
+	Quantity       int64
+	IdempotencyKey string
+	CustomerRef    string
+	State          TicketState
+	// Position is the tickets waiting before this one (WAITING only).
+	Position int64
+	// TokenID and ExpiresAt are the token's, once admitted.
+	TokenID   string
+	ExpiresAt time.Time
+	CreatedAt time.Time
+	// Direct: admitted by its own request, not from the waitlist.
+	Direct bool
+}
+
+// Waitlist is a SKU's admission counts, for GetStock.
+type Waitlist struct {
+	Waiting int64
+}
