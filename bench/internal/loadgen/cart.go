@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -26,6 +27,13 @@ const (
 	// orderLookupsParallelMax bounds the GetOrder calls of the final check
 	// in flight at once.
 	orderLookupsParallelMax = 8
+	// orderSettleMax is how long the final check waits for orders still
+	// open after the load (a driver stopped by an abandoned call leaves its
+	// order to the system's recovery) to end: longer than shardstock's
+	// bound on a line held by such an order (allocator.OrderRecoveryBound,
+	// 9.5 s). An order open after it is counted unresolved.
+	orderSettleMax  = 15 * time.Second
+	orderSettlePoll = 250 * time.Millisecond
 )
 
 // OrderTarget is a Target that takes orders and refunds (shardstock). The
@@ -189,6 +197,32 @@ func (ru *run) doCart(ctx context.Context, w *worker, cf cartFlow) {
 		})
 		obs.refunds = append(obs.refunds, refundObs{sku: l.SKU, reservationID: l.ReservationID, qty: l.Qty, s: s})
 	}
+}
+
+// settleOrders reads the order of every cart's key, then reads the open
+// ones again every orderSettlePoll until none is open or orderSettleMax
+// passed. It runs before the final state is read, so that the state and
+// the orders agree.
+func settleOrders(ctx context.Context, ot OrderTarget, carts []*cartObs) (map[string]orderLookup, error) {
+	got, err := lookupOrders(ctx, ot, carts)
+	deadline := time.Now().Add(orderSettleMax)
+	for err == nil {
+		var open []*cartObs
+		for _, c := range carts {
+			if l := got[c.key]; l.found && l.order.State == OrderOpen {
+				open = append(open, c)
+			}
+		}
+		if len(open) == 0 || time.Now().After(deadline) || !Sleep(ctx, orderSettlePoll) {
+			return got, nil
+		}
+		var again map[string]orderLookup
+		again, err = lookupOrders(ctx, ot, open)
+		for k, l := range again {
+			got[k] = l
+		}
+	}
+	return nil, err
 }
 
 // orderLookup is the system's answer for one cart's key.

@@ -284,10 +284,13 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 
 	verifyStart := time.Now()
 	verifyCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)
-	state, err := t.Verify(verifyCtx, r.SKUs())
 	var lookups map[string]orderLookup
-	if err == nil && r.cfg.Model == ModelCart {
-		lookups, err = lookupOrders(verifyCtx, ot, total.carts)
+	if r.cfg.Model == ModelCart {
+		lookups, err = settleOrders(verifyCtx, ot, total.carts)
+	}
+	var state State
+	if err == nil {
+		state, err = t.Verify(verifyCtx, r.SKUs())
 	}
 	cancel()
 	verifyTime := time.Since(verifyStart)
