@@ -1,6 +1,7 @@
 // Command loadgen drives shardstock and the baselines it is measured against
-// with the source document's traffic models (A, B, C and the 100-unit case),
-// with duplicate submissions and abandoned requests on demand, and ends every
+// with the source document's traffic models (A, B, C, the 100-unit case) and
+// checkout carts (model cart), with duplicate submissions and abandoned
+// requests on demand, and ends every
 // run with the correctness line: oversold, undersold, duplicate deductions
 // and reconciliation differences. A non-zero number on shardstock makes the
 // command exit non-zero; a baseline is reported as it is.
