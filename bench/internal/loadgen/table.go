@@ -241,9 +241,14 @@ func describe(results []*Result) string {
 	if c.Model == ModelC {
 		stockText += fmt.Sprintf(" (hot SKU %d)", HotStock)
 	}
-	return fmt.Sprintf("model %s, %d SKUs, stock %s, shards %s, concurrency %d, duration %s, requests %s, rate %s, qty %s, mix %s, dup-rate %g, abandon-rate %g, retry %t, seed %d, run %s",
+	// The cart model has no mix: its flows are carts.
+	mix := "mix " + c.Mix.String()
+	if c.Model == ModelCart {
+		mix = fmt.Sprintf("carts of %d to %d lines, %g%% refunded", CartLinesMin, CartLinesMax, CartRefundShare*100)
+	}
+	return fmt.Sprintf("model %s, %d SKUs, stock %s, shards %s, concurrency %d, duration %s, requests %s, rate %s, qty %s, %s, dup-rate %g, abandon-rate %g, retry %t, seed %d, run %s",
 		c.Model, len(r.SKUs), stockText, shards, c.Concurrency, c.Duration, countOrNone(c.Requests), rateText(c.Rate),
-		c.Qty, c.Mix, c.DupRate, c.AbandonRate, c.Retry, c.Seed, c.RunID)
+		c.Qty, mix, c.DupRate, c.AbandonRate, c.Retry, c.Seed, c.RunID)
 }
 
 func rateText(rate float64) string {
