@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-rebalance bench-statements bench-pgsettings bench-cold soak soak-crash bench-changestream
+.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-rebalance bench-statements bench-pgsettings bench-cold soak soak-crash bench-changestream bench-cart
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -138,6 +138,9 @@ soak-crash: ## make soak's load (60 s per model) while its private Postgres is c
 	BENCH_DURATION=60s BENCH_TIMEOUT=8m BENCH_TARGETS=shardstock BENCH_MODELS=B,C BENCH_PG_CRASH="5s 8" \
 	BENCH_EXTRA="-mix deduct=40,commit=30,release=30 -qty 1..3 -dup-rate 0.1 -abandon-rate 0.1" \
 	BENCH_STACK_ARGS="-shard-servers 2 -allocator-shard" BENCH_STACK_LOG=tmp/soak-crash-stack.log scripts/bench/run.sh
+
+bench-cart: ## the cart model (orders of 2 to 5 lines, 10% refunded) and single-SKU deducts on one stack: orders and order lines per second, server CPU per order line against per deduct (about 1 min)
+	scripts/bench/cart.sh
 
 bench-changestream: ## what WatchLedger consumers cost the writers: one stack, the same deduct load with 0, 1 and 4 consumers attached; server CPU per deduct and the consumers' lag p99 (about 2 min)
 	scripts/bench/changestream.sh

@@ -1,6 +1,7 @@
 // Command loadgen drives shardstock and the baselines it is measured against
-// with the source document's traffic models (A, B, C and the 100-unit case),
-// with duplicate submissions and abandoned requests on demand, and ends every
+// with the source document's traffic models (A, B, C, the 100-unit case) and
+// checkout carts (model cart), with duplicate submissions and abandoned
+// requests on demand, and ends every
 // run with the correctness line: oversold, undersold, duplicate deductions
 // and reconciliation differences. A non-zero number on shardstock makes the
 // command exit non-zero; a baseline is reported as it is.
@@ -198,7 +199,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.serviceToken, "service-token", getenv("SHARDSTOCK_SERVICE_TOKEN"), "shardstock service bearer token, for the InventoryService (default $SHARDSTOCK_SERVICE_TOKEN); empty: -admin-token's, and the allocator logs each stock call at info")
 	fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")
 	fs.StringVar(&c.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address of the Redis baselines")
-	fs.StringVar(&c.modelList, "model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), skew (as A, but every key's first-choice shard is one of 2), case (100 units, 500 deducts, 50 reused keys)")
+	fs.StringVar(&c.modelList, "model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), skew (as A, but every key's first-choice shard is one of 2), case (100 units, 500 deducts, 50 reused keys), cart (orders of 2 to 5 lines, 4 hot SKUs get half the lines, 10% refunded; shardstock only)")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "load time per target (at most 1h); the run stops at -duration or -requests, whichever comes first")
 	fs.Int64Var(&c.requests, "requests", 0, "client operations per target (0: until -duration; at most 10,000,000)")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent clients")
@@ -377,6 +378,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	var errs []error
+	var cmp cartComparison
 	for _, m := range p.models {
 		cfg := p.base
 		cfg.Model = m
@@ -387,6 +389,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if len(results) == 0 {
 			continue
 		}
+		cmp.add(results)
 		if err := c.writeTable(stdout, st, results); err != nil {
 			return err
 		}
@@ -395,7 +398,42 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		errs = append(errs, failures(m, results)...)
 	}
+	cmp.write(stdout)
 	return errors.Join(errs...)
+}
+
+// cartComparison holds, from the models of one invocation, shardstock's
+// unpaced run of deducts only and its run of the cart model: on the same
+// stack (-stack), they give an order line's server CPU against a deduct's.
+type cartComparison struct {
+	deducts, cart *loadgen.Result
+}
+
+func (cc *cartComparison) add(results []*loadgen.Result) {
+	for _, r := range results {
+		if r.Target != "shardstock" || r.Config.Rate != 0 || r.CPU == nil || r.CPU.Err != nil {
+			continue
+		}
+		switch mix := r.Config.Mix; {
+		case r.Config.Model == loadgen.ModelCart && r.Cart != nil && r.Cart.Lines > 0:
+			cc.cart = r
+		case r.Config.Model != loadgen.ModelCase && mix.Commit == 0 && mix.Release == 0 && r.OK > 0:
+			cc.deducts = r
+		}
+	}
+}
+
+// write prints the comparison when both runs are there.
+func (cc *cartComparison) write(w io.Writer) {
+	if cc.deducts == nil || cc.cart == nil {
+		return
+	}
+	d, k := cc.deducts, cc.cart
+	perLine := (k.CPU.Server / time.Duration(k.Cart.Lines)).Round(time.Microsecond)
+	perDeduct := (d.CPU.Server / time.Duration(d.Requests)).Round(time.Microsecond)
+	fmt.Fprintf(w, "cart against deducts (shardstock, model %s, same stack): server CPU per order line %s, per deduct %s: %.2fx; %.0f order lines/s, %.0f deducts/s: %.2fx\n",
+		d.Config.Model, perLine, perDeduct, float64(perLine)/float64(perDeduct),
+		float64(k.Cart.Lines)/k.Elapsed.Seconds(), d.Throughput(), float64(k.Cart.Lines)/k.Elapsed.Seconds()/d.Throughput())
 }
 
 // launchStack starts the -stack stack, if asked, and points opts at it;

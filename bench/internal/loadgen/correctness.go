@@ -41,6 +41,13 @@ type Correctness struct {
 	// whose reservation is not released. Checked for every acknowledged
 	// operation, unresolved ones beside it or not.
 	Lost int64
+	// HalfHeld counts orders (the cart model) whose lines did not all end
+	// alike: some held or committed while others were never held or
+	// released, or an order refused with a line still held or sold.
+	HalfHeld int64
+	// RefundBeyondSale counts units refunded beyond what their sale sold
+	// (the cart model), by the system's own records.
+	RefundBeyondSale int64
 	// Unresolved counts client operations that never got a definite answer;
 	// their SKUs skip the client-against-system check of the totals.
 	Unresolved int64
@@ -50,7 +57,8 @@ type Correctness struct {
 
 // Clean reports whether every correctness number is zero.
 func (c Correctness) Clean() bool {
-	return c.Oversold == 0 && c.Undersold == 0 && c.Duplicates == 0 && c.Lost == 0 && c.Reconciliation == 0
+	return c.Oversold == 0 && c.Undersold == 0 && c.Duplicates == 0 && c.Lost == 0 && c.Reconciliation == 0 &&
+		c.HalfHeld == 0 && c.RefundBeyondSale == 0
 }
 
 func (c *Correctness) detail(format string, args ...any) {

@@ -32,6 +32,11 @@ const (
 	// CaseStock units, CaseRequests deducts of one unit, CaseReusedKeys of
 	// them reusing another request's idempotency key.
 	ModelCase Model = "case"
+	// ModelCart is checkout traffic (cart.go): each client operation is a
+	// cart of CartLinesMin to CartLinesMax lines, held whole with
+	// ReserveOrder, then bought with CommitOrder; CartRefundShare of the
+	// paid orders are payment failures, each line refunded afterwards.
+	ModelCart Model = "cart"
 )
 
 // Constants of the models, as the source document gives them.
@@ -48,7 +53,7 @@ const (
 	SkewShards = 2
 )
 
-// ParseModel parses a model name: A, B, C or case.
+// ParseModel parses a model name: A, B, C, skew, case or cart.
 func ParseModel(s string) (Model, error) {
 	switch strings.ToLower(s) {
 	case "a":
@@ -61,8 +66,10 @@ func ParseModel(s string) (Model, error) {
 		return ModelSkew, nil
 	case "case":
 		return ModelCase, nil
+	case "cart":
+		return ModelCart, nil
 	}
-	return "", fmt.Errorf("loadgen: unknown model %q (want A, B, C, skew or case)", s)
+	return "", fmt.Errorf("loadgen: unknown model %q (want A, B, C, skew, case or cart)", s)
 }
 
 // QtyDist is the quantity of each request: uniform in [Min, Max], fixed when
@@ -233,6 +240,8 @@ func newPlan(c Config) plan {
 			}
 			return hot + r.Int32N(n-hot)
 		}
+	case ModelCart:
+		p.pick = cartPick(n)
 	case ModelC:
 		p.skus[0].Stock = HotStock
 		p.pick = func(r *rand.Rand) int32 {

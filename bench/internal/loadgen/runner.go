@@ -157,6 +157,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("loadgen: abandon rate %g: want 0 to 1", c.AbandonRate)
 	case c.RequestTimeout < 0:
 		return fmt.Errorf("loadgen: request timeout %s: want > 0", c.RequestTimeout)
+	case c.Model == ModelCart && c.SKUs < CartLinesMax:
+		return fmt.Errorf("loadgen: skus %d: the cart model needs at least %d", c.SKUs, CartLinesMax)
 	case c.LatencyGoal < 0:
 		return fmt.Errorf("loadgen: latency goal %s: want > 0, or 0 for none", c.LatencyGoal)
 	}
@@ -223,7 +225,9 @@ type Result struct {
 	Crashes *Crashes
 	// CPU is the CPU time the server side and the client spent over the
 	// load, when it was measured.
-	CPU         *CPU
+	CPU *CPU
+	// Cart is what the cart model's clients saw; nil for other models.
+	Cart        *CartStats
 	State       State
 	Correctness Correctness
 }
@@ -253,6 +257,10 @@ func (r *Result) Failed() bool { return !r.Baseline && !r.Correctness.Clean() }
 // happened. It does not close t. A cancelled ctx stops the load early; the
 // final state is still read.
 func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
+	ot, orders := t.(OrderTarget)
+	if r.cfg.Model == ModelCart && !orders {
+		return nil, fmt.Errorf("loadgen: %s: model cart: not supported (the target takes no orders)", t.Name())
+	}
 	setupStart := time.Now()
 	setupCtx, cancel := context.WithTimeout(ctx, setupTimeout)
 	err := t.Setup(setupCtx, r.SKUs())
@@ -276,7 +284,14 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 
 	verifyStart := time.Now()
 	verifyCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)
-	state, err := t.Verify(verifyCtx, r.SKUs())
+	var lookups map[string]orderLookup
+	if r.cfg.Model == ModelCart {
+		lookups, err = settleOrders(verifyCtx, ot, total.carts)
+	}
+	var state State
+	if err == nil {
+		state, err = t.Verify(verifyCtx, r.SKUs())
+	}
 	cancel()
 	verifyTime := time.Since(verifyStart)
 	if err != nil {
@@ -307,6 +322,10 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 		SlowDropped:       total.slowDropped,
 		State:             state,
 		Correctness:       assess(r.plan.skus, total, state),
+	}
+	if r.cfg.Model == ModelCart {
+		res.Correctness = assessCart(r.plan.skus, total.carts, state, lookups)
+		res.Cart = cartStats(total.carts)
 	}
 	for op, n := range total.byOp {
 		if n > 0 {
@@ -419,7 +438,11 @@ func (ru *run) work(loadCtx, drainCtx context.Context, w *worker) {
 		if n >= ru.limit {
 			return
 		}
-		ru.do(drainCtx, w, ru.flowAt(n, w.rng))
+		if ru.cfg.Model == ModelCart {
+			ru.doCart(drainCtx, w, ru.cartAt(n, w.rng))
+		} else {
+			ru.do(drainCtx, w, ru.flowAt(n, w.rng))
+		}
 		ru.done.Add(1)
 	}
 }

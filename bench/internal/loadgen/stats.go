@@ -36,11 +36,14 @@ const (
 	opReserve
 	opCommit
 	opRelease
+	opReserveOrder // the cart model's calls
+	opCommitOrder
+	opRefund
 	opKinds
 )
 
 func (k opKind) String() string {
-	return [...]string{"deduct", "reserve", "commit", "release"}[k]
+	return [...]string{"deduct", "reserve", "commit", "release", "reserve-order", "commit-order", "refund"}[k]
 }
 
 // Second is what happened in one second of a run, by completion time.
@@ -113,6 +116,7 @@ type tally struct {
 	slowMax                             int
 	slow                                []Span
 	slowDropped                         int64
+	carts                               []*cartObs // the cart model's orders
 }
 
 // newTally returns an empty tally that keeps up to slowMax answers slower
@@ -244,4 +248,5 @@ func (t *tally) merge(o *tally) {
 	}
 	t.oosEvents = append(t.oosEvents, o.oosEvents...)
 	t.releases = append(t.releases, o.releases...)
+	t.carts = append(t.carts, o.carts...)
 }

@@ -73,13 +73,18 @@ func WriteTable(w io.Writer, results []*Result) error {
 		fmt.Fprintf(&b, "throughput against %s (baseline 2): %s\n", RatioBase, ratios)
 	}
 	writeCPU(&b, results)
+	writeCart(&b, results)
 	writeDisk(&b, results)
 	writeCrashes(&b, results)
 	b.WriteString("correctness:\n")
 	for _, r := range results {
 		c := r.Correctness
-		fmt.Fprintf(&b, "  %s: oversold %d, undersold %d (%d false sold-outs), duplicates %d, lost acknowledged %d, reconciliation differences %d, unresolved %d: %s\n",
-			r.Target, c.Oversold, c.Undersold, c.FalseSoldOut, c.Duplicates, c.Lost, c.Reconciliation, c.Unresolved, verdictText(r))
+		cart := ""
+		if r.Cart != nil {
+			cart = fmt.Sprintf(", orders half held %d, refunded beyond their sale %d", c.HalfHeld, c.RefundBeyondSale)
+		}
+		fmt.Fprintf(&b, "  %s: oversold %d, undersold %d (%d false sold-outs), duplicates %d, lost acknowledged %d, reconciliation differences %d%s, unresolved %d: %s\n",
+			r.Target, c.Oversold, c.Undersold, c.FalseSoldOut, c.Duplicates, c.Lost, c.Reconciliation, cart, c.Unresolved, verdictText(r))
 		for _, d := range c.Details {
 			fmt.Fprintf(&b, "    %s\n", d)
 		}
@@ -128,6 +133,28 @@ func writeCPU(b *strings.Builder, results []*Result) {
 			split += sep + p.Name + " " + perRequest(p.Time, r.Requests)
 		}
 		fmt.Fprintf(b, "  %s: server %s%s, client %s (%s)%s\n", r.Target, perRequest(c.Server, r.Requests), split, perRequest(c.Client, r.Requests), c.Procs, againstCeiling(r, ceiling))
+	}
+}
+
+// writeCart writes the cart model's figures: orders and order lines bought
+// per second of load, and the server CPU per order line bought (every call
+// of the run counted: holds, commits, refused carts and refunds).
+func writeCart(b *strings.Builder, results []*Result) {
+	for _, r := range results {
+		k := r.Cart
+		if k == nil {
+			continue
+		}
+		secs := r.Elapsed.Seconds()
+		if secs <= 0 {
+			continue
+		}
+		fmt.Fprintf(b, "cart: %s: %d orders sent, %d held, %d refused, %d bought (%.0f orders/s) of %d lines (%.0f order lines/s); %d lines of %d orders refunded",
+			r.Target, k.Orders, k.Held, k.Refused, k.Committed, float64(k.Committed)/secs, k.Lines, float64(k.Lines)/secs, k.Refunds, k.RefundedOrders)
+		if r.CPU != nil && r.CPU.Err == nil && k.Lines > 0 {
+			fmt.Fprintf(b, "; server CPU per order line %s", perRequest(r.CPU.Server, k.Lines))
+		}
+		b.WriteString("\n")
 	}
 }
 
@@ -214,9 +241,14 @@ func describe(results []*Result) string {
 	if c.Model == ModelC {
 		stockText += fmt.Sprintf(" (hot SKU %d)", HotStock)
 	}
-	return fmt.Sprintf("model %s, %d SKUs, stock %s, shards %s, concurrency %d, duration %s, requests %s, rate %s, qty %s, mix %s, dup-rate %g, abandon-rate %g, retry %t, seed %d, run %s",
+	// The cart model has no mix: its flows are carts.
+	mix := "mix " + c.Mix.String()
+	if c.Model == ModelCart {
+		mix = fmt.Sprintf("carts of %d to %d lines, %g%% refunded", CartLinesMin, CartLinesMax, CartRefundShare*100)
+	}
+	return fmt.Sprintf("model %s, %d SKUs, stock %s, shards %s, concurrency %d, duration %s, requests %s, rate %s, qty %s, %s, dup-rate %g, abandon-rate %g, retry %t, seed %d, run %s",
 		c.Model, len(r.SKUs), stockText, shards, c.Concurrency, c.Duration, countOrNone(c.Requests), rateText(c.Rate),
-		c.Qty, c.Mix, c.DupRate, c.AbandonRate, c.Retry, c.Seed, c.RunID)
+		c.Qty, mix, c.DupRate, c.AbandonRate, c.Retry, c.Seed, c.RunID)
 }
 
 func rateText(rate float64) string {

@@ -194,6 +194,10 @@ type SKUState struct {
 	// is skipped.
 	Keys         map[string]KeyRecord
 	Reservations map[string]ReservationRecord
+	// Refunded is the units refunded per sale, by the sale's name in the
+	// system's refund records (SaleOfReservation, or "deduct:KEY"); nil
+	// when the target has no refunds.
+	Refunded map[string]int64
 }
 
 // KeyRecord is what the system recorded of one idempotency key.

@@ -36,12 +36,20 @@ type Memory struct {
 	// acknowledged operation the system then lacks, as when a database
 	// loses a commit it had confirmed.
 	LoseEvery int64
+	// HalfCommitEvery, when positive, makes every HalfCommitEvery-th
+	// CommitOrder commit every line but the last, which stays held, and
+	// answer a success: an order left half held.
+	HalfCommitEvery int64
+	// RefundTwice applies every refund twice, beyond its sale when it
+	// refunds the whole line.
+	RefundTwice bool
 
 	mu           sync.Mutex
 	skus         map[string]*memSKU
 	reservations map[string]*memReservation
 	tried        map[string]bool // keys seen, for Flaky
 	applied      int64           // applications so far, for LoseEvery
+	orders       memOrders
 }
 
 // lose reports whether to answer this application as a success without
@@ -69,6 +77,7 @@ type memEntry struct {
 	kind                     string
 	key                      string // the operation's key; an end entry's reservation id
 	reservationID            string // a reserve's
+	original                 string // a refund's sale
 	dAvail, dReserved, dSold int64
 }
 
@@ -242,7 +251,7 @@ func (m *Memory) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.St
 			continue
 		}
 		out := loadgen.SKUState{Available: s.available, Reserved: s.reserved, Sold: s.sold, Ledger: map[string]int64{},
-			Keys: map[string]loadgen.KeyRecord{}, Reservations: map[string]loadgen.ReservationRecord{}}
+			Keys: map[string]loadgen.KeyRecord{}, Reservations: map[string]loadgen.ReservationRecord{}, Refunded: map[string]int64{}}
 		keys, ends := map[string]bool{}, map[string]bool{}
 		var da, dr, ds, endEntries int64
 		for _, e := range s.ledger {
@@ -269,6 +278,8 @@ func (m *Memory) Verify(ctx context.Context, skus []loadgen.SKUSpec) (loadgen.St
 					r.Released++
 				}
 				out.Reservations[e.key] = r
+			case "refund":
+				out.Refunded[e.original] -= e.dSold
 			}
 		}
 		out.DistinctKeys = int64(len(keys))

@@ -57,7 +57,7 @@ type Target struct {
 	admin shardstockv1connect.AdminServiceClient
 }
 
-var _ loadgen.Target = (*Target)(nil)
+var _ loadgen.OrderTarget = (*Target)(nil)
 
 // New returns a target for the allocator at cfg.Addr.
 func New(cfg Config) *Target {
@@ -178,6 +178,75 @@ func (t *Target) Release(ctx context.Context, id string) loadgen.Outcome {
 	return replayed(resp.Msg.GetReplayed())
 }
 
+// ReserveOrder sends InventoryService.ReserveOrder, with the SKUs' default
+// hold.
+func (t *Target) ReserveOrder(ctx context.Context, key string, lines []loadgen.Line) (loadgen.Order, loadgen.Outcome) {
+	req := &shardstockv1.ReserveOrderRequest{IdempotencyKey: key, OrderRef: key}
+	for _, l := range lines {
+		req.Lines = append(req.Lines, &shardstockv1.OrderLine{Sku: l.SKU, Quantity: l.Qty})
+	}
+	resp, err := t.inv.ReserveOrder(withSent(ctx), connect.NewRequest(req))
+	if err != nil {
+		return loadgen.Order{}, outcomeOf(ctx, err)
+	}
+	return orderOf(resp.Msg.GetOrder()), replayed(resp.Msg.GetReplayed())
+}
+
+// CommitOrder sends InventoryService.CommitOrder.
+func (t *Target) CommitOrder(ctx context.Context, id string) loadgen.Outcome {
+	resp, err := t.inv.CommitOrder(withSent(ctx), connect.NewRequest(&shardstockv1.CommitOrderRequest{OrderId: id}))
+	if err != nil {
+		return outcomeOf(ctx, err)
+	}
+	return replayed(resp.Msg.GetReplayed())
+}
+
+// Refund sends InventoryService.Refund of units of a committed
+// reservation.
+func (t *Target) Refund(ctx context.Context, sku, key, reservationID string, qty int64) loadgen.Outcome {
+	resp, err := t.inv.Refund(withSent(ctx), connect.NewRequest(&shardstockv1.RefundRequest{
+		Sku: sku, IdempotencyKey: key, Quantity: qty, Reason: "loadgen: payment failed",
+		Original: &shardstockv1.Sale{Sale: &shardstockv1.Sale_ReservationId{ReservationId: reservationID}},
+	}))
+	if err != nil {
+		return outcomeOf(ctx, err)
+	}
+	return replayed(resp.Msg.GetReplayed())
+}
+
+// GetOrder sends InventoryService.GetOrder by idempotency key;
+// ORDER_NOT_FOUND is no order.
+func (t *Target) GetOrder(ctx context.Context, key string) (loadgen.Order, bool, error) {
+	resp, err := t.inv.GetOrder(ctx, connect.NewRequest(&shardstockv1.GetOrderRequest{IdempotencyKey: key}))
+	if ce := (*connect.Error)(nil); errors.As(err, &ce) && reason(ce) == string(stock.CodeOrderNotFound) {
+		return loadgen.Order{}, false, nil
+	}
+	if err != nil {
+		return loadgen.Order{}, false, err
+	}
+	return orderOf(resp.Msg.GetOrder()), true, nil
+}
+
+// orderOf converts an order; the states an order passes through are one,
+// loadgen.OrderOpen.
+func orderOf(o *shardstockv1.Order) loadgen.Order {
+	out := loadgen.Order{ID: o.GetOrderId(), State: loadgen.OrderOpen}
+	switch o.GetState() {
+	case shardstockv1.OrderState_ORDER_STATE_HELD:
+		out.State = loadgen.OrderHeld
+	case shardstockv1.OrderState_ORDER_STATE_COMMITTED:
+		out.State = loadgen.OrderCommitted
+	case shardstockv1.OrderState_ORDER_STATE_FAILED:
+		out.State = loadgen.OrderFailed
+	case shardstockv1.OrderState_ORDER_STATE_RELEASED:
+		out.State = loadgen.OrderReleased
+	}
+	for _, l := range o.GetLines() {
+		out.Lines = append(out.Lines, loadgen.Line{SKU: l.GetSku(), Qty: l.GetQuantity(), ReservationID: l.GetReservationId()})
+	}
+	return out
+}
+
 func replayed(r bool) loadgen.Outcome {
 	if r {
 		return loadgen.Replayed
@@ -276,6 +345,7 @@ func (t *Target) verifySKU(ctx context.Context, spec loadgen.SKUSpec) (loadgen.S
 		// commit with its operation rows, so a lost commit loses both.
 		Keys:         map[string]loadgen.KeyRecord{},
 		Reservations: map[string]loadgen.ReservationRecord{},
+		Refunded:     map[string]int64{},
 	}
 	for _, d := range rec.Msg.GetDiscrepancies() {
 		s.Discrepancies = append(s.Discrepancies, loadgen.Discrepancy{
@@ -346,6 +416,9 @@ func (t *Target) verifySKU(ctx context.Context, spec loadgen.SKUSpec) (loadgen.S
 				s.Reservations[e.GetReservationId()] = r
 			case stock.OpReplenish, stock.OpAdjust:
 				s.Replenished += e.GetAvailableAfter() - e.GetAvailableBefore()
+			case stock.OpRefund:
+				// Sold back to available: the units it took from the sale.
+				s.Refunded[e.GetOriginal()] += e.GetSoldBefore() - e.GetSoldAfter()
 			}
 		}
 		next := resp.Msg.GetNextPageToken()
