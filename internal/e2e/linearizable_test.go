@@ -64,12 +64,16 @@ func stockModel(initial int64) porcupine.Model {
 
 // Bounds of the linearizability run.
 const (
-	linClients    = 24
-	linOpsMax     = 700 // keys in all: about 1,400 units asked of 1,000
-	linStock      = 1000
-	linPause      = 200 * time.Millisecond // between one client's keys: the sale outlasts the faults
-	linRetryMax   = 200                    // tries of one key before the test gives up on it
-	linRunTimeout = 90 * time.Second
+	linClients  = 24
+	linOpsMax   = 700 // keys in all: about 1,400 units asked of 1,000
+	linStock    = 1000
+	linPause    = 200 * time.Millisecond // between one client's keys: the sale outlasts the faults
+	linRetryMax = 200                    // tries of one key before the test gives up on it
+	// linRetryPause is the first pause after an unknown outcome; it doubles
+	// up to linRetryPauseMax (200 tries then outlast linRunTimeout).
+	linRetryPause    = 50 * time.Millisecond
+	linRetryPauseMax = time.Second
+	linRunTimeout    = 90 * time.Second
 )
 
 // TestE2E_LinearizableUnderFaults drives deducts of 1 to 3 units on one hot
@@ -451,7 +455,11 @@ func untilDefinite(ctx context.Context, what string, send func(context.Context) 
 			return fmt.Errorf("%s = %v: not a retryable answer", what, err)
 		}
 		unknownOutcomes.Add(1)
-		time.Sleep(50 * time.Millisecond)
+		// Backing off, as a client should: a shard server's breaker may
+		// stay open for seconds while its database fails over or a cut
+		// catches each probe, and fast retries would spend the tries
+		// before the run's deadline (linRunTimeout) does.
+		time.Sleep(min(linRetryPause<<min(try, 5), linRetryPauseMax))
 	}
 	return fmt.Errorf("%s had no definite answer after %d tries or %s: %v", what, linRetryMax, linRunTimeout, err)
 }
