@@ -190,7 +190,11 @@ func TestRun_TokensHostile(t *testing.T) {
 	hc := transport.NewClient()
 	admin := shardstockv1connect.NewAdminServiceClient(hc, base, bearer(token))
 	const gated, plain = "gated", "plain"
-	if _, err := admin.CreateSku(ctx, connect.NewRequest(tokenSKU(gated, 5))); err != nil {
+	// No limit per customer: a hostile request meets no other refusal
+	// that could hide its own.
+	gatedSKU := tokenSKU(gated, 5)
+	gatedSKU.Admission.TokensPerCustomer = 0
+	if _, err := admin.CreateSku(ctx, connect.NewRequest(gatedSKU)); err != nil {
 		t.Fatalf("CreateSku(%s) = %v", gated, err)
 	}
 	if _, err := admin.CreateSku(ctx, connect.NewRequest(&v1.CreateSkuRequest{Sku: plain, InitialStock: 5, Shards: 1})); err != nil {
