@@ -176,6 +176,50 @@ func TestRun_Tokens(t *testing.T) {
 			}
 		})
 	}
+
+	// A token left unbought lapses with its TTL; /metrics counts it
+	// expired, and each protocol's bought token redeemed (a replayed
+	// Commit counts nothing).
+	lapse := tokenSKU("lapse", 1)
+	lapse.Admission.TokenTtl = durationpb.New(time.Second)
+	if _, err := admin.CreateSku(ctx, connect.NewRequest(lapse)); err != nil {
+		t.Fatalf("CreateSku = %v", err)
+	}
+	eve := shardstockv1connect.NewInventoryServiceClient(hc, base, bearer(iss.Sign(t, auth.RolePublic, "eve")))
+	if _, err := eve.RequestToken(ctx, connect.NewRequest(&v1.RequestTokenRequest{Sku: "lapse", Quantity: 1, IdempotencyKey: "eve-1"})); err != nil {
+		t.Fatalf("eve's RequestToken = %v", err)
+	}
+	redeemed, expired := "shardstock_admission_tokens_redeemed_total", "shardstock_admission_tokens_expired_total"
+	deadline := time.Now().Add(admitWithin)
+	for {
+		got := readMetrics(t, admin, redeemed, expired)
+		if got[redeemed] == float64(len(protocols)) && got[expired] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics after %s: %v, want %d redeemed and 1 expired", admitWithin, got, len(protocols))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if st, err := eve.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: "lapse"})); err != nil ||
+		st.Msg.GetStock().GetAvailable() != 1 || st.Msg.GetStock().GetTokensOutstanding() != 0 {
+		t.Errorf("GetStock after the token lapsed = %v, %v, want the unit available again and no token outstanding", st, err)
+	}
+}
+
+// readMetrics reads the allocator's samples of the families named, by
+// name (families without labels).
+func readMetrics(t *testing.T, admin shardstockv1connect.AdminServiceClient, names ...string) map[string]float64 {
+	t.Helper()
+	resp, err := admin.ReadMetrics(context.Background(), connect.NewRequest(&v1.ReadMetricsRequest{Names: names}))
+	if err != nil {
+		t.Fatalf("ReadMetrics = %v", err)
+	}
+	out := map[string]float64{}
+	for _, s := range resp.Msg.GetSamples() {
+		out[s.GetName()] = s.GetValue()
+	}
+	return out
 }
 
 // TestRun_TokensHostile: every hostile input of the token calls, and every
