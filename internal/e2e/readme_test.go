@@ -197,7 +197,7 @@ func checkReadmeCoverage(t *testing.T, examples []readmeExample) {
 	}
 	for _, m := range []string{
 		"InventoryService/GetStock", "InventoryService/Reserve", "InventoryService/Commit", "InventoryService/Release",
-		"InventoryService/Deduct", "InventoryService/GetOperation",
+		"InventoryService/Deduct", "InventoryService/GetOperation", "InventoryService/RequestToken",
 		"AdminService/CreateSku", "AdminService/AdjustStock", "AdminService/Reconcile",
 		"AdminService/SetShards", "AdminService/Rebalance", "AdminService/ListTransfers",
 	} {

@@ -23,6 +23,11 @@ type metrics struct {
 	// with held reservations past their expiry, transfers left half-way.
 	// Both are swept at once; staying above 0 means the sweep is stuck.
 	dueShards, staleTransfers prometheus.Gauge
+	// tokensRedeemed and tokensExpired count purchase tokens (issue 31)
+	// ended by a committed write of this server: bought by a Commit, or
+	// lapsed. Counted here because only the shard's writer sees an expiry
+	// happen, and it sees each end once: a replayed Commit writes nothing.
+	tokensRedeemed, tokensExpired prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, lostCommits func() stock.LostCommits, speculated func() (committed, fellBack int64)) *metrics {
@@ -70,9 +75,15 @@ func newMetrics(reg prometheus.Registerer, lostCommits func() stock.LostCommits,
 		staleTransfers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "shardstock_shard_stale_transfers", Help: "Transfers left half-way past transferStaleAge, as the last sweep found them (each is finished at once).",
 		}),
+		tokensRedeemed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_admission_tokens_redeemed_total", Help: "Purchase tokens bought by a Commit, as this shard server's writers committed it.",
+		}),
+		tokensExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardstock_admission_tokens_expired_total", Help: "Purchase tokens that lapsed unbought, as this shard server's sweep expired them.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.dueShards, m.staleTransfers)
+		reg.MustRegister(m.dueShards, m.staleTransfers, m.tokensRedeemed, m.tokensExpired)
 		reg.MustRegister(m.batchSize, m.groupSize, m.groupDuration, m.batchDuration, m.results, m.rejected, m.halted,
 			m.divergences, m.reruns, m.haltedShards)
 		lost := func(outcome string, get func(stock.LostCommits) int64) prometheus.Collector {
@@ -114,5 +125,22 @@ func (m *metrics) observeBatch(n int, d time.Duration, results []stock.Result) {
 			code = string(r.Err.Code)
 		}
 		m.results.WithLabelValues(code).Inc()
+	}
+}
+
+// observeTokens counts the tokens a committed write ended. A token is a
+// reservation whose reserve had an admission key, and the ledger entry of
+// a reservation's end carries its reserve's key.
+func (m *metrics) observeTokens(entries []*stock.LedgerEntry) {
+	for _, e := range entries {
+		if !stock.IsAdmissionKey(e.IdempotencyKey) {
+			continue
+		}
+		switch e.Kind {
+		case stock.OpCommit:
+			m.tokensRedeemed.Inc()
+		case stock.OpExpire:
+			m.tokensExpired.Inc()
+		}
 	}
 }

@@ -379,6 +379,7 @@ func (b *batchRun) committed(loaded bool) ([]stock.Result, writerNext) {
 	}
 	w.setCounts(b.write.To)
 	w.remember(b.write)
+	w.srv.metrics.observeTokens(b.write.Ledger)
 	if b.write.Checkpoint != stock.CheckpointNone {
 		w.sinceCheckpoint = 0 // after CheckpointIfDue, fewer than ledger.CheckpointEntries more
 	} else {

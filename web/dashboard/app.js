@@ -14,7 +14,7 @@ import { createClient, ConnectError } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { InventoryService } from "../gen/shardstock/v1/inventory_pb.js";
 import { AdminService } from "../gen/shardstock/v1/admin_pb.js";
-import { SkuStatus, ShardState, TransferState } from "../gen/shardstock/v1/types_pb.js";
+import { AdmissionMode, SkuStatus, ShardState, TransferState } from "../gen/shardstock/v1/types_pb.js";
 
 // tickMs: the charts take one sample a tick, and the metrics are read
 // once a tick (as a scrape would).
@@ -455,26 +455,32 @@ function sample() {
 
 function drawCharts() {
   $("#charts-sku").textContent = charted ? `of ${charted}, last ${Math.round(samples.length * tickMs / 1000)} s` : "";
-  for (const s of series) {
-    const svg = $(`#charts svg[data-series="${s.key}"]`);
-    const vals = samples.map((x) => x[s.key]);
-    // Scaled from the series' lowest to its highest, so that the stock of
-    // a big SKU is seen moving.
-    const finite = vals.filter(Number.isFinite);
-    const lo = finite.length ? Math.min(...finite) : 0;
-    const hi = Math.max(lo + 1, ...finite);
-    const pts = vals.map((v, i) => Number.isFinite(v)
-      ? `${((i * chartW) / Math.max(1, samplesMax - 1)).toFixed(1)},${(chartH - ((v - lo) * chartH) / (hi - lo)).toFixed(1)}` : null).filter(Boolean);
-    svg.querySelector("polyline").setAttribute("points", pts.join(" "));
-    svg.dataset.points = String(pts.length);
-    const last = vals.length ? vals[vals.length - 1] : NaN;
-    svg.parentElement.querySelector(".value").textContent = Number.isFinite(last) ? (Number.isInteger(last) ? String(last) : last.toFixed(1)) : "-";
-  }
+  for (const s of series) plot($(`#charts svg[data-series="${s.key}"]`), samples.map((x) => x[s.key]));
+}
+
+// plot draws vals, one a tick, into svg and shows the last beside it.
+function plot(svg, vals) {
+  // Scaled from the series' lowest to its highest, so that the stock of a
+  // big SKU is seen moving.
+  const finite = vals.filter(Number.isFinite);
+  const lo = finite.length ? Math.min(...finite) : 0;
+  const hi = Math.max(lo + 1, ...finite);
+  const pts = vals.map((v, i) => Number.isFinite(v)
+    ? `${((i * chartW) / Math.max(1, samplesMax - 1)).toFixed(1)},${(chartH - ((v - lo) * chartH) / (hi - lo)).toFixed(1)}` : null).filter(Boolean);
+  svg.querySelector("polyline").setAttribute("points", pts.join(" "));
+  svg.dataset.points = String(pts.length);
+  const last = vals.length ? vals[vals.length - 1] : NaN;
+  svg.parentElement.querySelector(".value").textContent = Number.isFinite(last) ? (Number.isInteger(last) ? String(last) : last.toFixed(1)) : "-";
 }
 
 function makeCharts() {
+  $("#charts").replaceChildren(...chartBoxes(series));
+}
+
+// chartBoxes makes a box with an empty chart for each of list's series.
+function chartBoxes(list) {
   const svgNS = "http://www.w3.org/2000/svg";
-  $("#charts").replaceChildren(...series.map((s) => {
+  return list.map((s) => {
     const svg = document.createElementNS(svgNS, "svg");
     svg.setAttribute("class", "chart");
     svg.setAttribute("viewBox", `0 0 ${chartW} ${chartH}`);
@@ -484,7 +490,49 @@ function makeCharts() {
     const line = document.createElementNS(svgNS, "polyline");
     svg.append(line);
     return el("div", { class: "chart-box" }, el("div", {}, s.title, " ", el("b", { class: "value" }, "-")), svg);
-  }));
+  });
+}
+
+// ---- Admission ----------------------------------------------------------------
+
+// A SKU under admission (docs/admission.md) has its tokens outstanding and
+// its waitlist charted in #admission. WatchStock does not carry them (the
+// waitlist is a count in the database, not a shard's): GetStock is read
+// once a tick, for the selected SKU only.
+const admissionSeries = [
+  { key: "tokensOutstanding", title: "tokens outstanding" },
+  { key: "waitlistLength", title: "waitlist" },
+];
+let admissionSamples = [];
+let admissionOf = "";
+
+// underAdmission: whether the SKU list says name sells through admission.
+const underAdmission = (name) => {
+  const mode = listed.find((s) => s.sku.sku === name)?.sku.admission?.mode;
+  return mode !== undefined && mode !== AdmissionMode.UNSPECIFIED;
+};
+
+async function sampleAdmission() {
+  const box = $("#admission");
+  const name = selected;
+  if (!token || !name || !underAdmission(name)) {
+    if (admissionOf !== "") {
+      admissionOf = "";
+      admissionSamples = [];
+      box.replaceChildren(box.dataset.empty);
+    }
+    return;
+  }
+  const { stock } = await inv.getStock({ sku: name });
+  if (name !== selected) return;
+  if (admissionOf !== name) {
+    admissionOf = name;
+    admissionSamples = [];
+    box.replaceChildren(el("div", {}, `Admission of ${name}`), el("div", { class: "admission-charts" }, ...chartBoxes(admissionSeries)));
+  }
+  admissionSamples.push({ tokensOutstanding: Number(stock.tokensOutstanding), waitlistLength: Number(stock.waitlistLength) });
+  if (admissionSamples.length > samplesMax) admissionSamples.shift();
+  for (const s of admissionSeries) plot(box.querySelector(`svg[data-series="${s.key}"]`), admissionSamples.map((x) => x[s.key]));
 }
 
 // ---- What has no stream -----------------------------------------------------
@@ -575,6 +623,7 @@ async function tick() {
     tickRunning = false;
   }
   sample();
+  sampleAdmission().catch(showError);
   drawAlerts();
   render();
   slow();
@@ -607,6 +656,7 @@ $("#create-form").addEventListener("submit", (e) => {
 });
 
 makeCharts();
+$("#admission").dataset.empty = $("#admission").textContent;
 slow();
 // The streams stay open while the tab is hidden (they cost the server a
 // watch each, bounded); the ticks, which read, stop.

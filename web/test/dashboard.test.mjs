@@ -18,6 +18,7 @@ import { createClient, ConnectError, Code } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { InventoryService } from "../gen/shardstock/v1/inventory_pb.js";
 import { AdminService } from "../gen/shardstock/v1/admin_pb.js";
+import { AdmissionMode } from "../gen/shardstock/v1/types_pb.js";
 
 const baseUrl = process.env.SHARDSTOCK_URL;
 const token = process.env.SHARDSTOCK_ADMIN_TOKEN;
@@ -141,6 +142,20 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
       assert.equal(err.details.map((d) => d.debug?.reason).find(Boolean), "SKU_PAUSED");
       return true;
     });
+    // A SKU under admission, searched for: its tokens outstanding and its
+    // waitlist are charted in #admission, one sample a tick.
+    const drop = `${demo}-drop`;
+    const admissionFrom = Date.now();
+    await admin.createSku({ sku: drop, initialStock: 2n, shards: 1, admission: { mode: AdmissionMode.TOKENS, waitlistMax: 5n } });
+    for (let i = 0; i < 3; i++) await inv.requestToken({ sku: drop, quantity: 1n, idempotencyKey: `${drop}-${i}` });
+    await page.fill("#search-prefix", drop);
+    await page.click("#search-form button");
+    const admitted = (key) => `#admission svg[data-series="${key}"]`;
+    await page.waitForFunction((sel) => Number(document.querySelector(sel)?.dataset.points) >= 2, admitted("waitlistLength"), { timeout });
+    const value = (key) => page.locator(admitted(key)).locator("xpath=..").locator(".value").textContent();
+    assert.equal(await value("tokensOutstanding"), "2", "tokens outstanding charted");
+    assert.equal(await value("waitlistLength"), "1", "waitlist charted");
+    console.log(`admission charted in ${Date.now() - admissionFrom} ms`);
     // The topology panel shows every partition owned.
     await page.waitForSelector("#topology:has-text('256 of 256 partitions owned')", { timeout });
 

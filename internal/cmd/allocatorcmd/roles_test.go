@@ -13,6 +13,7 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/auth"
 	"github.com/shardstock/shardstock/internal/auth/authtest"
+	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/transport"
 	"github.com/shardstock/shardstock/internal/wire"
@@ -35,7 +36,13 @@ var protocols = []struct {
 // tokens and a JWKS of iss's, and waits until it is ready.
 func startWithJWKS(t *testing.T, iss *authtest.KeyIssuer, extra ...string) string {
 	t.Helper()
-	base, _ := start(t, append([]string{"-shard-id", "own", "-lease-ttl", "2s", "-public-token", publicToken,
+	return startWithJWKSOn(t, pgtest.NewDB(t), iss, extra...)
+}
+
+// startWithJWKSOn is startWithJWKS with url as the main database.
+func startWithJWKSOn(t *testing.T, url string, iss *authtest.KeyIssuer, extra ...string) string {
+	t.Helper()
+	base, _ := startOn(t, url, append([]string{"-shard-id", "own", "-lease-ttl", "2s", "-public-token", publicToken,
 		"-jwks", iss.WriteJWKS(t), "-jwt-issuer", authtest.Issuer, "-jwt-audience", authtest.Audience}, extra...)...)
 	if !ready(base, startTimeout) {
 		t.Fatalf("/readyz not 200 within %s", startTimeout)
