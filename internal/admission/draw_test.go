@@ -1,12 +1,16 @@
 package admission
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/shardstock/shardstock/internal/stock"
 )
 
 func drawIDs(n int) []string {
@@ -95,5 +99,31 @@ func TestDrawOrder_Uniform(t *testing.T) {
 	t.Logf("chi-squared = %.1f, limit at 0.001 with %d degrees of freedom = %.1f", stat, tickets-1, limit)
 	if stat > limit {
 		t.Fatalf("wins per ticket: chi-squared %.1f > %.1f: the draw is not uniform", stat, limit)
+	}
+}
+
+// TestGetDraw_BadInput: GetDraw refuses a bad SKU, a negative page token
+// and a page outside its bounds with INVALID_ARGUMENT (or the SKU's code)
+// before it reads anything: the service here has no store and no seller.
+func TestGetDraw_BadInput(t *testing.T) {
+	s := &Service{}
+	for _, tc := range []struct {
+		name    string
+		sku     string
+		after   int64
+		pageLen int
+		want    stock.Code
+	}{
+		{"EmptySKU", "", 0, 0, stock.CodeInvalidSKU},
+		{"LongSKU", strings.Repeat("s", 1000), 0, 0, stock.CodeInvalidSKU},
+		{"NegativeAfter", "drop", -1, 0, stock.CodeInvalidArgument},
+		{"NegativePage", "drop", 0, -1, stock.CodeInvalidArgument},
+		{"HugePage", "drop", 0, drawPageLenMax + 1, stock.CodeInvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := s.GetDraw(context.Background(), tc.sku, tc.after, tc.pageLen); stock.CodeOf(err) != tc.want {
+				t.Fatalf("GetDraw(%q, %d, %d) = %v, want %s", tc.sku, tc.after, tc.pageLen, err, tc.want)
+			}
+		})
 	}
 }
