@@ -38,6 +38,12 @@ type Store interface {
 	OpenTicketSKUs(ctx context.Context, limit int) ([]string, error)
 	WaitingCount(ctx context.Context, sku string) (int64, error)
 	WaitingTotal(ctx context.Context) (int64, error)
+
+	// The draw (draw.go).
+	RegisterTicket(ctx context.Context, t stock.Ticket, params []byte, registrationsMax int64, open bool) (*stock.Ticket, bool, error)
+	SeedDraw(ctx context.Context, sku string, seed []byte) ([]byte, error)
+	RankDraw(ctx context.Context, sku string, order func(seed []byte, ids []string) []string) (bool, error)
+	GetDraw(ctx context.Context, sku string, after int64, limit int) (*stock.Draw, error)
 }
 
 // Seller takes and gives back holds (the allocator).
@@ -58,11 +64,16 @@ type Service struct {
 	// AfterReserve, for tests, runs between a ticket's reserve and its
 	// mark: an error stops the admission there, as a crash would.
 	AfterReserve func(t *stock.Ticket) error
+	// AfterSeed, for tests, runs once a draw's seed is recorded, before
+	// its order is: an error stops the draw there, as a crash would.
+	AfterSeed func(sku string, seed []byte) error
+	// now is the clock that closes a draw's registration.
+	now func() time.Time
 }
 
 // New returns a Service; reg, when set, receives its metrics.
 func New(store Store, seller Seller, reg prometheus.Registerer) *Service {
-	return &Service{store: store, seller: seller, metrics: newMetrics(reg, store)}
+	return &Service{store: store, seller: seller, metrics: newMetrics(reg, store), now: time.Now}
 }
 
 // TokenRequest is a RequestToken call.
@@ -90,6 +101,9 @@ func (s *Service) RequestToken(ctx context.Context, r TokenRequest) (Answer, err
 		return Answer{}, err
 	}
 	ad := sku.Admission
+	if ad.Mode == stock.AdmissionDraw {
+		return s.register(ctx, r, sku)
+	}
 	t, replayed, err := s.store.EnterTicket(ctx, stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef},
 		paramsHash(r), ad.WaitlistMax, ad.TokensPerCustomer, func(ctx context.Context) (int64, bool, error) {
 			return s.seller.Availability(ctx, r.SKU)
@@ -145,6 +159,10 @@ func (s *Service) validate(ctx context.Context, r TokenRequest) (*stock.SKU, err
 		return nil, stock.Errorf(stock.CodeInvalidArgument, "sku %q is not under admission: use Reserve", r.SKU)
 	case ad.TokensPerCustomer > 0 && r.CustomerRef == "":
 		return nil, stock.Errorf(stock.CodeCustomerRefRequired, "sku %q has tokens_per_customer: customer_ref is required", r.SKU)
+	case ad.Mode == stock.AdmissionDraw && r.CustomerRef == "":
+		// One registration per customer: a draw without customers is won
+		// by whoever sends the most keys.
+		return nil, stock.Errorf(stock.CodeCustomerRefRequired, "sku %q sells by draw: customer_ref is required", r.SKU)
 	case sku.MaxPerOrder > 0 && r.Quantity > sku.MaxPerOrder:
 		// Refused now, not when the ticket's turn comes.
 		return nil, stock.Errorf(stock.CodeQuantityAboveMaxPerOrder, "quantity is above the sku's max_per_order")
@@ -317,7 +335,7 @@ func (s *Service) WatchTicket(ctx context.Context, id string, send func(*stock.T
 			}
 			last = t
 		}
-		if t.State != stock.TicketWaiting && t.State != stock.TicketPending {
+		if t.State != stock.TicketWaiting && t.State != stock.TicketPending && t.State != stock.TicketRegistered {
 			return nil
 		}
 		select {

@@ -55,6 +55,9 @@ type Worker struct {
 	interval time.Duration
 	log      *slog.Logger
 	held     map[string]Lease
+	// drawn remembers the SKUs whose draw this worker saw ranked, so
+	// that a pass of a drawn SKU costs no draw query.
+	drawn map[string]bool
 }
 
 // NewWorker returns a worker of svc; interval 0 is PollInterval.
@@ -65,7 +68,7 @@ func NewWorker(svc *Service, leases Leases, interval time.Duration, log *slog.Lo
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Worker{svc: svc, leases: leases, interval: interval, log: log, held: map[string]Lease{}}
+	return &Worker{svc: svc, leases: leases, interval: interval, log: log, held: map[string]Lease{}, drawn: map[string]bool{}}
 }
 
 // Run works until ctx ends, then gives its leases back.
@@ -109,6 +112,7 @@ func (w *Worker) round(ctx context.Context) {
 		if !open[sku] {
 			_ = l.Release(ctx)
 			delete(w.held, sku)
+			delete(w.drawn, sku)
 		}
 	}
 }
@@ -138,8 +142,9 @@ func (w *Worker) releaseAll() {
 	}
 }
 
-// pass admits sku's oldest tickets that the units available now fit, in
-// order of arrival, while the lease holds; once the SKU is sold out for
+// pass runs sku's draw once its registration has closed (draw.go), then
+// admits sku's first tickets that the units available now fit, in order
+// (drawn order after a draw, else of arrival), while the lease holds; once the SKU is sold out for
 // good it answers every waiting ticket SOLD_OUT.
 func (w *Worker) pass(ctx context.Context, sku string, l Lease) error {
 	s := w.svc
@@ -147,6 +152,15 @@ func (w *Worker) pass(ctx context.Context, sku string, l Lease) error {
 	cfg, err := s.seller.SKU(ctx, sku)
 	if err != nil {
 		return err
+	}
+	if cfg.Admission.Mode == stock.AdmissionDraw && !w.drawn[sku] {
+		// Registrations hold nothing until the draw ranks them; then they
+		// are the waitlist, in drawn order, admitted below like any.
+		ranked, err := s.runDraw(ctx, cfg)
+		if err != nil || !ranked {
+			return err
+		}
+		w.drawn[sku] = true
 	}
 	free, gone, err := s.seller.Availability(ctx, sku)
 	if err != nil {

@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"encoding/hex"
+	"strconv"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -101,11 +103,13 @@ func (h *InventoryHandler) WatchTicket(ctx context.Context, req *connect.Request
 var ticketStates = map[stock.TicketState]v1.TicketState{
 	// A pending ticket's request is being served: to a reader it waits,
 	// at the head.
-	stock.TicketPending:   v1.TicketState_TICKET_STATE_WAITING,
-	stock.TicketWaiting:   v1.TicketState_TICKET_STATE_WAITING,
-	stock.TicketAdmitted:  v1.TicketState_TICKET_STATE_ADMITTED,
-	stock.TicketSoldOut:   v1.TicketState_TICKET_STATE_SOLD_OUT,
-	stock.TicketCancelled: v1.TicketState_TICKET_STATE_CANCELLED,
+	stock.TicketPending:    v1.TicketState_TICKET_STATE_WAITING,
+	stock.TicketWaiting:    v1.TicketState_TICKET_STATE_WAITING,
+	stock.TicketAdmitted:   v1.TicketState_TICKET_STATE_ADMITTED,
+	stock.TicketSoldOut:    v1.TicketState_TICKET_STATE_SOLD_OUT,
+	stock.TicketCancelled:  v1.TicketState_TICKET_STATE_CANCELLED,
+	stock.TicketRegistered: v1.TicketState_TICKET_STATE_REGISTERED,
+	stock.TicketLost:       v1.TicketState_TICKET_STATE_LOST,
 }
 
 func tokenToProto(t *stock.Ticket) *v1.Token {
@@ -114,9 +118,41 @@ func tokenToProto(t *stock.Ticket) *v1.Token {
 
 func ticketToProto(t *stock.Ticket) *v1.Ticket {
 	out := &v1.Ticket{TicketId: t.ID, Sku: t.SKU, Quantity: t.Quantity, State: ticketStates[t.State], Position: t.Position,
-		IdempotencyKey: t.IdempotencyKey, CreatedAt: timestamppb.New(t.CreatedAt)}
+		IdempotencyKey: t.IdempotencyKey, CreatedAt: timestamppb.New(t.CreatedAt), DrawRank: t.Rank}
 	if t.State == stock.TicketAdmitted {
 		out.Token = tokenToProto(t)
 	}
 	return out
+}
+
+var drawStates = map[stock.DrawState]v1.DrawState{
+	stock.DrawRegistering: v1.DrawState_DRAW_STATE_REGISTERING,
+	stock.DrawSeeded:      v1.DrawState_DRAW_STATE_SEEDED,
+	stock.DrawDrawn:       v1.DrawState_DRAW_STATE_DRAWN,
+}
+
+// GetDraw reads a SKU's draw, a page of its drawn order at a time; the
+// page token is the rank of the last ticket of the page before.
+func (h *InventoryHandler) GetDraw(ctx context.Context, req *connect.Request[v1.GetDrawRequest]) (*connect.Response[v1.GetDrawResponse], error) {
+	svc, err := h.admissionOf()
+	if err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	var after int64
+	if tok := m.GetPageToken(); tok != "" {
+		if after, err = strconv.ParseInt(tok, 10, 64); err != nil || after < 0 {
+			return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "page_token must be the next_page_token of a page"))
+		}
+	}
+	d, err := svc.GetDraw(ctx, m.GetSku(), after, int(m.GetPageSize()))
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	out := &v1.GetDrawResponse{Sku: d.SKU, State: drawStates[d.State], DrawAt: protoTime(d.DrawAt), Seed: hex.EncodeToString(d.Seed),
+		Tickets: d.Total, TicketIds: d.Tickets}
+	if last := after + int64(len(d.Tickets)); len(d.Tickets) > 0 && last < d.Total {
+		out.NextPageToken = strconv.FormatInt(last, 10)
+	}
+	return connect.NewResponse(out), nil
 }

@@ -39,6 +39,8 @@ var publicAdmission = map[string]bool{
 	shardstockv1connect.InventoryServiceCancelTicketProcedure: true,
 	shardstockv1connect.InventoryServiceGetTicketProcedure:    false,
 	shardstockv1connect.InventoryServiceWatchTicketProcedure:  false,
+	// A draw is public: anyone may replay it.
+	shardstockv1connect.InventoryServiceGetDrawProcedure: false,
 }
 
 // PublicOptIns are the InventoryService calls a deployment may open to the

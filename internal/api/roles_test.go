@@ -77,6 +77,7 @@ func TestPolicy_Admission(t *testing.T) {
 		{shardstockv1connect.InventoryServiceCancelTicketProcedure, auth.RolePublic, true},
 		{shardstockv1connect.InventoryServiceGetTicketProcedure, auth.RolePublic, false},
 		{shardstockv1connect.InventoryServiceWatchTicketProcedure, auth.RolePublic, false},
+		{shardstockv1connect.InventoryServiceGetDrawProcedure, auth.RolePublic, false},
 		{shardstockv1connect.InventoryServiceReserveProcedure, auth.RoleService, false},
 	} {
 		if role, customer := p.Need(tc.proc); role != tc.role || customer != tc.customer {

@@ -25,13 +25,13 @@ import (
 // newcomer.
 const sqlQueued = `(state = 'waiting' OR (state = 'pending' AND claimed_at IS NOT NULL))`
 
-const sqlTicketColumns = `ticket_id, seq, sku, quantity, idempotency_key, customer_ref, state, token_id, expires_at, created_at, direct`
+const sqlTicketColumns = `ticket_id, seq, sku, quantity, idempotency_key, customer_ref, state, token_id, expires_at, created_at, direct, coalesce(draw_rank, 0)`
 
 func scanTicket(row pgx.Row) (*stock.Ticket, error) {
 	var t stock.Ticket
 	var state string
 	var exp *time.Time
-	if err := row.Scan(&t.ID, &t.Seq, &t.SKU, &t.Quantity, &t.IdempotencyKey, &t.CustomerRef, &state, &t.TokenID, &exp, &t.CreatedAt, &t.Direct); err != nil {
+	if err := row.Scan(&t.ID, &t.Seq, &t.SKU, &t.Quantity, &t.IdempotencyKey, &t.CustomerRef, &state, &t.TokenID, &exp, &t.CreatedAt, &t.Direct, &t.Rank); err != nil {
 		return nil, err
 	}
 	t.State, t.ExpiresAt = stock.TicketState(state), timeOrZero(exp)
@@ -161,12 +161,17 @@ func newTicketID() string {
 	return "tkt_" + hex.EncodeToString(b[:])
 }
 
-// position counts the tickets waiting before t (0 unless t waits).
+// position counts the tickets waiting before t (0 unless t waits): in
+// drawn order after a draw, else in order of arrival.
 func position(ctx context.Context, q querier, t *stock.Ticket) (int64, error) {
 	if t.State != stock.TicketWaiting {
 		return 0, nil
 	}
 	var n int64
+	if t.Rank > 0 {
+		err := q.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued+` AND draw_rank < $2`, t.SKU, t.Rank).Scan(&n)
+		return n, err
+	}
 	err := q.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued+` AND seq < $2`, t.SKU, t.Seq).Scan(&n)
 	return n, err
 }
@@ -278,11 +283,12 @@ func (db *DB) AdmitTicket(ctx context.Context, id, tokenID string, expiresAt tim
 	})
 }
 
-// CancelTicket takes a PENDING or WAITING ticket out of the waitlist; a
-// ticket that ended is answered as it ended.
+// CancelTicket takes a PENDING or WAITING ticket out of the waitlist, or a
+// REGISTERED one out of its draw; a ticket that ended is answered as it
+// ended.
 func (db *DB) CancelTicket(ctx context.Context, id string) (*stock.Ticket, error) {
 	return db.ticketTx(ctx, id, func(ctx context.Context, tx pgx.Tx, t *stock.Ticket) error {
-		if t.State != stock.TicketPending && t.State != stock.TicketWaiting {
+		if t.State != stock.TicketPending && t.State != stock.TicketWaiting && t.State != stock.TicketRegistered {
 			return nil
 		}
 		t.State = stock.TicketCancelled
@@ -304,12 +310,14 @@ func (db *DB) SoldOutTicket(ctx context.Context, id string) (*stock.Ticket, erro
 	})
 }
 
-// SoldOutWaiting marks every ticket of sku still WAITING SOLD_OUT, and
-// returns how many: the SKU was found sold out for good.
+// SoldOutWaiting marks every ticket of sku still WAITING SOLD_OUT (LOST
+// if it was drawn), and returns how many: the SKU was found sold out for
+// good.
 func (db *DB) SoldOutWaiting(ctx context.Context, sku string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	tag, err := db.pool.Exec(ctx, `UPDATE admission_tickets SET state = 'sold_out', updated_at = now()
+	tag, err := db.pool.Exec(ctx, `UPDATE admission_tickets
+		SET state = CASE WHEN draw_rank IS NULL THEN 'sold_out' ELSE 'lost' END, updated_at = now()
 		WHERE sku = $1 AND `+sqlQueued, sku)
 	return tag.RowsAffected(), err
 }
@@ -343,8 +351,8 @@ func (db *DB) readTicket(ctx context.Context, where string, args ...any) (*stock
 	return t, err
 }
 
-// OpenTickets returns up to limit of sku's tickets in order of arrival
-// that the admission worker looks at: every WAITING one, every one a
+// OpenTickets returns up to limit of sku's tickets in order (drawn order
+// after a draw, else of arrival) that the admission worker looks at: every WAITING one, every one a
 // worker claimed, and the PENDING ones older than stale (their request's
 // process may have died between its reserve and its answer).
 func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, error) {
@@ -352,19 +360,19 @@ func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, 
 	defer cancel()
 	rows, err := db.pool.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets
 		WHERE sku = $1 AND (`+sqlQueued+` OR (state = 'pending' AND created_at < now() - $2::interval))
-		ORDER BY seq LIMIT $3`, sku, stale.String(), limit)
+		ORDER BY draw_rank, seq LIMIT $3`, sku, stale.String(), limit)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
 }
 
-// OpenTicketSKUs returns up to limit SKUs that have tickets WAITING or
-// PENDING.
+// OpenTicketSKUs returns up to limit SKUs that have tickets WAITING,
+// PENDING or REGISTERED (a draw to run).
 func (db *DB) OpenTicketSKUs(ctx context.Context, limit int) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT DISTINCT sku FROM admission_tickets WHERE state IN ('pending', 'waiting') ORDER BY sku LIMIT $1`, limit)
+	rows, err := db.pool.Query(ctx, `SELECT DISTINCT sku FROM admission_tickets WHERE state IN ('pending', 'waiting', 'registered') ORDER BY sku LIMIT $1`, limit)
 	if err != nil {
 		return nil, err
 	}

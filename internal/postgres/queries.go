@@ -12,7 +12,7 @@ import (
 
 // sqlSKUColumns are the columns scanSKU reads, in its order.
 const sqlSKUColumns = `sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, auto_shards, sale_start, sale_end,
-	max_hold_ms, one_per_order, admission_mode, token_ttl_ms, waitlist_max, tokens_per_customer`
+	max_hold_ms, one_per_order, admission_mode, token_ttl_ms, waitlist_max, tokens_per_customer, draw_at`
 
 const sqlSelectSKU = `SELECT ` + sqlSKUColumns + ` FROM skus WHERE sku`
 
@@ -20,14 +20,15 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 	var s stock.SKU
 	var status string
 	var ttlMS, holdMS, tokenTTLMS int64
-	var start, end *time.Time
+	var start, end, drawAt *time.Time
 	var mode string
 	if err := row.Scan(&s.Name, &status, &s.Shards, &s.ShardSpan, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS, &s.AutoShards, &start, &end,
-		&holdMS, &s.OnePerOrder, &mode, &tokenTTLMS, &s.Admission.WaitlistMax, &s.Admission.TokensPerCustomer); err != nil {
+		&holdMS, &s.OnePerOrder, &mode, &tokenTTLMS, &s.Admission.WaitlistMax, &s.Admission.TokensPerCustomer, &drawAt); err != nil {
 		return nil, err
 	}
 	s.Admission.Mode = stock.AdmissionMode(mode)
 	s.Admission.TokenTTL = time.Duration(tokenTTLMS) * time.Millisecond
+	s.Admission.DrawAt = timeOrZero(drawAt)
 	s.Status = stock.Status(status)
 	s.ReservationTTL = time.Duration(ttlMS) * time.Millisecond
 	s.SaleStart, s.SaleEnd = timeOrZero(start), timeOrZero(end)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -46,10 +48,10 @@ func (db *DB) createSKU(ctx context.Context, s stock.SKU, initial, fence int64, 
 	}
 	ad := s.Admission
 	_, err = tx.Exec(ctx, `INSERT INTO skus (sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, sale_start, sale_end,
-			max_hold_ms, one_per_order, admission_mode, token_ttl_ms, waitlist_max, tokens_per_customer)
-		VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit,
+			max_hold_ms, one_per_order, admission_mode, token_ttl_ms, waitlist_max, tokens_per_customer, draw_at)
+		VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, s.Name, string(s.Status), s.Shards, s.MaxPerOrder, s.CustomerLimit,
 		s.ReservationTTL.Milliseconds(), nullTime(s.SaleStart), nullTime(s.SaleEnd), s.MaxHold.Milliseconds(), s.OnePerOrder,
-		string(ad.Mode), ad.TokenTTL.Milliseconds(), ad.WaitlistMax, ad.TokensPerCustomer)
+		string(ad.Mode), ad.TokenTTL.Milliseconds(), ad.WaitlistMax, ad.TokensPerCustomer, nullTime(ad.DrawAt))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return stock.Errorf(stock.CodeSKUExists, "sku %q already exists", s.Name)
@@ -109,9 +111,10 @@ func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*st
 	}
 	var mode *string
 	var tokenTTL, waitMax, perCustomer *int64
+	var drawAt *time.Time
 	if a := u.Admission; a != nil {
 		m, ms := string(a.Mode), a.TokenTTL.Milliseconds()
-		mode, tokenTTL, waitMax, perCustomer = &m, &ms, &a.WaitlistMax, &a.TokensPerCustomer
+		mode, tokenTTL, waitMax, perCustomer, drawAt = &m, &ms, &a.WaitlistMax, &a.TokensPerCustomer, nullTime(a.DrawAt)
 	}
 	// The window: $7 clears both bounds, then $8 and $9 set theirs. A
 	// batch reads the row in its transaction (or checks it, speculating),
@@ -124,10 +127,11 @@ func (db *DB) UpdateSKU(ctx context.Context, sku string, u stock.SKUUpdate) (*st
 		sale_end = coalesce($9, CASE WHEN $7 THEN NULL ELSE sale_end END),
 		max_hold_ms = coalesce($10, max_hold_ms), one_per_order = coalesce($11, one_per_order),
 		admission_mode = coalesce($12, admission_mode), token_ttl_ms = coalesce($13, token_ttl_ms),
-		waitlist_max = coalesce($14, waitlist_max), tokens_per_customer = coalesce($15, tokens_per_customer), updated_at = now()
+		waitlist_max = coalesce($14, waitlist_max), tokens_per_customer = coalesce($15, tokens_per_customer),
+		draw_at = CASE WHEN $12::text IS NULL THEN draw_at ELSE $16 END, updated_at = now()
 		WHERE sku = $1 RETURNING `+sqlSKUColumns,
 		sku, status, u.MaxPerOrder, u.CustomerLimit, ttl, u.AutoShards, u.ClearSaleWindow, u.SaleStart, u.SaleEnd, hold, u.OnePerOrder,
-		mode, tokenTTL, waitMax, perCustomer))
+		mode, tokenTTL, waitMax, perCustomer, drawAt))
 	if isNoRows(err) {
 		return nil, stock.Errorf(stock.CodeSKUNotFound, "no sku %q", sku)
 	}

@@ -206,7 +206,7 @@ func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 	var auto, sell, once []bool
 	var admission []string // the mode: a SKU put under admission refuses plain reserves
 	var tokenTTL, waitMax, perCustomer []int64
-	var saleStart, saleEnd []*time.Time
+	var saleStart, saleEnd, drawAt []*time.Time
 	seenFence, seenSKU := map[fence]bool{}, map[string]bool{}
 	for _, u := range units {
 		f := fence{u.Fence.Partition, u.Fence.ServerID, u.Fence.Epoch}
@@ -223,7 +223,7 @@ func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 			holdMS, once = append(holdMS, s.MaxHold.Milliseconds()), append(once, s.OnePerOrder)
 			admission = append(admission, string(s.Admission.Mode))
 			tokenTTL, waitMax = append(tokenTTL, s.Admission.TokenTTL.Milliseconds()), append(waitMax, s.Admission.WaitlistMax)
-			perCustomer = append(perCustomer, s.Admission.TokensPerCustomer)
+			perCustomer, drawAt = append(perCustomer, s.Admission.TokensPerCustomer), append(drawAt, nullTime(s.Admission.DrawAt))
 		}
 	}
 	return []writePart{
@@ -236,15 +236,17 @@ func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 				unnest($5::bigint[]) AS mpo, unnest($6::bigint[]) AS cl, unnest($7::bigint[]) AS ttl, unnest($8::bool[]) AS auto,
 				unnest($9::timestamptz[]) AS sale_start, unnest($10::timestamptz[]) AS sale_end, unnest($11::bool[]) AS sells,
 				unnest($12::bigint[]) AS hold, unnest($13::bool[]) AS once, unnest($14::text[]) AS admission,
-				unnest($15::bigint[]) AS token_ttl, unnest($16::bigint[]) AS wait_max, unnest($17::bigint[]) AS per_customer) k ON s.sku = k.sku
+				unnest($15::bigint[]) AS token_ttl, unnest($16::bigint[]) AS wait_max, unnest($17::bigint[]) AS per_customer,
+				unnest($18::timestamptz[]) AS draw_at) k ON s.sku = k.sku
 			WHERE s.status = k.status AND s.shards = k.shards AND s.shard_span = k.span AND s.max_per_order = k.mpo
 				AND s.customer_limit = k.cl AND s.reservation_ttl_ms = k.ttl AND s.auto_shards = k.auto
 				AND s.max_hold_ms = k.hold AND s.one_per_order = k.once AND s.admission_mode = k.admission
 				AND s.token_ttl_ms = k.token_ttl AND s.waitlist_max = k.wait_max AND s.tokens_per_customer = k.per_customer
 				AND s.sale_start IS NOT DISTINCT FROM k.sale_start AND s.sale_end IS NOT DISTINCT FROM k.sale_end
+				AND s.draw_at IS NOT DISTINCT FROM k.draw_at
 				AND (NOT k.sells OR ((s.sale_start IS NULL OR now() >= s.sale_start) AND (s.sale_end IS NULL OR now() < s.sale_end)))`,
 			args: []any{skus, status, skuShards, skuSpan, maxPerOrder, customerLimit, ttlMS, auto, saleStart, saleEnd, sell, holdMS, once, admission,
-				tokenTTL, waitMax, perCustomer},
+				tokenTTL, waitMax, perCustomer, drawAt},
 			check: &rowCheck{want: len(skus), what: "SKUs as assumed", code: sqlstateStale}},
 	}
 }

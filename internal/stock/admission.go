@@ -14,8 +14,8 @@ type AdmissionMode string
 const (
 	AdmissionOff    AdmissionMode = ""
 	AdmissionTokens AdmissionMode = "tokens"
-	// AdmissionDraw is declared for the API's enum; it is not built yet and
-	// ValidateAdmission refuses it.
+	// AdmissionDraw: customers register until DrawAt, then a draw orders
+	// the registrations and the worker admits them in that order.
 	AdmissionDraw AdmissionMode = "draw"
 )
 
@@ -58,8 +58,13 @@ func ValidateAdmission(a *Admission, reservationTTL time.Duration) error {
 		*a = Admission{}
 		return nil
 	case AdmissionTokens:
+		if !a.DrawAt.IsZero() {
+			return Errorf(CodeInvalidArgument, "admission draw_at is for mode DRAW only")
+		}
 	case AdmissionDraw:
-		return Errorf(CodeInvalidArgument, "admission mode DRAW is not available yet")
+		if a.DrawAt.IsZero() {
+			return Errorf(CodeInvalidArgument, "admission mode DRAW needs draw_at, when registration closes")
+		}
 	default:
 		return Errorf(CodeInvalidArgument, "admission mode %q is unknown", string(a.Mode))
 	}
@@ -74,9 +79,6 @@ func ValidateAdmission(a *Admission, reservationTTL time.Duration) error {
 	}
 	if a.TokensPerCustomer < 0 || a.TokensPerCustomer > TokensPerCustomerMax {
 		return Errorf(CodeInvalidArgument, "admission tokens_per_customer must be between 0 and %d", TokensPerCustomerMax)
-	}
-	if !a.DrawAt.IsZero() {
-		return Errorf(CodeInvalidArgument, "admission draw_at is for mode DRAW only")
 	}
 	return nil
 }
@@ -115,6 +117,11 @@ const (
 	TicketAdmitted  TicketState = "admitted"
 	TicketSoldOut   TicketState = "sold_out"
 	TicketCancelled TicketState = "cancelled"
+	// TicketRegistered: entered in a draw that has not run yet; it holds
+	// nothing. The draw makes it WAITING, in drawn order.
+	TicketRegistered TicketState = "registered"
+	// TicketLost: drawn, never admitted, and the SKU sold out for good.
+	TicketLost TicketState = "lost"
 )
 
 // Ticket is one request for a token, in the SKU's order of arrival. A
@@ -135,6 +142,37 @@ type Ticket struct {
 	CreatedAt time.Time
 	// Direct: admitted by its own request, not from the waitlist.
 	Direct bool
+	// Rank is the ticket's place in its SKU's draw, from 1; 0 before the
+	// draw and for a SKU without one.
+	Rank int64
+}
+
+// DrawState is where a SKU's draw is.
+type DrawState string
+
+const (
+	// DrawRegistering: before draw_at, or after it until the worker has
+	// recorded the seed.
+	DrawRegistering DrawState = "registering"
+	// DrawSeeded: the seed is recorded; the order is not yet. A worker
+	// that takes over finishes the draw with this seed.
+	DrawSeeded DrawState = "seeded"
+	// DrawDrawn: the order is recorded (every ticket's rank).
+	DrawDrawn DrawState = "drawn"
+)
+
+// Draw is a SKU's draw as GetDraw shows it: enough to replay it
+// (admission.DrawOrder(Seed, the ticket ids) is Tickets).
+type Draw struct {
+	SKU     string
+	State   DrawState
+	DrawAt  time.Time
+	Seed    []byte
+	DrawnAt time.Time
+	// Total is the tickets drawn; Tickets is a page of them in drawn
+	// order, from rank After+1.
+	Total   int64
+	Tickets []string
 }
 
 // Waitlist is a SKU's admission counts, for GetStock.

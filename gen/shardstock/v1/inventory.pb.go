@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -80,6 +81,62 @@ func (x StockEvent) Number() protoreflect.EnumNumber {
 // Deprecated: Use StockEvent.Descriptor instead.
 func (StockEvent) EnumDescriptor() ([]byte, []int) {
 	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{0}
+}
+
+// DrawState is where a SKU's draw is.
+type DrawState int32
+
+const (
+	DrawState_DRAW_STATE_UNSPECIFIED DrawState = 0
+	// Registration open, or closed and the seed not recorded yet.
+	DrawState_DRAW_STATE_REGISTERING DrawState = 1
+	// The seed is recorded (it fixes the order); the order is not yet.
+	DrawState_DRAW_STATE_SEEDED DrawState = 2
+	// The order is recorded: ticket_ids lists it.
+	DrawState_DRAW_STATE_DRAWN DrawState = 3
+)
+
+// Enum value maps for DrawState.
+var (
+	DrawState_name = map[int32]string{
+		0: "DRAW_STATE_UNSPECIFIED",
+		1: "DRAW_STATE_REGISTERING",
+		2: "DRAW_STATE_SEEDED",
+		3: "DRAW_STATE_DRAWN",
+	}
+	DrawState_value = map[string]int32{
+		"DRAW_STATE_UNSPECIFIED": 0,
+		"DRAW_STATE_REGISTERING": 1,
+		"DRAW_STATE_SEEDED":      2,
+		"DRAW_STATE_DRAWN":       3,
+	}
+)
+
+func (x DrawState) Enum() *DrawState {
+	p := new(DrawState)
+	*p = x
+	return p
+}
+
+func (x DrawState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DrawState) Descriptor() protoreflect.EnumDescriptor {
+	return file_shardstock_v1_inventory_proto_enumTypes[1].Descriptor()
+}
+
+func (DrawState) Type() protoreflect.EnumType {
+	return &file_shardstock_v1_inventory_proto_enumTypes[1]
+}
+
+func (x DrawState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DrawState.Descriptor instead.
+func (DrawState) EnumDescriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{1}
 }
 
 type ReserveRequest struct {
@@ -2037,11 +2094,173 @@ func (x *WatchTicketResponse) GetTicket() *Ticket {
 	return nil
 }
 
+type GetDrawRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sku   string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	// The next_page_token of the last page; empty: from the first ticket.
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Tickets per page: 0 (1,000) to 10,000.
+	PageSize      int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDrawRequest) Reset() {
+	*x = GetDrawRequest{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDrawRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDrawRequest) ProtoMessage() {}
+
+func (x *GetDrawRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDrawRequest.ProtoReflect.Descriptor instead.
+func (*GetDrawRequest) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *GetDrawRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *GetDrawRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *GetDrawRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+type GetDrawResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Sku    string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	State  DrawState              `protobuf:"varint,2,opt,name=state,proto3,enum=shardstock.v1.DrawState" json:"state,omitempty"`
+	DrawAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=draw_at,json=drawAt,proto3" json:"draw_at,omitempty"`
+	// The ChaCha8 key the draw shuffled with, 64 hex digits; set once
+	// SEEDED.
+	Seed string `protobuf:"bytes,4,opt,name=seed,proto3" json:"seed,omitempty"`
+	// The tickets drawn (registered, while REGISTERING).
+	Tickets int64 `protobuf:"varint,5,opt,name=tickets,proto3" json:"tickets,omitempty"`
+	// A page of the ticket ids in drawn order; DRAWN only. The order is
+	// DrawOrder(seed, the ids sorted): shuffle the sorted ids with
+	// math/rand/v2's ChaCha8 keyed with the seed (internal/admission).
+	TicketIds []string `protobuf:"bytes,6,rep,name=ticket_ids,json=ticketIds,proto3" json:"ticket_ids,omitempty"`
+	// The rank of the page's last ticket: the next page's page_token; empty
+	// after the last page.
+	NextPageToken string `protobuf:"bytes,7,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDrawResponse) Reset() {
+	*x = GetDrawResponse{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDrawResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDrawResponse) ProtoMessage() {}
+
+func (x *GetDrawResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDrawResponse.ProtoReflect.Descriptor instead.
+func (*GetDrawResponse) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *GetDrawResponse) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *GetDrawResponse) GetState() DrawState {
+	if x != nil {
+		return x.State
+	}
+	return DrawState_DRAW_STATE_UNSPECIFIED
+}
+
+func (x *GetDrawResponse) GetDrawAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrawAt
+	}
+	return nil
+}
+
+func (x *GetDrawResponse) GetSeed() string {
+	if x != nil {
+		return x.Seed
+	}
+	return ""
+}
+
+func (x *GetDrawResponse) GetTickets() int64 {
+	if x != nil {
+		return x.Tickets
+	}
+	return 0
+}
+
+func (x *GetDrawResponse) GetTicketIds() []string {
+	if x != nil {
+		return x.TicketIds
+	}
+	return nil
+}
+
+func (x *GetDrawResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_shardstock_v1_inventory_proto protoreflect.FileDescriptor
 
 const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\n" +
-	"\x1dshardstock/v1/inventory.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19shardstock/v1/types.proto\"\xd4\x01\n" +
+	"\x1dshardstock/v1/inventory.proto\x12\rshardstock.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19shardstock/v1/types.proto\"\xd4\x01\n" +
 	"\x0eReserveRequest\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1a\n" +
 	"\bquantity\x18\x02 \x01(\x03R\bquantity\x12'\n" +
@@ -2158,14 +2377,33 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x12WatchTicketRequest\x12\x1b\n" +
 	"\tticket_id\x18\x01 \x01(\tR\bticketId\"D\n" +
 	"\x13WatchTicketResponse\x12-\n" +
-	"\x06ticket\x18\x01 \x01(\v2\x15.shardstock.v1.TicketR\x06ticket*\x95\x01\n" +
+	"\x06ticket\x18\x01 \x01(\v2\x15.shardstock.v1.TicketR\x06ticket\"^\n" +
+	"\x0eGetDrawRequest\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"\xfd\x01\n" +
+	"\x0fGetDrawResponse\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12.\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x18.shardstock.v1.DrawStateR\x05state\x123\n" +
+	"\adraw_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06drawAt\x12\x12\n" +
+	"\x04seed\x18\x04 \x01(\tR\x04seed\x12\x18\n" +
+	"\atickets\x18\x05 \x01(\x03R\atickets\x12\x1d\n" +
+	"\n" +
+	"ticket_ids\x18\x06 \x03(\tR\tticketIds\x12&\n" +
+	"\x0fnext_page_token\x18\a \x01(\tR\rnextPageToken*\x95\x01\n" +
 	"\n" +
 	"StockEvent\x12\x1b\n" +
 	"\x17STOCK_EVENT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14STOCK_EVENT_SNAPSHOT\x10\x01\x12\x17\n" +
 	"\x13STOCK_EVENT_CHANGED\x10\x02\x12\x18\n" +
 	"\x14STOCK_EVENT_SOLD_OUT\x10\x03\x12\x1d\n" +
-	"\x19STOCK_EVENT_BACK_IN_STOCK\x10\x042\x8d\f\n" +
+	"\x19STOCK_EVENT_BACK_IN_STOCK\x10\x04*p\n" +
+	"\tDrawState\x12\x1a\n" +
+	"\x16DRAW_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16DRAW_STATE_REGISTERING\x10\x01\x12\x15\n" +
+	"\x11DRAW_STATE_SEEDED\x10\x02\x12\x14\n" +
+	"\x10DRAW_STATE_DRAWN\x10\x032\xdc\f\n" +
 	"\x10InventoryService\x12J\n" +
 	"\aReserve\x12\x1d.shardstock.v1.ReserveRequest\x1a\x1e.shardstock.v1.ReserveResponse\"\x00\x12G\n" +
 	"\x06Commit\x12\x1c.shardstock.v1.CommitRequest\x1a\x1d.shardstock.v1.CommitResponse\"\x00\x12J\n" +
@@ -2185,7 +2423,8 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\fRequestToken\x12\".shardstock.v1.RequestTokenRequest\x1a#.shardstock.v1.RequestTokenResponse\"\x00\x12S\n" +
 	"\tGetTicket\x12\x1f.shardstock.v1.GetTicketRequest\x1a .shardstock.v1.GetTicketResponse\"\x03\x90\x02\x01\x12Y\n" +
 	"\fCancelTicket\x12\".shardstock.v1.CancelTicketRequest\x1a#.shardstock.v1.CancelTicketResponse\"\x00\x12X\n" +
-	"\vWatchTicket\x12!.shardstock.v1.WatchTicketRequest\x1a\".shardstock.v1.WatchTicketResponse\"\x000\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\vWatchTicket\x12!.shardstock.v1.WatchTicketRequest\x1a\".shardstock.v1.WatchTicketResponse\"\x000\x01\x12M\n" +
+	"\aGetDraw\x12\x1d.shardstock.v1.GetDrawRequest\x1a\x1e.shardstock.v1.GetDrawResponse\"\x03\x90\x02\x01BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_inventory_proto_rawDescOnce sync.Once
@@ -2199,123 +2438,131 @@ func file_shardstock_v1_inventory_proto_rawDescGZIP() []byte {
 	return file_shardstock_v1_inventory_proto_rawDescData
 }
 
-var file_shardstock_v1_inventory_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_shardstock_v1_inventory_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_shardstock_v1_inventory_proto_goTypes = []any{
 	(StockEvent)(0),                   // 0: shardstock.v1.StockEvent
-	(*ReserveRequest)(nil),            // 1: shardstock.v1.ReserveRequest
-	(*ReserveResponse)(nil),           // 2: shardstock.v1.ReserveResponse
-	(*CommitRequest)(nil),             // 3: shardstock.v1.CommitRequest
-	(*CommitResponse)(nil),            // 4: shardstock.v1.CommitResponse
-	(*ReleaseRequest)(nil),            // 5: shardstock.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),           // 6: shardstock.v1.ReleaseResponse
-	(*DeductRequest)(nil),             // 7: shardstock.v1.DeductRequest
-	(*DeductResponse)(nil),            // 8: shardstock.v1.DeductResponse
-	(*ReplenishRequest)(nil),          // 9: shardstock.v1.ReplenishRequest
-	(*ReplenishResponse)(nil),         // 10: shardstock.v1.ReplenishResponse
-	(*GetOperationRequest)(nil),       // 11: shardstock.v1.GetOperationRequest
-	(*GetOperationResponse)(nil),      // 12: shardstock.v1.GetOperationResponse
-	(*GetStockRequest)(nil),           // 13: shardstock.v1.GetStockRequest
-	(*GetStockResponse)(nil),          // 14: shardstock.v1.GetStockResponse
-	(*WatchStockRequest)(nil),         // 15: shardstock.v1.WatchStockRequest
-	(*WatchStockResponse)(nil),        // 16: shardstock.v1.WatchStockResponse
-	(*ExtendReservationRequest)(nil),  // 17: shardstock.v1.ExtendReservationRequest
-	(*ExtendReservationResponse)(nil), // 18: shardstock.v1.ExtendReservationResponse
-	(*RefundRequest)(nil),             // 19: shardstock.v1.RefundRequest
-	(*RefundResponse)(nil),            // 20: shardstock.v1.RefundResponse
-	(*ReserveOrderRequest)(nil),       // 21: shardstock.v1.ReserveOrderRequest
-	(*ReserveOrderResponse)(nil),      // 22: shardstock.v1.ReserveOrderResponse
-	(*CommitOrderRequest)(nil),        // 23: shardstock.v1.CommitOrderRequest
-	(*CommitOrderResponse)(nil),       // 24: shardstock.v1.CommitOrderResponse
-	(*ReleaseOrderRequest)(nil),       // 25: shardstock.v1.ReleaseOrderRequest
-	(*ReleaseOrderResponse)(nil),      // 26: shardstock.v1.ReleaseOrderResponse
-	(*GetOrderRequest)(nil),           // 27: shardstock.v1.GetOrderRequest
-	(*GetOrderResponse)(nil),          // 28: shardstock.v1.GetOrderResponse
-	(*RequestTokenRequest)(nil),       // 29: shardstock.v1.RequestTokenRequest
-	(*RequestTokenResponse)(nil),      // 30: shardstock.v1.RequestTokenResponse
-	(*GetTicketRequest)(nil),          // 31: shardstock.v1.GetTicketRequest
-	(*GetTicketResponse)(nil),         // 32: shardstock.v1.GetTicketResponse
-	(*CancelTicketRequest)(nil),       // 33: shardstock.v1.CancelTicketRequest
-	(*CancelTicketResponse)(nil),      // 34: shardstock.v1.CancelTicketResponse
-	(*WatchTicketRequest)(nil),        // 35: shardstock.v1.WatchTicketRequest
-	(*WatchTicketResponse)(nil),       // 36: shardstock.v1.WatchTicketResponse
-	(*durationpb.Duration)(nil),       // 37: google.protobuf.Duration
-	(*Reservation)(nil),               // 38: shardstock.v1.Reservation
-	(*Operation)(nil),                 // 39: shardstock.v1.Operation
-	(*Stock)(nil),                     // 40: shardstock.v1.Stock
-	(*Sale)(nil),                      // 41: shardstock.v1.Sale
-	(*OrderLine)(nil),                 // 42: shardstock.v1.OrderLine
-	(*Order)(nil),                     // 43: shardstock.v1.Order
-	(*Token)(nil),                     // 44: shardstock.v1.Token
-	(*Ticket)(nil),                    // 45: shardstock.v1.Ticket
+	(DrawState)(0),                    // 1: shardstock.v1.DrawState
+	(*ReserveRequest)(nil),            // 2: shardstock.v1.ReserveRequest
+	(*ReserveResponse)(nil),           // 3: shardstock.v1.ReserveResponse
+	(*CommitRequest)(nil),             // 4: shardstock.v1.CommitRequest
+	(*CommitResponse)(nil),            // 5: shardstock.v1.CommitResponse
+	(*ReleaseRequest)(nil),            // 6: shardstock.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 7: shardstock.v1.ReleaseResponse
+	(*DeductRequest)(nil),             // 8: shardstock.v1.DeductRequest
+	(*DeductResponse)(nil),            // 9: shardstock.v1.DeductResponse
+	(*ReplenishRequest)(nil),          // 10: shardstock.v1.ReplenishRequest
+	(*ReplenishResponse)(nil),         // 11: shardstock.v1.ReplenishResponse
+	(*GetOperationRequest)(nil),       // 12: shardstock.v1.GetOperationRequest
+	(*GetOperationResponse)(nil),      // 13: shardstock.v1.GetOperationResponse
+	(*GetStockRequest)(nil),           // 14: shardstock.v1.GetStockRequest
+	(*GetStockResponse)(nil),          // 15: shardstock.v1.GetStockResponse
+	(*WatchStockRequest)(nil),         // 16: shardstock.v1.WatchStockRequest
+	(*WatchStockResponse)(nil),        // 17: shardstock.v1.WatchStockResponse
+	(*ExtendReservationRequest)(nil),  // 18: shardstock.v1.ExtendReservationRequest
+	(*ExtendReservationResponse)(nil), // 19: shardstock.v1.ExtendReservationResponse
+	(*RefundRequest)(nil),             // 20: shardstock.v1.RefundRequest
+	(*RefundResponse)(nil),            // 21: shardstock.v1.RefundResponse
+	(*ReserveOrderRequest)(nil),       // 22: shardstock.v1.ReserveOrderRequest
+	(*ReserveOrderResponse)(nil),      // 23: shardstock.v1.ReserveOrderResponse
+	(*CommitOrderRequest)(nil),        // 24: shardstock.v1.CommitOrderRequest
+	(*CommitOrderResponse)(nil),       // 25: shardstock.v1.CommitOrderResponse
+	(*ReleaseOrderRequest)(nil),       // 26: shardstock.v1.ReleaseOrderRequest
+	(*ReleaseOrderResponse)(nil),      // 27: shardstock.v1.ReleaseOrderResponse
+	(*GetOrderRequest)(nil),           // 28: shardstock.v1.GetOrderRequest
+	(*GetOrderResponse)(nil),          // 29: shardstock.v1.GetOrderResponse
+	(*RequestTokenRequest)(nil),       // 30: shardstock.v1.RequestTokenRequest
+	(*RequestTokenResponse)(nil),      // 31: shardstock.v1.RequestTokenResponse
+	(*GetTicketRequest)(nil),          // 32: shardstock.v1.GetTicketRequest
+	(*GetTicketResponse)(nil),         // 33: shardstock.v1.GetTicketResponse
+	(*CancelTicketRequest)(nil),       // 34: shardstock.v1.CancelTicketRequest
+	(*CancelTicketResponse)(nil),      // 35: shardstock.v1.CancelTicketResponse
+	(*WatchTicketRequest)(nil),        // 36: shardstock.v1.WatchTicketRequest
+	(*WatchTicketResponse)(nil),       // 37: shardstock.v1.WatchTicketResponse
+	(*GetDrawRequest)(nil),            // 38: shardstock.v1.GetDrawRequest
+	(*GetDrawResponse)(nil),           // 39: shardstock.v1.GetDrawResponse
+	(*durationpb.Duration)(nil),       // 40: google.protobuf.Duration
+	(*Reservation)(nil),               // 41: shardstock.v1.Reservation
+	(*Operation)(nil),                 // 42: shardstock.v1.Operation
+	(*Stock)(nil),                     // 43: shardstock.v1.Stock
+	(*Sale)(nil),                      // 44: shardstock.v1.Sale
+	(*OrderLine)(nil),                 // 45: shardstock.v1.OrderLine
+	(*Order)(nil),                     // 46: shardstock.v1.Order
+	(*Token)(nil),                     // 47: shardstock.v1.Token
+	(*Ticket)(nil),                    // 48: shardstock.v1.Ticket
+	(*timestamppb.Timestamp)(nil),     // 49: google.protobuf.Timestamp
 }
 var file_shardstock_v1_inventory_proto_depIdxs = []int32{
-	37, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	38, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
-	38, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
-	38, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
-	39, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
-	39, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
-	39, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
-	40, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
-	40, // 8: shardstock.v1.WatchStockResponse.stock:type_name -> shardstock.v1.Stock
+	40, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	41, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
+	41, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
+	41, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
+	42, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
+	42, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
+	42, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
+	43, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
+	43, // 8: shardstock.v1.WatchStockResponse.stock:type_name -> shardstock.v1.Stock
 	0,  // 9: shardstock.v1.WatchStockResponse.event:type_name -> shardstock.v1.StockEvent
-	37, // 10: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
-	38, // 11: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
-	41, // 12: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
-	39, // 13: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
-	37, // 14: shardstock.v1.ReserveOrderRequest.ttl:type_name -> google.protobuf.Duration
-	42, // 15: shardstock.v1.ReserveOrderRequest.lines:type_name -> shardstock.v1.OrderLine
-	43, // 16: shardstock.v1.ReserveOrderResponse.order:type_name -> shardstock.v1.Order
-	43, // 17: shardstock.v1.CommitOrderResponse.order:type_name -> shardstock.v1.Order
-	43, // 18: shardstock.v1.ReleaseOrderResponse.order:type_name -> shardstock.v1.Order
-	43, // 19: shardstock.v1.GetOrderResponse.order:type_name -> shardstock.v1.Order
-	44, // 20: shardstock.v1.RequestTokenResponse.token:type_name -> shardstock.v1.Token
-	45, // 21: shardstock.v1.RequestTokenResponse.ticket:type_name -> shardstock.v1.Ticket
-	45, // 22: shardstock.v1.GetTicketResponse.ticket:type_name -> shardstock.v1.Ticket
-	45, // 23: shardstock.v1.CancelTicketResponse.ticket:type_name -> shardstock.v1.Ticket
-	45, // 24: shardstock.v1.WatchTicketResponse.ticket:type_name -> shardstock.v1.Ticket
-	1,  // 25: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
-	3,  // 26: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
-	5,  // 27: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
-	7,  // 28: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
-	9,  // 29: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
-	11, // 30: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
-	13, // 31: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
-	15, // 32: shardstock.v1.InventoryService.WatchStock:input_type -> shardstock.v1.WatchStockRequest
-	17, // 33: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
-	19, // 34: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
-	21, // 35: shardstock.v1.InventoryService.ReserveOrder:input_type -> shardstock.v1.ReserveOrderRequest
-	23, // 36: shardstock.v1.InventoryService.CommitOrder:input_type -> shardstock.v1.CommitOrderRequest
-	25, // 37: shardstock.v1.InventoryService.ReleaseOrder:input_type -> shardstock.v1.ReleaseOrderRequest
-	27, // 38: shardstock.v1.InventoryService.GetOrder:input_type -> shardstock.v1.GetOrderRequest
-	29, // 39: shardstock.v1.InventoryService.RequestToken:input_type -> shardstock.v1.RequestTokenRequest
-	31, // 40: shardstock.v1.InventoryService.GetTicket:input_type -> shardstock.v1.GetTicketRequest
-	33, // 41: shardstock.v1.InventoryService.CancelTicket:input_type -> shardstock.v1.CancelTicketRequest
-	35, // 42: shardstock.v1.InventoryService.WatchTicket:input_type -> shardstock.v1.WatchTicketRequest
-	2,  // 43: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
-	4,  // 44: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
-	6,  // 45: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
-	8,  // 46: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
-	10, // 47: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
-	12, // 48: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
-	14, // 49: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
-	16, // 50: shardstock.v1.InventoryService.WatchStock:output_type -> shardstock.v1.WatchStockResponse
-	18, // 51: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
-	20, // 52: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
-	22, // 53: shardstock.v1.InventoryService.ReserveOrder:output_type -> shardstock.v1.ReserveOrderResponse
-	24, // 54: shardstock.v1.InventoryService.CommitOrder:output_type -> shardstock.v1.CommitOrderResponse
-	26, // 55: shardstock.v1.InventoryService.ReleaseOrder:output_type -> shardstock.v1.ReleaseOrderResponse
-	28, // 56: shardstock.v1.InventoryService.GetOrder:output_type -> shardstock.v1.GetOrderResponse
-	30, // 57: shardstock.v1.InventoryService.RequestToken:output_type -> shardstock.v1.RequestTokenResponse
-	32, // 58: shardstock.v1.InventoryService.GetTicket:output_type -> shardstock.v1.GetTicketResponse
-	34, // 59: shardstock.v1.InventoryService.CancelTicket:output_type -> shardstock.v1.CancelTicketResponse
-	36, // 60: shardstock.v1.InventoryService.WatchTicket:output_type -> shardstock.v1.WatchTicketResponse
-	43, // [43:61] is the sub-list for method output_type
-	25, // [25:43] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	40, // 10: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
+	41, // 11: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
+	44, // 12: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
+	42, // 13: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
+	40, // 14: shardstock.v1.ReserveOrderRequest.ttl:type_name -> google.protobuf.Duration
+	45, // 15: shardstock.v1.ReserveOrderRequest.lines:type_name -> shardstock.v1.OrderLine
+	46, // 16: shardstock.v1.ReserveOrderResponse.order:type_name -> shardstock.v1.Order
+	46, // 17: shardstock.v1.CommitOrderResponse.order:type_name -> shardstock.v1.Order
+	46, // 18: shardstock.v1.ReleaseOrderResponse.order:type_name -> shardstock.v1.Order
+	46, // 19: shardstock.v1.GetOrderResponse.order:type_name -> shardstock.v1.Order
+	47, // 20: shardstock.v1.RequestTokenResponse.token:type_name -> shardstock.v1.Token
+	48, // 21: shardstock.v1.RequestTokenResponse.ticket:type_name -> shardstock.v1.Ticket
+	48, // 22: shardstock.v1.GetTicketResponse.ticket:type_name -> shardstock.v1.Ticket
+	48, // 23: shardstock.v1.CancelTicketResponse.ticket:type_name -> shardstock.v1.Ticket
+	48, // 24: shardstock.v1.WatchTicketResponse.ticket:type_name -> shardstock.v1.Ticket
+	1,  // 25: shardstock.v1.GetDrawResponse.state:type_name -> shardstock.v1.DrawState
+	49, // 26: shardstock.v1.GetDrawResponse.draw_at:type_name -> google.protobuf.Timestamp
+	2,  // 27: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
+	4,  // 28: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
+	6,  // 29: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
+	8,  // 30: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
+	10, // 31: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
+	12, // 32: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
+	14, // 33: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
+	16, // 34: shardstock.v1.InventoryService.WatchStock:input_type -> shardstock.v1.WatchStockRequest
+	18, // 35: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
+	20, // 36: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
+	22, // 37: shardstock.v1.InventoryService.ReserveOrder:input_type -> shardstock.v1.ReserveOrderRequest
+	24, // 38: shardstock.v1.InventoryService.CommitOrder:input_type -> shardstock.v1.CommitOrderRequest
+	26, // 39: shardstock.v1.InventoryService.ReleaseOrder:input_type -> shardstock.v1.ReleaseOrderRequest
+	28, // 40: shardstock.v1.InventoryService.GetOrder:input_type -> shardstock.v1.GetOrderRequest
+	30, // 41: shardstock.v1.InventoryService.RequestToken:input_type -> shardstock.v1.RequestTokenRequest
+	32, // 42: shardstock.v1.InventoryService.GetTicket:input_type -> shardstock.v1.GetTicketRequest
+	34, // 43: shardstock.v1.InventoryService.CancelTicket:input_type -> shardstock.v1.CancelTicketRequest
+	36, // 44: shardstock.v1.InventoryService.WatchTicket:input_type -> shardstock.v1.WatchTicketRequest
+	38, // 45: shardstock.v1.InventoryService.GetDraw:input_type -> shardstock.v1.GetDrawRequest
+	3,  // 46: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
+	5,  // 47: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
+	7,  // 48: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
+	9,  // 49: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
+	11, // 50: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
+	13, // 51: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
+	15, // 52: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
+	17, // 53: shardstock.v1.InventoryService.WatchStock:output_type -> shardstock.v1.WatchStockResponse
+	19, // 54: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
+	21, // 55: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
+	23, // 56: shardstock.v1.InventoryService.ReserveOrder:output_type -> shardstock.v1.ReserveOrderResponse
+	25, // 57: shardstock.v1.InventoryService.CommitOrder:output_type -> shardstock.v1.CommitOrderResponse
+	27, // 58: shardstock.v1.InventoryService.ReleaseOrder:output_type -> shardstock.v1.ReleaseOrderResponse
+	29, // 59: shardstock.v1.InventoryService.GetOrder:output_type -> shardstock.v1.GetOrderResponse
+	31, // 60: shardstock.v1.InventoryService.RequestToken:output_type -> shardstock.v1.RequestTokenResponse
+	33, // 61: shardstock.v1.InventoryService.GetTicket:output_type -> shardstock.v1.GetTicketResponse
+	35, // 62: shardstock.v1.InventoryService.CancelTicket:output_type -> shardstock.v1.CancelTicketResponse
+	37, // 63: shardstock.v1.InventoryService.WatchTicket:output_type -> shardstock.v1.WatchTicketResponse
+	39, // 64: shardstock.v1.InventoryService.GetDraw:output_type -> shardstock.v1.GetDrawResponse
+	46, // [46:65] is the sub-list for method output_type
+	27, // [27:46] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_inventory_proto_init() }
@@ -2329,8 +2576,8 @@ func file_shardstock_v1_inventory_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_inventory_proto_rawDesc), len(file_shardstock_v1_inventory_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   36,
+			NumEnums:      2,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -380,7 +380,9 @@ const (
 	// First come, first served: a token while units are free, else a ticket
 	// in the waitlist.
 	AdmissionMode_ADMISSION_MODE_TOKENS AdmissionMode = 1
-	// A draw among registrations (not built yet: refused INVALID_ARGUMENT).
+	// A draw among registrations: RequestToken registers until draw_at,
+	// then a draw orders the registrations and they are admitted in that
+	// order (docs/admission.md).
 	AdmissionMode_ADMISSION_MODE_DRAW AdmissionMode = 2
 )
 
@@ -438,6 +440,10 @@ const (
 	TicketState_TICKET_STATE_SOLD_OUT TicketState = 3
 	// CancelTicket took it out of the waitlist.
 	TicketState_TICKET_STATE_CANCELLED TicketState = 4
+	// Registered in a draw that has not run yet; it holds nothing.
+	TicketState_TICKET_STATE_REGISTERED TicketState = 5
+	// Drawn, never admitted, and the SKU sold out for good.
+	TicketState_TICKET_STATE_LOST TicketState = 6
 )
 
 // Enum value maps for TicketState.
@@ -448,6 +454,8 @@ var (
 		2: "TICKET_STATE_ADMITTED",
 		3: "TICKET_STATE_SOLD_OUT",
 		4: "TICKET_STATE_CANCELLED",
+		5: "TICKET_STATE_REGISTERED",
+		6: "TICKET_STATE_LOST",
 	}
 	TicketState_value = map[string]int32{
 		"TICKET_STATE_UNSPECIFIED": 0,
@@ -455,6 +463,8 @@ var (
 		"TICKET_STATE_ADMITTED":    2,
 		"TICKET_STATE_SOLD_OUT":    3,
 		"TICKET_STATE_CANCELLED":   4,
+		"TICKET_STATE_REGISTERED":  5,
+		"TICKET_STATE_LOST":        6,
 	}
 )
 
@@ -1586,8 +1596,11 @@ type Ticket struct {
 	Token          *Token                 `protobuf:"bytes,6,opt,name=token,proto3" json:"token,omitempty"`
 	IdempotencyKey string                 `protobuf:"bytes,7,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	CreatedAt      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The ticket's place in its SKU's draw, from 1; 0 before the draw and
+	// for a SKU without one.
+	DrawRank      int64 `protobuf:"varint,9,opt,name=draw_rank,json=drawRank,proto3" json:"draw_rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Ticket) Reset() {
@@ -1674,6 +1687,13 @@ func (x *Ticket) GetCreatedAt() *timestamppb.Timestamp {
 		return x.CreatedAt
 	}
 	return nil
+}
+
+func (x *Ticket) GetDrawRank() int64 {
+	if x != nil {
+		return x.DrawRank
+	}
+	return 0
 }
 
 var File_shardstock_v1_types_proto protoreflect.FileDescriptor
@@ -1784,7 +1804,7 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x1a\n" +
 	"\bquantity\x18\x03 \x01(\x03R\bquantity\x129\n" +
 	"\n" +
-	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xb1\x02\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xce\x02\n" +
 	"\x06Ticket\x12\x1b\n" +
 	"\tticket_id\x18\x01 \x01(\tR\bticketId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x1a\n" +
@@ -1794,7 +1814,8 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\x05token\x18\x06 \x01(\v2\x14.shardstock.v1.TokenR\x05token\x12'\n" +
 	"\x0fidempotency_key\x18\a \x01(\tR\x0eidempotencyKey\x129\n" +
 	"\n" +
-	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt*\xb1\x01\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1b\n" +
+	"\tdraw_rank\x18\t \x01(\x03R\bdrawRank*\xb1\x01\n" +
 	"\x10ReservationState\x12!\n" +
 	"\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RESERVATION_STATE_HELD\x10\x01\x12\x1f\n" +
@@ -1837,13 +1858,15 @@ const file_shardstock_v1_types_proto_rawDesc = "" +
 	"\rAdmissionMode\x12\x1e\n" +
 	"\x1aADMISSION_MODE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ADMISSION_MODE_TOKENS\x10\x01\x12\x17\n" +
-	"\x13ADMISSION_MODE_DRAW\x10\x02*\x97\x01\n" +
+	"\x13ADMISSION_MODE_DRAW\x10\x02*\xcb\x01\n" +
 	"\vTicketState\x12\x1c\n" +
 	"\x18TICKET_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14TICKET_STATE_WAITING\x10\x01\x12\x19\n" +
 	"\x15TICKET_STATE_ADMITTED\x10\x02\x12\x19\n" +
 	"\x15TICKET_STATE_SOLD_OUT\x10\x03\x12\x1a\n" +
-	"\x16TICKET_STATE_CANCELLED\x10\x04BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
+	"\x16TICKET_STATE_CANCELLED\x10\x04\x12\x1b\n" +
+	"\x17TICKET_STATE_REGISTERED\x10\x05\x12\x15\n" +
+	"\x11TICKET_STATE_LOST\x10\x06BAZ?github.com/shardstock/shardstock/gen/shardstock/v1;shardstockv1b\x06proto3"
 
 var (
 	file_shardstock_v1_types_proto_rawDescOnce sync.Once

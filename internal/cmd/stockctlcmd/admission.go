@@ -19,11 +19,14 @@ type admissionFlags struct {
 	mode                 *string
 	tokenTTL             *time.Duration
 	waitlistMax, perCust *int64
+	drawAt               *optTime
 }
 
 func addAdmissionFlags(fs *flag.FlagSet) admissionFlags {
-	return admissionFlags{mode: fs.String("admission", "", ""), tokenTTL: fs.Duration("token-ttl", 0, ""),
-		waitlistMax: fs.Int64("waitlist-max", 0, ""), perCust: fs.Int64("tokens-per-customer", 0, "")}
+	f := admissionFlags{mode: fs.String("admission", "", ""), tokenTTL: fs.Duration("token-ttl", 0, ""),
+		waitlistMax: fs.Int64("waitlist-max", 0, ""), perCust: fs.Int64("tokens-per-customer", 0, ""), drawAt: &optTime{}}
+	fs.Var(f.drawAt, "draw-at", "")
+	return f
 }
 
 // admission is the flags' admission: nil without -admission.
@@ -40,7 +43,7 @@ func (f admissionFlags) admission() (*v1.Admission, error) {
 	default:
 		return nil, usagef("-admission: want tokens, draw or off, not %q", *f.mode)
 	}
-	a := &v1.Admission{Mode: mode, WaitlistMax: *f.waitlistMax, TokensPerCustomer: *f.perCust}
+	a := &v1.Admission{Mode: mode, WaitlistMax: *f.waitlistMax, TokensPerCustomer: *f.perCust, DrawAt: f.drawAt.v}
 	if *f.tokenTTL > 0 {
 		a.TokenTtl = durationpb.New(*f.tokenTTL)
 	}
@@ -106,4 +109,31 @@ func tokenTable(w *tabwriter.Writer, tk *v1.Token) {
 func ticketTable(w *tabwriter.Writer, t *v1.Ticket) {
 	fmt.Fprintf(w, "TICKET\tSKU\tQUANTITY\tSTATE\tPOSITION\tTOKEN\n%s\t%s\t%d\t%s\t%d\t%s\n", t.GetTicketId(), t.GetSku(), t.GetQuantity(),
 		strings.TrimPrefix(t.GetState().String(), "TICKET_STATE_"), t.GetPosition(), dash(t.GetToken().GetTokenId()))
+}
+
+func cmdDraw(ctx context.Context, c *cli, args []string) error {
+	fs := flag.NewFlagSet("draw", flag.ContinueOnError)
+	page := fs.String("page-token", "", "")
+	size := fs.Int("page-size", 0, "")
+	pos, err := parse(fs, args, 1, "SKU")
+	if err != nil {
+		return err
+	}
+	resp, err := call(ctx, c, func(ctx context.Context) (*connect.Response[v1.GetDrawResponse], error) {
+		return c.inv.GetDraw(ctx, req(c, &v1.GetDrawRequest{Sku: pos[0], PageToken: *page, PageSize: int32(*size)}))
+	})
+	if err != nil {
+		return err
+	}
+	m := resp.Msg
+	return c.show(m, func(w *tabwriter.Writer) {
+		fmt.Fprintf(w, "SKU\tSTATE\tDRAW AT\tTICKETS\tSEED\n%s\t%s\t%s\t%d\t%s\n", m.GetSku(), strings.TrimPrefix(m.GetState().String(), "DRAW_STATE_"),
+			m.GetDrawAt().AsTime().Format(time.RFC3339), m.GetTickets(), dash(m.GetSeed()))
+		if len(m.GetTicketIds()) > 0 {
+			fmt.Fprintf(w, "\nDRAWN\n%s\n", strings.Join(m.GetTicketIds(), "\n"))
+		}
+		if m.GetNextPageToken() != "" {
+			fmt.Fprintf(w, "next: -page-token %s\n", m.GetNextPageToken())
+		}
+	})
 }

@@ -87,11 +87,12 @@ commands:
   operation SKU KEY                      the first answer to an idempotency key
   order ORDER_ID | order -key KEY        an order (docs/orders.md): its state and lines
   create-sku SKU -stock N [-shards N -max-per-order N -customer-limit N -ttl D]
-                 [-admission tokens -token-ttl D -waitlist-max N -tokens-per-customer N]
+                 [-admission tokens|draw -token-ttl D -waitlist-max N -tokens-per-customer N -draw-at T]
   request-token SKU -key K [-quantity N -customer C]
                                          a purchase token, or a ticket in the waitlist (docs/admission.md)
   ticket TICKET_ID | ticket -sku SKU -key KEY
                                          a ticket: WAITING and its position, ADMITTED and its token, ...
+  draw SKU [-page-token T -page-size N]  a draw: its state, seed and tickets in drawn order (docs/admission.md)
   update-sku SKU [-paused=true|false -max-per-order N -customer-limit N -auto-shards=true|false
                  -sale-start T -sale-end T -clear-sale-window]
                                          T: RFC 3339 (2026-12-24T18:00:00Z) or +DURATION from now
@@ -295,6 +296,7 @@ func init() {
 		"prewarm":            cmdPrewarm,
 		"request-token":      cmdRequestToken,
 		"ticket":             cmdTicket,
+		"draw":               cmdDraw,
 	}
 }
 

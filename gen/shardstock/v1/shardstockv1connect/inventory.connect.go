@@ -84,6 +84,9 @@ const (
 	// InventoryServiceWatchTicketProcedure is the fully-qualified name of the InventoryService's
 	// WatchTicket RPC.
 	InventoryServiceWatchTicketProcedure = "/shardstock.v1.InventoryService/WatchTicket"
+	// InventoryServiceGetDrawProcedure is the fully-qualified name of the InventoryService's GetDraw
+	// RPC.
+	InventoryServiceGetDrawProcedure = "/shardstock.v1.InventoryService/GetDraw"
 )
 
 // InventoryServiceClient is a client for the shardstock.v1.InventoryService service.
@@ -141,6 +144,10 @@ type InventoryServiceClient interface {
 	// WatchTicket streams a ticket: as it is, then each change of position
 	// or state, and ends once the ticket is no longer WAITING.
 	WatchTicket(context.Context, *connect.Request[v1.WatchTicketRequest]) (*connect.ServerStreamForClient[v1.WatchTicketResponse], error)
+	// GetDraw reads a SKU's draw (ADMISSION_MODE_DRAW): its state, seed and
+	// its tickets in drawn order, a page at a time, so that anyone can
+	// replay it (docs/admission.md).
+	GetDraw(context.Context, *connect.Request[v1.GetDrawRequest]) (*connect.Response[v1.GetDrawResponse], error)
 }
 
 // NewInventoryServiceClient constructs a client for the shardstock.v1.InventoryService service. By
@@ -266,6 +273,13 @@ func NewInventoryServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(inventoryServiceMethods.ByName("WatchTicket")),
 			connect.WithClientOptions(opts...),
 		),
+		getDraw: connect.NewClient[v1.GetDrawRequest, v1.GetDrawResponse](
+			httpClient,
+			baseURL+InventoryServiceGetDrawProcedure,
+			connect.WithSchema(inventoryServiceMethods.ByName("GetDraw")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -289,6 +303,7 @@ type inventoryServiceClient struct {
 	getTicket         *connect.Client[v1.GetTicketRequest, v1.GetTicketResponse]
 	cancelTicket      *connect.Client[v1.CancelTicketRequest, v1.CancelTicketResponse]
 	watchTicket       *connect.Client[v1.WatchTicketRequest, v1.WatchTicketResponse]
+	getDraw           *connect.Client[v1.GetDrawRequest, v1.GetDrawResponse]
 }
 
 // Reserve calls shardstock.v1.InventoryService.Reserve.
@@ -381,6 +396,11 @@ func (c *inventoryServiceClient) WatchTicket(ctx context.Context, req *connect.R
 	return c.watchTicket.CallServerStream(ctx, req)
 }
 
+// GetDraw calls shardstock.v1.InventoryService.GetDraw.
+func (c *inventoryServiceClient) GetDraw(ctx context.Context, req *connect.Request[v1.GetDrawRequest]) (*connect.Response[v1.GetDrawResponse], error) {
+	return c.getDraw.CallUnary(ctx, req)
+}
+
 // InventoryServiceHandler is an implementation of the shardstock.v1.InventoryService service.
 type InventoryServiceHandler interface {
 	// Reserve holds quantity units for ttl (the SKU's default when unset).
@@ -436,6 +456,10 @@ type InventoryServiceHandler interface {
 	// WatchTicket streams a ticket: as it is, then each change of position
 	// or state, and ends once the ticket is no longer WAITING.
 	WatchTicket(context.Context, *connect.Request[v1.WatchTicketRequest], *connect.ServerStream[v1.WatchTicketResponse]) error
+	// GetDraw reads a SKU's draw (ADMISSION_MODE_DRAW): its state, seed and
+	// its tickets in drawn order, a page at a time, so that anyone can
+	// replay it (docs/admission.md).
+	GetDraw(context.Context, *connect.Request[v1.GetDrawRequest]) (*connect.Response[v1.GetDrawResponse], error)
 }
 
 // NewInventoryServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -557,6 +581,13 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 		connect.WithSchema(inventoryServiceMethods.ByName("WatchTicket")),
 		connect.WithHandlerOptions(opts...),
 	)
+	inventoryServiceGetDrawHandler := connect.NewUnaryHandler(
+		InventoryServiceGetDrawProcedure,
+		svc.GetDraw,
+		connect.WithSchema(inventoryServiceMethods.ByName("GetDraw")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/shardstock.v1.InventoryService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case InventoryServiceReserveProcedure:
@@ -595,6 +626,8 @@ func NewInventoryServiceHandler(svc InventoryServiceHandler, opts ...connect.Han
 			inventoryServiceCancelTicketHandler.ServeHTTP(w, r)
 		case InventoryServiceWatchTicketProcedure:
 			inventoryServiceWatchTicketHandler.ServeHTTP(w, r)
+		case InventoryServiceGetDrawProcedure:
+			inventoryServiceGetDrawHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -674,4 +707,8 @@ func (UnimplementedInventoryServiceHandler) CancelTicket(context.Context, *conne
 
 func (UnimplementedInventoryServiceHandler) WatchTicket(context.Context, *connect.Request[v1.WatchTicketRequest], *connect.ServerStream[v1.WatchTicketResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.WatchTicket is not implemented"))
+}
+
+func (UnimplementedInventoryServiceHandler) GetDraw(context.Context, *connect.Request[v1.GetDrawRequest]) (*connect.Response[v1.GetDrawResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("shardstock.v1.InventoryService.GetDraw is not implemented"))
 }

@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { Duration } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import type { Operation, Order, OrderLine, Reservation, Sale, Stock, Ticket, Token } from "./types_pb.js";
 
 /**
@@ -834,6 +834,94 @@ export declare type WatchTicketResponse = Message<"shardstock.v1.WatchTicketResp
 export declare const WatchTicketResponseSchema: GenMessage<WatchTicketResponse>;
 
 /**
+ * @generated from message shardstock.v1.GetDrawRequest
+ */
+export declare type GetDrawRequest = Message<"shardstock.v1.GetDrawRequest"> & {
+  /**
+   * @generated from field: string sku = 1;
+   */
+  sku: string;
+
+  /**
+   * The next_page_token of the last page; empty: from the first ticket.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+
+  /**
+   * Tickets per page: 0 (1,000) to 10,000.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+};
+
+/**
+ * Describes the message shardstock.v1.GetDrawRequest.
+ * Use `create(GetDrawRequestSchema)` to create a new message.
+ */
+export declare const GetDrawRequestSchema: GenMessage<GetDrawRequest>;
+
+/**
+ * @generated from message shardstock.v1.GetDrawResponse
+ */
+export declare type GetDrawResponse = Message<"shardstock.v1.GetDrawResponse"> & {
+  /**
+   * @generated from field: string sku = 1;
+   */
+  sku: string;
+
+  /**
+   * @generated from field: shardstock.v1.DrawState state = 2;
+   */
+  state: DrawState;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp draw_at = 3;
+   */
+  drawAt?: Timestamp | undefined;
+
+  /**
+   * The ChaCha8 key the draw shuffled with, 64 hex digits; set once
+   * SEEDED.
+   *
+   * @generated from field: string seed = 4;
+   */
+  seed: string;
+
+  /**
+   * The tickets drawn (registered, while REGISTERING).
+   *
+   * @generated from field: int64 tickets = 5;
+   */
+  tickets: bigint;
+
+  /**
+   * A page of the ticket ids in drawn order; DRAWN only. The order is
+   * DrawOrder(seed, the ids sorted): shuffle the sorted ids with
+   * math/rand/v2's ChaCha8 keyed with the seed (internal/admission).
+   *
+   * @generated from field: repeated string ticket_ids = 6;
+   */
+  ticketIds: string[];
+
+  /**
+   * The rank of the page's last ticket: the next page's page_token; empty
+   * after the last page.
+   *
+   * @generated from field: string next_page_token = 7;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message shardstock.v1.GetDrawResponse.
+ * Use `create(GetDrawResponseSchema)` to create a new message.
+ */
+export declare const GetDrawResponseSchema: GenMessage<GetDrawResponse>;
+
+/**
  * StockEvent says what a WatchStock message reports.
  *
  * @generated from enum shardstock.v1.StockEvent
@@ -877,6 +965,44 @@ export enum StockEvent {
  * Describes the enum shardstock.v1.StockEvent.
  */
 export declare const StockEventSchema: GenEnum<StockEvent>;
+
+/**
+ * DrawState is where a SKU's draw is.
+ *
+ * @generated from enum shardstock.v1.DrawState
+ */
+export enum DrawState {
+  /**
+   * @generated from enum value: DRAW_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Registration open, or closed and the seed not recorded yet.
+   *
+   * @generated from enum value: DRAW_STATE_REGISTERING = 1;
+   */
+  REGISTERING = 1,
+
+  /**
+   * The seed is recorded (it fixes the order); the order is not yet.
+   *
+   * @generated from enum value: DRAW_STATE_SEEDED = 2;
+   */
+  SEEDED = 2,
+
+  /**
+   * The order is recorded: ticket_ids lists it.
+   *
+   * @generated from enum value: DRAW_STATE_DRAWN = 3;
+   */
+  DRAWN = 3,
+}
+
+/**
+ * Describes the enum shardstock.v1.DrawState.
+ */
+export declare const DrawStateSchema: GenEnum<DrawState>;
 
 /**
  * InventoryService is the public API for selling stock. Every stock-changing
@@ -1083,6 +1209,18 @@ export declare const InventoryService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchTicketRequestSchema;
     output: typeof WatchTicketResponseSchema;
+  },
+  /**
+   * GetDraw reads a SKU's draw (ADMISSION_MODE_DRAW): its state, seed and
+   * its tickets in drawn order, a page at a time, so that anyone can
+   * replay it (docs/admission.md).
+   *
+   * @generated from rpc shardstock.v1.InventoryService.GetDraw
+   */
+  getDraw: {
+    methodKind: "unary";
+    input: typeof GetDrawRequestSchema;
+    output: typeof GetDrawResponseSchema;
   },
 }>;
 

@@ -656,6 +656,14 @@ export declare type Ticket = Message<"shardstock.v1.Ticket"> & {
    * @generated from field: google.protobuf.Timestamp created_at = 8;
    */
   createdAt?: Timestamp | undefined;
+
+  /**
+   * The ticket's place in its SKU's draw, from 1; 0 before the draw and
+   * for a SKU without one.
+   *
+   * @generated from field: int64 draw_rank = 9;
+   */
+  drawRank: bigint;
 };
 
 /**
@@ -928,7 +936,9 @@ export enum AdmissionMode {
   TOKENS = 1,
 
   /**
-   * A draw among registrations (not built yet: refused INVALID_ARGUMENT).
+   * A draw among registrations: RequestToken registers until draw_at,
+   * then a draw orders the registrations and they are admitted in that
+   * order (docs/admission.md).
    *
    * @generated from enum value: ADMISSION_MODE_DRAW = 2;
    */
@@ -978,6 +988,20 @@ export enum TicketState {
    * @generated from enum value: TICKET_STATE_CANCELLED = 4;
    */
   CANCELLED = 4,
+
+  /**
+   * Registered in a draw that has not run yet; it holds nothing.
+   *
+   * @generated from enum value: TICKET_STATE_REGISTERED = 5;
+   */
+  REGISTERED = 5,
+
+  /**
+   * Drawn, never admitted, and the SKU sold out for good.
+   *
+   * @generated from enum value: TICKET_STATE_LOST = 6;
+   */
+  LOST = 6,
 }
 
 /**
