@@ -17,14 +17,29 @@ const DrawSeedLen = 32
 // (byte) order first, so the order depends on the seed and the set of ids
 // alone, not on the order a database returned them in: the worker that
 // runs the draw and anyone replaying it from GetDraw's seed and list get
-// the same order. ChaCha8 is part of Go's compatibility promise
-// (math/rand/v2 fixes its output stream), so the replay holds across Go
-// releases.
+// the same order.
+//
+// Every step is written out here, not left to rand.Shuffle: Go promises
+// ChaCha8's output stream (math/rand/v2), but not how Shuffle or IntN
+// turn it into indexes, and a draw must replay the same in any later
+// release or language. For i from n-1 down to 1, j is the first 64-bit
+// output x (as ChaCha8.Uint64 gives it) with x >= 2^64 mod (i+1), taken
+// mod (i+1) (rejection, so every j is equally likely); then ids i and j
+// swap. TestDrawOrder_KnownAnswer pins it.
 func DrawOrder(seed [DrawSeedLen]byte, ticketIDs []string) []string {
 	order := slices.Clone(ticketIDs)
 	slices.Sort(order)
-	r := mrand.New(mrand.NewChaCha8(seed))
-	r.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	src := mrand.NewChaCha8(seed)
+	for i := len(order) - 1; i > 0; i-- {
+		bound := uint64(i) + 1
+		low := -bound % bound // 2^64 mod bound: the outputs below it would favour small j
+		x := src.Uint64()
+		for x < low {
+			x = src.Uint64()
+		}
+		j := x % bound
+		order[i], order[j] = order[j], order[i]
+	}
 	return order
 }
 
