@@ -58,6 +58,8 @@ type Worker struct {
 	// drawn remembers the SKUs whose draw this worker saw ranked, so
 	// that a pass of a drawn SKU costs no draw query.
 	drawn map[string]bool
+	// listFailing: the last listing of the waitlists failed (and was said).
+	listFailing bool
 }
 
 // NewWorker returns a worker of svc; interval 0 is PollInterval.
@@ -91,10 +93,17 @@ func (w *Worker) Run(ctx context.Context) {
 func (w *Worker) round(ctx context.Context) {
 	skus, err := w.svc.store.OpenTicketSKUs(ctx, skusPerPassMax)
 	if err != nil {
-		if ctx.Err() == nil {
-			w.log.Warn("admission: list the waitlists", "err", err)
+		// Said once a streak: a database down for a minute would
+		// otherwise write a line each interval.
+		if ctx.Err() == nil && !w.listFailing {
+			w.log.Warn("admission: list the waitlists (said once until it works again)", "err", err)
 		}
+		w.listFailing = true
 		return
+	}
+	if w.listFailing {
+		w.log.Info("admission: the waitlists are listed again")
+		w.listFailing = false
 	}
 	open := make(map[string]bool, len(skus))
 	for _, sku := range skus {
