@@ -114,11 +114,17 @@ func (db *DB) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, wa
 		t.State, t.Position = stock.TicketWaiting, queued
 	}
 	t.ID = newTicketID()
-	err = tx.QueryRow(ctx, `INSERT INTO admission_tickets (ticket_id, sku, quantity, idempotency_key, params_hash, customer_ref, state)
+	return db.insertTicket(ctx, tx, t, params)
+}
+
+// insertTicket writes t (its id and state set) in tx and commits: the
+// ticket, not replayed; or, when the same key entered meanwhile through
+// another allocator, that ticket, replayed.
+func (db *DB) insertTicket(ctx context.Context, tx pgx.Tx, t stock.Ticket, params []byte) (*stock.Ticket, bool, error) {
+	err := tx.QueryRow(ctx, `INSERT INTO admission_tickets (ticket_id, sku, quantity, idempotency_key, params_hash, customer_ref, state)
 		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (sku, idempotency_key) DO NOTHING RETURNING seq, created_at`,
 		t.ID, t.SKU, t.Quantity, t.IdempotencyKey, params, t.CustomerRef, string(t.State)).Scan(&t.Seq, &t.CreatedAt)
 	if isNoRows(err) {
-		// The same key entered meanwhile, through another allocator.
 		got, err := db.replayTicket(ctx, tx, t, params)
 		return got, got != nil, err
 	}

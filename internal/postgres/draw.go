@@ -55,17 +55,7 @@ func (db *DB) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte,
 		return nil, false, stock.Errorf(stock.CodeWaitlistFull, "the draw of sku %q holds its waitlist_max registrations", t.SKU)
 	}
 	t.ID, t.State = newTicketID(), stock.TicketRegistered
-	err = tx.QueryRow(ctx, `INSERT INTO admission_tickets (ticket_id, sku, quantity, idempotency_key, params_hash, customer_ref, state)
-		VALUES ($1, $2, $3, $4, $5, $6, 'registered') ON CONFLICT (sku, idempotency_key) DO NOTHING RETURNING seq, created_at`,
-		t.ID, t.SKU, t.Quantity, t.IdempotencyKey, params, t.CustomerRef).Scan(&t.Seq, &t.CreatedAt)
-	if isNoRows(err) {
-		got, err := db.replayTicket(ctx, tx, t, params)
-		return got, got != nil, err
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	return &t, false, tx.Commit(ctx)
+	return db.insertTicket(ctx, tx, t, params)
 }
 
 // SeedDraw records seed as sku's draw's seed unless one is recorded

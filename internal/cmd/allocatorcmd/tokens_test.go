@@ -323,7 +323,7 @@ func TestRun_TokensHostile(t *testing.T) {
 		"PerCustomerNegative": {Mode: v1.AdmissionMode_ADMISSION_MODE_TOKENS, TokensPerCustomer: -1},
 		"PerCustomerHuge":     {Mode: v1.AdmissionMode_ADMISSION_MODE_TOKENS, TokensPerCustomer: stock.TokensPerCustomerMax + 1},
 		"ModeUnknown":         {Mode: v1.AdmissionMode(99)},
-		"ModeDraw":            {Mode: v1.AdmissionMode_ADMISSION_MODE_DRAW, DrawAt: timestamppb.New(time.Now().Add(time.Hour))},
+		"DrawWithoutDrawAt":   {Mode: v1.AdmissionMode_ADMISSION_MODE_DRAW},
 		"DrawAtWithTokens":    {Mode: v1.AdmissionMode_ADMISSION_MODE_TOKENS, DrawAt: timestamppb.New(time.Now().Add(time.Hour))},
 	}
 	cases := map[string]struct {
