@@ -23,6 +23,15 @@ const (
 	headerMaxBytes = 64 << 10
 )
 
+// writeByteTimeout closes an HTTP/2 connection on which nothing could be
+// written for this long while there was something to write: a client
+// that stops reading its socket. A stream's own bounds (a watch's send
+// deadline, api.WatchWriter) end its handler, but their reset cannot go
+// out through a full socket, and the connection's writer would wait
+// forever. 30 s is a watch's send bound: a client that reads at all
+// takes bytes within milliseconds. A variable for the test.
+var writeByteTimeout = 30 * time.Second
+
 // NewServer returns an HTTP server that speaks HTTP/1.1 and cleartext
 // HTTP/2 (h2c) on one port, as Connect, gRPC and gRPC-Web clients need.
 func NewServer(h http.Handler) *http.Server {
@@ -35,6 +44,7 @@ func NewServer(h http.Handler) *http.Server {
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    headerMaxBytes,
+		HTTP2:             &http.HTTP2Config{WriteByteTimeout: writeByteTimeout},
 	}
 }
 
