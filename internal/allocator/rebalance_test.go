@@ -283,8 +283,11 @@ func TestRebalance_SkewedDemand(t *testing.T) {
 		t.Errorf("with the rebalancer on, %.0f reroutes, off %.0f: want at most half", on2[2], off[2])
 	}
 	// The sell-out's own sold-out checks (one per client refused, shared when they
-	// coincide) vary from run to run by about 16.
-	if on2[0]+on2[1] > off[0]+off[1]+16 {
+	// coincide) vary from run to run: on 2026-12-05, off's sum went from 9 to 23
+	// and on's from 21 to 33 over six runs (one CI run failed a margin of 16 at
+	// 29 against 9). A rebalancer that made routing check more would add tens.
+	const soldOutChecksNoise = 24
+	if on2[0]+on2[1] > off[0]+off[1]+soldOutChecksNoise {
 		t.Errorf("with the rebalancer on, %.0f sold-out checks and consolidations, off %.0f: want no more", on2[0]+on2[1], off[0]+off[1])
 	}
 }
