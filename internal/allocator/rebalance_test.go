@@ -240,6 +240,18 @@ func TestRebalance_SplitSpreads(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	s.balanced("split8")
+	// The split goes on after six shards hold stock: let the transfers in
+	// flight land (a CI run read 7,000 with 1,000 in transit), then every
+	// unit must be on a shard.
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		st, err := a.GetStock(ctx, "split8")
+		if err == nil && st.InTransit == 0 {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("units still in transit 5 s after the split: %+v, %v", st, err)
+		}
+	}
 	var total int64
 	for _, n := range s.available("split8") {
 		total += n
