@@ -408,18 +408,6 @@ func unreadable(ctx context.Context, name string, err error) error {
 	return stock.Errorf(stock.CodeShardUnavailable, "the ledger of database %q cannot be read now: resume from the last cursor", name)
 }
 
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // StockEvent is what a WatchStock message says happened to a SKU.
 type StockEvent string
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -113,7 +114,7 @@ func (t *tail) run() {
 				break
 			}
 		}
-		sleep(context.Background(), t.stream.poll)
+		time.Sleep(t.stream.poll)
 	}
 }
 
