@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -126,13 +125,7 @@ func audit(ctx context.Context, log *slog.Logger, call string, r *stock.Request,
 	if log == nil || !log.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
-	outcome := "ok"
-	switch {
-	case res.Err != nil:
-		outcome = string(res.Err.Code)
-	case res.Replayed:
-		outcome = "replayed"
-	}
+	outcome := outcomeOf(res.Err, res.Replayed)
 	log.LogAttrs(ctx, slog.LevelInfo, "stock call", slog.String("call", call), slog.String("caller", r.Caller),
 		slog.String("sku", r.Shard.SKU), slog.String("key", r.Key), slog.String("reservation", r.ReservationID),
 		slog.Int64("quantity", r.Quantity), slog.String("outcome", outcome))
@@ -145,19 +138,24 @@ func auditOrder(ctx context.Context, log *slog.Logger, call string, o *stock.Ord
 	if log == nil || !log.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
-	outcome := "ok"
-	var se *stock.Error
-	switch {
-	case errors.As(err, &se):
-		outcome = string(se.Code)
-	case err != nil:
-		outcome = "error"
-	case replayed:
-		outcome = "replayed"
+	outcome := outcomeOf(nil, replayed)
+	if err != nil {
+		outcome = string(stock.CodeOf(err))
 	}
 	attrs := []slog.Attr{slog.String("call", call), slog.String("caller", callerOf(ctx)), slog.String("outcome", outcome)}
 	if o != nil {
 		attrs = append(attrs, slog.String("order", o.ID), slog.String("order_ref", o.OrderRef), slog.Int("lines", len(o.Lines)))
 	}
 	log.LogAttrs(ctx, slog.LevelInfo, "order call", attrs...)
+}
+
+// outcomeOf is an audit line's outcome: the refusal's code, replayed, or ok.
+func outcomeOf(err *stock.Error, replayed bool) string {
+	switch {
+	case err != nil:
+		return string(err.Code)
+	case replayed:
+		return "replayed"
+	}
+	return "ok"
 }
