@@ -553,8 +553,9 @@ func checkTokens(t *testing.T, s *stack, dbURL, sku string, customers []*tokCust
 		if !c.direct {
 			fromWaitlist++
 		}
-		if tk.state != "admitted" || tk.token != c.token || len(rs) != 1 || rs[0].GetReservationId() != c.token || rs[0].GetQuantity() != c.q {
-			t.Errorf("customer %s holds token %s of %d; its ticket %s is %s with token %q, reserves %v", c.key, c.token, c.q, tk.id, tk.state, tk.token, rs)
+		if tk.state != "admitted" || tk.token != c.token || tk.q != c.q || tk.direct != c.direct || len(rs) != 1 || rs[0].GetReservationId() != c.token || rs[0].GetQuantity() != c.q {
+			t.Errorf("customer %s holds token %s of %d (direct: %v); its ticket %s is %s with token %q of %d (direct: %v), reserves %v",
+				c.key, c.token, c.q, c.direct, tk.id, tk.state, tk.token, tk.q, tk.direct, rs)
 			continue
 		}
 		// Honoured: the end the customer was answered, or the expiry of a
