@@ -123,8 +123,8 @@ bench-pgsettings: ## what Postgres's own settings are worth to a durable deduct:
 bench-cold: ## a shard server's start-up time, memory and the etcd keys with 1,000,000 cold SKUs, against none (about 2 min)
 	scripts/bench/cold-skus.sh
 
-soak-faults: ## the recorded-history fault tests (kill -9, SIGSTOP past the lease, Postgres crash, links cut, etcd leader lost, kernel network faults between namespaces, a failover to the synchronous standby) five times each, every history checked for linearizability (about 10 min; the namespace one needs root and iptables, else skips)
-	go test -count=5 -timeout 30m -run 'TestE2E_(LinearizableUnderFaults|LinkFaultsUnderLoad|EtcdLeaderLost|NetnsFaults|SyncStandbyFailover)$$' -v ./internal/e2e
+soak-faults: ## the recorded-history fault tests (kill -9, SIGSTOP past the lease, Postgres crash, links cut, etcd leader lost, kernel network faults between namespaces, a failover to the synchronous standby, admission's tokens under faults) five times each, every history checked (about 14 min; the namespace one needs root and iptables, else skips)
+	go test -count=5 -timeout 30m -run 'TestE2E_(LinearizableUnderFaults|LinkFaultsUnderLoad|EtcdLeaderLost|NetnsFaults|SyncStandbyFailover|TokensUnderFaults)$$' -v ./internal/e2e
 
 overload: ## a 30 s burst at ten times the peak rate against a real stack: shed with RATE_LIMITED, memory bounded, back at the peak after it (make test runs a 5 s one)
 	SHARDSTOCK_OVERLOAD_SECONDS=30 go test -count=1 -run 'TestE2E_Overload$$' -v ./internal/e2e

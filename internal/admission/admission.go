@@ -96,6 +96,26 @@ type Answer struct {
 // else a ticket in the waitlist; OUT_OF_STOCK once the SKU is sold out for
 // good; WAITLIST_FULL at waitlist_max.
 func (s *Service) RequestToken(ctx context.Context, r TokenRequest) (Answer, error) {
+	a, err := s.requestToken(ctx, r)
+	return a, unavailable(err)
+}
+
+// unavailable answers a failure that is no answer of the service's (the
+// tickets' database down or cut off mid-call, a read that did not finish)
+// SHARD_UNAVAILABLE rather than INTERNAL: every admission call is safe to
+// retry, RequestToken with the same key (its ticket is found again by
+// it), the others with the same ticket, and the API asks clients to retry
+// exactly that code. A domain error and a cancelled call are left as
+// they are.
+func unavailable(err error) error {
+	var e *stock.Error
+	if err == nil || errors.As(err, &e) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return stock.Errorf(stock.CodeShardUnavailable, "the tickets' database did not answer; retry with the same key or ticket")
+}
+
+func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, error) {
 	sku, err := s.validate(ctx, r)
 	if err != nil {
 		return Answer{}, err
@@ -261,7 +281,8 @@ func (s *Service) GetTicket(ctx context.Context, id, sku, key string) (*stock.Ti
 		if err := validTicketID(id); err != nil {
 			return nil, err
 		}
-		return s.store.GetTicket(ctx, id)
+		t, err := s.store.GetTicket(ctx, id)
+		return t, unavailable(err)
 	}
 	if err := stock.ValidateSKU(sku); err != nil {
 		return nil, err
@@ -269,7 +290,8 @@ func (s *Service) GetTicket(ctx context.Context, id, sku, key string) (*stock.Ti
 	if err := stock.ValidateKey(key); err != nil {
 		return nil, err
 	}
-	return s.store.GetTicketByKey(ctx, sku, key)
+	t, err := s.store.GetTicketByKey(ctx, sku, key)
+	return t, unavailable(err)
 }
 
 // ticketIDLenMax bounds a ticket id: "tkt_" and 32 hex digits.
@@ -291,7 +313,7 @@ func (s *Service) CancelTicket(ctx context.Context, id, customer string) (*stock
 	if customer != "" {
 		t, err := s.store.GetTicket(ctx, id)
 		if err != nil {
-			return nil, err
+			return nil, unavailable(err)
 		}
 		if t.CustomerRef != customer {
 			return nil, stock.Errorf(stock.CodeTicketNotFound, "no ticket %q", id)
@@ -301,7 +323,7 @@ func (s *Service) CancelTicket(ctx context.Context, id, customer string) (*stock
 	if err == nil && t.State == stock.TicketCancelled {
 		s.metrics.cancelled.Inc()
 	}
-	return t, err
+	return t, unavailable(err)
 }
 
 // watchInterval is how often WatchTicket looks at its ticket: a position
@@ -327,7 +349,7 @@ func (s *Service) WatchTicket(ctx context.Context, id string, send func(*stock.T
 	for {
 		t, err := s.store.GetTicket(ctx, id)
 		if err != nil {
-			return err
+			return unavailable(err)
 		}
 		if last == nil || t.State != last.State || t.Position != last.Position {
 			if err := send(t); err != nil {
@@ -351,5 +373,6 @@ func (s *Service) WatchTicket(ctx context.Context, id string, send func(*stock.T
 
 // Waitlist returns the number of sku's tickets waiting.
 func (s *Service) Waitlist(ctx context.Context, sku string) (int64, error) {
-	return s.store.WaitingCount(ctx, sku)
+	n, err := s.store.WaitingCount(ctx, sku)
+	return n, unavailable(err)
 }

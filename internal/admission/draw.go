@@ -112,14 +112,14 @@ func (s *Service) GetDraw(ctx context.Context, sku string, after int64, pageLen 
 	}
 	cfg, err := s.seller.SKU(ctx, sku)
 	if err != nil {
-		return nil, err
+		return nil, unavailable(err)
 	}
 	if cfg.Admission.Mode != stock.AdmissionDraw {
 		return nil, stock.Errorf(stock.CodeInvalidArgument, "sku %q does not sell by draw", sku)
 	}
 	d, err := s.store.GetDraw(ctx, sku, after, pageLen)
 	if err != nil {
-		return nil, err
+		return nil, unavailable(err)
 	}
 	d.DrawAt = cfg.Admission.DrawAt
 	return d, nil
