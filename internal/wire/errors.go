@@ -8,6 +8,9 @@ package wire
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"strings"
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -88,6 +91,8 @@ func ToConnect(err error) error {
 			e = stock.Errorf(stock.CodeShardUnavailable, "deadline exceeded; retry with the same key or look it up")
 		case errors.Is(err, context.Canceled):
 			return connect.NewError(connect.CodeCanceled, errors.New("request canceled"))
+		case unreachable(err):
+			e = stock.Errorf(stock.CodeShardUnavailable, "a database did not answer; retry with the same key or look it up")
 		default:
 			e = stock.Errorf(stock.CodeInternal, "internal error")
 		}
@@ -97,6 +102,38 @@ func ToConnect(err error) error {
 		cerr.AddDetail(detail)
 	}
 	return cerr
+}
+
+// unreachable reports whether err says that a database did not answer
+// (the connection refused, broken or timed out, the server shutting down
+// or full) or asked for the transaction to be tried again, rather than a
+// fault of the call's own. Every call of the API is safe to send again
+// with the same key, so such an error is SHARD_UNAVAILABLE, which clients
+// retry, not INTERNAL, which they must not. pgconn's errors are matched by
+// their methods (a PgError's SQLState, a lock error's SafeToRetry), so
+// that this package needs no database driver.
+func unreachable(err error) bool {
+	var state interface{ SQLState() string }
+	if errors.As(err, &state) {
+		code := state.SQLState()
+		switch code {
+		case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
+			"53300",          // too_many_connections
+			"40001", "40P01", // serialization_failure, deadlock_detected
+			"57014": // query_canceled (a statement timeout)
+			return true
+		}
+		return strings.HasPrefix(code, "08") // connection_exception
+	}
+	var netErr net.Error
+	var retry interface{ SafeToRetry() bool }
+	switch {
+	case errors.As(err, &netErr), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return true
+	case errors.As(err, &retry):
+		return retry.SafeToRetry()
+	}
+	return false
 }
 
 // FromConnect recovers the domain error of a Connect error: its ErrorInfo
