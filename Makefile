@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-rebalance bench-statements bench-pgsettings bench-cold soak soak-crash bench-changestream bench-cart
+.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-audit bench-rebalance bench-statements bench-pgsettings bench-cold soak soak-crash bench-changestream bench-cart
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -113,6 +113,9 @@ bench-rebalance: ## the rebalancer off and on, model skew and model C: loadgen's
 
 bench-ab: ## the working tree against BASE=<git revision>, ROUNDS (default 3) alternated rounds of hot deducts, reserve+commit and model C, each beside the ceiling and the Connect-fronted Redis; prints the medians of the ratios and of head/base per round; BENCH_AB_RATE=N paces every target (about 3 min a round)
 	scripts/bench/ab.sh "$(BASE)" $(or $(ROUNDS),3)
+
+bench-audit: ## what the audit line costs a deduct: paced hot deducts on the dev stack with -audit-log off, async and sync, ROUNDS (default 3) rounds in turned order; each round's ratio of server CPU per deduct against off, and their medians (about 2.5 min a round here at load 40)
+	scripts/bench/audit.sh $(or $(ROUNDS),3)
 
 bench-statements: ## where Postgres's share of a deduct goes: pg_stat_statements over a hot-SKU load on a private Postgres, per call and per request, with its WAL bytes (about 1 min)
 	scripts/bench/statements.sh

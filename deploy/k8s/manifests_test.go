@@ -427,6 +427,7 @@ func checkMutualTLS(t *testing.T, r *rendered) {
 			}
 		}
 	}
+	checkServiceClientCerts(t, alloc, certs, issuers, serving, mounted)
 	for _, name := range []string{"SHARDSTOCK_PUBLIC_CALLS"} {
 		if v, ok := ae[name]; ok && (v.Value != "" || v.ValueFrom != nil) {
 			t.Errorf("prod allocators set %s: no call that changes stock is opened to the public role", name)
@@ -434,6 +435,92 @@ func checkMutualTLS(t *testing.T, r *rendered) {
 	}
 	if slices.ContainsFunc(alloc.Spec.Containers[0].Args, func(a string) bool { return strings.Contains(a, "public-calls") }) {
 		t.Error("prod allocators pass -public-calls: no call that changes stock is opened to the public role")
+	}
+}
+
+// checkServiceClientCerts: in prod the allocators' public port serves TLS
+// with a certificate cert-manager issues for the allocator Service's names
+// (probed over HTTPS) and takes the service role from client certificates
+// of a CA (-service-client-ca) whose certificate, never its key, is
+// mounted from the Secret of a cert-manager CA; an Issuer of that CA issues
+// client-auth-only certificates for backends; and that CA is not the
+// internal one, so that no backend's certificate opens the shard port.
+func checkServiceClientCerts(t *testing.T, alloc *corev1.PodTemplateSpec, certs map[string]*certificate, issuers map[string]*certIssuer,
+	shardServing *certificate, mounted func(*corev1.PodTemplateSpec, string) *certificate) {
+	t.Helper()
+	c := alloc.Spec.Containers[0]
+	ae := env(c)
+	caFile := ae["SHARDSTOCK_SERVICE_CLIENT_CA"].Value
+	if caFile == "" {
+		t.Fatal("prod allocators: no SHARDSTOCK_SERVICE_CLIENT_CA: service client certificates are not taken")
+	}
+	// The CA file's volume: a Secret of a cert-manager CA, with the
+	// certificate alone projected to the file's name.
+	var vol *corev1.Volume
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == path.Dir(caFile) {
+			for i := range alloc.Spec.Volumes {
+				if alloc.Spec.Volumes[i].Name == m.Name {
+					vol = &alloc.Spec.Volumes[i]
+				}
+			}
+		}
+	}
+	if vol == nil || vol.Secret == nil {
+		t.Fatalf("prod allocators: the service client CA %s is not mounted from a Secret", caFile)
+	}
+	ca := certs[vol.Secret.SecretName]
+	if ca == nil || !ca.Spec.IsCA {
+		t.Fatalf("prod allocators: the service client CA's Secret %q is no cert-manager CA Certificate's", vol.Secret.SecretName)
+	}
+	if len(vol.Secret.Items) == 0 {
+		t.Errorf("prod allocators: the whole Secret %q is mounted, its CA's private key with it: project tls.crt alone", vol.Secret.SecretName)
+	}
+	for _, it := range vol.Secret.Items {
+		if it.Key != "tls.crt" && it.Key != "ca.crt" || it.Key == "tls.crt" && it.Path != path.Base(caFile) {
+			t.Errorf("prod allocators: the service CA volume projects %s to %s, want the CA's certificate alone at %s", it.Key, it.Path, path.Base(caFile))
+		}
+	}
+	if shardServing != nil {
+		if internal := issuers[shardServing.Spec.IssuerRef.Name]; internal != nil && internal.Spec.CA != nil && internal.Spec.CA.SecretName == ca.Spec.SecretName {
+			t.Errorf("the service client CA is the internal CA (%s): a backend's certificate would open the shard port", ca.Spec.SecretName)
+		}
+	}
+	var issuer string
+	for name, i := range issuers {
+		if i.Spec.CA != nil && i.Spec.CA.SecretName == ca.Spec.SecretName {
+			issuer = name
+		}
+	}
+	if issuer == "" {
+		t.Fatalf("no Issuer of the service client CA (ca.secretName %s): no backend can be issued a certificate", ca.Spec.SecretName)
+	}
+	clients := 0
+	for _, cert := range certs {
+		if cert.Spec.IssuerRef.Name != issuer || !slices.Contains(cert.Spec.Usages, "client auth") {
+			continue
+		}
+		clients++
+		if slices.Contains(cert.Spec.Usages, "server auth") || cert.Spec.CommonName == "" {
+			t.Errorf("service client Certificate %s: usages %v and CN %q, want client auth only and a CN naming the backend", cert.Metadata.Name, cert.Spec.Usages, cert.Spec.CommonName)
+		}
+	}
+	if clients == 0 {
+		t.Errorf("no client Certificate of Issuer %s: issue one per backend", issuer)
+	}
+	// A client certificate comes over TLS: the public port serves it, with
+	// a certificate for the names backends dial, and is probed over HTTPS.
+	public := mounted(alloc, path.Dir(ae["SHARDSTOCK_TLS_CERT"].Value))
+	if public == nil || path.Dir(ae["SHARDSTOCK_TLS_KEY"].Value) != path.Dir(ae["SHARDSTOCK_TLS_CERT"].Value) {
+		t.Fatalf("prod allocators: the public port serves no TLS certificate of cert-manager with its key (SHARDSTOCK_TLS_CERT %q)", ae["SHARDSTOCK_TLS_CERT"].Value)
+	}
+	if !slices.Contains(public.Spec.Usages, "server auth") || !slices.Contains(public.Spec.DNSNames, "allocator.shardstock.svc.cluster.local") {
+		t.Errorf("the allocators' serving Certificate %s: usages %v, names %v; want server auth for allocator.shardstock.svc.cluster.local", public.Metadata.Name, public.Spec.Usages, public.Spec.DNSNames)
+	}
+	for what, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if p.HTTPGet == nil || p.HTTPGet.Port.String() == "http" && p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("prod allocators: the %s probe is not over HTTPS, the only scheme the public port speaks", what)
+		}
 	}
 }
 

@@ -154,7 +154,8 @@ func (a *Allocator) takeLine(ctx context.Context, o *stock.Order, l *stock.Order
 	var res stock.Result
 	for range orderEndAttemptsMax {
 		res = a.Allocate(lctx, &stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: l.SKU}, Quantity: l.Quantity,
-			Key: stock.OrderLineKey(o.ID, l.SKU), OrderRef: o.OrderRef, CustomerRef: o.CustomerRef, TTL: o.TTL, Source: stock.SourceOrder})
+			Key: stock.OrderLineKey(o.ID, l.SKU), OrderRef: o.OrderRef, CustomerRef: o.CustomerRef, TTL: o.TTL, Source: stock.SourceOrder,
+			Caller: o.Caller})
 		if res.Err == nil || res.Err.Code != stock.CodeShardUnavailable || lctx.Err() != nil {
 			return res
 		}
@@ -195,17 +196,18 @@ func (a *Allocator) undoLines(ctx context.Context, o *stock.Order) {
 			}
 			id = op.ReservationID
 		}
-		a.endLine(ctx, stock.OpRelease, id, "order not held whole")
+		a.endLine(ctx, o, stock.OpRelease, id, "order not held whole")
 	}
 }
 
-// endLine commits, releases or extends one line, retrying while its
-// shard is unavailable; it returns the last answer.
-func (a *Allocator) endLine(ctx context.Context, kind stock.OpKind, id, reason string) stock.Result {
+// endLine commits, releases or extends one line of o, retrying while its
+// shard is unavailable; it returns the last answer. The ledger names o's
+// caller, whoever ends the line (a recovery included).
+func (a *Allocator) endLine(ctx context.Context, o *stock.Order, kind stock.OpKind, id, reason string) stock.Result {
 	var res stock.Result
 	for range orderEndAttemptsMax {
 		lctx, cancel := context.WithTimeout(ctx, orderLineTimeout)
-		r := &stock.Request{Kind: kind, ReservationID: id, Reason: reason, Source: stock.SourceOrder}
+		r := &stock.Request{Kind: kind, ReservationID: id, Reason: reason, Source: stock.SourceOrder, Caller: o.Caller}
 		if kind == stock.OpExtend {
 			r.TTL = orderCommitHold
 		}
@@ -288,7 +290,7 @@ func (a *Allocator) finishOrder(ctx context.Context, store OrderStore, o *stock.
 	from := o.State
 	if from == stock.OrderCommitting {
 		for _, l := range o.Lines {
-			res := a.endLine(ctx, stock.OpExtend, l.ReservationID, "")
+			res := a.endLine(ctx, o, stock.OpExtend, l.ReservationID, "")
 			switch {
 			case res.Err == nil:
 			case res.Err.Code == stock.CodeReservationAlreadyCommitted:
@@ -315,7 +317,7 @@ func (a *Allocator) finishOrder(ctx context.Context, store OrderStore, o *stock.
 		kind, end = stock.OpRelease, stock.OrderReleased
 	}
 	for _, l := range o.Lines {
-		res := a.endLine(ctx, kind, l.ReservationID, o.Reason)
+		res := a.endLine(ctx, o, kind, l.ReservationID, o.Reason)
 		if res.Err != nil && res.Err.Code == stock.CodeShardUnavailable {
 			return o, res.Err
 		}

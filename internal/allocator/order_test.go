@@ -174,7 +174,9 @@ func TestOrder_CrashMidway(t *testing.T) {
 		}
 	})
 	recovery := s.orderAllocator(true, nil)
-	o := &stock.Order{IdempotencyKey: "crash-1", Lines: []stock.OrderLine{{SKU: "crash-c", Quantity: 1}, {SKU: "crash-a", Quantity: 2}, {SKU: "crash-b", Quantity: 3}}}
+	const caller = "service:token:0123456789ab"
+	o := &stock.Order{IdempotencyKey: "crash-1", Lines: []stock.OrderLine{{SKU: "crash-c", Quantity: 1}, {SKU: "crash-a", Quantity: 2}, {SKU: "crash-b", Quantity: 3}},
+		Caller: caller}
 	type answer struct {
 		o   *stock.Order
 		err error
@@ -207,6 +209,27 @@ func TestOrder_CrashMidway(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("the stopped order's lines were released and it failed %s after the driver stopped", time.Since(start).Round(time.Millisecond))
+	// The recovery, which has only the order's row, names the order's
+	// caller on the releases it wrote, as the driver did on the reserves.
+	for _, sku := range []string{"crash-a", "crash-b"} {
+		kinds := map[stock.OpKind]int{}
+		entries, err := recovery.ListLedger(ctx, sku, 0, 1000)
+		if err != nil {
+			t.Fatalf("ListLedger(%s) = %v", sku, err)
+		}
+		for _, e := range entries {
+			if e.Source != stock.SourceOrder {
+				continue
+			}
+			kinds[e.Kind]++
+			if e.Caller != caller {
+				t.Errorf("%s: the order line's %s entry names caller %q, want the order's %q", sku, e.Kind, e.Caller, caller)
+			}
+		}
+		if kinds[stock.OpReserve] != 1 || kinds[stock.OpRelease] != 1 {
+			t.Errorf("%s: the order line's entries %v, want one reserve and one release", sku, kinds)
+		}
+	}
 	retry, replayed, err := recovery.ReserveOrder(ctx, &stock.Order{IdempotencyKey: "crash-1", Lines: o.Lines})
 	if !replayed || retry.State != stock.OrderFailed || err == nil {
 		t.Errorf("ReserveOrder(crash-1) again = %+v, %v, %v; want the one outcome: failed, replayed", retry, replayed, err)

@@ -163,7 +163,8 @@ func (h *InventoryHandler) Refund(ctx context.Context, req *connect.Request[v1.R
 // ReserveOrder holds a cart's lines all or nothing.
 func (h *InventoryHandler) ReserveOrder(ctx context.Context, req *connect.Request[v1.ReserveOrderRequest]) (*connect.Response[v1.ReserveOrderResponse], error) {
 	m := req.Msg
-	o := &stock.Order{IdempotencyKey: m.GetIdempotencyKey(), OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: wire.DurationOf(m.GetTtl())}
+	o := &stock.Order{IdempotencyKey: m.GetIdempotencyKey(), OrderRef: m.GetOrderRef(), CustomerRef: m.GetCustomerRef(), TTL: wire.DurationOf(m.GetTtl()),
+		Caller: callerOf(ctx)}
 	if len(m.GetLines()) > stock.OrderLinesMax {
 		// Refused before converting a hostile number of lines.
 		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "an order has at most %d lines", stock.OrderLinesMax))

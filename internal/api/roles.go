@@ -132,8 +132,9 @@ func audit(ctx context.Context, log *slog.Logger, call string, r *stock.Request,
 }
 
 // auditOrder logs an order call as audit does a stock call: the order's
-// lines are held and ended by the allocator (source order), so the log is
-// where the order's caller is named.
+// lines are held and ended by the allocator (source order) and their
+// ledger entries name the caller who placed the order, so the log is
+// where the caller of each later call (CommitOrder, ReleaseOrder) is named.
 func auditOrder(ctx context.Context, log *slog.Logger, call string, o *stock.Order, replayed bool, err error) {
 	if log == nil || !log.Enabled(ctx, slog.LevelInfo) {
 		return

@@ -13,7 +13,7 @@ import (
 )
 
 const sqlOrderColumns = `id, idempotency_key, params_hash, order_ref, customer_ref, ttl_ms, state, lines, coalesce(expires_at, created_at),
-	reason, fail_code, fail_sku, created_at`
+	reason, fail_code, fail_sku, created_at, caller`
 
 func scanOrder(row pgx.Row) (*stock.Order, []byte, error) {
 	var o stock.Order
@@ -21,7 +21,7 @@ func scanOrder(row pgx.Row) (*stock.Order, []byte, error) {
 	var ttlMS int64
 	var state, code string
 	err := row.Scan(&o.ID, &o.IdempotencyKey, &hash, &o.OrderRef, &o.CustomerRef, &ttlMS, &state, &lines, &o.ExpiresAt,
-		&o.Reason, &code, &o.FailSKU, &o.CreatedAt)
+		&o.Reason, &code, &o.FailSKU, &o.CreatedAt, &o.Caller)
 	if isNoRows(err) {
 		return nil, nil, stock.Errorf(stock.CodeOrderNotFound, "no such order")
 	}
@@ -48,10 +48,10 @@ func (db *DB) CreateOrder(ctx context.Context, o *stock.Order, driver string, le
 	}
 	hash := stock.OrderHash(o)
 	tag, err := db.pool.Exec(ctx, `INSERT INTO orders (id, idempotency_key, params_hash, order_ref, customer_ref, ttl_ms, state, lines,
-			driver, lease_until)
-		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, now() + $9 * interval '1 millisecond')
+			driver, lease_until, caller)
+		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, now() + $9 * interval '1 millisecond', $10)
 		ON CONFLICT (idempotency_key) DO NOTHING`,
-		o.ID, o.IdempotencyKey, hash, o.OrderRef, o.CustomerRef, o.TTL.Milliseconds(), lines, driver, lease.Milliseconds())
+		o.ID, o.IdempotencyKey, hash, o.OrderRef, o.CustomerRef, o.TTL.Milliseconds(), lines, driver, lease.Milliseconds(), o.Caller)
 	if err != nil {
 		return nil, false, err
 	}

@@ -71,6 +71,9 @@ type Order struct {
 	FailCode  Code
 	FailSKU   string
 	CreatedAt time.Time
+	// Caller placed the order (stock.Request.Caller): every line's ledger
+	// entries name it, those its recovery writes too.
+	Caller string
 }
 
 // NewOrderID returns a fresh order id.

@@ -18,7 +18,8 @@ import (
 
 // TestRun_AuditLine: at -log-level info, a service's Deduct writes its
 // audit line (-audit-log async, the default) with its caller by
-// credential id, never the token.
+// credential id, never the token; an admin's AdjustStock writes its
+// "admin call" line likewise.
 func TestRun_AuditLine(t *testing.T) {
 	ctx := context.Background()
 	var stderr cmdtest.Output
@@ -35,13 +36,19 @@ func TestRun_AuditLine(t *testing.T) {
 	if _, err := service.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "audited", Quantity: 1, IdempotencyKey: "by-service"})); err != nil {
 		t.Fatalf("Deduct = %v", err)
 	}
+	if _, err := admin.AdjustStock(ctx, connect.NewRequest(&v1.AdjustStockRequest{Sku: "audited", Delta: 2, Reason: "found a box", Approver: "alice",
+		IdempotencyKey: "by-admin"})); err != nil {
+		t.Fatalf("AdjustStock = %v", err)
+	}
 	want := `msg="stock call" call=Deduct caller=service:` + auth.TokenID(serviceToken) + ` sku=audited key=by-service`
+	// An admin call is logged in the call, with its caller and outcome.
+	wantAdmin := `msg="admin call" call=/shardstock.v1.AdminService/AdjustStock caller=admin:` + auth.TokenID(token) + ` outcome=ok`
 	// The writer writes within its flush interval (50 ms): the bound is
 	// far above it, not a timing.
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stderr.String(), want) && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := stderr.String(); !strings.Contains(got, want) || strings.Contains(got, serviceToken) {
-		t.Errorf("log = %q, want the Deduct's line %q and never the token", got, want)
+	if got := stderr.String(); !strings.Contains(got, want) || !strings.Contains(got, wantAdmin) || strings.Contains(got, serviceToken) || strings.Contains(got, token) {
+		t.Errorf("log = %q, want the Deduct's line %q, the AdjustStock's %q, and never a token", got, want, wantAdmin)
 	}
 }

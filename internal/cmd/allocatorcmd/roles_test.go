@@ -3,6 +3,7 @@ package allocatorcmd_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 
@@ -212,17 +213,34 @@ func TestRun_Roles(t *testing.T) {
 		Original: &v1.Sale{Sale: &v1.Sale_DeductKey{DeductKey: protocols[0].name + "-ServiceToken-d"}}})); err != nil {
 		t.Errorf("service Refund = %v", err)
 	}
+	// An order's lines are taken and ended by the allocator (source
+	// order): each line's entries name the order's caller.
+	placed, err := service.ReserveOrder(ctx, connect.NewRequest(&v1.ReserveOrderRequest{IdempotencyKey: "order-1",
+		Lines: []*v1.OrderLine{{Sku: sku, Quantity: 2}}}))
+	if err != nil {
+		t.Fatalf("service ReserveOrder = %v", err)
+	}
+	if _, err := service.CommitOrder(ctx, connect.NewRequest(&v1.CommitOrderRequest{OrderId: placed.Msg.GetOrder().GetOrderId()})); err != nil {
+		t.Errorf("service CommitOrder = %v", err)
+	}
 	// The ledger names every caller, never a secret.
-	callers := map[string]int{}
+	callers, orderLines := map[string]int{}, map[string]int{}
 	for _, e := range ledgerOf(t, admin, sku) {
-		callers[e.GetKind()+" "+e.GetCaller()]++
 		for _, secret := range []string{serviceToken, token, serviceJWT} {
 			if strings.Contains(e.GetCaller(), secret) || strings.Contains(e.GetSource(), secret) {
 				t.Errorf("ledger entry %d names a secret: caller %q source %q", e.GetId(), e.GetCaller(), e.GetSource())
 			}
 		}
+		if e.GetSource() == stock.SourceOrder {
+			orderLines[e.GetKind()+" "+e.GetCaller()]++
+			continue
+		}
+		callers[e.GetKind()+" "+e.GetCaller()]++
 	}
 	svcToken, svcJWT, adm := "service:"+auth.TokenID(serviceToken), "service:jwt:orders", "admin:"+auth.TokenID(token)
+	if want := map[string]int{"reserve " + svcToken: 1, "commit " + svcToken: 1}; !maps.Equal(orderLines, want) {
+		t.Errorf("the order line's ledger entries %v, want %v: each names the order's caller", orderLines, want)
+	}
 	for entry, want := range map[string]int{
 		"reserve " + svcToken: 4, "commit " + svcToken: 3, "release " + svcToken: 1, "deduct " + svcToken: 3, "replenish " + svcToken: 3,
 		"refund " + svcToken: 1,
