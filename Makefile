@@ -145,7 +145,7 @@ soak-crash: ## make soak's load (60 s per model) while its private Postgres is c
 bench-cart: ## the cart model (orders of 2 to 5 lines, 10% refunded) and single-SKU deducts on one stack: orders and order lines per second, server CPU per order line against per deduct (about 1 min)
 	scripts/bench/cart.sh
 
-bench-changestream: ## what WatchLedger consumers cost the writers: one stack, the same deduct load with 0, 1 and 4 consumers attached; server CPU per deduct and the consumers' lag p99 (about 2 min)
+bench-changestream: ## what WatchLedger consumers cost the writers: one stack, the same deduct load with 0, 1 and 4 consumers attached in 3 interleaved rounds; server CPU per deduct and the consumers' lag p99 (about 12 min)
 	scripts/bench/changestream.sh
 
 .PHONY: test-long-ledger

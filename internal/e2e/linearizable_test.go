@@ -82,8 +82,9 @@ const (
 // lease and continued (the zombie must be fenced), and Postgres crashed and
 // restarted; meanwhile, every 300 ms, a call to the third is cut once
 // delivered, while it may still be deciding it (10 in all). The history is checked by
-// checkHistory. A WatchLedger consumer is attached throughout, killed and
-// resumed from its cursor twice: at the end it has received the ledger
+// checkHistory. A WatchLedger consumer, a `stockctl watch ledger` process,
+// is attached throughout, SIGKILLed twice and restarted from the last
+// cursor it printed: at the end it has received the ledger
 // (ledgerConsumer.check).
 func TestE2E_LinearizableUnderFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
@@ -101,8 +102,9 @@ func TestE2E_LinearizableUnderFaults(t *testing.T) {
 		s3 = startProxiedShard(t, s, "s3", "")
 	}})
 	s.createSKU(sku, linStock, 8)
-	// A change stream consumer is attached throughout, killed twice (and
-	// resumed from its cursor each time) and cut off by the Postgres crash.
+	// A change stream consumer (a stockctl process) is attached throughout,
+	// SIGKILLed twice (and restarted from its cursor each time) and cut
+	// off by the Postgres crash.
 	consumer, stopConsumer := attachConsumer(t, s, sku)
 
 	var restarted atomic.Int64 // when Postgres answered again, since the run's start

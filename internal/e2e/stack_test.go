@@ -83,7 +83,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("SHARDSTOCK_E2E_RACE") == "1" {
 		args = append(args, "-race") // the processes report data races; cleanup fails the test on one
 	}
-	build := exec.Command("go", append(args, "../../cmd/shard", "../../cmd/allocator")...)
+	build := exec.Command("go", append(args, "../../cmd/shard", "../../cmd/allocator", "../../cmd/stockctl")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: building the commands:", err)

@@ -1,31 +1,43 @@
 package e2e
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 )
 
 // ledgerConsumer is a WatchLedger consumer attached to a stack throughout a
-// fault test: it keeps the cursor of the last message it received and
-// resumes from it whenever its stream ends (the allocator lost Postgres, a
-// network error) or it is killed (kill: it drops its stream, as a consumer
-// process that dies would). What it receives is kept session by session: a
-// session is one stream, from its request to its end.
+// fault test, run as a consumer would be: `stockctl -json watch ledger`, a
+// child process, whose lines it parses. It keeps the cursor of the last
+// line it read and, whenever the process exits (the stream ended: the
+// allocator lost Postgres, a network error) or is killed (kill: SIGKILL),
+// starts another from it. What it receives is kept session by session: a
+// session is one process, from its start to its exit.
 type ledgerConsumer struct {
+	t   *testing.T
 	s   *stack
 	sku string
 
 	mu       sync.Mutex
 	cursor   string
 	sessions [][]*v1.LedgerEntry
-	ends     []error            // how each session that was not killed ended
-	cancel   context.CancelFunc // the current session's
+	ends     []string    // how each session that was neither killed nor stopped ended
+	proc     *os.Process // the current session's, while it runs
+	killed   bool        // the current session's process was killed
 	kills    int
 }
 
@@ -39,13 +51,19 @@ const (
 	// take to receive the whole ledger: its lag is a poll interval and a
 	// few pages, so seconds is generous.
 	consumerCatchUpMax = 20 * time.Second
+	// consumerKillWaitMax bounds how long kill waits for a running
+	// process: a session starts within a resume pause and a process start.
+	consumerKillWaitMax = 5 * time.Second
+	// consumerLineMax bounds one line of stockctl's output: a message is a
+	// ledger entry and a cursor, well under 4 KiB.
+	consumerLineMax = 64 << 10
 )
 
 // attachConsumer starts a consumer of sku's entries on s; it runs until the
 // test ends or stop is called.
 func attachConsumer(t *testing.T, s *stack, sku string) (c *ledgerConsumer, stop func()) {
 	t.Helper()
-	c = &ledgerConsumer{s: s, sku: sku}
+	c = &ledgerConsumer{t: t, s: s, sku: sku}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -60,45 +78,93 @@ func attachConsumer(t *testing.T, s *stack, sku string) (c *ledgerConsumer, stop
 	return c, stop
 }
 
-// session watches from the consumer's cursor until the stream ends or the
-// consumer is killed.
+// session runs stockctl from the consumer's cursor until it exits, is
+// killed, or ctx ends (then it is killed too).
 func (c *ledgerConsumer) session(ctx context.Context) {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	c.mu.Lock()
-	c.sessions, c.cancel = append(c.sessions, nil), cancel
+	c.sessions, c.killed = append(c.sessions, nil), false
 	n, cursor := len(c.sessions)-1, c.cursor
 	c.mu.Unlock()
-	stream, err := c.s.admin.WatchLedger(sctx, adminReq(&v1.WatchLedgerRequest{Cursor: cursor, Skus: []string{c.sku}, Consumer: "e2e-faults"}))
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "stockctl"), "-url", c.s.base, "-json",
+		"watch", "ledger", "-cursor", cursor, "-sku", c.sku, "-consumer", "e2e-faults")
+	cmd.Env = append(os.Environ(), "SHARDSTOCK_ADMIN_TOKEN="+adminToken)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
 	if err == nil {
-		for stream.Receive() {
-			m := stream.Msg()
-			c.mu.Lock()
-			if m.Entry != nil {
-				c.sessions[n] = append(c.sessions[n], m.Entry)
-			}
-			// The consumer handles the entry, then keeps the cursor after it.
-			c.cursor = m.Cursor
-			c.mu.Unlock()
-		}
-		err = stream.Err()
-		stream.Close()
+		err = cmd.Start()
 	}
-	if sctx.Err() != nil {
+	if err != nil {
+		c.t.Errorf("start stockctl watch ledger: %v", err)
+		return
+	}
+	c.mu.Lock()
+	c.proc = cmd.Process
+	c.mu.Unlock()
+	r := bufio.NewReaderSize(out, consumerLineMax)
+	for {
+		// A line is a message once whole: a process killed in the middle
+		// of one never printed it.
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			break
+		}
+		var m v1.WatchLedgerResponse
+		if err := protojson.Unmarshal(line, &m); err != nil || m.Cursor == "" {
+			c.t.Errorf("stockctl printed %q: want a message with a cursor (%v)", line, err)
+			continue
+		}
+		c.mu.Lock()
+		if m.Entry != nil {
+			c.sessions[n] = append(c.sessions[n], m.Entry)
+		}
+		// The consumer handles the entry, then keeps the cursor after it.
+		c.cursor = m.Cursor
+		c.mu.Unlock()
+	}
+	io.Copy(io.Discard, out)
+	err = cmd.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.proc = nil
+	if c.killed || ctx.Err() != nil {
 		return // killed, or stopped
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.ends = append(c.ends, err)
+	// stockctl's exit code says the class, its error line the reason.
+	c.ends = append(c.ends, fmt.Sprintf("exit %d %s", cmd.ProcessState.ExitCode(), stockctlReason(stderr.String())))
 }
 
-// kill ends the consumer's current session as if its process died: the
-// stream is dropped, and the next session resumes from the last cursor.
+// stockctlReason returns the reason of the error stockctl printed last
+// ("stockctl: CODE: REASON: message"), else its last line.
+func stockctlReason(stderr string) string {
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	last := lines[len(lines)-1]
+	if f := strings.SplitN(last, ": ", 4); len(f) == 4 && f[0] == "stockctl" {
+		return f[2]
+	}
+	return last
+}
+
+// kill SIGKILLs the consumer's running process, waiting for one to be
+// running if need be: the next session resumes from the cursor of the last
+// line it printed.
 func (c *ledgerConsumer) kill() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.kills++
-	c.cancel()
+	for deadline := time.Now().Add(consumerKillWaitMax); ; time.Sleep(10 * time.Millisecond) {
+		c.mu.Lock()
+		if c.proc != nil && !c.killed {
+			c.killed = true
+			c.kills++
+			c.proc.Signal(syscall.SIGKILL)
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		if time.Now().After(deadline) {
+			c.t.Errorf("no consumer process to kill within %s", consumerKillWaitMax)
+			return
+		}
+	}
 }
 
 // received returns the ids of the entries received in any session; the
@@ -178,23 +244,6 @@ func (c *ledgerConsumer) check(t *testing.T, stop func(), kills int) {
 			chains[e.Shard] = counts{e.AvailableAfter, e.ReservedAfter, e.SoldAfter}
 		}
 	}
-	t.Logf("change stream: %d entries, all received by a consumer in %d sessions (%d killed; ended otherwise: %v), %d received again after a resume; "+
-		"the last received %s after the ledger was read", len(want), len(c.sessions), c.kills, c.endedOtherwise(), again, caughtUp.Round(time.Millisecond))
-}
-
-// endedOtherwise says how the sessions that were neither killed nor
-// stopped ended; the caller holds c.mu.
-func (c *ledgerConsumer) endedOtherwise() []string {
-	var out []string
-	for _, err := range c.ends {
-		switch {
-		case err == nil:
-			out = append(out, "closed by the server")
-		case reason(err) != "":
-			out = append(out, reason(err))
-		default:
-			out = append(out, connect.CodeOf(err).String())
-		}
-	}
-	return out
+	t.Logf("change stream: %d entries in the ledger, %d received by a stockctl consumer in %d sessions (%d killed; ended otherwise: %v), %d received again after a resume; "+
+		"the last received %s after the ledger was read", len(want), len(got), len(c.sessions), c.kills, c.ends, again, caughtUp.Round(time.Millisecond))
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/pgtest"
@@ -107,6 +108,7 @@ func TestStream(t *testing.T) {
 	t.Run("TwoDatabases", func(t *testing.T) { testTwoDatabases(t, b, openBooksAt(t, urls[1], 0)) })
 	t.Run("SharedRead", func(t *testing.T) { testSharedRead(t, b) })
 	t.Run("StuckConsumer", func(t *testing.T) { testStuckConsumer(t, b) })
+	t.Run("Lag", func(t *testing.T) { testLag(t, b) })
 }
 
 // testOutOfOrderCommits is the change stream's reason to exist: a
@@ -440,4 +442,99 @@ func testStuckConsumer(t *testing.T, b *books) {
 	if n := len(stuck.received()); n*4 > len(written) {
 		t.Errorf("the stuck watch received %d of %d entries, want the first page's only", n, len(written))
 	}
+}
+
+// lagAge is how old testLag's entries are when a consumer reads them.
+const lagAge = 300 * time.Millisecond
+
+// testLag: while a consumer holds a page, the lag metrics say how many
+// entries of it the consumer has yet to receive and how old the oldest
+// is; once it has received them, nothing; once it leaves, its series go.
+func testLag(t *testing.T, b *books) {
+	reg := prometheus.NewRegistry()
+	s := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": b.db}, PollInterval: streamPoll, Registerer: reg})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const sku = "lag"
+	insertEntry(t, b.conn, sku, "lag-0")
+	held, hold := make(chan struct{}), make(chan struct{})
+	var received atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		done <- s.WatchLedger(ctx, ledger.Watch{SKUs: []string{sku}, Consumer: "lagging"}, func(d ledger.Delivery) error {
+			if d.Entry == nil {
+				return nil
+			}
+			if d.Entry.IdempotencyKey == "lag-1" {
+				close(held)
+				<-hold // the consumer holds the page
+			}
+			received.Add(1)
+			return nil
+		})
+	}()
+	for received.Load() < 1 && ctx.Err() == nil {
+		time.Sleep(streamPoll)
+	}
+	// Three entries in one transaction, lagAge old when it commits: one
+	// page of three, none received.
+	tx, err := b.conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		insertEntry(t, tx, sku, fmt.Sprintf("lag-%d", i))
+	}
+	time.Sleep(lagAge)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal("the watch never received lag-1")
+	}
+	entries, _ := lagGauge(t, reg, "shardstock_watch_lag_entries")
+	seconds, _ := lagGauge(t, reg, "shardstock_watch_lag_seconds")
+	if entries != 3 || seconds < lagAge.Seconds() || seconds > 10 {
+		t.Errorf("lag while the consumer holds a page of 3 entries %s old: %v entries, %v s; want 3, and %v to 10 s", lagAge, entries, seconds, lagAge.Seconds())
+	}
+	close(hold)
+	for received.Load() < 4 && ctx.Err() == nil {
+		time.Sleep(streamPoll)
+	}
+	time.Sleep(2 * streamPoll) // the page's send returned: its lag is cleared after it
+	entries, _ = lagGauge(t, reg, "shardstock_watch_lag_entries")
+	seconds, _ = lagGauge(t, reg, "shardstock_watch_lag_seconds")
+	if entries != 0 || seconds != 0 {
+		t.Errorf("lag once the consumer received every entry: %v entries, %v s; want 0 and 0", entries, seconds)
+	}
+	cancel()
+	<-done
+	if _, ok := lagGauge(t, reg, "shardstock_watch_lag_entries"); ok {
+		t.Error("the lag of a consumer that left is still exported")
+	}
+}
+
+// lagGauge returns the value of metric name for the consumer "lagging",
+// and whether it is exported.
+func lagGauge(t *testing.T, reg *prometheus.Registry, name string) (float64, bool) {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "consumer" && l.GetValue() == "lagging" {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+	}
+	return 0, false
 }

@@ -3,18 +3,24 @@
 # cost the writers, in one run: one dev stack (one allocator owning every
 # partition, on a throwaway Postgres of its own: the stack's children), the
 # same unpaced deduct load (loadgen, model A) with 0, 1 and 4 consumers
-# attached (`stockctl -json watch ledger`, every entry, output discarded),
-# the server's CPU per deduct (loadgen -server-pids: the stack's processes
-# and their children, Postgres's backends included), and, with consumers,
-# their lag: shardstock_watch_lag_seconds sampled every 100 ms from the
-# allocator's /metrics during the load, the largest over consumers, p50 and
-# p99 over the samples. Consumers start from the ledger's beginning and
-# have read it before the load starts. CS_DURATION (default 15s) is each
-# load's length.
+# attached (`stockctl -json watch ledger`, every entry, each run under
+# bench/cmd/watchlag), the server's CPU per deduct (loadgen -server-pids:
+# the stack's processes and their children, Postgres's backends included;
+# not the consumers'), and, with consumers, their lag: for each entry a
+# consumer printed during the load, the time it printed it less the entry's
+# createdAt, p50 and p99 over every consumer's entries. Consumers start from
+# the ledger's head (a cursor taken just before) and have read what follows
+# it before the load starts, so that their catching up is not measured. The
+# machine may be shared: after a warm-up load (not counted), the runs go in
+# CS_ROUNDS rounds (default 3) of 0, 1 and 4 consumers, interleaved (each
+# round starts one later in that order), and each round gives its ratios
+# against its own run with none. CS_DURATION (default 15s) is each load's
+# length.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
 readonly duration=${CS_DURATION:-15s}
+readonly rounds=${CS_ROUNDS:-3}
 readonly token=changestream-bench-token-0123456789
 tmp=$(mktemp -d)
 pids=()
@@ -29,6 +35,7 @@ trap 'exit 130' INT TERM
 go build -o bin/shardstock-dev ./cmd/shardstock-dev
 go build -o bin/stockctl ./cmd/stockctl
 go -C bench build -o ../bin/loadgen ./cmd/loadgen
+go -C bench build -o ../bin/watchlag ./cmd/watchlag
 
 addr=127.0.0.1:$((20000 + RANDOM % 20000))
 ops=127.0.0.1:$((40000 + RANDOM % 20000))
@@ -42,22 +49,6 @@ for _ in $(seq 600); do
 done
 grep -q '"ready":true' "$tmp/stack.log" || { cat "$tmp/stack.log"; exit 1; }
 
-# lag samples the consumers' lag until its file's stop mark appears: a
-# sample only while entries flow (the delivered count rose since the last),
-# so that loadgen's setup and check, which write no entries, count not.
-lag() {
-	local last=0 now m
-	while [[ ! -e $1.stop ]]; do
-		read -r now m < <(curl -s "http://$ops/metrics" | awk '
-			/^shardstock_watch_entries_delivered_total\{stream="ledger"\}/ { d = $2 }
-			/^shardstock_watch_lag_seconds\{/ { if ($2 > m) m = $2 }
-			END { print d + 0, m + 0 }')
-		if [[ $now != "$last" ]]; then echo "$m" >>"$1"; fi
-		last=$now
-		sleep 0.1
-	done
-}
-
 # caughtUp waits until no entry was delivered for a second: the consumers
 # have read the ledger written so far (at most a minute).
 caughtUp() {
@@ -68,26 +59,86 @@ caughtUp() {
 		b=$(curl -s "http://$ops/metrics" | awk '/^shardstock_watch_entries_delivered_total\{stream="ledger"\}/ { print $2 }')
 		if [[ $a == "$b" ]]; then return; fi
 	done
+	echo "changestream.sh: the consumers did not catch up within a minute" >&2
+	exit 1
 }
 
-for n in 0 1 4; do
-	watchers=()
+# head sets cursor to one at the ledger's head, read on from the cursor it
+# had: a watch of a SKU no entry names reads the ledger without printing an
+# entry and prints its cursor every second as it goes; at the head, nothing
+# being written between the loads, the cursor stops changing (at most two
+# minutes).
+cursor=
+head() {
+	local w last='' now
+	bin/stockctl -url "http://$addr" -admin-token "$token" -json watch ledger -sku bench-no-entry -cursor "$cursor" >"$tmp/head" 2>/dev/null &
+	w=$!
+	for _ in $(seq 40); do
+		sleep 3
+		now=$(tail -n 1 "$tmp/head" | sed -n 's/.*"cursor":"\([^"]*\)".*/\1/p')
+		now=${now:-$cursor} # nothing printed: nothing written since the cursor
+		if [[ -n $now && $now == "$last" ]]; then break; fi
+		last=$now
+	done
+	kill "$w" 2>/dev/null || true
+	wait "$w" 2>/dev/null || true
+	[[ -n $last && $last == "$now" ]] || { echo "changestream.sh: the ledger's head not reached within 2 min" >&2; exit 1; }
+	cursor=$last
+}
+
+# load runs loadgen's deduct load for $1, its output into $2.
+load() {
+	bin/loadgen -target shardstock -model A -skus 200 -duration "$1" -addr "http://$addr" -admin-token "$token" \
+		-server-pids "$stack" -progress=false >"$2" 2>&1 || true
+}
+
+# measure runs the load with $1 consumers attached and sets cpu[$1] (server
+# CPU per deduct, µs), rate[$1] (deducts/s) and p99[$1] (lag, s).
+declare -A cpu rate p99
+measure() {
+	local n=$1 watchers=() i t0 from to
+	rm -f "$tmp"/lag-*
+	if ((n > 0)); then head; fi
 	for i in $(seq "$n"); do
-		bin/stockctl -url "http://$addr" -admin-token "$token" -json watch ledger -consumer "bench-$i" >/dev/null 2>&1 &
+		bin/watchlag bin/stockctl -url "http://$addr" -admin-token "$token" -json watch ledger -cursor "$cursor" -consumer "bench-$i" >"$tmp/lag-$i" &
 		watchers+=("$!")
 		pids+=("$!")
 	done
 	if ((n > 0)); then caughtUp; fi
-	: >"$tmp/lag-$n"
-	lag "$tmp/lag-$n" &
-	sampler=$!
 	echo "== $n consumers"
-	bin/loadgen -target shardstock -model A -skus 200 -duration "$duration" -addr "http://$addr" -admin-token "$token" \
-		-server-pids "$stack" -progress=false 2>&1 | grep -E 'shardstock|server|CPU|oversold' || true
-	touch "$tmp/lag-$n.stop"
-	wait "$sampler"
-	for w in "${watchers[@]}"; do kill "$w" 2>/dev/null || true; done
+	t0=$(date +%s.%N)
+	load "$duration" "$tmp/load-$n"
+	grep -E 'shardstock|server|CPU|oversold' "$tmp/load-$n" || true
+	for i in "${watchers[@]}"; do kill "$i" 2>/dev/null || true; done
+	for i in "${watchers[@]}"; do wait "$i" 2>/dev/null || true; done
+	cpu[$n]=$(sed -n 's/^  shardstock: server \([0-9]*\)µs.*/\1/p' "$tmp/load-$n")
+	rate[$n]=$(awk '$1 == "shardstock" && $7 ~ /^[0-9.]+$/ { print $7; exit }' "$tmp/load-$n")
+	p99[$n]=-
 	if ((n > 0)); then
-		sort -g "$tmp/lag-$n" | awk '{ v[NR] = $1 } END { printf "lag (s): p50 %.3f p99 %.3f max %.3f over %d samples\n", v[int(NR*0.5)+1], v[int(NR*0.99)+1], v[NR], NR }'
+		# The load's own window: loadgen says how long its setup and load took.
+		read -r from to < <(sed -n 's/.*setup \([0-9.]*\)s, load \([0-9.]*\)s.*/\1 \2/p' "$tmp/load-$n" |
+			awk -v t0="$t0" '{ printf "%.6f %.6f\n", t0 + $1, t0 + $1 + $2 }')
+		cat "$tmp"/lag-* | awk -v from="${from:-0}" -v to="${to:-9e9}" '$1 >= from && $1 <= to { print $2 }' | sort -g >"$tmp/lags"
+		awk '{ v[NR] = $1 } END { printf "lag (s): p50 %.3f p99 %.3f max %.3f over %d entries received\n", v[int(NR*0.5)+1], v[int(NR*0.99)+1], v[NR], NR }' "$tmp/lags"
+		p99[$n]=$(awk '{ v[NR] = $1 } END { printf "%.3f", v[int(NR*0.99)+1] }' "$tmp/lags")
 	fi
+}
+
+echo "== warm-up (not counted)"
+load 5s "$tmp/warm-up"
+order=(0 1 4)
+summary=()
+for r in $(seq "$rounds"); do
+	echo "=== round $r"
+	for k in 0 1 2; do
+		measure "${order[(r - 1 + k) % 3]}"
+	done
+	line=$(awk -v c0="${cpu[0]}" -v c1="${cpu[1]}" -v c4="${cpu[4]}" -v r0="${rate[0]}" -v r1="${rate[1]}" -v r4="${rate[4]}" \
+		-v l1="${p99[1]}" -v l4="${p99[4]}" -v r="$r" 'BEGIN {
+		printf "round %d: server CPU per deduct 0/1/4 consumers %s/%s/%s µs (1 vs 0: %.2fx, 4 vs 0: %.2fx) at %s/%s/%s deducts/s; lag p99 %s s (1), %s s (4)",
+			r, c0, c1, c4, c1 / c0, c4 / c0, r0, r1, r4, l1, l4 }')
+	echo "$line"
+	summary+=("$line")
 done
+echo "=== $rounds rounds, $duration each (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+printf '%s\n' "${summary[@]}"
