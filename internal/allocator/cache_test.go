@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -24,11 +25,19 @@ func openDB(t *testing.T) *postgres.DB {
 	return db
 }
 
+// withoutDB is the Config of an allocator with no database and no shard
+// servers, for tests of its memory alone: the rebalancer's rounds, which
+// read the database, wait an hour (after its first second, one would find
+// no database on a loaded machine).
+func withoutDB() Config {
+	return Config{Topology: func() topology.View { return topology.View{} }, Rebalance: rebalance.Config{Interval: time.Hour}}
+}
+
 // TestAllocator_CacheBounds: the hints hold at most hintsSKUsMax SKUs and
 // the SKU cache skuCacheLenMax entries; the least recently used goes first.
 func TestAllocator_CacheBounds(t *testing.T) {
 	t.Run("Hints", func(t *testing.T) {
-		a := New(Config{Topology: func() topology.View { return topology.View{} }})
+		a := New(withoutDB())
 		defer a.Close()
 		// Every SKU gets hints for shards 0 and 3 (1 and 2 stay unknown).
 		key := func(i, idx int) stock.ShardKey { return stock.ShardKey{SKU: fmt.Sprint("h", i), Index: int32(idx)} }
@@ -125,7 +134,7 @@ func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
 // TestAllocator_FirstHintsAtOnce: the first hints of one SKU's shards, set
 // at once, all land in one entry; none is lost to a second entry.
 func TestAllocator_FirstHintsAtOnce(t *testing.T) {
-	a := New(Config{Topology: func() topology.View { return topology.View{} }})
+	a := New(withoutDB())
 	defer a.Close()
 	const shards = 64
 	for round := range 500 {
