@@ -54,6 +54,11 @@ const (
 	// bytes, so this is tens of MB at most; a SKU evicted costs one query
 	// when it is next asked for, as after its TTL.
 	skuCacheLenMax = 1 << 16
+	// skuGenStripes is how many stripes the SKU cache's invalidations are
+	// counted in: a forget drops the reads under way of its stripe's SKUs
+	// (each costs one more query later), so more stripes spare more of
+	// them, at 8 bytes each.
+	skuGenStripes = 256
 	// hintsSKUsMax bounds the SKUs whose shards' hints are kept (16 bytes
 	// a shard: 4 MiB for as many SKUs of 8 shards, 128 MiB if every one had
 	// 256); the least recently used SKU is evicted first. A shard without a
@@ -126,6 +131,11 @@ type Allocator struct {
 	// lookup, not one per shard.
 	hints *lru.Cache[string, *skuHints]
 	skus  *lru.Cache[string, cachedSKU]
+	// skuGens orders the SKU cache's fills after its invalidations: a
+	// forget bumps its SKU's stripe, and a read that began before is
+	// answered but not kept (it may hold what the forget was for).
+	skuMu   sync.Mutex
+	skuGens [skuGenStripes]uint64
 	// transitWait is inTransitWait; longer in tests.
 	transitWait time.Duration
 
@@ -238,16 +248,28 @@ func (a *Allocator) Close() {
 // Ready reports whether every partition has a live owner.
 func (a *Allocator) Ready() bool { return a.topo().AllOwned() }
 
-// sku returns a SKU's configuration, cached for skuCacheTTL.
+// sku returns a SKU's configuration, cached for skuCacheTTL from when its
+// read began. A read that overlaps a forget of the SKU (UpdateSKU through
+// this allocator, a new layout) is not kept: it may have read the SKU as
+// it was before, and would hide the change for skuCacheTTL.
 func (a *Allocator) sku(ctx context.Context, name string) (*stock.SKU, error) {
 	if c, ok := a.skus.Get(name); ok && time.Since(c.fetched) < skuCacheTTL {
 		return c.sku, nil
 	}
+	stripe := skuGenStripe(name)
+	a.skuMu.Lock()
+	gen := a.skuGens[stripe]
+	a.skuMu.Unlock()
+	began := time.Now()
 	s, err := a.db.GetSKU(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	a.skus.Add(name, cachedSKU{sku: s, fetched: time.Now()})
+	a.skuMu.Lock()
+	defer a.skuMu.Unlock()
+	if a.skuGens[stripe] == gen {
+		a.skus.Add(name, cachedSKU{sku: s, fetched: began})
+	}
 	return s, nil
 }
 
@@ -256,7 +278,21 @@ func (a *Allocator) SKU(ctx context.Context, name string) (*stock.SKU, error) {
 	return a.sku(ctx, name)
 }
 
-func (a *Allocator) forgetSKU(name string) { a.skus.Remove(name) }
+// forgetSKU drops a SKU's cached configuration, and keeps no read of it
+// that is under way (sku).
+func (a *Allocator) forgetSKU(name string) {
+	a.skuMu.Lock()
+	defer a.skuMu.Unlock()
+	a.skuGens[skuGenStripe(name)]++
+	a.skus.Remove(name)
+}
+
+// skuGenStripe is the stripe of skuGens a SKU's forgets bump.
+func skuGenStripe(name string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return h.Sum32() % skuGenStripes
+}
 
 // client returns the client of the server that owns shard k, or nil; local
 // is true when that server is the one in this process.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -24,11 +26,19 @@ func openDB(t *testing.T) *postgres.DB {
 	return db
 }
 
+// withoutDB is the Config of an allocator with no database and no shard
+// servers, for tests of its memory alone: the rebalancer's rounds, which
+// read the database, wait an hour (after its first second, one would find
+// no database on a loaded machine).
+func withoutDB() Config {
+	return Config{Topology: func() topology.View { return topology.View{} }, Rebalance: rebalance.Config{Interval: time.Hour}}
+}
+
 // TestAllocator_CacheBounds: the hints hold at most hintsSKUsMax SKUs and
 // the SKU cache skuCacheLenMax entries; the least recently used goes first.
 func TestAllocator_CacheBounds(t *testing.T) {
 	t.Run("Hints", func(t *testing.T) {
-		a := New(Config{Topology: func() topology.View { return topology.View{} }})
+		a := New(withoutDB())
 		defer a.Close()
 		// Every SKU gets hints for shards 0 and 3 (1 and 2 stay unknown).
 		key := func(i, idx int) stock.ShardKey { return stock.ShardKey{SKU: fmt.Sprint("h", i), Index: int32(idx)} }
@@ -125,7 +135,7 @@ func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
 // TestAllocator_FirstHintsAtOnce: the first hints of one SKU's shards, set
 // at once, all land in one entry; none is lost to a second entry.
 func TestAllocator_FirstHintsAtOnce(t *testing.T) {
-	a := New(Config{Topology: func() topology.View { return topology.View{} }})
+	a := New(withoutDB())
 	defer a.Close()
 	const shards = 64
 	for round := range 500 {
@@ -145,5 +155,66 @@ func TestAllocator_FirstHintsAtOnce(t *testing.T) {
 				t.Fatalf("%s: shard %d's hint %+v after every shard's first hint at once, want %d known", sku, i, h, i+1)
 			}
 		}
+	}
+}
+
+// gatedStore is a real database whose next GetSKU, once held, waits after
+// its read until released: a read of a SKU that overlaps a change of it.
+type gatedStore struct {
+	*postgres.DB
+	hold    atomic.Bool
+	read    chan struct{} // a held GetSKU has read
+	release chan struct{} // closed: it returns
+}
+
+func (g *gatedStore) GetSKU(ctx context.Context, name string) (*stock.SKU, error) {
+	s, err := g.DB.GetSKU(ctx, name)
+	if g.hold.CompareAndSwap(true, false) {
+		g.read <- struct{}{}
+		<-g.release
+	}
+	return s, err
+}
+
+// TestAllocator_SKUCacheFillAfterForget: a read of a SKU that began before
+// this allocator changed it (UpdateSKU) and ends after answers its caller
+// but is not cached: the next request reads the change, not the copy from
+// before it for skuCacheTTL.
+func TestAllocator_SKUCacheFillAfterForget(t *testing.T) {
+	db := openDB(t)
+	ctx := context.Background()
+	s := stock.SKU{Name: "refilled", Status: stock.StatusActive, Shards: 1, ReservationTTL: stock.ReservationTTLDefault}
+	if err := db.CreateSKU(ctx, s, 0); err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedStore{DB: db, read: make(chan struct{}), release: make(chan struct{})}
+	a := New(Config{DB: g, Topology: func() topology.View { return topology.View{} }})
+	defer a.Close()
+	g.hold.Store(true)
+	type answer struct {
+		sku *stock.SKU
+		err error
+	}
+	first := make(chan answer, 1)
+	go func() {
+		s, err := a.sku(ctx, s.Name)
+		first <- answer{s, err}
+	}()
+	select {
+	case <-g.read: // the read has the SKU active, and has not returned
+	case <-time.After(10 * time.Second):
+		t.Fatal("sku(refilled) did not read within 10 s")
+	}
+	paused := true
+	if _, err := a.UpdateSKU(ctx, s.Name, stock.SKUUpdate{Paused: &paused}); err != nil {
+		t.Fatal(err)
+	}
+	close(g.release)
+	if got := <-first; got.err != nil || got.sku.Status != stock.StatusActive {
+		t.Fatalf("sku(refilled) read before the pause = %+v, %v, want it active", got.sku, got.err)
+	}
+	got, err := a.sku(ctx, s.Name)
+	if err != nil || got.Status != stock.StatusPaused {
+		t.Errorf("sku(refilled) after UpdateSKU paused it = %+v, %v, want it paused: a read from before the change was cached", got, err)
 	}
 }

@@ -290,3 +290,58 @@ func TestShard_Ceiling(t *testing.T) {
 	})
 	reconcile(t, db, sku)
 }
+
+// TestShard_ConfigChangedElsewhere: a writer's copy of the SKU is as of
+// its last batch, and another process (an allocator's UpdateSku) may change
+// the SKU meanwhile. A request larger than the shard holds is refused
+// without a transaction (the read-only path), and that refusal must be
+// for stock, never by the SKU's configuration as the writer last saw it:
+// an allocator moves on from OUT_OF_STOCK ("not enough here") and
+// consolidates, but takes SKU_PAUSED as final, and a SKU resumed elsewhere
+// would be refused for as long as the writer lives.
+func TestShard_ConfigChangedElsewhere(t *testing.T) {
+	one, none := int64(1), int64(0)
+	paused, active := true, false
+	for _, tc := range []struct {
+		name          string
+		before, after stock.SKUUpdate
+		code          stock.Code // the refusal before the change
+	}{
+		{"Resumed", stock.SKUUpdate{Paused: &paused}, stock.SKUUpdate{Paused: &active}, stock.CodeSKUPaused},
+		{"MaxPerOrderLifted", stock.SKUUpdate{MaxPerOrder: &one}, stock.SKUUpdate{MaxPerOrder: &none}, stock.CodeQuantityAboveMaxPerOrder},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, _ := openDB(t)
+			sku := "elsewhere-" + strings.ToLower(tc.name)
+			createSKU(t, db, stock.SKU{Name: sku, Shards: 2}, 2) // one unit on each shard
+			s := newServer(t, db, "a")
+			acquire(t, s, sku, 1, 0, 1)
+			ctx := context.Background()
+			deduct := func(q int64, key string) stock.Result {
+				return s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: sku, Index: 0}, Quantity: q, Key: key})
+			}
+			if _, err := db.UpdateSKU(ctx, sku, tc.before); err != nil {
+				t.Fatal(err)
+			}
+			// Shard 0's writer reads the SKU as changed, and its row (one
+			// unit): what its read-only path decides from.
+			if res := deduct(2, "before"); res.Err == nil || res.Err.Code != tc.code {
+				t.Fatalf("deduct 2 before the change = %+v, want %s", res, tc.code)
+			}
+			if _, err := db.UpdateSKU(ctx, sku, tc.after); err != nil {
+				t.Fatal(err)
+			}
+			before := stateOf(t, db, sku)
+			if res := deduct(2, "after"); res.Err == nil || res.Err.Code != stock.CodeOutOfStock || res.Available != 1 {
+				t.Errorf("deduct 2 (more than the shard holds) after the change = %+v, want OUT_OF_STOCK with 1 available", res)
+			}
+			if got := stateOf(t, db, sku); got != before {
+				t.Errorf("a refused deduct changed the shard: %+v -> %+v", before, got)
+			}
+			if res := deduct(1, "fits"); res.Err != nil {
+				t.Errorf("deduct 1 after the change = %v, want success", res.Err)
+			}
+			reconcile(t, db, sku)
+		})
+	}
+}

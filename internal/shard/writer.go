@@ -497,7 +497,8 @@ func haltedResult(k stock.ShardKey) stock.Result {
 
 // refusable reports whether no request of the batch can change the shard:
 // all are reserves or deducts larger than what is available. Such a batch
-// needs no transaction, only the read that tells replays apart.
+// needs no transaction, only the read that tells replays apart (readOnly),
+// unless the SKU's configuration refuses one of them.
 func (w *writer) refusable(reqs []*stock.Request) bool {
 	if w.sku == nil || !w.loaded || w.seeded {
 		return false
@@ -531,8 +532,26 @@ func (w *writer) readOnly(reqs []*stock.Request) ([]stock.Result, error) {
 		// Let the transactional path decide instead.
 		return nil, fmt.Errorf("shard: a refusable batch planned a write: %v", err)
 	}
+	// The row is this writer's own (fenced), but its copy of the SKU is
+	// as of its last batch, and UpdateSku changes the SKU without telling
+	// it. So this path answers only what the keys' read and the row
+	// decide: a recorded key's result, or OUT_OF_STOCK. A refusal by the
+	// SKU's configuration (paused, max_per_order, a customer's limit,
+	// admission) from that copy could outlive the change for as long as
+	// the writer lives, and an allocator takes it as final where it moves
+	// on from OUT_OF_STOCK: such a batch is decided by a transaction,
+	// which reads the SKU.
+	for i, res := range results {
+		if res.Err != nil && res.Err.Code != stock.CodeOutOfStock && ops[reqs[i].Key] == nil {
+			return nil, errConfigRefusal
+		}
+	}
 	return results, nil
 }
+
+// errConfigRefusal: a read-only batch would refuse a request by the
+// writer's copy of the SKU's configuration; a transaction decides it.
+var errConfigRefusal = errors.New("shard: a refusal by the SKU's configuration is read in a transaction")
 
 // onlyWarm reports whether every request of a batch is a warm-up.
 func onlyWarm(reqs []*stock.Request) bool {
