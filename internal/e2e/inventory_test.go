@@ -41,20 +41,28 @@ func sourceCase(t *testing.T, s *stack, sku string) {
 		resp, err := s.deduct(context.Background(), sku, keys[i], 1)
 		got[i] = answer{resp, err}
 	})
-	firsts := map[string]int{}
+	// A first request may itself be answered as a replay: its first try
+	// at a shard was in doubt (applied, its answer lost) and the allocator's
+	// next try found the key applied. So a key succeeds once when it has
+	// at most one answer that is not a replay, whatever its replays.
+	firsts, succeeded := map[string]int{}, map[string]bool{}
 	oos := 0
 	for i, a := range got {
+		if a.err == nil {
+			succeeded[keys[i]] = true
+		}
 		switch {
 		case a.err == nil && !a.resp.Replayed:
 			firsts[keys[i]]++
+		case a.err == nil:
 		case a.err != nil && reason(a.err) == "OUT_OF_STOCK":
 			oos++
 		case a.err != nil:
 			t.Errorf("Deduct(%s) = %v, want success or OUT_OF_STOCK", keys[i], a.err)
 		}
 	}
-	if len(firsts) != 100 {
-		t.Errorf("%s: distinct keys that succeeded = %d, want 100", sku, len(firsts))
+	if len(succeeded) != 100 {
+		t.Errorf("%s: distinct keys that succeeded = %d, want 100", sku, len(succeeded))
 	}
 	for k, n := range firsts {
 		if n != 1 {
@@ -67,8 +75,8 @@ func sourceCase(t *testing.T, s *stack, sku string) {
 			t.Errorf("key %s: %v / %v disagree", keys[i], a.err, b.err)
 			continue
 		}
-		if a.err == nil && a.resp.Replayed == b.resp.Replayed {
-			t.Errorf("key %s: replayed %v and %v, want exactly one replay", keys[i], a.resp.Replayed, b.resp.Replayed)
+		if a.err == nil && !a.resp.Replayed && !b.resp.Replayed {
+			t.Errorf("key %s: neither answer is a replay, want at least one", keys[i])
 		}
 		if a.err == nil && a.resp.Operation.Shard != b.resp.Operation.Shard {
 			t.Errorf("key %s: the replay names shard %d, the original %d", keys[i], b.resp.Operation.Shard, a.resp.Operation.Shard)
