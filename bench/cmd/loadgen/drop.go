@@ -24,7 +24,7 @@ type dropFlags struct {
 	after, inFlight int
 	think           time.Duration
 	release         float64
-	noCeiling       bool
+	noCeiling, swap bool
 }
 
 func (d *dropFlags) register(fs *flag.FlagSet) {
@@ -34,6 +34,7 @@ func (d *dropFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&d.inFlight, "drop-in-flight", drop.InFlightMaxDefault, "model drop: requests in flight at most; an arrival beyond it waits (counted as sent late)")
 	fs.DurationVar(&d.think, "drop-think", drop.ThinkDefault, "model drop: time from a token or reservation to its Commit or Release")
 	fs.Float64Var(&d.release, "drop-release", drop.ReleaseDefault, "model drop: share of the tokens and reservations released rather than bought")
+	fs.BoolVar(&d.swap, "drop-swap", false, "model drop: run the drop before its reserve phase, and the ceiling before the refusals after the sell-out (alternate it over rounds)")
 	fs.BoolVar(&d.noCeiling, "drop-no-ceiling", false, "model drop: do not measure the in-memory ceiling")
 }
 
@@ -63,7 +64,7 @@ func targetNames(s string) []string {
 func (c *config) dropConfig(runID string) drop.Config {
 	shards, _ := parseShards(c.shardList)
 	cfg := drop.Config{RunID: runID, Units: c.drop.units, Arrivals: int(c.requests), Rate: c.rate, Duration: c.duration,
-		Think: c.drop.think, Release: c.drop.release, WaitlistMax: c.drop.waitlist, After: c.drop.after, InFlightMax: c.drop.inFlight}
+		Think: c.drop.think, Release: c.drop.release, WaitlistMax: c.drop.waitlist, After: c.drop.after, InFlightMax: c.drop.inFlight, Swap: c.drop.swap}
 	if len(shards) > 0 {
 		cfg.Shards = shards[0]
 	}

@@ -86,6 +86,11 @@ type Config struct {
 	After       int
 	InFlightMax int
 	Shards      int32
+	// Swap runs the phases of each pair the other way round: the drop
+	// before the reserve phase, the ceiling before the refusals after the
+	// sell-out; alternated over rounds, neither of a pair always runs on
+	// what the other left (a warmer cache, a fuller database).
+	Swap bool
 }
 
 // Check fills in c's defaults (its zero fields) and checks its bounds.
@@ -238,7 +243,6 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 	if err := createSKUs(ctx, env.Admin, cfg, r.SKU, r.PlainSKU); err != nil {
 		return nil, err
 	}
-	logf("reserve phase: %d arrivals at %.0f/s on %s (%d units, no admission)", cfg.Arrivals, cfg.Rate, r.PlainSKU, cfg.Units)
 	reserve := func(ctx context.Context, i int) (string, answer) {
 		resp, err := env.Inv.Reserve(ctx, connect.NewRequest(&shardstockv1.ReserveRequest{
 			Sku: r.PlainSKU, Quantity: 1, IdempotencyKey: fmt.Sprintf("%s-r-%d", cfg.RunID, i), CustomerRef: fmt.Sprintf("%s-rc-%d", cfg.RunID, i)}))
@@ -247,10 +251,6 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 		}
 		return resp.Msg.GetReservation().GetReservationId(), answer{kind: answerHeld}
 	}
-	if r.Reserve, _, err = runPhase(ctx, cfg, env, r.PlainSKU, reserve); err != nil {
-		return r, fmt.Errorf("drop: reserve phase: %w", err)
-	}
-	logf("drop: %d arrivals at %.0f/s on %s (%d units, tokens, waitlist %d)", cfg.Arrivals, cfg.Rate, r.SKU, cfg.Units, cfg.WaitlistMax)
 	token := func(ctx context.Context, i int) (string, answer) {
 		resp, err := env.Inv.RequestToken(ctx, connect.NewRequest(&shardstockv1.RequestTokenRequest{
 			Sku: r.SKU, Quantity: 1, IdempotencyKey: fmt.Sprintf("%s-t-%d", cfg.RunID, i), CustomerRef: fmt.Sprintf("%s-tc-%d", cfg.RunID, i)}))
@@ -262,6 +262,20 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 		}
 		return resp.Msg.GetTicket().GetTicketId(), answer{kind: answerTicket}
 	}
+	reservePhase := func() error {
+		logf("reserve phase: %d arrivals at %.0f/s on %s (%d units, no admission)", cfg.Arrivals, cfg.Rate, r.PlainSKU, cfg.Units)
+		var err error
+		if r.Reserve, _, err = runPhase(ctx, cfg, env, r.PlainSKU, reserve); err != nil {
+			return fmt.Errorf("drop: reserve phase: %w", err)
+		}
+		return nil
+	}
+	if !cfg.Swap {
+		if err := reservePhase(); err != nil {
+			return r, err
+		}
+	}
+	logf("drop: %d arrivals at %.0f/s on %s (%d units, tokens, waitlist %d)", cfg.Arrivals, cfg.Rate, r.SKU, cfg.Units, cfg.WaitlistMax)
 	var tickets []string
 	if r.Drop, tickets, err = runPhase(ctx, cfg, env, r.SKU, token); err != nil {
 		return r, fmt.Errorf("drop: %w", err)
@@ -270,20 +284,44 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 	if err := r.settle(ctx, env, tickets); err != nil {
 		return r, fmt.Errorf("drop: waitlist: %w", err)
 	}
-	if cfg.After > 0 {
+	if cfg.Swap {
+		if err := reservePhase(); err != nil {
+			return r, err
+		}
+	}
+	if cfg.After == 0 {
+		return r, nil
+	}
+	after := func() error {
 		logf("after the sell-out: %d RequestTokens at %.0f/s", cfg.After, cfg.Rate)
+		var err error
 		if r.After, err = refusals(ctx, cfg, env.ServerCPU, func(ctx context.Context, i int) answer {
 			_, a := token(ctx, cfg.Arrivals+i)
 			return a
 		}); err != nil {
-			return r, fmt.Errorf("drop: after the sell-out: %w", err)
+			return fmt.Errorf("drop: after the sell-out: %w", err)
 		}
-		if env.Ceiling != nil {
-			w, err := ceiling(ctx, cfg, env)
-			if err != nil {
-				return r, fmt.Errorf("drop: ceiling: %w", err)
-			}
-			r.Ceiling = &w
+		return nil
+	}
+	ceilingPhase := func() error {
+		if env.Ceiling == nil {
+			return nil
+		}
+		logf("the ceiling: %d Deducts of a sold-out SKU at %.0f/s", cfg.After, cfg.Rate)
+		w, err := ceiling(ctx, cfg, env)
+		if err != nil {
+			return fmt.Errorf("drop: ceiling: %w", err)
+		}
+		r.Ceiling = &w
+		return nil
+	}
+	phases := []func() error{after, ceilingPhase}
+	if cfg.Swap {
+		phases[0], phases[1] = phases[1], phases[0]
+	}
+	for _, f := range phases {
+		if err := f(); err != nil {
+			return r, err
 		}
 	}
 	return r, nil
@@ -633,7 +671,11 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(w, "drop: %s: %d arrivals at %.0f/s (%d sent late, %d in flight at most), %d %s, %d tickets, %d refused %v, %d without a definite answer %v; then %d bought, %d released\n",
 			name, p.Arrivals, c.Rate, p.HeldBack, c.InFlightMax, p.Held, hold, p.Tickets, p.RefusedTotal(), p.Refused, p.ErrorTotal(), p.Errors, p.Bought, p.Released)
 	}
-	fmt.Fprintf(w, "drop: %d units a SKU, %d shards; think %s, %.0f%% released; waitlist %d\n", c.Units, c.Shards, c.Think, c.Release*100, c.WaitlistMax)
+	order := "the reserve phase first, shardstock's refusals before the ceiling's"
+	if c.Swap {
+		order = "swapped: the drop first, the ceiling's refusals before shardstock's"
+	}
+	fmt.Fprintf(w, "drop: %d units a SKU, %d shards; think %s, %.0f%% released; waitlist %d; %s\n", c.Units, c.Shards, c.Think, c.Release*100, c.WaitlistMax, order)
 	ph("reserve phase (no admission)", &r.Reserve, "reservations")
 	ph("drop (tokens)", &r.Drop, "tokens")
 	fmt.Fprintf(w, "drop: waitlist: %d admitted (units promised to a request in flight when it was answered, then the releases), %d of them bought; %d answered SOLD_OUT; %d still waiting\n",
