@@ -46,6 +46,10 @@ func (c *config) checkDrop() error {
 	if !slices.Equal(targetNames(c.targetList), []string{"shardstock"}) {
 		return errors.New("model drop runs on -target shardstock alone")
 	}
+	// The model reads zero as "default": refuse it here.
+	if c.drop.units < 1 || c.drop.inFlight < 1 {
+		return fmt.Errorf("-drop-units %d, -drop-in-flight %d: want at least 1 units and 1 in flight", c.drop.units, c.drop.inFlight)
+	}
 	cfg := c.dropConfig("check")
 	_, err := drop.Check(cfg)
 	return err

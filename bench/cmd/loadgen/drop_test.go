@@ -99,3 +99,23 @@ func TestDrop_Stack(t *testing.T) {
 		}
 	}
 }
+
+// TestDrop_Flags checks that model drop refuses what it cannot run: no
+// stack, another target, bounds out of range; and that nothing starts.
+func TestDrop_Flags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-model", "drop", "-target", "shardstock"}, "needs -stack"},
+		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "memory"}, "-target shardstock alone"},
+		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-units", "0"}, "units"},
+		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-release", "1.5"}, "release share"},
+		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-requests", "10"}, "arrivals"},
+	} {
+		_, _, err := runArgs(t, env(nil), tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run(%q) = %v, want an error naming %q", tc.args, err, tc.want)
+		}
+	}
+}
