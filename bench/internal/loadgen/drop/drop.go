@@ -668,8 +668,8 @@ func ceiling(ctx context.Context, cfg Config, env Env) (Window, error) {
 func (r *Report) Write(w io.Writer) {
 	c := r.Config
 	ph := func(name string, p *Phase, hold string) {
-		fmt.Fprintf(w, "drop: %s: %d arrivals at %.0f/s (%d sent late, %d in flight at most), %d %s, %d tickets, %d refused %v, %d without a definite answer %v; then %d bought, %d released\n",
-			name, p.Arrivals, c.Rate, p.HeldBack, c.InFlightMax, p.Held, hold, p.Tickets, p.RefusedTotal(), p.Refused, p.ErrorTotal(), p.Errors, p.Bought, p.Released)
+		fmt.Fprintf(w, "drop: %s: %d arrivals at %.0f/s (%d sent late, %d in flight at most), %d %s, %d tickets, %d refused %v, %d without a definite answer %v; then %d bought, %d released; all answered and ended in %s\n",
+			name, p.Arrivals, c.Rate, p.HeldBack, c.InFlightMax, p.Held, hold, p.Tickets, p.RefusedTotal(), p.Refused, p.ErrorTotal(), p.Errors, p.Bought, p.Released, p.Elapsed.Round(time.Millisecond))
 	}
 	order := "the reserve phase first, shardstock's refusals before the ceiling's"
 	if c.Swap {
