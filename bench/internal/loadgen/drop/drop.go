@@ -54,7 +54,8 @@ const (
 	unitsMax           = 1_000_000
 	arrivalsMax        = 1_000_000
 	tokenTTL           = 60 * time.Second
-	attemptsMax        = 20 // of one request whose answer left its fate unknown
+	attemptsMax        = 20               // of one request whose answer left its fate unknown
+	requestTimeout     = 30 * time.Second // of one attempt: a queue of in-flight RequestTokens waits long
 	retryPause         = 50 * time.Millisecond
 	settleMax          = 30 * time.Second // for the waitlist to be answered
 	settlePoll         = 200 * time.Millisecond
@@ -372,12 +373,15 @@ func classify(err error) answer {
 }
 
 // send calls do until a definite answer (the same key each time), at
-// most attemptsMax times.
+// most attemptsMax times, each within requestTimeout.
 func send[T any](ctx context.Context, do func(context.Context) (T, answer)) (T, answer) {
 	var v T
 	var a answer
 	for range attemptsMax {
-		if v, a = do(ctx); a.kind != answerError || ctx.Err() != nil {
+		actx, cancel := context.WithTimeout(ctx, requestTimeout)
+		v, a = do(actx)
+		cancel()
+		if a.kind != answerError || ctx.Err() != nil {
 			return v, a
 		}
 		select {
