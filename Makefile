@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-audit bench-rebalance bench-statements bench-pgsettings bench-cold soak soak-crash bench-changestream bench-cart
+.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-audit bench-rebalance bench-statements bench-pgsettings bench-cold soak soak-crash bench-changestream bench-cart bench-drop
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -144,6 +144,9 @@ soak-crash: ## make soak's load (60 s per model) while its private Postgres is c
 
 bench-cart: ## the cart model (orders of 2 to 5 lines, 10% refunded) and single-SKU deducts on one stack: orders and order lines per second, server CPU per order line against per deduct (about 1 min)
 	scripts/bench/cart.sh
+
+bench-drop: ## model drop (issue 31): a SKU of 1,000 units under admission, DROP_REQUESTS (3,000) RequestTokens at DROP_RATE (1,000/s) open-loop, against a plain Reserve phase and, once sold out, the in-memory ceiling; ROUNDS (default 3) alternated rounds (1.5 to 3.5 min a round)
+	scripts/bench/drop.sh $(or $(ROUNDS),3)
 
 bench-changestream: ## what WatchLedger consumers cost the writers: one stack, the same deduct load with 0, 1 and 4 consumers attached in 3 interleaved rounds; server CPU per deduct and the consumers' lag p99 (about 12 min)
 	scripts/bench/changestream.sh

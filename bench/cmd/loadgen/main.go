@@ -183,6 +183,7 @@ type config struct {
 	seed                                                            uint64
 	reportPath, stackBin, databaseNote, stackLog, stackArgs         string
 	serverProf, serverPids, cpuProf, diskProbe, pgData              string
+	drop                                                            dropFlags
 }
 
 // parseConfig reads the flags; the environment gives the defaults of
@@ -199,7 +200,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.serviceToken, "service-token", getenv("SHARDSTOCK_SERVICE_TOKEN"), "shardstock service bearer token, for the InventoryService (default $SHARDSTOCK_SERVICE_TOKEN); empty: -admin-token's, and the allocator logs each stock call at info")
 	fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "Postgres URL of the baselines (default $DATABASE_URL); with -stack, the server the stack's database is created on")
 	fs.StringVar(&c.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address of the Redis baselines")
-	fs.StringVar(&c.modelList, "model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), skew (as A, but every key's first-choice shard is one of 2), case (100 units, 500 deducts, 50 reused keys), cart (orders of 2 to 5 lines, 4 hot SKUs get half the lines, 10% refunded; shardstock only)")
+	fs.StringVar(&c.modelList, "model", "A", "comma-separated traffic models, run one after the other, a table each: A (uniform), B (20% of SKUs get 80%), C (one 100-unit SKU gets 70%), skew (as A, but every key's first-choice shard is one of 2), case (100 units, 500 deducts, 50 reused keys), cart (orders of 2 to 5 lines, 4 hot SKUs get half the lines, 10% refunded; shardstock only), drop (a SKU of -drop-units under admission, -requests RequestTokens (default 10,000) at -rate a second (default 5,000), against a plain Reserve phase and, after the sell-out, the in-memory ceiling; -stack and -target shardstock only)")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "load time per target (at most 1h); the run stops at -duration or -requests, whichever comes first")
 	fs.Int64Var(&c.requests, "requests", 0, "client operations per target (0: until -duration; at most 10,000,000)")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent clients")
@@ -232,6 +233,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.pgData, "pg-data", "", "with -pg-crash-count, the data directory of the private Postgres that -database-url names, to crash-restart during each shardstock load (never the shared server on port 5432)")
 	fs.DurationVar(&c.pgCrashEvery, "pg-crash-every", 5*time.Second, "with -pg-crash-count, the time from the load's start to the first Postgres crash-restart and from one to the next (at least 1s; and at least 1s after Postgres answered again)")
 	fs.IntVar(&c.pgCrashCount, "pg-crash-count", 0, "crash-restart the Postgres of -pg-data this many times during each shardstock load (pg_ctl stop -m immediate, then start on the same port), every -pg-crash-every; fewer crashes than this fail the command; 0: off")
+	c.drop.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -286,6 +288,12 @@ func (c *config) check(stderr io.Writer) (*plan, error) {
 		p.base.Progress = stderr
 	}
 	for _, m := range p.models {
+		if m == loadgen.ModelDrop {
+			if err := c.checkDrop(); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		for _, n := range p.shards {
 			rc := p.base
 			rc.Model, rc.Shards = m, n
@@ -380,6 +388,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	var errs []error
 	var cmp cartComparison
 	for _, m := range p.models {
+		if m == loadgen.ModelDrop {
+			errs = append(errs, c.runDrop(ctx, opts, st, stdout, stderr))
+			continue
+		}
 		cfg := p.base
 		cfg.Model = m
 		mr := modelRun{cfg: cfg, names: p.names, shards: p.shards, paced: c.paced, pacedNames: p.pacedNames, opts: opts, stack: st,

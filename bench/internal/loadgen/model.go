@@ -37,6 +37,10 @@ const (
 	// ReserveOrder, then bought with CommitOrder; CartRefundShare of the
 	// paid orders are payment failures, each line refunded afterwards.
 	ModelCart Model = "cart"
+	// ModelDrop is a drop (package drop): a SKU of few units under
+	// admission and a crowd asking for purchase tokens faster than the
+	// service answers. The runner does not run it: cmd/loadgen does.
+	ModelDrop Model = "drop"
 )
 
 // Constants of the models, as the source document gives them.
@@ -53,7 +57,7 @@ const (
 	SkewShards = 2
 )
 
-// ParseModel parses a model name: A, B, C, skew, case or cart.
+// ParseModel parses a model name: A, B, C, skew, case, cart or drop.
 func ParseModel(s string) (Model, error) {
 	switch strings.ToLower(s) {
 	case "a":
@@ -68,8 +72,10 @@ func ParseModel(s string) (Model, error) {
 		return ModelCase, nil
 	case "cart":
 		return ModelCart, nil
+	case "drop":
+		return ModelDrop, nil
 	}
-	return "", fmt.Errorf("loadgen: unknown model %q (want A, B, C, skew, case or cart)", s)
+	return "", fmt.Errorf("loadgen: unknown model %q (want A, B, C, skew, case, cart or drop)", s)
 }
 
 // QtyDist is the quantity of each request: uniform in [Min, Max], fixed when

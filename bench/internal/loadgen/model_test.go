@@ -52,7 +52,7 @@ func TestParseMix(t *testing.T) {
 }
 
 func TestParseModel(t *testing.T) {
-	for in, want := range map[string]Model{"A": ModelA, "b": ModelB, "C": ModelC, "skew": ModelSkew, "case": ModelCase, "CASE": ModelCase} {
+	for in, want := range map[string]Model{"A": ModelA, "b": ModelB, "C": ModelC, "skew": ModelSkew, "case": ModelCase, "CASE": ModelCase, "drop": ModelDrop} {
 		if got, err := ParseModel(in); err != nil || got != want {
 			t.Errorf("ParseModel(%q) = %v, %v, want %v", in, got, err, want)
 		}

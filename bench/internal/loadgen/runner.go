@@ -137,6 +137,8 @@ func (c Config) validate() error {
 		return err
 	}
 	switch {
+	case c.Model == ModelDrop:
+		return errors.New("loadgen: the runner does not run model drop (package drop does)")
 	case c.SKUs < 1 || c.SKUs > skusMax:
 		return fmt.Errorf("loadgen: skus %d: want 1 to %d", c.SKUs, skusMax)
 	case c.Stock < 1:

@@ -460,3 +460,10 @@ func (t *Target) Close() error {
 	t.http.CloseIdleConnections()
 	return nil
 }
+
+// Clients are the target's Connect clients, the InventoryService's with the
+// service token and the AdminService's with the admin token: for a model
+// that calls what the Target interface does not (the drop's RequestToken).
+func (t *Target) Clients() (shardstockv1connect.InventoryServiceClient, shardstockv1connect.AdminServiceClient) {
+	return t.inv, t.admin
+}
