@@ -92,6 +92,8 @@ commands:
                                          a purchase token, or a ticket in the waitlist (docs/admission.md)
   ticket TICKET_ID | ticket -sku SKU -key KEY
                                          a ticket: WAITING and its position, ADMITTED and its token, ...
+  cancel-ticket TICKET_ID                take a ticket out of the waitlist (or its draw)
+  watch-ticket TICKET_ID                 a ticket, then each change of it, until its outcome
   draw SKU [-page-token T -page-size N]  a draw: its state, seed and tickets in drawn order (docs/admission.md)
   update-sku SKU [-paused=true|false -max-per-order N -customer-limit N -auto-shards=true|false
                  -sale-start T -sale-end T -clear-sale-window]
@@ -296,6 +298,8 @@ func init() {
 		"prewarm":            cmdPrewarm,
 		"request-token":      cmdRequestToken,
 		"ticket":             cmdTicket,
+		"cancel-ticket":      cmdCancelTicket,
+		"watch-ticket":       cmdWatchTicket,
 		"draw":               cmdDraw,
 	}
 }
