@@ -49,7 +49,10 @@ func lockAdmission(ctx context.Context, tx pgx.Tx, sku string) error {
 // parameters differ). A new ticket is PENDING (its request may reserve at
 // once) while no ticket waits, else WAITING, or refused WAITLIST_FULL at
 // waitlistMax; CUSTOMER_LIMIT_REACHED once the customer has perCustomer
-// tickets pending, waiting or admitted (0: no limit). free, called only
+// tickets pending, waiting, or admitted with a token whose recorded expiry
+// has not passed (0: no limit): a lapsed token frees its place, and what a
+// customer buys in all is the SKU's customer_limit's (docs/admission.md,
+// "Per customer"). free, called only
 // while no ticket waits, reads the units the SKU has available and whether
 // it is sold out for good (then OUT_OF_STOCK, and nothing is recorded): a new
 // ticket also waits when the requests in flight ask for them all already,
@@ -97,7 +100,7 @@ func (db *DB) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, wa
 	}
 	var held, inFlight int64
 	if err := tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE `+sqlQueued+`),
-			count(*) FILTER (WHERE $2 <> '' AND customer_ref = $2 AND state IN ('pending', 'waiting', 'admitted')),
+			count(*) FILTER (WHERE $2 <> '' AND customer_ref = $2 AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now())),
 			coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
 		FROM admission_tickets WHERE sku = $1 AND (state IN ('pending', 'waiting') OR ($2 <> '' AND customer_ref = $2))`, t.SKU, t.CustomerRef).
 		Scan(&queued, &held, &inFlight); err != nil {
