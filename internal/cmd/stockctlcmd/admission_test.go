@@ -84,6 +84,15 @@ func TestStockctl_Tokens(t *testing.T) {
 		t.Errorf("stock -json drop: %+v (%v), want 1 token outstanding and 1 waiting", st.Stock, err)
 	}
 
+	// stock shows a draw's state.
+	must("create-sku", "lottery", "-stock", "1", "-shards", "1", "-admission", "draw", "-draw-at", "+1h", "-waitlist-max", "5")
+	if out := must("stock", "lottery"); !strings.Contains(out, "DRAW AT") || !strings.Contains(out, "REGISTERING") {
+		t.Errorf("stock lottery printed %q, want its draw REGISTERING", out)
+	}
+	if out := must("stock", "drop"); strings.Contains(out, "DRAW AT") {
+		t.Errorf("stock drop printed %q, want no draw", out)
+	}
+
 	// watch-ticket follows the waiting ticket to its outcome: a unit added
 	// goes to it, and the stream ends with it ADMITTED.
 	var wo, we cmdtest.Output

@@ -388,7 +388,27 @@ func cmdStock(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	return c.show(resp.Msg, func(w *tabwriter.Writer) { stockTable(w, resp.Msg.GetStock()) })
+	return c.show(resp.Msg, func(w *tabwriter.Writer) {
+		stockTable(w, resp.Msg.GetStock())
+		if d := resp.Msg.GetDraw(); d != nil {
+			drawSummaryTable(w, d)
+		}
+	})
+}
+
+// drawSummaryTable prints a draw's state under a SKU's stock.
+func drawSummaryTable(w *tabwriter.Writer, d *v1.DrawSummary) {
+	drawnAt := "-"
+	if d.GetDrawnAt() != nil {
+		drawnAt = d.GetDrawnAt().AsTime().Format(time.RFC3339)
+	}
+	seed := "no"
+	if d.GetSeedRecorded() {
+		seed = "yes"
+	}
+	fmt.Fprintf(w, "\nDRAW\tDRAW AT\tDRAWN AT\tTICKETS\tWINNERS\tSEED RECORDED\n%s\t%s\t%s\t%d\t%d\t%s\n",
+		strings.TrimPrefix(d.GetState().String(), "DRAW_STATE_"), d.GetDrawAt().AsTime().Format(time.RFC3339), drawnAt,
+		d.GetTickets(), d.GetWinners(), seed)
 }
 
 func cmdOperation(ctx context.Context, c *cli, args []string) error {
