@@ -38,6 +38,11 @@ type Store interface {
 	OpenTicketSKUs(ctx context.Context, limit int) ([]string, error)
 	WaitingCount(ctx context.Context, sku string) (int64, error)
 	WaitingTotal(ctx context.Context) (int64, error)
+	// TicketKeys calls each with the keys of sku's tickets, at most limit,
+	// under the SKU's admission lock, and returns how many it found (up to
+	// limit+1) and whether a ticket was open (pending, waiting or
+	// registered) then (memory.go).
+	TicketKeys(ctx context.Context, sku string, limit int, each func(key string)) (n int, open bool, err error)
 
 	// The draw (draw.go).
 	RegisterTicket(ctx context.Context, t stock.Ticket, params []byte, registrationsMax int64, open bool) (*stock.Ticket, bool, error)
@@ -54,6 +59,10 @@ type Seller interface {
 	// Availability reads the SKU's units available and whether it is sold
 	// out for good, in one snapshot (the allocator's sold-out check).
 	Availability(ctx context.Context, sku string) (available int64, soldOut bool, err error)
+	// SoldOutMark reports whether this process's view of the sold-out
+	// marks, fresh, marks sku sold out for good, and the mark's revision
+	// (docs/soldout.md).
+	SoldOutMark(sku string) (rev int64, marked bool)
 }
 
 // Service answers the admission calls of InventoryService.
@@ -61,6 +70,7 @@ type Service struct {
 	store   Store
 	seller  Seller
 	metrics *metrics
+	memory  *memory
 	// AfterReserve, for tests, runs between a ticket's reserve and its
 	// mark: an error stops the admission there, as a crash would.
 	AfterReserve func(t *stock.Ticket) error
@@ -73,7 +83,7 @@ type Service struct {
 
 // New returns a Service; reg, when set, receives its metrics.
 func New(store Store, seller Seller, reg prometheus.Registerer) *Service {
-	return &Service{store: store, seller: seller, metrics: newMetrics(reg, store), now: time.Now}
+	return &Service{store: store, seller: seller, metrics: newMetrics(reg, store), memory: newMemory(), now: time.Now}
 }
 
 // TokenRequest is a RequestToken call.
@@ -94,7 +104,8 @@ type Answer struct {
 
 // RequestToken answers a token while units are free and no ticket waits,
 // else a ticket in the waitlist; OUT_OF_STOCK once the SKU is sold out for
-// good; WAITLIST_FULL at waitlist_max.
+// good (from memory for a new key once every allocator knows it);
+// WAITLIST_FULL at waitlist_max.
 func (s *Service) RequestToken(ctx context.Context, r TokenRequest) (Answer, error) {
 	a, err := s.requestToken(ctx, r)
 	return a, unavailable(err)
@@ -119,6 +130,9 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 	sku, err := s.validate(ctx, r)
 	if err != nil {
 		return Answer{}, err
+	}
+	if s.fromMemory(sku, r.Key) {
+		return Answer{}, stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", r.SKU)
 	}
 	ad := sku.Admission
 	if ad.Mode == stock.AdmissionDraw {

@@ -23,6 +23,8 @@ type metrics struct {
 	// passes counts the worker's passes over a SKU's waitlist: flat while
 	// tickets wait means no worker holds the SKU's lease.
 	passes prometheus.Counter
+	// memoryRefusals counts RequestToken calls refused from memory.
+	memoryRefusals prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, store Store) *metrics {
@@ -36,9 +38,11 @@ func newMetrics(reg prometheus.Registerer, store Store) *metrics {
 		cancelled: c("shardstock_admission_tickets_cancelled_total", "Tickets taken out of a waitlist by CancelTicket."),
 		soldOut:   c("shardstock_admission_tickets_sold_out_total", "Waiting tickets answered SOLD_OUT: their SKU sold out for good."),
 		passes:    c("shardstock_admission_worker_passes_total", "Passes of the admission worker over a SKU's waitlist, under the SKU's lease."),
+		memoryRefusals: c("shardstock_admission_soldout_memory_refusals_total",
+			"RequestToken calls refused OUT_OF_STOCK from memory: their SKU is marked sold out for good and no ticket of it has their key; no query, no shard call."),
 	}
 	if reg != nil {
-		reg.MustRegister(m.granted, m.admitted, m.waiting, m.cancelled, m.soldOut, m.passes)
+		reg.MustRegister(m.granted, m.admitted, m.waiting, m.cancelled, m.soldOut, m.passes, m.memoryRefusals)
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "shardstock_admission_tickets_waiting", Help: "Tickets in every SKU's waitlist (read from the database at each scrape; -1 if it could not be read).",
 		}, func() float64 {

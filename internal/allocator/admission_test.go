@@ -414,3 +414,64 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestAdmission_PerCustomer: tokens_per_customer counts a customer's
+// tickets waiting and tokens not yet lapsed, so a token that expired
+// unbought frees its place; what the customer buys in all is the SKU's
+// customer_limit's (units held and bought, counted by the shards).
+func TestAdmission_PerCustomer(t *testing.T) {
+	s := newStack(t, []string{"a"}, "")
+	ctx := context.Background()
+	const sku = "per-customer"
+	ttl := stock.ReservationTTLMin
+	if _, err := s.alloc.CreateSKU(ctx, stock.SKU{Name: sku, Shards: 1, CustomerLimit: 2,
+		Admission: stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: ttl, WaitlistMax: 10, TokensPerCustomer: 1}}, 10); err != nil {
+		t.Fatalf("CreateSKU(%s) = %v", sku, err)
+	}
+	front := s.newAdmissionWith("per-customer", s.alloc, nil, false)
+	request := func(key string) (*stock.Ticket, error) {
+		ans, err := front.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: key, CustomerRef: "carol"})
+		return ans.Ticket, err
+	}
+	token := func(key string) *stock.Ticket {
+		t.Helper()
+		tk, err := request(key)
+		if err != nil || tk.State != stock.TicketAdmitted {
+			t.Fatalf("RequestToken(carol %s) = %+v, %v; want a token", key, tk, err)
+		}
+		return tk
+	}
+	refused := func(key string, want stock.Code) {
+		t.Helper()
+		if tk, err := request(key); stock.CodeOf(err) != want {
+			t.Fatalf("RequestToken(carol %s) = %+v, %v; want %s", key, tk, err, want)
+		}
+	}
+	// lapse waits until a token's expiry has passed and the shards'
+	// sweep has ended it.
+	lapse := func(tk *stock.Ticket) {
+		time.Sleep(time.Until(tk.ExpiresAt) + time.Second)
+	}
+
+	first := token("a")
+	refused("b", stock.CodeCustomerLimitReached) // one token outstanding
+	lapse(first)                                 // expired unbought: its place is free
+	second := token("c")
+	if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: second.TokenID}); res.Err != nil {
+		t.Fatalf("EndReservation(commit %s) = %v", second.TokenID, res.Err)
+	}
+	refused("d", stock.CodeCustomerLimitReached) // bought, within its token's time
+	lapse(second)
+	third := token("e")
+	if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: third.TokenID}); res.Err != nil {
+		t.Fatalf("EndReservation(commit %s) = %v", third.TokenID, res.Err)
+	}
+	lapse(third)
+	// Two units bought: customer_limit (2) refuses a third, in the shards.
+	refused("f", stock.CodeCustomerLimitReached)
+	st, err := s.alloc.GetStock(ctx, sku)
+	if err != nil || st.Total.Sold != 2 || st.Total.Reserved != 0 {
+		t.Errorf("GetStock(%s) = %+v, %v; want 2 sold, none held", sku, st, err)
+	}
+	s.balanced(sku)
+}

@@ -181,7 +181,23 @@ func (a *Allocator) Availability(ctx context.Context, sku string) (available int
 	for _, r := range rows {
 		available += r.Available
 	}
-	return available, soldOutForGood(rows, inTransit), nil
+	gone := soldOutForGood(rows, inTransit)
+	if gone {
+		// A SKU under admission refused only by RequestToken makes no
+		// sold-out check of Allocate's: its marking starts here.
+		a.markSoon(sku)
+	}
+	return available, gone, nil
+}
+
+// SoldOutMark reports whether this allocator's view of the marks, fresh,
+// marks sku sold out for good, and at which revision: the admission
+// service answers RequestToken from memory under it.
+func (a *Allocator) SoldOutMark(sku string) (rev int64, marked bool) {
+	if a.memory.marks == nil {
+		return 0, false
+	}
+	return a.memory.marks.Marked(sku)
 }
 
 // soldOutForGood reports whether a SKU's shards and transfers, read in

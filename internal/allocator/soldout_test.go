@@ -101,6 +101,8 @@ func TestSoldOut(t *testing.T) {
 	t.Run("FromMemory", func(t *testing.T) { soldOutFromMemory(t, s) })
 	t.Run("NeverWhileStockCanComeBack", func(t *testing.T) { soldOutNeverWhileStockCanComeBack(t, s) })
 	t.Run("AbandonedReopen", func(t *testing.T) { soldOutAbandonedReopen(t, s) })
+	t.Run("Tokens", func(t *testing.T) { soldOutTokens(t, s) })
+	t.Run("TokensWaiting", func(t *testing.T) { soldOutTokensWaiting(t, s) })
 }
 
 func soldOutFromMemory(t *testing.T, s *stack) {

@@ -131,6 +131,16 @@ var drawStates = map[stock.DrawState]v1.DrawState{
 	stock.DrawDrawn:       v1.DrawState_DRAW_STATE_DRAWN,
 }
 
+// drawSummary is a draw's state for GetStock.
+func drawSummary(d *stock.Draw) *v1.DrawSummary {
+	out := &v1.DrawSummary{State: drawStates[d.State], DrawAt: protoTime(d.DrawAt), Tickets: d.Total, SeedRecorded: len(d.Seed) > 0,
+		Winners: d.Winners}
+	if d.State == stock.DrawDrawn {
+		out.DrawnAt = protoTime(d.DrawnAt)
+	}
+	return out
+}
+
 // GetDraw reads a SKU's draw, a page of its drawn order at a time; the
 // page token is the rank of the last ticket of the page before.
 func (h *InventoryHandler) GetDraw(ctx context.Context, req *connect.Request[v1.GetDrawRequest]) (*connect.Response[v1.GetDrawResponse], error) {

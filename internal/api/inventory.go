@@ -232,10 +232,19 @@ func (h *InventoryHandler) GetStock(ctx context.Context, req *connect.Request[v1
 			return nil, wire.ToConnect(err)
 		}
 	}
+	resp := &v1.GetStockResponse{Stock: out}
+	if st.SKU != nil && st.SKU.Admission.Mode == stock.AdmissionDraw && h.Admission != nil {
+		// A page of one ticket: the summary, not the order.
+		d, err := h.Admission.GetDraw(ctx, st.SKU.Name, 0, 1)
+		if err != nil {
+			return nil, wire.ToConnect(err)
+		}
+		resp.Draw = drawSummary(d)
+	}
 	if internalsHidden(ctx) {
 		hideInternals(out)
 	}
-	return connect.NewResponse(&v1.GetStockResponse{Stock: out}), nil
+	return connect.NewResponse(resp), nil
 }
 
 // hideInternals leaves out of a SKU's stock what only operators and

@@ -59,7 +59,32 @@ func sharedHostileInput(t *testing.T, s *stack) {
 	parts := strings.SplitN(victimID, ".", 4)
 	foreignID := strings.Join([]string{parts[0], base64.RawURLEncoding.EncodeToString([]byte("hostile")), parts[2], parts[3]}, ".")
 
-	before := snapshotBooks(t, s, "hostile", "victim")
+	// A SKU under admission: its one unit in a token, one ticket waiting,
+	// and so its waitlist full (waitlistMax 1).
+	s.createSKU("hostile-tok", 1, 1, func(r *v1.CreateSkuRequest) {
+		r.Admission = &v1.Admission{Mode: v1.AdmissionMode_ADMISSION_MODE_TOKENS, WaitlistMax: 1, TokensPerCustomer: 1}
+	})
+	for _, k := range []string{"tok-hold", "tok-wait"} {
+		if _, err := s.inv.RequestToken(ctx, connect.NewRequest(&v1.RequestTokenRequest{Sku: "hostile-tok", Quantity: 1, IdempotencyKey: k, CustomerRef: k})); err != nil {
+			t.Fatalf("RequestToken(%s) = %v", k, err)
+		}
+	}
+	waitingTicket, err := s.inv.GetTicket(ctx, connect.NewRequest(&v1.GetTicketRequest{Sku: "hostile-tok", IdempotencyKey: "tok-wait"}))
+	if err != nil || waitingTicket.Msg.Ticket.GetState() != v1.TicketState_TICKET_STATE_WAITING {
+		t.Fatalf("GetTicket(tok-wait) = %v, %v; want WAITING", waitingTicket, err)
+	}
+	waitingID := waitingTicket.Msg.Ticket.GetTicketId()
+	tickets := func() string {
+		st := s.stock("hostile-tok")
+		tk, err := s.inv.GetTicket(ctx, connect.NewRequest(&v1.GetTicketRequest{TicketId: waitingID}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("tokens %d waiting %d; %s %s", st.GetTokensOutstanding(), st.GetWaitlistLength(), tk.Msg.Ticket.GetState(), tk.Msg.Ticket.GetTicketId())
+	}
+	ticketsBefore := tickets()
+
+	before := snapshotBooks(t, s, "hostile", "victim", "hostile-tok")
 
 	j := func(v any) []byte {
 		b, err := json.Marshal(v)
@@ -69,6 +94,12 @@ func sharedHostileInput(t *testing.T, s *stack) {
 		return b
 	}
 	deduct := func(fields string) []byte { return []byte(`{` + fields + `}`) }
+	tok := func(fields string) []byte {
+		if fields == "" {
+			return []byte(`{"sku":"hostile-tok"}`)
+		}
+		return []byte(`{"sku":"hostile-tok",` + fields + `}`)
+	}
 	var lines51 []any
 	for i := range 51 {
 		lines51 = append(lines51, map[string]any{"sku": fmt.Sprintf("s-%d", i), "quantity": "1"})
@@ -162,6 +193,38 @@ func sharedHostileInput(t *testing.T, s *stack) {
 		{name: "order line's key taken", path: inv + "Reserve", body: deduct(`"sku":"hostile","quantity":"1","idempotencyKey":"order-line:x"`), status: 400, code: badArg, reason: "INVALID_IDEMPOTENCY_KEY"},
 		{name: "get order of nothing", path: inv + "GetOrder", body: []byte(`{}`), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
 
+		// Admission: RequestToken, GetTicket, CancelTicket, GetDraw.
+		{name: "token quantity zero", path: inv + "RequestToken", body: tok(`"quantity":"0","idempotencyKey":"t","customerRef":"c9"`), status: 400, code: badArg, reason: "INVALID_QUANTITY"},
+		{name: "token quantity negative", path: inv + "RequestToken", body: tok(`"quantity":"-3","idempotencyKey":"t","customerRef":"c9"`), status: 400, code: badArg, reason: "INVALID_QUANTITY"},
+		{name: "token quantity max int64", path: inv + "RequestToken", body: tok(`"quantity":"9223372036854775807","idempotencyKey":"t","customerRef":"c9"`), status: 400, code: badArg, reason: "INVALID_QUANTITY"},
+		{name: "token key missing", path: inv + "RequestToken", body: tok(`"quantity":"1","customerRef":"c9"`), status: 400, code: badArg, reason: "INVALID_IDEMPOTENCY_KEY"},
+		{name: "token key 129 characters", path: inv + "RequestToken", body: j(map[string]any{"sku": "hostile-tok", "quantity": "1", "idempotencyKey": strings.Repeat("k", 129), "customerRef": "c9"}), status: 400, code: badArg, reason: "INVALID_IDEMPOTENCY_KEY"},
+		{name: "token sku 65 characters", path: inv + "RequestToken", body: j(map[string]any{"sku": strings.Repeat("s", 65), "quantity": "1", "idempotencyKey": "t", "customerRef": "c9"}), status: 400, code: badArg, reason: "INVALID_SKU"},
+		{name: "token of an unknown SKU", path: inv + "RequestToken", body: j(map[string]any{"sku": "ghost", "quantity": "1", "idempotencyKey": "t", "customerRef": "c9"}), status: 404, code: notFound, reason: "SKU_NOT_FOUND"},
+		{name: "token of a SKU without admission", path: inv + "RequestToken", body: j(map[string]any{"sku": "victim", "quantity": "1", "idempotencyKey": "t", "customerRef": "c9"}), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "token customer ref 129 characters", path: inv + "RequestToken", body: j(map[string]any{"sku": "hostile-tok", "quantity": "1", "idempotencyKey": "t", "customerRef": strings.Repeat("c", 129)}), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "token without a customer", path: inv + "RequestToken", body: tok(`"quantity":"1","idempotencyKey":"t"`), status: 400, code: badArg, reason: "CUSTOMER_REF_REQUIRED"},
+		{name: "token key reused", path: inv + "RequestToken", body: tok(`"quantity":"2","idempotencyKey":"tok-wait","customerRef":"tok-wait"`), status: 400, code: badArg, reason: "IDEMPOTENCY_KEY_REUSED"},
+		{name: "token past a full waitlist", path: inv + "RequestToken", body: tok(`"quantity":"1","idempotencyKey":"t-full","customerRef":"c9"`), status: 400, code: "failed_precondition", reason: "WAITLIST_FULL"},
+		{name: "token without a credential", path: inv + "RequestToken", header: map[string]string{"Authorization": ""}, body: tok(`"quantity":"1","idempotencyKey":"t","customerRef":"c9"`), status: 401, code: "unauthenticated", reason: "UNAUTHENTICATED"},
+		{name: "plain reserve under admission", path: inv + "Reserve", body: tok(`"quantity":"1","idempotencyKey":"r-plain"`), status: 400, code: "failed_precondition", reason: "TOKEN_REQUIRED"},
+		{name: "ticket of nothing", path: inv + "GetTicket", body: []byte(`{}`), status: 400, code: badArg, reason: "INVALID_SKU"},
+		{name: "ticket id 37 characters", path: inv + "GetTicket", body: j(map[string]string{"ticketId": strings.Repeat("t", 37)}), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "ticket id with escape", path: inv + "GetTicket", body: j(map[string]string{"ticketId": "tkt_\x1b[31m"}), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "ticket id forged", path: inv + "GetTicket", body: j(map[string]string{"ticketId": "tkt_00000000000000000000000000000000"}), status: 404, code: notFound, reason: "TICKET_NOT_FOUND"},
+		{name: "ticket by an unknown key", path: inv + "GetTicket", body: tok(`"idempotencyKey":"never"`), status: 404, code: notFound, reason: "TICKET_NOT_FOUND"},
+		{name: "ticket by a key 129 characters", path: inv + "GetTicket", body: j(map[string]string{"sku": "hostile-tok", "idempotencyKey": strings.Repeat("k", 129)}), status: 400, code: badArg, reason: "INVALID_IDEMPOTENCY_KEY"},
+		{name: "cancel no ticket", path: inv + "CancelTicket", body: []byte(`{}`), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "cancel ticket id 10 KiB", path: inv + "CancelTicket", body: j(map[string]string{"ticketId": strings.Repeat("t", 10<<10)}), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "cancel ticket forged", path: inv + "CancelTicket", body: j(map[string]string{"ticketId": "tkt_00000000000000000000000000000000"}), status: 404, code: notFound, reason: "TICKET_NOT_FOUND"},
+		{name: "cancel without a credential", path: inv + "CancelTicket", header: map[string]string{"Authorization": ""}, body: j(map[string]string{"ticketId": waitingID}), status: 401, code: "unauthenticated", reason: "UNAUTHENTICATED"},
+		{name: "draw of nothing", path: inv + "GetDraw", body: []byte(`{}`), status: 400, code: badArg, reason: "INVALID_SKU"},
+		{name: "draw page of 10001", path: inv + "GetDraw", body: tok(`"pageSize":10001`), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "draw page size negative", path: inv + "GetDraw", body: tok(`"pageSize":-1`), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "draw page token forged", path: inv + "GetDraw", body: tok(`"pageToken":"-3"`), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "draw of a SKU not by draw", path: inv + "GetDraw", body: tok(``), status: 400, code: badArg, reason: "INVALID_ARGUMENT"},
+		{name: "draw of an unknown SKU", path: inv + "GetDraw", body: []byte(`{"sku":"ghost"}`), status: 404, code: notFound, reason: "SKU_NOT_FOUND"},
+
 		// Credentials: none, a forged or unsigned JWT, or a role's that
 		// does not reach the call.
 		{name: "replenish without a credential", path: inv + "Replenish", header: map[string]string{"Authorization": ""}, body: deduct(`"sku":"hostile","quantity":"1000000","idempotencyKey":"free"`), status: 401, code: "unauthenticated", reason: "UNAUTHENTICATED"},
@@ -213,8 +276,30 @@ func sharedHostileInput(t *testing.T, s *stack) {
 			}
 		})
 	}
-	if after := snapshotBooks(t, s, "hostile", "victim"); after != before {
+	// WatchTicket, a server stream, over a Connect client: refused the same.
+	for _, tc := range []struct {
+		id   string
+		want connect.Code
+	}{{strings.Repeat("t", 37), connect.CodeInvalidArgument}, {"", connect.CodeInvalidArgument}, {"tkt_00000000000000000000000000000000", connect.CodeNotFound}} {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := s.inv.WatchTicket(wctx, connect.NewRequest(&v1.WatchTicketRequest{TicketId: tc.id}))
+		if err == nil {
+			for st.Receive() {
+				t.Errorf("WatchTicket(%.12q) sent %v, want a refusal", tc.id, st.Msg())
+			}
+			err = st.Err()
+			st.Close()
+		}
+		cancel()
+		if connect.CodeOf(err) != tc.want {
+			t.Errorf("WatchTicket(%.12q) = %v, want %v", tc.id, err, tc.want)
+		}
+	}
+	if after := snapshotBooks(t, s, "hostile", "victim", "hostile-tok"); after != before {
 		t.Errorf("the refused requests changed the books:\nbefore %s\nafter  %s", before, after)
+	}
+	if after := tickets(); after != ticketsBefore {
+		t.Errorf("the refused requests changed the tickets:\nbefore %s\nafter  %s", ticketsBefore, after)
 	}
 	// The victim's hold is untouched and still theirs to commit.
 	if _, err := s.inv.Commit(ctx, connect.NewRequest(&v1.CommitRequest{ReservationId: victimID})); err != nil {

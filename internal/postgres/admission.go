@@ -49,7 +49,10 @@ func lockAdmission(ctx context.Context, tx pgx.Tx, sku string) error {
 // parameters differ). A new ticket is PENDING (its request may reserve at
 // once) while no ticket waits, else WAITING, or refused WAITLIST_FULL at
 // waitlistMax; CUSTOMER_LIMIT_REACHED once the customer has perCustomer
-// tickets pending, waiting or admitted (0: no limit). free, called only
+// tickets pending, waiting, or admitted with a token whose recorded expiry
+// has not passed (0: no limit): a lapsed token frees its place, and what a
+// customer buys in all is the SKU's customer_limit's (docs/admission.md,
+// "Per customer"). free, called only
 // while no ticket waits, reads the units the SKU has available and whether
 // it is sold out for good (then OUT_OF_STOCK, and nothing is recorded): a new
 // ticket also waits when the requests in flight ask for them all already,
@@ -97,7 +100,7 @@ func (db *DB) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, wa
 	}
 	var held, inFlight int64
 	if err := tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE `+sqlQueued+`),
-			count(*) FILTER (WHERE $2 <> '' AND customer_ref = $2 AND state IN ('pending', 'waiting', 'admitted')),
+			count(*) FILTER (WHERE $2 <> '' AND customer_ref = $2 AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now())),
 			coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
 		FROM admission_tickets WHERE sku = $1 AND (state IN ('pending', 'waiting') OR ($2 <> '' AND customer_ref = $2))`, t.SKU, t.CustomerRef).
 		Scan(&queued, &held, &inFlight); err != nil {
@@ -107,6 +110,20 @@ func (db *DB) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, wa
 		return nil, false, stock.Errorf(stock.CodeCustomerLimitReached, "customer %q holds the sku's tokens_per_customer", t.CustomerRef)
 	}
 	t.State = stock.TicketPending
+	if queued == 0 && inFlight+t.Quantity > available {
+		// It would wait only for the units read before the lock: read
+		// them again under it. A SKU sold out for good since then records
+		// nothing, so that once it is marked sold out no ticket can start
+		// to wait (RequestToken's answer from memory relies on it).
+		n, gone, err := free(ctx)
+		if err != nil {
+			return nil, false, err
+		}
+		if gone {
+			return nil, false, stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", t.SKU)
+		}
+		available = n
+	}
 	if queued > 0 || inFlight+t.Quantity > available {
 		if queued >= waitlistMax {
 			return nil, false, stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", t.SKU)
@@ -392,6 +409,47 @@ func (db *DB) WaitingCount(ctx context.Context, sku string) (int64, error) {
 	var n int64
 	err := db.pool.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued, sku).Scan(&n)
 	return n, err
+}
+
+// TicketKeys calls each with the keys of sku's tickets, at most limit, read
+// under the SKU's admission lock (so after every entry that took it
+// before, and before any that takes it after), and returns how many it
+// found (up to limit+1) and whether a ticket was open then: pending,
+// waiting or registered.
+func (db *DB) TicketKeys(ctx context.Context, sku string, limit int, each func(key string)) (int, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := lockAdmission(ctx, tx, sku); err != nil {
+		return 0, false, err
+	}
+	var open bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM admission_tickets WHERE sku = $1 AND state IN ('pending', 'waiting', 'registered'))`, sku).Scan(&open); err != nil {
+		return 0, false, err
+	}
+	if open {
+		return 0, true, nil
+	}
+	rows, err := tx.Query(ctx, `SELECT idempotency_key FROM admission_tickets WHERE sku = $1 LIMIT $2`, sku, limit+1)
+	if err != nil {
+		return 0, false, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return 0, false, err
+		}
+		if n++; n <= limit {
+			each(k)
+		}
+	}
+	return n, false, rows.Err()
 }
 
 // WaitingTotal is the number of tickets in every SKU's waitlist.

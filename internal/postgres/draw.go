@@ -159,6 +159,9 @@ func (db *DB) GetDraw(ctx context.Context, sku string, after int64, limit int) (
 		return d, nil
 	}
 	d.State, d.DrawnAt = stock.DrawDrawn, *drawnAt
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1 AND draw_rank IS NOT NULL AND state = 'admitted'`, sku).Scan(&d.Winners); err != nil {
+		return nil, err
+	}
 	rows, err := tx.Query(ctx, `SELECT ticket_id FROM admission_tickets WHERE sku = $1 AND draw_rank > $2 ORDER BY draw_rank LIMIT $3`, sku, after, limit)
 	if err != nil {
 		return nil, err

@@ -173,6 +173,8 @@ type Draw struct {
 	// order, from rank After+1.
 	Total   int64
 	Tickets []string
+	// Winners is the drawn tickets admitted with a token so far.
+	Winners int64
 }
 
 // Waitlist is a SKU's admission counts, for GetStock.

@@ -12,7 +12,7 @@
 // run` prints it), kept in sessionStorage.
 import { createClient, ConnectError } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
-import { InventoryService } from "../gen/shardstock/v1/inventory_pb.js";
+import { InventoryService, DrawState } from "../gen/shardstock/v1/inventory_pb.js";
 import { AdminService } from "../gen/shardstock/v1/admin_pb.js";
 import { AdmissionMode, SkuStatus, ShardState, TransferState } from "../gen/shardstock/v1/types_pb.js";
 
@@ -523,16 +523,26 @@ async function sampleAdmission() {
     }
     return;
   }
-  const { stock } = await inv.getStock({ sku: name });
+  const { stock, draw } = await inv.getStock({ sku: name });
   if (name !== selected) return;
   if (admissionOf !== name) {
     admissionOf = name;
     admissionSamples = [];
-    box.replaceChildren(el("div", {}, `Admission of ${name}`), el("div", { class: "admission-charts" }, ...chartBoxes(admissionSeries)));
+    box.replaceChildren(el("div", {}, `Admission of ${name}`), el("div", { class: "admission-draw" }),
+      el("div", { class: "admission-charts" }, ...chartBoxes(admissionSeries)));
   }
+  box.querySelector(".admission-draw").textContent = draw ? drawLine(draw) : "";
   admissionSamples.push({ tokensOutstanding: Number(stock.tokensOutstanding), waitlistLength: Number(stock.waitlistLength) });
   if (admissionSamples.length > samplesMax) admissionSamples.shift();
   for (const s of admissionSeries) plot(box.querySelector(`svg[data-series="${s.key}"]`), admissionSamples.map((x) => x[s.key]));
+}
+
+// drawLine says where a SKU's draw is (GetStock's DrawSummary).
+function drawLine(d) {
+  const at = (t) => (t ? new Date(Number(t.seconds) * 1000).toLocaleString() : "-");
+  const state = { [DrawState.REGISTERING]: "registering", [DrawState.SEEDED]: "seeded", [DrawState.DRAWN]: "drawn" }[d.state] || "-";
+  return `Draw: ${state}; draws at ${at(d.drawAt)}; drawn at ${at(d.drawnAt)}; ${d.tickets} tickets; ` +
+    `${d.winners} winners; seed ${d.seedRecorded ? "recorded" : "not recorded"}`;
 }
 
 // ---- What has no stream -----------------------------------------------------

@@ -156,6 +156,16 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     assert.equal(await value("tokensOutstanding"), "2", "tokens outstanding charted");
     assert.equal(await value("waitlistLength"), "1", "waitlist charted");
     console.log(`admission charted in ${Date.now() - admissionFrom} ms`);
+    // A SKU that sells by draw: its draw's state is shown above the charts.
+    const lottery = `${demo}-lottery`;
+    await admin.createSku({ sku: lottery, initialStock: 1n, shards: 1,
+      admission: { mode: AdmissionMode.DRAW, waitlistMax: 5n, drawAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 3600), nanos: 0 } } });
+    for (let i = 0; i < 2; i++) await inv.requestToken({ sku: lottery, quantity: 1n, idempotencyKey: `${lottery}-${i}`, customerRef: `c-${i}` });
+    await page.fill("#search-prefix", lottery);
+    await page.click("#search-form button");
+    await page.waitForSelector("#admission .admission-draw:has-text('Draw: registering')", { timeout });
+    const drawText = await page.locator("#admission .admission-draw").textContent();
+    assert.match(drawText, /2 tickets; 0 winners; seed not recorded/, "draw state shown");
     // The topology panel shows every partition owned.
     await page.waitForSelector("#topology:has-text('256 of 256 partitions owned')", { timeout });
 

@@ -882,8 +882,10 @@ func (x *GetStockRequest) GetSku() string {
 }
 
 type GetStockResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stock         *Stock                 `protobuf:"bytes,1,opt,name=stock,proto3" json:"stock,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Stock *Stock                 `protobuf:"bytes,1,opt,name=stock,proto3" json:"stock,omitempty"`
+	// A SKU that sells by draw: where its draw is (GetDraw has the order).
+	Draw          *DrawSummary `protobuf:"bytes,2,opt,name=draw,proto3" json:"draw,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -925,6 +927,103 @@ func (x *GetStockResponse) GetStock() *Stock {
 	return nil
 }
 
+func (x *GetStockResponse) GetDraw() *DrawSummary {
+	if x != nil {
+		return x.Draw
+	}
+	return nil
+}
+
+// DrawSummary is a draw's state, for operators.
+type DrawSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State DrawState              `protobuf:"varint,1,opt,name=state,proto3,enum=shardstock.v1.DrawState" json:"state,omitempty"`
+	// When registration closes and the draw runs.
+	DrawAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=draw_at,json=drawAt,proto3" json:"draw_at,omitempty"`
+	// When the order was recorded; set once DRAWN.
+	DrawnAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=drawn_at,json=drawnAt,proto3" json:"drawn_at,omitempty"`
+	// Registrations while REGISTERING, else the tickets drawn.
+	Tickets int64 `protobuf:"varint,4,opt,name=tickets,proto3" json:"tickets,omitempty"`
+	// Whether the seed is recorded (GetDraw shows it).
+	SeedRecorded bool `protobuf:"varint,5,opt,name=seed_recorded,json=seedRecorded,proto3" json:"seed_recorded,omitempty"`
+	// Drawn tickets admitted with a token so far.
+	Winners       int64 `protobuf:"varint,6,opt,name=winners,proto3" json:"winners,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrawSummary) Reset() {
+	*x = DrawSummary{}
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrawSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrawSummary) ProtoMessage() {}
+
+func (x *DrawSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrawSummary.ProtoReflect.Descriptor instead.
+func (*DrawSummary) Descriptor() ([]byte, []int) {
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DrawSummary) GetState() DrawState {
+	if x != nil {
+		return x.State
+	}
+	return DrawState_DRAW_STATE_UNSPECIFIED
+}
+
+func (x *DrawSummary) GetDrawAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrawAt
+	}
+	return nil
+}
+
+func (x *DrawSummary) GetDrawnAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrawnAt
+	}
+	return nil
+}
+
+func (x *DrawSummary) GetTickets() int64 {
+	if x != nil {
+		return x.Tickets
+	}
+	return 0
+}
+
+func (x *DrawSummary) GetSeedRecorded() bool {
+	if x != nil {
+		return x.SeedRecorded
+	}
+	return false
+}
+
+func (x *DrawSummary) GetWinners() int64 {
+	if x != nil {
+		return x.Winners
+	}
+	return 0
+}
+
 type WatchStockRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1 to 100 SKUs.
@@ -935,7 +1034,7 @@ type WatchStockRequest struct {
 
 func (x *WatchStockRequest) Reset() {
 	*x = WatchStockRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[14]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1046,7 @@ func (x *WatchStockRequest) String() string {
 func (*WatchStockRequest) ProtoMessage() {}
 
 func (x *WatchStockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[14]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1059,7 @@ func (x *WatchStockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStockRequest.ProtoReflect.Descriptor instead.
 func (*WatchStockRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{14}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchStockRequest) GetSkus() []string {
@@ -980,7 +1079,7 @@ type WatchStockResponse struct {
 
 func (x *WatchStockResponse) Reset() {
 	*x = WatchStockResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[15]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1091,7 @@ func (x *WatchStockResponse) String() string {
 func (*WatchStockResponse) ProtoMessage() {}
 
 func (x *WatchStockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[15]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1104,7 @@ func (x *WatchStockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStockResponse.ProtoReflect.Descriptor instead.
 func (*WatchStockResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{15}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchStockResponse) GetStock() *Stock {
@@ -1034,7 +1133,7 @@ type ExtendReservationRequest struct {
 
 func (x *ExtendReservationRequest) Reset() {
 	*x = ExtendReservationRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[16]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1145,7 @@ func (x *ExtendReservationRequest) String() string {
 func (*ExtendReservationRequest) ProtoMessage() {}
 
 func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[16]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1158,7 @@ func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendReservationRequest.ProtoReflect.Descriptor instead.
 func (*ExtendReservationRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{16}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExtendReservationRequest) GetReservationId() string {
@@ -1087,7 +1186,7 @@ type ExtendReservationResponse struct {
 
 func (x *ExtendReservationResponse) Reset() {
 	*x = ExtendReservationResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[17]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1198,7 @@ func (x *ExtendReservationResponse) String() string {
 func (*ExtendReservationResponse) ProtoMessage() {}
 
 func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[17]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1211,7 @@ func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendReservationResponse.ProtoReflect.Descriptor instead.
 func (*ExtendReservationResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{17}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExtendReservationResponse) GetReservation() *Reservation {
@@ -1142,7 +1241,7 @@ type RefundRequest struct {
 
 func (x *RefundRequest) Reset() {
 	*x = RefundRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[18]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1253,7 @@ func (x *RefundRequest) String() string {
 func (*RefundRequest) ProtoMessage() {}
 
 func (x *RefundRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[18]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1266,7 @@ func (x *RefundRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefundRequest.ProtoReflect.Descriptor instead.
 func (*RefundRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{18}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RefundRequest) GetSku() string {
@@ -1215,7 +1314,7 @@ type RefundResponse struct {
 
 func (x *RefundResponse) Reset() {
 	*x = RefundResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[19]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1326,7 @@ func (x *RefundResponse) String() string {
 func (*RefundResponse) ProtoMessage() {}
 
 func (x *RefundResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[19]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1339,7 @@ func (x *RefundResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefundResponse.ProtoReflect.Descriptor instead.
 func (*RefundResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{19}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RefundResponse) GetOperation() *Operation {
@@ -1271,7 +1370,7 @@ type ReserveOrderRequest struct {
 
 func (x *ReserveOrderRequest) Reset() {
 	*x = ReserveOrderRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[20]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1283,7 +1382,7 @@ func (x *ReserveOrderRequest) String() string {
 func (*ReserveOrderRequest) ProtoMessage() {}
 
 func (x *ReserveOrderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[20]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1296,7 +1395,7 @@ func (x *ReserveOrderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveOrderRequest.ProtoReflect.Descriptor instead.
 func (*ReserveOrderRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{20}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReserveOrderRequest) GetOrderRef() string {
@@ -1344,7 +1443,7 @@ type ReserveOrderResponse struct {
 
 func (x *ReserveOrderResponse) Reset() {
 	*x = ReserveOrderResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[21]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1455,7 @@ func (x *ReserveOrderResponse) String() string {
 func (*ReserveOrderResponse) ProtoMessage() {}
 
 func (x *ReserveOrderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[21]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1468,7 @@ func (x *ReserveOrderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveOrderResponse.ProtoReflect.Descriptor instead.
 func (*ReserveOrderResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{21}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReserveOrderResponse) GetOrder() *Order {
@@ -1395,7 +1494,7 @@ type CommitOrderRequest struct {
 
 func (x *CommitOrderRequest) Reset() {
 	*x = CommitOrderRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[22]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1506,7 @@ func (x *CommitOrderRequest) String() string {
 func (*CommitOrderRequest) ProtoMessage() {}
 
 func (x *CommitOrderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[22]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1519,7 @@ func (x *CommitOrderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitOrderRequest.ProtoReflect.Descriptor instead.
 func (*CommitOrderRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{22}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CommitOrderRequest) GetOrderId() string {
@@ -1440,7 +1539,7 @@ type CommitOrderResponse struct {
 
 func (x *CommitOrderResponse) Reset() {
 	*x = CommitOrderResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[23]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1551,7 @@ func (x *CommitOrderResponse) String() string {
 func (*CommitOrderResponse) ProtoMessage() {}
 
 func (x *CommitOrderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[23]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1564,7 @@ func (x *CommitOrderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitOrderResponse.ProtoReflect.Descriptor instead.
 func (*CommitOrderResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{23}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CommitOrderResponse) GetOrder() *Order {
@@ -1492,7 +1591,7 @@ type ReleaseOrderRequest struct {
 
 func (x *ReleaseOrderRequest) Reset() {
 	*x = ReleaseOrderRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[24]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1603,7 @@ func (x *ReleaseOrderRequest) String() string {
 func (*ReleaseOrderRequest) ProtoMessage() {}
 
 func (x *ReleaseOrderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[24]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1616,7 @@ func (x *ReleaseOrderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseOrderRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseOrderRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{24}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReleaseOrderRequest) GetOrderId() string {
@@ -1544,7 +1643,7 @@ type ReleaseOrderResponse struct {
 
 func (x *ReleaseOrderResponse) Reset() {
 	*x = ReleaseOrderResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[25]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1655,7 @@ func (x *ReleaseOrderResponse) String() string {
 func (*ReleaseOrderResponse) ProtoMessage() {}
 
 func (x *ReleaseOrderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[25]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1668,7 @@ func (x *ReleaseOrderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseOrderResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseOrderResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{25}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReleaseOrderResponse) GetOrder() *Order {
@@ -1597,7 +1696,7 @@ type GetOrderRequest struct {
 
 func (x *GetOrderRequest) Reset() {
 	*x = GetOrderRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[26]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1708,7 @@ func (x *GetOrderRequest) String() string {
 func (*GetOrderRequest) ProtoMessage() {}
 
 func (x *GetOrderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[26]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1721,7 @@ func (x *GetOrderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOrderRequest.ProtoReflect.Descriptor instead.
 func (*GetOrderRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{26}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetOrderRequest) GetOrderId() string {
@@ -1648,7 +1747,7 @@ type GetOrderResponse struct {
 
 func (x *GetOrderResponse) Reset() {
 	*x = GetOrderResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[27]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +1759,7 @@ func (x *GetOrderResponse) String() string {
 func (*GetOrderResponse) ProtoMessage() {}
 
 func (x *GetOrderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[27]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +1772,7 @@ func (x *GetOrderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOrderResponse.ProtoReflect.Descriptor instead.
 func (*GetOrderResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{27}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetOrderResponse) GetOrder() *Order {
@@ -1696,7 +1795,7 @@ type RequestTokenRequest struct {
 
 func (x *RequestTokenRequest) Reset() {
 	*x = RequestTokenRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[28]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1807,7 @@ func (x *RequestTokenRequest) String() string {
 func (*RequestTokenRequest) ProtoMessage() {}
 
 func (x *RequestTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[28]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1820,7 @@ func (x *RequestTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestTokenRequest.ProtoReflect.Descriptor instead.
 func (*RequestTokenRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{28}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RequestTokenRequest) GetSku() string {
@@ -1764,7 +1863,7 @@ type RequestTokenResponse struct {
 
 func (x *RequestTokenResponse) Reset() {
 	*x = RequestTokenResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[29]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +1875,7 @@ func (x *RequestTokenResponse) String() string {
 func (*RequestTokenResponse) ProtoMessage() {}
 
 func (x *RequestTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[29]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +1888,7 @@ func (x *RequestTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestTokenResponse.ProtoReflect.Descriptor instead.
 func (*RequestTokenResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{29}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RequestTokenResponse) GetToken() *Token {
@@ -1825,7 +1924,7 @@ type GetTicketRequest struct {
 
 func (x *GetTicketRequest) Reset() {
 	*x = GetTicketRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[30]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1837,7 +1936,7 @@ func (x *GetTicketRequest) String() string {
 func (*GetTicketRequest) ProtoMessage() {}
 
 func (x *GetTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[30]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1850,7 +1949,7 @@ func (x *GetTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTicketRequest.ProtoReflect.Descriptor instead.
 func (*GetTicketRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{30}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetTicketRequest) GetTicketId() string {
@@ -1883,7 +1982,7 @@ type GetTicketResponse struct {
 
 func (x *GetTicketResponse) Reset() {
 	*x = GetTicketResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[31]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +1994,7 @@ func (x *GetTicketResponse) String() string {
 func (*GetTicketResponse) ProtoMessage() {}
 
 func (x *GetTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[31]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2007,7 @@ func (x *GetTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTicketResponse.ProtoReflect.Descriptor instead.
 func (*GetTicketResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{31}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetTicketResponse) GetTicket() *Ticket {
@@ -1927,7 +2026,7 @@ type CancelTicketRequest struct {
 
 func (x *CancelTicketRequest) Reset() {
 	*x = CancelTicketRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[32]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2038,7 @@ func (x *CancelTicketRequest) String() string {
 func (*CancelTicketRequest) ProtoMessage() {}
 
 func (x *CancelTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[32]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2051,7 @@ func (x *CancelTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTicketRequest.ProtoReflect.Descriptor instead.
 func (*CancelTicketRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{32}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CancelTicketRequest) GetTicketId() string {
@@ -1971,7 +2070,7 @@ type CancelTicketResponse struct {
 
 func (x *CancelTicketResponse) Reset() {
 	*x = CancelTicketResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[33]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2082,7 @@ func (x *CancelTicketResponse) String() string {
 func (*CancelTicketResponse) ProtoMessage() {}
 
 func (x *CancelTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[33]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2095,7 @@ func (x *CancelTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTicketResponse.ProtoReflect.Descriptor instead.
 func (*CancelTicketResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{33}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CancelTicketResponse) GetTicket() *Ticket {
@@ -2015,7 +2114,7 @@ type WatchTicketRequest struct {
 
 func (x *WatchTicketRequest) Reset() {
 	*x = WatchTicketRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[34]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2126,7 @@ func (x *WatchTicketRequest) String() string {
 func (*WatchTicketRequest) ProtoMessage() {}
 
 func (x *WatchTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[34]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2139,7 @@ func (x *WatchTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTicketRequest.ProtoReflect.Descriptor instead.
 func (*WatchTicketRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{34}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WatchTicketRequest) GetTicketId() string {
@@ -2059,7 +2158,7 @@ type WatchTicketResponse struct {
 
 func (x *WatchTicketResponse) Reset() {
 	*x = WatchTicketResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[35]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +2170,7 @@ func (x *WatchTicketResponse) String() string {
 func (*WatchTicketResponse) ProtoMessage() {}
 
 func (x *WatchTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[35]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +2183,7 @@ func (x *WatchTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTicketResponse.ProtoReflect.Descriptor instead.
 func (*WatchTicketResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{35}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WatchTicketResponse) GetTicket() *Ticket {
@@ -2107,7 +2206,7 @@ type GetDrawRequest struct {
 
 func (x *GetDrawRequest) Reset() {
 	*x = GetDrawRequest{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[36]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2218,7 @@ func (x *GetDrawRequest) String() string {
 func (*GetDrawRequest) ProtoMessage() {}
 
 func (x *GetDrawRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[36]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2231,7 @@ func (x *GetDrawRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDrawRequest.ProtoReflect.Descriptor instead.
 func (*GetDrawRequest) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{36}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetDrawRequest) GetSku() string {
@@ -2179,7 +2278,7 @@ type GetDrawResponse struct {
 
 func (x *GetDrawResponse) Reset() {
 	*x = GetDrawResponse{}
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[37]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2191,7 +2290,7 @@ func (x *GetDrawResponse) String() string {
 func (*GetDrawResponse) ProtoMessage() {}
 
 func (x *GetDrawResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shardstock_v1_inventory_proto_msgTypes[37]
+	mi := &file_shardstock_v1_inventory_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2204,7 +2303,7 @@ func (x *GetDrawResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDrawResponse.ProtoReflect.Descriptor instead.
 func (*GetDrawResponse) Descriptor() ([]byte, []int) {
-	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{37}
+	return file_shardstock_v1_inventory_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetDrawResponse) GetSku() string {
@@ -2307,9 +2406,17 @@ const file_shardstock_v1_inventory_proto_rawDesc = "" +
 	"\x14GetOperationResponse\x126\n" +
 	"\toperation\x18\x01 \x01(\v2\x18.shardstock.v1.OperationR\toperation\"#\n" +
 	"\x0fGetStockRequest\x12\x10\n" +
-	"\x03sku\x18\x01 \x01(\tR\x03sku\">\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\"n\n" +
 	"\x10GetStockResponse\x12*\n" +
-	"\x05stock\x18\x01 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"'\n" +
+	"\x05stock\x18\x01 \x01(\v2\x14.shardstock.v1.StockR\x05stock\x12.\n" +
+	"\x04draw\x18\x02 \x01(\v2\x1a.shardstock.v1.DrawSummaryR\x04draw\"\x82\x02\n" +
+	"\vDrawSummary\x12.\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x18.shardstock.v1.DrawStateR\x05state\x123\n" +
+	"\adraw_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06drawAt\x125\n" +
+	"\bdrawn_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\adrawnAt\x12\x18\n" +
+	"\atickets\x18\x04 \x01(\x03R\atickets\x12#\n" +
+	"\rseed_recorded\x18\x05 \x01(\bR\fseedRecorded\x12\x18\n" +
+	"\awinners\x18\x06 \x01(\x03R\awinners\"'\n" +
 	"\x11WatchStockRequest\x12\x12\n" +
 	"\x04skus\x18\x01 \x03(\tR\x04skus\"q\n" +
 	"\x12WatchStockResponse\x12*\n" +
@@ -2439,7 +2546,7 @@ func file_shardstock_v1_inventory_proto_rawDescGZIP() []byte {
 }
 
 var file_shardstock_v1_inventory_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_shardstock_v1_inventory_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_shardstock_v1_inventory_proto_goTypes = []any{
 	(StockEvent)(0),                   // 0: shardstock.v1.StockEvent
 	(DrawState)(0),                    // 1: shardstock.v1.DrawState
@@ -2457,112 +2564,117 @@ var file_shardstock_v1_inventory_proto_goTypes = []any{
 	(*GetOperationResponse)(nil),      // 13: shardstock.v1.GetOperationResponse
 	(*GetStockRequest)(nil),           // 14: shardstock.v1.GetStockRequest
 	(*GetStockResponse)(nil),          // 15: shardstock.v1.GetStockResponse
-	(*WatchStockRequest)(nil),         // 16: shardstock.v1.WatchStockRequest
-	(*WatchStockResponse)(nil),        // 17: shardstock.v1.WatchStockResponse
-	(*ExtendReservationRequest)(nil),  // 18: shardstock.v1.ExtendReservationRequest
-	(*ExtendReservationResponse)(nil), // 19: shardstock.v1.ExtendReservationResponse
-	(*RefundRequest)(nil),             // 20: shardstock.v1.RefundRequest
-	(*RefundResponse)(nil),            // 21: shardstock.v1.RefundResponse
-	(*ReserveOrderRequest)(nil),       // 22: shardstock.v1.ReserveOrderRequest
-	(*ReserveOrderResponse)(nil),      // 23: shardstock.v1.ReserveOrderResponse
-	(*CommitOrderRequest)(nil),        // 24: shardstock.v1.CommitOrderRequest
-	(*CommitOrderResponse)(nil),       // 25: shardstock.v1.CommitOrderResponse
-	(*ReleaseOrderRequest)(nil),       // 26: shardstock.v1.ReleaseOrderRequest
-	(*ReleaseOrderResponse)(nil),      // 27: shardstock.v1.ReleaseOrderResponse
-	(*GetOrderRequest)(nil),           // 28: shardstock.v1.GetOrderRequest
-	(*GetOrderResponse)(nil),          // 29: shardstock.v1.GetOrderResponse
-	(*RequestTokenRequest)(nil),       // 30: shardstock.v1.RequestTokenRequest
-	(*RequestTokenResponse)(nil),      // 31: shardstock.v1.RequestTokenResponse
-	(*GetTicketRequest)(nil),          // 32: shardstock.v1.GetTicketRequest
-	(*GetTicketResponse)(nil),         // 33: shardstock.v1.GetTicketResponse
-	(*CancelTicketRequest)(nil),       // 34: shardstock.v1.CancelTicketRequest
-	(*CancelTicketResponse)(nil),      // 35: shardstock.v1.CancelTicketResponse
-	(*WatchTicketRequest)(nil),        // 36: shardstock.v1.WatchTicketRequest
-	(*WatchTicketResponse)(nil),       // 37: shardstock.v1.WatchTicketResponse
-	(*GetDrawRequest)(nil),            // 38: shardstock.v1.GetDrawRequest
-	(*GetDrawResponse)(nil),           // 39: shardstock.v1.GetDrawResponse
-	(*durationpb.Duration)(nil),       // 40: google.protobuf.Duration
-	(*Reservation)(nil),               // 41: shardstock.v1.Reservation
-	(*Operation)(nil),                 // 42: shardstock.v1.Operation
-	(*Stock)(nil),                     // 43: shardstock.v1.Stock
-	(*Sale)(nil),                      // 44: shardstock.v1.Sale
-	(*OrderLine)(nil),                 // 45: shardstock.v1.OrderLine
-	(*Order)(nil),                     // 46: shardstock.v1.Order
-	(*Token)(nil),                     // 47: shardstock.v1.Token
-	(*Ticket)(nil),                    // 48: shardstock.v1.Ticket
-	(*timestamppb.Timestamp)(nil),     // 49: google.protobuf.Timestamp
+	(*DrawSummary)(nil),               // 16: shardstock.v1.DrawSummary
+	(*WatchStockRequest)(nil),         // 17: shardstock.v1.WatchStockRequest
+	(*WatchStockResponse)(nil),        // 18: shardstock.v1.WatchStockResponse
+	(*ExtendReservationRequest)(nil),  // 19: shardstock.v1.ExtendReservationRequest
+	(*ExtendReservationResponse)(nil), // 20: shardstock.v1.ExtendReservationResponse
+	(*RefundRequest)(nil),             // 21: shardstock.v1.RefundRequest
+	(*RefundResponse)(nil),            // 22: shardstock.v1.RefundResponse
+	(*ReserveOrderRequest)(nil),       // 23: shardstock.v1.ReserveOrderRequest
+	(*ReserveOrderResponse)(nil),      // 24: shardstock.v1.ReserveOrderResponse
+	(*CommitOrderRequest)(nil),        // 25: shardstock.v1.CommitOrderRequest
+	(*CommitOrderResponse)(nil),       // 26: shardstock.v1.CommitOrderResponse
+	(*ReleaseOrderRequest)(nil),       // 27: shardstock.v1.ReleaseOrderRequest
+	(*ReleaseOrderResponse)(nil),      // 28: shardstock.v1.ReleaseOrderResponse
+	(*GetOrderRequest)(nil),           // 29: shardstock.v1.GetOrderRequest
+	(*GetOrderResponse)(nil),          // 30: shardstock.v1.GetOrderResponse
+	(*RequestTokenRequest)(nil),       // 31: shardstock.v1.RequestTokenRequest
+	(*RequestTokenResponse)(nil),      // 32: shardstock.v1.RequestTokenResponse
+	(*GetTicketRequest)(nil),          // 33: shardstock.v1.GetTicketRequest
+	(*GetTicketResponse)(nil),         // 34: shardstock.v1.GetTicketResponse
+	(*CancelTicketRequest)(nil),       // 35: shardstock.v1.CancelTicketRequest
+	(*CancelTicketResponse)(nil),      // 36: shardstock.v1.CancelTicketResponse
+	(*WatchTicketRequest)(nil),        // 37: shardstock.v1.WatchTicketRequest
+	(*WatchTicketResponse)(nil),       // 38: shardstock.v1.WatchTicketResponse
+	(*GetDrawRequest)(nil),            // 39: shardstock.v1.GetDrawRequest
+	(*GetDrawResponse)(nil),           // 40: shardstock.v1.GetDrawResponse
+	(*durationpb.Duration)(nil),       // 41: google.protobuf.Duration
+	(*Reservation)(nil),               // 42: shardstock.v1.Reservation
+	(*Operation)(nil),                 // 43: shardstock.v1.Operation
+	(*Stock)(nil),                     // 44: shardstock.v1.Stock
+	(*timestamppb.Timestamp)(nil),     // 45: google.protobuf.Timestamp
+	(*Sale)(nil),                      // 46: shardstock.v1.Sale
+	(*OrderLine)(nil),                 // 47: shardstock.v1.OrderLine
+	(*Order)(nil),                     // 48: shardstock.v1.Order
+	(*Token)(nil),                     // 49: shardstock.v1.Token
+	(*Ticket)(nil),                    // 50: shardstock.v1.Ticket
 }
 var file_shardstock_v1_inventory_proto_depIdxs = []int32{
-	40, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	41, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
-	41, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
-	41, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
-	42, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
-	42, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
-	42, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
-	43, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
-	43, // 8: shardstock.v1.WatchStockResponse.stock:type_name -> shardstock.v1.Stock
-	0,  // 9: shardstock.v1.WatchStockResponse.event:type_name -> shardstock.v1.StockEvent
-	40, // 10: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
-	41, // 11: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
-	44, // 12: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
-	42, // 13: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
-	40, // 14: shardstock.v1.ReserveOrderRequest.ttl:type_name -> google.protobuf.Duration
-	45, // 15: shardstock.v1.ReserveOrderRequest.lines:type_name -> shardstock.v1.OrderLine
-	46, // 16: shardstock.v1.ReserveOrderResponse.order:type_name -> shardstock.v1.Order
-	46, // 17: shardstock.v1.CommitOrderResponse.order:type_name -> shardstock.v1.Order
-	46, // 18: shardstock.v1.ReleaseOrderResponse.order:type_name -> shardstock.v1.Order
-	46, // 19: shardstock.v1.GetOrderResponse.order:type_name -> shardstock.v1.Order
-	47, // 20: shardstock.v1.RequestTokenResponse.token:type_name -> shardstock.v1.Token
-	48, // 21: shardstock.v1.RequestTokenResponse.ticket:type_name -> shardstock.v1.Ticket
-	48, // 22: shardstock.v1.GetTicketResponse.ticket:type_name -> shardstock.v1.Ticket
-	48, // 23: shardstock.v1.CancelTicketResponse.ticket:type_name -> shardstock.v1.Ticket
-	48, // 24: shardstock.v1.WatchTicketResponse.ticket:type_name -> shardstock.v1.Ticket
-	1,  // 25: shardstock.v1.GetDrawResponse.state:type_name -> shardstock.v1.DrawState
-	49, // 26: shardstock.v1.GetDrawResponse.draw_at:type_name -> google.protobuf.Timestamp
-	2,  // 27: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
-	4,  // 28: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
-	6,  // 29: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
-	8,  // 30: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
-	10, // 31: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
-	12, // 32: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
-	14, // 33: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
-	16, // 34: shardstock.v1.InventoryService.WatchStock:input_type -> shardstock.v1.WatchStockRequest
-	18, // 35: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
-	20, // 36: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
-	22, // 37: shardstock.v1.InventoryService.ReserveOrder:input_type -> shardstock.v1.ReserveOrderRequest
-	24, // 38: shardstock.v1.InventoryService.CommitOrder:input_type -> shardstock.v1.CommitOrderRequest
-	26, // 39: shardstock.v1.InventoryService.ReleaseOrder:input_type -> shardstock.v1.ReleaseOrderRequest
-	28, // 40: shardstock.v1.InventoryService.GetOrder:input_type -> shardstock.v1.GetOrderRequest
-	30, // 41: shardstock.v1.InventoryService.RequestToken:input_type -> shardstock.v1.RequestTokenRequest
-	32, // 42: shardstock.v1.InventoryService.GetTicket:input_type -> shardstock.v1.GetTicketRequest
-	34, // 43: shardstock.v1.InventoryService.CancelTicket:input_type -> shardstock.v1.CancelTicketRequest
-	36, // 44: shardstock.v1.InventoryService.WatchTicket:input_type -> shardstock.v1.WatchTicketRequest
-	38, // 45: shardstock.v1.InventoryService.GetDraw:input_type -> shardstock.v1.GetDrawRequest
-	3,  // 46: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
-	5,  // 47: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
-	7,  // 48: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
-	9,  // 49: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
-	11, // 50: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
-	13, // 51: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
-	15, // 52: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
-	17, // 53: shardstock.v1.InventoryService.WatchStock:output_type -> shardstock.v1.WatchStockResponse
-	19, // 54: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
-	21, // 55: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
-	23, // 56: shardstock.v1.InventoryService.ReserveOrder:output_type -> shardstock.v1.ReserveOrderResponse
-	25, // 57: shardstock.v1.InventoryService.CommitOrder:output_type -> shardstock.v1.CommitOrderResponse
-	27, // 58: shardstock.v1.InventoryService.ReleaseOrder:output_type -> shardstock.v1.ReleaseOrderResponse
-	29, // 59: shardstock.v1.InventoryService.GetOrder:output_type -> shardstock.v1.GetOrderResponse
-	31, // 60: shardstock.v1.InventoryService.RequestToken:output_type -> shardstock.v1.RequestTokenResponse
-	33, // 61: shardstock.v1.InventoryService.GetTicket:output_type -> shardstock.v1.GetTicketResponse
-	35, // 62: shardstock.v1.InventoryService.CancelTicket:output_type -> shardstock.v1.CancelTicketResponse
-	37, // 63: shardstock.v1.InventoryService.WatchTicket:output_type -> shardstock.v1.WatchTicketResponse
-	39, // 64: shardstock.v1.InventoryService.GetDraw:output_type -> shardstock.v1.GetDrawResponse
-	46, // [46:65] is the sub-list for method output_type
-	27, // [27:46] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	41, // 0: shardstock.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	42, // 1: shardstock.v1.ReserveResponse.reservation:type_name -> shardstock.v1.Reservation
+	42, // 2: shardstock.v1.CommitResponse.reservation:type_name -> shardstock.v1.Reservation
+	42, // 3: shardstock.v1.ReleaseResponse.reservation:type_name -> shardstock.v1.Reservation
+	43, // 4: shardstock.v1.DeductResponse.operation:type_name -> shardstock.v1.Operation
+	43, // 5: shardstock.v1.ReplenishResponse.operation:type_name -> shardstock.v1.Operation
+	43, // 6: shardstock.v1.GetOperationResponse.operation:type_name -> shardstock.v1.Operation
+	44, // 7: shardstock.v1.GetStockResponse.stock:type_name -> shardstock.v1.Stock
+	16, // 8: shardstock.v1.GetStockResponse.draw:type_name -> shardstock.v1.DrawSummary
+	1,  // 9: shardstock.v1.DrawSummary.state:type_name -> shardstock.v1.DrawState
+	45, // 10: shardstock.v1.DrawSummary.draw_at:type_name -> google.protobuf.Timestamp
+	45, // 11: shardstock.v1.DrawSummary.drawn_at:type_name -> google.protobuf.Timestamp
+	44, // 12: shardstock.v1.WatchStockResponse.stock:type_name -> shardstock.v1.Stock
+	0,  // 13: shardstock.v1.WatchStockResponse.event:type_name -> shardstock.v1.StockEvent
+	41, // 14: shardstock.v1.ExtendReservationRequest.ttl:type_name -> google.protobuf.Duration
+	42, // 15: shardstock.v1.ExtendReservationResponse.reservation:type_name -> shardstock.v1.Reservation
+	46, // 16: shardstock.v1.RefundRequest.original:type_name -> shardstock.v1.Sale
+	43, // 17: shardstock.v1.RefundResponse.operation:type_name -> shardstock.v1.Operation
+	41, // 18: shardstock.v1.ReserveOrderRequest.ttl:type_name -> google.protobuf.Duration
+	47, // 19: shardstock.v1.ReserveOrderRequest.lines:type_name -> shardstock.v1.OrderLine
+	48, // 20: shardstock.v1.ReserveOrderResponse.order:type_name -> shardstock.v1.Order
+	48, // 21: shardstock.v1.CommitOrderResponse.order:type_name -> shardstock.v1.Order
+	48, // 22: shardstock.v1.ReleaseOrderResponse.order:type_name -> shardstock.v1.Order
+	48, // 23: shardstock.v1.GetOrderResponse.order:type_name -> shardstock.v1.Order
+	49, // 24: shardstock.v1.RequestTokenResponse.token:type_name -> shardstock.v1.Token
+	50, // 25: shardstock.v1.RequestTokenResponse.ticket:type_name -> shardstock.v1.Ticket
+	50, // 26: shardstock.v1.GetTicketResponse.ticket:type_name -> shardstock.v1.Ticket
+	50, // 27: shardstock.v1.CancelTicketResponse.ticket:type_name -> shardstock.v1.Ticket
+	50, // 28: shardstock.v1.WatchTicketResponse.ticket:type_name -> shardstock.v1.Ticket
+	1,  // 29: shardstock.v1.GetDrawResponse.state:type_name -> shardstock.v1.DrawState
+	45, // 30: shardstock.v1.GetDrawResponse.draw_at:type_name -> google.protobuf.Timestamp
+	2,  // 31: shardstock.v1.InventoryService.Reserve:input_type -> shardstock.v1.ReserveRequest
+	4,  // 32: shardstock.v1.InventoryService.Commit:input_type -> shardstock.v1.CommitRequest
+	6,  // 33: shardstock.v1.InventoryService.Release:input_type -> shardstock.v1.ReleaseRequest
+	8,  // 34: shardstock.v1.InventoryService.Deduct:input_type -> shardstock.v1.DeductRequest
+	10, // 35: shardstock.v1.InventoryService.Replenish:input_type -> shardstock.v1.ReplenishRequest
+	12, // 36: shardstock.v1.InventoryService.GetOperation:input_type -> shardstock.v1.GetOperationRequest
+	14, // 37: shardstock.v1.InventoryService.GetStock:input_type -> shardstock.v1.GetStockRequest
+	17, // 38: shardstock.v1.InventoryService.WatchStock:input_type -> shardstock.v1.WatchStockRequest
+	19, // 39: shardstock.v1.InventoryService.ExtendReservation:input_type -> shardstock.v1.ExtendReservationRequest
+	21, // 40: shardstock.v1.InventoryService.Refund:input_type -> shardstock.v1.RefundRequest
+	23, // 41: shardstock.v1.InventoryService.ReserveOrder:input_type -> shardstock.v1.ReserveOrderRequest
+	25, // 42: shardstock.v1.InventoryService.CommitOrder:input_type -> shardstock.v1.CommitOrderRequest
+	27, // 43: shardstock.v1.InventoryService.ReleaseOrder:input_type -> shardstock.v1.ReleaseOrderRequest
+	29, // 44: shardstock.v1.InventoryService.GetOrder:input_type -> shardstock.v1.GetOrderRequest
+	31, // 45: shardstock.v1.InventoryService.RequestToken:input_type -> shardstock.v1.RequestTokenRequest
+	33, // 46: shardstock.v1.InventoryService.GetTicket:input_type -> shardstock.v1.GetTicketRequest
+	35, // 47: shardstock.v1.InventoryService.CancelTicket:input_type -> shardstock.v1.CancelTicketRequest
+	37, // 48: shardstock.v1.InventoryService.WatchTicket:input_type -> shardstock.v1.WatchTicketRequest
+	39, // 49: shardstock.v1.InventoryService.GetDraw:input_type -> shardstock.v1.GetDrawRequest
+	3,  // 50: shardstock.v1.InventoryService.Reserve:output_type -> shardstock.v1.ReserveResponse
+	5,  // 51: shardstock.v1.InventoryService.Commit:output_type -> shardstock.v1.CommitResponse
+	7,  // 52: shardstock.v1.InventoryService.Release:output_type -> shardstock.v1.ReleaseResponse
+	9,  // 53: shardstock.v1.InventoryService.Deduct:output_type -> shardstock.v1.DeductResponse
+	11, // 54: shardstock.v1.InventoryService.Replenish:output_type -> shardstock.v1.ReplenishResponse
+	13, // 55: shardstock.v1.InventoryService.GetOperation:output_type -> shardstock.v1.GetOperationResponse
+	15, // 56: shardstock.v1.InventoryService.GetStock:output_type -> shardstock.v1.GetStockResponse
+	18, // 57: shardstock.v1.InventoryService.WatchStock:output_type -> shardstock.v1.WatchStockResponse
+	20, // 58: shardstock.v1.InventoryService.ExtendReservation:output_type -> shardstock.v1.ExtendReservationResponse
+	22, // 59: shardstock.v1.InventoryService.Refund:output_type -> shardstock.v1.RefundResponse
+	24, // 60: shardstock.v1.InventoryService.ReserveOrder:output_type -> shardstock.v1.ReserveOrderResponse
+	26, // 61: shardstock.v1.InventoryService.CommitOrder:output_type -> shardstock.v1.CommitOrderResponse
+	28, // 62: shardstock.v1.InventoryService.ReleaseOrder:output_type -> shardstock.v1.ReleaseOrderResponse
+	30, // 63: shardstock.v1.InventoryService.GetOrder:output_type -> shardstock.v1.GetOrderResponse
+	32, // 64: shardstock.v1.InventoryService.RequestToken:output_type -> shardstock.v1.RequestTokenResponse
+	34, // 65: shardstock.v1.InventoryService.GetTicket:output_type -> shardstock.v1.GetTicketResponse
+	36, // 66: shardstock.v1.InventoryService.CancelTicket:output_type -> shardstock.v1.CancelTicketResponse
+	38, // 67: shardstock.v1.InventoryService.WatchTicket:output_type -> shardstock.v1.WatchTicketResponse
+	40, // 68: shardstock.v1.InventoryService.GetDraw:output_type -> shardstock.v1.GetDrawResponse
+	50, // [50:69] is the sub-list for method output_type
+	31, // [31:50] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_shardstock_v1_inventory_proto_init() }
@@ -2577,7 +2689,7 @@ func file_shardstock_v1_inventory_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shardstock_v1_inventory_proto_rawDesc), len(file_shardstock_v1_inventory_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -46,6 +46,22 @@ func TestRun_Draw(t *testing.T) {
 		}
 		ids = append(ids, resp.Msg.GetTicket().GetTicketId())
 	}
+	// GetStock shows the draw's state to operators.
+	summary := func() *v1.DrawSummary {
+		t.Helper()
+		st, err := inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: sku}))
+		if err != nil {
+			t.Fatalf("GetStock(%s) = %v", sku, err)
+		}
+		return st.Msg.GetDraw()
+	}
+	if got := summary(); got.GetState() != v1.DrawState_DRAW_STATE_REGISTERING || got.GetTickets() != registrations || got.GetSeedRecorded() ||
+		got.GetWinners() != 0 || got.GetDrawnAt() != nil || !got.GetDrawAt().AsTime().Equal(ad.GetDrawAt().AsTime().Truncate(time.Microsecond)) {
+		t.Errorf("GetStock(registering).draw = %v, want REGISTERING, %d tickets, no seed, no winner, draw_at %v", got, registrations, ad.GetDrawAt().AsTime())
+	}
+	if st, err := inv.GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: "plain"})); err != nil || st.Msg.GetDraw() != nil {
+		t.Errorf("GetStock(plain) = %v, %v; want no draw", st, err)
+	}
 	d, err := public.GetDraw(ctx, connect.NewRequest(&v1.GetDrawRequest{Sku: sku}))
 	if err != nil || d.Msg.GetState() != v1.DrawState_DRAW_STATE_REGISTERING || d.Msg.GetTickets() != registrations || d.Msg.GetSeed() != "" ||
 		!d.Msg.GetDrawAt().AsTime().Equal(ad.GetDrawAt().AsTime().Truncate(time.Microsecond)) {
@@ -109,5 +125,9 @@ func TestRun_Draw(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+	}
+	if got := summary(); got.GetState() != v1.DrawState_DRAW_STATE_DRAWN || got.GetTickets() != registrations || !got.GetSeedRecorded() ||
+		got.GetWinners() != units || got.GetDrawnAt() == nil {
+		t.Errorf("GetStock(drawn).draw = %v, want DRAWN, %d tickets, the seed recorded, %d winners, drawn_at set", got, registrations, units)
 	}
 }

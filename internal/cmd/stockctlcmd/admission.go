@@ -101,13 +101,80 @@ func cmdTicket(ctx context.Context, c *cli, args []string) error {
 	return c.show(resp.Msg, func(w *tabwriter.Writer) { ticketTable(w, resp.Msg.GetTicket()) })
 }
 
+func cmdCancelTicket(ctx context.Context, c *cli, args []string) error {
+	pos, err := parse(flag.NewFlagSet("cancel-ticket", flag.ContinueOnError), args, 1, "TICKET_ID")
+	if err != nil {
+		return err
+	}
+	resp, err := call(ctx, c, func(ctx context.Context) (*connect.Response[v1.CancelTicketResponse], error) {
+		return c.inv.CancelTicket(ctx, req(c, &v1.CancelTicketRequest{TicketId: pos[0]}))
+	})
+	if err != nil {
+		return err
+	}
+	return c.show(resp.Msg, func(w *tabwriter.Writer) { ticketTable(w, resp.Msg.GetTicket()) })
+}
+
+// cmdWatchTicket follows a ticket (WatchTicket): a line as it is, then one
+// for each change of position or state, until its outcome (the server
+// ends the stream) or ctx ends. The server ends a stream after
+// watchLenMax; the command then ends with an error, to watch again.
+func cmdWatchTicket(ctx context.Context, c *cli, args []string) error {
+	pos, err := parse(flag.NewFlagSet("watch-ticket", flag.ContinueOnError), args, 1, "TICKET_ID")
+	if err != nil {
+		return err
+	}
+	s, err := c.inv.WatchTicket(ctx, req(c, &v1.WatchTicketRequest{TicketId: pos[0]}))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if !c.json {
+		fmt.Fprintln(c.out, ticketHeader)
+	}
+	var last *v1.Ticket
+	for s.Receive() {
+		m := s.Msg()
+		last = m.GetTicket()
+		if err := c.line(m, func() string { return ticketRow(last) }); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err := s.Err(); err != nil {
+		return err
+	}
+	if last == nil || !ended(last.GetState()) {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("the stream ended before the ticket's outcome; watch again"))
+	}
+	return nil
+}
+
+// ended reports whether a ticket's state is an outcome.
+func ended(st v1.TicketState) bool {
+	switch st {
+	case v1.TicketState_TICKET_STATE_WAITING, v1.TicketState_TICKET_STATE_REGISTERED,
+		v1.TicketState_TICKET_STATE_UNSPECIFIED:
+		return false
+	}
+	return true
+}
+
 func tokenTable(w *tabwriter.Writer, tk *v1.Token) {
 	fmt.Fprintf(w, "TOKEN\tSKU\tQUANTITY\tEXPIRES\n%s\t%s\t%d\t%s\n", tk.GetTokenId(), tk.GetSku(), tk.GetQuantity(),
 		tk.GetExpiresAt().AsTime().Format(time.RFC3339))
 }
 
+const ticketHeader = "TICKET\tSKU\tQUANTITY\tSTATE\tPOSITION\tTOKEN"
+
 func ticketTable(w *tabwriter.Writer, t *v1.Ticket) {
-	fmt.Fprintf(w, "TICKET\tSKU\tQUANTITY\tSTATE\tPOSITION\tTOKEN\n%s\t%s\t%d\t%s\t%d\t%s\n", t.GetTicketId(), t.GetSku(), t.GetQuantity(),
+	fmt.Fprintf(w, "%s\n%s\n", ticketHeader, ticketRow(t))
+}
+
+func ticketRow(t *v1.Ticket) string {
+	return fmt.Sprintf("%s\t%s\t%d\t%s\t%d\t%s", t.GetTicketId(), t.GetSku(), t.GetQuantity(),
 		strings.TrimPrefix(t.GetState().String(), "TICKET_STATE_"), t.GetPosition(), dash(t.GetToken().GetTokenId()))
 }
 

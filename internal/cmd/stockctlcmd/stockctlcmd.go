@@ -92,6 +92,8 @@ commands:
                                          a purchase token, or a ticket in the waitlist (docs/admission.md)
   ticket TICKET_ID | ticket -sku SKU -key KEY
                                          a ticket: WAITING and its position, ADMITTED and its token, ...
+  cancel-ticket TICKET_ID                take a ticket out of the waitlist (or its draw)
+  watch-ticket TICKET_ID                 a ticket, then each change of it, until its outcome
   draw SKU [-page-token T -page-size N]  a draw: its state, seed and tickets in drawn order (docs/admission.md)
   update-sku SKU [-paused=true|false -max-per-order N -customer-limit N -auto-shards=true|false
                  -sale-start T -sale-end T -clear-sale-window]
@@ -296,6 +298,8 @@ func init() {
 		"prewarm":            cmdPrewarm,
 		"request-token":      cmdRequestToken,
 		"ticket":             cmdTicket,
+		"cancel-ticket":      cmdCancelTicket,
+		"watch-ticket":       cmdWatchTicket,
 		"draw":               cmdDraw,
 	}
 }
@@ -384,7 +388,27 @@ func cmdStock(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	return c.show(resp.Msg, func(w *tabwriter.Writer) { stockTable(w, resp.Msg.GetStock()) })
+	return c.show(resp.Msg, func(w *tabwriter.Writer) {
+		stockTable(w, resp.Msg.GetStock())
+		if d := resp.Msg.GetDraw(); d != nil {
+			drawSummaryTable(w, d)
+		}
+	})
+}
+
+// drawSummaryTable prints a draw's state under a SKU's stock.
+func drawSummaryTable(w *tabwriter.Writer, d *v1.DrawSummary) {
+	drawnAt := "-"
+	if d.GetDrawnAt() != nil {
+		drawnAt = d.GetDrawnAt().AsTime().Format(time.RFC3339)
+	}
+	seed := "no"
+	if d.GetSeedRecorded() {
+		seed = "yes"
+	}
+	fmt.Fprintf(w, "\nDRAW\tDRAW AT\tDRAWN AT\tTICKETS\tWINNERS\tSEED RECORDED\n%s\t%s\t%s\t%d\t%d\t%s\n",
+		strings.TrimPrefix(d.GetState().String(), "DRAW_STATE_"), d.GetDrawAt().AsTime().Format(time.RFC3339), drawnAt,
+		d.GetTickets(), d.GetWinners(), seed)
 }
 
 func cmdOperation(ctx context.Context, c *cli, args []string) error {

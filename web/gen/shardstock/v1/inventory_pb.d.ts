@@ -336,6 +336,13 @@ export declare type GetStockResponse = Message<"shardstock.v1.GetStockResponse">
    * @generated from field: shardstock.v1.Stock stock = 1;
    */
   stock?: Stock | undefined;
+
+  /**
+   * A SKU that sells by draw: where its draw is (GetDraw has the order).
+   *
+   * @generated from field: shardstock.v1.DrawSummary draw = 2;
+   */
+  draw?: DrawSummary | undefined;
 };
 
 /**
@@ -343,6 +350,59 @@ export declare type GetStockResponse = Message<"shardstock.v1.GetStockResponse">
  * Use `create(GetStockResponseSchema)` to create a new message.
  */
 export declare const GetStockResponseSchema: GenMessage<GetStockResponse>;
+
+/**
+ * DrawSummary is a draw's state, for operators.
+ *
+ * @generated from message shardstock.v1.DrawSummary
+ */
+export declare type DrawSummary = Message<"shardstock.v1.DrawSummary"> & {
+  /**
+   * @generated from field: shardstock.v1.DrawState state = 1;
+   */
+  state: DrawState;
+
+  /**
+   * When registration closes and the draw runs.
+   *
+   * @generated from field: google.protobuf.Timestamp draw_at = 2;
+   */
+  drawAt?: Timestamp | undefined;
+
+  /**
+   * When the order was recorded; set once DRAWN.
+   *
+   * @generated from field: google.protobuf.Timestamp drawn_at = 3;
+   */
+  drawnAt?: Timestamp | undefined;
+
+  /**
+   * Registrations while REGISTERING, else the tickets drawn.
+   *
+   * @generated from field: int64 tickets = 4;
+   */
+  tickets: bigint;
+
+  /**
+   * Whether the seed is recorded (GetDraw shows it).
+   *
+   * @generated from field: bool seed_recorded = 5;
+   */
+  seedRecorded: boolean;
+
+  /**
+   * Drawn tickets admitted with a token so far.
+   *
+   * @generated from field: int64 winners = 6;
+   */
+  winners: bigint;
+};
+
+/**
+ * Describes the message shardstock.v1.DrawSummary.
+ * Use `create(DrawSummarySchema)` to create a new message.
+ */
+export declare const DrawSummarySchema: GenMessage<DrawSummary>;
 
 /**
  * @generated from message shardstock.v1.WatchStockRequest
