@@ -2,6 +2,7 @@ package transport
 
 import (
 	"container/list"
+	"slices"
 	"strings"
 	"sync"
 
@@ -84,12 +85,23 @@ func (c *SKUCalls) Observe(sku, procedure, reason string, seconds float64, enter
 			return
 		}
 		if c.lru.Len() >= c.max {
+			// The least recently called SKU's entry becomes sku's, its
+			// maps and buckets kept: a call that evicts allocates nothing.
 			oldest := c.lru.Back()
-			c.lru.Remove(oldest)
-			delete(c.skus, oldest.Value.(*skuCalls).sku)
+			s = oldest.Value.(*skuCalls)
+			delete(c.skus, s.sku)
+			s.sku = sku
+			clear(s.calls)
+			for _, h := range s.latency {
+				clear(h.counts)
+				h.sum = 0
+			}
+			c.lru.MoveToFront(oldest)
+			c.skus[sku] = oldest
+		} else {
+			s = &skuCalls{sku: sku, calls: map[callKey]uint64{}, latency: map[string]*skuHistogram{}}
+			c.skus[sku] = c.lru.PushFront(s)
 		}
-		s = &skuCalls{sku: sku, calls: map[callKey]uint64{}, latency: map[string]*skuHistogram{}}
-		c.skus[sku] = c.lru.PushFront(s)
 	}
 	s.calls[callKey{procedure, reason}]++
 	h := s.latency[procedure]
@@ -139,6 +151,9 @@ func (c *SKUCalls) Families(skus []string) []*dto.MetricFamily {
 			})
 		}
 		for procedure, h := range s.latency {
+			if !slices.ContainsFunc(h.counts, func(n uint64) bool { return n > 0 }) {
+				continue // kept from an evicted SKU's calls
+			}
 			hist := &dto.Histogram{SampleSum: proto.Float64(h.sum)}
 			var cum uint64
 			for i, ub := range skuBuckets {

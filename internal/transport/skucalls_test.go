@@ -3,6 +3,8 @@ package transport
 import (
 	"fmt"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestSKUCalls_Bounded: the set holds at most its bound of SKUs, the
@@ -68,5 +70,38 @@ func TestSKUCalls_Bounded(t *testing.T) {
 		if last := h.GetBucket()[len(h.GetBucket())-1].GetCumulativeCount(); sku == "sku-7" && last != 2 {
 			t.Errorf("sku-7: %d calls up to the last bound, want 2 (10 s is above it)", last)
 		}
+	}
+}
+
+// BenchmarkSKUCalls is what counting by SKU adds to a call's metrics:
+// "Procedure" is what every call already costs (the counter and the
+// histogram by procedure); the others add SKUCalls.Observe, from every
+// core at once (the set's one lock), over a few hot SKUs ("Hot") or over
+// twice as many SKUs as the set holds, so that every call evicts one
+// ("Churn"). Compare them within one run.
+func BenchmarkSKUCalls(b *testing.B) {
+	counter := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c", Help: "h"}, []string{"procedure", "reason"})
+	latency := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "h", Help: "h", Buckets: latencyBuckets}, []string{"procedure"})
+	const deduct = "/shardstock.v1.InventoryService/Deduct"
+	for _, bc := range []struct {
+		name string
+		skus int
+	}{{"Procedure", 0}, {"Hot", 4}, {"Churn", 2 * skuCallsMax}} {
+		skus := make([]string, bc.skus)
+		for i := range skus {
+			skus[i] = fmt.Sprintf("sku-%d", i)
+		}
+		c := NewSKUCalls(0)
+		b.Run(bc.name, func(b *testing.B) {
+			b.RunParallel(func(pb *testing.PB) {
+				for i := 0; pb.Next(); i++ {
+					counter.WithLabelValues(deduct, "OK").Inc()
+					latency.WithLabelValues(deduct).Observe(0.001)
+					if len(skus) > 0 {
+						c.Observe(skus[i%len(skus)], deduct, "OK", 0.001, true)
+					}
+				}
+			})
+		})
 	}
 }
