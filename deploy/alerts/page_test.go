@@ -19,15 +19,17 @@ const pageFile = "../../web/dashboard/app.js"
 var (
 	// pageRule is one entry of the page's alertRules.
 	pageRule = regexp.MustCompile(`\{ name: "(Shardstock\w+)", layer: "([a-z-]+)", threshold: ([0-9.]+),`)
-	// pageMetrics is the page's list of the families it reads.
-	pageMetrics = regexp.MustCompile(`(?s)const metricNames = \[(.*?)\];`)
+	// pageMetrics is the page's list of the families it reads, and
+	// pageSKUMetrics of those it reads by SKU.
+	pageMetrics    = regexp.MustCompile(`(?s)const metricNames = \[(.*?)\];`)
+	pageSKUMetrics = regexp.MustCompile(`(?s)const skuMetricNames = \[(.*?)\];`)
 )
 
 // TestDashboardPage: every rule the dashboard judges is an alert of the
 // rules file, of the same layer, whose expression has the page's
 // threshold among its numbers; every family the page reads is one the
-// service exports. A rule renamed, moved or retuned in one place and not
-// the other fails here.
+// service exports, or one ReadMetrics serves by SKU. A rule renamed,
+// moved or retuned in one place and not the other fails here.
 func TestDashboardPage(t *testing.T) {
 	src, err := os.ReadFile(pageFile)
 	if err != nil {
@@ -74,6 +76,16 @@ func TestDashboardPage(t *testing.T) {
 	for _, n := range metricName.FindAllStringSubmatch(string(list[1]), -1) {
 		if !exports[n[1]] {
 			t.Errorf("%s reads %s, which the service does not export", pageFile, n[1])
+		}
+	}
+	bySKU := pageSKUMetrics.FindSubmatch(src)
+	if bySKU == nil {
+		t.Fatalf("%s: no skuMetricNames list", pageFile)
+	}
+	served := servedBySKU(t)
+	for _, n := range metricName.FindAllStringSubmatch(string(bySKU[1]), -1) {
+		if !served[n[1]] {
+			t.Errorf("%s reads %s by SKU, which ReadMetrics does not serve by SKU", pageFile, n[1])
 		}
 	}
 }

@@ -52,7 +52,37 @@ func exported(t *testing.T) map[string]bool {
 	if err != nil || len(names) == 0 {
 		t.Fatalf("reading the service's metric names under %s: %v (%d found)", sourceDir, err, len(names))
 	}
+	// The per-SKU families are ReadMetrics's alone, never on /metrics: no
+	// rule can select them.
+	for name := range servedBySKU(t) {
+		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
+			delete(names, name+suffix)
+		}
+	}
 	return names
+}
+
+// skuCallsFile declares the families ReadMetrics serves by SKU
+// (transport.SKUCallsFamily, transport.SKUSecondsFamily).
+const skuCallsFile = "../../internal/transport/skucalls.go"
+
+var skuFamily = regexp.MustCompile(`Family\s*=\s*"(shardstock_[a-z0-9_]+)"`)
+
+// servedBySKU returns the families ReadMetrics serves by SKU.
+func servedBySKU(t *testing.T) map[string]bool {
+	t.Helper()
+	src, err := os.ReadFile(skuCallsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, m := range skuFamily.FindAllStringSubmatch(string(src), -1) {
+		out[m[1]] = true
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s declares no per-SKU family (did its form change?)", skuCallsFile)
+	}
+	return out
 }
 
 // selectors returns the metric names an expression selects.

@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
@@ -82,6 +83,11 @@ type AdminHandler struct {
 	// Metrics are the process's metrics ReadMetrics reads; nil:
 	// ReadMetrics is unimplemented.
 	Metrics prometheus.Gatherer
+	// SKUCalls, if set, are the per-SKU call figures ReadMetrics reads for
+	// the SKUs it is asked for (internal/transport's SKUCalls).
+	SKUCalls interface {
+		Families(skus []string) []*dto.MetricFamily
+	}
 }
 
 var _ shardstockv1connect.AdminServiceHandler = (*AdminHandler)(nil)

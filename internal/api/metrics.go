@@ -20,6 +20,10 @@ import (
 // dashboard reads about a dozen, and a bound keeps one call's answer small.
 const readMetricsNamesMax = 32
 
+// readMetricsSKUsMax bounds the SKUs whose per-SKU figures one call
+// reads: the dashboard charts one SKU at a time and shows four.
+const readMetricsSKUsMax = 4
+
 // metricNameLenMax bounds one family name (the longest shardstock has is
 // under 70 characters).
 const metricNameLenMax = 128
@@ -39,6 +43,15 @@ func (h *AdminHandler) ReadMetrics(_ context.Context, req *connect.Request[v1.Re
 	if err := validMetricNames(names); err != nil {
 		return nil, wire.ToConnect(err)
 	}
+	skus := req.Msg.GetSkus()
+	if len(skus) > readMetricsSKUsMax {
+		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "name at most %d SKUs", readMetricsSKUsMax))
+	}
+	for _, sku := range skus {
+		if err := stock.ValidateSKU(sku); err != nil {
+			return nil, wire.ToConnect(err)
+		}
+	}
 	families, err := h.Metrics.Gather()
 	if err != nil {
 		// Gather returns what it could with the error: a family that failed
@@ -52,6 +65,9 @@ func (h *AdminHandler) ReadMetrics(_ context.Context, req *connect.Request[v1.Re
 		wanted[n] = true
 	}
 	out := &v1.ReadMetricsResponse{ReadAt: timestamppb.New(time.Now())}
+	if len(skus) > 0 && h.SKUCalls != nil {
+		families = append(families, h.SKUCalls.Families(skus)...)
+	}
 	for _, f := range families {
 		if wanted[f.GetName()] {
 			out.Samples = append(out.Samples, familySamples(f)...)

@@ -112,7 +112,7 @@ func (h *AdminHandler) WatchLedger(ctx context.Context, req *connect.Request[v1.
 	}
 	guard, stop := guardSends(ctx, h.WatchSendMax)
 	defer stop()
-	err = h.Changes.WatchLedger(ctx, ledger.Watch{Cursor: cur, SKUs: m.GetSkus(), Consumer: m.GetConsumer()}, func(d ledger.Delivery) error {
+	err = h.Changes.WatchLedger(ctx, ledger.Watch{Cursor: cur, SKUs: m.GetSkus(), Consumer: m.GetConsumer(), FromNow: m.GetFromNow()}, func(d ledger.Delivery) error {
 		msg := &v1.WatchLedgerResponse{Database: d.Database, Cursor: d.Cursor}
 		if d.Entry != nil {
 			msg.Entry = wire.LedgerEntryToProto(d.Entry)

@@ -5,6 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,13 +54,17 @@ func TestE2E_WebClients(t *testing.T) {
 }
 
 // TestE2E_Dashboard drives the dashboard in headless Chromium (Debian's
-// chromium, through playwright-core from web/node_modules): with no typing
-// it lists and shows a SKU made before it opened, whose charts move and
-// grow under a few seconds of load, live from WatchStock (no GetStock
-// sent); it creates a SKU through the page, deducts from the script, sees
-// the bars move, pauses the SKU through the page and sees it paused;
-// web/test/dashboard.test.mjs. The screenshots are saved under
-// tmp/artifacts (ARTIFACTS_DIR).
+// chromium, through playwright-core from web/node_modules) on the stack
+// `make run` starts, as a new user meets it: make run itself (building
+// cmd/shardstock-dev and running it with its defaults), on a free port
+// with a database of its own. The page is opened at the address the
+// banner prints, and with no typing it lists and shows the demo SKU,
+// whose charts move and grow under a bounded load of deducts, live from
+// WatchStock (no GetStock sent); then it creates a SKU through the page,
+// deducts from the script, sees the bars move, pauses the SKU through the
+// page and sees it paused (web/test/dashboard.test.mjs). The screenshots
+// go to the test's artifact directory (t.ArtifactDir: kept with go test
+// -artifacts), or to ARTIFACTS_DIR if set; the log names it.
 func TestE2E_Dashboard(t *testing.T) {
 	besideOthers(t)
 	node, err := exec.LookPath("node")
@@ -75,17 +82,33 @@ func TestE2E_Dashboard(t *testing.T) {
 	}
 	artifacts := os.Getenv("ARTIFACTS_DIR")
 	if artifacts == "" {
-		artifacts, _ = filepath.Abs(filepath.Join(webDir, "..", "tmp", "artifacts"))
+		artifacts = t.ArtifactDir()
 	}
-	s := newStack(t, 1)
+	t.Logf("screenshots: %s", artifacts)
+	m := startMakeRun(t, pgtest.NewDB(t))
+	banner := strings.Join(m.waitBanner(t), "\n")
+	page, demo := dashboardURL.FindStringSubmatch(banner), bannerSKU.FindStringSubmatch(banner)
+	if page == nil || demo == nil {
+		t.Fatalf("the banner names no dashboard address or no demo SKU:\n%s", banner)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "--test", "test/dashboard.test.mjs")
 	cmd.Dir = webDir
-	cmd.Env = append(os.Environ(), "SHARDSTOCK_URL="+s.base, "SHARDSTOCK_ADMIN_TOKEN="+adminToken, "CHROMIUM="+chromium, "ARTIFACTS_DIR="+artifacts)
+	cmd.Env = append(os.Environ(), "SHARDSTOCK_URL=http://"+m.addr, "SHARDSTOCK_DASHBOARD_URL="+page[1], "SHARDSTOCK_DEMO_SKU="+demo[1],
+		"SHARDSTOCK_ADMIN_TOKEN="+adminToken, "CHROMIUM="+chromium, "ARTIFACTS_DIR="+artifacts)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("node --test test/dashboard.test.mjs: %v\n%s", err, out)
 	}
 	t.Logf("node --test:\n%s", out)
+	m.signal(t, -m.pgid, syscall.SIGTERM)
+	m.checkStopped(t, m.tree())
 }
+
+// dashboardURL is the dashboard's address in make run's banner (its
+// "(dashboard: URL; ...)"), bannerSKU the demo SKU its examples use.
+var (
+	dashboardURL = regexp.MustCompile(`dashboard: (http://[^;\s]+)`)
+	bannerSKU    = regexp.MustCompile(`'\{"sku":"([^"]+)"`)
+)

@@ -131,6 +131,11 @@ type Watch struct {
 	SKUs []string
 	// Consumer names the consumer in the lag metrics; "" is "anonymous".
 	Consumer string
+	// FromNow: start at each database's current end (its Head) instead of
+	// Cursor, which must then be empty. The watch's first message is its
+	// starting cursor alone, so that a consumer has a place to resume from
+	// before any entry comes.
+	FromNow bool
 }
 
 // Delivery is one message of WatchLedger.
@@ -164,12 +169,20 @@ func (s *Stream) WatchLedger(ctx context.Context, w Watch, send func(Delivery) e
 		return err
 	}
 	defer release()
+	if w.FromNow && len(w.Cursor) > 0 {
+		return stock.Errorf(stock.CodeInvalidArgument, "from now: a watch starts from a cursor or from now, not both")
+	}
 	cur := w.Cursor.clone()
 	if cur == nil {
 		cur = Cursor{}
 	}
 	if err := s.checkCursor(ctx, cur); err != nil {
 		return err
+	}
+	if w.FromNow {
+		if err := s.heads(ctx, cur); err != nil {
+			return err
+		}
 	}
 	defer s.metrics.lagEntries.DeleteLabelValues(consumer)
 	defer s.metrics.lagSeconds.DeleteLabelValues(consumer)
@@ -181,6 +194,11 @@ func (s *Stream) WatchLedger(ctx context.Context, w Watch, send func(Delivery) e
 			s.tails[name].leave(sub)
 		}
 	}()
+	if w.FromNow {
+		if err := send(Delivery{Cursor: lw.sentCursor}); err != nil {
+			return err
+		}
+	}
 	if err := lw.catchUp(ctx, sub); err != nil {
 		return err
 	}
@@ -302,6 +320,22 @@ func (lw *ledgerWatch) progress() error {
 		return err
 	}
 	lw.lastSent = time.Now()
+	return nil
+}
+
+// heads sets cur at every database's head: the newest entry that a read
+// may return now, so that a watch from there receives every entry of the
+// transactions that had not ended by then (the position a tail starts at,
+// tail.join).
+func (s *Stream) heads(ctx context.Context, cur Cursor) error {
+	for _, name := range s.names {
+		head, _, err := s.readers[name].Head(ctx)
+		s.metrics.reads.WithLabelValues("head").Inc()
+		if err != nil {
+			return unreadable(ctx, name, err)
+		}
+		cur[name] = head
+	}
 	return nil
 }
 

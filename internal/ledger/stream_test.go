@@ -217,6 +217,7 @@ func testRefused(t *testing.T, b *books) {
 		{"BadSKU", ledger.Watch{SKUs: []string{"no spaces"}}, stock.CodeInvalidSKU},
 		{"TooManySKUs", ledger.Watch{SKUs: make([]string, ledger.SKUsWatchedMax+1)}, stock.CodeInvalidArgument},
 		{"BadConsumer", ledger.Watch{Consumer: strings.Repeat("c", ledger.ConsumerLenMax+1)}, stock.CodeInvalidArgument},
+		{"CursorAndFromNow", ledger.Watch{Cursor: ledger.Cursor{"main": {XID: 1, ID: 1}}, FromNow: true}, stock.CodeInvalidArgument},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			sent := 0

@@ -1,10 +1,12 @@
 // shardstock's dashboard for a sale. It lists every SKU
 // (AdminService.ListSkus, searched by prefix) and shows the SKUs selling
 // live: their stock per shard from InventoryService.WatchStock, the
-// selected SKU's ledger from AdminService.WatchLedger, and, once a second,
-// the allocator's own metrics (AdminService.ReadMetrics, what its
-// operator listener's /metrics exposes) for the charts of calls refused
-// and rejected, latency percentiles and the alerts. The charts keep the
+// selected SKU's ledger from AdminService.WatchLedger (from now on, not
+// the whole ledger), and, once a second, the allocator's own metrics
+// (AdminService.ReadMetrics, what its operator listener's /metrics
+// exposes, and the selected SKU's own call figures, which it keeps for
+// the SKUs called most recently) for the charts of calls refused and
+// rejected, latency percentiles and the alerts. The charts keep the
 // last samplesMax seconds in the page. Only what has no stream is read
 // again now and then (the SKU list, transfers, topology). It calls the
 // public and admin APIs with @connectrpc/connect-web, the admin ones with
@@ -154,9 +156,12 @@ function follower(name) {
 const followStock = follower("WatchStock");
 const followLedger = follower("WatchLedger");
 
-// ledgerTail: the selected SKU's last ledger entries, newest last.
+// ledgerTail: the selected SKU's last ledger entries, newest last;
+// ledgerCursor: where its stream is to resume after a break (the cursor of
+// the last message; empty: from now).
 let ledgerTail = [];
 let ledgerOf = "";
+let ledgerCursor = "";
 
 function follow() {
   const names = shown();
@@ -168,11 +173,14 @@ function follow() {
   if (sku !== ledgerOf) {
     ledgerOf = sku;
     ledgerTail = [];
+    ledgerCursor = "";
   }
-  // From the start of the ledger (a cursor the stream gave is the only
-  // other place to start), keeping the last rows: at least once, so an
-  // entry seen again is dropped by its (database, id).
-  followLedger(sku, (signal) => admin.watchLedger({ skus: [sku], consumer: "dashboard" }, { signal }), (m) => {
+  // From now (fromNow), not the whole of a long ledger; after a break,
+  // from the last cursor received. Delivery is at least once, so an entry
+  // seen again is dropped by its (database, id).
+  followLedger(sku, (signal) => admin.watchLedger(ledgerCursor ? { cursor: ledgerCursor, skus: [sku], consumer: "dashboard" }
+    : { fromNow: true, skus: [sku], consumer: "dashboard" }, { signal }), (m) => {
+    if (m.cursor && sku === ledgerOf) ledgerCursor = m.cursor;
     if (!m.entry || m.entry.sku !== ledgerOf) return;
     const key = `${m.database}/${m.entry.id}`;
     if (ledgerTail.some((e) => e.key === key)) return;
@@ -293,7 +301,12 @@ function select(name) {
 const metricNames = ["shardstock_rpc_calls_total", "shardstock_rpc_seconds", "shardstock_shard_halted",
   "shardstock_reconcile_unbalanced", "shardstock_shard_queue_rejected_total", "shardstock_shard_queue_depth",
   "shardstock_allocator_breaker_transitions_total", "shardstock_allocator_replays_total",
-  "shardstock_rebalancer_transfers_ended_total", "shardstock_db_pool_wait_seconds_total"];
+  "shardstock_rebalancer_transfers_ended_total", "shardstock_db_pool_wait_seconds_total",
+  "shardstock_reconcile_last_success_timestamp_seconds", "shardstock_units_in_transit"];
+// skuMetricNames: the selected SKU's own calls and latency, which
+// ReadMetrics serves from the allocator's memory for the SKUs named in
+// skus (never on /metrics: a label per SKU would grow without bound).
+const skuMetricNames = ["shardstock_sku_calls_total", "shardstock_sku_rpc_seconds"];
 // sellCall: the calls that sell, whose refusals and latency are charted.
 const sellCall = /InventoryService\/(Reserve|Deduct|ReserveOrder)$/;
 // rejectedReasons: the service did not decide the call (overload, its
@@ -304,12 +317,25 @@ const rejectedReasons = new Set(["RATE_LIMITED", "SHARD_UNAVAILABLE", "UNAUTHENT
 
 // summarise reduces one ReadMetrics answer to the figures the charts and
 // alerts need (counters as read: the rates are differences of two reads).
-function summarise(samples, at) {
+// sku: the SKU whose own figures were asked for (sku: its refused,
+// rejected and latency buckets, of the sell calls).
+function summarise(samples, at, sku) {
   const m = { at, refused: 0, rejected: 0, buckets: new Map(), halted: 0, unbalanced: 0, queueRejected: 0, queueDepthMax: 0,
-    breakerOpens: 0, replays: 0, sellCalls: 0, transferFailures: 0, poolWait: 0 };
+    breakerOpens: 0, replays: 0, sellCalls: 0, transferFailures: 0, poolWait: 0, reconciledAt: 0, inTransit: 0,
+    sku: { name: sku, refused: 0, rejected: 0, buckets: new Map() } };
   for (const s of samples) {
     const l = s.labels;
     switch (s.name) {
+      case "shardstock_sku_calls_total":
+        if (l.sku !== sku || !sellCall.test(l.procedure) || l.reason === "OK") break;
+        if (rejectedReasons.has(l.reason)) m.sku.rejected += s.value;
+        else m.sku.refused += s.value;
+        break;
+      case "shardstock_sku_rpc_seconds_bucket":
+        if (l.sku === sku && sellCall.test(l.procedure)) m.sku.buckets.set(l.le, (m.sku.buckets.get(l.le) || 0) + s.value);
+        break;
+      case "shardstock_reconcile_last_success_timestamp_seconds": m.reconciledAt = Math.max(m.reconciledAt, s.value); break;
+      case "shardstock_units_in_transit": m.inTransit = s.value; break;
       case "shardstock_rpc_calls_total":
         if (!sellCall.test(l.procedure)) break;
         m.sellCalls += s.value;
@@ -337,9 +363,13 @@ function summarise(samples, at) {
 
 // quantile is histogram_quantile over the difference of two reads'
 // cumulative buckets: linear within the bucket the rank falls in.
+// A count that fell was reset (a SKU's figures restart when it leaves the
+// allocator's bounded set and comes back): then the later read alone
+// counts, as Prometheus's rate does.
 function quantile(q, from, to) {
   const bounds = [...to.buckets.keys()].map((le) => [le, le === "+Inf" ? Infinity : Number(le)]).sort((a, b) => a[1] - b[1]);
-  const counts = bounds.map(([le, ub]) => [ub, (to.buckets.get(le) || 0) - (from.buckets.get(le) || 0)]);
+  const reset = [...to.buckets].some(([le, n]) => n < (from.buckets.get(le) || 0));
+  const counts = bounds.map(([le, ub]) => [ub, (to.buckets.get(le) || 0) - (reset ? 0 : from.buckets.get(le) || 0)]);
   const total = counts.length ? counts[counts.length - 1][1] : 0;
   if (total <= 0) return NaN;
   const rank = q * total;
@@ -361,8 +391,9 @@ const reads = [];
 
 async function readMetrics() {
   if (!token) return;
-  const r = await admin.readMetrics({ names: metricNames });
-  reads.push(summarise(r.samples, r.readAt ? Number(r.readAt.seconds) + r.readAt.nanos / 1e9 : Date.now() / 1000));
+  const sku = selected;
+  const r = await admin.readMetrics(sku ? { names: [...metricNames, ...skuMetricNames], skus: [sku] } : { names: metricNames });
+  reads.push(summarise(r.samples, r.readAt ? Number(r.readAt.seconds) + r.readAt.nanos / 1e9 : Date.now() / 1000, sku));
   if (reads.length > samplesMax) reads.shift();
 }
 
@@ -371,7 +402,10 @@ async function readMetrics() {
 // samplesMax ticks) for the rules' windows: an early warning on the
 // screen; Prometheus's evaluation, over every process, is the one that
 // pages. Names, layers and thresholds as in the rules (deploy/alerts
-// TestDashboardPage checks them against the rules file).
+// TestDashboardPage checks them against the rules file). window: how the
+// page's judgement differs from the rule's, shown beside it: a rule's
+// range or for longer than what the page has read is judged over what it
+// has (all: every read kept, at most samplesMax).
 const alertRules = [
   { name: "ShardstockShardHalted", layer: "data-safety", threshold: 0, firing: (a, b, x) => b.halted > x },
   { name: "ShardstockReconcileUnbalanced", layer: "data-safety", threshold: 0, firing: (a, b, x) => b.unbalanced > x },
@@ -382,6 +416,15 @@ const alertRules = [
   { name: "ShardstockQueueDepth", layer: "capacity", threshold: 2048, firing: (a, b, x) => b.queueDepthMax > x },
   { name: "ShardstockLatencyP99", layer: "capacity", threshold: 0.25, firing: (a, b, x) => quantile(0.99, a, b) > x },
   { name: "ShardstockPoolWaits", layer: "capacity", threshold: 0.5, firing: (a, b, x) => (b.poolWait - a.poolWait) / Math.max(1, b.at - a.at) > x },
+  // The rule is over every allocator's last pass (max) and holds 10 min;
+  // the page sees this allocator's alone, and only once it has finished a
+  // pass (one that another allocator's lease skipped reads 0: not judged).
+  { name: "ShardstockReconcileStale", layer: "data-safety", threshold: 3600,
+    firing: (a, b, x) => b.reconciledAt > 0 && b.at - b.reconciledAt > x, window: (s) => `this allocator's passes; held ${s} s, not 10 min` },
+  // min_over_time over 15 min: over the page's reads instead (-1: the
+  // allocator could not read it).
+  { name: "ShardstockUnitsInTransit", layer: "business-flow", threshold: 0,
+    firing: (a, b, x, all) => Math.min(...all.map((r) => r.inTransit)) > x, window: (s) => `over the last ${s} s, not 15 min` },
 ];
 
 function drawAlerts() {
@@ -391,11 +434,14 @@ function drawAlerts() {
     return;
   }
   const a = reads[0], b = reads[reads.length - 1];
-  const firing = alertRules.filter((r) => r.firing(a, b, r.threshold));
+  const secs = Math.round(b.at - a.at);
+  const firing = alertRules.filter((r) => r.firing(a, b, r.threshold, reads));
   box.dataset.firing = String(firing.length);
+  const label = (r) => `${r.name} (${r.layer}${r.window ? "; " + r.window(secs) : ""})`;
   box.replaceChildren(firing.length
-    ? el("ul", {}, ...firing.map((r) => el("li", { class: "firing", "data-alert": r.name }, `${r.name} (${r.layer})`)))
-    : el("span", {}, `none of ${alertRules.length} rules firing over the last ${Math.round(b.at - a.at)} s`));
+    ? el("ul", {}, ...firing.map((r) => el("li", { class: "firing", "data-alert": r.name }, label(r))))
+    : el("span", {}, `none of ${alertRules.length} rules firing over the last ${secs} s`),
+  el("ul", { class: "judged" }, ...alertRules.filter((r) => r.window).map((r) => el("li", { "data-judged": r.name }, label(r)))));
 }
 
 // ---- Charts -----------------------------------------------------------------
@@ -440,13 +486,17 @@ function sample() {
   const rate = recent.reduce((a, b) => a + b, 0) / recent.length;
   const s = { at: Date.now(), soldPerSec, available, reserved: Number(stock.reserved), inTransit: Number(stock.inTransit),
     sellOut: rate > 0 ? available / rate : NaN, refusedPerSec: NaN, rejectedPerSec: NaN, p50ms: NaN, p99ms: NaN };
-  if (reads.length >= 2) {
-    const a = reads[reads.length - 2], b = reads[reads.length - 1], secs = Math.max(0.001, b.at - a.at);
-    s.refusedPerSec = (b.refused - a.refused) / secs;
-    s.rejectedPerSec = (b.rejected - a.rejected) / secs;
-    const from = reads[Math.max(0, reads.length - 1 - latencyWindow)];
-    s.p50ms = 1000 * quantile(0.5, from, b);
-    s.p99ms = 1000 * quantile(0.99, from, b);
+  // The selected SKU's own figures, from the reads that asked for them
+  // (a SKU selected since has none in the reads before).
+  const own = reads.filter((r) => r.sku.name === selected);
+  if (own.length >= 2) {
+    const a = own[own.length - 2], b = own[own.length - 1], secs = Math.max(0.001, b.at - a.at);
+    const delta = (x, y) => (y >= x ? y - x : y); // fell: reset, as rate() takes it
+    s.refusedPerSec = delta(a.sku.refused, b.sku.refused) / secs;
+    s.rejectedPerSec = delta(a.sku.rejected, b.sku.rejected) / secs;
+    const from = own[Math.max(0, own.length - 1 - latencyWindow)];
+    s.p50ms = 1000 * quantile(0.5, from.sku, b.sku);
+    s.p99ms = 1000 * quantile(0.99, from.sku, b.sku);
   }
   samples.push(s);
   if (samples.length > samplesMax) samples.shift();
@@ -469,6 +519,7 @@ function plot(svg, vals) {
     ? `${((i * chartW) / Math.max(1, samplesMax - 1)).toFixed(1)},${(chartH - ((v - lo) * chartH) / (hi - lo)).toFixed(1)}` : null).filter(Boolean);
   svg.querySelector("polyline").setAttribute("points", pts.join(" "));
   svg.dataset.points = String(pts.length);
+  svg.dataset.max = finite.length ? String(Math.max(...finite)) : "";
   const last = vals.length ? vals[vals.length - 1] : NaN;
   svg.parentElement.querySelector(".value").textContent = Number.isFinite(last) ? (Number.isInteger(last) ? String(last) : last.toFixed(1)) : "-";
 }

@@ -2085,7 +2085,12 @@ type WatchLedgerRequest struct {
 	Skus []string `protobuf:"bytes,2,rep,name=skus,proto3" json:"skus,omitempty"`
 	// Names the consumer in the lag metrics (letters, digits and . _ : -,
 	// at most 64); empty, "anonymous".
-	Consumer      string `protobuf:"bytes,3,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	Consumer string `protobuf:"bytes,3,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	// Start at the ledger's current end instead of its beginning: only
+	// entries that commit after the call began are sent. The first message
+	// carries the starting cursor alone, to resume from. Not with cursor
+	// (INVALID_ARGUMENT).
+	FromNow       bool `protobuf:"varint,4,opt,name=from_now,json=fromNow,proto3" json:"from_now,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2139,6 +2144,13 @@ func (x *WatchLedgerRequest) GetConsumer() string {
 		return x.Consumer
 	}
 	return ""
+}
+
+func (x *WatchLedgerRequest) GetFromNow() bool {
+	if x != nil {
+		return x.FromNow
+	}
+	return false
 }
 
 type WatchLedgerResponse struct {
@@ -2569,7 +2581,14 @@ func (x *PrewarmResponse) GetSkus() []*PrewarmedSku {
 type ReadMetricsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Metric family names, 1 to 32, each starting shardstock_.
-	Names         []string `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	Names []string `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	// The SKUs (at most 4) whose per-SKU call figures are read, when names
+	// holds their families: shardstock_sku_calls_total{sku, procedure,
+	// reason} and the histogram shardstock_sku_rpc_seconds{sku, procedure}.
+	// This process keeps them in memory for the SKUs called most recently
+	// (a bounded set, docs/architecture.md) and never exports them on
+	// /metrics; a SKU not in the set has none.
+	Skus          []string `protobuf:"bytes,2,rep,name=skus,proto3" json:"skus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2607,6 +2626,13 @@ func (*ReadMetricsRequest) Descriptor() ([]byte, []int) {
 func (x *ReadMetricsRequest) GetNames() []string {
 	if x != nil {
 		return x.Names
+	}
+	return nil
+}
+
+func (x *ReadMetricsRequest) GetSkus() []string {
+	if x != nil {
+		return x.Skus
 	}
 	return nil
 }
@@ -2907,11 +2933,12 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"f\n" +
 	"\x13ResumeShardResponse\x12#\n" +
 	"\rhalted_reason\x18\x01 \x01(\tR\fhaltedReason\x12*\n" +
-	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"\\\n" +
+	"\x05stock\x18\x02 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"w\n" +
 	"\x12WatchLedgerRequest\x12\x16\n" +
 	"\x06cursor\x18\x01 \x01(\tR\x06cursor\x12\x12\n" +
 	"\x04skus\x18\x02 \x03(\tR\x04skus\x12\x1a\n" +
-	"\bconsumer\x18\x03 \x01(\tR\bconsumer\"{\n" +
+	"\bconsumer\x18\x03 \x01(\tR\bconsumer\x12\x19\n" +
+	"\bfrom_now\x18\x04 \x01(\bR\afromNow\"{\n" +
 	"\x13WatchLedgerResponse\x120\n" +
 	"\x05entry\x18\x01 \x01(\v2\x1a.shardstock.v1.LedgerEntryR\x05entry\x12\x1a\n" +
 	"\bdatabase\x18\x02 \x01(\tR\bdatabase\x12\x16\n" +
@@ -2942,9 +2969,10 @@ const file_shardstock_v1_admin_proto_rawDesc = "" +
 	"shardsWarm\x12*\n" +
 	"\x05stock\x18\x03 \x01(\v2\x14.shardstock.v1.StockR\x05stock\"B\n" +
 	"\x0fPrewarmResponse\x12/\n" +
-	"\x04skus\x18\x01 \x03(\v2\x1b.shardstock.v1.PrewarmedSkuR\x04skus\"*\n" +
+	"\x04skus\x18\x01 \x03(\v2\x1b.shardstock.v1.PrewarmedSkuR\x04skus\">\n" +
 	"\x12ReadMetricsRequest\x12\x14\n" +
-	"\x05names\x18\x01 \x03(\tR\x05names\"\xb4\x01\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\x12\x12\n" +
+	"\x04skus\x18\x02 \x03(\tR\x04skus\"\xb4\x01\n" +
 	"\fMetricSample\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12?\n" +
 	"\x06labels\x18\x02 \x03(\v2'.shardstock.v1.MetricSample.LabelsEntryR\x06labels\x12\x14\n" +

@@ -463,7 +463,7 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	// api.WatchWriter.
 	mux.Handle(shardstockv1connect.InventoryServiceWatchStockProcedure, api.Admit(admit, api.WatchWriter(invHandler), metrics.Refused))
 	mux.Handle(shardstockv1connect.InventoryServiceWatchTicketProcedure, api.Admit(admit, api.WatchWriter(invHandler), metrics.Refused))
-	adminPath, adminHandler := shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes, Catalog: proc.DBs, Warmer: w.alloc, Metrics: proc.Registry},
+	adminPath, adminHandler := shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: w.alloc, Placement: proc.DBs, Changes: w.changes, Catalog: proc.DBs, Warmer: w.alloc, Metrics: proc.Registry, SKUCalls: metrics.SKUs},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics, api.AuditAdmin(log)))...)
 	mux.Handle(adminPath, api.Admit(admit, adminHandler, metrics.Refused))
 	mux.Handle(shardstockv1connect.AdminServiceWatchLedgerProcedure, api.Admit(admit, api.WatchWriter(adminHandler), metrics.Refused))

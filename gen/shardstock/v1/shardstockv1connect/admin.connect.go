@@ -113,8 +113,9 @@ type AdminServiceClient interface {
 	// reason PLACEMENT_FULL.
 	SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error)
 	// WatchLedger streams every ledger entry after cursor (all of them
-	// without one), in each database in commit order, each with the cursor
-	// to resume from. Delivery is at least once: after a resume an entry may
+	// without one; with from_now, those that commit after the call began),
+	// in each database in commit order, each with the cursor to resume
+	// from. Delivery is at least once: after a resume an entry may
 	// come again, and its (database, id) is the consumer's key to drop it.
 	// With skus, only their entries; the cursor still moves past the others
 	// (a message with a cursor and no entry). A cursor that is not one the
@@ -389,8 +390,9 @@ type AdminServiceHandler interface {
 	// reason PLACEMENT_FULL.
 	SetPlacement(context.Context, *connect.Request[v1.SetPlacementRequest]) (*connect.Response[v1.SetPlacementResponse], error)
 	// WatchLedger streams every ledger entry after cursor (all of them
-	// without one), in each database in commit order, each with the cursor
-	// to resume from. Delivery is at least once: after a resume an entry may
+	// without one; with from_now, those that commit after the call began),
+	// in each database in commit order, each with the cursor to resume
+	// from. Delivery is at least once: after a resume an entry may
 	// come again, and its (database, id) is the consumer's key to drop it.
 	// With skus, only their entries; the cursor still moves past the others
 	// (a message with a cursor and no entry). A cursor that is not one the

@@ -1039,6 +1039,16 @@ export declare type WatchLedgerRequest = Message<"shardstock.v1.WatchLedgerReque
    * @generated from field: string consumer = 3;
    */
   consumer: string;
+
+  /**
+   * Start at the ledger's current end instead of its beginning: only
+   * entries that commit after the call began are sent. The first message
+   * carries the starting cursor alone, to resume from. Not with cursor
+   * (INVALID_ARGUMENT).
+   *
+   * @generated from field: bool from_now = 4;
+   */
+  fromNow: boolean;
 };
 
 /**
@@ -1259,6 +1269,18 @@ export declare type ReadMetricsRequest = Message<"shardstock.v1.ReadMetricsReque
    * @generated from field: repeated string names = 1;
    */
   names: string[];
+
+  /**
+   * The SKUs (at most 4) whose per-SKU call figures are read, when names
+   * holds their families: shardstock_sku_calls_total{sku, procedure,
+   * reason} and the histogram shardstock_sku_rpc_seconds{sku, procedure}.
+   * This process keeps them in memory for the SKUs called most recently
+   * (a bounded set, docs/architecture.md) and never exports them on
+   * /metrics; a SKU not in the set has none.
+   *
+   * @generated from field: repeated string skus = 2;
+   */
+  skus: string[];
 };
 
 /**
@@ -1455,8 +1477,9 @@ export declare const AdminService: GenService<{
   },
   /**
    * WatchLedger streams every ledger entry after cursor (all of them
-   * without one), in each database in commit order, each with the cursor
-   * to resume from. Delivery is at least once: after a resume an entry may
+   * without one; with from_now, those that commit after the call began),
+   * in each database in commit order, each with the cursor to resume
+   * from. Delivery is at least once: after a resume an entry may
    * come again, and its (database, id) is the consumer's key to drop it.
    * With skus, only their entries; the cursor still moves past the others
    * (a message with a cursor and no entry). A cursor that is not one the
