@@ -28,7 +28,7 @@ func openDB(t *testing.T) *postgres.DB {
 // the SKU cache skuCacheLenMax entries; the least recently used goes first.
 func TestAllocator_CacheBounds(t *testing.T) {
 	t.Run("Hints", func(t *testing.T) {
-		a := New(Config{Topology: func() topology.View { return topology.View{} }})
+		a := New(Config{Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
 		defer a.Close()
 		// Every SKU gets hints for shards 0 and 3 (1 and 2 stay unknown).
 		key := func(i, idx int) stock.ShardKey { return stock.ShardKey{SKU: fmt.Sprint("h", i), Index: int32(idx)} }
@@ -125,7 +125,7 @@ func TestAllocator_RetryWaitEndsWithContext(t *testing.T) {
 // TestAllocator_FirstHintsAtOnce: the first hints of one SKU's shards, set
 // at once, all land in one entry; none is lost to a second entry.
 func TestAllocator_FirstHintsAtOnce(t *testing.T) {
-	a := New(Config{Topology: func() topology.View { return topology.View{} }})
+	a := New(Config{Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
 	defer a.Close()
 	const shards = 64
 	for round := range 500 {
