@@ -32,7 +32,9 @@ TEST_SHARED_TAIL := e2e-second internal/postgres internal/ledger internal/cmd/al
 # first package of TEST_SHARED_TAIL: the longest of those that run alone
 # (docs/testing.md) and assert no tight time bound, so that neither lane
 # waits for all of internal/e2e. Whichever lane takes them, another test
-# binary runs beside them, as beside every e2e test in make test.
+# binary runs beside them, as beside every e2e test in make test. Both
+# runs start the commands that make test builds once, as internal/e2e's
+# TestMain would (SHARDSTOCK_E2E_BIN).
 TEST_E2E_SECOND := TestE2E_MakeRun|TestE2E_MakeRunStop|TestE2E_TwoDatabases|TestE2E_Breaker
 
 # Two test runs at once, so that the longest package does not wait for the
@@ -56,6 +58,8 @@ test: web/node_modules ## build everything, then run all tests, bench/'s too (Po
 	fi; \
 	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
 	e2e_log="$$(mktemp)"; lock="$$(mktemp -d)"; trap 'rm -rf "$$e2e_log" "$$lock"' EXIT; \
+	go build -tags shardstock_failpoints -o "$$lock/e2e-bin/" ./cmd/shard ./cmd/allocator || exit 1; \
+	export SHARDSTOCK_E2E_BIN="$$lock/e2e-bin"; \
 	take_tail() { \
 		rc=0; \
 		for dir in $(TEST_SHARED_TAIL); do \
