@@ -23,16 +23,30 @@ run: ## build cmd/shardstock-dev into bin/ and run the local development stack (
 	exec bin/shardstock-dev $(RUN_ARGS)
 
 # The packages that either lane of `make test` takes, in this order, once
-# it has run its own: the second lane's longest (about half its time),
-# longest first, then bench/'s and deploy/'s modules.
-TEST_SHARED_TAIL := internal/postgres internal/ledger internal/cmd/allocatorcmd internal/cmd/stockctlcmd internal/dbset bench deploy/alerts deploy/k8s
+# it has run its own: internal/e2e's TEST_E2E_SECOND (e2e-second), then
+# the second lane's longest (about half its time), longest first, then
+# bench/'s and deploy/'s modules.
+TEST_SHARED_TAIL := e2e-second internal/postgres internal/ledger internal/cmd/allocatorcmd internal/cmd/stockctlcmd internal/dbset bench deploy/alerts deploy/k8s
+
+# internal/e2e's tests that run apart from the package's first run, as the
+# first package of TEST_SHARED_TAIL: the longest of those that run alone
+# (docs/testing.md) and assert no tight time bound, so that neither lane
+# waits for all of internal/e2e. Whichever lane takes them, another test
+# binary runs beside them, as beside every e2e test in make test. Both
+# runs start the commands that make test builds once, as internal/e2e's
+# TestMain would (SHARDSTOCK_E2E_BIN).
+TEST_E2E_SECOND := TestE2E_MakeRun|TestE2E_MakeRunStop|TestE2E_TwoDatabases|TestE2E_Breaker
 
 # Two test runs at once, so that the longest package does not wait for the
 # others: internal/e2e on a throwaway Postgres cluster of its own (pgtest,
 # DATABASE_URL unset), and beside it every other package, one test binary
-# at a time (-p 1), on DATABASE_URL's server. Each server sees one test
-# binary at a time, so that the packages that start whole stacks do not
-# together exhaust a default Postgres's 100 connections. Then each lane
+# at a time, on DATABASE_URL's server. Each server sees one test binary at
+# a time, so that the packages that start whole stacks do not together
+# exhaust a default Postgres's 100 connections: that lane builds two
+# packages at once (-p 2) but runs their binaries through flock(1) on one
+# lock file, so the next package's test binary is compiled and linked
+# while the current one runs (a package's elapsed time then includes its
+# wait for the lock). Then each lane
 # takes the packages of TEST_SHARED_TAIL that the other has not (mkdir is
 # the lock), so that the two lanes end about together, whichever is the
 # longer on the machine. e2e's lane's output is printed when it ends.
@@ -44,11 +58,16 @@ test: web/node_modules ## build everything, then run all tests, bench/'s too (Po
 	fi; \
 	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
 	e2e_log="$$(mktemp)"; lock="$$(mktemp -d)"; trap 'rm -rf "$$e2e_log" "$$lock"' EXIT; \
+	go build -tags shardstock_failpoints -o "$$lock/e2e-bin/" ./cmd/shard ./cmd/allocator || exit 1; \
+	export SHARDSTOCK_E2E_BIN="$$lock/e2e-bin"; \
 	take_tail() { \
 		rc=0; \
 		for dir in $(TEST_SHARED_TAIL); do \
 			mkdir "$$lock/$$(echo "$$dir" | tr / _)" 2>/dev/null || continue; \
-			if [ -f "$$dir/go.mod" ]; then \
+			if [ "$$dir" = e2e-second ]; then \
+				echo "go test -count=1 -timeout 15m -run '^($(TEST_E2E_SECOND))$$' ./internal/e2e"; \
+				go test -count=1 -timeout 15m -run '^($(TEST_E2E_SECOND))$$' ./internal/e2e || rc=1; \
+			elif [ -f "$$dir/go.mod" ]; then \
 				echo "(cd $$dir && go test -count=1 -p 1 -timeout 15m ./...)"; \
 				(cd "$$dir" && go test -count=1 -p 1 -timeout 15m ./...) || rc=1; \
 			else \
@@ -58,11 +77,11 @@ test: web/node_modules ## build everything, then run all tests, bench/'s too (Po
 		done; \
 		return $$rc; \
 	}; \
-	echo "DATABASE_URL= go test -count=1 -timeout 15m ./internal/e2e (beside the rest)"; \
-	(export DATABASE_URL=; go test -count=1 -timeout 15m ./internal/e2e; rc=$$?; take_tail || rc=1; exit $$rc) >"$$e2e_log" 2>&1 & e2e=$$!; \
+	echo "DATABASE_URL= go test -count=1 -timeout 15m -skip '^($(TEST_E2E_SECOND))$$' ./internal/e2e (beside the rest)"; \
+	(export DATABASE_URL=; go test -count=1 -timeout 15m -skip '^($(TEST_E2E_SECOND))$$' ./internal/e2e; rc=$$?; take_tail || rc=1; exit $$rc) >"$$e2e_log" 2>&1 & e2e=$$!; \
 	skip="$$(for dir in internal/e2e $(TEST_SHARED_TAIL); do printf -- '-e /%s$$ ' "$$dir"; done)"; \
-	echo go test -count=1 -p 1 -timeout 15m '$$(go list ./... | grep -v' "$$skip)"; \
-	go test -count=1 -p 1 -timeout 15m $$(go list ./... | grep -v $$skip); rest=$$?; \
+	echo go test -count=1 -p 2 -exec "flock -o $$lock/run" -timeout 15m '$$(go list ./... | grep -v' "$$skip)"; \
+	go test -count=1 -p 2 -exec "flock -o $$lock/run" -timeout 15m $$(go list ./... | grep -v $$skip); rest=$$?; \
 	take_tail || rest=1; \
 	wait $$e2e; e2e_rc=$$?; cat "$$e2e_log"; \
 	[ $$rest -eq 0 ] && [ $$e2e_rc -eq 0 ]

@@ -10,7 +10,6 @@ import (
 
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
-	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -31,7 +30,7 @@ func openDB(t *testing.T) *postgres.DB {
 // read the database, wait an hour (after its first second, one would find
 // no database on a loaded machine).
 func withoutDB() Config {
-	return Config{Topology: func() topology.View { return topology.View{} }, Rebalance: rebalance.Config{Interval: time.Hour}}
+	return Config{Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds}
 }
 
 // TestAllocator_CacheBounds: the hints hold at most hintsSKUsMax SKUs and

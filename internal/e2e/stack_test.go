@@ -71,6 +71,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv(etcdChildEnv) != "" {
 		os.Exit(etcdChild())
 	}
+	// make test runs this package twice at once (TEST_E2E_SECOND) and
+	// builds the commands once for both, as below, into the directory
+	// SHARDSTOCK_E2E_BIN names.
+	if dir := os.Getenv("SHARDSTOCK_E2E_BIN"); dir != "" && os.Getenv("SHARDSTOCK_E2E_RACE") != "1" {
+		bin = dir
+		pgtest.Main(m)
+		return
+	}
 	dir, err := os.MkdirTemp("", "shardstock-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
