@@ -102,6 +102,7 @@ func (a *Allocator) holdLines(ctx context.Context, store OrderStore, o *stock.Or
 		if a.orderHook != nil {
 			a.orderHook(o, i)
 		}
+		lineFailpoint(i)
 		// The lease is renewed just before each line: once a recovery took
 		// the order over, this driver takes no more.
 		if ok, err := store.SetOrder(ctx, o, stock.OrderPending, drv, orderLeaseTTL, false); err != nil || !ok {
