@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/shardstock/shardstock/internal/stock"
@@ -101,6 +102,8 @@ func (a *Allocator) ReserveOrder(ctx context.Context, o *stock.Order) (*stock.Or
 	}
 	// Each step of the drive is bounded on its own (orderLineTimeout, the
 	// store's query timeout), so that the drive ends without the caller.
+	left := *got // the caller's answer if it leaves: not the order the drive writes to
+	left.Lines = slices.Clone(got.Lines)
 	done := make(chan *stock.Order, 1)
 	a.drives.Add(1)
 	go func() {
@@ -111,7 +114,7 @@ func (a *Allocator) ReserveOrder(ctx context.Context, o *stock.Order) (*stock.Or
 	case held := <-done:
 		return a.answerOrder(held, false)
 	case <-ctx.Done():
-		return got, false, errOrderDriving
+		return &left, false, errOrderDriving
 	}
 }
 
