@@ -55,7 +55,8 @@ func TestE2E_WebClients(t *testing.T) {
 // it lists and shows a SKU made before it opened, whose charts move and
 // grow under a few seconds of load, live from WatchStock (no GetStock
 // sent); it creates a SKU through the page, deducts from the script, sees
-// the bars move, pauses the SKU through the page and sees it paused;
+// the bars move, sees a refund and an order's line labelled in its
+// ledger view, pauses the SKU through the page and sees it paused;
 // web/test/dashboard.test.mjs. The screenshots are saved under
 // tmp/artifacts (ARTIFACTS_DIR).
 func TestE2E_Dashboard(t *testing.T) {

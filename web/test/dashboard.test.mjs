@@ -6,9 +6,9 @@
 // no typing; under load its charts (sold, refused, latency, stock) move
 // and grow, its ledger's last entries change, and it sends no GetStock
 // (the stock comes from WatchStock); then enter the token, create a SKU
-// through the page, deduct from this script, see the bars move, pause the
-// SKU through the page, see it paused (and a deduct refused), and save
-// screenshots.
+// through the page, deduct from this script, see the bars move, see a
+// refund and an order's line labelled in its ledger, pause it through the
+// page, see it paused (and a deduct refused), and save screenshots.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
@@ -121,6 +121,10 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     const box = `.sku[data-sku="${sku}"]`;
     await page.waitForSelector(`${box} [data-field=available]:text-is("100")`, { timeout });
     assert.equal(await page.locator(`${box} .shard`).count(), 4);
+    // Wait until its bars are drawn: on a loaded machine they were read 0
+    // wide just after its available read 100 (twice in two runs).
+    await page.waitForFunction((sel) => [...document.querySelectorAll(sel)].every((b) => b.getBoundingClientRect().width > 0),
+      `${box} .shard .available`, { timeout });
     const widthBefore = await page.locator(`${box} .shard .available`).evaluateAll((bars) => bars.map((b) => b.getBoundingClientRect().width));
 
     // Deduct from the script: the numbers and the bars move.
@@ -132,6 +136,14 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     const widthAfter = await page.locator(`${box} .shard .available`).evaluateAll((bars) => bars.map((b) => b.getBoundingClientRect().width));
     const sum = (a) => a.reduce((x, y) => x + y, 0);
     assert.ok(sum(widthAfter) < sum(widthBefore), `available bars ${widthBefore} -> ${widthAfter}: they did not shrink`);
+
+    // The ledger view labels a refund with the sale it reverses, and an
+    // order's line with the order's reference.
+    await inv.refund({ sku, idempotencyKey: `${sku}-refund`, original: { sale: { case: "deductKey", value: `${sku}-0` } }, quantity: 1n, reason: "payment failed" });
+    await inv.reserveOrder({ idempotencyKey: `${sku}-order`, orderRef: `${sku}-cart`, lines: [{ sku, quantity: 2n }] });
+    await page.click(`${box} h3 a`);
+    await page.waitForSelector(`#ledger tbody td:text-is("refund of deduct:${sku}-0")`, { timeout });
+    await page.waitForSelector(`#ledger tbody td:text-is("reserve (order line ${sku}-cart)")`, { timeout });
 
     // Pause through the page: shown paused, and a deduct is refused.
     await page.click(`${box} button[data-action=pause]`);
