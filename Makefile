@@ -124,8 +124,9 @@ checkgenerate: generate dashboard ## fail if gen/, web/gen/ or the built dashboa
 	@untracked="$$(git ls-files --others --exclude-standard -- gen web/gen internal/api/dashboard)"; if [ -n "$$untracked" ]; then \
 		echo "untracked files under gen/:"; echo "$$untracked"; exit 1; fi
 
-bench: ## load-test shardstock, the in-memory ceiling, the five baselines and the Connect-fronted Redis on model C and the source case, print the table with CPU per request (about 3 min)
+bench: ## load-test shardstock, the in-memory ceiling, the five baselines and the Connect-fronted Redis on model C and the source case, print the table with CPU per request; then the cart model against single-SKU deducts (make bench-cart) (about 4 min)
 	scripts/bench/run.sh
+	scripts/bench/cart.sh
 
 bench-rebalance: ## the rebalancer off and on, model skew and model C: loadgen's tables and the sweeps, consolidations and reroutes routing needed (about 2 min)
 	scripts/bench/rebalance.sh

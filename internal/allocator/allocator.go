@@ -155,6 +155,9 @@ type Allocator struct {
 	driverID  string // this allocator, as the driver of the orders it works on (newDriver)
 	orderHook func(o *stock.Order, line int)
 	recovered chan struct{} // closed when recoverOrders has returned
+	// drives are the orders' drives at work, which outlive their callers
+	// (ReserveOrder); Close waits for them, at most orderAwaitMax.
+	drives sync.WaitGroup
 }
 
 type cachedSKU struct {
@@ -236,6 +239,12 @@ func (a *Allocator) Close() {
 	close(a.stop)
 	<-a.followed
 	<-a.recovered
+	drove := make(chan struct{})
+	go func() { a.drives.Wait(); close(drove) }()
+	select {
+	case <-drove:
+	case <-time.After(orderAwaitMax): // a drive left unfinished is recovered elsewhere
+	}
 	a.rebal.Close()
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/shardstock/shardstock/internal/stock"
@@ -27,6 +28,13 @@ const (
 	// orderCommitHold is how long every line is extended for before the
 	// first is committed, so that none expires while the others commit.
 	orderCommitHold = 30 * time.Second
+	// orderAwaitMax bounds how long a call waits for an order another
+	// call (or a recovery) is working on before it answers
+	// OPERATION_IN_PROGRESS: a live driver ends it sooner, a dead one's
+	// recovery within OrderRecoveryBound.
+	orderAwaitMax = OrderRecoveryBound
+	// orderAwaitPoll is how often a waiting call reads the order again.
+	orderAwaitPoll = 100 * time.Millisecond
 	// orderEndAttemptsMax bounds the tries of a line's commit or release
 	// that answers SHARD_UNAVAILABLE before the order is left to recovery.
 	orderEndAttemptsMax = 5
@@ -56,12 +64,25 @@ func (a *Allocator) orderStore() (OrderStore, error) {
 	return a.orders, nil
 }
 
+// errOrderDriving: the caller left (or its deadline passed) while its
+// order's lines were being taken; the drive goes on.
+var errOrderDriving = stock.Errorf(stock.CodeOperationInProgress, "the order is still being held; a retry with the same key answers its outcome")
+
 // ReserveOrder holds every line of an order or none. The order is written
 // first (pending, with this allocator's lease); then its lines are taken
 // one by one in the order of their SKUs, each a reserve whose key is
 // derived from the order; a line refused releases every line taken, and the
 // order fails with the line's refusal, naming its SKU. A retry with the
-// same key returns the order as it is (replayed).
+// same key returns the order as it is (replayed), once no call is working
+// on it: it waits for the order's drive (at most orderAwaitMax).
+//
+// The drive does not end with the caller's request: a caller that leaves
+// midway (a cancelled or timed-out request) gets its answer, the order's
+// one outcome, from a retry with the same key, as for a single Reserve
+// whose answer was lost. Undoing the lines when the caller left, as the
+// drive once did, left the order pending for recovery, and every retry
+// meanwhile could only be told OPERATION_IN_PROGRESS, then that the order
+// failed.
 func (a *Allocator) ReserveOrder(ctx context.Context, o *stock.Order) (*stock.Order, bool, error) {
 	store, err := a.orderStore()
 	if err != nil {
@@ -77,9 +98,45 @@ func (a *Allocator) ReserveOrder(ctx context.Context, o *stock.Order) (*stock.Or
 		return nil, false, err
 	}
 	if !created {
-		return a.answerOrder(got, true)
+		return a.answerOrder(a.awaitOrder(ctx, store, got), true)
 	}
-	return a.answerOrder(a.holdLines(ctx, store, got, drv), false)
+	// Each step of the drive is bounded on its own (orderLineTimeout, the
+	// store's query timeout), so that the drive ends without the caller.
+	left := *got // the caller's answer if it leaves: not the order the drive writes to
+	left.Lines = slices.Clone(got.Lines)
+	done := make(chan *stock.Order, 1)
+	a.drives.Add(1)
+	go func() {
+		defer a.drives.Done()
+		done <- a.holdLines(context.WithoutCancel(ctx), store, got, drv)
+	}()
+	select {
+	case held := <-done:
+		return a.answerOrder(held, false)
+	case <-ctx.Done():
+		return &left, false, errOrderDriving
+	}
+}
+
+// awaitOrder returns o once no call works on it (it is not open), reading
+// it again every orderAwaitPoll, at most orderAwaitMax or until ctx ends;
+// then as it is. A live driver finishes it; a dead one's order is
+// finished by a recovery within OrderRecoveryBound.
+func (a *Allocator) awaitOrder(ctx context.Context, store OrderStore, o *stock.Order) *stock.Order {
+	deadline := time.Now().Add(orderAwaitMax)
+	for o.State.Open() && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return o
+		case <-time.After(orderAwaitPoll):
+		}
+		got, err := store.GetOrder(ctx, o.ID, "")
+		if err != nil {
+			return o
+		}
+		o = got
+	}
+	return o
 }
 
 // answerOrder is the answer for an order as it is: a failed order's
@@ -102,6 +159,7 @@ func (a *Allocator) holdLines(ctx context.Context, store OrderStore, o *stock.Or
 		if a.orderHook != nil {
 			a.orderHook(o, i)
 		}
+		lineFailpoint(i)
 		// The lease is renewed just before each line: once a recovery took
 		// the order over, this driver takes no more.
 		if ok, err := store.SetOrder(ctx, o, stock.OrderPending, drv, orderLeaseTTL, false); err != nil || !ok {
@@ -120,10 +178,6 @@ func (a *Allocator) holdLines(ctx context.Context, store OrderStore, o *stock.Or
 			// Still not known: leave the order pending; its lease runs out
 			// and a recovery undoes it.
 			return a.reread(ctx, store, o)
-		}
-		if res.Err == nil && ctx.Err() != nil {
-			l.ReservationID = res.Reservation.ID // the caller left: undo
-			res = stock.Result{Err: stock.Errorf(stock.CodeShardUnavailable, "the request ended before the order was held")}
 		}
 		if res.Err != nil {
 			a.undoLines(context.WithoutCancel(ctx), o)
@@ -255,6 +309,7 @@ func (a *Allocator) endOrder(ctx context.Context, id string, to stock.OrderState
 	if err != nil {
 		return nil, false, err
 	}
+	o = a.awaitOrder(ctx, store, o) // another call (or a recovery) works on it: its outcome
 	done := map[stock.OrderState]stock.OrderState{stock.OrderCommitting: stock.OrderCommitted, stock.OrderReleasing: stock.OrderReleased}[to]
 	switch {
 	case o.State == done || o.State == to:

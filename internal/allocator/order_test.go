@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -248,6 +249,102 @@ func TestOrder_CrashMidway(t *testing.T) {
 		}
 		s.balanced(sku)
 	}
+}
+
+// TestOrder_AbandonedRetry: a client that abandons its ReserveOrder
+// midway and retries with the same key gets the order's one outcome, not
+// OPERATION_IN_PROGRESS:
+//
+//   - Live: the caller leaves after the first line is held; the drive goes
+//     on without it, and a retry through another allocator, sent while
+//     the driver still works, waits for it and answers the order held
+//     whole (replayed), every line held once.
+//   - Dead: the driver stops after its first line and never goes on; a
+//     retry waits for the recovery and answers the failed order within
+//     OrderRecoveryBound, nothing held.
+//
+// Seen failing before the drive outlived its caller and retries waited:
+// both retries answered OPERATION_IN_PROGRESS at once.
+func TestOrder_AbandonedRetry(t *testing.T) {
+	s := newStack(t, []string{"a", "b"}, "")
+	ctx := context.Background()
+	skus := []string{"aband-a", "aband-b", "aband-c"}
+	for _, sku := range skus {
+		s.createSKU(sku, 1, 10)
+	}
+	left, reached, dead := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var leave context.CancelFunc
+	driver := s.orderAllocator(false, func(o *stock.Order, line int) {
+		switch {
+		case o.IdempotencyKey == "aband-live" && line == 1:
+			leave() // the client abandons its request here
+			close(left)
+			time.Sleep(500 * time.Millisecond) // the driver still at work when the retry comes
+		case o.IdempotencyKey == "aband-dead" && line == 1:
+			close(reached)
+			<-dead // the driver "dies": it renews its lease no more
+		}
+	})
+	t.Cleanup(func() { close(dead) })
+	other := s.orderAllocator(true, nil)
+	// Each call has lines of its own, as each request has: the drive
+	// writes its reservations into them.
+	lines := []stock.OrderLine{{SKU: "aband-a", Quantity: 1}, {SKU: "aband-b", Quantity: 2}, {SKU: "aband-c", Quantity: 3}}
+
+	t.Run("Live", func(t *testing.T) {
+		var cctx context.Context
+		cctx, leave = context.WithCancel(ctx)
+		abandoned := make(chan error, 1)
+		go func() {
+			_, _, err := driver.ReserveOrder(cctx, &stock.Order{IdempotencyKey: "aband-live", Lines: slices.Clone(lines)})
+			abandoned <- err
+		}()
+		<-left
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		got, replayed, err := other.ReserveOrder(rctx, &stock.Order{IdempotencyKey: "aband-live", Lines: slices.Clone(lines)})
+		if err != nil || !replayed || got.State != stock.OrderHeld {
+			t.Fatalf("ReserveOrder(aband-live) retried while its driver works = %+v, %v, %v; want the order held, replayed", got, replayed, err)
+		}
+		if err := <-abandoned; stock.CodeOf(err) != stock.CodeOperationInProgress {
+			t.Errorf("the abandoned call answered %v, want OPERATION_IN_PROGRESS", err)
+		}
+		for _, l := range got.Lines {
+			if op := s.lineHeld(got.ID, l.SKU); op == nil || op.Quantity != l.Quantity || op.ReservationID != l.ReservationID {
+				t.Errorf("line %s holds %+v, want %d units under %s", l.SKU, op, l.Quantity, l.ReservationID)
+			}
+		}
+		if _, _, err := other.CommitOrder(ctx, got.ID); err != nil {
+			t.Fatalf("CommitOrder(%s) = %v", got.ID, err)
+		}
+		for _, l := range lines {
+			if c := s.counts(l.SKU); c.Sold != l.Quantity || c.Reserved != 0 {
+				t.Errorf("%s = %+v, want %d sold once, none held", l.SKU, c, l.Quantity)
+			}
+			s.balanced(l.SKU)
+		}
+	})
+
+	t.Run("Dead", func(t *testing.T) {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		go driver.ReserveOrder(dctx, &stock.Order{IdempotencyKey: "aband-dead", Lines: slices.Clone(lines)})
+		<-reached
+		start := time.Now()
+		rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer rcancel()
+		got, replayed, err := other.ReserveOrder(rctx, &stock.Order{IdempotencyKey: "aband-dead", Lines: slices.Clone(lines)})
+		took := time.Since(start)
+		if !replayed || got.State != stock.OrderFailed || stock.CodeOf(err) != stock.CodeShardUnavailable || took > allocator.OrderRecoveryBound {
+			t.Fatalf("ReserveOrder(aband-dead) retried = %+v, %v, %v after %s; want the failed order within %s", got, replayed, err, took, allocator.OrderRecoveryBound)
+		}
+		t.Logf("the retry answered the dead driver's order failed after %s", took.Round(time.Millisecond))
+		for _, sku := range skus {
+			if op := s.lineHeld(got.ID, sku); op != nil {
+				t.Errorf("line %s of the failed order still held", sku)
+			}
+		}
+	})
 }
 
 // TestOrder_Hostile: bad orders are refused with their codes before

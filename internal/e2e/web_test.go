@@ -62,7 +62,8 @@ func TestE2E_WebClients(t *testing.T) {
 // whose charts move and grow under a bounded load of deducts, live from
 // WatchStock (no GetStock sent); then it creates a SKU through the page,
 // deducts from the script, sees the bars move, pauses the SKU through the
-// page and sees it paused (web/test/dashboard.test.mjs). The screenshots
+// page and sees it paused, and sees a refund and an order's line labelled
+// in its ledger view (web/test/dashboard.test.mjs). The screenshots
 // go to the test's artifact directory (t.ArtifactDir: kept with go test
 // -artifacts), or to ARTIFACTS_DIR if set; the log names it.
 func TestE2E_Dashboard(t *testing.T) {

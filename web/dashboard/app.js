@@ -283,8 +283,24 @@ function render() {
   if (roots.length !== container.children.length || roots.some((r, i) => container.children[i] !== r)) container.replaceChildren(...roots);
   $("#ledger-sku").textContent = ledgerOf ? `of ${ledgerOf}` : "";
   $("#ledger tbody").replaceChildren(...ledgerTail.slice().reverse().map(({ entry: e }) => el("tr", {},
-    el("td", {}, String(e.id)), el("td", {}, String(e.shard)), el("td", {}, e.kind), el("td", {}, String(e.quantity)),
+    el("td", {}, String(e.id)), el("td", {}, String(e.shard)), el("td", {}, kindLabel(e)), el("td", {}, String(e.quantity)),
     el("td", {}, e.source), el("td", {}, e.createdAt ? new Date(Number(e.createdAt.seconds) * 1000).toLocaleTimeString() : ""))));
+}
+
+// orderLineKey is the prefix of an order line's derived key
+// (stock.OrderLineKey): its reserve, and the entries that end it, belong
+// to an order, not to a call of their own.
+const orderLineKey = "order-line:";
+
+// kindLabel is a ledger entry's kind as the ledger view shows it: a
+// refund names the sale it reverses (its original), an order line's entry
+// says so and names its order's reference.
+function kindLabel(e) {
+  if (e.kind === "refund") return e.original ? `refund of ${e.original}` : "refund";
+  if (e.source === "order" || (e.idempotencyKey || "").startsWith(orderLineKey)) {
+    return `${e.kind} (order line${e.orderRef ? ` ${e.orderRef}` : ""})`;
+  }
+  return e.kind;
 }
 
 function select(name) {

@@ -10,7 +10,8 @@
 // followed with fromNow), and it sends no GetStock (the stock comes from
 // WatchStock); then enter the token, create a SKU
 // through the page, deduct from this script, see the bars move, pause the
-// SKU through the page, see it paused (and a deduct refused), and save
+// SKU through the page, see a refund and an order's line labelled in its
+// ledger, see it paused (and a deduct refused), and save
 // screenshots.
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -148,6 +149,10 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     const box = `.sku[data-sku="${sku}"]`;
     await page.waitForSelector(`${box} [data-field=available]:text-is("100")`, { timeout });
     assert.equal(await page.locator(`${box} .shard`).count(), 4);
+    // Wait until its bars are drawn: on a loaded machine they were read 0
+    // wide just after its available read 100 (twice in two runs).
+    await page.waitForFunction((sel) => [...document.querySelectorAll(sel)].every((b) => b.getBoundingClientRect().width > 0),
+      `${box} .shard .available`, { timeout });
     const widthBefore = await page.locator(`${box} .shard .available`).evaluateAll((bars) => bars.map((b) => b.getBoundingClientRect().width));
 
     // Deduct from the script: the numbers and the bars move.
@@ -159,6 +164,27 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     const widthAfter = await page.locator(`${box} .shard .available`).evaluateAll((bars) => bars.map((b) => b.getBoundingClientRect().width));
     const sum = (a) => a.reduce((x, y) => x + y, 0);
     assert.ok(sum(widthAfter) < sum(widthBefore), `available bars ${widthBefore} -> ${widthAfter}: they did not shrink`);
+
+    // The ledger view labels a refund with the sale it reverses, and an
+    // order's line with the order's reference.
+    // The page follows the SKU's ledger from the moment it is selected
+    // (fromNow): deduct until an entry shows, so the stream is live
+    // before the refund and the order are made.
+    await page.click(`${box} h3 a`);
+    await page.waitForSelector(`#ledger-sku:text-is("of ${sku}")`, { timeout });
+    for (let i = 0; ; i++) {
+      await inv.deduct({ sku, quantity: 1n, idempotencyKey: `${sku}-live-${i}` });
+      try {
+        await page.waitForSelector("#ledger tbody tr", { timeout: 500 });
+        break;
+      } catch (err) {
+        if (i >= 20) throw err;
+      }
+    }
+    await inv.refund({ sku, idempotencyKey: `${sku}-refund`, original: { sale: { case: "deductKey", value: `${sku}-0` } }, quantity: 1n, reason: "payment failed" });
+    await inv.reserveOrder({ idempotencyKey: `${sku}-order`, orderRef: `${sku}-cart`, lines: [{ sku, quantity: 2n }] });
+    await page.waitForSelector(`#ledger tbody td:text-is("refund of deduct:${sku}-0")`, { timeout });
+    await page.waitForSelector(`#ledger tbody td:text-is("reserve (order line ${sku}-cart)")`, { timeout });
 
     // Pause through the page: shown paused, and a deduct is refused.
     await page.click(`${box} button[data-action=pause]`);
