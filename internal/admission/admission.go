@@ -71,6 +71,7 @@ type Service struct {
 	seller  Seller
 	metrics *metrics
 	memory  *memory
+	entries *entryGate
 	// AfterReserve, for tests, runs between a ticket's reserve and its
 	// mark: an error stops the admission there, as a crash would.
 	AfterReserve func(t *stock.Ticket) error
@@ -83,7 +84,7 @@ type Service struct {
 
 // New returns a Service; reg, when set, receives its metrics.
 func New(store Store, seller Seller, reg prometheus.Registerer) *Service {
-	return &Service{store: store, seller: seller, metrics: newMetrics(reg, store), memory: newMemory(), now: time.Now}
+	return &Service{store: store, seller: seller, metrics: newMetrics(reg, store), memory: newMemory(), entries: newEntryGate(), now: time.Now}
 }
 
 // TokenRequest is a RequestToken call.
@@ -138,10 +139,15 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 	if ad.Mode == stock.AdmissionDraw {
 		return s.register(ctx, r, sku)
 	}
+	leave, err := s.entries.enter(ctx, r.SKU)
+	if err != nil {
+		return Answer{}, err
+	}
 	t, replayed, err := s.store.EnterTicket(ctx, stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef},
 		paramsHash(r), ad.WaitlistMax, ad.TokensPerCustomer, func(ctx context.Context) (int64, bool, error) {
 			return s.seller.Availability(ctx, r.SKU)
 		})
+	leave()
 	if err != nil {
 		return Answer{}, err
 	}
