@@ -14,7 +14,7 @@ import (
 
 // TestDrop_Stack runs a tiny bounded drop against the dev stack (real
 // processes, its own database) and the in-memory ceiling's process: 20
-// units, 200 arrivals at 400 a second, a waitlist of 60, 10% released.
+// units, 100 arrivals at 400 a second, a waitlist of 30, 10% released.
 // Its counts must add up: exactly as many tokens as units in the answers,
 // every other arrival waitlisted or refused, the released units admitted
 // from the waitlist and bought, the SKU sold out with every other ticket
@@ -23,7 +23,7 @@ import (
 // command runs it and prints its lines.
 func TestDrop_Stack(t *testing.T) {
 	bin := buildStack(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var stderr bytes.Buffer
 	st, err := startStack(ctx, stackConfig{Bin: bin, ServerURL: pgtest.NewDB(t), BaselineConns: 1,
@@ -42,7 +42,7 @@ func TestDrop_Stack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const units, arrivals, waitlist, after = 20, 200, 60, 100
+	const units, arrivals, waitlist, after = 20, 100, 30, 50
 	cfg := drop.Config{RunID: "t" + randomHex(4), Units: units, Arrivals: arrivals, Rate: 400, Duration: 10 * time.Second,
 		Think: 100 * time.Millisecond, Release: 0.1, WaitlistMax: waitlist, After: after, Shards: 4}
 	rep, err := drop.Run(ctx, cfg, env)

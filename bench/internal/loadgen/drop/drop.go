@@ -63,6 +63,9 @@ const (
 	// stockPoll is how often a phase reads its SKU's stock, to find the
 	// last unit in a hold: the resolution of that time.
 	stockPoll = 20 * time.Millisecond
+	// pollAfterLoad bounds the poll for the last unit in a hold once every
+	// arrival is answered.
+	pollAfterLoad = 10 * time.Second
 )
 
 // Config is one drop.
@@ -470,9 +473,13 @@ func runPhase(ctx context.Context, cfg Config, env Env, sku string, call func(co
 	// nothing in transit is the last unit in a hold (a token, or a ticket
 	// admitted at once: a ticket may be answered while a unit is promised
 	// to a request in flight, docs/admission.md).
+	// It goes on for at most pollAfterLoad once the arrivals are all
+	// answered: a drop that ends within one poll (a few units, a fast
+	// machine) is still seen held, at the poll after its end.
 	polled := make(chan struct{})
 	go func() {
 		defer close(polled)
+		done, giveUp := loadDone, (<-chan time.Time)(nil)
 		for {
 			resp, err := env.Inv.GetStock(ctx, connect.NewRequest(&shardstockv1.GetStockRequest{Sku: sku}))
 			if err == nil && resp.Msg.GetStock().GetAvailable() == 0 && resp.Msg.GetStock().GetInTransit() == 0 {
@@ -484,7 +491,11 @@ func runPhase(ctx context.Context, cfg Config, env Env, sku string, call func(co
 				return
 			}
 			select {
-			case <-loadDone:
+			case <-done:
+				done, giveUp = nil, time.After(pollAfterLoad)
+			case <-giveUp:
+				return
+			case <-ctx.Done():
 				return
 			case <-time.After(stockPoll):
 			}
