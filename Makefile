@@ -58,7 +58,7 @@ test: web/node_modules ## build everything, then run all tests, bench/'s too (Po
 	fi; \
 	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
 	e2e_log="$$(mktemp)"; lock="$$(mktemp -d)"; trap 'rm -rf "$$e2e_log" "$$lock"' EXIT; \
-	go build -tags shardstock_failpoints -o "$$lock/e2e-bin/" ./cmd/shard ./cmd/allocator || exit 1; \
+	go build -tags shardstock_failpoints -o "$$lock/e2e-bin/" ./cmd/shard ./cmd/allocator ./cmd/stockctl || exit 1; \
 	export SHARDSTOCK_E2E_BIN="$$lock/e2e-bin"; \
 	take_tail() { \
 		rc=0; \

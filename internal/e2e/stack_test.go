@@ -67,6 +67,11 @@ func besideOthers(t *testing.T) {
 	t.Cleanup(func() { <-besideStacks }) // the first registered runs last: after the stack stops
 }
 
+// e2eCommands are the commands the tests run, built with the failpoints
+// into bin (the Makefile's test target builds the same list once for its
+// two runs of this package).
+var e2eCommands = []string{"shard", "allocator", "stockctl"}
+
 func TestMain(m *testing.M) {
 	if os.Getenv(etcdChildEnv) != "" {
 		os.Exit(etcdChild())
@@ -75,6 +80,12 @@ func TestMain(m *testing.M) {
 	// builds the commands once for both, as below, into the directory
 	// SHARDSTOCK_E2E_BIN names.
 	if dir := os.Getenv("SHARDSTOCK_E2E_BIN"); dir != "" && os.Getenv("SHARDSTOCK_E2E_RACE") != "1" {
+		for _, cmd := range e2eCommands {
+			if _, err := os.Stat(filepath.Join(dir, cmd)); err != nil {
+				fmt.Fprintf(os.Stderr, "e2e: SHARDSTOCK_E2E_BIN=%s lacks %s (the Makefile's test target builds ./cmd/%s there): %v\n", dir, cmd, strings.Join(e2eCommands, ", ./cmd/"), err)
+				os.Exit(1)
+			}
+		}
 		bin = dir
 		pgtest.Main(m)
 		return
@@ -91,7 +102,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv("SHARDSTOCK_E2E_RACE") == "1" {
 		args = append(args, "-race") // the processes report data races; cleanup fails the test on one
 	}
-	build := exec.Command("go", append(args, "../../cmd/shard", "../../cmd/allocator", "../../cmd/stockctl")...)
+	for _, cmd := range e2eCommands {
+		args = append(args, "../../cmd/"+cmd)
+	}
+	build := exec.Command("go", args...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: building the commands:", err)
