@@ -140,11 +140,20 @@ func (a *Allocator) awaitOrder(ctx context.Context, store OrderStore, o *stock.O
 }
 
 // answerOrder is the answer for an order as it is: a failed order's
-// refusal, an open one in progress.
+// refusal, an open one in progress. A failed order's end is definite even
+// when its cause's code is not (SHARD_UNAVAILABLE when a recovery failed
+// it): that code would tell the client to send the same key again, which
+// only answers the same; ORDER_FAILED says nothing is held and a new
+// attempt needs a new key.
 func (a *Allocator) answerOrder(o *stock.Order, replayed bool) (*stock.Order, bool, error) {
 	switch {
 	case o.State == stock.OrderFailed:
-		return o, replayed, &stock.Error{Code: o.FailCode, Message: o.Reason, Metadata: map[string]string{"sku": o.FailSKU, "order_id": o.ID}}
+		e := &stock.Error{Code: o.FailCode, Message: o.Reason, Metadata: map[string]string{"sku": o.FailSKU, "order_id": o.ID}}
+		if !e.Code.Definite() {
+			e.Metadata["cause"] = string(e.Code)
+			e.Code = stock.CodeOrderFailed
+		}
+		return o, replayed, e
 	case o.State.Open():
 		return o, replayed, errOrderLost
 	}

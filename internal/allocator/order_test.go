@@ -94,9 +94,10 @@ func TestOrder_AllOrNothing(t *testing.T) {
 				}
 				held[l.SKU] += l.Quantity
 			}
-		case code == stock.CodeOutOfStock || code == stock.CodeShardUnavailable:
+		case code == stock.CodeOutOfStock || code == stock.CodeShardUnavailable || code == stock.CodeOrderFailed:
 			// Refused whole: out of stock, or its stock kept moving
-			// (SHARD_UNAVAILABLE: a retry with the same key goes on).
+			// (SHARD_UNAVAILABLE: a retry with the same key goes on;
+			// ORDER_FAILED: a line's answer stayed unknown).
 			refused++
 			var e *stock.Error
 			if !errors.As(errs[c], &e) || !strings.HasPrefix(e.Metadata["sku"], "cart-") {
@@ -232,8 +233,8 @@ func TestOrder_CrashMidway(t *testing.T) {
 		}
 	}
 	retry, replayed, err := recovery.ReserveOrder(ctx, &stock.Order{IdempotencyKey: "crash-1", Lines: o.Lines})
-	if !replayed || retry.State != stock.OrderFailed || err == nil {
-		t.Errorf("ReserveOrder(crash-1) again = %+v, %v, %v; want the one outcome: failed, replayed", retry, replayed, err)
+	if !replayed || retry.State != stock.OrderFailed || stock.CodeOf(err) != stock.CodeOrderFailed {
+		t.Errorf("ReserveOrder(crash-1) again = %+v, %v, %v; want the one outcome: failed (ORDER_FAILED), replayed", retry, replayed, err)
 	}
 	close(wake)
 	a := <-driven
@@ -335,7 +336,7 @@ func TestOrder_AbandonedRetry(t *testing.T) {
 		defer rcancel()
 		got, replayed, err := other.ReserveOrder(rctx, &stock.Order{IdempotencyKey: "aband-dead", Lines: slices.Clone(lines)})
 		took := time.Since(start)
-		if !replayed || got.State != stock.OrderFailed || stock.CodeOf(err) != stock.CodeShardUnavailable || took > allocator.OrderRecoveryBound {
+		if !replayed || got.State != stock.OrderFailed || stock.CodeOf(err) != stock.CodeOrderFailed || took > allocator.OrderRecoveryBound {
 			t.Fatalf("ReserveOrder(aband-dead) retried = %+v, %v, %v after %s; want the failed order within %s", got, replayed, err, took, allocator.OrderRecoveryBound)
 		}
 		t.Logf("the retry answered the dead driver's order failed after %s", took.Round(time.Millisecond))

@@ -139,8 +139,8 @@ func TestOrder_CrashMidwayTwoDatabases(t *testing.T) {
 		}
 		t.Logf("the stopped order's lines, in two databases, were released and it failed %s after the driver stopped", took.Round(time.Millisecond))
 		retry, replayed, err := recovery.ReserveOrder(ctx, &stock.Order{IdempotencyKey: "cross-1", Lines: lines})
-		if !replayed || retry.ID != midway.ID || retry.State != stock.OrderFailed || err == nil {
-			t.Errorf("ReserveOrder(cross-1) again = %+v, %v, %v; want the one outcome: failed, replayed", retry, replayed, err)
+		if !replayed || retry.ID != midway.ID || retry.State != stock.OrderFailed || stock.CodeOf(err) != stock.CodeOrderFailed {
+			t.Errorf("ReserveOrder(cross-1) again = %+v, %v, %v; want the one outcome: failed (ORDER_FAILED), replayed", retry, replayed, err)
 		}
 		close(wake)
 		a := <-driven

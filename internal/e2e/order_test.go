@@ -136,8 +136,10 @@ func TestE2E_OrderDriverKilled(t *testing.T) {
 	// takes nothing.
 	for range 2 {
 		_, err := s.inv.ReserveOrder(ctx, connect.NewRequest(req))
-		if r, md := reason(err), errorMetadata(err); r != string(stock.CodeShardUnavailable) || md["order_id"] != orderID {
-			t.Errorf("ReserveOrder(killed-cart) again = %v (%s, %v); want the failed order %s's SHARD_UNAVAILABLE", err, r, md, orderID)
+		// ORDER_FAILED, definite: a retry that follows docs/api.md must not
+		// be told SHARD_UNAVAILABLE (send the same key again) for good.
+		if r, md := reason(err), errorMetadata(err); r != string(stock.CodeOrderFailed) || md["order_id"] != orderID || md["cause"] != string(stock.CodeShardUnavailable) {
+			t.Errorf("ReserveOrder(killed-cart) again = %v (%s, %v); want the failed order %s's ORDER_FAILED, cause SHARD_UNAVAILABLE", err, r, md, orderID)
 		}
 	}
 	for _, sku := range skus {

@@ -47,6 +47,11 @@ const (
 	// CodeOrderAlreadyApplied: the SKU applies an order_ref once per kind,
 	// and another key applied it already (the message names that key).
 	CodeOrderAlreadyApplied Code = "ORDER_ALREADY_APPLIED"
+	// CodeOrderFailed: the order ended failed, nothing of it held, for a
+	// cause whose own code would not say so (a recovery failed it after its
+	// driver stopped, or a line's answer stayed unknown): a new attempt
+	// needs a new key. ErrorInfo metadata `cause` keeps that code.
+	CodeOrderFailed Code = "ORDER_FAILED"
 	// CodeRefundExceedsSale: a refund would return more than its sale sold,
 	// counting the refunds of it before.
 	CodeRefundExceedsSale Code = "REFUND_EXCEEDS_SALE"
@@ -101,7 +106,7 @@ var Codes = []Code{
 	CodeIdempotencyKeyReused, CodeInvalidArgument, CodeCustomerRefRequired,
 	CodeSKUNotFound, CodeReservationNotFound, CodeOperationNotFound, CodeSaleNotFound, CodeOrderNotFound, CodeTicketNotFound,
 	CodeOutOfStock, CodeSKUPaused, CodeReservationExpired, CodeReservationAlreadyCommitted,
-	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeHoldLimitReached, CodeOrderAlreadyApplied,
+	CodeReservationAlreadyReleased, CodeCustomerLimitReached, CodeHoldLimitReached, CodeOrderAlreadyApplied, CodeOrderFailed,
 	CodeRefundExceedsSale, CodeSKUExists, CodeShardNotHalted,
 	CodeShardsRetiring, CodeSaleNotStarted, CodeSaleEnded, CodeTokenRequired, CodeWaitlistFull,
 	CodeOperationInProgress, CodeRebalanceInProgress, CodeMoveFenced, CodePlacementFull,

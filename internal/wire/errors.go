@@ -41,6 +41,7 @@ var connectCodes = map[stock.Code]connect.Code{
 	stock.CodeCustomerLimitReached:        connect.CodeFailedPrecondition,
 	stock.CodeHoldLimitReached:            connect.CodeFailedPrecondition,
 	stock.CodeOrderAlreadyApplied:         connect.CodeFailedPrecondition,
+	stock.CodeOrderFailed:                 connect.CodeFailedPrecondition,
 	stock.CodeRefundExceedsSale:           connect.CodeFailedPrecondition,
 	stock.CodeSaleNotFound:                connect.CodeNotFound,
 	stock.CodeOrderNotFound:               connect.CodeNotFound,

@@ -38,6 +38,7 @@ var domainCodes = []struct {
 	{stock.CodeCustomerLimitReached, connect.CodeFailedPrecondition},
 	{stock.CodeHoldLimitReached, connect.CodeFailedPrecondition},
 	{stock.CodeOrderAlreadyApplied, connect.CodeFailedPrecondition},
+	{stock.CodeOrderFailed, connect.CodeFailedPrecondition},
 	{stock.CodeRefundExceedsSale, connect.CodeFailedPrecondition},
 	{stock.CodeSaleNotFound, connect.CodeNotFound},
 	{stock.CodeOrderNotFound, connect.CodeNotFound},
