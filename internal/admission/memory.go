@@ -2,13 +2,10 @@ package admission
 
 import (
 	"context"
-	"hash/maphash"
-	"slices"
 	"sync"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
-
+	"github.com/shardstock/shardstock/internal/keyset"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -42,29 +39,14 @@ const (
 // such SKU, the hashes of every ticket's key, read under the SKU's
 // admission lock once no ticket was open (pending, waiting or registered).
 type memory struct {
-	seed maphash.Seed
+	keys *keyset.Sets
 
-	mu    sync.Mutex
-	sets  *lru.Cache[string, *ticketKeys] // evictions lower total
-	total int                             // hashes in sets
-	busy  map[string]time.Time            // SKUs whose keys are being read, since
-}
-
-// ticketKeys is a marked SKU's ticket keys, as sorted hashes.
-type ticketKeys struct {
-	rev    int64 // the mark's revision, seen before the read began
-	hashes []uint64
-	over   bool // more than ticketKeysMax keys: none kept
+	mu   sync.Mutex
+	busy map[string]time.Time // SKUs whose keys are being read, since
 }
 
 func newMemory() *memory {
-	m := &memory{seed: maphash.MakeSeed(), busy: map[string]time.Time{}}
-	sets, err := lru.NewWithEvict(ticketSKUsMax, func(_ string, k *ticketKeys) { m.total -= len(k.hashes) })
-	if err != nil {
-		panic(err) // only for a size below 1, which the constant rules out
-	}
-	m.sets = sets
-	return m
+	return &memory{keys: keyset.New(ticketSKUsMax, ticketKeysTotalMax), busy: map[string]time.Time{}}
 }
 
 // fromMemory reports whether a RequestToken of key for sku is refused
@@ -82,18 +64,12 @@ func (s *Service) fromMemory(sku *stock.SKU, key string) bool {
 	if !marked {
 		return false
 	}
-	m := s.memory
-	m.mu.Lock()
-	ks, _ := m.sets.Get(sku.Name)
-	m.mu.Unlock()
-	if ks == nil || ks.rev != rev {
+	ks := s.memory.keys.Get(sku.Name)
+	if ks == nil || ks.Rev != rev {
 		s.readKeys(sku.Name, rev)
 		return false
 	}
-	if ks.over {
-		return false
-	}
-	if _, found := slices.BinarySearch(ks.hashes, maphash.String(m.seed, key)); found {
+	if !ks.New(s.memory.keys, key) {
 		return false
 	}
 	s.metrics.memoryRefusals.Inc()
@@ -127,22 +103,10 @@ func (s *Service) readKeys(sku string, rev int64) {
 		ctx, cancel := context.WithTimeout(context.Background(), keyReadTimeout)
 		defer cancel()
 		hashes := []uint64{}
-		n, open, err := s.store.TicketKeys(ctx, sku, ticketKeysMax, func(k string) { hashes = append(hashes, maphash.String(m.seed, k)) })
+		n, open, err := s.store.TicketKeys(ctx, sku, ticketKeysMax, func(k string) { hashes = append(hashes, m.keys.Hash(k)) })
 		if err != nil || open {
 			return
 		}
-		ks := &ticketKeys{rev: rev, over: n > ticketKeysMax}
-		if !ks.over {
-			slices.Sort(hashes)
-			ks.hashes = hashes
-		}
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		m.sets.Remove(sku)
-		for m.total+len(ks.hashes) > ticketKeysTotalMax && m.sets.Len() > 0 {
-			m.sets.RemoveOldest()
-		}
-		m.sets.Add(sku, ks)
-		m.total += len(ks.hashes)
+		m.keys.Put(sku, rev, hashes, n > ticketKeysMax)
 	}()
 }

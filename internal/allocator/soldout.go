@@ -3,13 +3,10 @@ package allocator
 import (
 	"context"
 	"encoding/json"
-	"hash/maphash"
-	"slices"
 	"sync"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
-
+	"github.com/shardstock/shardstock/internal/keyset"
 	"github.com/shardstock/shardstock/internal/pause"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
@@ -42,32 +39,16 @@ const (
 // per marked SKU, the keys of every operation recorded before its mark.
 type memory struct {
 	marks *topology.SoldOut // nil: never answer from memory
-	seed  maphash.Seed
+	keys  *keyset.Sets
 
-	mu    sync.Mutex
-	sets  *lru.Cache[string, *keySet] // evictions lower total
-	total int                         // keys in sets
-	busy  map[string]time.Time        // jobs running ("mark" or "keys", NUL, SKU), since
-}
-
-// keySet is a marked SKU's keys, as hashes, read after its mark was seen.
-type keySet struct {
-	rev    int64    // the mark's revision
-	hashes []uint64 // sorted
-	over   bool     // more than soldOutKeysMax keys: none kept
+	mu   sync.Mutex
+	busy map[string]time.Time // jobs running ("mark" or "keys", NUL, SKU), since
 }
 
 func (m *memory) init(marks *topology.SoldOut) {
-	m.marks, m.seed = marks, maphash.MakeSeed()
+	m.marks, m.keys = marks, keyset.New(soldOutSKUsMax, soldOutKeysTotalMax)
 	m.busy = map[string]time.Time{}
-	sets, err := lru.NewWithEvict(soldOutSKUsMax, func(_ string, ks *keySet) { m.total -= len(ks.hashes) })
-	if err != nil {
-		panic(err) // only for a size below 1, which the constant rules out
-	}
-	m.sets = sets
 }
-
-func (m *memory) hash(key string) uint64 { return maphash.String(m.seed, key) }
 
 // fromMemory answers a reserve or deduct of a SKU marked sold out for good
 // whose key no operation of the SKU holds: the refusal the sold-out check
@@ -84,15 +65,12 @@ func (a *Allocator) fromMemory(r *stock.Request, sku *stock.SKU) (res stock.Resu
 	if !marked {
 		return stock.Result{}, false
 	}
-	ks, _ := m.sets.Get(sku.Name)
-	if ks == nil || ks.rev != rev {
+	ks := m.keys.Get(sku.Name)
+	if ks == nil || ks.Rev != rev {
 		a.readKeys(sku.Name, rev)
 		return stock.Result{}, false
 	}
-	if ks.over {
-		return stock.Result{}, false
-	}
-	if _, found := slices.BinarySearch(ks.hashes, m.hash(r.Key)); found {
+	if !ks.New(m.keys, r.Key) {
 		return stock.Result{}, false
 	}
 	a.metrics.memoryRefusals.Inc()
@@ -149,24 +127,12 @@ func (a *Allocator) readKeys(sku string, rev int64) {
 		ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
 		defer cancel()
 		hashes := []uint64{}
-		n, err := a.db.OperationKeys(ctx, sku, soldOutKeysMax, func(k string) { hashes = append(hashes, m.hash(k)) })
+		n, err := a.db.OperationKeys(ctx, sku, soldOutKeysMax, func(k string) { hashes = append(hashes, m.keys.Hash(k)) })
 		if err != nil {
 			a.log.Debug("sold-out keys not read", "sku", sku, "err", err)
 			return
 		}
-		ks := &keySet{rev: rev, over: n > soldOutKeysMax}
-		if !ks.over {
-			slices.Sort(hashes)
-			ks.hashes = hashes
-		}
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		m.sets.Remove(sku)
-		for m.total+len(ks.hashes) > soldOutKeysTotalMax && m.sets.Len() > 0 {
-			m.sets.RemoveOldest()
-		}
-		m.sets.Add(sku, ks)
-		m.total += len(ks.hashes)
+		m.keys.Put(sku, rev, hashes, n > soldOutKeysMax)
 	}()
 }
 
