@@ -116,8 +116,9 @@ measure() {
 	p99[$n]=-
 	if ((n > 0)); then
 		# The load's own window: loadgen says how long its setup and load took.
-		read -r from to < <(sed -n 's/.*setup \([0-9.]*\)s, load \([0-9.]*\)s.*/\1 \2/p' "$tmp/load-$n" |
-			awk -v t0="$t0" '{ printf "%.6f %.6f\n", t0 + $1, t0 + $1 + $2 }')
+		# Go prints a duration in ms below a second ("setup 981ms").
+		read -r from to < <(sed -n 's/.*setup \([0-9.]*m*s\), load \([0-9.]*m*s\).*/\1 \2/p' "$tmp/load-$n" |
+			awk -v t0="$t0" 'function sec(d) { return d ~ /ms$/ ? d / 1000 : d + 0 } { printf "%.6f %.6f\n", t0 + sec($1), t0 + sec($1) + sec($2) }')
 		cat "$tmp"/lag-* | awk -v from="${from:-0}" -v to="${to:-9e9}" '$1 >= from && $1 <= to { print $2 }' | sort -g >"$tmp/lags"
 		awk '{ v[NR] = $1 } END { printf "lag (s): p50 %.3f p99 %.3f max %.3f over %d entries received\n", v[int(NR*0.5)+1], v[int(NR*0.99)+1], v[NR], NR }' "$tmp/lags"
 		p99[$n]=$(awk '{ v[NR] = $1 } END { printf "%.3f", v[int(NR*0.99)+1] }' "$tmp/lags")
