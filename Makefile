@@ -61,21 +61,21 @@ test: web/node_modules ## build everything, then run all tests, bench/'s too (Po
 	go build -tags shardstock_failpoints -o "$$lock/e2e-bin/" ./cmd/shard ./cmd/allocator ./cmd/stockctl || exit 1; \
 	export SHARDSTOCK_E2E_BIN="$$lock/e2e-bin"; \
 	take_tail() { \
-		rc=0; \
+		tail_rc=0; \
 		for dir in $(TEST_SHARED_TAIL); do \
 			mkdir "$$lock/$$(echo "$$dir" | tr / _)" 2>/dev/null || continue; \
 			if [ "$$dir" = e2e-second ]; then \
 				echo "go test -count=1 -timeout 15m -run '^($(TEST_E2E_SECOND))$$' ./internal/e2e"; \
-				go test -count=1 -timeout 15m -run '^($(TEST_E2E_SECOND))$$' ./internal/e2e || rc=1; \
+				go test -count=1 -timeout 15m -run '^($(TEST_E2E_SECOND))$$' ./internal/e2e || tail_rc=1; \
 			elif [ -f "$$dir/go.mod" ]; then \
 				echo "(cd $$dir && go test -count=1 -p 1 -timeout 15m ./...)"; \
-				(cd "$$dir" && go test -count=1 -p 1 -timeout 15m ./...) || rc=1; \
+				(cd "$$dir" && go test -count=1 -p 1 -timeout 15m ./...) || tail_rc=1; \
 			else \
 				echo "go test -count=1 -timeout 15m ./$$dir"; \
-				go test -count=1 -timeout 15m "./$$dir" || rc=1; \
+				go test -count=1 -timeout 15m "./$$dir" || tail_rc=1; \
 			fi; \
 		done; \
-		return $$rc; \
+		return $$tail_rc; \
 	}; \
 	echo "DATABASE_URL= go test -count=1 -timeout 15m -skip '^($(TEST_E2E_SECOND))$$' ./internal/e2e (beside the rest)"; \
 	(export DATABASE_URL=; go test -count=1 -timeout 15m -skip '^($(TEST_E2E_SECOND))$$' ./internal/e2e; rc=$$?; take_tail || rc=1; exit $$rc) >"$$e2e_log" 2>&1 & e2e=$$!; \
