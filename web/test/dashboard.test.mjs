@@ -149,11 +149,13 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     const box = `.sku[data-sku="${sku}"]`;
     await page.waitForSelector(`${box} [data-field=available]:text-is("100")`, { timeout });
     assert.equal(await page.locator(`${box} .shard`).count(), 4);
-    // Wait until its bars are drawn: on a loaded machine they were read 0
-    // wide just after its available read 100 (twice in two runs).
-    await page.waitForFunction((sel) => [...document.querySelectorAll(sel)].every((b) => b.getBoundingClientRect().width > 0),
-      `${box} .shard .available`, { timeout });
-    const widthBefore = await page.locator(`${box} .shard .available`).evaluateAll((bars) => bars.map((b) => b.getBoundingClientRect().width));
+    // The bars' widths once all are drawn, read in the page in one go: read
+    // apart from the wait, they were read 0 wide (three CI runs).
+    const widths = (sel) => {
+      const ws = [...document.querySelectorAll(sel)].map((b) => b.getBoundingClientRect().width);
+      return ws.length > 0 && ws.every((w) => w > 0) ? ws : null;
+    };
+    const widthBefore = await (await page.waitForFunction(widths, `${box} .shard .available`, { timeout })).jsonValue();
 
     // Deduct from the script: the numbers and the bars move.
     for (let i = 0; i < 10; i++) {
@@ -161,9 +163,12 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     }
     await page.waitForSelector(`${box} [data-field=available]:text-is("70")`, { timeout });
     await page.waitForSelector(`${box} [data-field=sold]:text-is("30")`, { timeout });
-    const widthAfter = await page.locator(`${box} .shard .available`).evaluateAll((bars) => bars.map((b) => b.getBoundingClientRect().width));
     const sum = (a) => a.reduce((x, y) => x + y, 0);
-    assert.ok(sum(widthAfter) < sum(widthBefore), `available bars ${widthBefore} -> ${widthAfter}: they did not shrink`);
+    const shrunk = await page.waitForFunction(([sel, before]) => {
+      const ws = [...document.querySelectorAll(sel)].map((b) => b.getBoundingClientRect().width);
+      return ws.reduce((x, y) => x + y, 0) < before ? ws : null;
+    }, [`${box} .shard .available`, sum(widthBefore)], { timeout }).catch(() => null);
+    assert.ok(shrunk, `available bars ${widthBefore}: they did not shrink`);
 
     // The ledger view labels a refund with the sale it reverses, and an
     // order's line with the order's reference.
