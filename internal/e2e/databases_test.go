@@ -29,12 +29,7 @@ func TestE2E_TwoDatabases(t *testing.T) {
 	ctx := context.Background()
 	clusters := map[string]*pgcluster.Cluster{}
 	for _, name := range []string{stock.DefaultDatabase, "second"} {
-		c, err := pgcluster.Start(ctx, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Stop() })
-		clusters[name] = c
+		clusters[name] = startCluster(ctx, t)
 	}
 	s := newStackOpts(t, stackOpts{shardServers: 2, dbURL: clusters["main"].URL(),
 		env: []string{"SHARDSTOCK_DATABASES=second=" + clusters["second"].URL()}})

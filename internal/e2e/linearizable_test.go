@@ -19,7 +19,6 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/internal/faultproxy"
 	"github.com/shardstock/shardstock/internal/freeport"
-	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
 )
@@ -89,11 +88,7 @@ const (
 func TestE2E_LinearizableUnderFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
 	defer cancel()
-	pg, err := pgcluster.Start(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Stop() })
+	pg := startCluster(ctx, t)
 	const sku = "linear"
 	// s3 registers the address of a fault-injecting proxy: its calls are
 	// cut once delivered, while it may still be deciding them.

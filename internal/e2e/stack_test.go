@@ -22,6 +22,7 @@ import (
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/auth/authtest"
 	"github.com/shardstock/shardstock/internal/etcdtest"
+	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -65,6 +66,18 @@ func besideOthers(t *testing.T) {
 	t.Parallel()
 	besideStacks <- struct{}{}
 	t.Cleanup(func() { <-besideStacks }) // the first registered runs last: after the stack stops
+}
+
+// startCluster starts a throwaway Postgres cluster of the test's own (for a
+// test that crashes or stops it), stopped when the test ends.
+func startCluster(ctx context.Context, t *testing.T) *pgcluster.Cluster {
+	t.Helper()
+	c, err := pgcluster.Start(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	return c
 }
 
 // e2eCommands are the commands the tests run, built with the failpoints

@@ -21,7 +21,6 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
-	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/readiness"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/transport"
@@ -133,11 +132,7 @@ type tokCustomer struct {
 func TestE2E_TokensUnderFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), tokRunTimeout)
 	defer cancel()
-	pg, err := pgcluster.Start(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Stop() })
+	pg := startCluster(ctx, t)
 	const sku = "tokfault"
 	s := newStackOpts(t, stackOpts{shardServers: 3, dbURL: pg.URL()})
 	s.createSKU(sku, tokStock, 4, func(m *v1.CreateSkuRequest) {
