@@ -17,9 +17,9 @@ const entryStripes = 64
 // second connection under it (EnterTicket's free). A crowd whose entries
 // all waited on that lock in Postgres would hold every connection of the
 // pool, leaving none for the holder's read: the holder and its waiters
-// then wait on each other until their timeouts, a second or more each
-// (TestDrop_Stack saw 20 tokens take 42 s). Waiting here takes no
-// connection, and the lock sees at most one entry of a SKU per process.
+// then wait on each other until their timeouts (docs/admission.md).
+// Waiting here takes no connection, and the lock sees at most one entry of
+// a SKU per process.
 type entryGate struct {
 	stripes [entryStripes]chan struct{}
 }
