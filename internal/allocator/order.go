@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
+	"github.com/shardstock/shardstock/internal/failpoint"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -168,7 +170,7 @@ func (a *Allocator) holdLines(ctx context.Context, store OrderStore, o *stock.Or
 		if a.orderHook != nil {
 			a.orderHook(o, i)
 		}
-		lineFailpoint(i)
+		failpoint.Stop("order-line-" + strconv.Itoa(i)) // after i lines are held
 		// The lease is renewed just before each line: once a recovery took
 		// the order over, this driver takes no more.
 		if ok, err := store.SetOrder(ctx, o, stock.OrderPending, drv, orderLeaseTTL, false); err != nil || !ok {

@@ -109,7 +109,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = dir
-	// The failpoints (internal/rebalance/failpoint_on.go) are inert unless
+	// The failpoints (internal/failpoint) are inert unless
 	// a test sets their variable in a process's environment.
 	args := []string{"build", "-tags", "shardstock_failpoints", "-o", dir + "/"}
 	if os.Getenv("SHARDSTOCK_E2E_RACE") == "1" {

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardstock/shardstock/internal/failpoint"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 )
@@ -94,7 +95,11 @@ func (r *Rebalancer) runMoves(ctx context.Context, h *moveHold, moves []Move, po
 // debit its source through the source's writer, credit its destination
 // through the destination's. A move cut off after the debit is completed by
 // the next mover or the shard servers' sweep; the units count as in transit
-// meanwhile. It returns the transfer as far as it got.
+// meanwhile. It returns the transfer as far as it got. Its failpoints
+// (the end-to-end tests kill the allocator there): "before-create" (the
+// move lease held and its fence raised, nothing written), "created" (the
+// transfer pending), "debited" (the units in transit), "credited" (the
+// destination credited, the lease still held).
 func (r *Rebalancer) transfer(ctx context.Context, h *moveHold, m Move, policy Policy, source string) (*stock.Transfer, error) {
 	t := &stock.Transfer{ID: stock.NewTransferID(), SKU: h.sku, From: m.From, To: m.To, Quantity: m.Quantity,
 		FenceToken: h.token, Reason: string(policy)}
@@ -102,14 +107,14 @@ func (r *Rebalancer) transfer(ctx context.Context, h *moveHold, m Move, policy P
 		r.metrics.transfersEnded.WithLabelValues("lease_lost").Inc()
 		return t, stock.Errorf(stock.CodeMoveFenced, "the move lease of %s was lost", h.sku)
 	}
-	failpoint("before-create")
+	failpoint.Pause("before-create")
 	if err := r.db.CreateTransfer(ctx, t); err != nil {
 		r.metrics.transfersEnded.WithLabelValues(reasonOf(err)).Inc()
 		return t, err
 	}
 	t.State = stock.TransferPending
 	r.metrics.transfersStarted.WithLabelValues(string(policy)).Inc()
-	failpoint("created")
+	failpoint.Pause("created")
 	out := r.exec(ctx, &stock.Request{Kind: stock.OpTransferOut, Shard: stock.ShardKey{SKU: h.sku, Index: m.From}, TransferID: t.ID, Source: source})
 	if out.Err != nil {
 		if out.Err.Code == stock.CodeOutOfStock || out.Err.Code == stock.CodeMoveFenced {
@@ -120,7 +125,7 @@ func (r *Rebalancer) transfer(ctx context.Context, h *moveHold, m Move, policy P
 	}
 	t.State = stock.TransferDebited
 	r.metrics.inTransit.Add(float64(m.Quantity))
-	failpoint("debited")
+	failpoint.Pause("debited")
 	in := r.exec(ctx, &stock.Request{Kind: stock.OpTransferIn, Shard: stock.ShardKey{SKU: h.sku, Index: m.To}, TransferID: t.ID, Source: source})
 	r.metrics.inTransit.Sub(float64(m.Quantity))
 	if in.Err != nil {
@@ -130,7 +135,7 @@ func (r *Rebalancer) transfer(ctx context.Context, h *moveHold, m Move, policy P
 	t.State = stock.TransferCredited
 	r.metrics.transfersEnded.WithLabelValues("credited").Inc()
 	r.metrics.unitsMoved.Add(float64(m.Quantity))
-	failpoint("credited")
+	failpoint.Pause("credited")
 	return t, nil
 }
 
