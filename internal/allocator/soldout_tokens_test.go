@@ -25,10 +25,10 @@ type countingTickets struct {
 
 var _ admission.Store = (*countingTickets)(nil)
 
-func (c *countingTickets) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, waitlistMax, perCustomer int64,
-	free func(context.Context) (int64, bool, error)) (*stock.Ticket, bool, error) {
+func (c *countingTickets) EnterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
+	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
 	c.queries.Add(1)
-	return c.db.EnterTicket(ctx, t, params, waitlistMax, perCustomer, free)
+	return c.db.EnterTickets(ctx, sku, entries, waitlistMax, perCustomer, free)
 }
 func (c *countingTickets) WaitTicket(ctx context.Context, id string, waitlistMax int64) (*stock.Ticket, error) {
 	c.queries.Add(1)
@@ -42,9 +42,9 @@ func (c *countingTickets) ClaimTicket(ctx context.Context, id string) (bool, err
 	c.queries.Add(1)
 	return c.db.ClaimTicket(ctx, id)
 }
-func (c *countingTickets) AdmitTicket(ctx context.Context, id, tokenID string, expiresAt time.Time, direct bool) (*stock.Ticket, error) {
+func (c *countingTickets) AdmitTickets(ctx context.Context, marks []stock.TicketMark) ([]*stock.Ticket, error) {
 	c.queries.Add(1)
-	return c.db.AdmitTicket(ctx, id, tokenID, expiresAt, direct)
+	return c.db.AdmitTickets(ctx, marks)
 }
 func (c *countingTickets) CancelTicket(ctx context.Context, id string) (*stock.Ticket, error) {
 	c.queries.Add(1)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"math"
 	"time"
 
@@ -44,94 +46,304 @@ func lockAdmission(ctx context.Context, tx pgx.Tx, sku string) error {
 	return err
 }
 
-// EnterTicket records a request for a token of t.SKU, or answers the one
-// already recorded under its key (replayed; IDEMPOTENCY_KEY_REUSED if its
-// parameters differ). A new ticket is PENDING (its request may reserve at
-// once) while no ticket waits, else WAITING, or refused WAITLIST_FULL at
-// waitlistMax; CUSTOMER_LIMIT_REACHED once the customer has perCustomer
-// tickets pending, waiting, or admitted with a token whose recorded expiry
-// has not passed (0: no limit): a lapsed token frees its place, and what a
+// EnterTickets records a batch of requests for tokens of sku, in the
+// batch's order, or answers the ticket already recorded under an entry's
+// key (replayed; IDEMPOTENCY_KEY_REUSED if its parameters differ; a key
+// twice in the batch: the later ones answer the first's outcome as a
+// replay). A new ticket is PENDING (its request may reserve at once) while
+// no ticket waits, else WAITING, or refused WAITLIST_FULL at waitlistMax;
+// CUSTOMER_LIMIT_REACHED once the customer has perCustomer tickets
+// pending, waiting, or admitted with a token whose recorded expiry has not
+// passed (0: no limit): a lapsed token frees its place, and what a
 // customer buys in all is the SKU's customer_limit's (docs/admission.md,
-// "Per customer"). free, called only
-// while no ticket waits, reads the units the SKU has available and whether
-// it is sold out for good (then OUT_OF_STOCK, and nothing is recorded): a new
-// ticket also waits when the requests in flight ask for them all already,
-// so that a crowd's requests do not all reach the shards for the same
-// units (the worker admits the waiting ones as soon as they fit).
+// "Per customer"). free, called only while no ticket waits, reads the
+// units the SKU has available and whether it is sold out for good (then
+// OUT_OF_STOCK, and nothing is recorded): a new ticket also waits when the
+// requests in flight ask for them all already, so that a crowd's requests
+// do not all reach the shards for the same units (the worker admits the
+// waiting ones as soon as they fit).
 //
-// The replay and a full waitlist are answered without the SKU's lock: a
+// The replays and a full waitlist are answered without the SKU's lock: a
 // key once recorded stays, and a waitlist seen full in a snapshot was full
-// at that moment of the request. Under the lock, four round trips: the
-// lock, the counts, the insert and the commit.
-func (db *DB) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, waitlistMax, perCustomer int64,
-	free func(context.Context) (int64, bool, error)) (*stock.Ticket, bool, error) {
+// at that moment of the request. Under the lock, whatever the batch's
+// length: the lock with the counts (one round trip), the stock read (free,
+// on a connection of its own), the insert of every new ticket (one
+// statement) and the commit. The error is the batch's (the database);
+// each entry's refusal is its own.
+func (db *DB) EnterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
+	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	if got, err := db.replayTicket(ctx, db.pool, t, params); got != nil || err != nil {
-		return got, got != nil, err
+	// A key twice in the batch is entered once: the first decides.
+	first := make(map[string]int, len(entries))
+	var unique []stock.TicketEntry
+	for _, e := range entries {
+		if _, ok := first[e.Ticket.IdempotencyKey]; !ok {
+			first[e.Ticket.IdempotencyKey] = len(unique)
+			unique = append(unique, e)
+		}
+	}
+	got, err := db.enterTickets(ctx, sku, unique, waitlistMax, perCustomer, free)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]stock.TicketEntered, len(entries))
+	seen := make(map[string]bool, len(unique))
+	for i, e := range entries {
+		j := first[e.Ticket.IdempotencyKey]
+		out[i] = got[j]
+		switch {
+		case !seen[e.Ticket.IdempotencyKey]:
+			seen[e.Ticket.IdempotencyKey] = true
+		case !bytes.Equal(e.Params, unique[j].Params):
+			out[i] = stock.TicketEntered{Err: stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")}
+		case out[i].Ticket != nil:
+			out[i].Replayed = true
+		}
+	}
+	return out, nil
+}
+
+// enterTickets is EnterTickets of entries with distinct keys.
+func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
+	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
+	out := make([]stock.TicketEntered, len(entries))
+	fresh, err := db.replayTickets(ctx, sku, entries, out)
+	if err != nil || len(fresh) == 0 {
+		return out, err
+	}
+	refuse := func(err error) ([]stock.TicketEntered, error) {
+		for _, i := range fresh {
+			out[i].Err = err
+		}
+		return out, nil
 	}
 	var queued int64
-	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued, t.SKU).Scan(&queued); err != nil {
-		return nil, false, err
+	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued, sku).Scan(&queued); err != nil {
+		return nil, err
 	}
 	if queued > 0 && queued >= waitlistMax {
-		return nil, false, stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", t.SKU)
-	}
-	available := int64(math.MaxInt64)
-	if queued == 0 {
-		n, gone, err := free(ctx)
-		if err != nil {
-			return nil, false, err
-		}
-		if gone {
-			// Sold out for good when read: nothing can come back to a
-			// ticket but a replenish.
-			return nil, false, stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", t.SKU)
-		}
-		available = n
+		return refuse(stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", sku))
 	}
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := lockAdmission(ctx, tx, t.SKU); err != nil {
-		return nil, false, err
+	var customers []string
+	if perCustomer > 0 {
+		for _, i := range fresh {
+			if c := entries[i].Ticket.CustomerRef; c != "" {
+				customers = append(customers, c)
+			}
+		}
 	}
-	var held, inFlight int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE `+sqlQueued+`),
-			count(*) FILTER (WHERE $2 <> '' AND customer_ref = $2 AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now())),
-			coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
-		FROM admission_tickets WHERE sku = $1 AND (state IN ('pending', 'waiting') OR ($2 <> '' AND customer_ref = $2))`, t.SKU, t.CustomerRef).
-		Scan(&queued, &held, &inFlight); err != nil {
-		return nil, false, err
+	held, queued, inFlight, err := lockAndCount(ctx, tx, sku, customers)
+	if err != nil {
+		return nil, err
 	}
-	if perCustomer > 0 && held >= perCustomer {
-		return nil, false, stock.Errorf(stock.CodeCustomerLimitReached, "customer %q holds the sku's tokens_per_customer", t.CustomerRef)
-	}
-	t.State = stock.TicketPending
-	if queued == 0 && inFlight+t.Quantity > available {
-		// It would wait only for the units read before the lock: read
-		// them again under it. A SKU sold out for good since then records
-		// nothing, so that once it is marked sold out no ticket can start
-		// to wait (RequestToken's answer from memory relies on it).
+	available := int64(math.MaxInt64)
+	if queued == 0 {
+		// Read after the counts, under the lock: a reserve in flight is
+		// then counted in the units in flight, or has taken its units
+		// from those read, or both, never neither, so that the tickets
+		// decided PENDING below fit what is free. A SKU sold out for good
+		// records nothing, so that once it is marked sold out no ticket
+		// can start to wait (RequestToken's answer from memory relies on
+		// it).
 		n, gone, err := free(ctx)
 		if err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		if gone {
-			return nil, false, stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", t.SKU)
+			return refuse(stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", sku))
 		}
 		available = n
 	}
-	if queued > 0 || inFlight+t.Quantity > available {
-		if queued >= waitlistMax {
-			return nil, false, stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", t.SKU)
+	// Each new entry decided in the batch's order, as if each had taken
+	// the lock in turn: the counts move with every ticket recorded.
+	var tickets []stock.Ticket
+	var entered []int
+	for _, i := range fresh {
+		t := entries[i].Ticket
+		t.SKU, t.State = sku, stock.TicketPending
+		switch {
+		case perCustomer > 0 && t.CustomerRef != "" && held[t.CustomerRef] >= perCustomer:
+			out[i].Err = stock.Errorf(stock.CodeCustomerLimitReached, "customer %q holds the sku's tokens_per_customer", t.CustomerRef)
+			continue
+		case queued == 0 && inFlight+t.Quantity <= available:
+			inFlight += t.Quantity
+		case queued >= waitlistMax:
+			out[i].Err = stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", sku)
+			continue
+		default:
+			t.State, t.Position = stock.TicketWaiting, queued
+			queued++
 		}
-		t.State, t.Position = stock.TicketWaiting, queued
+		held[t.CustomerRef]++
+		t.ID = newTicketID()
+		tickets = append(tickets, t)
+		entered = append(entered, i)
 	}
-	t.ID = newTicketID()
-	return db.insertTicket(ctx, tx, t, params)
+	if len(tickets) == 0 {
+		return out, nil
+	}
+	if err := db.insertTickets(ctx, tx, tickets, entries, entered, out); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// replayTickets answers, in out, the entries whose key has a ticket (one
+// read of the batch's keys), and returns the indexes of the others.
+func (db *DB) replayTickets(ctx context.Context, sku string, entries []stock.TicketEntry, out []stock.TicketEntered) ([]int, error) {
+	keys := make([]string, len(entries))
+	for i, e := range entries {
+		keys[i] = e.Ticket.IdempotencyKey
+	}
+	rows, err := db.pool.Query(ctx, `SELECT `+sqlTicketColumns+`, params_hash FROM admission_tickets
+		WHERE sku = $1 AND idempotency_key = ANY($2)`, sku, keys)
+	if err != nil {
+		return nil, err
+	}
+	type found struct {
+		t    *stock.Ticket
+		hash []byte
+	}
+	byKey, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (found, error) {
+		var f found
+		var err error
+		f.t, err = scanTicket(rowWithHash{r, &f.hash})
+		return f, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	recorded := make(map[string]found, len(byKey))
+	for _, f := range byKey {
+		recorded[f.t.IdempotencyKey] = f
+	}
+	var fresh []int
+	for i, e := range entries {
+		f, ok := recorded[e.Ticket.IdempotencyKey]
+		switch {
+		case !ok:
+			fresh = append(fresh, i)
+		case !bytes.Equal(f.hash, e.Params):
+			out[i].Err = stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")
+		default:
+			if f.t.Position, err = position(ctx, db.pool, f.t); err != nil {
+				return nil, err
+			}
+			out[i] = stock.TicketEntered{Ticket: f.t, Replayed: true}
+		}
+	}
+	return fresh, nil
+}
+
+// lockAndCount takes sku's admission lock in tx and reads, under it, in
+// one round trip: the tickets queued, the units asked for by the
+// requests in flight (pending, not claimed), and the tickets that count
+// against each of customers' tokens_per_customer.
+func lockAndCount(ctx context.Context, tx pgx.Tx, sku string, customers []string) (held map[string]int64, queued, inFlight int64, err error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended('admission:' || $1, 0))`, sku)
+	b.Queue(`SELECT count(*) FILTER (WHERE `+sqlQueued+`),
+			coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
+		FROM admission_tickets WHERE sku = $1 AND state IN ('pending', 'waiting')`, sku)
+	if len(customers) > 0 {
+		b.Queue(`SELECT customer_ref, count(*) FROM admission_tickets WHERE sku = $1 AND customer_ref = ANY($2)
+			AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now()) GROUP BY customer_ref`, sku, customers)
+	}
+	res := tx.SendBatch(ctx, b)
+	defer res.Close()
+	if _, err := res.Exec(); err != nil {
+		return nil, 0, 0, err
+	}
+	if err := res.QueryRow().Scan(&queued, &inFlight); err != nil {
+		return nil, 0, 0, err
+	}
+	held = map[string]int64{}
+	if len(customers) > 0 {
+		rows, err := res.Query()
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		for rows.Next() {
+			var c string
+			var n int64
+			if err := rows.Scan(&c, &n); err != nil {
+				rows.Close()
+				return nil, 0, 0, err
+			}
+			held[c] = n
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, 0, 0, err
+		}
+	}
+	return held, queued, inFlight, res.Close()
+}
+
+// insertTickets writes tickets (their ids and states set; tickets[j] is
+// entries[entered[j]]) in tx, one statement in the batch's order (so their
+// seq is that order), and answers them in out: each as recorded, or, when
+// its key entered meanwhile through another allocator, that ticket,
+// replayed.
+func (db *DB) insertTickets(ctx context.Context, tx pgx.Tx, tickets []stock.Ticket, entries []stock.TicketEntry, entered []int, out []stock.TicketEntered) error {
+	n := len(tickets)
+	ids, qs, keys, params, customers, states := make([]string, n), make([]int64, n), make([]string, n), make([][]byte, n), make([]string, n), make([]string, n)
+	for j, t := range tickets {
+		ids[j], qs[j], keys[j], params[j], customers[j], states[j] = t.ID, t.Quantity, t.IdempotencyKey, entries[entered[j]].Params, t.CustomerRef, string(t.State)
+	}
+	rows, err := tx.Query(ctx, `INSERT INTO admission_tickets (ticket_id, sku, quantity, idempotency_key, params_hash, customer_ref, state)
+		SELECT u.id, $1, u.q, u.k, u.p, u.c, u.s
+		FROM unnest($2::text[], $3::bigint[], $4::text[], $5::bytea[], $6::text[], $7::text[]) WITH ORDINALITY AS u(id, q, k, p, c, s, n)
+		ORDER BY u.n
+		ON CONFLICT (sku, idempotency_key) DO NOTHING RETURNING ticket_id, seq, created_at`,
+		tickets[0].SKU, ids, qs, keys, params, customers, states)
+	if err != nil {
+		return err
+	}
+	type inserted struct {
+		seq     int64
+		created time.Time
+	}
+	got := make(map[string]inserted, n)
+	var id string
+	var in inserted
+	_, err = pgx.ForEachRow(rows, []any{&id, &in.seq, &in.created}, func() error { got[id] = in; return nil })
+	if err != nil {
+		return err
+	}
+	for j := range tickets {
+		t, i := tickets[j], entered[j]
+		in, ok := got[t.ID]
+		if ok {
+			t.Seq, t.CreatedAt = in.seq, in.created
+			out[i] = stock.TicketEntered{Ticket: &t}
+			continue
+		}
+		// Entered meanwhile under the same key (its allocator took the
+		// lock first, after this batch read its keys). The counts above
+		// took it for new: a later ticket's position may be one too high.
+		replay, err := db.replayTicket(ctx, tx, t, entries[i].Params)
+		switch {
+		case replay != nil:
+			out[i] = stock.TicketEntered{Ticket: replay, Replayed: true}
+		case err == nil:
+			return fmt.Errorf("postgres: ticket key %q conflicted and was not found", t.IdempotencyKey)
+		case errors.As(err, new(*stock.Error)):
+			out[i].Err = err
+		default:
+			return err
+		}
+	}
+	return nil
 }
 
 // insertTicket writes t (its id and state set) in tx and commits: the
@@ -289,21 +501,66 @@ func (db *DB) ticketTx(ctx context.Context, id string, f func(context.Context, p
 	return t, nil
 }
 
-// AdmitTicket marks a PENDING or WAITING ticket ADMITTED with its token (a
-// reservation taken with the ticket's key). Admitting a ticket admitted
-// with the same token already is a replay; a ticket that ended otherwise
-// (cancelled, sold out) is answered as it ended, and the caller gives the
-// token back.
-func (db *DB) AdmitTicket(ctx context.Context, id, tokenID string, expiresAt time.Time, direct bool) (*stock.Ticket, error) {
-	return db.ticketTx(ctx, id, func(ctx context.Context, tx pgx.Tx, t *stock.Ticket) error {
-		if t.State != stock.TicketPending && t.State != stock.TicketWaiting {
-			return nil
+// AdmitTickets marks each PENDING or WAITING ticket of marks ADMITTED
+// with its token (a reservation taken with the ticket's key), in one
+// statement, and answers each ticket as it is then (nil: no such ticket).
+// Admitting a ticket admitted with the same token already is a replay; a
+// ticket that ended otherwise (cancelled, sold out) is answered as it
+// ended, and the caller gives the token back. No admission lock: each
+// mark is one row's change from pending or waiting, which the row's lock
+// serialises with a cancel, and which moves no count an entry decides on
+// but the units in flight, which the token's reserve already holds.
+func (db *DB) AdmitTickets(ctx context.Context, marks []stock.TicketMark) ([]*stock.Ticket, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	n := len(marks)
+	ids, tokens, exps, directs := make([]string, n), make([]string, n), make([]time.Time, n), make([]bool, n)
+	for i, m := range marks {
+		ids[i], tokens[i], exps[i], directs[i] = m.ID, m.TokenID, m.ExpiresAt, m.Direct
+	}
+	rows, err := db.pool.Query(ctx, `UPDATE admission_tickets SET state = 'admitted', token_id = u.tok, expires_at = u.exp, direct = u.dir, updated_at = now()
+		FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bool[]) AS u(id, tok, exp, dir)
+		WHERE ticket_id = u.id AND state IN ('pending', 'waiting')
+		RETURNING `+sqlTicketColumns, ids, tokens, exps, directs)
+	if err != nil {
+		return nil, err
+	}
+	admitted, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]*stock.Ticket, n)
+	for _, t := range admitted {
+		byID[t.ID] = t
+	}
+	var rest []string
+	for _, id := range ids {
+		if byID[id] == nil {
+			rest = append(rest, id)
 		}
-		t.State, t.TokenID, t.ExpiresAt, t.Direct = stock.TicketAdmitted, tokenID, expiresAt, direct
-		_, err := tx.Exec(ctx, `UPDATE admission_tickets SET state = 'admitted', token_id = $2, expires_at = $3, direct = $4, updated_at = now()
-			WHERE ticket_id = $1`, id, tokenID, expiresAt, direct)
-		return err
-	})
+	}
+	if len(rest) > 0 {
+		// Admitted before (a replay), or ended otherwise: as they are.
+		rows, err := db.pool.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets WHERE ticket_id = ANY($1)`, rest)
+		if err != nil {
+			return nil, err
+		}
+		others, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range others {
+			if t.Position, err = position(ctx, db.pool, t); err != nil {
+				return nil, err
+			}
+			byID[t.ID] = t
+		}
+	}
+	out := make([]*stock.Ticket, n)
+	for i, id := range ids {
+		out[i] = byID[id]
+	}
+	return out, nil
 }
 
 // CancelTicket takes a PENDING or WAITING ticket out of the waitlist, or a
