@@ -65,7 +65,9 @@ func lockAdmission(ctx context.Context, tx pgx.Tx, sku string) error {
 //
 // The replays and a full waitlist are answered without the SKU's lock: a
 // key once recorded stays, and a waitlist seen full in a snapshot was full
-// at that moment of the request. Under the lock, whatever the batch's
+// at that moment of the request. The keys are read again under the lock:
+// one entered meanwhile through another allocator is a replay, not a new
+// ticket refused for its own customer's limit. Under the lock, whatever the batch's
 // length: the lock with the counts (one round trip), the stock read (free,
 // on a connection of its own), the insert of every new ticket (one
 // statement) and the commit. The error is the batch's (the database);
@@ -108,7 +110,24 @@ func (db *DB) EnterTickets(ctx context.Context, sku string, entries []stock.Tick
 func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
 	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
 	out := make([]stock.TicketEntered, len(entries))
-	fresh, err := db.replayTickets(ctx, sku, entries, out)
+	all := make([]int, len(entries))
+	for i := range all {
+		all[i] = i
+	}
+	// Without the lock, one round trip: the replays and the waitlist.
+	b := &pgx.Batch{}
+	queueKeys(b, sku, entries, all)
+	b.Queue(`SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued, sku)
+	res := db.pool.SendBatch(ctx, b)
+	recorded, err := scanKeyed(res)
+	var queued int64
+	if err == nil {
+		err = res.QueryRow().Scan(&queued)
+	}
+	if err := errors.Join(err, res.Close()); err != nil {
+		return nil, err
+	}
+	fresh, err := answerReplays(ctx, db.pool, entries, all, recorded, out)
 	if err != nil || len(fresh) == 0 {
 		return out, err
 	}
@@ -118,10 +137,6 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 		}
 		return out, nil
 	}
-	var queued int64
-	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued, sku).Scan(&queued); err != nil {
-		return nil, err
-	}
 	if queued > 0 && queued >= waitlistMax {
 		return refuse(stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", sku))
 	}
@@ -130,17 +145,15 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	var customers []string
-	if perCustomer > 0 {
-		for _, i := range fresh {
-			if c := entries[i].Ticket.CustomerRef; c != "" {
-				customers = append(customers, c)
-			}
-		}
-	}
-	held, queued, inFlight, err := lockAndCount(ctx, tx, sku, customers)
+	held, queued, inFlight, recorded, err := lockAndCount(ctx, tx, sku, entries, fresh, perCustomer > 0)
 	if err != nil {
 		return nil, err
+	}
+	// A key entered through another allocator since the read above (its
+	// entry took the lock first) is a replay, not a new ticket counted
+	// against its own customer's limit or the waitlist.
+	if fresh, err = answerReplays(ctx, tx, entries, fresh, recorded, out); err != nil || len(fresh) == 0 {
+		return out, err
 	}
 	available := int64(math.MaxInt64)
 	if queued == 0 {
@@ -197,96 +210,113 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	return out, nil
 }
 
-// replayTickets answers, in out, the entries whose key has a ticket (one
-// read of the batch's keys), and returns the indexes of the others.
-func (db *DB) replayTickets(ctx context.Context, sku string, entries []stock.TicketEntry, out []stock.TicketEntered) ([]int, error) {
-	keys := make([]string, len(entries))
-	for i, e := range entries {
-		keys[i] = e.Ticket.IdempotencyKey
+// keyedTicket is a ticket read by its key, with what the key was first
+// used for.
+type keyedTicket struct {
+	t    *stock.Ticket
+	hash []byte
+}
+
+// queueKeys queues the read of the tickets of entries[idx]'s keys.
+func queueKeys(b *pgx.Batch, sku string, entries []stock.TicketEntry, idx []int) {
+	keys := make([]string, len(idx))
+	for j, i := range idx {
+		keys[j] = entries[i].Ticket.IdempotencyKey
 	}
-	rows, err := db.pool.Query(ctx, `SELECT `+sqlTicketColumns+`, params_hash FROM admission_tickets
-		WHERE sku = $1 AND idempotency_key = ANY($2)`, sku, keys)
+	b.Queue(`SELECT `+sqlTicketColumns+`, params_hash FROM admission_tickets WHERE sku = $1 AND idempotency_key = ANY($2)`, sku, keys)
+}
+
+// scanKeyed reads the answer of queueKeys, by key.
+func scanKeyed(res pgx.BatchResults) (map[string]keyedTicket, error) {
+	rows, err := res.Query()
 	if err != nil {
 		return nil, err
 	}
-	type found struct {
-		t    *stock.Ticket
-		hash []byte
-	}
-	byKey, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (found, error) {
-		var f found
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (keyedTicket, error) {
+		var k keyedTicket
 		var err error
-		f.t, err = scanTicket(rowWithHash{r, &f.hash})
-		return f, err
+		k.t, err = scanTicket(rowWithHash{r, &k.hash})
+		return k, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	recorded := make(map[string]found, len(byKey))
-	for _, f := range byKey {
-		recorded[f.t.IdempotencyKey] = f
+	byKey := make(map[string]keyedTicket, len(found))
+	for _, k := range found {
+		byKey[k.t.IdempotencyKey] = k
 	}
+	return byKey, nil
+}
+
+// answerReplays answers, in out, the entries of idx whose key recorded
+// has (replayed, with its position; IDEMPOTENCY_KEY_REUSED if the
+// parameters differ), and returns the others.
+func answerReplays(ctx context.Context, q querier, entries []stock.TicketEntry, idx []int, recorded map[string]keyedTicket,
+	out []stock.TicketEntered) ([]int, error) {
 	var fresh []int
-	for i, e := range entries {
-		f, ok := recorded[e.Ticket.IdempotencyKey]
+	for _, i := range idx {
+		k, ok := recorded[entries[i].Ticket.IdempotencyKey]
 		switch {
 		case !ok:
 			fresh = append(fresh, i)
-		case !bytes.Equal(f.hash, e.Params):
+		case !bytes.Equal(k.hash, entries[i].Params):
 			out[i].Err = stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")
 		default:
-			if f.t.Position, err = position(ctx, db.pool, f.t); err != nil {
+			var err error
+			if k.t.Position, err = position(ctx, q, k.t); err != nil {
 				return nil, err
 			}
-			out[i] = stock.TicketEntered{Ticket: f.t, Replayed: true}
+			out[i] = stock.TicketEntered{Ticket: k.t, Replayed: true}
 		}
 	}
 	return fresh, nil
 }
 
 // lockAndCount takes sku's admission lock in tx and reads, under it, in
-// one round trip: the tickets queued, the units asked for by the
-// requests in flight (pending, not claimed), and the tickets that count
-// against each of customers' tokens_per_customer.
-func lockAndCount(ctx context.Context, tx pgx.Tx, sku string, customers []string) (held map[string]int64, queued, inFlight int64, err error) {
+// one round trip: the tickets queued, the units asked for by the requests
+// in flight (pending, not claimed), with perCustomer the tickets that
+// count against each customer's tokens_per_customer of entries[fresh],
+// and the tickets of their keys.
+func lockAndCount(ctx context.Context, tx pgx.Tx, sku string, entries []stock.TicketEntry, fresh []int, perCustomer bool) (
+	held map[string]int64, queued, inFlight int64, recorded map[string]keyedTicket, err error) {
+	var customers []string
+	if perCustomer {
+		for _, i := range fresh {
+			if c := entries[i].Ticket.CustomerRef; c != "" {
+				customers = append(customers, c)
+			}
+		}
+	}
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended('admission:' || $1, 0))`, sku)
 	b.Queue(`SELECT count(*) FILTER (WHERE `+sqlQueued+`),
 			coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
 		FROM admission_tickets WHERE sku = $1 AND state IN ('pending', 'waiting')`, sku)
-	if len(customers) > 0 {
-		b.Queue(`SELECT customer_ref, count(*) FROM admission_tickets WHERE sku = $1 AND customer_ref = ANY($2)
-			AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now()) GROUP BY customer_ref`, sku, customers)
-	}
+	b.Queue(`SELECT customer_ref, count(*) FROM admission_tickets WHERE sku = $1 AND customer_ref = ANY($2)
+		AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now()) GROUP BY customer_ref`, sku, customers)
+	queueKeys(b, sku, entries, fresh)
 	res := tx.SendBatch(ctx, b)
 	defer res.Close()
 	if _, err := res.Exec(); err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, nil, err
 	}
 	if err := res.QueryRow().Scan(&queued, &inFlight); err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, nil, err
 	}
 	held = map[string]int64{}
-	if len(customers) > 0 {
-		rows, err := res.Query()
-		if err != nil {
-			return nil, 0, 0, err
-		}
-		for rows.Next() {
-			var c string
-			var n int64
-			if err := rows.Scan(&c, &n); err != nil {
-				rows.Close()
-				return nil, 0, 0, err
-			}
-			held[c] = n
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, 0, 0, err
-		}
+	rows, err := res.Query()
+	if err != nil {
+		return nil, 0, 0, nil, err
 	}
-	return held, queued, inFlight, res.Close()
+	var c string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&c, &n}, func() error { held[c] = n; return nil }); err != nil {
+		return nil, 0, 0, nil, err
+	}
+	if recorded, err = scanKeyed(res); err != nil {
+		return nil, 0, 0, nil, err
+	}
+	return held, queued, inFlight, recorded, res.Close()
 }
 
 // insertTickets writes tickets (their ids and states set; tickets[j] is
@@ -328,9 +358,9 @@ func (db *DB) insertTickets(ctx context.Context, tx pgx.Tx, tickets []stock.Tick
 			out[i] = stock.TicketEntered{Ticket: &t}
 			continue
 		}
-		// Entered meanwhile under the same key (its allocator took the
-		// lock first, after this batch read its keys). The counts above
-		// took it for new: a later ticket's position may be one too high.
+		// Entered meanwhile under the same key: the unique index's
+		// answer, though every entry reads its keys under the lock (a
+		// registration of a SKU whose mode changed).
 		replay, err := db.replayTicket(ctx, tx, t, entries[i].Params)
 		switch {
 		case replay != nil:
