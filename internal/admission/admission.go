@@ -35,7 +35,7 @@ type Store interface {
 	AdmitTickets(ctx context.Context, marks []stock.TicketMark) ([]*stock.Ticket, error)
 	CancelTicket(ctx context.Context, id string) (*stock.Ticket, error)
 	SoldOutTicket(ctx context.Context, id string) (*stock.Ticket, error)
-	SoldOutWaiting(ctx context.Context, sku string) (int64, error)
+	SoldOutWaiting(ctx context.Context, sku string, stale time.Duration) (int64, error)
 	GetTicket(ctx context.Context, id string) (*stock.Ticket, error)
 	GetTicketByKey(ctx context.Context, sku, key string) (*stock.Ticket, error)
 	OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, error)

@@ -180,7 +180,7 @@ func (w *Worker) pass(ctx context.Context, sku string, l Lease) error {
 		return err
 	}
 	if gone {
-		n, err := s.store.SoldOutWaiting(ctx, sku)
+		n, err := s.store.SoldOutWaiting(ctx, sku, pendingStale)
 		s.metrics.soldOut.Add(float64(n))
 		return err
 	}

@@ -621,14 +621,17 @@ func (db *DB) SoldOutTicket(ctx context.Context, id string) (*stock.Ticket, erro
 }
 
 // SoldOutWaiting marks every ticket of sku still WAITING SOLD_OUT (LOST
-// if it was drawn), and returns how many: the SKU was found sold out for
-// good.
-func (db *DB) SoldOutWaiting(ctx context.Context, sku string) (int64, error) {
+// if it was drawn), and every PENDING one older than stale (its request's
+// process died before its reserve, or after one that has ended since),
+// and returns how many: the SKU was found sold out for good, so none of
+// them holds a unit, and a stale pending ticket left open would keep the
+// SKU from being answered from memory (TicketKeys) for good.
+func (db *DB) SoldOutWaiting(ctx context.Context, sku string, stale time.Duration) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	tag, err := db.pool.Exec(ctx, `UPDATE admission_tickets
 		SET state = CASE WHEN draw_rank IS NULL THEN 'sold_out' ELSE 'lost' END, updated_at = now()
-		WHERE sku = $1 AND `+sqlQueued, sku)
+		WHERE sku = $1 AND (`+sqlQueued+` OR (state = 'pending' AND created_at < now() - $2::interval))`, sku, stale.String())
 	return tag.RowsAffected(), err
 }
 
