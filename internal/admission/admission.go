@@ -29,7 +29,7 @@ type Store interface {
 		free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error)
 	WaitTicket(ctx context.Context, id string, waitlistMax int64) (*stock.Ticket, error)
 	DropTicket(ctx context.Context, id string) error
-	ClaimTicket(ctx context.Context, id string) (bool, error)
+	ClaimTickets(ctx context.Context, ids []string) ([]string, error)
 	// AdmitTickets marks a batch of tickets admitted with their tokens,
 	// in one statement; nil for a ticket not found.
 	AdmitTickets(ctx context.Context, marks []stock.TicketMark) ([]*stock.Ticket, error)

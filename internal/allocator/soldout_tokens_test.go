@@ -39,9 +39,9 @@ func (c *countingTickets) DropTicket(ctx context.Context, id string) error {
 	c.queries.Add(1)
 	return c.db.DropTicket(ctx, id)
 }
-func (c *countingTickets) ClaimTicket(ctx context.Context, id string) (bool, error) {
+func (c *countingTickets) ClaimTickets(ctx context.Context, ids []string) ([]string, error) {
 	c.queries.Add(1)
-	return c.db.ClaimTicket(ctx, id)
+	return c.db.ClaimTickets(ctx, ids)
 }
 func (c *countingTickets) AdmitTickets(ctx context.Context, marks []stock.TicketMark) ([]*stock.Ticket, error) {
 	c.queries.Add(1)

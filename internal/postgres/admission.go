@@ -472,16 +472,20 @@ func (db *DB) WaitTicket(ctx context.Context, id string, waitlistMax int64) (*st
 	})
 }
 
-// ClaimTicket takes a WAITING ticket to admit it (PENDING, claimed):
-// from then on a worker of the SKU finishes its admission even when no
-// unit is free, for its reserve may hold them already. It reports false
-// when the ticket no longer waits (cancelled).
-func (db *DB) ClaimTicket(ctx context.Context, id string) (bool, error) {
+// ClaimTickets takes WAITING tickets to admit them (PENDING, claimed), in
+// one statement: from then on a worker of the SKU finishes their
+// admission even when no unit is free, for their reserves may hold them
+// already. It returns the ids it claimed: a ticket no longer waiting
+// (cancelled) is left out.
+func (db *DB) ClaimTickets(ctx context.Context, ids []string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	tag, err := db.pool.Exec(ctx, `UPDATE admission_tickets SET state = 'pending', claimed_at = now(), updated_at = now()
-		WHERE ticket_id = $1 AND state = 'waiting'`, id)
-	return tag.RowsAffected() == 1, err
+	rows, err := db.pool.Query(ctx, `UPDATE admission_tickets SET state = 'pending', claimed_at = now(), updated_at = now()
+		WHERE ticket_id = ANY($1) AND state = 'waiting' RETURNING ticket_id`, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // DropTicket forgets a PENDING ticket whose request was refused for good
