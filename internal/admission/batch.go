@@ -27,9 +27,9 @@ const (
 	batchQueueLenMax = 16 * entryBatchLenMax
 	// batchWaitMax bounds a call's wait for its batch to be taken and
 	// answered, whatever its context: a database that stopped answering
-	// turns the queue into SHARD_UNAVAILABLE answers, not a pile of
-	// goroutines. A batch's own statements are bounded by the store's
-	// query timeout (5 s); two of them fit.
+	// turns the queue into SHARD_UNAVAILABLE answers (retry with the same
+	// key), not a pile of goroutines. It is the store's query timeout
+	// (10 s), which bounds one batch, and a little more for the queue.
 	batchWaitMax = 12 * time.Second
 	// entryBatchesMax bounds the entry transactions of this process at
 	// once (one per SKU at most, by the batches). Each holds its SKU's
