@@ -38,7 +38,9 @@ type Store interface {
 	SoldOutWaiting(ctx context.Context, sku string, stale time.Duration) (int64, error)
 	GetTicket(ctx context.Context, id string) (*stock.Ticket, error)
 	GetTicketByKey(ctx context.Context, sku, key string) (*stock.Ticket, error)
-	OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, error)
+	// OpenTickets also answers the units asked for by the PENDING
+	// tickets not claimed, in the same snapshot.
+	OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, int64, error)
 	OpenTicketSKUs(ctx context.Context, limit int) ([]string, error)
 	WaitingCount(ctx context.Context, sku string) (int64, error)
 	WaitingTotal(ctx context.Context) (int64, error)

@@ -173,14 +173,21 @@ func (w *Worker) pass(ctx context.Context, sku string, l Lease) error {
 		}
 		w.drawn[sku] = true
 	}
+	// The units in flight (requests' PENDING tickets) are read before the
+	// stock, and are not free for the waitlist: a reserve in flight is then
+	// counted in them, or has taken its units from those read, or both,
+	// never neither. Read after, a unit promised to a request could be
+	// claimed for a ticket too; the request's reserve would fail, and its
+	// ticket wait behind younger ones admitted in its place.
+	tickets, inFlight, err := s.store.OpenTickets(ctx, sku, pendingStale, admitBatchLen)
+	if err != nil {
+		return err
+	}
 	free, gone, err := s.seller.Availability(ctx, sku)
 	if err != nil {
 		return err
 	}
-	tickets, err := s.store.OpenTickets(ctx, sku, pendingStale, admitBatchLen)
-	if err != nil {
-		return err
-	}
+	free -= inFlight
 	if gone {
 		n, err := s.store.SoldOutWaiting(ctx, sku, pendingStale)
 		s.metrics.soldOut.Add(float64(n))

@@ -67,7 +67,7 @@ func (c *countingTickets) GetTicketByKey(ctx context.Context, sku, key string) (
 	c.queries.Add(1)
 	return c.db.GetTicketByKey(ctx, sku, key)
 }
-func (c *countingTickets) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, error) {
+func (c *countingTickets) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, int64, error) {
 	c.queries.Add(1)
 	return c.db.OpenTickets(ctx, sku, stale, limit)
 }

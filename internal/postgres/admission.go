@@ -669,19 +669,36 @@ func (db *DB) readTicket(ctx context.Context, where string, args ...any) (*stock
 }
 
 // OpenTickets returns up to limit of sku's tickets in order (drawn order
-// after a draw, else of arrival) that the admission worker looks at: every WAITING one, every one a
-// worker claimed, and the PENDING ones older than stale (their request's
-// process may have died between its reserve and its answer).
-func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, error) {
+// after a draw, else of arrival) that the admission worker looks at: every
+// WAITING one, every one a worker claimed, and the PENDING ones older than
+// stale (their request's process may have died between its reserve and
+// its answer); and, read in the same snapshot, the units asked for by
+// every PENDING ticket not claimed (requests in flight: their reserves may
+// not have landed yet).
+func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets
+	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets
 		WHERE sku = $1 AND (`+sqlQueued+` OR (state = 'pending' AND created_at < now() - $2::interval))
 		ORDER BY draw_rank, seq LIMIT $3`, sku, stale.String(), limit)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
+	tickets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
+	if err != nil {
+		return nil, 0, err
+	}
+	var inFlight int64
+	if err := tx.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0)::bigint FROM admission_tickets
+		WHERE sku = $1 AND state = 'pending' AND claimed_at IS NULL`, sku).Scan(&inFlight); err != nil {
+		return nil, 0, err
+	}
+	return tickets, inFlight, nil
 }
 
 // OpenTicketSKUs returns up to limit SKUs that have tickets WAITING,
