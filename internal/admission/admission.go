@@ -23,18 +23,24 @@ import (
 
 // Store keeps the tickets (internal/postgres).
 type Store interface {
-	EnterTicket(ctx context.Context, t stock.Ticket, params []byte, waitlistMax, perCustomer int64,
-		free func(context.Context) (int64, bool, error)) (*stock.Ticket, bool, error)
+	// EnterTickets records a batch of one SKU's requests for tokens, in
+	// order, under the SKU's admission lock taken once.
+	EnterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
+		free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error)
 	WaitTicket(ctx context.Context, id string, waitlistMax int64) (*stock.Ticket, error)
 	DropTicket(ctx context.Context, id string) error
-	ClaimTicket(ctx context.Context, id string) (bool, error)
-	AdmitTicket(ctx context.Context, id, tokenID string, expiresAt time.Time, direct bool) (*stock.Ticket, error)
+	ClaimTickets(ctx context.Context, ids []string) ([]string, error)
+	// AdmitTickets marks a batch of tickets admitted with their tokens,
+	// in one statement; nil for a ticket not found.
+	AdmitTickets(ctx context.Context, marks []stock.TicketMark) ([]*stock.Ticket, error)
 	CancelTicket(ctx context.Context, id string) (*stock.Ticket, error)
 	SoldOutTicket(ctx context.Context, id string) (*stock.Ticket, error)
-	SoldOutWaiting(ctx context.Context, sku string) (int64, error)
+	SoldOutWaiting(ctx context.Context, sku string, stale time.Duration) (int64, error)
 	GetTicket(ctx context.Context, id string) (*stock.Ticket, error)
 	GetTicketByKey(ctx context.Context, sku, key string) (*stock.Ticket, error)
-	OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, error)
+	// OpenTickets also answers the units asked for by the PENDING
+	// tickets not claimed, in the same snapshot.
+	OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, int64, error)
 	OpenTicketSKUs(ctx context.Context, limit int) ([]string, error)
 	WaitingCount(ctx context.Context, sku string) (int64, error)
 	WaitingTotal(ctx context.Context) (int64, error)
@@ -71,7 +77,10 @@ type Service struct {
 	seller  Seller
 	metrics *metrics
 	memory  *memory
-	entries *entryGate
+	// entries batches a SKU's RequestTokens into one entry transaction;
+	// marks batches admitted marks into one statement (batch.go).
+	entries *batcher[entryIn, stock.TicketEntered]
+	marks   *batcher[stock.TicketMark, *stock.Ticket]
 	// AfterReserve, for tests, runs between a ticket's reserve and its
 	// mark: an error stops the admission there, as a crash would.
 	AfterReserve func(t *stock.Ticket) error
@@ -84,7 +93,39 @@ type Service struct {
 
 // New returns a Service; reg, when set, receives its metrics.
 func New(store Store, seller Seller, reg prometheus.Registerer) *Service {
-	return &Service{store: store, seller: seller, metrics: newMetrics(reg, store), memory: newMemory(), entries: newEntryGate(), now: time.Now}
+	s := &Service{store: store, seller: seller, metrics: newMetrics(reg, store), memory: newMemory(), now: time.Now}
+	s.entries = newBatcher(entryBatchLenMax, entryBatchesMax, s.enterBatch)
+	s.marks = newBatcher(markBatchLenMax, 0, s.markBatch)
+	return s
+}
+
+// entryIn is one RequestToken in a batch of its SKU's entries.
+type entryIn struct {
+	entry stock.TicketEntry
+	ad    stock.Admission
+}
+
+// enterBatch enters a batch of sku's tickets in one transaction, with the
+// SKU's admission as the newest request of the batch read it.
+func (s *Service) enterBatch(sku string, ins []entryIn) ([]stock.TicketEntered, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), batchWaitMax)
+	defer cancel()
+	ad := ins[len(ins)-1].ad
+	entries := make([]stock.TicketEntry, len(ins))
+	for i, in := range ins {
+		entries[i] = in.entry
+	}
+	return s.store.EnterTickets(ctx, sku, entries, ad.WaitlistMax, ad.TokensPerCustomer, func(ctx context.Context) (int64, bool, error) {
+		return s.seller.Availability(ctx, sku)
+	})
+}
+
+// markBatch marks a batch of tickets admitted, of any SKUs, in one
+// statement.
+func (s *Service) markBatch(_ string, marks []stock.TicketMark) ([]*stock.Ticket, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), batchWaitMax)
+	defer cancel()
+	return s.store.AdmitTickets(ctx, marks)
 }
 
 // TokenRequest is a RequestToken call.
@@ -139,18 +180,17 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 	if ad.Mode == stock.AdmissionDraw {
 		return s.register(ctx, r, sku)
 	}
-	leave, err := s.entries.enter(ctx, r.SKU)
+	// Concurrent requests of the SKU in this process enter together: one
+	// transaction, the SKU's lock taken once.
+	e, err := s.entries.do(ctx, r.SKU, entryIn{ad: ad, entry: stock.TicketEntry{Params: paramsHash(r),
+		Ticket: stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef}}})
 	if err != nil {
 		return Answer{}, err
 	}
-	t, replayed, err := s.store.EnterTicket(ctx, stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef},
-		paramsHash(r), ad.WaitlistMax, ad.TokensPerCustomer, func(ctx context.Context) (int64, bool, error) {
-			return s.seller.Availability(ctx, r.SKU)
-		})
-	leave()
-	if err != nil {
-		return Answer{}, err
+	if e.Err != nil {
+		return Answer{}, e.Err
 	}
+	t, replayed := e.Ticket, e.Replayed
 	if !replayed && t.State == stock.TicketWaiting {
 		s.metrics.waiting.Inc()
 	}
@@ -268,7 +308,11 @@ func (s *Service) admit(ctx context.Context, t *stock.Ticket, sku *stock.SKU, ca
 		}
 	}
 	rsv := res.Reservation
-	got, err := s.store.AdmitTicket(ctx, t.ID, rsv.ID, rsv.ExpiresAt, direct)
+	// Marked with the other admissions of the moment, in one statement.
+	got, err := s.marks.do(ctx, "", stock.TicketMark{ID: t.ID, TokenID: rsv.ID, ExpiresAt: rsv.ExpiresAt, Direct: direct})
+	if err == nil && got == nil {
+		err = stock.Errorf(stock.CodeTicketNotFound, "no ticket %q", t.ID)
+	}
 	if err != nil {
 		return nil, stock.ErrResult(err, stock.Errorf(stock.CodeShardUnavailable, "the ticket could not be marked admitted; retry"))
 	}

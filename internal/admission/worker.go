@@ -30,10 +30,12 @@ const (
 	skusPerPassMax = 1000
 	// passTimeout bounds one SKU's pass.
 	passTimeout = 5 * time.Second
-	// admitParallelMax bounds the admissions a pass has in flight: as
-	// many as a shard writer batches well, few enough that one SKU's
-	// pass does not take a pool's connections.
-	admitParallelMax = 8
+	// admitParallelMax bounds the admissions a pass has in flight. Each
+	// is a reserve, which queues for the shard's writer (one transaction
+	// for what queued), and a mark, which queues for the marks' batch
+	// (one statement): so many take no more connections than a few, and
+	// a crowd's returned units reach their tickets in a few round trips.
+	admitParallelMax = 32
 )
 
 // Lease is a SKU's admission lease, held (topology.MoveLease).
@@ -171,41 +173,60 @@ func (w *Worker) pass(ctx context.Context, sku string, l Lease) error {
 		}
 		w.drawn[sku] = true
 	}
+	// The units in flight (requests' PENDING tickets) are read before the
+	// stock, and are not free for the waitlist: a reserve in flight is then
+	// counted in them, or has taken its units from those read, or both,
+	// never neither. Read after, a unit promised to a request could be
+	// claimed for a ticket too; the request's reserve would fail, and its
+	// ticket wait behind younger ones admitted in its place.
+	tickets, inFlight, err := s.store.OpenTickets(ctx, sku, pendingStale, admitBatchLen)
+	if err != nil {
+		return err
+	}
 	free, gone, err := s.seller.Availability(ctx, sku)
 	if err != nil {
 		return err
 	}
-	tickets, err := s.store.OpenTickets(ctx, sku, pendingStale, admitBatchLen)
-	if err != nil {
-		return err
-	}
+	free -= inFlight
 	if gone {
-		n, err := s.store.SoldOutWaiting(ctx, sku)
+		n, err := s.store.SoldOutWaiting(ctx, sku, pendingStale)
 		s.metrics.soldOut.Add(float64(n))
 		return err
 	}
-	// Claimed in order, one by one, before any reserve: if this worker
-	// stops between a claim and its mark, the next finishes the admission
-	// whatever is free then, for the reserve may hold the units already.
-	var batch []*stock.Ticket
+	// Claimed before any reserve, the oldest that the units free fit, in
+	// one statement: if this worker stops between a claim and its mark,
+	// the next finishes the admission whatever is free then, for the
+	// reserve may hold the units already. A ticket cancelled meanwhile is
+	// not claimed; its units wait for the next pass.
+	var batch, fit []*stock.Ticket
+	var ids []string
 	for _, t := range tickets {
-		if t.State == stock.TicketWaiting {
-			if t.Quantity > free {
-				continue // the oldest ticket they fit may come later
-			}
-			ok, err := s.store.ClaimTicket(ctx, t.ID)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				continue // cancelled meanwhile
-			}
-			t.State, free = stock.TicketPending, free-t.Quantity
+		switch {
+		case t.State != stock.TicketWaiting:
+			// A pending ticket (claimed, or its request's process gone)
+			// is admitted whatever is free: its reserve, the same key, is
+			// a replay if it was applied.
+			batch = append(batch, t)
+		case t.Quantity <= free:
+			fit, ids, free = append(fit, t), append(ids, t.ID), free-t.Quantity
 		}
-		// A pending ticket (claimed, or its request's process gone) is
-		// admitted whatever is free: its reserve, the same key, is a
-		// replay if it was applied.
-		batch = append(batch, t)
+		// else: the oldest ticket they fit may come later
+	}
+	if len(ids) > 0 {
+		claimed, err := s.store.ClaimTickets(ctx, ids)
+		if err != nil {
+			return err
+		}
+		ok := make(map[string]bool, len(claimed))
+		for _, id := range claimed {
+			ok[id] = true
+		}
+		for _, t := range fit {
+			if ok[t.ID] {
+				t.State = stock.TicketPending
+				batch = append(batch, t)
+			}
+		}
 	}
 	// The reserves and marks of a batch run admitParallelMax at a time:
 	// one after another, the units of a crowd's expiries would reach their

@@ -103,6 +103,7 @@ func TestSoldOut(t *testing.T) {
 	t.Run("AbandonedReopen", func(t *testing.T) { soldOutAbandonedReopen(t, s) })
 	t.Run("Tokens", func(t *testing.T) { soldOutTokens(t, s) })
 	t.Run("TokensWaiting", func(t *testing.T) { soldOutTokensWaiting(t, s) })
+	t.Run("TokensStalePending", func(t *testing.T) { soldOutTokensStalePending(t, s) })
 }
 
 func soldOutFromMemory(t *testing.T, s *stack) {

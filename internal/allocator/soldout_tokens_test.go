@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardstock/shardstock/internal/admission"
@@ -25,10 +26,10 @@ type countingTickets struct {
 
 var _ admission.Store = (*countingTickets)(nil)
 
-func (c *countingTickets) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, waitlistMax, perCustomer int64,
-	free func(context.Context) (int64, bool, error)) (*stock.Ticket, bool, error) {
+func (c *countingTickets) EnterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
+	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
 	c.queries.Add(1)
-	return c.db.EnterTicket(ctx, t, params, waitlistMax, perCustomer, free)
+	return c.db.EnterTickets(ctx, sku, entries, waitlistMax, perCustomer, free)
 }
 func (c *countingTickets) WaitTicket(ctx context.Context, id string, waitlistMax int64) (*stock.Ticket, error) {
 	c.queries.Add(1)
@@ -38,13 +39,13 @@ func (c *countingTickets) DropTicket(ctx context.Context, id string) error {
 	c.queries.Add(1)
 	return c.db.DropTicket(ctx, id)
 }
-func (c *countingTickets) ClaimTicket(ctx context.Context, id string) (bool, error) {
+func (c *countingTickets) ClaimTickets(ctx context.Context, ids []string) ([]string, error) {
 	c.queries.Add(1)
-	return c.db.ClaimTicket(ctx, id)
+	return c.db.ClaimTickets(ctx, ids)
 }
-func (c *countingTickets) AdmitTicket(ctx context.Context, id, tokenID string, expiresAt time.Time, direct bool) (*stock.Ticket, error) {
+func (c *countingTickets) AdmitTickets(ctx context.Context, marks []stock.TicketMark) ([]*stock.Ticket, error) {
 	c.queries.Add(1)
-	return c.db.AdmitTicket(ctx, id, tokenID, expiresAt, direct)
+	return c.db.AdmitTickets(ctx, marks)
 }
 func (c *countingTickets) CancelTicket(ctx context.Context, id string) (*stock.Ticket, error) {
 	c.queries.Add(1)
@@ -54,9 +55,9 @@ func (c *countingTickets) SoldOutTicket(ctx context.Context, id string) (*stock.
 	c.queries.Add(1)
 	return c.db.SoldOutTicket(ctx, id)
 }
-func (c *countingTickets) SoldOutWaiting(ctx context.Context, sku string) (int64, error) {
+func (c *countingTickets) SoldOutWaiting(ctx context.Context, sku string, stale time.Duration) (int64, error) {
 	c.queries.Add(1)
-	return c.db.SoldOutWaiting(ctx, sku)
+	return c.db.SoldOutWaiting(ctx, sku, stale)
 }
 func (c *countingTickets) GetTicket(ctx context.Context, id string) (*stock.Ticket, error) {
 	c.queries.Add(1)
@@ -66,7 +67,7 @@ func (c *countingTickets) GetTicketByKey(ctx context.Context, sku, key string) (
 	c.queries.Add(1)
 	return c.db.GetTicketByKey(ctx, sku, key)
 }
-func (c *countingTickets) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, error) {
+func (c *countingTickets) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, int64, error) {
 	c.queries.Add(1)
 	return c.db.OpenTickets(ctx, sku, stale, limit)
 }
@@ -368,6 +369,60 @@ func soldOutTokensWaiting(t *testing.T, s *stack) {
 	}
 	if _, err := request("w-2"); stock.CodeOf(err) != stock.CodeOutOfStock {
 		t.Errorf("RequestToken(w-2) once its ticket is SOLD_OUT = %v, want OUT_OF_STOCK", err)
+	}
+	s.balanced(sku)
+}
+
+// soldOutTokensStalePending: a ticket left PENDING by a process that died
+// before its reserve does not keep a SKU sold out for good from being
+// answered from memory: once it is stale, the worker that finds the SKU
+// sold out for good answers it SOLD_OUT with the waitlist, and the fronts
+// then refuse new keys from memory. Left open, it would keep the key read
+// (TicketKeys) from ever being kept.
+func soldOutTokensStalePending(t *testing.T, s *stack) {
+	ctx := context.Background()
+	f := s.newTokenFront()
+	const sku = "tok-stale"
+	s.createAdmissionSKU(sku, 1, 1, stock.Admission{Mode: stock.AdmissionTokens, WaitlistMax: 10, TokenTTL: time.Minute})
+	tok, err := f.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: "tok"})
+	if err != nil || tok.Ticket.State != stock.TicketAdmitted {
+		t.Fatalf("RequestToken(tok) = %+v, %v; want a token", tok.Ticket, err)
+	}
+	// The dead process's entry: it read the unit free (before tok took
+	// it), recorded its ticket PENDING, and died before its reserve; its
+	// ticket is older than the worker's pendingStale (10 s).
+	got, err := s.db.EnterTickets(ctx, sku, []stock.TicketEntry{{Ticket: stock.Ticket{Quantity: 1, IdempotencyKey: "dead"}, Params: []byte("p")}},
+		10, 0, func(context.Context) (int64, bool, error) { return 1, false, nil })
+	if err != nil || got[0].Err != nil || got[0].Ticket.State != stock.TicketPending {
+		t.Fatalf("EnterTickets(dead) = %+v, %v; want a PENDING ticket", got, err)
+	}
+	dead := got[0].Ticket
+	conn, err := pgx.Connect(ctx, s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `UPDATE admission_tickets SET created_at = now() - interval '1 minute' WHERE ticket_id = $1`, dead.ID); err != nil {
+		t.Fatal(err)
+	}
+	if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpCommit, ReservationID: tok.Ticket.TokenID}); res.Err != nil {
+		t.Fatalf("EndReservation(commit tok) = %v", res.Err)
+	}
+	defer s.newAdmission("tokens-stale-worker", s.alloc, nil).halt()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		tk, err := f.svc.GetTicket(ctx, dead.ID, "", "")
+		if err == nil && tk.State == stock.TicketSoldOut {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GetTicket(dead) = %+v, %v; want SOLD_OUT within 5 s of a worker's start", tk, err)
+		}
+	}
+	if d := untilTokenFromMemory(t, f, sku, "after-dead"); d > time.Second {
+		t.Errorf("refused from memory %s after the stale ticket was answered, want within 1 s", d)
+	}
+	if _, err := f.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: "tok"}); err != nil {
+		t.Errorf("RequestToken(tok) after the sell-out = %v, want its token replayed", err)
 	}
 	s.balanced(sku)
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"math"
 	"time"
 
@@ -44,94 +46,334 @@ func lockAdmission(ctx context.Context, tx pgx.Tx, sku string) error {
 	return err
 }
 
-// EnterTicket records a request for a token of t.SKU, or answers the one
-// already recorded under its key (replayed; IDEMPOTENCY_KEY_REUSED if its
-// parameters differ). A new ticket is PENDING (its request may reserve at
-// once) while no ticket waits, else WAITING, or refused WAITLIST_FULL at
-// waitlistMax; CUSTOMER_LIMIT_REACHED once the customer has perCustomer
-// tickets pending, waiting, or admitted with a token whose recorded expiry
-// has not passed (0: no limit): a lapsed token frees its place, and what a
+// EnterTickets records a batch of requests for tokens of sku, in the
+// batch's order, or answers the ticket already recorded under an entry's
+// key (replayed; IDEMPOTENCY_KEY_REUSED if its parameters differ; a key
+// twice in the batch: the later ones answer the first's outcome as a
+// replay). A new ticket is PENDING (its request may reserve at once) while
+// no ticket waits, else WAITING, or refused WAITLIST_FULL at waitlistMax;
+// CUSTOMER_LIMIT_REACHED once the customer has perCustomer tickets
+// pending, waiting, or admitted with a token whose recorded expiry has not
+// passed (0: no limit): a lapsed token frees its place, and what a
 // customer buys in all is the SKU's customer_limit's (docs/admission.md,
-// "Per customer"). free, called only
-// while no ticket waits, reads the units the SKU has available and whether
-// it is sold out for good (then OUT_OF_STOCK, and nothing is recorded): a new
-// ticket also waits when the requests in flight ask for them all already,
-// so that a crowd's requests do not all reach the shards for the same
-// units (the worker admits the waiting ones as soon as they fit).
+// "Per customer"). free, called only while no ticket waits, reads the
+// units the SKU has available and whether it is sold out for good (then
+// OUT_OF_STOCK, and nothing is recorded): a new ticket also waits when the
+// requests in flight ask for them all already, so that a crowd's requests
+// do not all reach the shards for the same units (the worker admits the
+// waiting ones as soon as they fit).
 //
-// The replay and a full waitlist are answered without the SKU's lock: a
+// The replays and a full waitlist are answered without the SKU's lock: a
 // key once recorded stays, and a waitlist seen full in a snapshot was full
-// at that moment of the request. Under the lock, four round trips: the
-// lock, the counts, the insert and the commit.
-func (db *DB) EnterTicket(ctx context.Context, t stock.Ticket, params []byte, waitlistMax, perCustomer int64,
-	free func(context.Context) (int64, bool, error)) (*stock.Ticket, bool, error) {
+// at that moment of the request. The keys are read again under the lock:
+// one entered meanwhile through another allocator is a replay, not a new
+// ticket refused for its own customer's limit. Under the lock, whatever the batch's
+// length: the lock with the counts (one round trip), the stock read (free,
+// on a connection of its own), the insert of every new ticket (one
+// statement) and the commit. The error is the batch's (the database);
+// each entry's refusal is its own.
+func (db *DB) EnterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
+	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	if got, err := db.replayTicket(ctx, db.pool, t, params); got != nil || err != nil {
-		return got, got != nil, err
+	// A key twice in the batch is entered once: the first decides.
+	first := make(map[string]int, len(entries))
+	var unique []stock.TicketEntry
+	for _, e := range entries {
+		if _, ok := first[e.Ticket.IdempotencyKey]; !ok {
+			first[e.Ticket.IdempotencyKey] = len(unique)
+			unique = append(unique, e)
+		}
 	}
+	got, err := db.enterTickets(ctx, sku, unique, waitlistMax, perCustomer, free)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]stock.TicketEntered, len(entries))
+	seen := make(map[string]bool, len(unique))
+	for i, e := range entries {
+		j := first[e.Ticket.IdempotencyKey]
+		out[i] = got[j]
+		switch {
+		case !seen[e.Ticket.IdempotencyKey]:
+			seen[e.Ticket.IdempotencyKey] = true
+		case !bytes.Equal(e.Params, unique[j].Params):
+			out[i] = stock.TicketEntered{Err: stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")}
+		case out[i].Ticket != nil:
+			out[i].Replayed = true
+		}
+	}
+	return out, nil
+}
+
+// enterTickets is EnterTickets of entries with distinct keys.
+func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
+	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
+	out := make([]stock.TicketEntered, len(entries))
+	all := make([]int, len(entries))
+	for i := range all {
+		all[i] = i
+	}
+	// Without the lock, one round trip: the replays and the waitlist.
+	b := &pgx.Batch{}
+	queueKeys(b, sku, entries, all)
+	b.Queue(`SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued, sku)
+	res := db.pool.SendBatch(ctx, b)
+	recorded, err := scanKeyed(res)
 	var queued int64
-	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued, t.SKU).Scan(&queued); err != nil {
-		return nil, false, err
+	if err == nil {
+		err = res.QueryRow().Scan(&queued)
+	}
+	if err := errors.Join(err, res.Close()); err != nil {
+		return nil, err
+	}
+	fresh, err := answerReplays(ctx, db.pool, entries, all, recorded, out)
+	if err != nil || len(fresh) == 0 {
+		return out, err
+	}
+	refuse := func(err error) ([]stock.TicketEntered, error) {
+		for _, i := range fresh {
+			out[i].Err = err
+		}
+		return out, nil
 	}
 	if queued > 0 && queued >= waitlistMax {
-		return nil, false, stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", t.SKU)
-	}
-	available := int64(math.MaxInt64)
-	if queued == 0 {
-		n, gone, err := free(ctx)
-		if err != nil {
-			return nil, false, err
-		}
-		if gone {
-			// Sold out for good when read: nothing can come back to a
-			// ticket but a replenish.
-			return nil, false, stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", t.SKU)
-		}
-		available = n
+		return refuse(stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", sku))
 	}
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := lockAdmission(ctx, tx, t.SKU); err != nil {
-		return nil, false, err
+	held, queued, inFlight, recorded, err := lockAndCount(ctx, tx, sku, entries, fresh, perCustomer > 0)
+	if err != nil {
+		return nil, err
 	}
-	var held, inFlight int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE `+sqlQueued+`),
-			count(*) FILTER (WHERE $2 <> '' AND customer_ref = $2 AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now())),
-			coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
-		FROM admission_tickets WHERE sku = $1 AND (state IN ('pending', 'waiting') OR ($2 <> '' AND customer_ref = $2))`, t.SKU, t.CustomerRef).
-		Scan(&queued, &held, &inFlight); err != nil {
-		return nil, false, err
+	// A key entered through another allocator since the read above (its
+	// entry took the lock first) is a replay, not a new ticket counted
+	// against its own customer's limit or the waitlist.
+	if fresh, err = answerReplays(ctx, tx, entries, fresh, recorded, out); err != nil || len(fresh) == 0 {
+		return out, err
 	}
-	if perCustomer > 0 && held >= perCustomer {
-		return nil, false, stock.Errorf(stock.CodeCustomerLimitReached, "customer %q holds the sku's tokens_per_customer", t.CustomerRef)
-	}
-	t.State = stock.TicketPending
-	if queued == 0 && inFlight+t.Quantity > available {
-		// It would wait only for the units read before the lock: read
-		// them again under it. A SKU sold out for good since then records
-		// nothing, so that once it is marked sold out no ticket can start
-		// to wait (RequestToken's answer from memory relies on it).
+	available := int64(math.MaxInt64)
+	if queued == 0 {
+		// Read after the counts, under the lock: a reserve in flight is
+		// then counted in the units in flight, or has taken its units
+		// from those read, or both, never neither, so that the tickets
+		// decided PENDING below fit what is free. A SKU sold out for good
+		// records nothing, so that once it is marked sold out no ticket
+		// can start to wait (RequestToken's answer from memory relies on
+		// it).
 		n, gone, err := free(ctx)
 		if err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		if gone {
-			return nil, false, stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", t.SKU)
+			return refuse(stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", sku))
 		}
 		available = n
 	}
-	if queued > 0 || inFlight+t.Quantity > available {
-		if queued >= waitlistMax {
-			return nil, false, stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", t.SKU)
+	// Each new entry decided in the batch's order, as if each had taken
+	// the lock in turn: the counts move with every ticket recorded.
+	var tickets []stock.Ticket
+	var entered []int
+	for _, i := range fresh {
+		t := entries[i].Ticket
+		t.SKU, t.State = sku, stock.TicketPending
+		switch {
+		case perCustomer > 0 && t.CustomerRef != "" && held[t.CustomerRef] >= perCustomer:
+			out[i].Err = stock.Errorf(stock.CodeCustomerLimitReached, "customer %q holds the sku's tokens_per_customer", t.CustomerRef)
+			continue
+		case queued == 0 && inFlight+t.Quantity <= available:
+			inFlight += t.Quantity
+		case queued >= waitlistMax:
+			out[i].Err = stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", sku)
+			continue
+		default:
+			t.State, t.Position = stock.TicketWaiting, queued
+			queued++
 		}
-		t.State, t.Position = stock.TicketWaiting, queued
+		held[t.CustomerRef]++
+		t.ID = newTicketID()
+		tickets = append(tickets, t)
+		entered = append(entered, i)
 	}
-	t.ID = newTicketID()
-	return db.insertTicket(ctx, tx, t, params)
+	if len(tickets) == 0 {
+		return out, nil
+	}
+	if err := db.insertTickets(ctx, tx, tickets, entries, entered, out); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// keyedTicket is a ticket read by its key, with what the key was first
+// used for.
+type keyedTicket struct {
+	t    *stock.Ticket
+	hash []byte
+}
+
+// queueKeys queues the read of the tickets of entries[idx]'s keys.
+func queueKeys(b *pgx.Batch, sku string, entries []stock.TicketEntry, idx []int) {
+	keys := make([]string, len(idx))
+	for j, i := range idx {
+		keys[j] = entries[i].Ticket.IdempotencyKey
+	}
+	b.Queue(`SELECT `+sqlTicketColumns+`, params_hash FROM admission_tickets WHERE sku = $1 AND idempotency_key = ANY($2)`, sku, keys)
+}
+
+// scanKeyed reads the answer of queueKeys, by key.
+func scanKeyed(res pgx.BatchResults) (map[string]keyedTicket, error) {
+	rows, err := res.Query()
+	if err != nil {
+		return nil, err
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (keyedTicket, error) {
+		var k keyedTicket
+		var err error
+		k.t, err = scanTicket(rowWithHash{r, &k.hash})
+		return k, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	byKey := make(map[string]keyedTicket, len(found))
+	for _, k := range found {
+		byKey[k.t.IdempotencyKey] = k
+	}
+	return byKey, nil
+}
+
+// answerReplays answers, in out, the entries of idx whose key recorded
+// has (replayed, with its position; IDEMPOTENCY_KEY_REUSED if the
+// parameters differ), and returns the others.
+func answerReplays(ctx context.Context, q querier, entries []stock.TicketEntry, idx []int, recorded map[string]keyedTicket,
+	out []stock.TicketEntered) ([]int, error) {
+	var fresh []int
+	for _, i := range idx {
+		k, ok := recorded[entries[i].Ticket.IdempotencyKey]
+		switch {
+		case !ok:
+			fresh = append(fresh, i)
+		case !bytes.Equal(k.hash, entries[i].Params):
+			out[i].Err = stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")
+		default:
+			var err error
+			if k.t.Position, err = position(ctx, q, k.t); err != nil {
+				return nil, err
+			}
+			out[i] = stock.TicketEntered{Ticket: k.t, Replayed: true}
+		}
+	}
+	return fresh, nil
+}
+
+// lockAndCount takes sku's admission lock in tx and reads, under it, in
+// one round trip: the tickets queued, the units asked for by the requests
+// in flight (pending, not claimed), with perCustomer the tickets that
+// count against each customer's tokens_per_customer of entries[fresh],
+// and the tickets of their keys.
+func lockAndCount(ctx context.Context, tx pgx.Tx, sku string, entries []stock.TicketEntry, fresh []int, perCustomer bool) (
+	held map[string]int64, queued, inFlight int64, recorded map[string]keyedTicket, err error) {
+	var customers []string
+	if perCustomer {
+		for _, i := range fresh {
+			if c := entries[i].Ticket.CustomerRef; c != "" {
+				customers = append(customers, c)
+			}
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended('admission:' || $1, 0))`, sku)
+	b.Queue(`SELECT count(*) FILTER (WHERE `+sqlQueued+`),
+			coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
+		FROM admission_tickets WHERE sku = $1 AND state IN ('pending', 'waiting')`, sku)
+	b.Queue(`SELECT customer_ref, count(*) FROM admission_tickets WHERE sku = $1 AND customer_ref = ANY($2)
+		AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now()) GROUP BY customer_ref`, sku, customers)
+	queueKeys(b, sku, entries, fresh)
+	res := tx.SendBatch(ctx, b)
+	defer res.Close()
+	if _, err := res.Exec(); err != nil {
+		return nil, 0, 0, nil, err
+	}
+	if err := res.QueryRow().Scan(&queued, &inFlight); err != nil {
+		return nil, 0, 0, nil, err
+	}
+	held = map[string]int64{}
+	rows, err := res.Query()
+	if err != nil {
+		return nil, 0, 0, nil, err
+	}
+	var c string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&c, &n}, func() error { held[c] = n; return nil }); err != nil {
+		return nil, 0, 0, nil, err
+	}
+	if recorded, err = scanKeyed(res); err != nil {
+		return nil, 0, 0, nil, err
+	}
+	return held, queued, inFlight, recorded, res.Close()
+}
+
+// insertTickets writes tickets (their ids and states set; tickets[j] is
+// entries[entered[j]]) in tx, one statement in the batch's order (so their
+// seq is that order), and answers them in out: each as recorded, or, when
+// its key entered meanwhile through another allocator, that ticket,
+// replayed.
+func (db *DB) insertTickets(ctx context.Context, tx pgx.Tx, tickets []stock.Ticket, entries []stock.TicketEntry, entered []int, out []stock.TicketEntered) error {
+	n := len(tickets)
+	ids, qs, keys, params, customers, states := make([]string, n), make([]int64, n), make([]string, n), make([][]byte, n), make([]string, n), make([]string, n)
+	for j, t := range tickets {
+		ids[j], qs[j], keys[j], params[j], customers[j], states[j] = t.ID, t.Quantity, t.IdempotencyKey, entries[entered[j]].Params, t.CustomerRef, string(t.State)
+	}
+	rows, err := tx.Query(ctx, `INSERT INTO admission_tickets (ticket_id, sku, quantity, idempotency_key, params_hash, customer_ref, state)
+		SELECT u.id, $1, u.q, u.k, u.p, u.c, u.s
+		FROM unnest($2::text[], $3::bigint[], $4::text[], $5::bytea[], $6::text[], $7::text[]) WITH ORDINALITY AS u(id, q, k, p, c, s, n)
+		ORDER BY u.n
+		ON CONFLICT (sku, idempotency_key) DO NOTHING RETURNING ticket_id, seq, created_at`,
+		tickets[0].SKU, ids, qs, keys, params, customers, states)
+	if err != nil {
+		return err
+	}
+	type inserted struct {
+		seq     int64
+		created time.Time
+	}
+	got := make(map[string]inserted, n)
+	var id string
+	var in inserted
+	_, err = pgx.ForEachRow(rows, []any{&id, &in.seq, &in.created}, func() error { got[id] = in; return nil })
+	if err != nil {
+		return err
+	}
+	for j := range tickets {
+		t, i := tickets[j], entered[j]
+		in, ok := got[t.ID]
+		if ok {
+			t.Seq, t.CreatedAt = in.seq, in.created
+			out[i] = stock.TicketEntered{Ticket: &t}
+			continue
+		}
+		// Entered meanwhile under the same key: the unique index's
+		// answer, though every entry reads its keys under the lock (a
+		// registration of a SKU whose mode changed).
+		replay, err := db.replayTicket(ctx, tx, t, entries[i].Params)
+		switch {
+		case replay != nil:
+			out[i] = stock.TicketEntered{Ticket: replay, Replayed: true}
+		case err == nil:
+			return fmt.Errorf("postgres: ticket key %q conflicted and was not found", t.IdempotencyKey)
+		case errors.As(err, new(*stock.Error)):
+			out[i].Err = err
+		default:
+			return err
+		}
+	}
+	return nil
 }
 
 // insertTicket writes t (its id and state set) in tx and commits: the
@@ -230,16 +472,20 @@ func (db *DB) WaitTicket(ctx context.Context, id string, waitlistMax int64) (*st
 	})
 }
 
-// ClaimTicket takes a WAITING ticket to admit it (PENDING, claimed):
-// from then on a worker of the SKU finishes its admission even when no
-// unit is free, for its reserve may hold them already. It reports false
-// when the ticket no longer waits (cancelled).
-func (db *DB) ClaimTicket(ctx context.Context, id string) (bool, error) {
+// ClaimTickets takes WAITING tickets to admit them (PENDING, claimed), in
+// one statement: from then on a worker of the SKU finishes their
+// admission even when no unit is free, for their reserves may hold them
+// already. It returns the ids it claimed: a ticket no longer waiting
+// (cancelled) is left out.
+func (db *DB) ClaimTickets(ctx context.Context, ids []string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	tag, err := db.pool.Exec(ctx, `UPDATE admission_tickets SET state = 'pending', claimed_at = now(), updated_at = now()
-		WHERE ticket_id = $1 AND state = 'waiting'`, id)
-	return tag.RowsAffected() == 1, err
+	rows, err := db.pool.Query(ctx, `UPDATE admission_tickets SET state = 'pending', claimed_at = now(), updated_at = now()
+		WHERE ticket_id = ANY($1) AND state = 'waiting' RETURNING ticket_id`, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // DropTicket forgets a PENDING ticket whose request was refused for good
@@ -289,21 +535,66 @@ func (db *DB) ticketTx(ctx context.Context, id string, f func(context.Context, p
 	return t, nil
 }
 
-// AdmitTicket marks a PENDING or WAITING ticket ADMITTED with its token (a
-// reservation taken with the ticket's key). Admitting a ticket admitted
-// with the same token already is a replay; a ticket that ended otherwise
-// (cancelled, sold out) is answered as it ended, and the caller gives the
-// token back.
-func (db *DB) AdmitTicket(ctx context.Context, id, tokenID string, expiresAt time.Time, direct bool) (*stock.Ticket, error) {
-	return db.ticketTx(ctx, id, func(ctx context.Context, tx pgx.Tx, t *stock.Ticket) error {
-		if t.State != stock.TicketPending && t.State != stock.TicketWaiting {
-			return nil
+// AdmitTickets marks each PENDING or WAITING ticket of marks ADMITTED
+// with its token (a reservation taken with the ticket's key), in one
+// statement, and answers each ticket as it is then (nil: no such ticket).
+// Admitting a ticket admitted with the same token already is a replay; a
+// ticket that ended otherwise (cancelled, sold out) is answered as it
+// ended, and the caller gives the token back. No admission lock: each
+// mark is one row's change from pending or waiting, which the row's lock
+// serialises with a cancel, and which moves no count an entry decides on
+// but the units in flight, which the token's reserve already holds.
+func (db *DB) AdmitTickets(ctx context.Context, marks []stock.TicketMark) ([]*stock.Ticket, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	n := len(marks)
+	ids, tokens, exps, directs := make([]string, n), make([]string, n), make([]time.Time, n), make([]bool, n)
+	for i, m := range marks {
+		ids[i], tokens[i], exps[i], directs[i] = m.ID, m.TokenID, m.ExpiresAt, m.Direct
+	}
+	rows, err := db.pool.Query(ctx, `UPDATE admission_tickets SET state = 'admitted', token_id = u.tok, expires_at = u.exp, direct = u.dir, updated_at = now()
+		FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bool[]) AS u(id, tok, exp, dir)
+		WHERE ticket_id = u.id AND state IN ('pending', 'waiting')
+		RETURNING `+sqlTicketColumns, ids, tokens, exps, directs)
+	if err != nil {
+		return nil, err
+	}
+	admitted, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]*stock.Ticket, n)
+	for _, t := range admitted {
+		byID[t.ID] = t
+	}
+	var rest []string
+	for _, id := range ids {
+		if byID[id] == nil {
+			rest = append(rest, id)
 		}
-		t.State, t.TokenID, t.ExpiresAt, t.Direct = stock.TicketAdmitted, tokenID, expiresAt, direct
-		_, err := tx.Exec(ctx, `UPDATE admission_tickets SET state = 'admitted', token_id = $2, expires_at = $3, direct = $4, updated_at = now()
-			WHERE ticket_id = $1`, id, tokenID, expiresAt, direct)
-		return err
-	})
+	}
+	if len(rest) > 0 {
+		// Admitted before (a replay), or ended otherwise: as they are.
+		rows, err := db.pool.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets WHERE ticket_id = ANY($1)`, rest)
+		if err != nil {
+			return nil, err
+		}
+		others, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range others {
+			if t.Position, err = position(ctx, db.pool, t); err != nil {
+				return nil, err
+			}
+			byID[t.ID] = t
+		}
+	}
+	out := make([]*stock.Ticket, n)
+	for i, id := range ids {
+		out[i] = byID[id]
+	}
+	return out, nil
 }
 
 // CancelTicket takes a PENDING or WAITING ticket out of the waitlist, or a
@@ -334,14 +625,17 @@ func (db *DB) SoldOutTicket(ctx context.Context, id string) (*stock.Ticket, erro
 }
 
 // SoldOutWaiting marks every ticket of sku still WAITING SOLD_OUT (LOST
-// if it was drawn), and returns how many: the SKU was found sold out for
-// good.
-func (db *DB) SoldOutWaiting(ctx context.Context, sku string) (int64, error) {
+// if it was drawn), and every PENDING one older than stale (its request's
+// process died before its reserve, or after one that has ended since),
+// and returns how many: the SKU was found sold out for good, so none of
+// them holds a unit, and a stale pending ticket left open would keep the
+// SKU from being answered from memory (TicketKeys) for good.
+func (db *DB) SoldOutWaiting(ctx context.Context, sku string, stale time.Duration) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	tag, err := db.pool.Exec(ctx, `UPDATE admission_tickets
 		SET state = CASE WHEN draw_rank IS NULL THEN 'sold_out' ELSE 'lost' END, updated_at = now()
-		WHERE sku = $1 AND `+sqlQueued, sku)
+		WHERE sku = $1 AND (`+sqlQueued+` OR (state = 'pending' AND created_at < now() - $2::interval))`, sku, stale.String())
 	return tag.RowsAffected(), err
 }
 
@@ -375,19 +669,36 @@ func (db *DB) readTicket(ctx context.Context, where string, args ...any) (*stock
 }
 
 // OpenTickets returns up to limit of sku's tickets in order (drawn order
-// after a draw, else of arrival) that the admission worker looks at: every WAITING one, every one a
-// worker claimed, and the PENDING ones older than stale (their request's
-// process may have died between its reserve and its answer).
-func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, error) {
+// after a draw, else of arrival) that the admission worker looks at: every
+// WAITING one, every one a worker claimed, and the PENDING ones older than
+// stale (their request's process may have died between its reserve and
+// its answer); and, read in the same snapshot, the units asked for by
+// every PENDING ticket not claimed (requests in flight: their reserves may
+// not have landed yet).
+func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets
+	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets
 		WHERE sku = $1 AND (`+sqlQueued+` OR (state = 'pending' AND created_at < now() - $2::interval))
 		ORDER BY draw_rank, seq LIMIT $3`, sku, stale.String(), limit)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
+	tickets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
+	if err != nil {
+		return nil, 0, err
+	}
+	var inFlight int64
+	if err := tx.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0)::bigint FROM admission_tickets
+		WHERE sku = $1 AND state = 'pending' AND claimed_at IS NULL`, sku).Scan(&inFlight); err != nil {
+		return nil, 0, err
+	}
+	return tickets, inFlight, nil
 }
 
 // OpenTicketSKUs returns up to limit SKUs that have tickets WAITING,

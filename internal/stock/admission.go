@@ -147,6 +147,33 @@ type Ticket struct {
 	Rank int64
 }
 
+// TicketEntry is one request for a token in a batch of entries
+// (admission's EnterTickets): the ticket asked for (SKU, Quantity,
+// IdempotencyKey, CustomerRef) and the hash of what its key was first used
+// for (IDEMPOTENCY_KEY_REUSED when it differs).
+type TicketEntry struct {
+	Ticket Ticket
+	Params []byte
+}
+
+// TicketEntered is a TicketEntry's outcome: the ticket recorded, or the
+// one its key recorded before (Replayed), or the request's refusal (Err,
+// a *Error; nothing recorded).
+type TicketEntered struct {
+	Ticket   *Ticket
+	Replayed bool
+	Err      error
+}
+
+// TicketMark is the mark of one ticket admitted with a token (a
+// reservation taken with TicketKey(ID)), in a batch of marks.
+type TicketMark struct {
+	ID        string
+	TokenID   string
+	ExpiresAt time.Time
+	Direct    bool
+}
+
 // DrawState is where a SKU's draw is.
 type DrawState string
 
