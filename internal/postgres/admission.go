@@ -40,6 +40,24 @@ func scanTicket(row pgx.Row) (*stock.Ticket, error) {
 	return &t, nil
 }
 
+// beginLocked begins a transaction that will take a SKU's admission lock
+// once it has one of the pool's lockTxs places (db.go says why); end
+// releases the place, after the transaction ended (defer it before the
+// Rollback).
+func (db *DB) beginLocked(ctx context.Context) (tx pgx.Tx, end func(), err error) {
+	select {
+	case db.lockTxs <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	end = func() { <-db.lockTxs }
+	if tx, err = db.pool.Begin(ctx); err != nil {
+		end()
+		return nil, nil, err
+	}
+	return tx, end, nil
+}
+
 // lockAdmission serialises the entries of sku's tickets until tx ends.
 func lockAdmission(ctx context.Context, tx pgx.Tx, sku string) error {
 	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('admission:' || $1, 0))`, sku)
@@ -140,10 +158,11 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	if queued > 0 && queued >= waitlistMax {
 		return refuse(stock.Errorf(stock.CodeWaitlistFull, "the waitlist of sku %q is full", sku))
 	}
-	tx, err := db.pool.Begin(ctx)
+	tx, end, err := db.beginLocked(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer end()
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	held, queued, inFlight, recorded, err := lockAndCount(ctx, tx, sku, entries, fresh, perCustomer > 0)
 	if err != nil {
@@ -504,10 +523,11 @@ func (db *DB) DropTicket(ctx context.Context, id string) error {
 func (db *DB) ticketTx(ctx context.Context, id string, f func(context.Context, pgx.Tx, *stock.Ticket) error) (*stock.Ticket, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	tx, err := db.pool.Begin(ctx)
+	tx, end, err := db.beginLocked(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer end()
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	var sku string
 	if err := tx.QueryRow(ctx, `SELECT sku FROM admission_tickets WHERE ticket_id = $1`, id).Scan(&sku); err != nil {
@@ -730,10 +750,11 @@ func (db *DB) WaitingCount(ctx context.Context, sku string) (int64, error) {
 func (db *DB) TicketKeys(ctx context.Context, sku string, limit int, each func(key string)) (int, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	tx, err := db.pool.Begin(ctx)
+	tx, end, err := db.beginLocked(ctx)
 	if err != nil {
 		return 0, false, err
 	}
+	defer end()
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if err := lockAdmission(ctx, tx, sku); err != nil {
 		return 0, false, err

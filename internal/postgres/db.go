@@ -35,6 +35,14 @@ type DB struct {
 	// lost counts the lost commits whose outcome was asked, by answer.
 	lost struct{ committed, voided, unknown atomic.Int64 }
 	spec speculation
+	// lockTxs bounds this pool's transactions that take a SKU's admission
+	// lock (beginLocked) to half its connections. The lock's holder of an
+	// entry batch reads the stock on a second connection; were every
+	// connection held by transactions waiting for that same lock, the
+	// holder would wait for a connection until its deadline (a stall of
+	// every ticket of the SKU). With at most half the pool in such
+	// transactions, each holder can always get its second connection.
+	lockTxs chan struct{}
 }
 
 // Options tune Open.
@@ -87,7 +95,7 @@ func Open(ctx context.Context, url string, opt Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: connect: %w", err)
 	}
-	db := &DB{pool: pool}
+	db := &DB{pool: pool, lockTxs: make(chan struct{}, max(1, pool.Config().MaxConns/2))}
 	if opt.MigrateURL == "" {
 		err = migrate(ctx, *pool.Config().ConnConfig)
 	} else {

@@ -30,10 +30,11 @@ func (db *DB) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte,
 	if !open {
 		return nil, false, stock.Errorf(stock.CodeSaleEnded, "the registration for the draw of sku %q has closed", t.SKU)
 	}
-	tx, err := db.pool.Begin(ctx)
+	tx, end, err := db.beginLocked(ctx)
 	if err != nil {
 		return nil, false, err
 	}
+	defer end()
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if err := lockAdmission(ctx, tx, t.SKU); err != nil {
 		return nil, false, err
@@ -64,10 +65,11 @@ func (db *DB) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte,
 func (db *DB) SeedDraw(ctx context.Context, sku string, seed []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	tx, err := db.pool.Begin(ctx)
+	tx, end, err := db.beginLocked(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer end()
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if err := lockAdmission(ctx, tx, sku); err != nil {
 		return nil, err
@@ -90,10 +92,11 @@ func (db *DB) SeedDraw(ctx context.Context, sku string, seed []byte) ([]byte, er
 func (db *DB) RankDraw(ctx context.Context, sku string, order func(seed []byte, ids []string) []string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	tx, err := db.pool.Begin(ctx)
+	tx, end, err := db.beginLocked(ctx)
 	if err != nil {
 		return false, err
 	}
+	defer end()
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if err := lockAdmission(ctx, tx, sku); err != nil {
 		return false, err
