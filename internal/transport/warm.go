@@ -41,24 +41,6 @@ func Warm(h http.Handler, idleMax int) http.Handler {
 	return &warmPool{h: h, idleMax: idleMax, idleTimeout: warmIdleTimeout}
 }
 
-// WarmWhere is Warm for the requests warm says yes to; the rest are
-// served on their own goroutine, as net/http starts them. Put in front of
-// a whole listener's handler (its mux, admission and CORS included), it
-// lets the routing and admission run on a grown stack too: net/http's
-// pattern match alone grows a fresh goroutine's stack. warm keeps off the
-// kept goroutines what may last as long as its client wants (a watch): a
-// kept goroutine is for calls that end.
-func WarmWhere(h http.Handler, idleMax int, warm func(r *http.Request) bool) http.Handler {
-	pool := Warm(h, idleMax)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if warm(r) {
-			pool.ServeHTTP(w, r)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
 type warmPool struct {
 	h           http.Handler
 	idleMax     int

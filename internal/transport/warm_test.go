@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -231,40 +230,6 @@ func BenchmarkWarm(b *testing.B) {
 					<-done
 				}
 			})
-		}
-	}
-}
-
-// TestWarmWhere: over a real h2c listener, a request warm says yes to is
-// served on a kept goroutine, one it says no to (a watch) on its own.
-func TestWarmWhere(t *testing.T) {
-	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if strings.Contains(string(debug.Stack()), "(*warmPool).work") {
-			fmt.Fprint(w, "kept")
-			return
-		}
-		fmt.Fprint(w, "own")
-	})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() {
-		served <- Serve(ctx, lis, WarmWhere(h, 0, func(r *http.Request) bool { return r.URL.Path != "/watch" }))
-	}()
-	t.Cleanup(func() {
-		stop()
-		if err := <-served; err != nil {
-			t.Errorf("Serve = %v", err)
-		}
-	})
-	c := NewClient()
-	base := "http://" + lis.Addr().String()
-	for path, want := range map[string]string{"/call": "kept", "/watch": "own"} {
-		if _, got := get(t, c, base+path); got != want {
-			t.Errorf("GET %s served on %q goroutine, want %q", path, got, want)
 		}
 	}
 }

@@ -425,7 +425,7 @@ func serve(ctx context.Context, cancel context.CancelFunc, cfg *config, proc *st
 		Addr: cfg.scheme + "://" + proc.Listener.Addr().String(), Operator: cfg.scheme + "://" + opsLis.Addr().String()}, w.ready)
 	log.Info("allocator started", "addr", proc.Listener.Addr().String())
 	public := transport.LimitConns(proc.Listener, cfg.clientConns, transport.NewConnMetrics(proc.Registry, "shardstock_allocator_client"))
-	serveErr := transport.ServeTLS(ctx, public, transport.WarmWhere(transport.CORS(mux, splitList(cfg.corsOrigins)), 0, warmCall), cfg.publicTLS)
+	serveErr := transport.ServeTLS(ctx, public, transport.CORS(mux, splitList(cfg.corsOrigins)), cfg.publicTLS)
 
 	// Shut down: everything started above stops with ctx.
 	cancel()
@@ -453,7 +453,7 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 		TrustedProxies: cfg.proxies, InFlight: cfg.inFlight, AheadBytes: int64(cfg.aheadBytes)}
 	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc, Log: w.audit, Changes: w.changes, Admission: w.admission},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
-	mux.Handle(invPath, api.Admit(admit, invHandler, metrics.Refused))
+	mux.Handle(invPath, api.Admit(admit, transport.Warm(invHandler, 0), metrics.Refused))
 	// A watch lasts as long as its client wants: it holds no place among
 	// the requests in flight (the change stream bounds its watches) and no
 	// kept goroutine. The AdminService has no in-flight bound either:
@@ -469,16 +469,6 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	mux.Handle(shardstockv1connect.AdminServiceWatchLedgerProcedure, api.Admit(admit, api.WatchWriter(adminHandler), metrics.Refused))
 	mux.Handle("/", api.Dashboard())
 	return mux
-}
-
-// warmCall says which public requests are served on kept goroutines
-// (transport.WarmWhere), routing and admission included: the
-// InventoryService's calls, the hot path. Its watches last as long as
-// their clients want, and keep a goroutine of their own.
-func warmCall(r *http.Request) bool {
-	p := r.URL.Path
-	return strings.HasPrefix(p, "/"+shardstockv1connect.InventoryServiceName+"/") &&
-		p != shardstockv1connect.InventoryServiceWatchStockProcedure && p != shardstockv1connect.InventoryServiceWatchTicketProcedure
 }
 
 // serveLocalShard runs -shard-id's shard server and serves its listener
