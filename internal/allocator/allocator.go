@@ -265,6 +265,14 @@ func (a *Allocator) sku(ctx context.Context, name string) (*stock.SKU, error) {
 	if c, ok := a.skus.Get(name); ok && time.Since(c.fetched) < skuCacheTTL {
 		return c.sku, nil
 	}
+	return a.readSKU(ctx, name)
+}
+
+// readSKU reads a SKU's configuration from its database, and caches it
+// for routing as sku does. GetStock reads through it too: a SKU just
+// created (CreateSKU answers with GetStock) or looked at is often about to
+// be sold, and its first request then finds it cached.
+func (a *Allocator) readSKU(ctx context.Context, name string) (*stock.SKU, error) {
 	stripe := skuGenStripe(name)
 	a.skuMu.Lock()
 	gen := a.skuGens[stripe]

@@ -217,3 +217,36 @@ func TestAllocator_SKUCacheFillAfterForget(t *testing.T) {
 		t.Errorf("sku(refilled) after UpdateSKU paused it = %+v, %v, want it paused: a read from before the change was cached", got, err)
 	}
 }
+
+// countingStore is a real database that counts its GetSKU calls.
+type countingStore struct {
+	*postgres.DB
+	reads atomic.Int64
+}
+
+func (c *countingStore) GetSKU(ctx context.Context, name string) (*stock.SKU, error) {
+	c.reads.Add(1)
+	return c.DB.GetSKU(ctx, name)
+}
+
+// TestAllocator_SKUCacheFromGetStock: the SKU GetStock reads (CreateSKU
+// answers with it) is cached for routing: the SKU's first request reads
+// no configuration.
+func TestAllocator_SKUCacheFromGetStock(t *testing.T) {
+	db := &countingStore{DB: openDB(t)}
+	ctx := context.Background()
+	a := New(Config{DB: db, Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
+	defer a.Close()
+	s := stock.SKU{Name: "fresh", Status: stock.StatusActive, Shards: 2, ReservationTTL: stock.ReservationTTLDefault}
+	if _, err := a.CreateSKU(ctx, s, 10); err != nil {
+		t.Fatal(err)
+	}
+	before := db.reads.Load()
+	got, err := a.sku(ctx, s.Name)
+	if err != nil || got.Shards != 2 {
+		t.Fatalf("sku(%s) = %+v, %v, want its 2 shards", s.Name, got, err)
+	}
+	if n := db.reads.Load() - before; n != 0 {
+		t.Errorf("sku(%s) after CreateSKU read the SKU %d times, want 0: GetStock's read cached", s.Name, n)
+	}
+}
