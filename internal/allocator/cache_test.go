@@ -73,7 +73,7 @@ func TestAllocator_CacheBounds(t *testing.T) {
 		a := New(Config{DB: db, Topology: func() topology.View { return topology.View{} }})
 		defer a.Close()
 		for i := range skuCacheLenMax {
-			a.skus.Add(fmt.Sprint("filler-", i), cachedSKU{sku: &stock.SKU{}, fetched: time.Now()})
+			a.skus.Add(fmt.Sprint("filler-", i), &cachedSKU{sku: &stock.SKU{}, fetched: time.Now()})
 		}
 		if _, err := a.sku(ctx, s.Name); err != nil {
 			t.Fatalf("sku(%s) = %v", s.Name, err)
@@ -248,5 +248,56 @@ func TestAllocator_SKUCacheFromGetStock(t *testing.T) {
 	}
 	if n := db.reads.Load() - before; n != 0 {
 		t.Errorf("sku(%s) after CreateSKU read the SKU %d times, want 0: GetStock's read cached", s.Name, n)
+	}
+}
+
+// TestAllocator_SKURefresh: a refresh reads again, in one statement, the
+// SKUs asked for since their read once past half their TTL, and no
+// other: the next request of a refreshed SKU reads nothing, and sees a
+// change made through another allocator before the refresh.
+func TestAllocator_SKURefresh(t *testing.T) {
+	db := &countingStore{DB: openDB(t)}
+	ctx := context.Background()
+	a := New(Config{DB: db, Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
+	defer a.Close()
+	for _, name := range []string{"asked", "idle", "young"} {
+		if err := db.CreateSKU(ctx, stock.SKU{Name: name, Status: stock.StatusActive, Shards: 1, ReservationTTL: stock.ReservationTTLDefault}, 1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.sku(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-skuCacheTTL * 3 / 4)
+	for _, name := range []string{"asked", "idle"} {
+		c, _ := a.skus.Peek(name)
+		c.fetched = old
+	}
+	for _, name := range []string{"asked", "young"} {
+		if _, err := a.sku(ctx, name); err != nil { // asked for since its read
+			t.Fatal(err)
+		}
+	}
+	paused := true
+	if _, err := db.UpdateSKU(ctx, "asked", stock.SKUUpdate{Paused: &paused}); err != nil { // as another allocator would
+		t.Fatal(err)
+	}
+	entries := map[string]*cachedSKU{}
+	for _, name := range []string{"asked", "idle", "young"} {
+		entries[name], _ = a.skus.Peek(name)
+	}
+	before := db.reads.Load()
+	a.refreshDue(db)
+	for name, want := range map[string]bool{"asked": true, "idle": false, "young": false} {
+		if c, _ := a.skus.Peek(name); (c != entries[name]) != want {
+			t.Errorf("%s refreshed %v, want %v", name, c != entries[name], want)
+		}
+	}
+	got, err := a.sku(ctx, "asked")
+	if err != nil || got.Status != stock.StatusPaused {
+		t.Errorf("sku(asked) after the refresh = %+v, %v, want it paused", got, err)
+	}
+	if n := db.reads.Load() - before; n != 0 {
+		t.Errorf("%d GetSKU calls for the refresh and the next request, want 0", n)
 	}
 }
