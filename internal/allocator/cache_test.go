@@ -251,6 +251,13 @@ func TestAllocator_SKUCacheFromGetStock(t *testing.T) {
 	}
 }
 
+// unbatched hides the database's GetSKUs (a method of another signature),
+// so that the allocator starts no refreshes of its own: the test runs one
+// (refreshDue) when it chooses.
+type unbatched struct{ *countingStore }
+
+func (unbatched) GetSKUs() {}
+
 // TestAllocator_SKURefresh: a refresh reads again, in one statement, the
 // SKUs asked for since their read once past half their TTL, and no
 // other: the next request of a refreshed SKU reads nothing, and sees a
@@ -258,7 +265,7 @@ func TestAllocator_SKUCacheFromGetStock(t *testing.T) {
 func TestAllocator_SKURefresh(t *testing.T) {
 	db := &countingStore{DB: openDB(t)}
 	ctx := context.Background()
-	a := New(Config{DB: db, Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
+	a := New(Config{DB: unbatched{db}, Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
 	defer a.Close()
 	for _, name := range []string{"asked", "idle", "young"} {
 		if err := db.CreateSKU(ctx, stock.SKU{Name: name, Status: stock.StatusActive, Shards: 1, ReservationTTL: stock.ReservationTTLDefault}, 1); err != nil {
@@ -271,7 +278,7 @@ func TestAllocator_SKURefresh(t *testing.T) {
 	old := time.Now().Add(-skuCacheTTL * 3 / 4)
 	for _, name := range []string{"asked", "idle"} {
 		c, _ := a.skus.Peek(name)
-		c.fetched = old
+		a.skus.Add(name, &cachedSKU{sku: c.sku, fetched: old})
 	}
 	for _, name := range []string{"asked", "young"} {
 		if _, err := a.sku(ctx, name); err != nil { // asked for since its read
