@@ -308,3 +308,36 @@ func TestAllocator_SKURefresh(t *testing.T) {
 		t.Errorf("%d GetSKU calls for the refresh and the next request, want 0", n)
 	}
 }
+
+// forgetDuring is a batch reader that has the allocator forget a SKU
+// (UpdateSKU through it) after its read and before it returns.
+type forgetDuring struct {
+	*postgres.DB
+	a    *Allocator
+	name string
+}
+
+func (f forgetDuring) GetSKUs(ctx context.Context, names []string) (map[string]*stock.SKU, error) {
+	got, err := f.DB.GetSKUs(ctx, names)
+	f.a.forgetSKU(f.name)
+	return got, err
+}
+
+// TestAllocator_SKURefreshAfterForget: a refresh whose read a forget of
+// the SKU overlapped does not cache what it read, as readSKU does not.
+func TestAllocator_SKURefreshAfterForget(t *testing.T) {
+	db := &countingStore{DB: openDB(t)}
+	ctx := context.Background()
+	a := New(Config{DB: unbatched{db}, Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
+	defer a.Close()
+	if err := db.CreateSKU(ctx, stock.SKU{Name: "changed", Status: stock.StatusActive, Shards: 1, ReservationTTL: stock.ReservationTTLDefault}, 1); err != nil {
+		t.Fatal(err)
+	}
+	c := &cachedSKU{sku: &stock.SKU{Name: "changed"}, fetched: time.Now().Add(-skuCacheTTL * 3 / 4)}
+	c.used.Store(true)
+	a.skus.Add("changed", c)
+	a.refreshDue(forgetDuring{DB: db.DB, a: a, name: "changed"})
+	if got, ok := a.skus.Peek("changed"); ok {
+		t.Errorf("after a refresh a forget overlapped, the cache holds %+v, want nothing", got.sku)
+	}
+}
