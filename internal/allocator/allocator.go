@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -41,6 +42,16 @@ const (
 	// query for nearly every request (docs/benchmarks.md measured it); a
 	// change made through another allocator shows here within this TTL.
 	skuCacheTTL = 10 * time.Second
+	// skuRefreshInterval is how often the SKUs requested since their read
+	// are read again, in batches, once past half their TTL
+	// (refreshSKUs): a SKU asked for at least once in every such interval
+	// never waits for a read of its configuration.
+	skuRefreshInterval = skuCacheTTL / 2
+	// skuRefreshBatchMax bounds the SKUs one statement of a refresh reads,
+	// and skuRefreshMax those of one refresh: the rest expire and are read
+	// when next asked for, as without a refresh.
+	skuRefreshBatchMax = 1024
+	skuRefreshMax      = 8 * skuRefreshBatchMax
 	// inTransitWait is the pause before retrying when the stock a request
 	// needs is in transit.
 	inTransitWait = 50 * time.Millisecond
@@ -130,7 +141,7 @@ type Allocator struct {
 	// A SKU's hints are one entry, so that routing a request costs one
 	// lookup, not one per shard.
 	hints *lru.Cache[string, *skuHints]
-	skus  *lru.Cache[string, cachedSKU]
+	skus  *lru.Cache[string, *cachedSKU]
 	// skuGens orders the SKU cache's fills after its invalidations: a
 	// forget bumps its SKU's stripe, and a read that began before is
 	// answered but not kept (it may hold what the forget was for).
@@ -139,13 +150,14 @@ type Allocator struct {
 	// transitWait is inTransitWait; longer in tests.
 	transitWait time.Duration
 
-	checks   checker
-	memory   memory    // the sold-out answered from memory
-	inflight sync.Map  // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
-	doubts   doubtBook // keys a shard may still apply: OPERATION_IN_PROGRESS
-	metrics  *metrics
-	stop     chan struct{} // closed by Close: ends followTopology
-	followed chan struct{} // closed when followTopology has returned
+	checks    checker
+	memory    memory    // the sold-out answered from memory
+	inflight  sync.Map  // sku + "\x00" + key -> struct{}: OPERATION_IN_PROGRESS
+	doubts    doubtBook // keys a shard may still apply: OPERATION_IN_PROGRESS
+	metrics   *metrics
+	stop      chan struct{} // closed by Close: ends followTopology and refreshes
+	followed  chan struct{} // closed when followTopology has returned
+	refreshed chan struct{} // closed when the SKU cache's refreshes have returned
 
 	// rebal moves stock: the rounds, SetShards, Rebalance and the
 	// consolidations routing asks for.
@@ -163,6 +175,13 @@ type Allocator struct {
 type cachedSKU struct {
 	sku     *stock.SKU
 	fetched time.Time
+	used    atomic.Bool // asked for since it was read: refreshSKUs reads it again
+}
+
+// skuBatchReader reads many SKUs' configurations at once (postgres.DB,
+// dbset.Set); a store without it has no refresh.
+type skuBatchReader interface {
+	GetSKUs(ctx context.Context, names []string) (map[string]*stock.SKU, error)
 }
 
 // New returns an Allocator.
@@ -186,11 +205,12 @@ func New(cfg Config) *Allocator {
 		log:         log,
 		servers:     map[string]*serverClient{},
 		hints:       mustLRU[string, *skuHints](hintsSKUsMax),
-		skus:        mustLRU[string, cachedSKU](skuCacheLenMax),
+		skus:        mustLRU[string, *cachedSKU](skuCacheLenMax),
 		transitWait: inTransitWait,
 		metrics:     newMetrics(cfg.Registerer),
 		stop:        make(chan struct{}),
 		followed:    make(chan struct{}),
+		refreshed:   make(chan struct{}),
 		orders:      cfg.Orders,
 		driverID:    "allocator-" + stock.NewTransferID()[3:19],
 		orderHook:   cfg.OrderHook,
@@ -214,6 +234,7 @@ func New(cfg Config) *Allocator {
 	a.rebal = rebalance.New(rebalance.Host{Store: cfg.DB, Exec: a.exec, SKU: a.sku, Forget: a.forgetSKU,
 		Moves: cfg.Moves, Logger: log, Registerer: cfg.Registerer}, cfg.Rebalance)
 	go a.followTopology()
+	go a.refreshSKUs(skuRefreshInterval)
 	if a.orders != nil && !cfg.OrderRecoveryOff {
 		go func() { defer close(a.recovered); a.recoverOrders() }()
 	} else {
@@ -238,6 +259,7 @@ func mustLRU[K comparable, V any](size int) *lru.Cache[K, V] {
 func (a *Allocator) Close() {
 	close(a.stop)
 	<-a.followed
+	<-a.refreshed
 	<-a.recovered
 	drove := make(chan struct{})
 	go func() { a.drives.Wait(); close(drove) }()
@@ -263,8 +285,19 @@ func (a *Allocator) Ready() bool { return a.topo().AllOwned() }
 // it was before, and would hide the change for skuCacheTTL.
 func (a *Allocator) sku(ctx context.Context, name string) (*stock.SKU, error) {
 	if c, ok := a.skus.Get(name); ok && time.Since(c.fetched) < skuCacheTTL {
+		if !c.used.Load() { // one write per read, not per request
+			c.used.Store(true)
+		}
 		return c.sku, nil
 	}
+	return a.readSKU(ctx, name)
+}
+
+// readSKU reads a SKU's configuration from its database, and caches it
+// for routing as sku does. GetStock reads through it too: a SKU just
+// created (CreateSKU answers with GetStock) or looked at is often about to
+// be sold, and its first request then finds it cached.
+func (a *Allocator) readSKU(ctx context.Context, name string) (*stock.SKU, error) {
 	stripe := skuGenStripe(name)
 	a.skuMu.Lock()
 	gen := a.skuGens[stripe]
@@ -277,9 +310,75 @@ func (a *Allocator) sku(ctx context.Context, name string) (*stock.SKU, error) {
 	a.skuMu.Lock()
 	defer a.skuMu.Unlock()
 	if a.skuGens[stripe] == gen {
-		a.skus.Add(name, cachedSKU{sku: s, fetched: began})
+		a.skus.Add(name, &cachedSKU{sku: s, fetched: began})
 	}
 	return s, nil
+}
+
+// refreshSKUs, every interval until Close, reads again the SKUs asked for
+// since their read that are past half their TTL (at most skuRefreshMax),
+// in statements of skuRefreshBatchMax: a few statements instead of one
+// read per SKU and TTL on the requests' path. A refreshed SKU is cached
+// from when its batch's read began, so it is never older than a read on
+// the path would be; one a forget overlapped is not kept (readSKU).
+func (a *Allocator) refreshSKUs(interval time.Duration) {
+	defer close(a.refreshed)
+	br, ok := a.db.(skuBatchReader)
+	if !ok {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+		}
+		a.refreshDue(br)
+	}
+}
+
+// refreshDue is one refresh: the SKUs due, in batches.
+func (a *Allocator) refreshDue(br skuBatchReader) {
+	var due []string
+	now := time.Now()
+	for _, name := range a.skus.Keys() {
+		c, ok := a.skus.Peek(name)
+		if !ok || !c.used.Load() {
+			continue
+		}
+		if age := now.Sub(c.fetched); age >= skuCacheTTL/2 && age < skuCacheTTL {
+			if due = append(due, name); len(due) == skuRefreshMax {
+				break
+			}
+		}
+	}
+	for batch := range slices.Chunk(due, skuRefreshBatchMax) {
+		a.refreshBatch(br, batch)
+	}
+}
+
+// refreshBatch reads names again and caches each found, unless a forget
+// of its stripe overlapped the read.
+func (a *Allocator) refreshBatch(br skuBatchReader, names []string) {
+	a.skuMu.Lock()
+	gens := a.skuGens
+	a.skuMu.Unlock()
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), skuCacheTTL/2)
+	defer cancel()
+	got, err := br.GetSKUs(ctx, names)
+	if err != nil {
+		a.log.Debug("SKU cache: refresh failed; the SKUs are read when next asked for", "skus", len(names), "err", err)
+	}
+	a.skuMu.Lock()
+	defer a.skuMu.Unlock()
+	for name, s := range got {
+		if stripe := skuGenStripe(name); a.skuGens[stripe] == gens[stripe] {
+			a.skus.Add(name, &cachedSKU{sku: s, fetched: began})
+		}
+	}
 }
 
 // SKU returns a SKU's configuration, as cached for routing (skuCacheTTL).

@@ -73,7 +73,7 @@ func TestAllocator_CacheBounds(t *testing.T) {
 		a := New(Config{DB: db, Topology: func() topology.View { return topology.View{} }})
 		defer a.Close()
 		for i := range skuCacheLenMax {
-			a.skus.Add(fmt.Sprint("filler-", i), cachedSKU{sku: &stock.SKU{}, fetched: time.Now()})
+			a.skus.Add(fmt.Sprint("filler-", i), &cachedSKU{sku: &stock.SKU{}, fetched: time.Now()})
 		}
 		if _, err := a.sku(ctx, s.Name); err != nil {
 			t.Fatalf("sku(%s) = %v", s.Name, err)
@@ -215,5 +215,129 @@ func TestAllocator_SKUCacheFillAfterForget(t *testing.T) {
 	got, err := a.sku(ctx, s.Name)
 	if err != nil || got.Status != stock.StatusPaused {
 		t.Errorf("sku(refilled) after UpdateSKU paused it = %+v, %v, want it paused: a read from before the change was cached", got, err)
+	}
+}
+
+// countingStore is a real database that counts its GetSKU calls.
+type countingStore struct {
+	*postgres.DB
+	reads atomic.Int64
+}
+
+func (c *countingStore) GetSKU(ctx context.Context, name string) (*stock.SKU, error) {
+	c.reads.Add(1)
+	return c.DB.GetSKU(ctx, name)
+}
+
+// TestAllocator_SKUCacheFromGetStock: the SKU GetStock reads (CreateSKU
+// answers with it) is cached for routing: the SKU's first request reads
+// no configuration.
+func TestAllocator_SKUCacheFromGetStock(t *testing.T) {
+	db := &countingStore{DB: openDB(t)}
+	ctx := context.Background()
+	a := New(Config{DB: db, Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
+	defer a.Close()
+	s := stock.SKU{Name: "fresh", Status: stock.StatusActive, Shards: 2, ReservationTTL: stock.ReservationTTLDefault}
+	if _, err := a.CreateSKU(ctx, s, 10); err != nil {
+		t.Fatal(err)
+	}
+	before := db.reads.Load()
+	got, err := a.sku(ctx, s.Name)
+	if err != nil || got.Shards != 2 {
+		t.Fatalf("sku(%s) = %+v, %v, want its 2 shards", s.Name, got, err)
+	}
+	if n := db.reads.Load() - before; n != 0 {
+		t.Errorf("sku(%s) after CreateSKU read the SKU %d times, want 0: GetStock's read cached", s.Name, n)
+	}
+}
+
+// unbatched hides the database's GetSKUs (a method of another signature),
+// so that the allocator starts no refreshes of its own: the test runs one
+// (refreshDue) when it chooses.
+type unbatched struct{ *countingStore }
+
+func (unbatched) GetSKUs() {}
+
+// TestAllocator_SKURefresh: a refresh reads again, in one statement, the
+// SKUs asked for since their read once past half their TTL, and no
+// other: the next request of a refreshed SKU reads nothing, and sees a
+// change made through another allocator before the refresh.
+func TestAllocator_SKURefresh(t *testing.T) {
+	db := &countingStore{DB: openDB(t)}
+	ctx := context.Background()
+	a := New(Config{DB: unbatched{db}, Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
+	defer a.Close()
+	for _, name := range []string{"asked", "idle", "young"} {
+		if err := db.CreateSKU(ctx, stock.SKU{Name: name, Status: stock.StatusActive, Shards: 1, ReservationTTL: stock.ReservationTTLDefault}, 1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.sku(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-skuCacheTTL * 3 / 4)
+	for _, name := range []string{"asked", "idle"} {
+		c, _ := a.skus.Peek(name)
+		a.skus.Add(name, &cachedSKU{sku: c.sku, fetched: old})
+	}
+	for _, name := range []string{"asked", "young"} {
+		if _, err := a.sku(ctx, name); err != nil { // asked for since its read
+			t.Fatal(err)
+		}
+	}
+	paused := true
+	if _, err := db.UpdateSKU(ctx, "asked", stock.SKUUpdate{Paused: &paused}); err != nil { // as another allocator would
+		t.Fatal(err)
+	}
+	entries := map[string]*cachedSKU{}
+	for _, name := range []string{"asked", "idle", "young"} {
+		entries[name], _ = a.skus.Peek(name)
+	}
+	before := db.reads.Load()
+	a.refreshDue(db)
+	for name, want := range map[string]bool{"asked": true, "idle": false, "young": false} {
+		if c, _ := a.skus.Peek(name); (c != entries[name]) != want {
+			t.Errorf("%s refreshed %v, want %v", name, c != entries[name], want)
+		}
+	}
+	got, err := a.sku(ctx, "asked")
+	if err != nil || got.Status != stock.StatusPaused {
+		t.Errorf("sku(asked) after the refresh = %+v, %v, want it paused", got, err)
+	}
+	if n := db.reads.Load() - before; n != 0 {
+		t.Errorf("%d GetSKU calls for the refresh and the next request, want 0", n)
+	}
+}
+
+// forgetDuring is a batch reader that has the allocator forget a SKU
+// (UpdateSKU through it) after its read and before it returns.
+type forgetDuring struct {
+	*postgres.DB
+	a    *Allocator
+	name string
+}
+
+func (f forgetDuring) GetSKUs(ctx context.Context, names []string) (map[string]*stock.SKU, error) {
+	got, err := f.DB.GetSKUs(ctx, names)
+	f.a.forgetSKU(f.name)
+	return got, err
+}
+
+// TestAllocator_SKURefreshAfterForget: a refresh whose read a forget of
+// the SKU overlapped does not cache what it read, as readSKU does not.
+func TestAllocator_SKURefreshAfterForget(t *testing.T) {
+	db := &countingStore{DB: openDB(t)}
+	ctx := context.Background()
+	a := New(Config{DB: unbatched{db}, Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds})
+	defer a.Close()
+	if err := db.CreateSKU(ctx, stock.SKU{Name: "changed", Status: stock.StatusActive, Shards: 1, ReservationTTL: stock.ReservationTTLDefault}, 1); err != nil {
+		t.Fatal(err)
+	}
+	c := &cachedSKU{sku: &stock.SKU{Name: "changed"}, fetched: time.Now().Add(-skuCacheTTL * 3 / 4)}
+	c.used.Store(true)
+	a.skus.Add("changed", c)
+	a.refreshDue(forgetDuring{DB: db.DB, a: a, name: "changed"})
+	if got, ok := a.skus.Peek("changed"); ok {
+		t.Errorf("after a refresh a forget overlapped, the cache holds %+v, want nothing", got.sku)
 	}
 }

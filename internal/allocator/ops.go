@@ -141,7 +141,7 @@ func (a *Allocator) GetStock(ctx context.Context, name string) (*stock.Stock, er
 	if err := stock.ValidateSKU(name); err != nil {
 		return nil, err
 	}
-	sku, err := a.admin.GetSKU(ctx, name)
+	sku, err := a.readSKU(ctx, name)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/auth"
@@ -120,15 +121,19 @@ func internalsHidden(ctx context.Context) bool {
 // credential id, never the secret) and its outcome; the caller is in its
 // ledger entries too (stock.Request.Caller). log is the process's audit
 // log, which hands the line to a writer of its own (startup.AuditLog): a
-// write a line would cost each call of the hot path a system call.
+// write a line would cost each call of the hot path a system call. The
+// record has no program counter (slog.NewRecord with pc 0): no handler of
+// shardstock writes the source, and LogAttrs walks the stack for it
+// (runtime.Callers) on every call.
 func audit(ctx context.Context, log *slog.Logger, call string, r *stock.Request, res stock.Result) {
 	if log == nil || !log.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
-	outcome := outcomeOf(res.Err, res.Replayed)
-	log.LogAttrs(ctx, slog.LevelInfo, "stock call", slog.String("call", call), slog.String("caller", r.Caller),
+	rec := slog.NewRecord(time.Now(), slog.LevelInfo, "stock call", 0)
+	rec.AddAttrs(slog.String("call", call), slog.String("caller", r.Caller),
 		slog.String("sku", r.Shard.SKU), slog.String("key", r.Key), slog.String("reservation", r.ReservationID),
-		slog.Int64("quantity", r.Quantity), slog.String("outcome", outcome))
+		slog.Int64("quantity", r.Quantity), slog.String("outcome", outcomeOf(res.Err, res.Replayed)))
+	_ = log.Handler().Handle(ctx, rec)
 }
 
 // auditOrder logs an order call as audit does a stock call: the order's
@@ -147,7 +152,9 @@ func auditOrder(ctx context.Context, log *slog.Logger, call string, o *stock.Ord
 	if o != nil {
 		attrs = append(attrs, slog.String("order", o.ID), slog.String("order_ref", o.OrderRef), slog.Int("lines", len(o.Lines)))
 	}
-	log.LogAttrs(ctx, slog.LevelInfo, "order call", attrs...)
+	rec := slog.NewRecord(time.Now(), slog.LevelInfo, "order call", 0)
+	rec.AddAttrs(attrs...)
+	_ = log.Handler().Handle(ctx, rec)
 }
 
 // outcomeOf is an audit line's outcome: the refusal's code, replayed, or ok.

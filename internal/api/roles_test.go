@@ -85,3 +85,30 @@ func TestPolicy_Admission(t *testing.T) {
 		}
 	}
 }
+
+// countingHandler counts the records it is handed and formats none.
+type countingHandler struct{ n *int }
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countingHandler) Handle(context.Context, slog.Record) error {
+	*h.n++
+	return nil
+}
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countingHandler) WithGroup(string) slog.Handler      { return h }
+
+// BenchmarkAudit: what building a stock call's audit line costs the call,
+// the handler's work (startup.AuditLog's queue and writer) left out.
+func BenchmarkAudit(b *testing.B) {
+	var n int
+	log := slog.New(countingHandler{&n})
+	ctx := context.Background()
+	r := &stock.Request{Kind: stock.OpDeduct, Shard: stock.ShardKey{SKU: "hot"}, Quantity: 1, Key: "k-1", Caller: "service:token:3f2a9c1b0d4e"}
+	res := stock.Result{Err: stock.Errorf(stock.CodeOutOfStock, "out of stock")}
+	for b.Loop() {
+		audit(ctx, log, "Deduct", r, res)
+	}
+	if n != b.N {
+		b.Fatalf("%d lines for %d calls", n, b.N)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -390,6 +391,37 @@ func (s *Set) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
 		return found, serr
 	}
 	return got, err
+}
+
+// GetSKUs reads the configurations of names from their databases, one
+// statement each; a SKU whose database the placement (or an earlier
+// lookup) does not name alone is left out, as is one not found: the
+// caller reads those one by one (GetSKU), which looks for them.
+func (s *Set) GetSKUs(ctx context.Context, names []string) (map[string]*stock.SKU, error) {
+	byDB := map[string][]string{}
+	p := s.placement.Current()
+	for _, sku := range names {
+		cands := p.Candidates(sku)
+		switch name, ok := s.located.Peek(sku); {
+		case len(cands) == 1 && !s.strays.Load():
+			byDB[cands[0]] = append(byDB[cands[0]], sku)
+		case ok:
+			byDB[name] = append(byDB[name], sku)
+		}
+	}
+	out := make(map[string]*stock.SKU, len(names))
+	for name, skus := range byDB {
+		db := s.dbs[name]
+		if db == nil {
+			continue
+		}
+		got, err := db.GetSKUs(ctx, skus)
+		if err != nil {
+			return out, err
+		}
+		maps.Copy(out, got)
+	}
+	return out, nil
 }
 
 // UpdateSKU updates the SKU in its database.

@@ -3,6 +3,7 @@ package dbset
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -185,5 +186,36 @@ func TestSet_ListTransfersAcrossDatabases(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Fatalf("listed %d transfers over the databases %v, want %d", len(got), dbsOf, len(want))
+	}
+}
+
+// TestSet_GetSKUs: SKUs on two databases are read from each, in one
+// call; a name no database has is left out.
+func TestSet_GetSKUs(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newSet(t, []string{"a", "b"}, []string{"a", "b"})
+	var names []string
+	dbsOf := map[string]int{}
+	for i := 0; dbsOf["a"] < 2 || dbsOf["b"] < 2; i++ {
+		name := fmt.Sprintf("g-%d", i)
+		if db := s.Placement().Newest(name); dbsOf[db] < 2 {
+			if err := s.CreateSKU(ctx, sku(name), 100); err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, name)
+			dbsOf[db]++
+		}
+	}
+	got, err := s.GetSKUs(ctx, append(slices.Clone(names), "nowhere"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(names) {
+		t.Errorf("GetSKUs(%v + nowhere) found %d, want %d", names, len(got), len(names))
+	}
+	for _, name := range names {
+		if s := got[name]; s == nil || s.Name != name || s.Shards != 2 {
+			t.Errorf("GetSKUs: %s = %+v, want it with 2 shards", name, s)
+		}
 	}
 }

@@ -30,9 +30,14 @@ type demandBook struct {
 
 type skuDemand struct {
 	window [stock.ShardsMax]atomic.Int64 // units since the last round
-	recent [stock.ShardsMax]int64        // decayed: half the last value plus the window; under demandBook.mu
-	idle   int                           // rounds without demand; under demandBook.mu
-	hot    int                           // rounds in a row above the split rate; under Rebalancer.mu
+	// used is one past the highest shard ever asked of: a round folds
+	// only the shards below it (8 of the 256 for a SKU of 8 shards); the
+	// rest hold nothing. A round holds the book's lock, which every
+	// request's add waits for, while it folds every SKU.
+	used   atomic.Int32
+	recent [stock.ShardsMax]int64 // decayed: half the last value plus the window; under demandBook.mu
+	idle   int                    // rounds without demand; under demandBook.mu
+	hot    int                    // rounds in a row above the split rate; under Rebalancer.mu
 }
 
 // add counts q units asked of shard first of sku.
@@ -56,6 +61,9 @@ func (b *demandBook) add(sku string, first int32, q int64) {
 		if d == nil {
 			return
 		}
+	}
+	// Raised before the add: a round that sees the add sees the shard.
+	for u := d.used.Load(); first >= u && !d.used.CompareAndSwap(u, first+1); u = d.used.Load() {
 	}
 	d.window[first].Add(q)
 }
@@ -89,7 +97,7 @@ func (b *demandBook) round(limit int) []skuRound {
 	var out []skuRound
 	for name, d := range b.skus {
 		var rate, total int64
-		for i := range d.recent {
+		for i := range d.used.Load() {
 			w := d.window[i].Swap(0)
 			rate += w
 			d.recent[i] = d.recent[i]/2 + w

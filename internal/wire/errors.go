@@ -98,7 +98,7 @@ func ToConnect(err error) error {
 			e = stock.Errorf(stock.CodeInternal, "internal error")
 		}
 	}
-	cerr := connect.NewError(ConnectCode(e.Code), errors.New(e.Message))
+	cerr := connect.NewError(ConnectCode(e.Code), &reasoned{msg: e.Message, code: e.Code})
 	if detail, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: string(e.Code), Domain: ErrorDomain, Metadata: e.Metadata}); derr == nil {
 		cerr.AddDetail(detail)
 	}
@@ -165,11 +165,24 @@ func FromConnect(err error) *stock.Error {
 	return stock.Errorf(stock.CodeInternal, "shard server error: %s", ce.Code())
 }
 
+// reasoned is the message of a Connect error ToConnect made, with the
+// domain code its ErrorInfo carries, so that Reason, on every call's path
+// (the call metrics), need not decode and copy the detail.
+type reasoned struct {
+	msg  string
+	code stock.Code
+}
+
+func (r *reasoned) Error() string { return r.msg }
+
 // Reason returns the ErrorInfo reason of a Connect error, or "".
 func Reason(err error) string {
 	var ce *connect.Error
 	if !errors.As(err, &ce) {
 		return ""
+	}
+	if r, ok := ce.Unwrap().(*reasoned); ok {
+		return string(r.code)
 	}
 	for _, d := range ce.Details() {
 		if v, derr := d.Value(); derr == nil {

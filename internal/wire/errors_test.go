@@ -204,3 +204,28 @@ func TestFromConnect_NoErrorInfo(t *testing.T) {
 		t.Errorf("Reason(plain error) = %q, want \"\"", got)
 	}
 }
+
+// TestReason_FromWire: a Connect error as a client decodes it carries its
+// reason in the ErrorInfo detail only, and Reason reads it there.
+func TestReason_FromWire(t *testing.T) {
+	ce := connect.NewError(connect.CodeFailedPrecondition, errors.New("sold out"))
+	detail, err := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: string(stock.CodeOutOfStock), Domain: ErrorDomain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ce.AddDetail(detail)
+	if got := Reason(ce); got != string(stock.CodeOutOfStock) {
+		t.Errorf("Reason(%v) = %q, want %s", ce, got, stock.CodeOutOfStock)
+	}
+}
+
+// BenchmarkReason: the reason of a refusal, as the call metrics read it
+// on every call.
+func BenchmarkReason(b *testing.B) {
+	err := ToConnect(stock.Errorf(stock.CodeOutOfStock, "sku %q is sold out", "hot"))
+	for b.Loop() {
+		if Reason(err) != string(stock.CodeOutOfStock) {
+			b.Fatal("wrong reason")
+		}
+	}
+}
