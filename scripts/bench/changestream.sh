@@ -100,6 +100,19 @@ load() {
 		-server-pids "$stack" -progress=false >"$2" 2>&1 || true
 }
 
+# groups prints the requests the shard writers have batched and the group
+# transactions they have committed (their metrics), so that two calls
+# around a load give the requests one Postgres transaction carried.
+groups() {
+	curl -s "http://$ops/metrics" | awk '/^shardstock_shard_batch_size_sum/ { s += $2 } /^shardstock_shard_group_batches_count/ { c += $2 }
+		END { printf "%d %d\n", s, c }'
+}
+
+# perGroup prints the requests per group transaction between two groups lines.
+perGroup() {
+	awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.1f", (y[2] > x[2] ? (y[1] - x[1]) / (y[2] - x[2]) : 0) }'
+}
+
 # ticks prints the CPU time, in clock ticks, of the processes $@ and of
 # their children (a watchlag and its stockctl), the exited ones included.
 ticks() {
@@ -128,11 +141,12 @@ lagOf() {
 # measure runs the loads with $1 consumers attached, unpaced then paced,
 # and sets, unpaced: cpu[$1] (server CPU per deduct, µs), rate[$1]
 # (deducts/s), p99[$1] (lag, s), ccpu[$1] (the consumers' CPU per entry
-# they received, µs); paced: pcpu[$1], pp99[$1] and prated[$1] (the rate
-# reached: below $prate, the paced run was the peak).
-declare -A cpu rate p99 ccpu pcpu pp99 prated
+# they received, µs), batch[$1] (deducts per group transaction); paced:
+# pcpu[$1], pp99[$1], pbatch[$1] and prated[$1] (the rate reached: below
+# $prate, the paced run was the peak).
+declare -A cpu rate p99 ccpu pcpu pp99 prated batch pbatch
 measure() {
-	local n=$1 watchers=() i t0 c0 c1 lines
+	local n=$1 watchers=() i t0 c0 c1 g0 lines
 	rm -f "$tmp"/lag-*
 	if ((n > 0)); then head; fi
 	for i in $(seq "$n"); do
@@ -145,9 +159,12 @@ measure() {
 	c0=$(ticks "${watchers[@]}")
 	lines=0
 	if ((n > 0)); then lines=$(cat "$tmp"/lag-* | wc -l); fi
+	g0=$(groups)
 	t0=$(date +%s.%N)
 	load "$duration" "$tmp/load-$n"
 	c1=$(ticks "${watchers[@]}")
+	batch[$n]=$(perGroup "$g0" "$(groups)")
+	echo "deducts per group transaction: ${batch[$n]}"
 	grep -E 'shardstock|server|CPU|oversold' "$tmp/load-$n" || true
 	cpu[$n]=$(sed -n 's/^  shardstock: server \([0-9]*\)µs.*/\1/p' "$tmp/load-$n")
 	rate[$n]=$(awk '$1 == "shardstock" && $7 ~ /^[0-9.]+$/ { print $7; exit }' "$tmp/load-$n")
@@ -160,8 +177,11 @@ measure() {
 		caughtUp
 	fi
 	echo "== $n consumers, paced at $prate deducts/s"
+	g0=$(groups)
 	t0=$(date +%s.%N)
 	load "$duration" "$tmp/paced-$n" "$prate"
+	pbatch[$n]=$(perGroup "$g0" "$(groups)")
+	echo "deducts per group transaction: ${pbatch[$n]}"
 	grep -E 'shardstock|server|CPU|oversold' "$tmp/paced-$n" || true
 	pcpu[$n]=$(sed -n 's/^  shardstock: server \([0-9]*\)µs.*/\1/p' "$tmp/paced-$n")
 	prated[$n]=$(awk '$1 == "shardstock" && $7 ~ /^[0-9.]+$/ { print $7; exit }' "$tmp/paced-$n")
@@ -187,9 +207,10 @@ for r in $(seq "$rounds"); do
 	line=$(awk -v c0="${cpu[0]}" -v c1="${cpu[1]}" -v c4="${cpu[4]}" -v r0="${rate[0]}" -v r1="${rate[1]}" -v r4="${rate[4]}" \
 		-v l1="${p99[1]}" -v l4="${p99[4]}" -v k1="${ccpu[1]}" -v k4="${ccpu[4]}" -v r="$r" \
 		-v p0="${pcpu[0]}" -v p1="${pcpu[1]}" -v p4="${pcpu[4]}" -v q1="${pp99[1]}" -v q4="${pp99[4]}" -v pr="$prate" \
-		-v s0="${prated[0]}" -v s1="${prated[1]}" -v s4="${prated[4]}" -v la="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
-		printf "round %d (load %s): unpaced: server CPU per deduct 0/1/4 consumers %s/%s/%s µs (1 vs 0: %.2fx, 4 vs 0: %.2fx) at %s/%s/%s deducts/s; lag p99 %s s (1), %s s (4); consumers %s/%s µs CPU per entry. paced at %s/s (reached %s/%s/%s): %s/%s/%s µs (1 vs 0: %.2fx, 4 vs 0: %.2fx); lag p99 %s s (1), %s s (4)",
-			r, la, c0, c1, c4, c1 / c0, c4 / c0, r0, r1, r4, l1, l4, k1, k4, pr, s0, s1, s4, p0, p1, p4, p1 / p0, p4 / p0, q1, q4 }')
+		-v s0="${prated[0]}" -v s1="${prated[1]}" -v s4="${prated[4]}" \
+		-v b0="${batch[0]}" -v b1="${batch[1]}" -v b4="${batch[4]}" -v d0="${pbatch[0]}" -v d1="${pbatch[1]}" -v d4="${pbatch[4]}" -v la="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
+		printf "round %d (load %s): unpaced: server CPU per deduct 0/1/4 consumers %s/%s/%s µs (1 vs 0: %.2fx, 4 vs 0: %.2fx) at %s/%s/%s deducts/s, %s/%s/%s a group transaction; lag p99 %s s (1), %s s (4); consumers %s/%s µs CPU per entry. paced at %s/s (reached %s/%s/%s; %s/%s/%s a group): %s/%s/%s µs (1 vs 0: %.2fx, 4 vs 0: %.2fx); lag p99 %s s (1), %s s (4)",
+			r, la, c0, c1, c4, c1 / c0, c4 / c0, r0, r1, r4, b0, b1, b4, l1, l4, k1, k4, pr, s0, s1, s4, d0, d1, d4, p0, p1, p4, p1 / p0, p4 / p0, q1, q4 }')
 	echo "$line"
 	summary+=("$line")
 done
