@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/transport"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -70,12 +72,12 @@ func TestWatchLedger_StuckConsumer(t *testing.T) {
 	}
 }
 
-// startWatchServer starts a WatchLedger server (WatchWriter, a
-// WatchSendMax of stuckSendMax) on a private database whose ledger holds n
+// startWatchServer starts a WatchLedger server (the admin API's handler
+// options, WatchWriter, a WatchSendMax of stuckSendMax) on a private database whose ledger holds n
 // entries of sku, keyed k-1 to k-n in id order, and returns a client of it
 // over cleartext HTTP/2 (cfg: the client's settings, nil for the default)
 // and the stream's metrics. wrap, if not nil, wraps the server's handler.
-func startWatchServer(t *testing.T, sku string, n int, cfg *http.HTTP2Config, wrap func(http.Handler) http.Handler) (shardstockv1connect.AdminServiceClient, *prometheus.Registry) {
+func startWatchServer(t testing.TB, sku string, n int, cfg *http.HTTP2Config, wrap func(http.Handler) http.Handler) (shardstockv1connect.AdminServiceClient, *prometheus.Registry) {
 	t.Helper()
 	ctx := context.Background()
 	url := pgtest.NewPrivateDBs(t, 1)[0] // the stream waits for the cluster's oldest transaction
@@ -96,7 +98,7 @@ func startWatchServer(t *testing.T, sku string, n int, cfg *http.HTTP2Config, wr
 	}
 	reg := prometheus.NewRegistry()
 	stream := ledger.NewStream(ledger.StreamConfig{Readers: map[string]ledger.Reader{"main": db}, PollInterval: 20 * time.Millisecond, Registerer: reg})
-	path, h := shardstockv1connect.NewAdminServiceHandler(&AdminHandler{Changes: stream, WatchSendMax: stuckSendMax})
+	path, h := shardstockv1connect.NewAdminServiceHandler(&AdminHandler{Changes: stream, WatchSendMax: stuckSendMax}, transport.PublicHandlerOptions()...)
 	h = WatchWriter(h)
 	if wrap != nil {
 		h = wrap(h)
@@ -170,6 +172,41 @@ func TestWatchLedger_Burst(t *testing.T) {
 		t.Errorf("%d flushes for %d entries, want at most %d (one a page)", n, burstEntries, burstEntries/20)
 	}
 	t.Logf("%d entries in %d flushes", received, flushes.Load())
+}
+
+// benchEntries is BenchmarkWatchLedger's ledger.
+const benchEntries = 20_000
+
+// BenchmarkWatchLedger: a consumer over real HTTP/2 reads a ledger of
+// benchEntries from its beginning, again and again; cpu-µs/entry is this
+// process's CPU (server and client, both here) per entry received.
+func BenchmarkWatchLedger(b *testing.B) {
+	admin, _ := startWatchServer(b, "bench", benchEntries, nil, nil)
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	start := cpu()
+	received := 0
+	for b.Loop() {
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := admin.WatchLedger(ctx, connect.NewRequest(&v1.WatchLedgerRequest{Consumer: "bench"}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for n := 0; n < benchEntries && s.Receive(); {
+			if s.Msg().GetEntry() != nil {
+				n++
+				received++
+			}
+		}
+		s.Close()
+		cancel()
+	}
+	b.ReportMetric(float64(cpu()-start)/float64(time.Microsecond)/float64(received), "cpu-µs/entry")
 }
 
 // watching returns shardstock_watch_consumers{stream="ledger"} of reg.
