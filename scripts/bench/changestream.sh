@@ -10,11 +10,11 @@
 # stack's processes and their children, Postgres's backends included
 # (loadgen -server-pids), never the consumers'; the consumers' own CPU
 # (watchlag and its stockctl) is reported apart, per entry received. On
-# two cores the consumers take CPU from the writers and from loadgen: at
-# the peak that changes how many deducts each writer's batch carries, and
-# so the server's CPU per deduct, whatever the stream costs the server;
-# the paced ratios, at a rate the machine serves with 4 consumers too,
-# compare the same batches. Lag: for each entry a consumer printed during
+# two cores the consumers take CPU from the writers and from loadgen, which
+# lowers the rate, and a writer's CPU per deduct depends on the rate (the
+# deducts a group transaction carries, printed for every load): the paced
+# ratios, at a rate the machine serves with 4 consumers too, compare at
+# one rate. Lag: for each entry a consumer printed during
 # the load, the time it printed it less the entry's createdAt, p50 and p99
 # over every consumer's entries. Consumers start from the ledger's head (a
 # cursor taken just before) and have read what follows it before the load
