@@ -168,7 +168,7 @@ bench-cart: ## the cart model (orders of 2 to 5 lines, 10% refunded) and single-
 bench-drop: ## model drop (issue 31): a SKU of 1,000 units under admission, DROP_REQUESTS (3,000) RequestTokens at DROP_RATE (1,000/s) open-loop, against a plain Reserve phase and, once sold out, the in-memory ceiling; ROUNDS (default 3) alternated rounds (1.5 to 3.5 min a round)
 	scripts/bench/drop.sh $(or $(ROUNDS),3)
 
-bench-changestream: ## what WatchLedger consumers cost the writers: one stack, the same deduct load with 0, 1 and 4 consumers attached in 3 interleaved rounds; server CPU per deduct and the consumers' lag p99 (about 12 min)
+bench-changestream: ## what WatchLedger consumers cost the writers: one stack, the same deduct load with 0, 1 and 4 consumers attached in 3 interleaved rounds, unpaced and paced at one rate; server CPU per deduct, the consumers' own CPU per entry and their lag p99 (about 20 min)
 	scripts/bench/changestream.sh
 
 .PHONY: test-long-ledger

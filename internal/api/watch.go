@@ -29,19 +29,62 @@ var noStream = wire.ToConnect(stock.Errorf(stock.CodeUnimplemented, "this server
 // a slow one is ended sooner by the stream's own bounds (docs/changestream.md).
 const WatchSendMaxDefault = 30 * time.Second
 
-// watchWriterKey is the context key of a watch's response controller.
+// watchWriterKey is the context key of a watch's writer.
 type watchWriterKey struct{}
+
+// watchWriter is what WatchWriter gives a watch: the response controller
+// of its stream and the writer Connect writes its messages to.
+type watchWriter struct {
+	rc *http.ResponseController
+	w  *burstWriter
+}
+
+// burstWriter is a watch's response as Connect sees it. Connect flushes
+// after every message of a stream: one HTTP/2 frame and one write to the
+// socket per ledger entry, for the server and the consumer alike. While
+// held, a Flush does nothing: the messages of a burst (a page of the
+// ledger) go out in the frames they fill, and the burst's last message,
+// sent unheld, flushes them all. Only the handler's goroutine (Connect's
+// Send) uses it.
+type burstWriter struct {
+	http.ResponseWriter
+	rc   *http.ResponseController // of ResponseWriter
+	held bool
+}
+
+// Flush flushes the response unless held.
+func (w *burstWriter) Flush() {
+	if !w.held {
+		_ = w.rc.Flush()
+	}
+}
+
+// Unwrap is the response under w, for http.ResponseController.
+func (w *burstWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // WatchWriter lets the watches of h end their own stream: a send that
 // waits longer than the handler's WatchSendMax sets the stream's write
-// deadline in the past, which resets the stream and returns the send.
-// Connect hands a handler no ResponseWriter, so the controller travels in
-// the request's context.
+// deadline in the past, which resets the stream and returns the send. It
+// also lets a watch send a burst of messages in one flush (burstWriter).
+// Connect hands a handler no ResponseWriter, so both travel in the
+// request's context.
 func WatchWriter(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := context.WithValue(r.Context(), watchWriterKey{}, http.NewResponseController(w))
-		h.ServeHTTP(w, r.WithContext(ctx))
+		rc := http.NewResponseController(w)
+		ww := watchWriter{rc: rc, w: &burstWriter{ResponseWriter: w, rc: rc}}
+		ctx := context.WithValue(r.Context(), watchWriterKey{}, ww)
+		h.ServeHTTP(ww.w, r.WithContext(ctx))
 	})
+}
+
+// holdFlushes returns what holds (true) or releases (false) the flushes of
+// ctx's watch (see burstWriter); without WatchWriter, it does nothing.
+func holdFlushes(ctx context.Context) func(bool) {
+	ww, _ := ctx.Value(watchWriterKey{}).(watchWriter)
+	if ww.w == nil {
+		return func(bool) {}
+	}
+	return func(held bool) { ww.w.held = held }
 }
 
 // sendGuard bounds each send of one watch to max (see WatchWriter); a nil
@@ -57,7 +100,8 @@ type sendGuard struct {
 // guardSends returns the guard of ctx's watch, and what stops it before
 // the handler returns.
 func guardSends(ctx context.Context, max time.Duration) (*sendGuard, func()) {
-	rc, _ := ctx.Value(watchWriterKey{}).(*http.ResponseController)
+	ww, _ := ctx.Value(watchWriterKey{}).(watchWriter)
+	rc := ww.rc
 	if rc == nil {
 		return nil, func() {}
 	}
@@ -112,13 +156,16 @@ func (h *AdminHandler) WatchLedger(ctx context.Context, req *connect.Request[v1.
 	}
 	guard, stop := guardSends(ctx, h.WatchSendMax)
 	defer stop()
+	hold := holdFlushes(ctx)
 	err = h.Changes.WatchLedger(ctx, ledger.Watch{Cursor: cur, SKUs: m.GetSkus(), Consumer: m.GetConsumer(), FromNow: m.GetFromNow()}, func(d ledger.Delivery) error {
 		msg := &v1.WatchLedgerResponse{Database: d.Database, Cursor: d.Cursor}
 		if d.Entry != nil {
 			msg.Entry = wire.LedgerEntryToProto(d.Entry)
 		}
+		hold(d.More)
 		return guard.send(func() error { return out.Send(msg) })
 	})
+	hold(false)
 	return streamEnd(ctx, err)
 }
 

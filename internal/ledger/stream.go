@@ -90,6 +90,8 @@ type streamMetrics struct {
 	delivered  *prometheus.CounterVec
 	reads      *prometheus.CounterVec // by read
 	dropped    prometheus.Counter
+
+	deliveredLedger prometheus.Counter // delivered's ledger stream, looked up once
 }
 
 // NewStream returns a Stream over cfg's databases.
@@ -117,6 +119,7 @@ func NewStream(cfg StreamConfig) *Stream {
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardstock_watch_consumers_dropped_total",
 			Help: "Watches ended CONSUMER_BEHIND because they let their buffer of the tail fill up."}),
 	}
+	s.metrics.deliveredLedger = s.metrics.delivered.WithLabelValues("ledger")
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(s.metrics.consumers, s.metrics.lagEntries, s.metrics.lagSeconds, s.metrics.delivered, s.metrics.reads, s.metrics.dropped)
 	}
@@ -146,6 +149,10 @@ type Delivery struct {
 	Entry *stock.LedgerEntry
 	// Cursor is where to resume to receive what follows.
 	Cursor string
+	// More: the watch sends another message at once (the rest of a page
+	// it holds), so a transport may hold this one back and send the burst
+	// together after its last message, which has More false.
+	More bool
 }
 
 // WatchLedger sends every ledger entry after w.Cursor that w selects, each
@@ -283,9 +290,16 @@ func (lw *ledgerWatch) catchUp(ctx context.Context, sub *subscriber) error {
 }
 
 // deliver sends the entries of a page of database name that follow the
-// watch's cursor and that it selects, moving the cursor past each.
+// watch's cursor and that it selects, moving the cursor past each. Every
+// message but the page's last says More.
 func (lw *ledgerWatch) deliver(name string, page []Change) error {
 	start := time.Now()
+	// The page is in Position order and the cursor moves only to positions
+	// in it, so what the cursor is now tells which entries will be sent.
+	last := len(page) - 1
+	for ; last >= 0 && !lw.sends(name, &page[last]); last-- {
+	}
+	sent := 0
 	for i := range page {
 		c := &page[i]
 		if !lw.cur[name].Less(c.Pos) {
@@ -296,16 +310,26 @@ func (lw *ledgerWatch) deliver(name string, page []Change) error {
 			continue
 		}
 		lw.sentCursor = lw.cur.String()
-		if err := lw.send(Delivery{Database: name, Entry: &c.Entry, Cursor: lw.sentCursor}); err != nil {
+		if err := lw.send(Delivery{Database: name, Entry: &c.Entry, Cursor: lw.sentCursor, More: i < last}); err != nil {
+			lw.stream.metrics.deliveredLedger.Add(float64(sent))
 			return err
 		}
-		lw.stream.metrics.delivered.WithLabelValues("ledger").Inc()
+		sent++
+	}
+	if sent > 0 {
+		lw.stream.metrics.deliveredLedger.Add(float64(sent))
 		lw.lastSent = time.Now()
 	}
 	if time.Since(start) > pageSendMax {
 		return stock.Errorf(stock.CodeConsumerBehind, "this consumer took over %s to receive %d entries: resume from its last cursor", pageSendMax, len(page))
 	}
 	return nil
+}
+
+// sends says whether deliver sends c, of database name: it follows the
+// cursor and the watch selects its SKU.
+func (lw *ledgerWatch) sends(name string, c *Change) bool {
+	return lw.cur[name].Less(c.Pos) && (lw.skus == nil || lw.skus[c.Entry.Shard.SKU])
 }
 
 // progress sends the cursor alone if the filter skipped entries since the
