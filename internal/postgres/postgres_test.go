@@ -31,7 +31,12 @@ const openTimeout = 30 * time.Second
 // mustOpen returns a migrated database of the test's own and its URL.
 func mustOpen(tb testing.TB) (*postgres.DB, string) {
 	tb.Helper()
-	url := pgtest.NewDB(tb)
+	return openOn(tb, pgtest.NewMigratedDB(tb))
+}
+
+// openOn opens the database at url (migrating it if need be) for the test.
+func openOn(tb testing.TB, url string) (*postgres.DB, string) {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	db, err := postgres.Open(ctx, url, postgres.Options{ApplicationName: "postgrestest"})
@@ -89,7 +94,7 @@ func createSKU(tb testing.TB, db *postgres.DB, s stock.SKU, initial int64) {
 
 func TestOpen_Migrations(t *testing.T) {
 	t.Run("OK", func(t *testing.T) {
-		db, url := mustOpen(t)
+		db, url := openOn(t, pgtest.NewDB(t)) // from empty, as a new deployment
 		conn := connect(t, url)
 		for _, table := range []string{"skus", "shards", "partitions", "operations", "reservations", "customer_usage", "ledger"} {
 			if n := count(t, conn, `SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name = $1`, table); n != 1 {

@@ -1,4 +1,4 @@
-package postgres
+package postgres_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/postgres"
 )
 
 // keyScopeVersion is the migration that keys operations by (sku,
@@ -42,7 +43,7 @@ func TestMigrate_KeyScope(t *testing.T) {
 	}
 	want := rows()
 
-	if err := migrate(ctx, cfg); err != nil {
+	if err := postgres.Migrate(ctx, cfg); err != nil {
 		t.Fatalf("migrate = %v", err)
 	}
 	if got := rows(); !slices.Equal(got, want) {
@@ -86,7 +87,7 @@ func migratedBefore(t *testing.T, version int64) (pgx.ConnConfig, *pgx.Conn) {
 	}
 	sqlDB := stdlib.OpenDB(*cfg)
 	defer sqlDB.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, mustSub(migrations, "migrations"))
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, postgres.Migrations)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +128,7 @@ func TestMigrate_Checkpoints(t *testing.T) {
 	if _, err := conn.Exec(ctx, populate); err != nil {
 		t.Fatalf("populate = %v", err)
 	}
-	if err := migrate(ctx, cfg); err != nil {
+	if err := postgres.Migrate(ctx, cfg); err != nil {
 		t.Fatalf("migrate = %v", err)
 	}
 	r, err := conn.Query(ctx, `SELECT shard || ': ' || available || '/' || reserved || '/' || sold || ' received ' || received
