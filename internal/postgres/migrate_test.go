@@ -22,6 +22,7 @@ const keyScopeVersion = 8
 // idempotency_key): the same key may then be recorded on another SKU, and
 // not twice on one.
 func TestMigrate_KeyScope(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	cfg, conn := migratedBefore(t, keyScopeVersion)
 	const populate = `INSERT INTO operations (idempotency_key, sku, kind, params_hash, quantity, shard)
@@ -116,6 +117,7 @@ const checkpointsVersion = 10
 // one, with what the entries before it sum to; a shard without entries
 // gets none.
 func TestMigrate_Checkpoints(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	cfg, conn := migratedBefore(t, checkpointsVersion)
 	const populate = `INSERT INTO skus (sku, shards, shard_span, reservation_ttl_ms) VALUES ('sku-a', 2, 2, 1000);
