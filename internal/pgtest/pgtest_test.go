@@ -155,13 +155,26 @@ func TestServerURL_Room(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Stop() })
 	var reserved int
-	scanOne(t, connect(t, c.URL()), &reserved, "SELECT current_setting('superuser_reserved_connections')::int")
+	first := connect(t, c.URL())
+	scanOne(t, first, &reserved, "SELECT current_setting('superuser_reserved_connections')::int")
 	free := maxConns - reserved - 1 // less the connection above
 
 	if ok, why, err := hasRoom(c.URL(), free); !ok || err != nil {
 		t.Fatalf("hasRoom(%d free, want %d) = %v, %q, %v; want true", free, free, ok, why, err)
 	}
 	connect(t, c.URL())
+	// hasRoom's own session has closed, but its backend may still be
+	// exiting (under load, it was counted): wait for the test's two alone.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var backends int
+		scanOne(t, first, &backends, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+		if backends == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("client backends = %d 10 s after hasRoom's session closed, want the test's 2", backends)
+		}
+	}
 	ok, why, err := hasRoom(c.URL(), free)
 	if want := fmt.Sprintf("has %d free connections, fewer than the %d", free-1, free); ok || err != nil || !strings.Contains(why, want) {
 		t.Fatalf("hasRoom(%d free, want %d) = %v, %q, %v; want false, %q", free-1, free, ok, why, err, want)
