@@ -40,6 +40,9 @@ const (
 	// migrateTimeout bounds migrating a template: every migration from
 	// empty, on a server that other test binaries load.
 	migrateTimeout = 2 * time.Minute
+	// templateClosePoll is how often a new template is checked for
+	// sessions still exiting.
+	templateClosePoll = 20 * time.Millisecond
 	// dbNamePrefix marks databases made here, so leftovers are easy to spot.
 	dbNamePrefix = "pgtest"
 	// serverConnsMin is how many free connections DATABASE_URL's server
@@ -178,12 +181,30 @@ func makeTemplate(serverURL string, created *string) error {
 	}
 	db.Close()
 	// No session may open on it again (a copy needs none, and CREATE
-	// DATABASE would wait for it); the session Open used may still be
-	// exiting, which CREATE DATABASE waits up to 5 s for.
+	// DATABASE refuses a template with sessions, after waiting 5 s); the
+	// sessions Open used may still be exiting: wait until they are gone.
 	if err := execOn(serverURL, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS false"); err != nil {
 		return fmt.Errorf("pgtest: close template %s: %w", name, err)
 	}
-	return nil
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return fmt.Errorf("pgtest: close template %s: %w", name, err)
+	}
+	defer conn.Close(context.Background())
+	for {
+		var sessions int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name).Scan(&sessions); err != nil {
+			return fmt.Errorf("pgtest: close template %s: %w", name, err)
+		}
+		if sessions == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: close template %s: %d sessions still open: %w", name, sessions, ctx.Err())
+		case <-time.After(templateClosePoll):
+		}
+	}
 }
 
 // dropTemplates drops the templates this binary made on DATABASE_URL's
