@@ -12,7 +12,6 @@ import (
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/etcdtest"
-	"github.com/shardstock/shardstock/internal/rebalance"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/topology"
 	"github.com/shardstock/shardstock/internal/transport"
@@ -85,12 +84,6 @@ type nopOwner struct{}
 func (nopOwner) Acquire(context.Context, int32, int64) error { return nil }
 func (nopOwner) Lose(int32)                                  {}
 
-// noRounds is the rebalancer's config of an allocator built without a
-// database (Config.DB nil), as the tests of routing alone build it: no
-// round comes within a test, since a round reads the database (on a
-// loaded machine a test outlasted the 1 s default and the round panicked).
-var noRounds = rebalance.Config{Interval: time.Hour}
-
 // TestAllocator_AbandonMoved: a call waiting for a hung shard server is
 // abandoned when its partition is handed to another server, and sent there
 // with the same request; a call whose partition stays keeps waiting, also
@@ -109,7 +102,7 @@ func TestAllocator_AbandonMoved(t *testing.T) {
 	if err := w.WaitReady(wctx); err != nil {
 		t.Fatal(err)
 	}
-	a := New(Config{Topology: w.Snapshot, Rebalance: noRounds})
+	a := New(Config{Topology: w.Snapshot}) // no database: no rebalancer rounds
 	defer a.Close()
 
 	// One shard whose partition moves to s2 when it joins, one that stays.

@@ -81,6 +81,8 @@ const (
 
 // Config configures an Allocator.
 type Config struct {
+	// DB is the database set; nil (tests of routing and memory alone)
+	// runs no rebalancer rounds, which read it.
 	DB Store
 	// Topology returns the current view of shard servers and owners.
 	Topology func() topology.View

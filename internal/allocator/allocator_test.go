@@ -69,14 +69,14 @@ func newStack(t testing.TB, remote []string, local string) *stack {
 func newStackDBs(t testing.TB, remote []string, local string, second bool) *stack {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	url := pgtest.NewDB(t)
+	url := pgtest.NewMigratedDB(t)
 	db := openDB(t, url)
 	var store allocator.Store = db
 	newServer := func(id string, reg prometheus.Registerer) *shard.Server {
 		return shard.New(shard.Config{ServerID: id, DB: db, Logger: quiet(), Registerer: reg})
 	}
 	if second {
-		set := twoDatabases(t, db, openDB(t, pgtest.NewDB(t)))
+		set := twoDatabases(t, db, openDB(t, pgtest.NewMigratedDB(t)))
 		store = set
 		newServer = func(id string, reg prometheus.Registerer) *shard.Server {
 			dbs := map[string]shard.Store{}

@@ -17,7 +17,7 @@ import (
 // openDB returns a migrated database of the test's own.
 func openDB(t *testing.T) *postgres.DB {
 	t.Helper()
-	db, err := postgres.Open(context.Background(), pgtest.NewDB(t), postgres.Options{MaxConns: 4, ApplicationName: "allocatortest"})
+	db, err := postgres.Open(context.Background(), pgtest.NewMigratedDB(t), postgres.Options{MaxConns: 4, ApplicationName: "allocatortest"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,11 +26,10 @@ func openDB(t *testing.T) *postgres.DB {
 }
 
 // withoutDB is the Config of an allocator with no database and no shard
-// servers, for tests of its memory alone: the rebalancer's rounds, which
-// read the database, wait an hour (after its first second, one would find
-// no database on a loaded machine).
+// servers, for tests of its memory alone (its rebalancer then runs no
+// rounds, which read the database).
 func withoutDB() Config {
-	return Config{Topology: func() topology.View { return topology.View{} }, Rebalance: noRounds}
+	return Config{Topology: func() topology.View { return topology.View{} }}
 }
 
 // TestAllocator_CacheBounds: the hints hold at most hintsSKUsMax SKUs and

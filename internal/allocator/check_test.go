@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // (retry) rather than an OUT_OF_STOCK that could hide its replay.
 func TestChecker_KeysOverflow(t *testing.T) {
 	ctx := context.Background()
-	url := pgtest.NewDB(t)
+	url := pgtest.NewMigratedDB(t)
 	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: "checktest"})
 	if err != nil {
 		t.Fatal(err)

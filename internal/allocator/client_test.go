@@ -74,7 +74,7 @@ func gatedAllocator(t *testing.T, g *gatedShard) (*Allocator, *serverClient) {
 	if err := w.WaitReady(wctx); err != nil {
 		t.Fatal(err)
 	}
-	a := New(Config{Topology: w.Snapshot, Rebalance: noRounds})
+	a := New(Config{Topology: w.Snapshot}) // no database: no rebalancer rounds
 	t.Cleanup(a.Close)
 	return a, a.remote(topology.Server{ID: "s1", Addr: addr})
 }

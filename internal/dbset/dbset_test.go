@@ -29,7 +29,7 @@ func newSetAt(t *testing.T, names []string, first []string) (*Set, map[string]*p
 	ctx := context.Background()
 	dbs := map[string]*postgres.DB{}
 	for _, name := range names {
-		db, err := postgres.Open(ctx, pgtest.NewDB(t), postgres.Options{MaxConns: 4})
+		db, err := postgres.Open(ctx, pgtest.NewMigratedDB(t), postgres.Options{MaxConns: 4})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -220,7 +220,7 @@ func startProxiedShard(t *testing.T, s *stack, id, dbURL string) *faultproxy.Pro
 func TestE2E_LinkFaultsUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), linRunTimeout)
 	defer cancel()
-	dbURL := pgtest.NewDB(t)
+	dbURL := pgtest.NewMigratedDB(t)
 	pgProxy, proxied, err := faultproxy.StartPostgres(dbURL)
 	if err != nil {
 		t.Fatal(err)

@@ -58,7 +58,7 @@ func TestE2E_MakeRun(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("curl is not installed")
 	}
-	db := pgtest.NewDB(t)
+	db := pgtest.NewMigratedDB(t)
 	t.Run("First", func(t *testing.T) { makeRunExamples(t, db) })
 	// As if the first run's etcd had lived long: epochs far above what a
 	// new etcd's revisions reach by retrying claims.
@@ -94,7 +94,7 @@ func TestE2E_MakeRunStop(t *testing.T) {
 		{"KillDev", func(t *testing.T, m *makeRun) { m.signal(t, m.devPID(t), syscall.SIGKILL) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := startMakeRun(t, pgtest.NewDB(t))
+			m := startMakeRun(t, pgtest.NewMigratedDB(t))
 			m.waitBanner(t)
 			if err := dial(m.addr); err != nil {
 				t.Fatalf("the banner is printed but %s does not answer: %v", m.addr, err)

@@ -36,7 +36,7 @@ import (
 // 9.5s".
 func TestE2E_OrderDriverKilled(t *testing.T) {
 	ctx := context.Background()
-	second := pgtest.NewDB(t)
+	second := pgtest.NewMigratedDB(t)
 	s := newStackOpts(t, stackOpts{shardServers: 2, env: []string{"SHARDSTOCK_DATABASES=second=" + second}})
 
 	// Five SKUs, in name order (the order the driver takes them in),

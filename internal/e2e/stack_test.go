@@ -206,7 +206,7 @@ func newStackOpts(t *testing.T, o stackOpts) *stack {
 		o.etcd = strings.Join(etcdtest.Start(t).Endpoints(), ",")
 	}
 	if o.dbURL == "" {
-		o.dbURL = pgtest.NewDB(t)
+		o.dbURL = pgtest.NewMigratedDB(t)
 	}
 	if o.ttl == 0 {
 		o.ttl = leaseTTL

@@ -86,7 +86,7 @@ func TestE2E_Dashboard(t *testing.T) {
 		artifacts = t.ArtifactDir()
 	}
 	t.Logf("screenshots: %s", artifacts)
-	m := startMakeRun(t, pgtest.NewDB(t))
+	m := startMakeRun(t, pgtest.NewMigratedDB(t))
 	banner := strings.Join(m.waitBanner(t), "\n")
 	page, demo := dashboardURL.FindStringSubmatch(banner), bannerSKU.FindStringSubmatch(banner)
 	if page == nil || demo == nil {

@@ -42,7 +42,7 @@ func openBooks(t *testing.T) *books { return openBooksConns(t, 0) }
 // connections (0: pgxpool's default).
 func openBooksConns(t *testing.T, maxConns int32) *books {
 	t.Helper()
-	return openBooksAt(t, pgtest.NewDB(t), maxConns)
+	return openBooksAt(t, pgtest.NewMigratedDB(t), maxConns)
 }
 
 // openBooksAt is openBooksConns on the database at url.

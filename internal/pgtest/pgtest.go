@@ -1,4 +1,5 @@
-// Package pgtest gives each test a brand-new, empty Postgres database.
+// Package pgtest gives each test a brand-new Postgres database: an empty
+// one (NewDB), or one that holds shardstock's schema (NewMigratedDB).
 //
 // With DATABASE_URL set (CI: postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable,
 // trust auth) databases are created on that server, if it has room for a
@@ -28,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shardstock/shardstock/internal/pgcluster"
+	"github.com/shardstock/shardstock/internal/postgres"
 )
 
 const (
@@ -35,6 +37,12 @@ const (
 	envURL = "DATABASE_URL"
 	// queryTimeout bounds each CREATE or DROP DATABASE, connection included.
 	queryTimeout = 30 * time.Second
+	// migrateTimeout bounds migrating a template: every migration from
+	// empty, on a server that other test binaries load.
+	migrateTimeout = 2 * time.Minute
+	// templateClosePoll is how often a new template is checked for
+	// sessions still exiting.
+	templateClosePoll = 20 * time.Millisecond
 	// dbNamePrefix marks databases made here, so leftovers are easy to spot.
 	dbNamePrefix = "pgtest"
 	// serverConnsMin is how many free connections DATABASE_URL's server
@@ -65,13 +73,27 @@ var (
 		mu   sync.Mutex
 		room map[string]bool
 	}
+	// templates holds, by server URL, the migrated template database of
+	// this test binary on that server (see NewMigratedDB).
+	templates struct {
+		mu    sync.Mutex
+		byURL map[string]*template
+	}
 )
+
+// template is one server's migrated database that NewMigratedDB copies.
+type template struct {
+	once sync.Once
+	name string // set once created, even if migrating it failed: Main drops it
+	err  error
+}
 
 // Main runs the tests and then stops the throwaway cluster, if one was
 // started, and exits with the tests' status. Call it from TestMain.
 func Main(m *testing.M) {
 	mainRunning.Store(true)
 	code := m.Run()
+	dropTemplates()
 	if shared.cluster != nil {
 		if err := shared.cluster.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -92,7 +114,113 @@ func NewDB(tb testing.TB) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return newDB(tb, server)
+	return newDB(tb, server, "template0")
+}
+
+// NewMigratedDB creates a database for this test that holds shardstock's
+// schema, every migration applied, and returns its URL; it is dropped in
+// tb.Cleanup as NewDB's is. postgres.Open on it has nothing left to
+// migrate.
+//
+// The database is a copy (CREATE DATABASE ... TEMPLATE) of a template that
+// the first call in the test binary migrates, once per server: copying a
+// small schema takes a fraction of running every migration again for
+// every test (docs/bench-log/2026-12-05-testtime2.md).
+func NewMigratedDB(tb testing.TB) string {
+	tb.Helper()
+	if !mainRunning.Load() {
+		tb.Fatal("pgtest: NewMigratedDB needs TestMain to call pgtest.Main: func TestMain(m *testing.M) { pgtest.Main(m) }")
+	}
+	server, err := serverURL()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	name, err := migratedTemplate(server)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return newDB(tb, server, name)
+}
+
+// migratedTemplate returns the name of the migrated template on the
+// server at serverURL, creating and migrating it on first use.
+func migratedTemplate(serverURL string) (string, error) {
+	templates.mu.Lock()
+	if templates.byURL == nil {
+		templates.byURL = map[string]*template{}
+	}
+	t := templates.byURL[serverURL]
+	if t == nil {
+		t = &template{}
+		templates.byURL[serverURL] = t
+	}
+	templates.mu.Unlock()
+	t.once.Do(func() { t.err = makeTemplate(serverURL, &t.name) })
+	return t.name, t.err
+}
+
+// makeTemplate creates a database on the server at serverURL, sets
+// *created to its name, migrates it with postgres.Open and closes every
+// connection to it, since CREATE DATABASE refuses to copy a database that
+// others are connected to.
+func makeTemplate(serverURL string, created *string) error {
+	name := dbName()
+	dbURL, err := withDatabase(serverURL, name)
+	if err != nil {
+		return err
+	}
+	if err := createDB(serverURL, name, "template0"); err != nil {
+		return fmt.Errorf("pgtest: create template %s: %w", name, err)
+	}
+	*created = name
+	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
+	defer cancel()
+	db, err := postgres.Open(ctx, dbURL, postgres.Options{MaxConns: 1, ApplicationName: "pgtest-template"})
+	if err != nil {
+		return fmt.Errorf("pgtest: migrate template %s: %w", name, err)
+	}
+	db.Close()
+	// No session may open on it again (a copy needs none, and CREATE
+	// DATABASE refuses a template with sessions, after waiting 5 s); the
+	// sessions Open used may still be exiting: wait until they are gone.
+	if err := execOn(serverURL, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS false"); err != nil {
+		return fmt.Errorf("pgtest: close template %s: %w", name, err)
+	}
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return fmt.Errorf("pgtest: close template %s: %w", name, err)
+	}
+	defer conn.Close(context.Background())
+	for {
+		var sessions int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name).Scan(&sessions); err != nil {
+			return fmt.Errorf("pgtest: close template %s: %w", name, err)
+		}
+		if sessions == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: close template %s: %d sessions still open: %w", name, sessions, ctx.Err())
+		case <-time.After(templateClosePoll):
+		}
+	}
+}
+
+// dropTemplates drops the templates this binary made on DATABASE_URL's
+// server (a throwaway cluster goes with them).
+func dropTemplates() {
+	templates.mu.Lock()
+	defer templates.mu.Unlock()
+	for serverURL, t := range templates.byURL {
+		if t.name == "" || (shared.cluster != nil && serverURL == shared.cluster.URL()) {
+			continue
+		}
+		drop := "DROP DATABASE IF EXISTS " + pgx.Identifier{t.name}.Sanitize() + " WITH (FORCE)"
+		if err := execOn(serverURL, drop); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: drop template %s: %v\n", t.name, err)
+		}
+	}
 }
 
 // serverURL returns DATABASE_URL if set and its server has room (see
@@ -185,21 +313,16 @@ func hostOf(rawURL string) string {
 	return u.Host
 }
 
-// newDB creates a database on the server at serverURL, schedules its drop
-// and returns its URL.
-func newDB(tb testing.TB, serverURL string) string {
+// newDB creates a database on the server at serverURL as a copy of
+// template, schedules its drop and returns its URL.
+func newDB(tb testing.TB, serverURL, template string) string {
 	tb.Helper()
 	name := dbName()
 	dbURL, err := withDatabase(serverURL, name)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	// template0 is always pristine (template1 may carry extensions), and C
-	// with UTF8 matches the throwaway cluster, so tests behave the same
-	// against either.
-	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() +
-		" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"
-	if err := execOn(serverURL, create); err != nil {
+	if err := createDB(serverURL, name, template); err != nil {
 		tb.Fatalf("pgtest: create database %s: %v", name, err)
 	}
 	tb.Cleanup(func() {
@@ -209,6 +332,15 @@ func newDB(tb testing.TB, serverURL string) string {
 		}
 	})
 	return dbURL
+}
+
+// createDB creates the database name on the server at serverURL as a copy
+// of template. template0 is always pristine (template1 may carry
+// extensions), and C with UTF8 matches the throwaway cluster, so tests
+// behave the same against either; a migrated template was made so too.
+func createDB(serverURL, name, template string) error {
+	return execOn(serverURL, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+
+		" TEMPLATE "+pgx.Identifier{template}.Sanitize()+" ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'")
 }
 
 // dbName returns a name unique across concurrent test binaries and runs:
@@ -264,7 +396,7 @@ func NewPrivateDBs(tb testing.TB, n int) []string {
 	})
 	urls := make([]string, n)
 	for i := range urls {
-		urls[i] = newDB(tb, c.URL())
+		urls[i] = newDB(tb, c.URL(), "template0")
 	}
 	return urls
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardstock/shardstock/internal/pgcluster"
+	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/stock"
 )
 
 func TestMain(m *testing.M) { Main(m) }
@@ -94,6 +96,53 @@ func testNewDB(t *testing.T) {
 	})
 }
 
+// TestNewMigratedDB: each test gets a database of its own that holds the
+// whole schema, so that postgres.Open has nothing left to migrate, copied
+// from one template per server that no session may open.
+func TestNewMigratedDB(t *testing.T) {
+	ctx := context.Background()
+	a, b := NewMigratedDB(t), NewMigratedDB(t)
+	if databaseOf(t, a) == databaseOf(t, b) {
+		t.Fatalf("NewMigratedDB twice = %q and %q, want different databases", a, b)
+	}
+	connA, connB := connect(t, a), connect(t, b)
+	var versions, partitions int
+	scanOne(t, connA, &versions, "SELECT count(*) FROM goose_db_version")
+	scanOne(t, connA, &partitions, "SELECT count(*) FROM partitions")
+	if partitions != stock.Partitions {
+		t.Fatalf("partitions rows in a migrated database = %d, want %d", partitions, stock.Partitions)
+	}
+	db, err := postgres.Open(ctx, a, postgres.Options{MaxConns: 1})
+	if err != nil {
+		t.Fatalf("postgres.Open(%s) = %v", a, err)
+	}
+	db.Close()
+	var after int
+	scanOne(t, connA, &after, "SELECT count(*) FROM goose_db_version")
+	if after != versions {
+		t.Errorf("goose_db_version rows after Open = %d, want %d (nothing left to migrate)", after, versions)
+	}
+	// Copies, not one database: a change to one is not in the other.
+	execSQL(t, connA, "DELETE FROM partitions WHERE partition = 0")
+	scanOne(t, connB, &partitions, "SELECT count(*) FROM partitions")
+	if partitions != stock.Partitions {
+		t.Errorf("partitions rows in b after a deletion in a = %d, want %d", partitions, stock.Partitions)
+	}
+	server, err := serverURL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, err := migratedTemplate(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allowConn bool
+	scanOne(t, connect(t, server), &allowConn, "SELECT datallowconn FROM pg_database WHERE datname = $1", name)
+	if allowConn {
+		t.Errorf("template %s allows connections, want none (a session on it would stall every copy)", name)
+	}
+}
+
 // TestServerURL_Room checks that DATABASE_URL's server is used only while
 // it has room for a test binary's connections, on a cluster of few
 // connections whose free ones the test takes one by one.
@@ -106,13 +155,26 @@ func TestServerURL_Room(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Stop() })
 	var reserved int
-	scanOne(t, connect(t, c.URL()), &reserved, "SELECT current_setting('superuser_reserved_connections')::int")
+	first := connect(t, c.URL())
+	scanOne(t, first, &reserved, "SELECT current_setting('superuser_reserved_connections')::int")
 	free := maxConns - reserved - 1 // less the connection above
 
 	if ok, why, err := hasRoom(c.URL(), free); !ok || err != nil {
 		t.Fatalf("hasRoom(%d free, want %d) = %v, %q, %v; want true", free, free, ok, why, err)
 	}
 	connect(t, c.URL())
+	// hasRoom's own session has closed, but its backend may still be
+	// exiting (under load, it was counted): wait for the test's two alone.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var backends int
+		scanOne(t, first, &backends, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+		if backends == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("client backends = %d 10 s after hasRoom's session closed, want the test's 2", backends)
+		}
+	}
 	ok, why, err := hasRoom(c.URL(), free)
 	if want := fmt.Sprintf("has %d free connections, fewer than the %d", free-1, free); ok || err != nil || !strings.Contains(why, want) {
 		t.Fatalf("hasRoom(%d free, want %d) = %v, %q, %v; want false, %q", free-1, free, ok, why, err, want)

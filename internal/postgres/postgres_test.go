@@ -31,7 +31,12 @@ const openTimeout = 30 * time.Second
 // mustOpen returns a migrated database of the test's own and its URL.
 func mustOpen(tb testing.TB) (*postgres.DB, string) {
 	tb.Helper()
-	url := pgtest.NewDB(tb)
+	return openOn(tb, pgtest.NewMigratedDB(tb))
+}
+
+// openOn opens the database at url (migrating it if need be) for the test.
+func openOn(tb testing.TB, url string) (*postgres.DB, string) {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	db, err := postgres.Open(ctx, url, postgres.Options{ApplicationName: "postgrestest"})
@@ -89,7 +94,7 @@ func createSKU(tb testing.TB, db *postgres.DB, s stock.SKU, initial int64) {
 
 func TestOpen_Migrations(t *testing.T) {
 	t.Run("OK", func(t *testing.T) {
-		db, url := mustOpen(t)
+		db, url := openOn(t, pgtest.NewDB(t)) // from empty, as a new deployment
 		conn := connect(t, url)
 		for _, table := range []string{"skus", "shards", "partitions", "operations", "reservations", "customer_usage", "ledger"} {
 			if n := count(t, conn, `SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name = $1`, table); n != 1 {
@@ -185,6 +190,7 @@ const insertLedger = `INSERT INTO ledger (sku, shard, kind, quantity, available_
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'admin:test', 'test', 1)`
 
 func TestLedger_AppendOnly(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	_, url := mustOpen(t)
 	conn := connect(t, url)
 	exec(t, conn, insertLedger, "a-sku", 0, "replenish", 5, 0, 5, 0, 0, 0, 0, "a-key")
@@ -217,6 +223,7 @@ func TestLedger_AppendOnly(t *testing.T) {
 }
 
 func TestShards_CheckConstraints(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	db, url := mustOpen(t)
 	createSKU(t, db, stock.SKU{Name: "c-sku", Shards: 1}, 10)
 	conn := connect(t, url)
@@ -571,6 +578,7 @@ func TestDB_TakeOver(t *testing.T) {
 
 // TestDB_Batch drives the batch transaction directly with hand-made writes.
 func TestDB_Batch(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	setup := func(t *testing.T, limit int64) (*postgres.DB, *pgx.Conn, stock.ShardKey, stock.Fence) {
 		t.Helper()
@@ -671,6 +679,7 @@ func ownedShards(t *testing.T, sku string) (*postgres.DB, *pgx.Conn, []stock.Sha
 // fence is left out and the others commit; a key taken twice in one group is
 // a conflict of the whole group, which writes nothing.
 func TestDB_Group(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	setup := func(t *testing.T) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []stock.Fence) {
 		return ownedShards(t, "g-sku")
@@ -891,6 +900,7 @@ func TestStockRead_OneSnapshot(t *testing.T) {
 // TestStockRead_RetiredInTotals: shards past the SKU's span are left out
 // of the rows but counted in the totals (their sales happened).
 func TestStockRead_RetiredInTotals(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	db, url := mustOpen(t)
 	createSKU(t, db, stock.SKU{Name: "retired", Shards: 3}, 30)
 	conn := connect(t, url)
@@ -953,6 +963,7 @@ func deductOne(k stock.ShardKey, key string, from stock.Counts, refuse bool, d *
 // a fence moved, nothing of it is written and the group is decided again
 // from what is read, with the same answers as without speculation.
 func TestDB_GroupSpeculative(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	ten := stock.Counts{Available: 10}
 	setup := func(t *testing.T) (*postgres.DB, *pgx.Conn, []stock.ShardKey, []stock.Fence, *stock.SKU) {
@@ -1096,7 +1107,7 @@ func TestDB_GroupSpeculative(t *testing.T) {
 		// pg_stat_activity is a snapshot taken at its first read.
 		watch := connect(t, conn.Config().ConnString())
 		for deadline := time.Now().Add(5 * time.Second); count(t, watch, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fenced%'`) != 1; time.Sleep(10 * time.Millisecond) {
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH fenced%'`) != 1; time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("the speculative group never waited on the key")
 			}
@@ -1256,6 +1267,7 @@ func TestDB_GroupSpeculative(t *testing.T) {
 // TestDB_GroupLoadsSiblings: a unit that loads its row also gets the SKU's
 // other shards that are not halted, as seeds for their writers.
 func TestDB_GroupLoadsSiblings(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	db, conn, ks, fs := ownedShards(t, "l-sku")
 	if _, err := conn.Exec(ctx, `UPDATE shards SET halted_reason = 'test: halted' WHERE sku = 'l-sku' AND idx = 2`); err != nil {

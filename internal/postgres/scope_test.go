@@ -13,6 +13,7 @@ import (
 // (speculative or not) without a conflict; every lookup (a group's read,
 // GetOperation, a sold-out check's) finds the SKU's own.
 func TestDB_KeyScope(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	ten := stock.Counts{Available: 10}
 	skus := []string{"scope-x", "scope-y"}

@@ -101,6 +101,8 @@ func (c *Config) fill() {
 // its storage, its way to a shard, its SKU cache and its leases. The
 // rebalancer reaches nothing else of it.
 type Host struct {
+	// Store is the rebalancer's storage; nil runs no rounds, which read
+	// it (an allocator without a database: tests of its memory alone).
 	Store Store
 	// Exec sends one request (a transfer's debit or credit) to its
 	// shard's owner and returns the answer.
@@ -147,7 +149,8 @@ type autoSplit struct {
 	lastHot time.Time // last round with demand
 }
 
-// New returns a Rebalancer and starts its rounds; Close stops them.
+// New returns a Rebalancer and starts its rounds (none without a
+// Store); Close stops them.
 func New(h Host, cfg Config) *Rebalancer {
 	cfg.fill()
 	log := h.Logger
@@ -157,6 +160,10 @@ func New(h Host, cfg Config) *Rebalancer {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Rebalancer{db: h.Store, exec: h.Exec, sku: h.SKU, forget: h.Forget, moves: h.Moves, log: log,
 		metrics: newMetrics(h.Registerer), cfg: cfg, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	if h.Store == nil {
+		close(r.done)
+		return r
+	}
 	go r.run(ctx)
 	return r
 }

@@ -14,6 +14,7 @@ import (
 // One shard server over two databases: each SKU's writes go to its own
 // database, and the sweeper expires the holds of both, every pass.
 func TestServer_TwoDatabases(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	dbA, _ := openDB(t)
 	dbB, _ := openDB(t)
 	locate := func(_ context.Context, sku string) (string, error) {

@@ -274,7 +274,7 @@ func TestShard_PostgresCrash(t *testing.T) {
 // client was told of is in the books exactly once.
 func TestShard_CommitAnswerLost(t *testing.T) {
 	const cutsEach = 8
-	url := pgtest.NewDB(t)
+	url := pgtest.NewMigratedDB(t)
 	proxy, proxied, err := faultproxy.StartPostgres(url)
 	if err != nil {
 		t.Fatal(err)

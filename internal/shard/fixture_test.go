@@ -29,7 +29,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // openDB returns a migrated database of the test's own.
 func openDB(tb testing.TB) (*postgres.DB, string) {
 	tb.Helper()
-	url := pgtest.NewDB(tb)
+	url := pgtest.NewMigratedDB(tb)
 	db, err := postgres.Open(context.Background(), url, postgres.Options{MaxConns: 12, ApplicationName: "shardtest"})
 	if err != nil {
 		tb.Fatalf("postgres.Open: %v", err)

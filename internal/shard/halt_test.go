@@ -50,6 +50,7 @@ func servedShard(t *testing.T, sku string) (*postgres.DB, string, *shard.Server)
 // checks it against the ledger and goes on from it: the batch succeeds and
 // nothing is halted.
 func TestShard_DivergenceRecovered(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	const sku = "diverge-ok"
 	db, url, s := servedShard(t, sku)
 	sh := stock.ShardKey{SKU: sku}
@@ -79,6 +80,7 @@ func TestShard_DivergenceRecovered(t *testing.T) {
 // server refuses it, GetStock's rows show why, a new owner of the partition
 // refuses it too, and once an operator resumes it the shard serves again.
 func TestShard_HaltedUntilResumed(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	const sku = "diverge-halt"
 	db, url, a := servedShard(t, sku)
 	sh := stock.ShardKey{SKU: sku}
@@ -142,6 +144,7 @@ func TestShard_HaltedUntilResumed(t *testing.T) {
 // its next writer starts from a sibling's seed, and its first commit
 // clears shardstock_shard_halted, as a writer that read its row does.
 func TestShard_SeededWriterClearsHaltedGauge(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	const sku = "halt-gauge"
 	db, url, s, reg := meteredServer(t, sku, 2, 100)
 	ctx := context.Background()

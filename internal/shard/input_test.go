@@ -24,6 +24,7 @@ func stateOf(t *testing.T, db *postgres.DB, sku string) state {
 // kind or order ref is refused and changes nothing. (On another SKU it is
 // another operation: TestShard_KeyScope.)
 func TestShard_KeyReused(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	db, _ := openDB(t)
 	createSKU(t, db, stock.SKU{Name: "reuse-a", Shards: 2}, 100)
 	s := newServer(t, db, "a")
@@ -76,6 +77,7 @@ func TestShard_KeyReused(t *testing.T) {
 // TestShard_InvalidInput: bad input gets its documented code and changes
 // nothing.
 func TestShard_InvalidInput(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	db, _ := openDB(t)
 	const sku = "valid-sku"
 	createSKU(t, db, stock.SKU{Name: sku, Shards: 1, MaxPerOrder: 5}, 100)
@@ -152,6 +154,7 @@ func TestShard_InvalidInput(t *testing.T) {
 
 // TestShard_Limits: max_per_order, customer_limit and pause.
 func TestShard_Limits(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	db, _ := openDB(t)
 	const sku = "limit-sku"
 	createSKU(t, db, stock.SKU{Name: sku, Shards: 2, CustomerLimit: 3}, 100)
@@ -212,6 +215,7 @@ func TestShard_Limits(t *testing.T) {
 // and changes nothing (row, ledger, operations, transfers); up to the
 // ceiling is accepted, and what takes stock out still works.
 func TestShard_Ceiling(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	db, url := openDB(t)
 	const sku = "ceiling-sku"
 	createSKU(t, db, stock.SKU{Name: sku, Shards: 2}, 20) // 10 and 10
@@ -300,6 +304,7 @@ func TestShard_Ceiling(t *testing.T) {
 // consolidates, but takes SKU_PAUSED as final, and a SKU resumed elsewhere
 // would be refused for as long as the writer lives.
 func TestShard_ConfigChangedElsewhere(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	one, none := int64(1), int64(0)
 	paused, active := true, false
 	for _, tc := range []struct {

@@ -16,6 +16,7 @@ import (
 // also when both retries share one group transaction; on one SKU the key
 // with other parameters is still IDEMPOTENCY_KEY_REUSED.
 func TestShard_KeyScope(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	ctx := context.Background()
 	dbA, _ := openDB(t)
 	dbB, _ := openDB(t)

@@ -14,6 +14,7 @@ import (
 // over two shard servers, 500 concurrent deducts of 1, 50 of them reusing
 // another request's key.
 func TestShard_SourceCase(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	db, _ := openDB(t)
 	const sku = "case-sku"
 	createSKU(t, db, stock.SKU{Name: sku, Shards: 8}, 100)
@@ -186,6 +187,7 @@ func TestShard_ReleaseRacesSweeper(t *testing.T) {
 
 // TestShard_ReservationEnds covers every way a reservation can end twice.
 func TestShard_ReservationEnds(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	db, _ := openDB(t)
 	const sku = "ends-sku"
 	createSKU(t, db, stock.SKU{Name: sku, Shards: 1}, 100)

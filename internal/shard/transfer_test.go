@@ -13,6 +13,7 @@ import (
 // transit between its steps, is idempotent per step, aborts when the source
 // lacks stock, and is finished by the sweep when its mover dies half-way.
 func TestShard_Transfer(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	db, _ := openDB(t)
 	const sku = "move-sku"
 	createSKU(t, db, stock.SKU{Name: sku, Shards: 2}, 20) // 10 and 10

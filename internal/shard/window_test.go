@@ -27,6 +27,7 @@ type saleProbe struct {
 // each bound: speculative groups the database refused prove the two
 // clocks disagreed on the requests that were answered by the database's.
 func TestShard_SaleWindow(t *testing.T) {
+	t.Parallel() // its own database and servers; no fault or timing a neighbour could upset
 	ctx := context.Background()
 	db, url := openDB(t)
 	conn, err := pgx.Connect(ctx, url)

@@ -45,7 +45,7 @@ const (
 // takes longer than stopTimeout.
 func start(t *testing.T, extra ...string) (base string, stop func() error) {
 	t.Helper()
-	return startOn(t, pgtest.NewDB(t), extra...)
+	return startOn(t, pgtest.NewMigratedDB(t), extra...)
 }
 
 // startOn is start with url as the main database.
@@ -408,7 +408,7 @@ func TestRun_EtcdTLS(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	args := []string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewDB(t), "-admin-token", token, "-log-level", "error",
+	args := []string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewMigratedDB(t), "-admin-token", token, "-log-level", "error",
 		"-etcd-endpoints", cu.String(), "-etcd-ca", ca.File}
 	if err := allocatorcmd.Run(ctx, args, func(string) string { return "" }, io.Discard, io.Discard); err == nil {
 		t.Error("Run without a client certificate for an etcd that requires one = nil error")

@@ -23,7 +23,7 @@ import (
 func TestRun_AuditLine(t *testing.T) {
 	ctx := context.Background()
 	var stderr cmdtest.Output
-	base, _ := startLogging(t, pgtest.NewDB(t), &stderr, "-shard-id", "own", "-lease-ttl", "2s", "-log-level", "info")
+	base, _ := startLogging(t, pgtest.NewMigratedDB(t), &stderr, "-shard-id", "own", "-lease-ttl", "2s", "-log-level", "info")
 	if !ready(base, startTimeout) {
 		t.Fatalf("/readyz not 200 within %s", startTimeout)
 	}

@@ -47,7 +47,7 @@ func TestRun_JWTHostile(t *testing.T) {
 		}
 	}
 	publish(old)
-	base, _ := startOn(t, pgtest.NewDB(t), "-shard-id", "own", "-lease-ttl", "2s", "-jwks", jwks, "-jwks-refresh", jwksRefreshTest.String(),
+	base, _ := startOn(t, pgtest.NewMigratedDB(t), "-shard-id", "own", "-lease-ttl", "2s", "-jwks", jwks, "-jwks-refresh", jwksRefreshTest.String(),
 		"-jwt-issuer", authtest.Issuer, "-jwt-audience", authtest.Audience)
 	if !ready(base, startTimeout) {
 		t.Fatalf("/readyz not 200 within %s", startTimeout)

@@ -64,7 +64,7 @@ func insertBulk(t *testing.T, url string, d int) {
 // prefix or status are refused INVALID_ARGUMENT.
 func TestRun_ListSkus(t *testing.T) {
 	ctx := context.Background()
-	urls := []string{pgtest.NewDB(t), pgtest.NewDB(t), pgtest.NewDB(t)}
+	urls := []string{pgtest.NewMigratedDB(t), pgtest.NewMigratedDB(t), pgtest.NewMigratedDB(t)}
 	base, _ := startOn(t, urls[0], "-databases", "b="+urls[1]+",c="+urls[2])
 	var wg sync.WaitGroup
 	for d, url := range urls {

@@ -37,7 +37,7 @@ var protocols = []struct {
 // tokens and a JWKS of iss's, and waits until it is ready.
 func startWithJWKS(t *testing.T, iss *authtest.KeyIssuer, extra ...string) string {
 	t.Helper()
-	return startWithJWKSOn(t, pgtest.NewDB(t), iss, extra...)
+	return startWithJWKSOn(t, pgtest.NewMigratedDB(t), iss, extra...)
 }
 
 // startWithJWKSOn is startWithJWKS with url as the main database.

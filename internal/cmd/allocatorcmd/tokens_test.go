@@ -229,7 +229,7 @@ func readMetrics(t *testing.T, admin shardstockv1connect.AdminServiceClient, nam
 func TestRun_TokensHostile(t *testing.T) {
 	ctx := context.Background()
 	iss := authtest.NewIssuer(t, "key-1")
-	url := pgtest.NewDB(t)
+	url := pgtest.NewMigratedDB(t)
 	base := startWithJWKSOn(t, url, iss)
 	hc := transport.NewClient()
 	admin := shardstockv1connect.NewAdminServiceClient(hc, base, bearer(token))

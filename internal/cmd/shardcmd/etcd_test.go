@@ -37,7 +37,7 @@ func readyz(base string) (int, string) {
 // comes back, without a restart, by the runbook's step: stockctl
 // bump-etcd-revision past the number it names.
 func TestRun_EtcdBehind(t *testing.T) {
-	url := pgtest.NewDB(t)
+	url := pgtest.NewMigratedDB(t)
 	addr := cmdtest.FreeAddr(t)
 	base := "http://" + addr
 	start := func(e *etcdtest.Etcd) (stop func()) {

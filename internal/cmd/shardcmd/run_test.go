@@ -50,7 +50,7 @@ func get(t *testing.T, url string) string {
 // takes every partition as the only server, and on its context's end stops
 // within a bound, leaving the topology.
 func TestRun_StartStop(t *testing.T) {
-	url := pgtest.NewDB(t)
+	url := pgtest.NewMigratedDB(t)
 	e := etcdtest.Start(t)
 	w := topology.NewWatcher(e.Client(), stock.Partitions)
 	wctx, wcancel := context.WithCancel(context.Background())
@@ -153,7 +153,7 @@ func TestRun_StartStop(t *testing.T) {
 // operator listener and no longer on the shard port, which is left to
 // allocators.
 func TestRun_OperatorAddr(t *testing.T) {
-	url := pgtest.NewDB(t)
+	url := pgtest.NewMigratedDB(t)
 	e := etcdtest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // commits before their WAL is flushed, and one without a synchronous
 // standby when told to require one, before it takes any partition.
 func TestRun_Durability(t *testing.T) {
-	url := pgtest.NewDB(t)
+	url := pgtest.NewMigratedDB(t)
 	e := etcdtest.Start(t)
 	for _, tc := range []struct {
 		name string

@@ -45,7 +45,7 @@ func stack(t *testing.T) string {
 func stackWith(t *testing.T, extra ...string) string {
 	t.Helper()
 	e := etcdtest.Start(t)
-	args := append([]string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewDB(t), "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
+	args := append([]string{"-addr", "127.0.0.1:0", "-database-url", pgtest.NewMigratedDB(t), "-etcd-endpoints", strings.Join(e.Endpoints(), ","),
 		"-admin-token", token, "-shard-id", "s1", "-lease-ttl", "5s", "-db-max-conns", "8", "-log-level", "error"}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
 	var out cmdtest.Output

@@ -1,4 +1,4 @@
-package postgres
+package postgres_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/postgres"
 )
 
 // keyScopeVersion is the migration that keys operations by (sku,
@@ -21,6 +22,7 @@ const keyScopeVersion = 8
 // idempotency_key): the same key may then be recorded on another SKU, and
 // not twice on one.
 func TestMigrate_KeyScope(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	cfg, conn := migratedBefore(t, keyScopeVersion)
 	const populate = `INSERT INTO operations (idempotency_key, sku, kind, params_hash, quantity, shard)
@@ -42,7 +44,7 @@ func TestMigrate_KeyScope(t *testing.T) {
 	}
 	want := rows()
 
-	if err := migrate(ctx, cfg); err != nil {
+	if err := postgres.Migrate(ctx, cfg); err != nil {
 		t.Fatalf("migrate = %v", err)
 	}
 	if got := rows(); !slices.Equal(got, want) {
@@ -86,7 +88,7 @@ func migratedBefore(t *testing.T, version int64) (pgx.ConnConfig, *pgx.Conn) {
 	}
 	sqlDB := stdlib.OpenDB(*cfg)
 	defer sqlDB.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, mustSub(migrations, "migrations"))
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, postgres.Migrations)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,6 +117,7 @@ const checkpointsVersion = 10
 // one, with what the entries before it sum to; a shard without entries
 // gets none.
 func TestMigrate_Checkpoints(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	cfg, conn := migratedBefore(t, checkpointsVersion)
 	const populate = `INSERT INTO skus (sku, shards, shard_span, reservation_ttl_ms) VALUES ('sku-a', 2, 2, 1000);
@@ -127,7 +130,7 @@ func TestMigrate_Checkpoints(t *testing.T) {
 	if _, err := conn.Exec(ctx, populate); err != nil {
 		t.Fatalf("populate = %v", err)
 	}
-	if err := migrate(ctx, cfg); err != nil {
+	if err := postgres.Migrate(ctx, cfg); err != nil {
 		t.Fatalf("migrate = %v", err)
 	}
 	r, err := conn.Query(ctx, `SELECT shard || ': ' || available || '/' || reserved || '/' || sold || ' received ' || received
