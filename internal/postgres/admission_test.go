@@ -21,7 +21,7 @@ import (
 // of the SKU with it.
 func TestDB_AdmissionLockWaitersLeaveConnections(t *testing.T) {
 	ctx := context.Background()
-	db, err := postgres.Open(ctx, pgtest.NewDB(t), postgres.Options{MaxConns: 4, ApplicationName: "lock-waiters"})
+	db, err := postgres.Open(ctx, pgtest.NewMigratedDB(t), postgres.Options{MaxConns: 4, ApplicationName: "lock-waiters"})
 	if err != nil {
 		t.Fatal(err)
 	}
