@@ -149,7 +149,13 @@ func (db *DB) speculate(ctx context.Context, conn *groupConn, units []*stock.Uni
 		db.spec.committed.Add(1)
 		return true, nil
 	case committing:
-		return true, db.commitOutcome(ctx, mark, err)
+		// The answer to COMMIT was lost (a takeover ended this backend
+		// as a blocker, the connection broke): the group counts as
+		// committed once its mark says it was.
+		if err = db.commitOutcome(ctx, mark, err); err == nil {
+			db.spec.committed.Add(1)
+		}
+		return true, err
 	}
 	// The database refused before COMMIT: nothing was written, and
 	// sendCommit ended the failed transaction.
