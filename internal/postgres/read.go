@@ -225,7 +225,11 @@ func scanFences(res pgx.BatchResults) (map[int32]fenceRow, time.Time, error) {
 }
 
 func scanSKUs(res pgx.BatchResults) (map[string]*stock.SKU, error) {
-	rows, err := res.Query()
+	return collectSKUs(res.Query())
+}
+
+// collectSKUs reads rows of sqlSelectSKU's columns into a map by name.
+func collectSKUs(rows pgx.Rows, err error) (map[string]*stock.SKU, error) {
 	if err != nil {
 		return nil, err
 	}

@@ -90,19 +90,7 @@ func (db *DB) GetSKU(ctx context.Context, sku string) (*stock.SKU, error) {
 func (db *DB) GetSKUs(ctx context.Context, names []string) (map[string]*stock.SKU, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT s.* FROM (SELECT unnest($1::text[]) AS sku) AS k CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, names)
-	if err != nil {
-		return nil, err
-	}
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.SKU, error) { return scanSKU(r) })
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]*stock.SKU, len(list))
-	for _, s := range list {
-		out[s.Name] = s
-	}
-	return out, nil
+	return collectSKUs(db.pool.Query(ctx, `SELECT s.* FROM (SELECT unnest($1::text[]) AS sku) AS k CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, names))
 }
 
 // UpdateSKU applies u and returns the SKU as it now is. Writers read the SKU
