@@ -381,7 +381,13 @@ func (s *Server) fenced(w *writer) {
 	if s.owned[w.fence.Partition] == w.fence.Epoch {
 		s.loseLocked(w.fence.Partition)
 	}
-	delete(s.writers, w.key)
+	// Only w's own entry: once this server took the partition back at a
+	// new epoch, the key's entry may be the new epoch's writer, and
+	// dropping it would start a second writer of the shard beside it
+	// (each would see the other's writes as a divergence, and halt it).
+	if s.writers[w.key] == w {
+		delete(s.writers, w.key)
+	}
 }
 
 // halt refuses further writes to w's shard, for reason. record: the halt is
