@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -15,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// promoteWaitSeconds bounds how long Promote waits for the standby to
-// leave recovery (pg_promote's own wait).
-const promoteWaitSeconds = 60
+// promoteWait bounds how long Promote waits for the standby to leave
+// recovery: replaying what it had received, under the tests' load.
+const promoteWait = 60 * time.Second
 
 // StartStandby takes a base backup of c (pg_basebackup -R -X stream: the
 // backup carries the settings and the connection to c it streams from)
@@ -114,22 +113,42 @@ func (c *Cluster) WaitSyncStandby(ctx context.Context, name string) error {
 	}
 }
 
-// Promote makes a standby a primary (pg_promote) and returns once it
-// accepts writes.
+// Promote makes a standby a primary and returns once it accepts writes.
+// It asks without waiting (pg_promote(false)) and then polls in short
+// queries: a query that waited for the promotion would hold a snapshot
+// while the standby replays what it had received, and any record that
+// removes rows newer than that snapshot (a VACUUM's) cancels it after
+// max_standby_streaming_delay ("conflict with recovery", SQLSTATE 40001),
+// while the promotion goes on (TestPromote_ReplayConflict).
 func (c *Cluster) Promote(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, promoteWait)
+	defer cancel()
 	conn, err := pgx.Connect(ctx, c.url)
 	if err != nil {
 		return fmt.Errorf("pgcluster: promote: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var promoted bool
-	if err := conn.QueryRow(ctx, `SELECT pg_promote(true, `+strconv.Itoa(promoteWaitSeconds)+`)`).Scan(&promoted); err != nil {
+	var asked bool
+	if err := conn.QueryRow(ctx, `SELECT pg_promote(false)`).Scan(&asked); err != nil {
 		return fmt.Errorf("pgcluster: promote: %w", err)
 	}
-	if !promoted {
-		return errors.New("pgcluster: promote: the standby did not leave recovery in time")
+	if !asked {
+		return errors.New("pgcluster: promote: the standby refused the promotion")
 	}
-	return nil
+	for {
+		var recovering bool
+		err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&recovering)
+		if err == nil && !recovering {
+			return nil
+		}
+		// An error here is a poll cancelled by a conflict as above, or
+		// the deadline, which the select below reports.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgcluster: promote: the standby did not leave recovery in %s (last poll: %v)", promoteWait, err)
+		case <-time.After(readyPollInterval):
+		}
+	}
 }
 
 // Port returns the port the server listens on.
