@@ -746,12 +746,25 @@ func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, 
 	return tickets, inFlight, nil
 }
 
+// sqlOpenTicketSKUs lists the SKUs with open tickets ($1 at most) from
+// the two partial indexes of open tickets, so that each admission worker's
+// look, every PollInterval, reads the open tickets only. As one
+// "state IN ('pending', 'waiting', 'registered')", which neither index's
+// predicate implies, it read every ticket ever entered: 31,000 ended
+// tickets cost 460 ms a look on this machine under load
+// (docs/bench-log/2026-12-05-tokcpu.md). TestDB_TicketReadsProbeIndexes
+// checks the plan.
+const sqlOpenTicketSKUs = `SELECT sku FROM (
+		SELECT sku FROM admission_tickets WHERE state IN ('pending', 'waiting')
+		UNION SELECT sku FROM admission_tickets WHERE state = 'registered') AS open
+	ORDER BY sku LIMIT $1`
+
 // OpenTicketSKUs returns up to limit SKUs that have tickets WAITING,
 // PENDING or REGISTERED (a draw to run).
 func (db *DB) OpenTicketSKUs(ctx context.Context, limit int) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT DISTINCT sku FROM admission_tickets WHERE state IN ('pending', 'waiting', 'registered') ORDER BY sku LIMIT $1`, limit)
+	rows, err := db.pool.Query(ctx, sqlOpenTicketSKUs, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ var (
 // The entry batch's per-key and per-customer reads, whose plans
 // TestDB_TicketReadsProbeIndexes checks.
 const (
-	SQLTicketsByKey  = sqlTicketsByKey
-	SQLCustomerHolds = sqlCustomerHolds
+	SQLTicketsByKey   = sqlTicketsByKey
+	SQLCustomerHolds  = sqlCustomerHolds
+	SQLOpenTicketSKUs = sqlOpenTicketSKUs
 )
