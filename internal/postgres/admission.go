@@ -236,13 +236,39 @@ type keyedTicket struct {
 	hash []byte
 }
 
+// The statements an entry batch runs per key or per customer probe an
+// index once per key or customer, whatever the planner thinks of the
+// table: written as "idempotency_key = ANY($2)" (and "customer_ref =
+// ANY($2)"), the generic plan of a table whose statistics lag its growth
+// (a drop fills it from empty) read every ticket of the SKU and compared
+// each with every key of the batch, 2 to 6 ms a batch at a drop's
+// thousands of tickets, the largest statement of a drop
+// (docs/bench-log/2026-12-05-tokcpu.md). The LIMIT keeps the planner
+// from turning the lateral join back into that scan, and saying that
+// customer_ref is not empty (the customer index's predicate) lets it use
+// that index. TestDB_TicketReadsProbeIndexes checks both plans.
+const (
+	// sqlTicketsByKey reads the tickets of a SKU ($1) by keys ($2).
+	sqlTicketsByKey = `SELECT t.ticket_id, t.seq, t.sku, t.quantity, t.idempotency_key, t.customer_ref, t.state, t.token_id, t.expires_at,
+			t.created_at, t.direct, coalesce(t.draw_rank, 0), t.params_hash
+		FROM unnest($2::text[]) AS k(key)
+		CROSS JOIN LATERAL (SELECT * FROM admission_tickets WHERE sku = $1 AND idempotency_key = k.key LIMIT 1) AS t`
+	// sqlCustomerHolds counts, for each customer of $2 with any, the
+	// tickets of SKU $1 that count against its tokens_per_customer.
+	sqlCustomerHolds = `SELECT c.customer_ref, h.n
+		FROM (SELECT DISTINCT customer_ref FROM unnest($2::text[]) AS u(customer_ref)) AS c
+		CROSS JOIN LATERAL (SELECT count(*) AS n FROM admission_tickets WHERE sku = $1 AND customer_ref = c.customer_ref AND customer_ref <> ''
+			AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now())) AS h
+		WHERE h.n > 0`
+)
+
 // queueKeys queues the read of the tickets of entries[idx]'s keys.
 func queueKeys(b *pgx.Batch, sku string, entries []stock.TicketEntry, idx []int) {
 	keys := make([]string, len(idx))
 	for j, i := range idx {
 		keys[j] = entries[i].Ticket.IdempotencyKey
 	}
-	b.Queue(`SELECT `+sqlTicketColumns+`, params_hash FROM admission_tickets WHERE sku = $1 AND idempotency_key = ANY($2)`, sku, keys)
+	b.Queue(sqlTicketsByKey, sku, keys)
 }
 
 // scanKeyed reads the answer of queueKeys, by key.
@@ -311,8 +337,7 @@ func lockAndCount(ctx context.Context, tx pgx.Tx, sku string, entries []stock.Ti
 	b.Queue(`SELECT count(*) FILTER (WHERE `+sqlQueued+`),
 			coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
 		FROM admission_tickets WHERE sku = $1 AND state IN ('pending', 'waiting')`, sku)
-	b.Queue(`SELECT customer_ref, count(*) FROM admission_tickets WHERE sku = $1 AND customer_ref = ANY($2)
-		AND (state IN ('pending', 'waiting') OR state = 'admitted' AND expires_at > now()) GROUP BY customer_ref`, sku, customers)
+	b.Queue(sqlCustomerHolds, sku, customers)
 	queueKeys(b, sku, entries, fresh)
 	res := tx.SendBatch(ctx, b)
 	defer res.Close()
@@ -721,12 +746,25 @@ func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, 
 	return tickets, inFlight, nil
 }
 
+// sqlOpenTicketSKUs lists the SKUs with open tickets ($1 at most) from
+// the two partial indexes of open tickets, so that each admission worker's
+// look, every PollInterval, reads the open tickets only. As one
+// "state IN ('pending', 'waiting', 'registered')", which neither index's
+// predicate implies, it read every ticket ever entered: 31,000 ended
+// tickets cost 460 ms a look on this machine under load
+// (docs/bench-log/2026-12-05-tokcpu.md). TestDB_TicketReadsProbeIndexes
+// checks the plan.
+const sqlOpenTicketSKUs = `SELECT sku FROM (
+		SELECT sku FROM admission_tickets WHERE state IN ('pending', 'waiting')
+		UNION SELECT sku FROM admission_tickets WHERE state = 'registered') AS open
+	ORDER BY sku LIMIT $1`
+
 // OpenTicketSKUs returns up to limit SKUs that have tickets WAITING,
 // PENDING or REGISTERED (a draw to run).
 func (db *DB) OpenTicketSKUs(ctx context.Context, limit int) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	rows, err := db.pool.Query(ctx, `SELECT DISTINCT sku FROM admission_tickets WHERE state IN ('pending', 'waiting', 'registered') ORDER BY sku LIMIT $1`, limit)
+	rows, err := db.pool.Query(ctx, sqlOpenTicketSKUs, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -2,9 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
@@ -60,4 +64,111 @@ func TestDB_AdmissionLockWaitersLeaveConnections(t *testing.T) {
 		t.Fatalf("EnterTickets(second) with %d calls waiting for the lock = %v, %v after %v; want a ticket: the stock read found no connection",
 			waiters, got, err, time.Since(began).Round(time.Millisecond))
 	}
+}
+
+// TestDB_TicketReadsProbeIndexes: an entry batch reads its keys' tickets
+// and its customers' counts with one index probe a key or customer, not a
+// scan of the SKU's tickets, even in the generic plan of a table that grew
+// from empty (a drop's: no statistics yet); and the admission worker's
+// list of SKUs with open tickets reads the open tickets only. The SKU has
+// ticketsN tickets, half of them ended (cancelled); each read asks for
+// probesN keys or customers, half of them recorded. A plan that reads a
+// ticket it does not return (removed by a filter) fails.
+func TestDB_TicketReadsProbeIndexes(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.NewMigratedDB(t)
+	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: "probe-indexes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const (
+		sku      = "probe-indexes"
+		ticketsN = 2000
+		batchLen = 250
+		probesN  = 100
+	)
+	none := func(context.Context) (int64, bool, error) { return 0, false, nil } // every ticket waits
+	for b := 0; b < ticketsN/batchLen; b++ {
+		entries := make([]stock.TicketEntry, batchLen)
+		for i := range entries {
+			n := b*batchLen + i
+			key := fmt.Sprintf("key-%d", n)
+			entries[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key, CustomerRef: fmt.Sprintf("c-%d", n)},
+				Params: []byte(key)}
+		}
+		got, err := db.EnterTickets(ctx, sku, entries, ticketsN, 5, none)
+		if err != nil || got[0].Err != nil {
+			t.Fatalf("EnterTickets(batch %d) = %v, %v", b, got[0], err)
+		}
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// The odd-numbered half ended (the probes below ask for even numbers).
+	if _, err := conn.Exec(ctx, `UPDATE admission_tickets SET state = 'cancelled' WHERE sku = $1 AND substr(idempotency_key, 5)::int % 2 = 1`, sku); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	probes := func(prefix string) []string {
+		out := make([]string, probesN)
+		for i := range out {
+			out[i] = fmt.Sprintf("%s-%d", prefix, i*ticketsN/probesN*2) // every other one past ticketsN: not recorded
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name, sql string
+		args      []string
+		found     int
+	}{
+		{"TicketsByKey", postgres.SQLTicketsByKey, probes("key"), probesN / 2},
+		{"CustomerHolds", postgres.SQLCustomerHolds, probes("c"), probesN / 2},
+		{"OpenTicketSKUs", postgres.SQLOpenTicketSKUs, nil, ticketsN / 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// EXPLAIN takes no parameters: the arguments are literals (the
+			// keys and customers have no quote or comma).
+			params, explain := "(text, text[])", fmt.Sprintf(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probe('%s', '{%s}')`, sku, strings.Join(c.args, ","))
+			if c.args == nil {
+				params, explain = "(int)", `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probe(1000)`
+			}
+			if _, err := conn.Exec(ctx, `PREPARE probe`+params+` AS `+c.sql); err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Exec(ctx, `DEALLOCATE probe`)
+			var plan []map[string]any
+			if err := conn.QueryRow(ctx, explain).Scan(&plan); err != nil {
+				t.Fatal(err)
+			}
+			read, removed := planRows(plan[0]["Plan"].(map[string]any))
+			if removed > 0 || read > float64(c.found) {
+				t.Errorf("%s among %d tickets: read %.0f tickets, %.0f of them removed by a filter; want at most the %d it needs, none removed (a scan, not probes)",
+					c.name, ticketsN, read, removed, c.found)
+			}
+		})
+	}
+}
+
+// planRows sums, over an EXPLAIN (ANALYZE, FORMAT JSON) plan's nodes that
+// read a table, the rows they returned and the rows their filters
+// removed, times their loops.
+func planRows(node map[string]any) (read, removed float64) {
+	loops, _ := node["Actual Loops"].(float64)
+	if _, ok := node["Relation Name"]; ok {
+		rows, _ := node["Actual Rows"].(float64)
+		gone, _ := node["Rows Removed by Filter"].(float64)
+		recheck, _ := node["Rows Removed by Index Recheck"].(float64)
+		read, removed = rows*loops, (gone+recheck)*loops
+	}
+	kids, _ := node["Plans"].([]any)
+	for _, k := range kids {
+		r, g := planRows(k.(map[string]any))
+		read, removed = read+r, removed+g
+	}
+	return read, removed
 }

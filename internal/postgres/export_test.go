@@ -9,3 +9,11 @@ var (
 	// Migrate applies every pending migration as cfg's role.
 	Migrate = migrate
 )
+
+// The entry batch's per-key and per-customer reads, whose plans
+// TestDB_TicketReadsProbeIndexes checks.
+const (
+	SQLTicketsByKey   = sqlTicketsByKey
+	SQLCustomerHolds  = sqlCustomerHolds
+	SQLOpenTicketSKUs = sqlOpenTicketSKUs
+)

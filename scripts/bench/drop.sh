@@ -13,7 +13,10 @@
 # then DROP_AFTER (2,000) RequestTokens of the sold-out SKU, and as many
 # Deducts of a sold-out SKU on the in-memory ceiling, at the same rate. Even rounds run the phases of each pair the other way round
 # (-drop-swap): the drop before the reserve phase, the ceiling before
-# shardstock's refusals. Each round prints the time from the doors
+# shardstock's refusals. Before the measured phases, DROP_WARMUP (default
+# 500) Reserves and as many RequestTokens go, unmeasured, to SKUs of their
+# own (-drop-warmup): neither measured phase pays for the fresh stack's
+# first connections. Each round prints the time from the doors
 # opening to the last unit in a token, the server CPU per granted token
 # against per plain reservation, and per refused request after the
 # sell-out against the ceiling's. The whole run is bounded by DROP_TIMEOUT
@@ -29,6 +32,7 @@ readonly rate=${DROP_RATE:-1000}
 readonly waitlist=${DROP_WAITLIST:-500}
 readonly after=${DROP_AFTER:-2000}
 readonly in_flight=${DROP_IN_FLIGHT:-256}
+readonly warmup=${DROP_WARMUP:-500}
 readonly timeout=${DROP_TIMEOUT:-300s}
 readonly stack_args=${BENCH_STACK_ARGS--shard-servers 0 -allocator-shard}
 
@@ -45,5 +49,5 @@ for ((i = 1; i <= rounds; i++)); do
 		bin/loadgen -stack bin/shardstock-dev -stack-args "$stack_args" -database-url "$url" \
 		-database-note "a private durable Postgres (fsync on)" -stack-log "tmp/bench-drop-stack-$i.log" \
 		-target shardstock -model drop -requests "$requests" -rate "$rate" -duration 30s -drop-swap="$swap" \
-		-drop-waitlist "$waitlist" -drop-after "$after" -drop-in-flight "$in_flight" -progress=false
+		-drop-waitlist "$waitlist" -drop-after "$after" -drop-in-flight "$in_flight" -drop-warmup "$warmup" -progress=false
 done

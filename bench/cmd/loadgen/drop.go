@@ -22,6 +22,7 @@ import (
 type dropFlags struct {
 	units, waitlist int64
 	after, inFlight int
+	warmup          int
 	think           time.Duration
 	release         float64
 	noCeiling, swap bool
@@ -36,6 +37,7 @@ func (d *dropFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&d.release, "drop-release", drop.ReleaseDefault, "model drop: share of the tokens and reservations released rather than bought")
 	fs.BoolVar(&d.swap, "drop-swap", false, "model drop: run the drop before its reserve phase, and the ceiling before the refusals after the sell-out (alternate it over rounds)")
 	fs.BoolVar(&d.noCeiling, "drop-no-ceiling", false, "model drop: do not measure the in-memory ceiling")
+	fs.IntVar(&d.warmup, "drop-warmup", 0, "model drop: Reserves and RequestTokens sent, unmeasured, to SKUs of their own before the measured phases, so that neither pays for a fresh stack's first connections; 0: none")
 }
 
 // checkDrop refuses what model drop cannot run with.
@@ -68,7 +70,8 @@ func targetNames(s string) []string {
 func (c *config) dropConfig(runID string) drop.Config {
 	shards, _ := parseShards(c.shardList)
 	cfg := drop.Config{RunID: runID, Units: c.drop.units, Arrivals: int(c.requests), Rate: c.rate, Duration: c.duration,
-		Think: c.drop.think, Release: c.drop.release, WaitlistMax: c.drop.waitlist, After: c.drop.after, InFlightMax: c.drop.inFlight, Swap: c.drop.swap}
+		Think: c.drop.think, Release: c.drop.release, WaitlistMax: c.drop.waitlist, After: c.drop.after, InFlightMax: c.drop.inFlight, Swap: c.drop.swap,
+		Warmup: c.drop.warmup}
 	if len(shards) > 0 {
 		cfg.Shards = shards[0]
 	}

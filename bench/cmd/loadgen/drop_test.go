@@ -44,7 +44,8 @@ func TestDrop_Stack(t *testing.T) {
 	}
 	const units, arrivals, waitlist, after = 20, 100, 30, 50
 	cfg := drop.Config{RunID: "t" + randomHex(4), Units: units, Arrivals: arrivals, Rate: 400, Duration: 10 * time.Second,
-		Think: 100 * time.Millisecond, Release: 0.1, WaitlistMax: waitlist, After: after, Shards: 4}
+		Think: 100 * time.Millisecond, Release: 0.1, WaitlistMax: waitlist, After: after, Shards: 4,
+		Warmup: 40} // on SKUs of their own: the counts below are the measured SKU's alone
 	rep, err := drop.Run(ctx, cfg, env)
 	if err != nil {
 		t.Fatalf("Run() = %v\n%s", err, &stderr)
@@ -112,6 +113,7 @@ func TestDrop_Flags(t *testing.T) {
 		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-units", "0"}, "units"},
 		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-release", "1.5"}, "release share"},
 		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-requests", "10"}, "arrivals"},
+		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-warmup", "-1"}, "warm-up"},
 	} {
 		_, _, err := runArgs(t, env(nil), tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

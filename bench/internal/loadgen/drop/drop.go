@@ -95,6 +95,13 @@ type Config struct {
 	// sell-out; alternated over rounds, neither of a pair always runs on
 	// what the other left (a warmer cache, a fuller database).
 	Swap bool
+	// Warmup is the arrivals of each kind sent, unmeasured, to a pair of
+	// SKUs of Warmup/2 units (one under admission, one without) before
+	// the first measured phase, so that neither measured phase pays for
+	// the fresh stack's first connections, prepared statements and
+	// caches (0: none). Without it the phase run first cost 20% to 80%
+	// more CPU per unit than run second (docs/bench-log/2026-12-05-tokcpu.md).
+	Warmup int
 }
 
 // Check fills in c's defaults (its zero fields) and checks its bounds.
@@ -135,6 +142,8 @@ func (c *Config) defaults() error {
 		return errors.New("drop: think time and duration must not be negative, the release share 0 to 1")
 	case c.WaitlistMax < 0 || c.After < 0 || c.After > arrivalsMax || c.InFlightMax < 1:
 		return errors.New("drop: waitlist, after-sell-out requests and in-flight bound out of range")
+	case c.Warmup < 0 || c.Warmup == 1 || c.Warmup > arrivalsMax:
+		return fmt.Errorf("drop: %d warm-up arrivals: want 0 or 2 to %d", c.Warmup, arrivalsMax)
 	}
 	return nil
 }
@@ -247,25 +256,13 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 	if err := createSKUs(ctx, env.Admin, cfg, r.SKU, r.PlainSKU); err != nil {
 		return nil, err
 	}
-	reserve := func(ctx context.Context, i int) (string, answer) {
-		resp, err := env.Inv.Reserve(ctx, connect.NewRequest(&shardstockv1.ReserveRequest{
-			Sku: r.PlainSKU, Quantity: 1, IdempotencyKey: fmt.Sprintf("%s-r-%d", cfg.RunID, i), CustomerRef: fmt.Sprintf("%s-rc-%d", cfg.RunID, i)}))
-		if err != nil {
-			return "", classify(err)
+	if cfg.Warmup > 0 {
+		if err := warmUp(ctx, cfg, env, logf); err != nil {
+			return r, err
 		}
-		return resp.Msg.GetReservation().GetReservationId(), answer{kind: answerHeld}
 	}
-	token := func(ctx context.Context, i int) (string, answer) {
-		resp, err := env.Inv.RequestToken(ctx, connect.NewRequest(&shardstockv1.RequestTokenRequest{
-			Sku: r.SKU, Quantity: 1, IdempotencyKey: fmt.Sprintf("%s-t-%d", cfg.RunID, i), CustomerRef: fmt.Sprintf("%s-tc-%d", cfg.RunID, i)}))
-		if err != nil {
-			return "", classify(err)
-		}
-		if t := resp.Msg.GetToken(); t != nil {
-			return t.GetTokenId(), answer{kind: answerHeld}
-		}
-		return resp.Msg.GetTicket().GetTicketId(), answer{kind: answerTicket}
-	}
+	reserve := reserveCall(env, cfg.RunID, r.PlainSKU)
+	token := tokenCall(env, cfg.RunID, r.SKU)
 	reservePhase := func() error {
 		logf("reserve phase: %d arrivals at %.0f/s on %s (%d units, no admission)", cfg.Arrivals, cfg.Rate, r.PlainSKU, cfg.Units)
 		var err error
@@ -342,6 +339,60 @@ func createSKUs(ctx context.Context, admin shardstockv1connect.AdminServiceClien
 	}
 	if _, err := admin.CreateSku(ctx, connect.NewRequest(&shardstockv1.CreateSkuRequest{Sku: plain, InitialStock: cfg.Units, Shards: cfg.Shards})); err != nil {
 		return fmt.Errorf("drop: CreateSku %s: %w", plain, err)
+	}
+	return nil
+}
+
+// reserveCall returns the reserve phase's call: a Reserve of one unit of
+// sku, the i-th arrival's key and customer made unique by runID.
+func reserveCall(env Env, runID, sku string) func(context.Context, int) (string, answer) {
+	return func(ctx context.Context, i int) (string, answer) {
+		resp, err := env.Inv.Reserve(ctx, connect.NewRequest(&shardstockv1.ReserveRequest{
+			Sku: sku, Quantity: 1, IdempotencyKey: fmt.Sprintf("%s-r-%d", runID, i), CustomerRef: fmt.Sprintf("%s-rc-%d", runID, i)}))
+		if err != nil {
+			return "", classify(err)
+		}
+		return resp.Msg.GetReservation().GetReservationId(), answer{kind: answerHeld}
+	}
+}
+
+// tokenCall returns the drop's call: a RequestToken of one unit of sku.
+func tokenCall(env Env, runID, sku string) func(context.Context, int) (string, answer) {
+	return func(ctx context.Context, i int) (string, answer) {
+		resp, err := env.Inv.RequestToken(ctx, connect.NewRequest(&shardstockv1.RequestTokenRequest{
+			Sku: sku, Quantity: 1, IdempotencyKey: fmt.Sprintf("%s-t-%d", runID, i), CustomerRef: fmt.Sprintf("%s-tc-%d", runID, i)}))
+		if err != nil {
+			return "", classify(err)
+		}
+		if t := resp.Msg.GetToken(); t != nil {
+			return t.GetTokenId(), answer{kind: answerHeld}
+		}
+		return resp.Msg.GetTicket().GetTicketId(), answer{kind: answerTicket}
+	}
+}
+
+// warmUp sends cfg.Warmup Reserves and as many RequestTokens, unmeasured,
+// to two SKUs of their own of half as many units, buys and releases as
+// the phases do, and settles the waitlist: the stack's connections,
+// prepared statements and caches are then those of a stack that has sold
+// before, for both measured phases alike.
+func warmUp(ctx context.Context, cfg Config, env Env, logf func(string, ...any)) error {
+	w := cfg
+	w.RunID, w.Arrivals, w.Units = cfg.RunID+"w", cfg.Warmup, int64(cfg.Warmup/2)
+	wr := &Report{Config: w, SKU: "drop-warm-" + cfg.RunID, PlainSKU: "drop-warm-plain-" + cfg.RunID}
+	if err := createSKUs(ctx, env.Admin, w, wr.SKU, wr.PlainSKU); err != nil {
+		return err
+	}
+	logf("warm-up: %d Reserves and %d RequestTokens at %.0f/s on SKUs of %d units (not measured)", w.Arrivals, w.Arrivals, w.Rate, w.Units)
+	if _, _, err := runPhase(ctx, w, env, wr.PlainSKU, reserveCall(env, w.RunID, wr.PlainSKU)); err != nil {
+		return fmt.Errorf("drop: warm-up: %w", err)
+	}
+	_, tickets, err := runPhase(ctx, w, env, wr.SKU, tokenCall(env, w.RunID, wr.SKU))
+	if err != nil {
+		return fmt.Errorf("drop: warm-up: %w", err)
+	}
+	if err := wr.settle(ctx, env, tickets); err != nil {
+		return fmt.Errorf("drop: warm-up: waitlist: %w", err)
 	}
 	return nil
 }
