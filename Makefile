@@ -23,14 +23,14 @@ run: ## build cmd/shardstock-dev into bin/ and run the local development stack (
 	exec bin/shardstock-dev $(RUN_ARGS)
 
 # The items that either lane of `make test` takes, in this order, once it
-# has run its own, longest first: internal/allocator, internal/e2e's
-# TEST_E2E_SECOND (e2e-second) and TEST_E2E_BESIDE (e2e-beside), then the
-# second lane's other long packages, then bench/'s and deploy/'s modules
-# (docs/bench-log/2026-12-05-testtime3.md has their times). Whichever
-# lane is the longer on the machine at hand (e2e's on a quiet one, where
-# its tests wait; the other on a loaded one, where its tests compute), the
-# other takes the larger share of these.
-TEST_SHARED_TAIL := internal/allocator e2e-second e2e-beside internal/shard internal/postgres internal/ledger internal/cmd/allocatorcmd internal/cmd/stockctlcmd internal/dbset bench deploy/alerts deploy/k8s
+# has run its own, longest first (docs/bench-log/2026-12-05-testtime3.md
+# has their times), so that the last item to start is a short one:
+# internal/e2e's TEST_E2E_SECOND (e2e-second) and TEST_E2E_BESIDE
+# (e2e-beside), the second lane's longest packages, bench/'s module, and
+# deploy/'s. Whichever lane is the longer on the machine at hand (e2e's on
+# a quiet one, where its tests wait; the other on a loaded one, where its
+# tests compute), the other takes the larger share of these.
+TEST_SHARED_TAIL := internal/allocator e2e-second bench internal/cmd/allocatorcmd internal/postgres e2e-beside internal/shard internal/ledger internal/cmd/stockctlcmd internal/dbset deploy/alerts deploy/k8s
 
 # internal/e2e's tests that run apart from the package's first run, as
 # items of TEST_SHARED_TAIL, so that neither lane waits for all of
