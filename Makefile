@@ -22,51 +22,79 @@ run: ## build cmd/shardstock-dev into bin/ and run the local development stack (
 	go build -o bin/shardstock-dev ./cmd/shardstock-dev
 	exec bin/shardstock-dev $(RUN_ARGS)
 
-# The packages that either lane of `make test` takes, in this order, once
-# it has run its own: internal/e2e's TEST_E2E_SECOND (e2e-second), then
-# the second lane's longest (about half its time), longest first, then
-# bench/'s and deploy/'s modules.
-TEST_SHARED_TAIL := e2e-second internal/postgres internal/ledger internal/cmd/allocatorcmd internal/cmd/stockctlcmd internal/dbset bench deploy/alerts deploy/k8s
+# The items that either lane of `make test` takes, in this order, once it
+# has run its own, longest first (docs/bench-log/2026-12-05-testtime3.md
+# has their times), so that the last item to start is a short one:
+# internal/e2e's TEST_E2E_SECOND (e2e-second) and TEST_E2E_BESIDE
+# (e2e-beside), the second lane's longest packages, bench/'s module, and
+# deploy/'s. Whichever lane is the longer on the machine at hand (e2e's on
+# a quiet one, where its tests wait; the other on a loaded one, where its
+# tests compute), the other takes the larger share of these.
+TEST_SHARED_TAIL := internal/allocator e2e-second bench internal/cmd/allocatorcmd internal/postgres e2e-beside internal/shard internal/ledger internal/cmd/stockctlcmd internal/dbset deploy/alerts deploy/k8s
 
-# internal/e2e's tests that run apart from the package's first run, as the
-# first package of TEST_SHARED_TAIL: the longest of those that run alone
-# (docs/testing.md) and assert no tight time bound, so that neither lane
-# waits for all of internal/e2e. Whichever lane takes them, another test
-# binary runs beside them, as beside every e2e test in make test. Both
-# runs start the commands that make test builds once, as internal/e2e's
-# TestMain would (SHARDSTOCK_E2E_BIN).
-TEST_E2E_SECOND := TestE2E_MakeRun|TestE2E_MakeRunStop|TestE2E_TwoDatabases|TestE2E_Breaker
+# internal/e2e's tests that run apart from the package's first run, as
+# items of TEST_SHARED_TAIL, so that neither lane waits for all of
+# internal/e2e (docs/testing.md). TEST_E2E_SECOND: tests that run alone
+# (one after another in their run) and assert no tight time bound: a fault
+# or takeover whose waits are generous deadlines, not claims. TEST_E2E_BESIDE:
+# the tests that run beside one another (besideOthers). The first run keeps
+# the alone tests that do assert a time bound. Whichever lane takes an
+# item, another test binary runs beside it, as beside every e2e test in
+# make test. Every run starts the commands that make test builds once, as
+# internal/e2e's TestMain would (SHARDSTOCK_E2E_BIN).
+TEST_E2E_SECOND := TestE2E_MakeRun|TestE2E_MakeRunStop|TestE2E_TwoDatabases|TestE2E_Breaker|TestE2E_AllocatorShard|TestE2E_SetShardsUnderTraffic|TestE2E_MoverKilledAtEachStep
+TEST_E2E_BESIDE := TestE2E_Shared|TestE2E_ErrorReasons|TestE2E_HaltAndResume|TestE2E_MutualTLS|TestE2E_READMECurl|TestE2E_WebClients|TestE2E_Dashboard
+
+# How long an item of e2e's in TEST_SHARED_TAIL waits for e2e's lane to
+# build the commands it starts: as long as a test binary may run.
+TEST_E2E_BUILD_WAIT_SECONDS_MAX := 900
 
 # Two test runs at once, so that the longest package does not wait for the
-# others: internal/e2e on a throwaway Postgres cluster of its own (pgtest,
-# DATABASE_URL unset), and beside it every other package, one test binary
-# at a time, on DATABASE_URL's server. Each server sees one test binary at
-# a time, so that the packages that start whole stacks do not together
-# exhaust a default Postgres's 100 connections: that lane builds two
-# packages at once (-p 2) but runs their binaries through flock(1) on one
-# lock file, so the next package's test binary is compiled and linked
-# while the current one runs (a package's elapsed time then includes its
-# wait for the lock). Then each lane
-# takes the packages of TEST_SHARED_TAIL that the other has not (mkdir is
-# the lock), so that the two lanes end about together, whichever is the
-# longer on the machine. e2e's lane's output is printed when it ends.
-test: web/node_modules ## build everything, then run all tests, bench/'s too (Postgres on 127.0.0.1:5432 if it answers and has room)
-	go build ./...
+# others: internal/e2e's first run on a throwaway Postgres cluster of its
+# own (pgtest, DATABASE_URL unset), and beside it every other package, one
+# test binary at a time, on DATABASE_URL's server. Each server sees one
+# test binary at a time, so that the packages that start whole stacks do
+# not together exhaust a default Postgres's 100 connections: that lane
+# builds two packages at once (-p 2) but runs their binaries through
+# flock(1) on one lock file, so the next package's test binary is compiled
+# and linked while the current one runs (a package's elapsed time then
+# includes its wait for the lock). Then each lane takes the items of
+# TEST_SHARED_TAIL that the other has not (mkdir is the lock), so that the
+# two lanes end about together, whichever is the longer on the machine.
+# e2e's lane's output is printed when it ends.
+#
+# Nothing is built before the lanes: go test compiles every package (those
+# without tests too), e2e's lane links the three commands its tests start
+# (with the failpoints) and TestE2E_MakeRun links cmd/shardstock-dev, so a
+# `go build ./...` first would only hold both lanes back while it linked
+# commands that nothing runs. npm ci (web/node_modules, for e2e's browser
+# and Node tests) runs while e2e's lane builds.
+test: ## run all tests, bench/'s too, in two lanes (docs/testing.md) (Postgres on 127.0.0.1:5432 if it answers and has room)
 	@if [ -z "$${DATABASE_URL:-}" ] && command -v pg_isready >/dev/null 2>&1 \
 		&& pg_isready -q -h 127.0.0.1 -p 5432; then \
 		export DATABASE_URL='$(LOCAL_DATABASE_URL)'; \
 	fi; \
 	echo "DATABASE_URL=$${DATABASE_URL:-<unset: throwaway clusters>}"; \
 	e2e_log="$$(mktemp)"; lock="$$(mktemp -d)"; trap 'rm -rf "$$e2e_log" "$$lock"' EXIT; \
-	go build -tags shardstock_failpoints -o "$$lock/e2e-bin/" ./cmd/shard ./cmd/allocator ./cmd/stockctl || exit 1; \
 	export SHARDSTOCK_E2E_BIN="$$lock/e2e-bin"; \
+	e2e_built() { \
+		for i in $$(seq $(TEST_E2E_BUILD_WAIT_SECONDS_MAX)); do \
+			[ -f "$$lock/e2e-built" ] && break; sleep 1; \
+		done; \
+		[ "$$(cat "$$lock/e2e-built" 2>/dev/null)" = 0 ] || { echo "make test: e2e's commands were not built"; return 1; }; \
+	}; \
 	take_tail() { \
 		tail_rc=0; \
 		for dir in $(TEST_SHARED_TAIL); do \
 			mkdir "$$lock/$$(echo "$$dir" | tr / _)" 2>/dev/null || continue; \
 			if [ "$$dir" = e2e-second ]; then \
+				e2e_built || { tail_rc=1; continue; }; \
 				echo "go test -count=1 -timeout 15m -run '^($(TEST_E2E_SECOND))$$' ./internal/e2e"; \
 				go test -count=1 -timeout 15m -run '^($(TEST_E2E_SECOND))$$' ./internal/e2e || tail_rc=1; \
+			elif [ "$$dir" = e2e-beside ]; then \
+				e2e_built || { tail_rc=1; continue; }; \
+				echo "go test -count=1 -timeout 15m -run '^($(TEST_E2E_BESIDE))$$' ./internal/e2e"; \
+				go test -count=1 -timeout 15m -run '^($(TEST_E2E_BESIDE))$$' ./internal/e2e || tail_rc=1; \
 			elif [ -f "$$dir/go.mod" ]; then \
 				echo "(cd $$dir && go test -count=1 -p 1 -timeout 15m ./...)"; \
 				(cd "$$dir" && go test -count=1 -p 1 -timeout 15m ./...) || tail_rc=1; \
@@ -77,8 +105,18 @@ test: web/node_modules ## build everything, then run all tests, bench/'s too (Po
 		done; \
 		return $$tail_rc; \
 	}; \
-	echo "DATABASE_URL= go test -count=1 -timeout 15m -skip '^($(TEST_E2E_SECOND))$$' ./internal/e2e (beside the rest)"; \
-	(export DATABASE_URL=; go test -count=1 -timeout 15m -skip '^($(TEST_E2E_SECOND))$$' ./internal/e2e; rc=$$?; take_tail || rc=1; exit $$rc) >"$$e2e_log" 2>&1 & e2e=$$!; \
+	echo "$(MAKE) web/node_modules & go build -tags shardstock_failpoints -o \$$SHARDSTOCK_E2E_BIN/ ./cmd/shard ./cmd/allocator ./cmd/stockctl (e2e's lane)"; \
+	echo "DATABASE_URL= go test -count=1 -timeout 15m -skip '^($(TEST_E2E_SECOND)|$(TEST_E2E_BESIDE))$$' ./internal/e2e (beside the rest)"; \
+	( \
+		$(MAKE) --no-print-directory web/node_modules & npm=$$!; \
+		go build -tags shardstock_failpoints -o "$$SHARDSTOCK_E2E_BIN/" ./cmd/shard ./cmd/allocator ./cmd/stockctl; rc=$$?; \
+		wait $$npm || rc=1; \
+		echo $$rc >"$$lock/e2e-built.tmp" && mv "$$lock/e2e-built.tmp" "$$lock/e2e-built"; \
+		if [ $$rc -ne 0 ]; then echo "make test: e2e's commands or web/node_modules failed to build"; take_tail; exit 1; fi; \
+		export DATABASE_URL=; \
+		go test -count=1 -timeout 15m -skip '^($(TEST_E2E_SECOND)|$(TEST_E2E_BESIDE))$$' ./internal/e2e; rc=$$?; \
+		take_tail || rc=1; exit $$rc \
+	) >"$$e2e_log" 2>&1 & e2e=$$!; \
 	skip="$$(for dir in internal/e2e $(TEST_SHARED_TAIL); do printf -- '-e /%s$$ ' "$$dir"; done)"; \
 	echo go test -count=1 -p 2 -exec "flock -o $$lock/run" -timeout 15m '$$(go list ./... | grep -v' "$$skip)"; \
 	go test -count=1 -p 2 -exec "flock -o $$lock/run" -timeout 15m $$(go list ./... | grep -v $$skip); rest=$$?; \

@@ -89,8 +89,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(etcdChildEnv) != "" {
 		os.Exit(etcdChild())
 	}
-	// make test runs this package twice at once (TEST_E2E_SECOND) and
-	// builds the commands once for both, as below, into the directory
+	// make test runs this package three times, up to two at once (its
+	// first run, TEST_E2E_SECOND and TEST_E2E_BESIDE), and builds the
+	// commands once for all, as below, into the directory
 	// SHARDSTOCK_E2E_BIN names.
 	if dir := os.Getenv("SHARDSTOCK_E2E_BIN"); dir != "" && os.Getenv("SHARDSTOCK_E2E_RACE") != "1" {
 		for _, cmd := range e2eCommands {
