@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"os/exec"
@@ -10,18 +11,30 @@ import (
 	"time"
 )
 
-// loop is a shell script that runs until a signal; traps are prepended.
-const loop = "while :; do sleep 0.05; done"
+// loop is a shell script that says it is ready and then runs until a
+// signal; traps are prepended, so they are set once it says so.
+const loop = "echo ready; while :; do sleep 0.05; done"
 
 // start starts sh -c script with a grace period of grace.
 func start(t *testing.T, ctx context.Context, grace time.Duration, script string) *Cmd {
 	t.Helper()
 	c := Command(ctx, syscall.SIGTERM, grace, "sh", "-c", script)
+	out, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Start(); err != nil {
 		t.Fatalf("Start(%q) = %v", script, err)
 	}
 	t.Cleanup(func() { c.Process.Kill() })
-	time.Sleep(100 * time.Millisecond) // let sh set its traps
+	if strings.HasSuffix(script, loop) {
+		// A signal before sh has set its traps would end it the
+		// default way: wait until it says it has.
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil || line != "ready\n" {
+			t.Fatalf("sh -c %q said %q, %v; want ready", script, line, err)
+		}
+	}
 	return c
 }
 
