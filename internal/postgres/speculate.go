@@ -62,6 +62,7 @@ type speculation struct {
 	skip      atomic.Int32 // groups left before speculating again
 	committed atomic.Int64
 	fellBack  atomic.Int64
+	readFirst atomic.Int64 // groups that read a cold SKU's rows first (readFirst)
 }
 
 // Speculated returns how many groups committed in one round trip, and how
@@ -69,6 +70,10 @@ type speculation struct {
 func (db *DB) Speculated() (committed, fellBack int64) {
 	return db.spec.committed.Load(), db.spec.fellBack.Load()
 }
+
+// ReadFirst returns how many groups, sent speculatively or not, read
+// their cold SKUs' rows first, outside their transaction, since Open.
+func (db *DB) ReadFirst() int64 { return db.spec.readFirst.Load() }
 
 // SkewClock shifts by d, from now on, the estimate of the database's
 // clock that speculative groups are evaluated with (this process's clock
@@ -204,6 +209,7 @@ func (db *DB) speculate(ctx context.Context, conn *groupConn, units []*stock.Uni
 		return false, nil // the usual way reads again, and reports what fails
 	}
 	if pre != nil {
+		db.spec.readFirst.Add(1)
 		db.spec.observeClock(pre.now)
 	}
 	now := time.Now().Add(time.Duration(db.spec.clockOffset.Load() + db.spec.skew.Load()))
