@@ -48,7 +48,8 @@ func (s *stack) skuGauge(name, sku string) float64 {
 // writer for each of a SKU's shards, with its row and SKU loaded, so that
 // the SKU's first deduct is decided before any read and committed in one
 // round trip (speculative), as a warm SKU's are; a cold SKU's first deduct
-// is not. Prewarm again changes nothing; an unknown SKU is SKU_NOT_FOUND.
+// reads its rows first. Prewarm again changes nothing; an unknown SKU is
+// SKU_NOT_FOUND.
 func testPrewarm(t *testing.T, s *stack) {
 	ctx := context.Background()
 	s.createSKU("warm", 8, 800)
@@ -63,14 +64,18 @@ func testPrewarm(t *testing.T, s *stack) {
 			t.Fatalf("%v writers after Prewarm of 8 shards, want %v", n, writers+8)
 		}
 	}
-	first := func(sku string) (speculative bool) {
+	// oneTrip: the first deduct was committed in one round trip with
+	// nothing read before it (a cold SKU's reads its rows first, or in its
+	// transaction).
+	first := func(sku string) (oneTrip bool) {
 		t.Helper()
 		before, _ := s.db.Speculated()
+		readBefore := s.db.ReadFirst()
 		if res := s.alloc.Allocate(ctx, deduct(sku, "first-"+sku, 1)); res.Err != nil {
 			t.Fatalf("first Deduct(%s) = %v", sku, res.Err)
 		}
 		after, _ := s.db.Speculated()
-		return after > before
+		return after > before && s.db.ReadFirst() == readBefore
 	}
 	if got := s.skuGauge("shardstock_shard_available", "warm"); got != 800 {
 		t.Errorf("shardstock_shard_available{sku=warm} sums to %v after Prewarm, want 800", got)
@@ -82,7 +87,7 @@ func testPrewarm(t *testing.T, s *stack) {
 		t.Errorf("shardstock_shard_sold{sku=warm} sums to %v after one deduct, want 1", got)
 	}
 	if first("cold") {
-		t.Errorf("the first deduct of a cold SKU was speculative: the test cannot tell a prewarmed SKU from a cold one")
+		t.Errorf("the first deduct of a cold SKU read nothing first: the test cannot tell a prewarmed SKU from a cold one")
 	}
 	if _, _, err := s.alloc.Prewarm(ctx, "nosuch"); stock.CodeOf(err) != stock.CodeSKUNotFound {
 		t.Errorf("Prewarm(nosuch) = %v, want SKU_NOT_FOUND", err)

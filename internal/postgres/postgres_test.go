@@ -1262,6 +1262,89 @@ func TestDB_GroupSpeculative(t *testing.T) {
 			t.Errorf("ledger entries = %d after a seeded write to a halted shard, want 0", n)
 		}
 	})
+	// A writer with no copy of its row yet (a cold SKU's first batch) does
+	// not keep its group from speculating: its SKU and its SKU's rows are
+	// read first, outside the transaction, and it decides from them as from
+	// a seed, whose row the write compares.
+	loading := func(u *stock.Unit) *stock.Unit {
+		u.Query.KnownSKU, u.Query.Seeded, u.Query.LoadShard = nil, false, true
+		return u
+	}
+	// changedOnce runs sql (another writer, an operator) when u is first
+	// decided: after the read its decision starts from.
+	changedOnce := func(t *testing.T, conn *pgx.Conn, u *stock.Unit, sql string) *stock.Unit {
+		decide, done := u.Decide, false
+		u.Decide = func(read *stock.BatchRead) (*stock.BatchWrite, error) {
+			if !done {
+				done = true
+				if _, err := conn.Exec(ctx, sql); err != nil {
+					t.Error(err)
+				}
+			}
+			return decide(read)
+		}
+		return u
+	}
+	t.Run("LoadFirst", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		var d0, d1 seedDecision
+		units := []*stock.Unit{loading(seeded(fs[0], ks[0], "k0", nil, stock.Counts{}, &d0)), seeded(fs[1], ks[1], "k1", sku, ten, &d1)}
+		if err := db.Group(ctx, units); err != nil || units[0].Err != nil || units[1].Err != nil {
+			t.Fatalf("Group = %v (units %v, %v), want nil", err, units[0].Err, units[1].Err)
+		}
+		speculated(t, db, 1, 0)
+		if d0.calls != 1 || !d0.shardRead {
+			t.Errorf("decided %d times, from the row read: %v; want once, from the row read first", d0.calls, d0.shardRead)
+		}
+		if n := count(t, conn, `SELECT sum(available) FROM shards WHERE sku = 's-sku'`); n != 28 {
+			t.Errorf("available = %d, want 28", n)
+		}
+	})
+	t.Run("LoadFirstRowChanged", func(t *testing.T) {
+		db, conn, ks, fs, _ := setup(t)
+		var d seedDecision
+		u := changedOnce(t, conn, loading(seeded(fs[0], ks[0], "k0", nil, stock.Counts{}, &d)),
+			`UPDATE shards SET available = 7 WHERE sku = 's-sku' AND idx = 0`)
+		if err := db.Group(ctx, []*stock.Unit{u}); err != nil || u.Err != nil {
+			t.Fatalf("Group = %v (unit %v), want nil", err, u.Err)
+		}
+		speculated(t, db, 0, 1)
+		if d.calls != 2 || !d.shardRead {
+			t.Errorf("decided %d times; want twice, the second from the row read in the transaction", d.calls)
+		}
+		if n := count(t, conn, `SELECT available_before FROM ledger WHERE idempotency_key = 'k0'`); n != 7 {
+			t.Errorf("the deduct's entry starts from %d, want the row's 7", n)
+		}
+	})
+	t.Run("LoadFirstRowChangedNetZero", func(t *testing.T) {
+		db, conn, ks, fs, _ := setup(t)
+		var d seedDecision
+		u := changedOnce(t, conn, loading(netZero(fs[0], ks[0], nil, stock.Counts{}, &d)),
+			`UPDATE shards SET available = 5 WHERE sku = 's-sku' AND idx = 0`)
+		if err := db.Group(ctx, []*stock.Unit{u}); err != nil || u.Err != nil {
+			t.Fatalf("Group = %v (unit %v), want nil", err, u.Err)
+		}
+		speculated(t, db, 0, 1)
+		if n := count(t, conn, `SELECT count(*) FROM ledger WHERE available_before <> 5 AND kind = 'replenish'`); n != 0 {
+			t.Errorf("%d ledger entries start from the row as read first (10), not as it was at the write (5)", n)
+		}
+	})
+	t.Run("LoadFirstHalted", func(t *testing.T) {
+		db, conn, ks, fs, _ := setup(t)
+		haltShard0(t, conn)
+		var d seedDecision
+		u := loading(seeded(fs[0], ks[0], "k0", nil, stock.Counts{}, &d))
+		if err := db.Group(ctx, []*stock.Unit{u}); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		speculated(t, db, 0, 0) // not sent: a halted row is decided in a transaction
+		if d.calls != 1 || d.halt != "test: halted" {
+			t.Errorf("decided %d times, the last seeing halt %q; want once, with the row's", d.calls, d.halt)
+		}
+		if n := count(t, conn, `SELECT count(*) FROM ledger`); n != 0 {
+			t.Errorf("ledger entries = %d after a write to a halted shard, want 0", n)
+		}
+	})
 }
 
 // TestDB_GroupLoadsSiblings: a unit that loads its row also gets the SKU's

@@ -34,6 +34,10 @@ func readGroup(ctx context.Context, conn *pgx.Conn, units []*stock.Unit) ([]*sto
 	return got.reads(units), nil
 }
 
+// sqlSelectLoadShards reads every shard row of the SKUs $1, for the writers
+// that load theirs (scanLoaded).
+const sqlSelectLoadShards = `SELECT sku, idx, available, reserved, sold, halted_reason FROM shards WHERE sku = ANY($1::text[])`
+
 // groupQuery is what a group reads, gathered from its units.
 type groupQuery struct {
 	parts                                                    []int32
@@ -89,7 +93,7 @@ func (q *groupQuery) queue(b *pgx.Batch) {
 		// Every shard of the SKU, not only the unit's: the others are
 		// seeds for their writers (BatchRead.Siblings), a few rows more
 		// for the SKU's first batch instead of a read in each shard's.
-		b.Queue(`SELECT sku, idx, available, reserved, sold, halted_reason FROM shards WHERE sku = ANY($1::text[])`, q.loadSKUs)
+		b.Queue(sqlSelectLoadShards, q.loadSKUs)
 	}
 	if len(q.keys) > 0 {
 		b.Queue(sqlSelectOps, q.keySKUs, q.keys)

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +27,16 @@ import (
 //     planner uses);
 //   - the fences: each partition's owner and epoch, locked FOR SHARE as
 //     the read would have.
+//
+// A writer that has no copy of its row yet (a cold SKU's first batch,
+// LoadShard) does not keep its group from this: its SKU and its SKU's
+// shard rows are read first, outside the transaction, and it decides from
+// that read as from a seed (the write compares its row, halt included, and
+// checks its SKU as any other unit's). Without it, every group that holds
+// a cold SKU's first batch, nearly every group of a load spread over many
+// cold SKUs, would run the usual way: a round trip of five reads, the
+// fences locked, and the keys looked up, where this reads two things
+// without a lock (docs/bench-log/2026-12-05-modelc2.md).
 //
 // When one does not hold, the transaction aborts and the group runs the
 // usual way, on the same connection: its batches are decided again from
@@ -51,6 +62,7 @@ type speculation struct {
 	skip      atomic.Int32 // groups left before speculating again
 	committed atomic.Int64
 	fellBack  atomic.Int64
+	readFirst atomic.Int64 // groups that read a cold SKU's rows first (readFirst)
 }
 
 // Speculated returns how many groups committed in one round trip, and how
@@ -58,6 +70,10 @@ type speculation struct {
 func (db *DB) Speculated() (committed, fellBack int64) {
 	return db.spec.committed.Load(), db.spec.fellBack.Load()
 }
+
+// ReadFirst returns how many groups, sent speculatively or not, read
+// their cold SKUs' rows first, outside their transaction, since Open.
+func (db *DB) ReadFirst() int64 { return db.spec.readFirst.Load() }
 
 // SkewClock shifts by d, from now on, the estimate of the database's
 // clock that speculative groups are evaluated with (this process's clock
@@ -72,21 +88,100 @@ func (s *speculation) observeClock(dbNow time.Time) {
 }
 
 // speculable reports whether every unit's batch can be decided without a
-// read: keyed requests, and commits and releases of reservations its
-// writer knows held (not on a SKU with a customer limit, whose usage a
-// release gives back).
+// read in the transaction: keyed requests, and commits and releases of
+// reservations its writer knows held (not on a SKU with a customer limit,
+// whose usage a release gives back). A unit that loads its row (LoadShard)
+// qualifies with keys only; its SKU is checked once read (preRead).
 func speculable(units []*stock.Unit) bool {
 	for _, u := range units {
 		q := u.Query
-		if q.KnownSKU == nil || q.LoadShard || (len(q.Keys) == 0 && len(q.ReservationIDs) == 0) || len(q.TransferIDs) > 0 ||
-			q.SweepMax > 0 || (len(q.Customers) > 0 && q.KnownSKU.CustomerLimit > 0) || len(q.Sales) > 0 || q.Extending ||
-			(len(q.Orders) > 0 && q.KnownSKU.OnePerOrder) {
+		if (q.KnownSKU == nil && !q.LoadShard) || (len(q.Keys) == 0 && len(q.ReservationIDs) == 0) || len(q.TransferIDs) > 0 ||
+			q.SweepMax > 0 || len(q.Sales) > 0 || q.Extending || (q.LoadShard && len(q.ReservationIDs) > 0) {
 			return false
 		}
-		if len(q.ReservationIDs) > 0 && (q.KnownSKU.CustomerLimit > 0 || !knowsAll(q.KnownHeld, q.ReservationIDs)) {
+		if q.KnownSKU != nil && !speculableOn(q, q.KnownSKU) {
 			return false
 		}
 	}
+	return true
+}
+
+// speculableOn reports whether q's batch can be decided without a read on
+// sku's settings: no customer limit to read usage of, no order recorded
+// once.
+func speculableOn(q stock.BatchQuery, sku *stock.SKU) bool {
+	if (len(q.Customers) > 0 && sku.CustomerLimit > 0) || (len(q.Orders) > 0 && sku.OnePerOrder) {
+		return false
+	}
+	return len(q.ReservationIDs) == 0 || (sku.CustomerLimit == 0 && knowsAll(q.KnownHeld, q.ReservationIDs))
+}
+
+// preRead is what a speculative group read first, outside its
+// transaction, for the units that load their row: their SKUs and every
+// shard row of each, and the database's clock.
+type preRead struct {
+	skus   map[string]*stock.SKU
+	loaded map[stock.ShardKey]*loadedShard
+	now    time.Time
+}
+
+// readFirst reads, on conn and outside any transaction, what the units that
+// load their row need to decide (nil if none does). Nothing is locked: the
+// rows are seeds, which the group's write checks (the shard row's counts
+// and halt, the SKU's settings, the fence) before anything can commit.
+func readFirst(ctx context.Context, conn *pgx.Conn, units []*stock.Unit) (*preRead, error) {
+	var skus []string
+	for _, u := range units {
+		if u.Query.LoadShard && !slices.Contains(skus, u.Query.Shard.SKU) {
+			skus = append(skus, u.Query.Shard.SKU)
+		}
+	}
+	if len(skus) == 0 {
+		return nil, nil
+	}
+	b := &pgx.Batch{}
+	// The same statements as the usual way's read (groupQuery.queue), so
+	// that each connection prepares and plans them once.
+	b.Queue(`SELECT s.* FROM (SELECT unnest($1::text[]) AS sku) AS k CROSS JOIN LATERAL (`+sqlSelectSKU+` = k.sku) s`, skus)
+	b.Queue(sqlSelectLoadShards, skus)
+	b.Queue(`SELECT now()`)
+	res := conn.SendBatch(ctx, b)
+	defer res.Close()
+	pre := &preRead{}
+	var err error
+	if pre.skus, err = scanSKUs(res); err != nil {
+		return nil, err
+	}
+	if pre.loaded, err = scanLoaded(res); err != nil {
+		return nil, err
+	}
+	if err := res.QueryRow().Scan(&pre.now); err != nil {
+		return nil, err
+	}
+	return pre, res.Close()
+}
+
+// seed gives u's read what preRead found of its shard and SKU, and makes
+// its query say so; false if u cannot be decided from it (its SKU or row
+// missing, its shard halted, its SKU's settings need a read).
+func (pre *preRead) seed(u *stock.Unit, read *stock.BatchRead) bool {
+	sku, l := pre.skus[u.Query.Shard.SKU], pre.loaded[u.Query.Shard]
+	if sku == nil || l == nil || l.halt != "" || !speculableOn(u.Query, sku) {
+		return false
+	}
+	var siblings []stock.ShardRow
+	for k, r := range pre.loaded {
+		if k.SKU == u.Query.Shard.SKU && k.Index != u.Query.Shard.Index && r.halt == "" {
+			siblings = append(siblings, stock.ShardRow{Index: k.Index, Counts: r.counts})
+		}
+	}
+	counts := l.counts
+	read.SKU, read.ShardRead, read.Counts, read.Siblings = sku, true, &counts, siblings
+	// The statement checks the SKU as read (assumedParts), and the row as
+	// a seed's: compared even when its counts do not move (mergeWrites).
+	// Should the group run the usual way after all, Group turns a seeded
+	// unit back into one that loads its row in the transaction.
+	u.Query.KnownSKU, u.Query.LoadShard, u.Query.Seeded = sku, false, true
 	return true
 }
 
@@ -109,6 +204,14 @@ func (db *DB) speculate(ctx context.Context, conn *groupConn, units []*stock.Uni
 		db.spec.skip.Add(-1)
 		return false, nil
 	}
+	pre, err := readFirst(ctx, conn.Conn.Conn(), units)
+	if err != nil {
+		return false, nil // the usual way reads again, and reports what fails
+	}
+	if pre != nil {
+		db.spec.readFirst.Add(1)
+		db.spec.observeClock(pre.now)
+	}
 	now := time.Now().Add(time.Duration(db.spec.clockOffset.Load() + db.spec.skew.Load()))
 	writes := make([]unitWrite, 0, len(units))
 	// What the read would have found, assumed: nothing. The planner only
@@ -118,6 +221,9 @@ func (db *DB) speculate(ctx context.Context, conn *groupConn, units []*stock.Uni
 	for _, u := range units {
 		read := nothing
 		read.SKU = u.Query.KnownSKU
+		if u.Query.LoadShard && !pre.seed(u, &read) {
+			return false, nil
+		}
 		if len(u.Query.ReservationIDs) > 0 {
 			// Assumed held: the write ends each only if it is
 			// (endsPart's check), so a commit or release decided
