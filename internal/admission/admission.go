@@ -89,11 +89,15 @@ type Service struct {
 	AfterSeed func(sku string, seed []byte) error
 	// now is the clock that closes a draw's registration.
 	now func() time.Time
+	// opened wakes this process's idle Worker when a ticket is entered
+	// (open): one pending wake is enough, a look sees every ticket.
+	opened chan struct{}
 }
 
 // New returns a Service; reg, when set, receives its metrics.
 func New(store Store, seller Seller, reg prometheus.Registerer) *Service {
-	s := &Service{store: store, seller: seller, metrics: newMetrics(reg, store), memory: newMemory(), now: time.Now}
+	s := &Service{store: store, seller: seller, metrics: newMetrics(reg, store), memory: newMemory(), now: time.Now,
+		opened: make(chan struct{}, 1)}
 	s.entries = newBatcher(entryBatchLenMax, entryBatchesMax, s.enterBatch)
 	s.marks = newBatcher(markBatchLenMax, 0, s.markBatch)
 	return s
@@ -191,6 +195,9 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 		return Answer{}, e.Err
 	}
 	t, replayed := e.Ticket, e.Replayed
+	if !replayed {
+		s.wake()
+	}
 	if !replayed && t.State == stock.TicketWaiting {
 		s.metrics.waiting.Inc()
 	}
@@ -204,6 +211,15 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 		}
 	}
 	return answer(t, replayed)
+}
+
+// wake tells this process's Worker that a ticket was entered, without
+// waiting: one wake pending is as good as many.
+func (s *Service) wake() {
+	select {
+	case s.opened <- struct{}{}:
+	default:
+	}
 }
 
 // answer turns a ticket into RequestToken's answer: a sold-out ticket is

@@ -56,6 +56,9 @@ func (s *Service) register(ctx context.Context, r TokenRequest, sku *stock.SKU) 
 	if err != nil {
 		return Answer{}, err
 	}
+	if !replayed {
+		s.wake()
+	}
 	return Answer{Ticket: t, Replayed: replayed}, nil
 }
 

@@ -17,6 +17,17 @@ const (
 	// the second the design promises. A look is two queries (the SKU's
 	// counts and its first tickets), only for SKUs with tickets open.
 	PollInterval = 100 * time.Millisecond
+	// IdleListInterval is how often a worker whose last look found no
+	// open ticket anywhere lists the tickets again. A ticket entered
+	// through this process wakes it at once (Service.opened), and a SKU's
+	// lease is free while no ticket of it is open, so the process that
+	// enters a SKU's first ticket takes the SKU at once; this interval
+	// only bounds how late an idle worker finds tickets that another
+	// process entered and left (it stopped before its worker looked):
+	// far within pendingStale, after which a PENDING ticket is taken
+	// over. Polling at PollInterval while nothing is open was the largest
+	// part of an idle allocator's work (docs/bench-log/2026-12-05-modelc2.md).
+	IdleListInterval = time.Second
 	// pendingStale is how old a PENDING ticket must be before the worker
 	// takes it over: its request's process died, or gave up, between
 	// entering it and answering. A live request answers in well under
@@ -55,8 +66,10 @@ type Worker struct {
 	svc      *Service
 	leases   Leases
 	interval time.Duration
-	log      *slog.Logger
-	held     map[string]Lease
+	// IdleInterval is IdleListInterval unless a test sets it before Run.
+	IdleInterval time.Duration
+	log          *slog.Logger
+	held         map[string]Lease
 	// drawn remembers the SKUs whose draw this worker saw ranked, so
 	// that a pass of a drawn SKU costs no draw query.
 	drawn map[string]bool
@@ -72,27 +85,42 @@ func NewWorker(svc *Service, leases Leases, interval time.Duration, log *slog.Lo
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Worker{svc: svc, leases: leases, interval: interval, log: log, held: map[string]Lease{}, drawn: map[string]bool{}}
+	return &Worker{svc: svc, leases: leases, interval: interval, IdleInterval: max(interval, IdleListInterval), log: log,
+		held: map[string]Lease{}, drawn: map[string]bool{}}
 }
 
-// Run works until ctx ends, then gives its leases back.
+// Run works until ctx ends, then gives its leases back. It looks every
+// interval while some ticket is open, else every IdleInterval or as soon
+// as this process enters a ticket.
 func (w *Worker) Run(ctx context.Context) {
 	defer w.releaseAll()
-	tick := time.NewTicker(w.interval)
-	defer tick.Stop()
+	timer := time.NewTimer(w.interval)
+	defer timer.Stop()
+	idle := false
 	for {
+		var opened <-chan struct{}
+		if idle {
+			opened = w.svc.opened
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-timer.C:
+		case <-opened:
 		}
-		w.round(ctx)
+		idle = !w.round(ctx)
+		if idle {
+			timer.Reset(w.IdleInterval)
+		} else {
+			timer.Reset(w.interval)
+		}
 	}
 }
 
 // round makes one pass over every SKU with open tickets whose lease this
-// worker holds or takes, and gives back the leases of SKUs with none.
-func (w *Worker) round(ctx context.Context) {
+// worker holds or takes, and gives back the leases of SKUs with none. It
+// reports whether it found a ticket open (or could not tell).
+func (w *Worker) round(ctx context.Context) bool {
 	skus, err := w.svc.store.OpenTicketSKUs(ctx, skusPerPassMax)
 	if err != nil {
 		// Said once a streak: a database down for a minute would
@@ -101,7 +129,7 @@ func (w *Worker) round(ctx context.Context) {
 			w.log.Warn("admission: list the waitlists (said once until it works again)", "err", err)
 		}
 		w.listFailing = true
-		return
+		return true
 	}
 	if w.listFailing {
 		w.log.Info("admission: the waitlists are listed again")
@@ -126,6 +154,7 @@ func (w *Worker) round(ctx context.Context) {
 			delete(w.drawn, sku)
 		}
 	}
+	return len(skus) > 0
 }
 
 // hold reports whether this worker holds sku's lease, taking it if free.

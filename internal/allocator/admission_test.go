@@ -30,11 +30,12 @@ type admissionSide struct {
 // edit, when set, changes the service before the worker starts.
 func (s *stack) newAdmission(name string, alloc *allocator.Allocator, edit func(*admission.Service)) *admissionSide {
 	s.t.Helper()
-	return s.newAdmissionWith(name, alloc, edit, true)
+	return s.newAdmissionWith(name, alloc, edit, func(*admission.Worker) {})
 }
 
-// newAdmissionWith is newAdmission, with a worker or without.
-func (s *stack) newAdmissionWith(name string, alloc *allocator.Allocator, edit func(*admission.Service), worker bool) *admissionSide {
+// newAdmissionWith is newAdmission with its worker changed by worker
+// before it runs, or without a worker (worker nil).
+func (s *stack) newAdmissionWith(name string, alloc *allocator.Allocator, edit func(*admission.Service), worker func(*admission.Worker)) *admissionSide {
 	s.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	store, err := postgres.Open(ctx, s.url, postgres.Options{MaxConns: 8, ApplicationName: "admissiontest-" + name})
@@ -53,9 +54,12 @@ func (s *stack) newAdmissionWith(name string, alloc *allocator.Allocator, edit f
 		}
 		return l, nil
 	}, 0, quiet())
+	if worker != nil {
+		worker(w)
+	}
 	go func() {
 		defer close(side.done)
-		if worker {
+		if worker != nil {
 			w.Run(ctx)
 		}
 	}()
@@ -338,7 +342,7 @@ func TestAdmission_WorkerLost(t *testing.T) {
 	ctx := context.Background()
 	const sku, units = "drop-2", 10
 	s.createAdmissionSKU(sku, 1, units, stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: time.Minute, WaitlistMax: 100})
-	front := s.newAdmissionWith("front", s.newAllocator(), nil, false) // answers requests; no worker
+	front := s.newAdmissionWith("front", s.newAllocator(), nil, nil) // answers requests; no worker
 	var holds, waiting []*stock.Ticket
 	for i := range 2 * units {
 		ans, err := front.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: fmt.Sprintf("k-%d", i)})
@@ -402,6 +406,34 @@ func TestAdmission_WorkerLost(t *testing.T) {
 	s.balanced(sku)
 }
 
+// TestAdmission_IdleWorkerWakes: a worker that found no open ticket
+// lists them again only every IdleInterval (here an hour), but a ticket
+// entered through its own process wakes it: a unit that comes back
+// reaches the waiting ticket within a second.
+func TestAdmission_IdleWorkerWakes(t *testing.T) {
+	s := newStack(t, []string{"a"}, "")
+	ctx := context.Background()
+	const sku = "idle-wakes"
+	s.createAdmissionSKU(sku, 1, 1, stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: time.Minute, WaitlistMax: 10})
+	side := s.newAdmissionWith("idle", s.alloc, nil, func(w *admission.Worker) { w.IdleInterval = time.Hour })
+	time.Sleep(3 * admission.PollInterval) // its first looks find nothing open: idle
+	held, err := side.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: "first"})
+	if err != nil || held.Ticket.State != stock.TicketAdmitted {
+		t.Fatalf("RequestToken(first) = %+v, %v; want a token", held.Ticket, err)
+	}
+	waiting, err := side.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: "second"})
+	if err != nil || waiting.Ticket.State != stock.TicketWaiting {
+		t.Fatalf("RequestToken(second) = %+v, %v; want a waiting ticket", waiting.Ticket, err)
+	}
+	if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: held.Ticket.TokenID}); res.Err != nil {
+		t.Fatalf("Release(%s) = %v", held.Ticket.TokenID, res.Err)
+	}
+	waitFor(t, time.Second, "waiting ticket admitted by the woken worker", func() bool {
+		got, err := side.svc.GetTicket(ctx, waiting.Ticket.ID, "", "")
+		return err == nil && got.State == stock.TicketAdmitted
+	})
+}
+
 // waitFor polls cond every 20 ms until it holds, or fails the test after
 // timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
@@ -428,7 +460,7 @@ func TestAdmission_PerCustomer(t *testing.T) {
 		Admission: stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: ttl, WaitlistMax: 10, TokensPerCustomer: 1}}, 10); err != nil {
 		t.Fatalf("CreateSKU(%s) = %v", sku, err)
 	}
-	front := s.newAdmissionWith("per-customer", s.alloc, nil, false)
+	front := s.newAdmissionWith("per-customer", s.alloc, nil, nil)
 	request := func(key string) (*stock.Ticket, error) {
 		ans, err := front.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: key, CustomerRef: "carol"})
 		return ans.Ticket, err

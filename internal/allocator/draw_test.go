@@ -36,7 +36,7 @@ func TestAdmission_Draw(t *testing.T) {
 	ad := stock.Admission{Mode: stock.AdmissionDraw, TokenTTL: time.Minute, WaitlistMax: 2 * registrations, DrawAt: time.Now().Add(time.Hour)}
 	s.createAdmissionSKU(sku, 2, units, ad)
 	allocs := []*allocator.Allocator{s.newAllocator(), s.newAllocator()}
-	front := s.newAdmissionWith("front", allocs[0], nil, false) // answers requests; no worker
+	front := s.newAdmissionWith("front", allocs[0], nil, nil) // answers requests; no worker
 	customer := func(i int) string { return fmt.Sprintf("cust-%04d", i) }
 	request := func(i int, key string) (admission.Answer, error) {
 		return front.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: key, CustomerRef: customer(i)})
