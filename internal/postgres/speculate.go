@@ -212,7 +212,10 @@ func (db *DB) speculate(ctx context.Context, conn *groupConn, units []*stock.Uni
 		db.spec.readFirst.Add(1)
 		db.spec.observeClock(pre.now)
 	}
-	now := time.Now().Add(time.Duration(db.spec.clockOffset.Load() + db.spec.skew.Load()))
+	// To the microsecond, as Postgres keeps a timestamp: an answer built
+	// from this clock (an operation's created_at, a hold's expiry) is then
+	// the one a replay reads back (TestDB_GroupSpeculative/OneRoundTrip; TestShard_SourceCase saw a replay differ).
+	now := time.Now().Add(time.Duration(db.spec.clockOffset.Load() + db.spec.skew.Load())).Truncate(time.Microsecond)
 	writes := make([]unitWrite, 0, len(units))
 	// What the read would have found, assumed: nothing. The planner only
 	// reads these, so every unit shares them, as the usual way's do.
