@@ -14,6 +14,7 @@ import (
 
 	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/shardnode"
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
@@ -41,7 +42,12 @@ const (
 // finishing it: its resident memory (/proc) stays under its container's
 // limit, and a service's honest Deduct is answered meanwhile.
 func TestE2E_SlowLargeBodies(t *testing.T) {
-	s := newStackWith(t, 0, "own")
+	// Its own shard server with the production lease TTL and etcd in a
+	// process of its own, as in TestE2E_Overload: this test's process
+	// makes the attack, and an etcd inside it, with the tests' 2 s TTL,
+	// renewed no lease for 5 s on CI (the own shard's partitions went
+	// unowned and the honest Deduct was refused UNAVAILABLE).
+	s := newStackOpts(t, stackOpts{localID: "own", ttl: shardnode.LeaseTTLDefault, etcdProcess: true})
 	const sku = "slow-bodies"
 	s.createSKU(sku, 1_000, 4)
 	pid := s.allocator.cmd.Process.Pid
