@@ -77,6 +77,9 @@ type serverClient struct {
 	queue    chan *call
 	stop     chan struct{}
 	slots    chan struct{} // a place among the rpcsSteady calls
+	// holdMax is rpcSlotHoldMax; a test that holds calls on purpose sets
+	// it before the client's first op.
+	holdMax time.Duration
 	// topo is the allocator's current topology view.
 	topo    func() topology.View
 	metrics serverMetrics
@@ -95,6 +98,7 @@ func newServerClient(id, scheme, addr string, hc *http.Client, topo func() topol
 		queue:   make(chan *call, clientQueueLenMax),
 		stop:    make(chan struct{}),
 		slots:   make(chan struct{}, rpcsSteady),
+		holdMax: rpcSlotHoldMax,
 		topo:    topo,
 		metrics: m,
 		pending: map[*call]struct{}{},
@@ -243,7 +247,7 @@ func (c *serverClient) loop() {
 		}
 		var once sync.Once
 		free := func() { once.Do(func() { <-c.slots }) }
-		slow := time.AfterFunc(rpcSlotHoldMax, free)
+		slow := time.AfterFunc(c.holdMax, free)
 		c.send(batch.Fill(first, c.queue, opsPerRPCMax))
 		slow.Stop()
 		free()
