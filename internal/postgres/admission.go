@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -692,6 +693,93 @@ func (db *DB) GetTicket(ctx context.Context, id string) (*stock.Ticket, error) {
 // GetTicketByKey reads a ticket by its SKU and request's key.
 func (db *DB) GetTicketByKey(ctx context.Context, sku, key string) (*stock.Ticket, error) {
 	return db.readTicket(ctx, `sku = $1 AND idempotency_key = $2`, sku, key)
+}
+
+// GetTickets reads tickets by id, each with its position, all in one
+// snapshot, for admission's watches (docs/admission.md): one row a ticket,
+// and per SKU one ordered read of the keys (arrival order, or draw ranks)
+// of the tickets queued before its furthest waiting one, however many of
+// its tickets are asked for; each position is then counted in memory. As
+// many GetTicket calls count the tickets before each ticket, one count
+// each. A ticket not found is left out.
+func (db *DB) GetTickets(ctx context.Context, ids []string) ([]*stock.Ticket, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets WHERE ticket_id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	tickets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*stock.Ticket, error) { return scanTicket(r) })
+	if err != nil {
+		return nil, err
+	}
+	// The furthest waiting ticket of each SKU, by arrival and by rank.
+	type furthest struct{ seq, rank int64 }
+	far := map[string]*furthest{}
+	for _, t := range tickets {
+		if t.State != stock.TicketWaiting {
+			continue
+		}
+		f := far[t.SKU]
+		if f == nil {
+			f = &furthest{}
+			far[t.SKU] = f
+		}
+		if t.Rank > 0 {
+			f.rank = max(f.rank, t.Rank)
+		} else {
+			f.seq = max(f.seq, t.Seq)
+		}
+	}
+	for sku, f := range far {
+		var seqs, ranks []int64
+		if f.seq > 0 {
+			if seqs, err = queuedKeys(ctx, tx, sqlQueuedSeqs, sku, f.seq); err != nil {
+				return nil, err
+			}
+		}
+		if f.rank > 0 {
+			if ranks, err = queuedKeys(ctx, tx, sqlQueuedRanks, sku, f.rank); err != nil {
+				return nil, err
+			}
+		}
+		for _, t := range tickets {
+			switch {
+			case t.SKU != sku || t.State != stock.TicketWaiting:
+			case t.Rank > 0:
+				t.Position = before(ranks, t.Rank)
+			default:
+				t.Position = before(seqs, t.Seq)
+			}
+		}
+	}
+	return tickets, nil
+}
+
+// The keys of a SKU's queued tickets before $2, in order: what position
+// counts, as a list (GetTickets).
+const (
+	sqlQueuedSeqs  = `SELECT seq FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND seq < $2 ORDER BY seq`
+	sqlQueuedRanks = `SELECT draw_rank FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND draw_rank < $2 ORDER BY draw_rank`
+)
+
+// before counts the keys below key in sorted keys.
+func before(keys []int64, key int64) int64 {
+	n, _ := slices.BinarySearch(keys, key)
+	return int64(n)
+}
+
+func queuedKeys(ctx context.Context, q querier, sql, sku string, before int64) ([]int64, error) {
+	rows, err := q.Query(ctx, sql, sku, before)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
 func (db *DB) readTicket(ctx context.Context, where string, args ...any) (*stock.Ticket, error) {

@@ -172,3 +172,96 @@ func planRows(node map[string]any) (read, removed float64) {
 	}
 	return read, removed
 }
+
+// TestDB_GetTicketsPositions: GetTickets, the watches' one read, answers
+// every ticket as GetTicket does, position included: waiting, claimed
+// (queued but PENDING), ended and never-waited tickets of a SKU in order
+// of arrival, and of a drawn SKU in draw order; a ticket not found is
+// left out.
+func TestDB_GetTicketsPositions(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.NewMigratedDB(t)
+	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: "get-tickets"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	const ticketsN = 60
+	none := func(context.Context) (int64, bool, error) { return 0, false, nil } // every ticket waits
+	enter := func(sku string) []string {
+		entries := make([]stock.TicketEntry, ticketsN)
+		for i := range entries {
+			// A customer each: a drawn SKU has one ticket a customer.
+			key := fmt.Sprintf("key-%d", i)
+			entries[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key, CustomerRef: key}, Params: []byte(key)}
+		}
+		got, err := db.EnterTickets(ctx, sku, entries, ticketsN, 0, none)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]string, len(got))
+		for i, e := range got {
+			if e.Err != nil || e.Ticket.State != stock.TicketWaiting {
+				t.Fatalf("EnterTickets(%s)[%d] = %+v, want WAITING", sku, i, e)
+			}
+			ids[i] = e.Ticket.ID
+		}
+		return ids
+	}
+	set := func(sql string, args ...any) {
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	arrival, drawn := enter("get-tickets"), enter("get-tickets-drawn")
+	// Every third ended, every seventh claimed by a worker (queued, PENDING).
+	for i, id := range arrival {
+		switch {
+		case i%3 == 0:
+			set(`UPDATE admission_tickets SET state = 'cancelled' WHERE ticket_id = $1`, id)
+		case i%7 == 0:
+			set(`UPDATE admission_tickets SET state = 'pending', claimed_at = now() WHERE ticket_id = $1`, id)
+		}
+	}
+	// The drawn SKU's ranks run against arrival (the last ticket drew 1);
+	// every fourth ended.
+	for i, id := range drawn {
+		set(`UPDATE admission_tickets SET draw_rank = $2 WHERE ticket_id = $1`, id, ticketsN-i)
+		if i%4 == 1 {
+			set(`UPDATE admission_tickets SET state = 'admitted' WHERE ticket_id = $1`, id)
+		}
+	}
+	ids := append(append([]string{"tkt_none"}, arrival...), drawn...)
+	got, err := db.GetTickets(ctx, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]*stock.Ticket{}
+	for _, g := range got {
+		byID[g.ID] = g
+	}
+	if len(got) != len(ids)-1 || byID["tkt_none"] != nil {
+		t.Fatalf("GetTickets of %d tickets and one unknown = %d tickets, want %d", len(ids)-1, len(got), len(ids)-1)
+	}
+	waiting := 0
+	for _, id := range ids[1:] {
+		want, err := db.GetTicket(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g := byID[id]; g.State != want.State || g.Position != want.Position || g.Rank != want.Rank || g.Seq != want.Seq {
+			t.Errorf("GetTickets: %s %s rank %d position %d; GetTicket: %s rank %d position %d", id, g.State, g.Rank, g.Position, want.State, want.Rank, want.Position)
+		}
+		if want.State == stock.TicketWaiting && want.Position > 0 {
+			waiting++
+		}
+	}
+	if waiting < ticketsN { // both SKUs' waiting tickets but their first
+		t.Fatalf("%d tickets waiting behind others, want at least %d: the case checks too little", waiting, ticketsN)
+	}
+}
