@@ -38,6 +38,9 @@ type Store interface {
 	SoldOutWaiting(ctx context.Context, sku string, stale time.Duration) (int64, error)
 	GetTicket(ctx context.Context, id string) (*stock.Ticket, error)
 	GetTicketByKey(ctx context.Context, sku, key string) (*stock.Ticket, error)
+	// GetTickets reads tickets by id with their positions, in one
+	// snapshot; a ticket not found is left out (watch.go).
+	GetTickets(ctx context.Context, ids []string) ([]*stock.Ticket, error)
 	// OpenTickets also answers the units asked for by the PENDING
 	// tickets not claimed, in the same snapshot.
 	OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, int64, error)
@@ -89,6 +92,8 @@ type Service struct {
 	AfterSeed func(sku string, seed []byte) error
 	// now is the clock that closes a draw's registration.
 	now func() time.Time
+	// watches serves the WatchTicket streams from one look (watch.go).
+	watches watches
 	// opened wakes this process's idle Worker when a ticket is entered
 	// (open): one pending wake is enough, a look sees every ticket.
 	opened chan struct{}
@@ -97,7 +102,7 @@ type Service struct {
 // New returns a Service; reg, when set, receives its metrics.
 func New(store Store, seller Seller, reg prometheus.Registerer) *Service {
 	s := &Service{store: store, seller: seller, metrics: newMetrics(reg, store), memory: newMemory(), now: time.Now,
-		opened: make(chan struct{}, 1)}
+		watches: watches{store: store}, opened: make(chan struct{}, 1)}
 	s.entries = newBatcher(entryBatchLenMax, entryBatchesMax, s.enterBatch)
 	s.marks = newBatcher(markBatchLenMax, 0, s.markBatch)
 	return s
@@ -404,51 +409,6 @@ func (s *Service) CancelTicket(ctx context.Context, id, customer string) (*stock
 		s.metrics.cancelled.Inc()
 	}
 	return t, unavailable(err)
-}
-
-// watchInterval is how often WatchTicket looks at its ticket: a position
-// a browser shows need not move faster, and a stream costs one indexed
-// query per interval. watchLenMax bounds a stream's life; the client
-// watches again.
-const (
-	watchInterval = 250 * time.Millisecond
-	watchLenMax   = 10 * time.Minute
-)
-
-// WatchTicket sends the ticket, then each change of it, until it is no
-// longer waiting (the outcome is the last message) or ctx ends.
-func (s *Service) WatchTicket(ctx context.Context, id string, send func(*stock.Ticket) error) error {
-	if err := validTicketID(id); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, watchLenMax)
-	defer cancel()
-	tick := time.NewTicker(watchInterval)
-	defer tick.Stop()
-	var last *stock.Ticket
-	for {
-		t, err := s.store.GetTicket(ctx, id)
-		if err != nil {
-			return unavailable(err)
-		}
-		if last == nil || t.State != last.State || t.Position != last.Position {
-			if err := send(t); err != nil {
-				return err
-			}
-			last = t
-		}
-		if t.State != stock.TicketWaiting && t.State != stock.TicketPending && t.State != stock.TicketRegistered {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return nil
-			}
-			return ctx.Err()
-		case <-tick.C:
-		}
-	}
 }
 
 // Waitlist returns the number of sku's tickets waiting.

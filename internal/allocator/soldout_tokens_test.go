@@ -63,6 +63,10 @@ func (c *countingTickets) GetTicket(ctx context.Context, id string) (*stock.Tick
 	c.queries.Add(1)
 	return c.db.GetTicket(ctx, id)
 }
+func (c *countingTickets) GetTickets(ctx context.Context, ids []string) ([]*stock.Ticket, error) {
+	c.queries.Add(1)
+	return c.db.GetTickets(ctx, ids)
+}
 func (c *countingTickets) GetTicketByKey(ctx context.Context, sku, key string) (*stock.Ticket, error) {
 	c.queries.Add(1)
 	return c.db.GetTicketByKey(ctx, sku, key)
