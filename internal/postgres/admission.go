@@ -28,6 +28,11 @@ import (
 // newcomer.
 const sqlQueued = `(state = 'waiting' OR (state = 'pending' AND claimed_at IS NOT NULL))`
 
+// sqlCounts reads a SKU's tickets queued and units in flight (pending, not
+// claimed) from the counts its tickets' statements keep (admission_counts,
+// migration 00022), one row however long its waitlist.
+const sqlCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(sum(in_flight), 0)::bigint FROM admission_counts WHERE sku = $1`
+
 const sqlTicketColumns = `ticket_id, seq, sku, quantity, idempotency_key, customer_ref, state, token_id, expires_at, created_at, direct, coalesce(draw_rank, 0)`
 
 func scanTicket(row pgx.Row) (*stock.Ticket, error) {
@@ -136,12 +141,12 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	// Without the lock, one round trip: the replays and the waitlist.
 	b := &pgx.Batch{}
 	queueKeys(b, sku, entries, all)
-	b.Queue(`SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued, sku)
+	b.Queue(sqlCounts, sku)
 	res := db.pool.SendBatch(ctx, b)
 	recorded, err := scanKeyed(res)
-	var queued int64
+	var queued, inFlight int64 // in flight: read again under the lock
 	if err == nil {
-		err = res.QueryRow().Scan(&queued)
+		err = res.QueryRow().Scan(&queued, &inFlight)
 	}
 	if err := errors.Join(err, res.Close()); err != nil {
 		return nil, err
@@ -335,9 +340,7 @@ func lockAndCount(ctx context.Context, tx pgx.Tx, sku string, entries []stock.Ti
 	}
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended('admission:' || $1, 0))`, sku)
-	b.Queue(`SELECT count(*) FILTER (WHERE `+sqlQueued+`),
-			coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
-		FROM admission_tickets WHERE sku = $1 AND state IN ('pending', 'waiting')`, sku)
+	b.Queue(sqlCounts, sku)
 	b.Queue(sqlCustomerHolds, sku, customers)
 	queueKeys(b, sku, entries, fresh)
 	res := tx.SendBatch(ctx, b)
@@ -498,7 +501,7 @@ func (db *DB) WaitTicket(ctx context.Context, id string, waitlistMax int64) (*st
 		}
 		var waiting int64
 		var claimed bool
-		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued+`),
+		if err := tx.QueryRow(ctx, `SELECT (SELECT coalesce(sum(queued), 0)::bigint FROM admission_counts WHERE sku = $1),
 			(SELECT claimed_at IS NOT NULL FROM admission_tickets WHERE ticket_id = $2)`, t.SKU, id).Scan(&waiting, &claimed); err != nil {
 			return err
 		}
@@ -827,8 +830,7 @@ func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, 
 		return nil, 0, err
 	}
 	var inFlight int64
-	if err := tx.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0)::bigint FROM admission_tickets
-		WHERE sku = $1 AND state = 'pending' AND claimed_at IS NULL`, sku).Scan(&inFlight); err != nil {
+	if err := tx.QueryRow(ctx, sqlCounts, sku).Scan(new(int64), &inFlight); err != nil {
 		return nil, 0, err
 	}
 	return tickets, inFlight, nil
@@ -864,7 +866,7 @@ func (db *DB) WaitingCount(ctx context.Context, sku string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	var n int64
-	err := db.pool.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1 AND `+sqlQueued, sku).Scan(&n)
+	err := db.pool.QueryRow(ctx, sqlCounts, sku).Scan(&n, new(int64))
 	return n, err
 }
 
@@ -915,6 +917,6 @@ func (db *DB) WaitingTotal(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	var n int64
-	err := db.pool.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE `+sqlQueued).Scan(&n)
+	err := db.pool.QueryRow(ctx, `SELECT coalesce(sum(queued), 0)::bigint FROM admission_counts`).Scan(&n)
 	return n, err
 }

@@ -1,8 +1,11 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -264,4 +267,262 @@ func TestDB_GetTicketsPositions(t *testing.T) {
 	if waiting < ticketsN { // both SKUs' waiting tickets but their first
 		t.Fatalf("%d tickets waiting behind others, want at least %d: the case checks too little", waiting, ticketsN)
 	}
+}
+
+// TestDB_AdmissionCountsKept: the counts an entry batch, a worker's pass
+// and the waitlist's length read (admission_counts, kept by the tickets'
+// statements) equal a count of the tickets after every kind of change,
+// made at once by several callers on three SKUs: entries (pending and
+// waiting), waits, claims, admitted marks of several SKUs in one
+// statement, cancels, drops, sold-out tickets and a whole waitlist sold
+// out.
+func TestDB_AdmissionCountsKept(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.NewMigratedDB(t)
+	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 8, ApplicationName: "counts-kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	skus := []string{"counts-a", "counts-b", "counts-c"}
+	const (
+		callersPerSKU, rounds, batchLen = 2, 15, 8
+		waitlistMax                     = 40
+	)
+	var mu sync.Mutex
+	var toMark []stock.TicketMark // admitted at once, of every SKU, by the marker
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	fail := func(err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	}
+	for c := range len(skus) * callersPerSKU {
+		sku := skus[c%len(skus)]
+		wg.Go(func() {
+			for r := range rounds {
+				entries := make([]stock.TicketEntry, batchLen)
+				for i := range entries {
+					key := fmt.Sprintf("c%d-r%d-%d", c, r, i)
+					entries[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: sku, Quantity: int64(1 + i%3), IdempotencyKey: key}, Params: []byte(key)}
+				}
+				units := int64(r%4) * 6 // none, or enough for some or every entry
+				got, err := db.EnterTickets(ctx, sku, entries, waitlistMax, 0, func(context.Context) (int64, bool, error) { return units, false, nil })
+				if err != nil {
+					fail(err)
+					return
+				}
+				var waiting []string
+				for i, e := range got {
+					if e.Err != nil {
+						continue
+					}
+					id := e.Ticket.ID
+					switch {
+					case e.Ticket.State == stock.TicketWaiting:
+						waiting = append(waiting, id)
+					case i%4 == 0: // a request that found no unit after all
+						w, err := db.WaitTicket(ctx, id, waitlistMax)
+						switch {
+						case err == nil && w.State == stock.TicketWaiting:
+							waiting = append(waiting, id)
+						case err != nil && stock.CodeOf(err) != stock.CodeWaitlistFull:
+							fail(err)
+						}
+					case i%4 == 1: // refused for good
+						if err := db.DropTicket(ctx, id); err != nil {
+							fail(err)
+						}
+					case i%4 == 2:
+						if _, err := db.SoldOutTicket(ctx, id); err != nil {
+							fail(err)
+						}
+					default: // its reserve went through: marked by the marker
+						mu.Lock()
+						toMark = append(toMark, stock.TicketMark{ID: id, TokenID: "tok-" + id, ExpiresAt: time.Now().Add(time.Hour), Direct: true})
+						mu.Unlock()
+					}
+				}
+				for i, id := range waiting {
+					switch {
+					case r == rounds-1 && i%3 == 2: // left waiting
+					case i%2 == 0:
+						if _, err := db.CancelTicket(ctx, id); err != nil {
+							fail(err)
+						}
+					default: // a worker claims it, then its mark
+						claimed, err := db.ClaimTickets(ctx, []string{id})
+						if err != nil {
+							fail(err)
+						}
+						mu.Lock()
+						for _, id := range claimed {
+							toMark = append(toMark, stock.TicketMark{ID: id, TokenID: "tok-" + id, ExpiresAt: time.Now().Add(time.Hour)})
+						}
+						mu.Unlock()
+					}
+				}
+			}
+		})
+	}
+	// The marker: the marks of the moment, of every SKU, in one statement.
+	done := make(chan struct{})
+	marked := make(chan struct{})
+	go func() {
+		defer close(marked)
+		for {
+			mu.Lock()
+			marks := toMark
+			toMark = nil
+			mu.Unlock()
+			if len(marks) > 0 {
+				if _, err := db.AdmitTickets(ctx, marks); err != nil {
+					fail(err)
+				}
+				continue
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	wg.Wait()
+	close(done)
+	<-marked
+	if len(toMark) > 0 {
+		if _, err := db.AdmitTickets(ctx, toMark); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// Requests whose reserves are in flight: a SKU of its own, where no
+	// ticket waits.
+	inFlight := make([]stock.TicketEntry, batchLen)
+	for i := range inFlight {
+		key := fmt.Sprintf("flight-%d", i)
+		inFlight[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: "counts-d", Quantity: 2, IdempotencyKey: key}, Params: []byte(key)}
+	}
+	if _, err := db.EnterTickets(ctx, "counts-d", inFlight, waitlistMax, 0, func(context.Context) (int64, bool, error) { return 100, false, nil }); err != nil {
+		t.Fatal(err)
+	}
+	skus = append(skus, "counts-d")
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	agree := func(when string) (queuedAll, inFlightAll int64) {
+		t.Helper()
+		for _, sku := range skus {
+			var queued, inFlight, kept, keptInFlight int64
+			if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'waiting' OR state = 'pending' AND claimed_at IS NOT NULL),
+					coalesce(sum(quantity) FILTER (WHERE state = 'pending' AND claimed_at IS NULL), 0)::bigint
+				FROM admission_tickets WHERE sku = $1`, sku).Scan(&queued, &inFlight); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.QueryRow(ctx, `SELECT coalesce(sum(queued), 0)::bigint, coalesce(sum(in_flight), 0)::bigint FROM admission_counts WHERE sku = $1`,
+				sku).Scan(&kept, &keptInFlight); err != nil {
+				t.Fatal(err)
+			}
+			if kept != queued || keptInFlight != inFlight {
+				t.Errorf("%s, %s: admission_counts say %d queued, %d units in flight; the tickets: %d, %d", when, sku, kept, keptInFlight, queued, inFlight)
+			}
+			queuedAll, inFlightAll = queuedAll+queued, inFlightAll+inFlight
+		}
+		return queuedAll, inFlightAll
+	}
+	if queued, inFlight := agree("after the callers"); queued == 0 || inFlight == 0 {
+		t.Fatalf("%d tickets left queued, %d units in flight: the case checks too little", queued, inFlight)
+	}
+	if _, err := db.SoldOutWaiting(ctx, skus[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	agree("after a waitlist sold out")
+}
+
+// BenchmarkEnterTickets: an entry batch of enterBenchLen new keys, every
+// one waiting (no unit free), behind a waitlist of waiting tickets of the
+// SKU; the Postgres backends' CPU per batch from /proc (the server must be
+// local). docs/benchmarks.md.
+func BenchmarkEnterTickets(b *testing.B) {
+	const enterBenchLen, fill = 16, 250
+	none := func(context.Context) (int64, bool, error) { return 0, false, nil }
+	for _, waiting := range []int{0, 5000} {
+		b.Run(fmt.Sprintf("waiting=%d", waiting), func(b *testing.B) {
+			ctx := context.Background()
+			url := pgtest.NewMigratedDB(b)
+			db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: "enter-bench"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			sku := "enter-bench"
+			batch := func(prefix string, n int) {
+				entries := make([]stock.TicketEntry, n)
+				for i := range entries {
+					key := fmt.Sprintf("%s-%d", prefix, i)
+					entries[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key}, Params: []byte(key)}
+				}
+				got, err := db.EnterTickets(ctx, sku, entries, 1_000_000, 0, none)
+				if err != nil || got[0].Err != nil || got[0].Ticket.State != stock.TicketWaiting {
+					b.Fatalf("EnterTickets = %+v, %v", got[0], err)
+				}
+			}
+			for f := range waiting / fill {
+				batch(fmt.Sprintf("fill-%d", f), fill)
+			}
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			backends := func() time.Duration {
+				rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+				if err != nil {
+					b.Fatal(err)
+				}
+				pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+				if err != nil {
+					b.Fatal(err)
+				}
+				var sum time.Duration
+				for _, pid := range pids {
+					sum += procCPU(b, int(pid))
+				}
+				return sum
+			}
+			pg := backends()
+			b.ResetTimer()
+			for i := range b.N {
+				batch(fmt.Sprintf("b-%d", i), enterBenchLen)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(backends()-pg)/float64(time.Microsecond)/float64(b.N), "pg-cpu-µs/op")
+		})
+	}
+}
+
+// procCPU reads process pid's user and system CPU from /proc (0 when it
+// has gone).
+func procCPU(tb testing.TB, pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// After the command's closing parenthesis; utime and stime are the
+	// 14th and 15th fields of the line, in clock ticks (100 a second).
+	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	user, err1 := strconv.ParseInt(fields[11], 10, 64)
+	sys, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		tb.Fatalf("/proc/%d/stat: %q", pid, raw)
+	}
+	return time.Duration(user+sys) * 10 * time.Millisecond
 }
