@@ -819,9 +819,7 @@ func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, 
 		return nil, 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	rows, err := tx.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets
-		WHERE sku = $1 AND (`+sqlQueued+` OR (state = 'pending' AND created_at < now() - $2::interval))
-		ORDER BY draw_rank, seq LIMIT $3`, sku, stale.String(), limit)
+	rows, err := tx.Query(ctx, sqlOpenTickets, sku, stale.String(), limit)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -835,6 +833,20 @@ func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, 
 	}
 	return tickets, inFlight, nil
 }
+
+// sqlOpenTickets reads the first $3 of SKU $1's tickets that its worker
+// looks at (OpenTickets), in drawn order, then in order of arrival: each
+// part from the index in its order, up to $3. As one ORDER BY draw_rank,
+// seq it read and sorted every open ticket of the SKU at every pass
+// (7.6 ms behind 20,000 waiting, ten passes a second; 0.2 ms this way).
+// TestDB_TicketReadsProbeIndexes checks the plan.
+const sqlOpenTickets = `SELECT ` + sqlTicketColumns + ` FROM (
+		(SELECT * FROM admission_tickets WHERE sku = $1 AND draw_rank IS NOT NULL AND state IN ('pending', 'waiting')
+			AND (` + sqlQueued + ` OR created_at < now() - $2::interval) ORDER BY draw_rank LIMIT $3)
+		UNION ALL
+		(SELECT * FROM admission_tickets WHERE sku = $1 AND draw_rank IS NULL AND state IN ('pending', 'waiting')
+			AND (` + sqlQueued + ` OR created_at < now() - $2::interval) ORDER BY seq LIMIT $3)) AS t
+	ORDER BY draw_rank, seq LIMIT $3`
 
 // sqlOpenTicketSKUs lists the SKUs with open tickets ($1 at most) from
 // the two partial indexes of open tickets, so that each admission worker's

@@ -132,13 +132,18 @@ func TestDB_TicketReadsProbeIndexes(t *testing.T) {
 		{"TicketsByKey", postgres.SQLTicketsByKey, probes("key"), probesN / 2},
 		{"CustomerHolds", postgres.SQLCustomerHolds, probes("c"), probesN / 2},
 		{"OpenTicketSKUs", postgres.SQLOpenTicketSKUs, nil, ticketsN / 2},
+		// A worker's pass: the first probesN of the open tickets.
+		{"OpenTickets", postgres.SQLOpenTickets, nil, probesN},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			// EXPLAIN takes no parameters: the arguments are literals (the
 			// keys and customers have no quote or comma).
 			params, explain := "(text, text[])", fmt.Sprintf(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probe('%s', '{%s}')`, sku, strings.Join(c.args, ","))
-			if c.args == nil {
+			switch c.name {
+			case "OpenTicketSKUs":
 				params, explain = "(int)", `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probe(1000)`
+			case "OpenTickets":
+				params, explain = "(text, text, int)", fmt.Sprintf(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probe('%s', '10s', %d)`, sku, probesN)
 			}
 			if _, err := conn.Exec(ctx, `PREPARE probe`+params+` AS `+c.sql); err != nil {
 				t.Fatal(err)

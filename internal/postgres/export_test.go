@@ -16,4 +16,5 @@ const (
 	SQLTicketsByKey   = sqlTicketsByKey
 	SQLCustomerHolds  = sqlCustomerHolds
 	SQLOpenTicketSKUs = sqlOpenTicketSKUs
+	SQLOpenTickets    = sqlOpenTickets
 )

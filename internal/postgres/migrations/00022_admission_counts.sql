@@ -60,6 +60,10 @@ CREATE TRIGGER admission_counts_update AFTER UPDATE ON admission_tickets
 CREATE TRIGGER admission_counts_delete AFTER DELETE ON admission_tickets
 	REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION admission_counts_apply();
 
+-- A drawn SKU's open tickets in drawn order, for its worker's pass
+-- (OpenTickets; in order of arrival it reads admission_tickets_open).
+CREATE INDEX admission_tickets_drawn ON admission_tickets (sku, draw_rank) WHERE draw_rank IS NOT NULL AND state IN ('pending', 'waiting');
+
 -- The counts of the tickets already there, read after the triggers exist
 -- (CREATE TRIGGER locks the table against writes until this migration
 -- commits): no change is counted twice or missed.
@@ -69,6 +73,7 @@ SELECT sku, count(*) FILTER (WHERE state = 'waiting' OR state = 'pending' AND cl
 FROM admission_tickets WHERE state IN ('pending', 'waiting') GROUP BY sku;
 
 -- +goose Down
+DROP INDEX admission_tickets_drawn;
 DROP TRIGGER admission_counts_delete ON admission_tickets;
 DROP TRIGGER admission_counts_update ON admission_tickets;
 DROP TRIGGER admission_counts_insert ON admission_tickets;
