@@ -223,10 +223,13 @@ func TestAdmission_Crowd(t *testing.T) {
 	if len(tokens) != units {
 		t.Fatalf("%d tokens granted (%d at once, %d from the waitlist), want exactly %d", len(tokens), len(direct), len(early), units)
 	}
-	// The waitlist ends full: waitMax wait, and those admitted meanwhile
-	// made room for as many more.
-	if len(waiting) != waitMax+len(early) || full != crowd-units-waitMax {
-		t.Fatalf("%d tickets waited and %d were refused WAITLIST_FULL, want %d and %d", len(waiting), full, waitMax+len(early), crowd-units-waitMax)
+	// The waitlist ends full: waitMax wait, and each ticket admitted
+	// meanwhile made room for one more if its mark came before the crowd's
+	// last entries (a crowd answered in 284 ms ended before a worker's
+	// mark of 100 ms later); without one, exactly waitMax.
+	if len(waiting) < waitMax || len(waiting) > waitMax+len(early) || full != crowd-len(direct)-len(waiting) {
+		t.Fatalf("%d tickets waited (%d of them admitted during the crowd) and %d were refused WAITLIST_FULL, want %d to %d waiting, the rest refused",
+			len(waiting), len(early), full, waitMax, waitMax+len(early))
 	}
 	for i, e := range early {
 		if e.ID != waiting[i].ID {
