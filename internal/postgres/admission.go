@@ -698,6 +698,22 @@ func (db *DB) GetTicketByKey(ctx context.Context, sku, key string) (*stock.Ticke
 	return db.readTicket(ctx, `sku = $1 AND idempotency_key = $2`, sku, key)
 }
 
+// snapshot begins a read-only repeatable-read transaction, whose every
+// statement reads one snapshot, bounded by queryTimeout: use the context it
+// returns; done rolls the transaction back.
+func (db *DB) snapshot(ctx context.Context) (context.Context, pgx.Tx, func(), error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return ctx, tx, func() {
+		tx.Rollback(context.WithoutCancel(ctx))
+		cancel()
+	}, nil
+}
+
 // GetTickets reads tickets by id, each with its position, all in one
 // snapshot, for admission's watches (docs/admission.md): one row a ticket,
 // and per SKU one ordered read of the keys (arrival order, or draw ranks)
@@ -706,13 +722,11 @@ func (db *DB) GetTicketByKey(ctx context.Context, sku, key string) (*stock.Ticke
 // many GetTicket calls count the tickets before each ticket, one count
 // each. A ticket not found is left out.
 func (db *DB) GetTickets(ctx context.Context, ids []string) ([]*stock.Ticket, error) {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	ctx, tx, done, err := db.snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer done()
 	rows, err := tx.Query(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets WHERE ticket_id = ANY($1)`, ids)
 	if err != nil {
 		return nil, err
@@ -786,13 +800,11 @@ func queuedKeys(ctx context.Context, q querier, sql, sku string, before int64) (
 }
 
 func (db *DB) readTicket(ctx context.Context, where string, args ...any) (*stock.Ticket, error) {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	ctx, tx, done, err := db.snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer done()
 	t, err := scanTicket(tx.QueryRow(ctx, `SELECT `+sqlTicketColumns+` FROM admission_tickets WHERE `+where, args...))
 	if isNoRows(err) {
 		return nil, stock.Errorf(stock.CodeTicketNotFound, "no such ticket")
@@ -812,13 +824,11 @@ func (db *DB) readTicket(ctx context.Context, where string, args ...any) (*stock
 // every PENDING ticket not claimed (requests in flight: their reserves may
 // not have landed yet).
 func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, limit int) ([]*stock.Ticket, int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	ctx, tx, done, err := db.snapshot(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer done()
 	rows, err := tx.Query(ctx, sqlOpenTickets, sku, stale.String(), limit)
 	if err != nil {
 		return nil, 0, err

@@ -139,13 +139,11 @@ func (db *DB) RankDraw(ctx context.Context, sku string, order func(seed []byte, 
 // GetDraw reads sku's draw: its state, seed and up to limit of its tickets
 // in drawn order from rank after+1.
 func (db *DB) GetDraw(ctx context.Context, sku string, after int64, limit int) (*stock.Draw, error) {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	ctx, tx, done, err := db.snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer done()
 	d := &stock.Draw{SKU: sku, State: stock.DrawRegistering}
 	var drawnAt *time.Time
 	err = tx.QueryRow(ctx, `SELECT seed, drawn_at, tickets FROM admission_draws WHERE sku = $1`, sku).Scan(&d.Seed, &drawnAt, &d.Total)
