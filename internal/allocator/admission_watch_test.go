@@ -1,19 +1,17 @@
 package allocator_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardstock/shardstock/internal/admission"
+	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -166,29 +164,13 @@ func BenchmarkWatchers(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	// backends sums the CPU of the database's backends.
-	backends := func() time.Duration {
-		rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-		if err != nil {
-			b.Fatal(err)
-		}
-		var sum time.Duration
-		for _, pid := range pids {
-			sum += procCPU(b, int(pid))
-		}
-		return sum
-	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	for _, id := range ids {
 		go f.svc.WatchTicket(wctx, id, func(*stock.Ticket) error { return nil })
 	}
 	time.Sleep(settle)
-	calls, self, pg := f.tickets.queries.Load(), procCPU(b, os.Getpid()), backends()
+	calls, self, pg := f.tickets.queries.Load(), selfCPU(b), pgtest.BackendsCPU(b, conn)
 	b.ResetTimer()
 	for range b.N {
 		time.Sleep(time.Second)
@@ -196,25 +178,15 @@ func BenchmarkWatchers(b *testing.B) {
 	b.StopTimer()
 	secs := float64(b.N)
 	b.ReportMetric(float64(f.tickets.queries.Load()-calls)/secs, "store-calls/s")
-	b.ReportMetric(float64(procCPU(b, os.Getpid())-self)/float64(time.Millisecond)/secs, "go-cpu-ms/s")
-	b.ReportMetric(float64(backends()-pg)/float64(time.Millisecond)/secs, "pg-cpu-ms/s")
+	b.ReportMetric(float64(selfCPU(b)-self)/float64(time.Millisecond)/secs, "go-cpu-ms/s")
+	b.ReportMetric(float64(pgtest.BackendsCPU(b, conn)-pg)/float64(time.Millisecond)/secs, "pg-cpu-ms/s")
 }
 
-// procCPU reads process pid's user and system CPU from /proc (0 when it
-// has gone).
-func procCPU(tb testing.TB, pid int) time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
+// selfCPU is this process's CPU (user and system) so far.
+func selfCPU(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
 	}
-	// The fields after the command's closing parenthesis; utime and
-	// stime are the 14th and 15th of the line, in clock ticks (100 a
-	// second on Linux).
-	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
-	user, err1 := strconv.ParseInt(fields[11], 10, 64)
-	sys, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		tb.Fatalf("/proc/%d/stat: %q", pid, raw)
-	}
-	return time.Duration(user+sys) * 10 * time.Millisecond
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

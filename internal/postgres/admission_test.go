@@ -1,11 +1,8 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -488,46 +485,13 @@ func BenchmarkEnterTickets(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer conn.Close(ctx)
-			backends := func() time.Duration {
-				rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
-				if err != nil {
-					b.Fatal(err)
-				}
-				pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-				if err != nil {
-					b.Fatal(err)
-				}
-				var sum time.Duration
-				for _, pid := range pids {
-					sum += procCPU(b, int(pid))
-				}
-				return sum
-			}
-			pg := backends()
+			pg := pgtest.BackendsCPU(b, conn)
 			b.ResetTimer()
 			for i := range b.N {
 				batch(fmt.Sprintf("b-%d", i), enterBenchLen)
 			}
 			b.StopTimer()
-			b.ReportMetric(float64(backends()-pg)/float64(time.Microsecond)/float64(b.N), "pg-cpu-µs/op")
+			b.ReportMetric(float64(pgtest.BackendsCPU(b, conn)-pg)/float64(time.Microsecond)/float64(b.N), "pg-cpu-µs/op")
 		})
 	}
-}
-
-// procCPU reads process pid's user and system CPU from /proc (0 when it
-// has gone).
-func procCPU(tb testing.TB, pid int) time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// After the command's closing parenthesis; utime and stime are the
-	// 14th and 15th fields of the line, in clock ticks (100 a second).
-	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
-	user, err1 := strconv.ParseInt(fields[11], 10, 64)
-	sys, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		tb.Fatalf("/proc/%d/stat: %q", pid, raw)
-	}
-	return time.Duration(user+sys) * 10 * time.Millisecond
 }
