@@ -12,15 +12,18 @@ import (
 // WatchTicket's bounds. watchInterval is how often the watched tickets are
 // looked at: a position a browser shows need not move faster. One look
 // serves every stream of the process (watches), and a look that took long
-// waits watchReadShare times its time before the next, so that the looks
-// take at most about a tenth of a connection however long the waitlist.
+// waits watchReadShare times its time before the next, at most
+// watchIntervalMax, so that the looks take about a tenth of a connection
+// however long the waitlist (its time includes a wait for a connection:
+// a busy pool spaces the looks out too).
 // watchReadMax bounds the tickets one statement reads. watchLenMax bounds a
 // stream's life; the client watches again.
 const (
-	watchInterval  = 250 * time.Millisecond
-	watchReadShare = 10
-	watchReadMax   = 10_000
-	watchLenMax    = 10 * time.Minute
+	watchInterval    = 250 * time.Millisecond
+	watchReadShare   = 10
+	watchIntervalMax = 2 * time.Second
+	watchReadMax     = 10_000
+	watchLenMax      = 10 * time.Minute
 )
 
 // WatchTicket sends the ticket, then each change of its state or position,
@@ -142,7 +145,7 @@ func (ws *watches) run() {
 		ws.mu.Unlock()
 		start := time.Now()
 		byID, err := ws.look(ids)
-		wait = max(watchInterval, watchReadShare*time.Since(start))
+		wait = min(max(watchInterval, watchReadShare*time.Since(start)), watchIntervalMax)
 		for _, w := range subs {
 			switch t := byID[w.id]; {
 			case err != nil:
