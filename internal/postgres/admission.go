@@ -305,6 +305,7 @@ func scanKeyed(res pgx.BatchResults) (map[string]keyedTicket, error) {
 func answerReplays(ctx context.Context, q querier, entries []stock.TicketEntry, idx []int, recorded map[string]keyedTicket,
 	out []stock.TicketEntered) ([]int, error) {
 	var fresh []int
+	var replayed []*stock.Ticket
 	for _, i := range idx {
 		k, ok := recorded[entries[i].Ticket.IdempotencyKey]
 		switch {
@@ -313,14 +314,11 @@ func answerReplays(ctx context.Context, q querier, entries []stock.TicketEntry, 
 		case !bytes.Equal(k.hash, entries[i].Params):
 			out[i].Err = stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")
 		default:
-			var err error
-			if k.t.Position, err = position(ctx, q, k.t); err != nil {
-				return nil, err
-			}
 			out[i] = stock.TicketEntered{Ticket: k.t, Replayed: true}
+			replayed = append(replayed, k.t)
 		}
 	}
-	return fresh, nil
+	return fresh, setPositions(ctx, q, replayed)
 }
 
 // lockAndCount takes sku's admission lock in tx and reads, under it, in
@@ -632,10 +630,10 @@ func (db *DB) AdmitTickets(ctx context.Context, marks []stock.TicketMark) ([]*st
 		if err != nil {
 			return nil, err
 		}
+		if err := setPositions(ctx, db.pool, others); err != nil {
+			return nil, err
+		}
 		for _, t := range others {
-			if t.Position, err = position(ctx, db.pool, t); err != nil {
-				return nil, err
-			}
 			byID[t.ID] = t
 		}
 	}
@@ -735,68 +733,80 @@ func (db *DB) GetTickets(ctx context.Context, ids []string) ([]*stock.Ticket, er
 	if err != nil {
 		return nil, err
 	}
-	// The furthest waiting ticket of each SKU, by arrival and by rank.
-	type furthest struct{ seq, rank int64 }
-	far := map[string]*furthest{}
+	if err := setPositions(ctx, tx, tickets); err != nil {
+		return nil, err
+	}
+	return tickets, nil
+}
+
+// setPositions sets the position of every WAITING ticket of tickets
+// (others have none): per SKU one statement numbers its queued tickets up
+// to the furthest asked for, in order of arrival, and one in drawn order,
+// and returns those asked for. One count a ticket (position) reads as
+// many index entries for each.
+func setPositions(ctx context.Context, q querier, tickets []*stock.Ticket) error {
+	type keys struct{ seqs, ranks []int64 }
+	bySKU := map[string]*keys{}
 	for _, t := range tickets {
 		if t.State != stock.TicketWaiting {
 			continue
 		}
-		f := far[t.SKU]
-		if f == nil {
-			f = &furthest{}
-			far[t.SKU] = f
+		k := bySKU[t.SKU]
+		if k == nil {
+			k = &keys{}
+			bySKU[t.SKU] = k
 		}
 		if t.Rank > 0 {
-			f.rank = max(f.rank, t.Rank)
+			k.ranks = append(k.ranks, t.Rank)
 		} else {
-			f.seq = max(f.seq, t.Seq)
+			k.seqs = append(k.seqs, t.Seq)
 		}
 	}
-	for sku, f := range far {
-		var seqs, ranks []int64
-		if f.seq > 0 {
-			if seqs, err = queuedKeys(ctx, tx, sqlQueuedSeqs, sku, f.seq); err != nil {
-				return nil, err
-			}
+	for sku, k := range bySKU {
+		seqs, err := queuedPositions(ctx, q, sqlQueuedBySeq, sku, k.seqs)
+		if err != nil {
+			return err
 		}
-		if f.rank > 0 {
-			if ranks, err = queuedKeys(ctx, tx, sqlQueuedRanks, sku, f.rank); err != nil {
-				return nil, err
-			}
+		ranks, err := queuedPositions(ctx, q, sqlQueuedByRank, sku, k.ranks)
+		if err != nil {
+			return err
 		}
 		for _, t := range tickets {
 			switch {
 			case t.SKU != sku || t.State != stock.TicketWaiting:
 			case t.Rank > 0:
-				t.Position = before(ranks, t.Rank)
+				t.Position = ranks[t.Rank]
 			default:
-				t.Position = before(seqs, t.Seq)
+				t.Position = seqs[t.Seq]
 			}
 		}
 	}
-	return tickets, nil
+	return nil
 }
 
-// The keys of a SKU's queued tickets before $2, in order: what position
-// counts, as a list (GetTickets).
+// The positions of SKU $1's queued tickets $3 (seqs, or draw ranks), the
+// largest $2: each one's number among the queued tickets, from 0, in that
+// order; what position counts (setPositions).
 const (
-	sqlQueuedSeqs  = `SELECT seq FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND seq < $2 ORDER BY seq`
-	sqlQueuedRanks = `SELECT draw_rank FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND draw_rank < $2 ORDER BY draw_rank`
+	sqlQueuedBySeq = `SELECT seq, pos FROM (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS pos
+		FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND seq <= $2) AS q WHERE seq = ANY($3)`
+	sqlQueuedByRank = `SELECT draw_rank, pos FROM (SELECT draw_rank, row_number() OVER (ORDER BY draw_rank) - 1 AS pos
+		FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND draw_rank <= $2) AS q WHERE draw_rank = ANY($3)`
 )
 
-// before counts the keys below key in sorted keys.
-func before(keys []int64, key int64) int64 {
-	n, _ := slices.BinarySearch(keys, key)
-	return int64(n)
-}
-
-func queuedKeys(ctx context.Context, q querier, sql, sku string, before int64) ([]int64, error) {
-	rows, err := q.Query(ctx, sql, sku, before)
+// queuedPositions reads the positions of keys (none: no statement).
+func queuedPositions(ctx context.Context, q querier, sql, sku string, keys []int64) (map[int64]int64, error) {
+	out := make(map[int64]int64, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	rows, err := q.Query(ctx, sql, sku, slices.Max(keys), keys)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+	var key, pos int64
+	_, err = pgx.ForEachRow(rows, []any{&key, &pos}, func() error { out[key] = pos; return nil })
+	return out, err
 }
 
 func (db *DB) readTicket(ctx context.Context, where string, args ...any) (*stock.Ticket, error) {

@@ -266,6 +266,24 @@ func TestDB_GetTicketsPositions(t *testing.T) {
 			waiting++
 		}
 	}
+	// Replays of a batch of keys: each answered with its position too.
+	replays := make([]stock.TicketEntry, ticketsN)
+	for i := range replays {
+		key := fmt.Sprintf("key-%d", i)
+		replays[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: "get-tickets", Quantity: 1, IdempotencyKey: key, CustomerRef: key}, Params: []byte(key)}
+	}
+	again, err := db.EnterTickets(ctx, "get-tickets", replays, ticketsN, 0, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range again {
+		if e.Err != nil || !e.Replayed || e.Ticket.ID != arrival[i] {
+			t.Fatalf("EnterTickets again [%d] = %+v, want ticket %s replayed", i, e, arrival[i])
+		}
+		if want := byID[e.Ticket.ID]; e.Ticket.State != want.State || e.Ticket.Position != want.Position {
+			t.Errorf("replay of %s: %s position %d; GetTickets: %s position %d", e.Ticket.ID, e.Ticket.State, e.Ticket.Position, want.State, want.Position)
+		}
+	}
 	if waiting < ticketsN { // both SKUs' waiting tickets but their first
 		t.Fatalf("%d tickets waiting behind others, want at least %d: the case checks too little", waiting, ticketsN)
 	}
