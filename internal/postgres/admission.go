@@ -740,34 +740,36 @@ func (db *DB) GetTickets(ctx context.Context, ids []string) ([]*stock.Ticket, er
 }
 
 // setPositions sets the position of every WAITING ticket of tickets
-// (others have none): per SKU one statement numbers its queued tickets up
-// to the furthest asked for, in order of arrival, and one in drawn order,
-// and returns those asked for. One count a ticket (position) reads as
-// many index entries for each.
+// (others have none): per SKU one ordered read of the keys (arrival order,
+// or draw ranks) of its tickets queued before the furthest asked for, each
+// position then counted in memory. One count a ticket (position) reads as
+// many index entries for each, and a round trip. (Numbering the queued
+// tickets in the server and joining the asked for instead was planned as
+// a nested loop on a young table: 570 ms for 2,000 of 2,000.)
 func setPositions(ctx context.Context, q querier, tickets []*stock.Ticket) error {
-	type keys struct{ seqs, ranks []int64 }
-	bySKU := map[string]*keys{}
+	type furthest struct{ seq, rank int64 }
+	far := map[string]*furthest{}
 	for _, t := range tickets {
 		if t.State != stock.TicketWaiting {
 			continue
 		}
-		k := bySKU[t.SKU]
-		if k == nil {
-			k = &keys{}
-			bySKU[t.SKU] = k
+		f := far[t.SKU]
+		if f == nil {
+			f = &furthest{}
+			far[t.SKU] = f
 		}
 		if t.Rank > 0 {
-			k.ranks = append(k.ranks, t.Rank)
+			f.rank = max(f.rank, t.Rank)
 		} else {
-			k.seqs = append(k.seqs, t.Seq)
+			f.seq = max(f.seq, t.Seq)
 		}
 	}
-	for sku, k := range bySKU {
-		seqs, err := queuedPositions(ctx, q, sqlQueuedBySeq, sku, k.seqs)
+	for sku, f := range far {
+		seqs, err := queuedKeys(ctx, q, sqlQueuedSeqs, sku, f.seq)
 		if err != nil {
 			return err
 		}
-		ranks, err := queuedPositions(ctx, q, sqlQueuedByRank, sku, k.ranks)
+		ranks, err := queuedKeys(ctx, q, sqlQueuedRanks, sku, f.rank)
 		if err != nil {
 			return err
 		}
@@ -775,38 +777,38 @@ func setPositions(ctx context.Context, q querier, tickets []*stock.Ticket) error
 			switch {
 			case t.SKU != sku || t.State != stock.TicketWaiting:
 			case t.Rank > 0:
-				t.Position = ranks[t.Rank]
+				t.Position = before(ranks, t.Rank)
 			default:
-				t.Position = seqs[t.Seq]
+				t.Position = before(seqs, t.Seq)
 			}
 		}
 	}
 	return nil
 }
 
-// The positions of SKU $1's queued tickets $3 (seqs, or draw ranks), the
-// largest $2: each one's number among the queued tickets, from 0, in that
-// order; what position counts (setPositions).
+// The keys of a SKU's queued tickets before $2, in order: what position
+// counts, as a list (setPositions).
 const (
-	sqlQueuedBySeq = `SELECT seq, pos FROM (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS pos
-		FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND seq <= $2) AS q WHERE seq = ANY($3)`
-	sqlQueuedByRank = `SELECT draw_rank, pos FROM (SELECT draw_rank, row_number() OVER (ORDER BY draw_rank) - 1 AS pos
-		FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND draw_rank <= $2) AS q WHERE draw_rank = ANY($3)`
+	sqlQueuedSeqs  = `SELECT seq FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND seq < $2 ORDER BY seq`
+	sqlQueuedRanks = `SELECT draw_rank FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND draw_rank < $2 ORDER BY draw_rank`
 )
 
-// queuedPositions reads the positions of keys (none: no statement).
-func queuedPositions(ctx context.Context, q querier, sql, sku string, keys []int64) (map[int64]int64, error) {
-	out := make(map[int64]int64, len(keys))
-	if len(keys) == 0 {
-		return out, nil
+// queuedKeys reads the keys before before (0: none, no statement).
+func queuedKeys(ctx context.Context, q querier, sql, sku string, before int64) ([]int64, error) {
+	if before == 0 {
+		return nil, nil
 	}
-	rows, err := q.Query(ctx, sql, sku, slices.Max(keys), keys)
+	rows, err := q.Query(ctx, sql, sku, before)
 	if err != nil {
 		return nil, err
 	}
-	var key, pos int64
-	_, err = pgx.ForEachRow(rows, []any{&key, &pos}, func() error { out[key] = pos; return nil })
-	return out, err
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// before counts the keys below key in sorted keys.
+func before(keys []int64, key int64) int64 {
+	n, _ := slices.BinarySearch(keys, key)
+	return int64(n)
 }
 
 func (db *DB) readTicket(ctx context.Context, where string, args ...any) (*stock.Ticket, error) {
