@@ -9,6 +9,8 @@
 # for each, then the statements Postgres ran a second (pg_stat_statements,
 # reset at the start of the sample). BENCH_IDLE_PPROF=FILE also writes a CPU
 # profile of the allocator over the sample (SHARDSTOCK_PPROF=1).
+# BENCH_IDLE_BIN=PATH runs that build of cmd/shardstock-dev instead of the
+# working tree's (e.g. another revision's, to compare).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -36,7 +38,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 mkdir -p "$(dirname "$stack_log")"
-go build -o bin/shardstock-dev ./cmd/shardstock-dev
+bin=${BENCH_IDLE_BIN:-bin/shardstock-dev}
+[[ -n ${BENCH_IDLE_BIN:-} ]] || go build -o bin/shardstock-dev ./cmd/shardstock-dev
 
 server=$(POSTGRES_OPTS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" \
 	scripts/bench/postgres.sh start "$pg_dir")
@@ -54,7 +57,7 @@ pprof_on=""
 # shellcheck disable=SC2086 # the stack's flags are space-separated
 SHARDSTOCK_ADDR=$addr SHARDSTOCK_OPERATOR_ADDR=$ops DATABASE_URL=$url ETCD_ENDPOINTS= \
 	SHARDSTOCK_ADMIN_TOKEN=$(openssl rand -hex 16) SHARDSTOCK_SERVICE_TOKEN=$(openssl rand -hex 16) \
-	SHARDSTOCK_PPROF=$pprof_on bin/shardstock-dev $stack_args >"$stack_log" 2>&1 &
+	SHARDSTOCK_PPROF=$pprof_on "$bin" $stack_args >"$stack_log" 2>&1 &
 stack_pid=$!
 for ((i = 0; i < 180; i++)); do
 	curl -fsS -o /dev/null "http://$addr/readyz" 2>/dev/null && break
@@ -104,7 +107,7 @@ pg_procs=$(descendants "$pg_pid")
 s1=$(ticks $stack_procs) p1=$(ticks $pg_procs) t1=$(date +%s.%N)
 if [[ -n ${profiling:-} ]]; then wait "$profiling"; fi
 el=$(echo "$t1 - $t0" | bc -l)
-printf 'bench-idle: %s, %ss without traffic after %s; load %s\n' "$(git rev-parse --short HEAD)" "$secs" "$settle" "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf 'bench-idle: %s, %ss without traffic after %s; load %s\n' "$bin" "$secs" "$settle" "$(cut -d' ' -f1-3 /proc/loadavg)"
 printf 'bench-idle: stack %.1f ms/s, Postgres %.1f ms/s, total %.1f ms/s\n' \
 	"$(echo "($s1 - $s0) * 1000 / $hz / $el" | bc -l)" "$(echo "($p1 - $p0) * 1000 / $hz / $el" | bc -l)" \
 	"$(echo "($s1 - $s0 + $p1 - $p0) * 1000 / $hz / $el" | bc -l)"
