@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-audit bench-rebalance bench-statements bench-pgsettings bench-cold soak soak-crash bench-changestream bench-cart bench-drop
+.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-audit bench-rebalance bench-statements bench-idle bench-pgsettings bench-cold soak soak-crash bench-changestream bench-cart bench-drop
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -177,6 +177,9 @@ bench-audit: ## what the audit line costs a deduct: paced hot deducts on the dev
 
 bench-statements: ## where Postgres's share of a deduct goes: pg_stat_statements over a hot-SKU load on a private Postgres, per call and per request, with its WAL bytes (about 1 min)
 	scripts/bench/statements.sh
+
+bench-idle: ## the stack's fixed CPU cost: the dev stack (as make bench starts it) on a private Postgres with no traffic; CPU a second of each stack process and of Postgres, and the statements a second (about 1 min)
+	scripts/bench/idle.sh
 
 bench-pgsettings: ## what Postgres's own settings are worth to a durable deduct: a private Postgres restarted with each set (BENCH_PG_SETS; fsync, synchronous_commit and full_page_writes always on), alternated over ROUNDS (default 3), paced; CPU per request against the defaults (about 3 min a round)
 	scripts/bench/pgsettings.sh $(or $(ROUNDS),3)

@@ -45,8 +45,15 @@ const (
 	// different rates over SoldOutFreshMax.
 	reopenMargin = 50 * time.Millisecond
 	// progressInterval is how often the watch is asked for a progress
-	// answer; well under SoldOutFreshMax, so that marks stay trusted.
+	// answer while the marks are read; well under SoldOutFreshMax, so that
+	// marks stay trusted.
 	progressInterval = 100 * time.Millisecond
+	// progressIdleTicks is how many progress intervals without a read of
+	// the marks (Marked) stop the progress requests: an allocator without
+	// requests trusts no mark (it needs none) and asks etcd nothing; the
+	// next read asks at once (the marks are trusted again one etcd round
+	// trip later; that read itself goes the usual way).
+	progressIdleTicks = 10
 	// marksMax bounds the marks a process keeps (a SKU name and a revision
 	// each: about 100 bytes, 100 MB at most); a SKU marked beyond it is
 	// not answered from memory here, which is never wrong.
@@ -77,6 +84,12 @@ type SoldOut struct {
 	// request was sent: every change to the marks before then is in marked.
 	// 0: not known (before the first answer, or after the watch broke).
 	confirmed atomic.Int64
+	// read is set by Marked and cleared by each progress tick; asking is
+	// whether the watch asks for progress answers (cleared once no read
+	// came for progressIdleTicks); wake is how a read restarts it.
+	read, asking atomic.Bool
+	wake         chan struct{}
+	asked        atomic.Int64 // progress requests sent, for tests
 }
 
 // NewSoldOut returns the sold-out marks over client; call Run.
@@ -84,7 +97,9 @@ func NewSoldOut(client *clientv3.Client, log *slog.Logger) *SoldOut {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &SoldOut{client: client, log: log, base: time.Now(), marked: map[string]int64{}}
+	s := &SoldOut{client: client, log: log, base: time.Now(), marked: map[string]int64{}, wake: make(chan struct{}, 1)}
+	s.asking.Store(true)
+	return s
 }
 
 // Marked returns the revision of sku's mark, if it is marked and the view
@@ -92,6 +107,17 @@ func NewSoldOut(client *clientv3.Client, log *slog.Logger) *SoldOut {
 // moment less than SoldOutFreshMax ago. Any reopen since that moment
 // still waits until after the mark stops being trusted here.
 func (s *SoldOut) Marked(sku string) (int64, bool) {
+	// read before asking (the watch clears asking before read): either
+	// the watch sees this read or this read sees it stopped and wakes it.
+	if !s.read.Load() {
+		s.read.Store(true)
+	}
+	if !s.asking.Load() {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
 	c := s.confirmed.Load()
 	if c == 0 || time.Since(s.base)-time.Duration(c) >= SoldOutFreshMax {
 		return 0, false
@@ -151,20 +177,46 @@ func (s *SoldOut) follow(ctx context.Context) error {
 	ch := w.Watch(wctx, soldOutPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
 	tick := time.NewTicker(progressInterval)
 	defer tick.Stop()
+	s.asking.Store(true)
+	ticks := tick.C         // nil while no one reads the marks
+	idle := 0               // progress ticks without a read
 	var asked time.Duration // when the oldest unanswered progress request was sent; 0: none
+	ask := func() {
+		now := time.Since(s.base)
+		s.asked.Add(1)
+		if err := w.RequestProgress(wctx); err != nil {
+			s.log.Debug("sold-out marks: progress request failed", "err", err)
+			return
+		}
+		if asked == 0 {
+			asked = now
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
-			now := time.Since(s.base)
-			if err := w.RequestProgress(wctx); err != nil {
-				s.log.Debug("sold-out marks: progress request failed", "err", err)
-				continue
+		case <-s.wake:
+			if ticks == nil {
+				s.asking.Store(true)
+				tick.Reset(progressInterval)
+				ticks, idle = tick.C, 0
+				ask()
 			}
-			if asked == 0 {
-				asked = now
+		case <-ticks:
+			if s.read.Swap(false) {
+				idle = 0
+			} else if idle++; idle >= progressIdleTicks {
+				s.asking.Store(false)
+				if !s.read.Swap(false) { // no read came before asking was cleared
+					tick.Stop()
+					ticks = nil
+					continue
+				}
+				s.asking.Store(true)
+				idle = 0
 			}
+			ask()
 		case wr, ok := <-ch:
 			if !ok {
 				return fmt.Errorf("topology: sold-out watch closed")

@@ -84,3 +84,48 @@ func waitMarked(t *testing.T, s *SoldOut, sku string, want bool) {
 		}
 	}
 }
+
+// TestSoldOut_IdleStopsAsking: a view no one reads stops asking etcd for
+// progress answers after progressIdleTicks (an idle allocator's largest
+// fixed cost), and trusts no mark then; the next read asks at once, and
+// the mark is trusted again. A view that never stops asking, or a read
+// that does not wake it, fails.
+func TestSoldOut_IdleStopsAsking(t *testing.T) {
+	e := etcdtest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	t.Cleanup(func() { cancel(); <-done })
+	view := NewSoldOut(newClient(t, e.Endpoints()), testLogger(t))
+	go func() { done <- view.Run(ctx) }()
+	marker := NewSoldOut(newClient(t, e.Endpoints()), testLogger(t))
+
+	const sku = "idle"
+	l, err := marker.Look(ctx, sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := marker.Mark(ctx, l); err != nil || !ok {
+		t.Fatalf("Mark(%+v) = %v, %v, want marked", l, ok, err)
+	}
+	waitMarked(t, view, sku, true)
+
+	// Unread, the view stops asking (watched without calling Marked).
+	for deadline := time.Now().Add(10 * time.Second); view.asking.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the view still asks for progress 10 s after its last read (%d requests)", view.asked.Load())
+		}
+	}
+	before := view.asked.Load()
+	time.Sleep(SoldOutFreshMax + 5*progressInterval)
+	if n := view.asked.Load() - before; n != 0 {
+		t.Fatalf("an unread view sent %d progress requests in %s, want 0", n, SoldOutFreshMax+5*progressInterval)
+	}
+	if _, ok := view.Marked(sku); ok {
+		t.Fatal("an unread view still trusts its mark after SoldOutFreshMax without progress")
+	}
+	// That read woke it: the mark is trusted again.
+	waitMarked(t, view, sku, true)
+	if !view.asking.Load() {
+		t.Fatal("a read view does not ask for progress")
+	}
+}
