@@ -1,0 +1,49 @@
+package pgcluster
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestStart_CopiesInitdb checks that only the first cluster runs initdb:
+// the next starts from a copy of its output, and serves as a cluster of
+// its own.
+func TestStart_CopiesInitdb(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv(initCacheDirEnv, cache) // not parallel: initdbRuns counts this process's runs
+	before := initdbRuns.Load()
+
+	a := startCluster(t, "")
+	if got := initdbRuns.Load() - before; got != 1 {
+		t.Fatalf("initdb runs for the first cluster = %d, want 1", got)
+	}
+	copies, err := filepath.Glob(filepath.Join(cache, "*", "PG_VERSION"))
+	if err != nil || len(copies) != 1 {
+		t.Fatalf("copies of initdb's output in %s = %v (%v), want 1", cache, copies, err)
+	}
+
+	b := startCluster(t, "")
+	if got := initdbRuns.Load() - before; got != 1 {
+		t.Fatalf("initdb runs after a second cluster = %d, want 1 (the second copies the first's)", got)
+	}
+	fi, err := os.Stat(filepath.Join(b.dir, "data"))
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("Stat(second cluster's data) = %v, %v, want mode 0700", fi, err)
+	}
+	// The copy is a cluster of its own: it takes writes, which the first
+	// does not see.
+	cb := connect(t, b.URL())
+	execSQL(t, cb, "CREATE TABLE copied (n int)")
+	execSQL(t, cb, "INSERT INTO copied VALUES (7)")
+	var n int
+	scanOne(t, cb, &n, "SELECT n FROM copied")
+	if n != 7 {
+		t.Fatalf("SELECT n on the second cluster = %d, want 7", n)
+	}
+	var tables int
+	scanOne(t, connect(t, a.URL()), &tables, "SELECT count(*) FROM pg_tables WHERE tablename = 'copied'")
+	if tables != 0 {
+		t.Fatalf("table copied on the first cluster: %d, want 0", tables)
+	}
+}
