@@ -31,7 +31,7 @@ const initCacheDirEnv = "SHARDSTOCK_PGCLUSTER_CACHE"
 func initDBCached(ctx context.Context, binDir, dataDir string, args []string, cred *syscall.Credential) error {
 	cache, err := initCacheDir(binDir, args, cred)
 	_, errData := os.Lstat(dataDir)
-	if err == nil && os.IsNotExist(errData) && isFile(filepath.Join(cache, "PG_VERSION")) {
+	if err == nil && os.IsNotExist(errData) && ownDirOnly(filepath.Dir(cache)) && isFile(filepath.Join(cache, "PG_VERSION")) {
 		if err := copyTree(cache, dataDir, cred); err == nil {
 			return nil
 		}
@@ -74,6 +74,9 @@ func initCacheDir(binDir string, args []string, cred *syscall.Credential) (strin
 // and, of two processes at once, one copy wins.
 func keepCopy(dataDir, cache string) {
 	if err := os.MkdirAll(filepath.Dir(cache), 0o700); err != nil {
+		return
+	}
+	if !ownDirOnly(filepath.Dir(cache)) {
 		return
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(cache), "new-")
@@ -143,4 +146,16 @@ func copyFile(src, dst string, perm fs.FileMode) error {
 		return err
 	}
 	return out.Close()
+}
+
+// ownDirOnly reports whether dir is a directory (not a link to one) that
+// this process's user owns and no one else may write: a copy that
+// another user could have placed or changed is not used.
+func ownDirOnly(dir string) bool {
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() || fi.Mode().Perm()&0o022 != 0 {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == os.Getuid()
 }

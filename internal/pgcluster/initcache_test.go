@@ -47,3 +47,22 @@ func TestStart_CopiesInitdb(t *testing.T) {
 		t.Fatalf("table copied on the first cluster: %d, want 0", tables)
 	}
 }
+
+// TestStart_CopiesInitdbOnlyFromOwnDir checks that initdb's output is
+// neither kept nor copied in a directory others may write.
+func TestStart_CopiesInitdbOnlyFromOwnDir(t *testing.T) {
+	cache := t.TempDir()
+	if err := os.Chmod(cache, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(initCacheDirEnv, cache) // not parallel: initdbRuns counts this process's runs
+	before := initdbRuns.Load()
+	startCluster(t, "")
+	startCluster(t, "")
+	if got := initdbRuns.Load() - before; got != 2 {
+		t.Fatalf("initdb runs for two clusters with a cache others may write = %d, want 2", got)
+	}
+	if copies, _ := filepath.Glob(filepath.Join(cache, "*", "PG_VERSION")); len(copies) != 0 {
+		t.Fatalf("copies kept in a directory others may write: %v, want none", copies)
+	}
+}
