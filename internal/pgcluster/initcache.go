@@ -32,10 +32,15 @@ func initDBCached(ctx context.Context, binDir, dataDir string, args []string, cr
 	cache, err := initCacheDir(binDir, args, cred)
 	_, errData := os.Lstat(dataDir)
 	if err == nil && os.IsNotExist(errData) && ownDirOnly(filepath.Dir(cache)) && isFile(filepath.Join(cache, "PG_VERSION")) {
-		if err := copyTree(cache, dataDir, cred); err == nil {
+		want, errSum := os.ReadFile(cache + ".sum")
+		got, err := copyTree(cache, dataDir, cred)
+		if err == nil && errSum == nil && got == string(want) {
 			return nil
 		}
 		os.RemoveAll(dataDir) // ours, partly copied: initdb needs it empty or absent
+		if err == nil {
+			os.RemoveAll(cache) // files gone (a /tmp cleaner) or added: the next keeps a new copy
+		}
 	}
 	if err := runInitDB(ctx, binDir, dataDir, args, cred); err != nil {
 		return err
@@ -85,7 +90,13 @@ func keepCopy(dataDir, cache string) {
 	}
 	defer os.RemoveAll(tmp)
 	data := filepath.Join(tmp, "data")
-	if copyTree(dataDir, data, nil) != nil {
+	sum, err := copyTree(dataDir, data, nil)
+	if err != nil {
+		return
+	}
+	// The list of files and sizes first (the same for every initdb of
+	// this key), then the files: a reader checks its copy against it.
+	if os.WriteFile(filepath.Join(tmp, "sum"), []byte(sum), 0o600) != nil || os.Rename(filepath.Join(tmp, "sum"), cache+".sum") != nil {
 		return
 	}
 	os.Rename(data, cache) // fails if another process's copy is there: keep that one
@@ -93,9 +104,10 @@ func keepCopy(dataDir, cache string) {
 
 // copyTree copies the directory src to dst (which must not exist) with
 // each file's and directory's permission bits, owned by cred's user if
-// cred is set.
-func copyTree(src, dst string, cred *syscall.Credential) error {
-	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+// cred is set, and returns a digest of the paths and sizes it copied.
+func copyTree(src, dst string, cred *syscall.Credential) (string, error) {
+	h := sha256.New()
+	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -108,6 +120,11 @@ func copyTree(src, dst string, cred *syscall.Credential) error {
 		if err != nil {
 			return err
 		}
+		size := fi.Size()
+		if d.IsDir() {
+			size = 0 // a directory's size is its entries' history, not theirs
+		}
+		fmt.Fprintf(h, "%s %d %t\n", rel, size, d.IsDir())
 		switch {
 		case d.IsDir():
 			if err := os.Mkdir(target, fi.Mode().Perm()); err != nil {
@@ -128,6 +145,7 @@ func copyTree(src, dst string, cred *syscall.Credential) error {
 		}
 		return nil
 	})
+	return hex.EncodeToString(h.Sum(nil)), err
 }
 
 // copyFile copies src to a new file dst of mode perm.

@@ -46,6 +46,20 @@ func TestStart_CopiesInitdb(t *testing.T) {
 	if tables != 0 {
 		t.Fatalf("table copied on the first cluster: %d, want 0", tables)
 	}
+
+	// A copy that lost a file (a /tmp cleaner) is not used: initdb runs
+	// again, and its output is kept instead.
+	if err := os.Remove(filepath.Join(filepath.Dir(copies[0]), "global", "pg_control")); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, "")
+	if got := initdbRuns.Load() - before; got != 2 {
+		t.Fatalf("initdb runs after a third cluster, the copy short of a file = %d, want 2", got)
+	}
+	scanOne(t, connect(t, c.URL()), &n, "SELECT 1")
+	if !isFile(filepath.Join(filepath.Dir(copies[0]), "global", "pg_control")) {
+		t.Fatalf("the copy short of a file was not replaced")
+	}
 }
 
 // TestStart_CopiesInitdbOnlyFromOwnDir checks that initdb's output is
