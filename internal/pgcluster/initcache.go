@@ -23,9 +23,9 @@ const initCacheDirEnv = "SHARDSTOCK_PGCLUSTER_CACHE"
 
 // initDBCached fills dataDir as initdb would: from a copy of an earlier
 // initdb's output, made by the same binaries with the same arguments,
-// else by running initdb and then keeping a copy of what it wrote. initdb
-// is most of a throwaway cluster's start (about 0.6 s of CPU; a copy about
-// 0.2 s, docs/bench-log/2026-12-06-testcpu.md), and make test starts about
+// else by running initdb and then keeping a copy of what it wrote. With
+// the copy a throwaway cluster's start and stop takes less than half the
+// CPU (docs/bench-log/2026-12-06-testcpu.md), and make test starts about
 // 30 clusters. The copy is of a cluster that was never started, so each
 // cluster starts as from its own initdb (with the same system identifier).
 func initDBCached(ctx context.Context, binDir, dataDir string, args []string, cred *syscall.Credential) error {
