@@ -45,6 +45,12 @@ TEST_SHARED_TAIL := internal/allocator e2e-second bench internal/cmd/allocatorcm
 TEST_E2E_SECOND := TestE2E_MakeRun|TestE2E_MakeRunStop|TestE2E_TwoDatabases|TestE2E_Breaker|TestE2E_AllocatorShard|TestE2E_SetShardsUnderTraffic|TestE2E_MoverKilledAtEachStep
 TEST_E2E_BESIDE := TestE2E_Shared|TestE2E_ErrorReasons|TestE2E_HaltAndResume|TestE2E_MutualTLS|TestE2E_READMECurl|TestE2E_WebClients|TestE2E_Dashboard
 
+# e2e's lane links the commands its tests start as go test links a test
+# binary: without the symbol table and DWARF (-s -w; tracebacks use the
+# line table, which stays), about half of their links' CPU
+# (docs/bench-log/2026-12-06-testcpu.md).
+TEST_E2E_LDFLAGS := -s -w
+
 # How long an item of e2e's in TEST_SHARED_TAIL waits for e2e's lane to
 # build the commands it starts: as long as a test binary may run.
 TEST_E2E_BUILD_WAIT_SECONDS_MAX := 900
@@ -105,11 +111,11 @@ test: ## run all tests, bench/'s too, in two lanes (docs/testing.md) (Postgres o
 		done; \
 		return $$tail_rc; \
 	}; \
-	echo "$(MAKE) web/node_modules & go build -tags shardstock_failpoints -o \$$SHARDSTOCK_E2E_BIN/ ./cmd/shard ./cmd/allocator ./cmd/stockctl (e2e's lane)"; \
+	echo "$(MAKE) web/node_modules & go build -ldflags='$(TEST_E2E_LDFLAGS)' -tags shardstock_failpoints -o \$$SHARDSTOCK_E2E_BIN/ ./cmd/shard ./cmd/allocator ./cmd/stockctl (e2e's lane)"; \
 	echo "DATABASE_URL= go test -count=1 -timeout 15m -skip '^($(TEST_E2E_SECOND)|$(TEST_E2E_BESIDE))$$' ./internal/e2e (beside the rest)"; \
 	( \
 		$(MAKE) --no-print-directory web/node_modules & npm=$$!; \
-		go build -tags shardstock_failpoints -o "$$SHARDSTOCK_E2E_BIN/" ./cmd/shard ./cmd/allocator ./cmd/stockctl; rc=$$?; \
+		go build -ldflags='$(TEST_E2E_LDFLAGS)' -tags shardstock_failpoints -o "$$SHARDSTOCK_E2E_BIN/" ./cmd/shard ./cmd/allocator ./cmd/stockctl; rc=$$?; \
 		wait $$npm || rc=1; \
 		echo $$rc >"$$lock/e2e-built.tmp" && mv "$$lock/e2e-built.tmp" "$$lock/e2e-built"; \
 		if [ $$rc -ne 0 ]; then echo "make test: e2e's commands or web/node_modules failed to build"; take_tail; exit 1; fi; \

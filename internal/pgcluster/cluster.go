@@ -372,14 +372,20 @@ func ownDir(dir string, cred *syscall.Credential) error {
 	return nil
 }
 
-// initDB runs initdb into dataDir unless a cluster is already there.
-// --locale=C and UTF8 make sorting and encoding identical on every machine.
+// initDB runs initdb into dataDir (or copies what an earlier run wrote,
+// initDBCached) unless a cluster is already there. --locale=C and UTF8
+// make sorting and encoding identical on every machine.
 func initDB(ctx context.Context, binDir, dataDir string, cred *syscall.Credential) error {
 	if isFile(filepath.Join(dataDir, "PG_VERSION")) {
 		return nil
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "initdb"),
-		"-D", dataDir, "-U", superuser, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	return initDBCached(ctx, binDir, dataDir, []string{"-U", superuser, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"}, cred)
+}
+
+// runInitDB runs initdb with args into dataDir.
+func runInitDB(ctx context.Context, binDir, dataDir string, args []string, cred *syscall.Credential) error {
+	initdbRuns.Add(1)
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "initdb"), append([]string{"-D", dataDir}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		hint := ""
