@@ -144,9 +144,9 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	b.Queue(sqlCounts, sku)
 	res := db.pool.SendBatch(ctx, b)
 	recorded, err := scanKeyed(res)
-	var queued, inFlight int64 // in flight: read again under the lock
+	var queued int64
 	if err == nil {
-		err = res.QueryRow().Scan(&queued, &inFlight)
+		err = res.QueryRow().Scan(&queued, new(int64)) // the units in flight: read under the lock
 	}
 	if err := errors.Join(err, res.Close()); err != nil {
 		return nil, err
@@ -793,12 +793,12 @@ const (
 	sqlQueuedRanks = `SELECT draw_rank FROM admission_tickets WHERE sku = $1 AND ` + sqlQueued + ` AND draw_rank < $2 ORDER BY draw_rank`
 )
 
-// queuedKeys reads the keys before before (0: none, no statement).
-func queuedKeys(ctx context.Context, q querier, sql, sku string, before int64) ([]int64, error) {
-	if before == 0 {
+// queuedKeys reads the keys below bound (0: none, and no statement).
+func queuedKeys(ctx context.Context, q querier, sql, sku string, bound int64) ([]int64, error) {
+	if bound == 0 {
 		return nil, nil
 	}
-	rows, err := q.Query(ctx, sql, sku, before)
+	rows, err := q.Query(ctx, sql, sku, bound)
 	if err != nil {
 		return nil, err
 	}
