@@ -38,7 +38,7 @@ func (s *Service) WatchTicket(ctx context.Context, id string, send func(*stock.T
 	if err != nil {
 		return unavailable(err)
 	}
-	if err := send(last); err != nil {
+	if err := send(last); err != nil || !open(last.State) {
 		return err
 	}
 	w := s.watches.join(id)
