@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/shardstock/shardstock/internal/admission"
 	"github.com/shardstock/shardstock/internal/pgtest"
+	"github.com/shardstock/shardstock/internal/proccpu"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -170,7 +170,7 @@ func BenchmarkWatchers(b *testing.B) {
 		go f.svc.WatchTicket(wctx, id, func(*stock.Ticket) error { return nil })
 	}
 	time.Sleep(settle)
-	calls, self, pg := f.tickets.queries.Load(), selfCPU(b), pgtest.BackendsCPU(b, conn)
+	calls, self, pg := f.tickets.queries.Load(), proccpu.Self(), pgtest.BackendsCPU(b, conn)
 	b.ResetTimer()
 	for range b.N {
 		time.Sleep(time.Second)
@@ -178,15 +178,6 @@ func BenchmarkWatchers(b *testing.B) {
 	b.StopTimer()
 	secs := float64(b.N)
 	b.ReportMetric(float64(f.tickets.queries.Load()-calls)/secs, "store-calls/s")
-	b.ReportMetric(float64(selfCPU(b)-self)/float64(time.Millisecond)/secs, "go-cpu-ms/s")
+	b.ReportMetric(float64(proccpu.Self()-self)/float64(time.Millisecond)/secs, "go-cpu-ms/s")
 	b.ReportMetric(float64(pgtest.BackendsCPU(b, conn)-pg)/float64(time.Millisecond)/secs, "pg-cpu-ms/s")
-}
-
-// selfCPU is this process's CPU (user and system) so far.
-func selfCPU(tb testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -35,6 +35,7 @@ var layers = map[string]int{
 	"internal/pause":     0, // a leaf too: a wait that ends with its context
 	"internal/keyset":    0, // a leaf too: a sold-out SKU's keys, as hashes
 	"internal/failpoint": 0, // a leaf too: the e2e tests' fault points (a build tag)
+	"internal/proccpu":   0, // a leaf too: CPU time from /proc, for the load generator and benchmarks
 
 	"internal/ledger":      1, // pure logic over the domain
 	"gen":                  1, // the API's generated types and Connect stubs

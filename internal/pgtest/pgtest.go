@@ -13,7 +13,6 @@
 package pgtest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -21,8 +20,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,6 +30,7 @@ import (
 
 	"github.com/shardstock/shardstock/internal/pgcluster"
 	"github.com/shardstock/shardstock/internal/postgres"
+	"github.com/shardstock/shardstock/internal/proccpu"
 )
 
 const (
@@ -405,36 +403,22 @@ func NewPrivateDBs(tb testing.TB, n int) []string {
 }
 
 // BackendsCPU returns the CPU (user and system) used so far by the backends
-// of conn's database but conn's own, read from /proc, for benchmarks that
-// report the database's share: the server must run on this machine. A
-// backend that has gone counts no more.
+// of conn's database but conn's own (proccpu, from /proc), for benchmarks
+// that report the database's share: the server must run on this machine.
+// A backend that has gone counts no more.
 func BackendsCPU(tb testing.TB, conn *pgx.Conn) time.Duration {
 	tb.Helper()
-	ctx := context.Background()
-	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	rows, err := conn.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var sum time.Duration
-	for _, pid := range pids {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue // gone
-		}
-		// After the command's closing parenthesis; utime and stime are
-		// the 14th and 15th fields of the line, in clock ticks (100 a
-		// second).
-		fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
-		user, err1 := strconv.ParseInt(fields[11], 10, 64)
-		sys, err2 := strconv.ParseInt(fields[12], 10, 64)
-		if err1 != nil || err2 != nil {
-			tb.Fatalf("/proc/%d/stat: %q", pid, raw)
-		}
-		sum += time.Duration(user+sys) * 10 * time.Millisecond
+	cpu, err := proccpu.Tree(pids...)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return sum
+	return cpu
 }

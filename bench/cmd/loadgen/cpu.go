@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/bench/internal/loadgen"
-	"github.com/shardstock/shardstock/bench/internal/loadgen/proccpu"
+	"github.com/shardstock/shardstock/internal/proccpu"
 )
 
 // cpuHooks wraps a run's load hooks to read, at the load's start and end,

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/shardstock/shardstock/bench/internal/loadgen/drop"
-	"github.com/shardstock/shardstock/bench/internal/loadgen/proccpu"
 	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
+	"github.com/shardstock/shardstock/internal/proccpu"
 )
 
 // dropFlags are model drop's own flags; -requests, -rate, -duration and

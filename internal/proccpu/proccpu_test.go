@@ -5,11 +5,7 @@ import (
 	"os/exec"
 	"testing"
 	"time"
-
-	"github.com/shardstock/shardstock/internal/pgtest"
 )
-
-func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestParseStat(t *testing.T) {
 	// A command name with spaces and a parenthesis, as the kernel writes it.
@@ -45,20 +41,6 @@ func TestTree_CountsChildren(t *testing.T) {
 	}
 	if self := Self(); self <= 0 {
 		t.Errorf("Self() = %s", self)
-	}
-}
-
-func TestPostmaster(t *testing.T) {
-	pid, err := Postmaster(t.Context(), pgtest.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpu, err := Tree(pid)
-	if err != nil || cpu <= 0 {
-		t.Errorf("Tree(postmaster %d) = %s, %v, want some CPU", pid, cpu, err)
-	}
-	if _, err := Postmaster(t.Context(), "postgres://db.example.com/x"); err == nil {
-		t.Errorf("Postmaster of a remote server = nil error")
 	}
 }
 

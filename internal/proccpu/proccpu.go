@@ -3,7 +3,8 @@
 // descendants', and what its exited children had used, which the kernel
 // adds to the parent that reaped them), and this process's own. The load
 // generator reads it before and after a load to report the server side's
-// CPU per request beside the client's.
+// CPU per request beside the client's; benchmarks in the module's tests
+// read a database's backends with it (pgtest.BackendsCPU).
 package proccpu
 
 import (
