@@ -30,7 +30,7 @@ const sqlQueued = `(state = 'waiting' OR (state = 'pending' AND claimed_at IS NO
 
 // sqlCounts reads a SKU's tickets queued and units in flight (pending, not
 // claimed) from the counts its tickets' statements keep (admission_counts,
-// migration 00022), one row however long its waitlist.
+// migration 00021), one row however long its waitlist.
 const sqlCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(sum(in_flight), 0)::bigint FROM admission_counts WHERE sku = $1`
 
 const sqlTicketColumns = `ticket_id, seq, sku, quantity, idempotency_key, customer_ref, state, token_id, expires_at, created_at, direct, coalesce(draw_rank, 0)`
