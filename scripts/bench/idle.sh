@@ -20,8 +20,11 @@ readonly stack_args=${BENCH_STACK_ARGS--shard-servers 0 -allocator-shard}
 readonly pprof_out=${BENCH_IDLE_PPROF:-}
 readonly stack_log=${BENCH_STACK_LOG:-tmp/bench-idle-stack.log}
 
-tmp=$(mktemp -d)
-chmod 755 "$tmp" # the postgres OS user must reach its data directory
+# shellcheck source=scripts/bench/lib.sh
+source scripts/bench/lib.sh
+mkdir -p "$(dirname "$stack_log")"
+bin=${BENCH_IDLE_BIN:-bin/shardstock-dev}
+private_pg_setup # $tmp, the builds, and private_pg_cleanup at exit
 pg_dir=$tmp/pg
 stack_pid=""
 cleanup() {
@@ -30,16 +33,10 @@ cleanup() {
 		kill -TERM "$stack_pid" 2>/dev/null || true
 		wait "$stack_pid" 2>/dev/null || true
 	fi
-	scripts/bench/postgres.sh stop "$pg_dir" || true
-	rm -rf "$tmp"
-	exit "$rc"
+	(exit "$rc")
+	private_pg_cleanup
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-mkdir -p "$(dirname "$stack_log")"
-bin=${BENCH_IDLE_BIN:-bin/shardstock-dev}
-[[ -n ${BENCH_IDLE_BIN:-} ]] || go build -o bin/shardstock-dev ./cmd/shardstock-dev
 
 server=$(POSTGRES_OPTS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" \
 	scripts/bench/postgres.sh start "$pg_dir")
