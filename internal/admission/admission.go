@@ -10,10 +10,12 @@
 package admission
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +27,9 @@ import (
 type Store interface {
 	// EnterTickets records a batch of one SKU's requests for tokens, in
 	// order, under the SKU's admission lock taken once.
+	// route answers, before the lock, the entries that take no ticket.
 	EnterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
-		free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error)
+		free func(context.Context) (int64, bool, error), route stock.EntryRoute) ([]stock.TicketEntered, error)
 	WaitTicket(ctx context.Context, id string, waitlistMax int64) (*stock.Ticket, error)
 	DropTicket(ctx context.Context, id string) error
 	ClaimTickets(ctx context.Context, ids []string) ([]string, error)
@@ -72,6 +75,16 @@ type Seller interface {
 	// marks, fresh, marks sku sold out for good, and the mark's revision
 	// (docs/soldout.md).
 	SoldOutMark(sku string) (rev int64, marked bool)
+	// OperationKeyNew reports whether this process's set of sku's
+	// operation keys, read under the mark rev, lacks key; false while the
+	// set is not there (it is read in the background).
+	OperationKeyNew(sku string, rev int64, key string) bool
+	// GetOperation reads the operation recorded under a key
+	// (OPERATION_NOT_FOUND, OPERATION_IN_PROGRESS while in flight here).
+	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
+	// LookupOperations reads the operations of keys in one round trip;
+	// busy: keys found in none that a request here may still apply.
+	LookupOperations(ctx context.Context, sku string, keys []string) (ops map[string]*stock.Operation, busy map[string]bool, err error)
 }
 
 // Service answers the admission calls of InventoryService.
@@ -126,7 +139,65 @@ func (s *Service) enterBatch(sku string, ins []entryIn) ([]stock.TicketEntered, 
 	}
 	return s.store.EnterTickets(ctx, sku, entries, ad.WaitlistMax, ad.TokensPerCustomer, func(ctx context.Context) (int64, bool, error) {
 		return s.seller.Availability(ctx, sku)
-	})
+	}, s.route(sku))
+}
+
+// route answers, in an entry batch before the SKU's lock, the entries
+// that take no ticket (docs/admission.md, "Direct grants"): with no ticket
+// queued, each that may (Direct) reserves its token directly. Behind a
+// queued ticket, one whose key already holds a token granted directly (a
+// retry) gets that token back, replayed: entered, it would wait for a
+// second turn, or be answered SOLD_OUT while its holder has the units.
+func (s *Service) route(sku string) stock.EntryRoute {
+	return func(ctx context.Context, queued int64, entries []stock.TicketEntry, fresh []int, out []stock.TicketEntered) []int {
+		var look []int
+		rest := fresh[:0:0]
+		for _, i := range fresh {
+			switch {
+			case !entries[i].Direct:
+				rest = append(rest, i)
+			case queued == 0:
+				out[i] = stock.TicketEntered{Direct: true}
+			default:
+				look = append(look, i)
+			}
+		}
+		if len(look) == 0 {
+			return rest
+		}
+		keys := make([]string, len(look))
+		for j, i := range look {
+			keys[j] = stock.TokenKey(sku, entries[i].Ticket.IdempotencyKey)
+		}
+		ops, busy, err := s.seller.LookupOperations(ctx, sku, keys)
+		for j, i := range look {
+			t := entries[i].Ticket
+			op := ops[keys[j]]
+			want := stock.ParamsHash(&stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: sku}, Quantity: t.Quantity,
+				CustomerRef: t.CustomerRef})
+			switch {
+			case err != nil:
+				out[i].Err = unavailable(err)
+			case busy[keys[j]]:
+				out[i].Err = stock.Errorf(stock.CodeShardUnavailable, "a token for this key is being granted; retry with the same key")
+			case op == nil:
+				rest = append(rest, i)
+			case op.Kind != stock.OpReserve || !bytes.Equal(op.ParamsHash, want):
+				out[i].Err = stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")
+			default:
+				out[i] = stock.TicketEntered{Ticket: directTicket(t, op.ReservationID, op.ReservationExpiresAt), Replayed: true}
+			}
+		}
+		slices.Sort(rest) // in the batch's order
+		return rest
+	}
+}
+
+// directTicket is the answer for a token granted directly: an ADMITTED
+// ticket that was never recorded (no id, no place in the waitlist).
+func directTicket(t stock.Ticket, tokenID string, expiresAt time.Time) *stock.Ticket {
+	t.ID, t.State, t.TokenID, t.ExpiresAt, t.Direct = "", stock.TicketAdmitted, tokenID, expiresAt, true
+	return &t
 }
 
 // markBatch marks a batch of tickets admitted, of any SKUs, in one
@@ -191,15 +262,30 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 	}
 	// Concurrent requests of the SKU in this process enter together: one
 	// transaction, the SKU's lock taken once.
-	e, err := s.entries.do(ctx, r.SKU, entryIn{ad: ad, entry: stock.TicketEntry{Params: paramsHash(r),
-		Ticket: stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef}}})
+	in := entryIn{ad: ad, entry: stock.TicketEntry{Params: paramsHash(r), Direct: ad.Direct(),
+		Ticket: stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef}}}
+	e, err := s.entries.do(ctx, r.SKU, in)
 	if err != nil {
 		return Answer{}, err
+	}
+	if e.Direct {
+		a, granted, err := s.grant(ctx, r, sku)
+		if granted || err != nil {
+			return a, err
+		}
+		// No unit free: the request enters, and waits.
+		in.entry.Direct = false
+		if e, err = s.entries.do(ctx, r.SKU, in); err != nil {
+			return Answer{}, err
+		}
 	}
 	if e.Err != nil {
 		return Answer{}, e.Err
 	}
 	t, replayed := e.Ticket, e.Replayed
+	if t.Direct && t.ID == "" {
+		return answer(t, replayed) // a token granted directly, found again behind a waitlist
+	}
 	if !replayed {
 		s.wake()
 	}
@@ -216,6 +302,31 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 		}
 	}
 	return answer(t, replayed)
+}
+
+// grant reserves a token directly, with no ticket (docs/admission.md,
+// "Direct grants"), under the key its ticket's admission would use
+// (stock.TokenKey): granted, the token (replayed for a retry); not granted
+// and no error, no unit was free and the request should wait; any other
+// refusal is the answer, and nothing was recorded.
+func (s *Service) grant(ctx context.Context, r TokenRequest, sku *stock.SKU) (Answer, bool, error) {
+	res := s.seller.Allocate(ctx, &stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: r.SKU}, Quantity: r.Quantity,
+		Key: stock.TokenKey(r.SKU, r.Key), CustomerRef: r.CustomerRef, TTL: sku.Admission.TokenTTL, Source: stock.SourceAdmission,
+		Caller: r.Caller})
+	switch {
+	case res.Err == nil:
+	case res.Err.Code == stock.CodeOutOfStock:
+		return Answer{}, false, nil
+	default:
+		return Answer{}, false, res.Err
+	}
+	if !res.Replayed {
+		s.metrics.granted.Inc()
+		s.metrics.direct.Inc()
+	}
+	t := directTicket(stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef},
+		res.Reservation.ID, res.Reservation.ExpiresAt)
+	return Answer{Ticket: t, Replayed: res.Replayed}, true, nil
 }
 
 // wake tells this process's Worker that a ticket was entered, without
@@ -319,7 +430,7 @@ func (s *Service) serve(ctx context.Context, t *stock.Ticket, sku *stock.SKU, ca
 // ended meanwhile (cancelled) gives its token back.
 func (s *Service) admit(ctx context.Context, t *stock.Ticket, sku *stock.SKU, caller string, direct bool) (*stock.Ticket, stock.Result) {
 	res := s.seller.Allocate(ctx, &stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: t.SKU}, Quantity: t.Quantity,
-		Key: stock.TicketKey(t.ID), CustomerRef: t.CustomerRef, TTL: sku.Admission.TokenTTL, Source: stock.SourceAdmission, Caller: caller})
+		Key: t.ReserveKey(), CustomerRef: t.CustomerRef, TTL: sku.Admission.TokenTTL, Source: stock.SourceAdmission, Caller: caller})
 	if res.Err != nil {
 		return nil, res
 	}
@@ -376,6 +487,18 @@ func (s *Service) GetTicket(ctx context.Context, id, sku, key string) (*stock.Ti
 		return nil, err
 	}
 	t, err := s.store.GetTicketByKey(ctx, sku, key)
+	if stock.CodeOf(err) == stock.CodeTicketNotFound {
+		// A token granted directly has no ticket: its reservation is its
+		// record.
+		op, lookErr := s.seller.GetOperation(ctx, sku, stock.TokenKey(sku, key))
+		switch {
+		case lookErr == nil && op.Kind == stock.OpReserve:
+			return directTicket(stock.Ticket{SKU: sku, Quantity: op.Quantity, IdempotencyKey: key, CustomerRef: op.CustomerRef},
+				op.ReservationID, op.ReservationExpiresAt), nil
+		case lookErr != nil && stock.CodeOf(lookErr) != stock.CodeOperationNotFound:
+			return nil, unavailable(lookErr)
+		}
+	}
 	return t, unavailable(err)
 }
 

@@ -72,6 +72,12 @@ func (s *Service) fromMemory(sku *stock.SKU, key string) bool {
 	if !ks.New(s.memory.keys, key) {
 		return false
 	}
+	// A token granted directly has no ticket: its key is its reserve's,
+	// an operation of the SKU. Recorded before the mark like every
+	// reserve, it is in the allocator's set of them read under the mark.
+	if !s.seller.OperationKeyNew(sku.Name, rev, stock.TokenKey(sku.Name, key)) {
+		return false
+	}
 	s.metrics.memoryRefusals.Inc()
 	return true
 }

@@ -21,10 +21,10 @@ type batchCounting struct {
 }
 
 func (b *batchCounting) EnterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
-	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
+	free func(context.Context) (int64, bool, error), route stock.EntryRoute) ([]stock.TicketEntered, error) {
 	b.batches.Add(1)
 	b.entries.Add(int64(len(entries)))
-	return b.DB.EnterTickets(ctx, sku, entries, waitlistMax, perCustomer, free)
+	return b.DB.EnterTickets(ctx, sku, entries, waitlistMax, perCustomer, free, route)
 }
 
 // TestAdmission_Batches: RequestTokens of one SKU entered in batches by
@@ -144,7 +144,7 @@ func TestAdmission_Batches(t *testing.T) {
 				t.Errorf("tickets %s and %s share token %s", other, tk.ID, tk.TokenID)
 			}
 			tokens[tk.TokenID] = tk.ID
-			op, err := s.db.GetOperation(ctx, sku, stock.TicketKey(tk.ID))
+			op, err := s.db.GetOperation(ctx, sku, tk.ReserveKey())
 			if err != nil || op.ReservationID != tk.TokenID || op.ReservationState != stock.ReservationHeld {
 				t.Errorf("ticket %s: token %s, reserve %+v, %v; want its one held reservation", tk.ID, tk.TokenID, op, err)
 			}

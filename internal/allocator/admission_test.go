@@ -132,8 +132,15 @@ func (s *stack) watchConserved(sku string, units int64, svc *admission.Service, 
 // WAITLIST_FULL. Then 30 tokens are released and 20 expire: the 50 units
 // go to the 50 oldest waiting tickets (each asks for one unit), within a
 // second of coming back; the rest commit; the SKU ends sold out, every
-// waiting ticket SOLD_OUT, and its books balance.
+// waiting ticket SOLD_OUT, and its books balance. Tickets: with
+// tokens_per_customer, every request is a ticket. Direct: without, the
+// first tokens are granted directly, with no ticket (docs/admission.md).
 func TestAdmission_Crowd(t *testing.T) {
+	t.Run("Tickets", func(t *testing.T) { crowd(t, 1) })
+	t.Run("Direct", func(t *testing.T) { crowd(t, 0) })
+}
+
+func crowd(t *testing.T, perCustomer int64) {
 	s := newStack(t, []string{"a", "b"}, "")
 	ctx := context.Background()
 	const (
@@ -154,7 +161,7 @@ func TestAdmission_Crowd(t *testing.T) {
 		customerRefTemplate = "cust-%04d"
 		retriesMax          = 5
 	)
-	s.createAdmissionSKU(sku, 2, units, stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: tokenTTL, WaitlistMax: waitMax, TokensPerCustomer: 1})
+	s.createAdmissionSKU(sku, 2, units, stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: tokenTTL, WaitlistMax: waitMax, TokensPerCustomer: perCustomer})
 	allocs := []*allocator.Allocator{s.newAllocator(), s.newAllocator()}
 	sides := []*admissionSide{s.newAdmission("adm-a", allocs[0], nil), s.newAdmission("adm-b", allocs[1], nil)}
 	stopWatch := make(chan struct{})
@@ -199,6 +206,16 @@ func TestAdmission_Crowd(t *testing.T) {
 		default:
 			t.Fatalf("RequestToken(customer %d) = ticket %+v, want a token or a waiting ticket", c, answers[c].Ticket)
 		}
+	}
+	untracked := 0 // tokens granted directly, with no ticket
+	for _, tk := range direct {
+		if tk.ID == "" {
+			untracked++
+		}
+	}
+	t.Logf("%d tokens at once, %d of them with no ticket; %d waiting, %d WAITLIST_FULL", len(direct), untracked, len(waiting), full)
+	if perCustomer > 0 && untracked > 0 || perCustomer == 0 && untracked == 0 {
+		t.Errorf("%d tokens granted with no ticket, tokens_per_customer %d: want none with it, some without", untracked, perCustomer)
 	}
 	// A request that found units free but queued behind an earlier ticket
 	// is admitted by a worker within a pass: wait until no unit is free.
@@ -247,8 +264,8 @@ func TestAdmission_Crowd(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || !again.Replayed || again.Ticket.ID != answers[c].Ticket.ID {
-			t.Errorf("RequestToken(replay %d) = %+v, %v; want ticket %s replayed", c, again.Ticket, err, answers[c].Ticket.ID)
+		if err != nil || !again.Replayed || again.Ticket.ID != answers[c].Ticket.ID || again.Ticket.TokenID != answers[c].Ticket.TokenID && answers[c].Ticket.TokenID != "" {
+			t.Errorf("RequestToken(replay %d) = %+v, %v; want ticket %s (token %s) replayed", c, again.Ticket, err, answers[c].Ticket.ID, answers[c].Ticket.TokenID)
 		}
 	}
 
@@ -260,7 +277,7 @@ func TestAdmission_Crowd(t *testing.T) {
 	setTTL := func(ttl time.Duration) {
 		for _, a := range allocs {
 			if _, err := a.UpdateSKU(ctx, sku, stock.SKUUpdate{Admission: &stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: ttl,
-				WaitlistMax: waitMax, TokensPerCustomer: 1}}); err != nil {
+				WaitlistMax: waitMax, TokensPerCustomer: perCustomer}}); err != nil {
 				t.Fatalf("UpdateSKU(token TTL %s) = %v", ttl, err)
 			}
 		}
@@ -400,7 +417,7 @@ func TestAdmission_WorkerLost(t *testing.T) {
 	seen := map[string]bool{}
 	for _, w := range waiting {
 		got, _ := taker.svc.GetTicket(ctx, w.ID, "", "")
-		op, err := s.db.GetOperation(ctx, sku, stock.TicketKey(w.ID))
+		op, err := s.db.GetOperation(ctx, sku, w.ReserveKey())
 		if err != nil || op.ReservationID != got.TokenID || op.ReservationState != stock.ReservationHeld || seen[got.TokenID] {
 			t.Fatalf("ticket %s: token %s, reserve %+v, %v; want its one held reservation", w.ID, got.TokenID, op, err)
 		}

@@ -136,6 +136,29 @@ func (a *Allocator) GetOperation(ctx context.Context, sku, key string) (*stock.O
 	return op, err
 }
 
+// LookupOperations reads the operations of a SKU's keys, by key, in one
+// round trip; busy holds the keys found in none that a request of this
+// process may still apply (in flight, or in doubt), as GetOperation
+// answers OPERATION_IN_PROGRESS for them.
+func (a *Allocator) LookupOperations(ctx context.Context, sku string, keys []string) (ops map[string]*stock.Operation, busy map[string]bool, err error) {
+	if ops, err = a.db.LookupOperations(ctx, sku, keys); err != nil {
+		return nil, nil, err
+	}
+	for _, key := range keys {
+		if ops[key] != nil {
+			continue
+		}
+		flight := sku + "\x00" + key
+		if _, ok := a.inflight.Load(flight); ok || a.doubts.holds(flight) {
+			if busy == nil {
+				busy = map[string]bool{}
+			}
+			busy[key] = true
+		}
+	}
+	return ops, busy, nil
+}
+
 // GetStock reads a SKU's counts as committed.
 func (a *Allocator) GetStock(ctx context.Context, name string) (*stock.Stock, error) {
 	if err := stock.ValidateSKU(name); err != nil {

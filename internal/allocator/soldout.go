@@ -65,16 +65,27 @@ func (a *Allocator) fromMemory(r *stock.Request, sku *stock.SKU) (res stock.Resu
 	if !marked {
 		return stock.Result{}, false
 	}
-	ks := m.keys.Get(sku.Name)
-	if ks == nil || ks.Rev != rev {
-		a.readKeys(sku.Name, rev)
-		return stock.Result{}, false
-	}
-	if !ks.New(m.keys, r.Key) {
+	if !a.OperationKeyNew(sku.Name, rev, r.Key) {
 		return stock.Result{}, false
 	}
 	a.metrics.memoryRefusals.Inc()
 	return refusal(r, sku), true
+}
+
+// OperationKeyNew reports whether this process's set of sku's operation
+// keys, read under the mark rev, lacks key; false while the set is not
+// there (it is then read in the background) or no marks are kept.
+func (a *Allocator) OperationKeyNew(sku string, rev int64, key string) bool {
+	m := &a.memory
+	if m.marks == nil {
+		return false
+	}
+	ks := m.keys.Get(sku)
+	if ks == nil || ks.Rev != rev {
+		a.readKeys(sku, rev)
+		return false
+	}
+	return ks.New(m.keys, key)
 }
 
 // refusal is the answer to a request with a new key when the SKU holds

@@ -40,6 +40,11 @@ func (c *countingDB) GetOperation(ctx context.Context, sku, key string) (*stock.
 	return c.DB.GetOperation(ctx, sku, key)
 }
 
+func (c *countingDB) LookupOperations(ctx context.Context, sku string, keys []string) (map[string]*stock.Operation, error) {
+	c.queries.Add(1)
+	return c.DB.LookupOperations(ctx, sku, keys)
+}
+
 func (c *countingDB) OperationKeys(ctx context.Context, sku string, limit int, each func(string)) (int, error) {
 	c.queries.Add(1)
 	return c.DB.OperationKeys(ctx, sku, limit, each)

@@ -27,9 +27,9 @@ type countingTickets struct {
 var _ admission.Store = (*countingTickets)(nil)
 
 func (c *countingTickets) EnterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
-	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
+	free func(context.Context) (int64, bool, error), route stock.EntryRoute) ([]stock.TicketEntered, error) {
 	c.queries.Add(1)
-	return c.db.EnterTickets(ctx, sku, entries, waitlistMax, perCustomer, free)
+	return c.db.EnterTickets(ctx, sku, entries, waitlistMax, perCustomer, free, route)
 }
 func (c *countingTickets) WaitTicket(ctx context.Context, id string, waitlistMax int64) (*stock.Ticket, error) {
 	c.queries.Add(1)
@@ -396,7 +396,7 @@ func soldOutTokensStalePending(t *testing.T, s *stack) {
 	// it), recorded its ticket PENDING, and died before its reserve; its
 	// ticket is older than the worker's pendingStale (10 s).
 	got, err := s.db.EnterTickets(ctx, sku, []stock.TicketEntry{{Ticket: stock.Ticket{Quantity: 1, IdempotencyKey: "dead"}, Params: []byte("p")}},
-		10, 0, func(context.Context) (int64, bool, error) { return 1, false, nil })
+		10, 0, func(context.Context) (int64, bool, error) { return 1, false, nil }, nil)
 	if err != nil || got[0].Err != nil || got[0].Ticket.State != stock.TicketPending {
 		t.Fatalf("EnterTickets(dead) = %+v, %v; want a PENDING ticket", got, err)
 	}

@@ -28,6 +28,9 @@ type RouteStore interface {
 	// as of one instant (the check before OUT_OF_STOCK).
 	SoldOutCheck(ctx context.Context, sku string, keys []string) ([]stock.ShardRow, int64, map[string]*stock.Operation, error)
 	GetOperation(ctx context.Context, sku, key string) (*stock.Operation, error)
+	// LookupOperations reads a SKU's operations of keys, by key, in one
+	// round trip.
+	LookupOperations(ctx context.Context, sku string, keys []string) (map[string]*stock.Operation, error)
 	// OperationKeys calls each with the keys of a SKU's operations, at
 	// most limit, and returns how many it found, up to limit+1.
 	OperationKeys(ctx context.Context, sku string, limit int, each func(key string)) (int, error)

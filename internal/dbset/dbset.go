@@ -469,6 +469,15 @@ func (s *Set) GetOperation(ctx context.Context, sku, key string) (*stock.Operati
 	return db.GetOperation(ctx, sku, key)
 }
 
+// LookupOperations reads a SKU's operations of keys, by key.
+func (s *Set) LookupOperations(ctx context.Context, sku string, keys []string) (map[string]*stock.Operation, error) {
+	db, err := s.of(ctx, sku)
+	if err != nil {
+		return nil, err
+	}
+	return db.LookupOperations(ctx, sku, keys)
+}
+
 // OperationKeys lists a SKU's operation keys in its database.
 func (s *Set) OperationKeys(ctx context.Context, sku string, limit int, each func(key string)) (int, error) {
 	db, err := s.of(ctx, sku)

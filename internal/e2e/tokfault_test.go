@@ -411,7 +411,7 @@ type tokTicket struct {
 
 // checkTokens checks the run: every customer's outcome within tokSettle;
 // no acknowledged ticket lost, each row as its customer was answered; one
-// reserve at most per ticket, each with the ticket's key, and no reserve
+// reserve at most per request, each with the request's key (stock.TokenKey), and no reserve
 // of another key; every acknowledged token honoured (its commit or
 // release in the ledger, or its expiry); no unit promised twice, both from
 // the ledger (per shard in order, the SKU's held and sold units never
@@ -430,13 +430,20 @@ func checkTokens(t *testing.T, s *stack, dbURL, sku string, customers []*tokCust
 	if err != nil {
 		t.Fatal(err)
 	}
-	byKey, byID, byToken := map[string]*tokTicket{}, map[string]*tokTicket{}, map[string]*tokTicket{}
+	byKey, byToken := map[string]*tokTicket{}, map[string]*tokTicket{}
+	// Every reserve's key is a customer's request's (stock.TokenKey):
+	// its ticket's admission, or its token granted directly with no
+	// ticket (docs/admission.md, "Direct grants").
+	byReserveKey := map[string]*tokCustomer{}
+	for _, c := range customers {
+		byReserveKey[stock.TokenKey(sku, c.key)] = c
+	}
 	for rows.Next() {
 		var tk tokTicket
 		if err := rows.Scan(&tk.id, &tk.key, &tk.state, &tk.token, &tk.q, &tk.direct); err != nil {
 			t.Fatal(err)
 		}
-		byKey[tk.key], byID[stock.TicketKey(tk.id)] = &tk, &tk
+		byKey[tk.key] = &tk
 		if tk.token != "" {
 			if other := byToken[tk.token]; other != nil {
 				t.Errorf("tickets %s and %s share the token %s", other.id, tk.id, tk.token)
@@ -465,8 +472,8 @@ func checkTokens(t *testing.T, s *stack, dbURL, sku string, customers []*tokCust
 		switch kind {
 		case stock.OpReserve:
 			reserves[e.GetIdempotencyKey()] = append(reserves[e.GetIdempotencyKey()], e)
-			if byID[e.GetIdempotencyKey()] == nil {
-				t.Errorf("reserve %s (reservation %s) has no ticket's key", e.GetIdempotencyKey(), e.GetReservationId())
+			if byReserveKey[e.GetIdempotencyKey()] == nil {
+				t.Errorf("reserve %s (reservation %s) has no customer's request's key", e.GetIdempotencyKey(), e.GetReservationId())
 			}
 		case stock.OpCommit, stock.OpRelease, stock.OpExpire:
 			ends[e.GetReservationId()] = append(ends[e.GetReservationId()], kind)
@@ -495,7 +502,7 @@ func checkTokens(t *testing.T, s *stack, dbURL, sku string, customers []*tokCust
 	}
 	for key, rs := range reserves {
 		if len(rs) > 1 {
-			t.Errorf("ticket %s admitted %d times: reserves %v", byID[key].id, len(rs), rs)
+			t.Errorf("customer %s granted a token %d times: reserves %v", byReserveKey[key].key, len(rs), rs)
 		}
 	}
 	for id, es := range ends {
@@ -505,7 +512,7 @@ func checkTokens(t *testing.T, s *stack, dbURL, sku string, customers []*tokCust
 	}
 
 	// Each customer against the rows and the ledger.
-	var tokens, fromWaitlist, soldOut, cancelled, committed, released, expired, lapsed int
+	var tokens, fromWaitlist, direct, soldOut, cancelled, committed, released, expired, lapsed int
 	var sold int64
 	var last time.Duration
 	for _, c := range customers {
@@ -529,6 +536,15 @@ func checkTokens(t *testing.T, s *stack, dbURL, sku string, customers []*tokCust
 			t.Errorf("customer %s ended %s", c.key, c.outcome)
 			continue
 		}
+		rs := reserves[stock.TokenKey(sku, c.key)]
+		if tk == nil && c.direct {
+			// Granted directly, with no ticket: its reserve is its record.
+			direct++
+			tk = &tokTicket{key: c.key, state: "admitted", token: c.token, q: c.q, direct: true}
+			if len(rs) > 0 {
+				tk.token, tk.q = rs[0].GetReservationId(), rs[0].GetQuantity()
+			}
+		}
 		if tk == nil {
 			t.Errorf("customer %s was answered %s (ticket %q), and its ticket is gone: lost", c.key, c.outcome, c.ticketID)
 			continue
@@ -536,7 +552,6 @@ func checkTokens(t *testing.T, s *stack, dbURL, sku string, customers []*tokCust
 		if c.ticketID != "" && c.ticketID != tk.id {
 			t.Errorf("customer %s was answered ticket %s; its key's ticket is %s", c.key, c.ticketID, tk.id)
 		}
-		rs := reserves[stock.TicketKey(tk.id)]
 		if c.outcome == v1.TicketState_TICKET_STATE_CANCELLED {
 			// A reserve of a ticket cancelled before its mark is given
 			// back (or expires): counted as held nowhere else.
@@ -608,13 +623,14 @@ func checkTokens(t *testing.T, s *stack, dbURL, sku string, customers []*tokCust
 	if promisedMax > tokStock {
 		t.Errorf("the customers held tokens of %d units at once, of %d: a unit promised twice", promisedMax, tokStock)
 	}
-	t.Logf("%d customers: %d tokens (%d from the waitlist), %d sold out, %d cancelled; tokens %d committed (%d units), %d released, "+
+	t.Logf("%d customers: %d tokens (%d from the waitlist, %d granted directly with no ticket), %d sold out, %d cancelled; tokens %d committed (%d units), %d released, "+
 		"%d abandoned and expired, %d lapsed before their commit; %d ticket rows, %d ledger entries, at most %d units held or sold (ledger), "+
 		"%d (history); last outcome at %s, Postgres back at %s",
-		len(customers), tokens, fromWaitlist, soldOut, cancelled, committed, sold, released, expired, lapsed, len(byKey), len(entries),
+		len(customers), tokens, fromWaitlist, direct, soldOut, cancelled, committed, sold, released, expired, lapsed, len(byKey), len(entries),
 		peak, promisedMax, last.Round(time.Millisecond), restarted.Round(time.Millisecond))
-	if fromWaitlist == 0 || expired == 0 || released == 0 || cancelled == 0 {
-		t.Errorf("the waitlist did not move as the run means: %d admitted from it, %d expired, %d released, %d cancelled", fromWaitlist, expired, released, cancelled)
+	if fromWaitlist == 0 || expired == 0 || released == 0 || cancelled == 0 || direct == 0 {
+		t.Errorf("the waitlist did not move as the run means: %d admitted from it, %d granted directly, %d expired, %d released, %d cancelled",
+			fromWaitlist, direct, expired, released, cancelled)
 	}
 	late := 0
 	for _, c := range customers {

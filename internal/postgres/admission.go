@@ -33,13 +33,13 @@ const sqlQueued = `(state = 'waiting' OR (state = 'pending' AND claimed_at IS NO
 // migration 00021), one row however long its waitlist.
 const sqlCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(sum(in_flight), 0)::bigint FROM admission_counts WHERE sku = $1`
 
-const sqlTicketColumns = `ticket_id, seq, sku, quantity, idempotency_key, customer_ref, state, token_id, expires_at, created_at, direct, coalesce(draw_rank, 0)`
+const sqlTicketColumns = `ticket_id, seq, sku, quantity, idempotency_key, customer_ref, state, token_id, expires_at, created_at, direct, coalesce(draw_rank, 0), keyed`
 
 func scanTicket(row pgx.Row) (*stock.Ticket, error) {
 	var t stock.Ticket
 	var state string
 	var exp *time.Time
-	if err := row.Scan(&t.ID, &t.Seq, &t.SKU, &t.Quantity, &t.IdempotencyKey, &t.CustomerRef, &state, &t.TokenID, &exp, &t.CreatedAt, &t.Direct, &t.Rank); err != nil {
+	if err := row.Scan(&t.ID, &t.Seq, &t.SKU, &t.Quantity, &t.IdempotencyKey, &t.CustomerRef, &state, &t.TokenID, &exp, &t.CreatedAt, &t.Direct, &t.Rank, &t.Keyed); err != nil {
 		return nil, err
 	}
 	t.State, t.ExpiresAt = stock.TicketState(state), timeOrZero(exp)
@@ -96,8 +96,14 @@ func lockAdmission(ctx context.Context, tx pgx.Tx, sku string) error {
 // on a connection of its own), the insert of every new ticket (one
 // statement) and the commit. The error is the batch's (the database);
 // each entry's refusal is its own.
+//
+// route, when set, is called after the read without the lock (the
+// batch's keys and the tickets queued), with the entries whose key has no
+// ticket (fresh): it answers in out those that take no ticket (a token
+// granted directly, docs/admission.md) and returns the others, which are
+// entered as before.
 func (db *DB) EnterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
-	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
+	free func(context.Context) (int64, bool, error), route stock.EntryRoute) ([]stock.TicketEntered, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	// A key twice in the batch is entered once: the first decides.
@@ -109,7 +115,7 @@ func (db *DB) EnterTickets(ctx context.Context, sku string, entries []stock.Tick
 			unique = append(unique, e)
 		}
 	}
-	got, err := db.enterTickets(ctx, sku, unique, waitlistMax, perCustomer, free)
+	got, err := db.enterTickets(ctx, sku, unique, waitlistMax, perCustomer, free, route)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +138,7 @@ func (db *DB) EnterTickets(ctx context.Context, sku string, entries []stock.Tick
 
 // enterTickets is EnterTickets of entries with distinct keys.
 func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.TicketEntry, waitlistMax, perCustomer int64,
-	free func(context.Context) (int64, bool, error)) ([]stock.TicketEntered, error) {
+	free func(context.Context) (int64, bool, error), route stock.EntryRoute) ([]stock.TicketEntered, error) {
 	out := make([]stock.TicketEntered, len(entries))
 	all := make([]int, len(entries))
 	for i := range all {
@@ -154,6 +160,11 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	fresh, err := answerReplays(ctx, db.pool, entries, all, recorded, out)
 	if err != nil || len(fresh) == 0 {
 		return out, err
+	}
+	if route != nil {
+		if fresh = route(ctx, queued, entries, fresh, out); len(fresh) == 0 {
+			return out, nil
+		}
 	}
 	refuse := func(err error) ([]stock.TicketEntered, error) {
 		for _, i := range fresh {
@@ -219,7 +230,7 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 			queued++
 		}
 		held[t.CustomerRef]++
-		t.ID = newTicketID()
+		t.ID, t.Keyed = newTicketID(), true
 		tickets = append(tickets, t)
 		entered = append(entered, i)
 	}
@@ -256,7 +267,7 @@ type keyedTicket struct {
 const (
 	// sqlTicketsByKey reads the tickets of a SKU ($1) by keys ($2).
 	sqlTicketsByKey = `SELECT t.ticket_id, t.seq, t.sku, t.quantity, t.idempotency_key, t.customer_ref, t.state, t.token_id, t.expires_at,
-			t.created_at, t.direct, coalesce(t.draw_rank, 0), t.params_hash
+			t.created_at, t.direct, coalesce(t.draw_rank, 0), t.keyed, t.params_hash
 		FROM unnest($2::text[]) AS k(key)
 		CROSS JOIN LATERAL (SELECT * FROM admission_tickets WHERE sku = $1 AND idempotency_key = k.key LIMIT 1) AS t`
 	// sqlCustomerHolds counts, for each customer of $2 with any, the
@@ -376,8 +387,8 @@ func (db *DB) insertTickets(ctx context.Context, tx pgx.Tx, tickets []stock.Tick
 	for j, t := range tickets {
 		ids[j], qs[j], keys[j], params[j], customers[j], states[j] = t.ID, t.Quantity, t.IdempotencyKey, entries[entered[j]].Params, t.CustomerRef, string(t.State)
 	}
-	rows, err := tx.Query(ctx, `INSERT INTO admission_tickets (ticket_id, sku, quantity, idempotency_key, params_hash, customer_ref, state)
-		SELECT u.id, $1, u.q, u.k, u.p, u.c, u.s
+	rows, err := tx.Query(ctx, `INSERT INTO admission_tickets (ticket_id, sku, quantity, idempotency_key, params_hash, customer_ref, state, keyed)
+		SELECT u.id, $1, u.q, u.k, u.p, u.c, u.s, true
 		FROM unnest($2::text[], $3::bigint[], $4::text[], $5::bytea[], $6::text[], $7::text[]) WITH ORDINALITY AS u(id, q, k, p, c, s, n)
 		ORDER BY u.n
 		ON CONFLICT (sku, idempotency_key) DO NOTHING RETURNING ticket_id, seq, created_at`,
@@ -426,8 +437,8 @@ func (db *DB) insertTickets(ctx context.Context, tx pgx.Tx, tickets []stock.Tick
 // ticket, not replayed; or, when the same key entered meanwhile through
 // another allocator, that ticket, replayed.
 func (db *DB) insertTicket(ctx context.Context, tx pgx.Tx, t stock.Ticket, params []byte) (*stock.Ticket, bool, error) {
-	err := tx.QueryRow(ctx, `INSERT INTO admission_tickets (ticket_id, sku, quantity, idempotency_key, params_hash, customer_ref, state)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (sku, idempotency_key) DO NOTHING RETURNING seq, created_at`,
+	err := tx.QueryRow(ctx, `INSERT INTO admission_tickets (ticket_id, sku, quantity, idempotency_key, params_hash, customer_ref, state, keyed)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, true) ON CONFLICT (sku, idempotency_key) DO NOTHING RETURNING seq, created_at`,
 		t.ID, t.SKU, t.Quantity, t.IdempotencyKey, params, t.CustomerRef, string(t.State)).Scan(&t.Seq, &t.CreatedAt)
 	if isNoRows(err) {
 		got, err := db.replayTicket(ctx, tx, t, params)

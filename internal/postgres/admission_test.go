@@ -35,7 +35,7 @@ func TestDB_AdmissionLockWaitersLeaveConnections(t *testing.T) {
 		return []stock.TicketEntry{{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key}, Params: []byte(key)}}
 	}
 	plenty := func(context.Context) (int64, bool, error) { return 10, false, nil }
-	first, err := db.EnterTickets(ctx, sku, entry("first"), 10, 0, plenty)
+	first, err := db.EnterTickets(ctx, sku, entry("first"), 10, 0, plenty, nil)
 	if err != nil || first[0].Err != nil {
 		t.Fatalf("EnterTickets(first) = %v, %v", first, err)
 	}
@@ -59,7 +59,7 @@ func TestDB_AdmissionLockWaitersLeaveConnections(t *testing.T) {
 		return 10, false, nil
 	}
 	began := time.Now()
-	got, err := db.EnterTickets(ctx, sku, entry("second"), 10, 0, read)
+	got, err := db.EnterTickets(ctx, sku, entry("second"), 10, 0, read, nil)
 	if err != nil || got[0].Err != nil {
 		t.Fatalf("EnterTickets(second) with %d calls waiting for the lock = %v, %v after %v; want a ticket: the stock read found no connection",
 			waiters, got, err, time.Since(began).Round(time.Millisecond))
@@ -97,7 +97,7 @@ func TestDB_TicketReadsProbeIndexes(t *testing.T) {
 			entries[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key, CustomerRef: fmt.Sprintf("c-%d", n)},
 				Params: []byte(key)}
 		}
-		got, err := db.EnterTickets(ctx, sku, entries, ticketsN, 5, none)
+		got, err := db.EnterTickets(ctx, sku, entries, ticketsN, 5, none, nil)
 		if err != nil || got[0].Err != nil {
 			t.Fatalf("EnterTickets(batch %d) = %v, %v", b, got[0], err)
 		}
@@ -205,7 +205,7 @@ func TestDB_GetTicketsPositions(t *testing.T) {
 			key := fmt.Sprintf("key-%d", i)
 			entries[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key, CustomerRef: key}, Params: []byte(key)}
 		}
-		got, err := db.EnterTickets(ctx, sku, entries, ticketsN, 0, none)
+		got, err := db.EnterTickets(ctx, sku, entries, ticketsN, 0, none, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -272,7 +272,7 @@ func TestDB_GetTicketsPositions(t *testing.T) {
 		key := fmt.Sprintf("key-%d", i)
 		replays[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: "get-tickets", Quantity: 1, IdempotencyKey: key, CustomerRef: key}, Params: []byte(key)}
 	}
-	again, err := db.EnterTickets(ctx, "get-tickets", replays, ticketsN, 0, none)
+	again, err := db.EnterTickets(ctx, "get-tickets", replays, ticketsN, 0, none, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestDB_AdmissionCountsKept(t *testing.T) {
 					entries[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: sku, Quantity: int64(1 + i%3), IdempotencyKey: key}, Params: []byte(key)}
 				}
 				units := int64(r%4) * 6 // none, or enough for some or every entry
-				got, err := db.EnterTickets(ctx, sku, entries, waitlistMax, 0, func(context.Context) (int64, bool, error) { return units, false, nil })
+				got, err := db.EnterTickets(ctx, sku, entries, waitlistMax, 0, func(context.Context) (int64, bool, error) { return units, false, nil }, nil)
 				if err != nil {
 					fail(err)
 					return
@@ -429,7 +429,7 @@ func TestDB_AdmissionCountsKept(t *testing.T) {
 		key := fmt.Sprintf("flight-%d", i)
 		inFlight[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: "counts-d", Quantity: 2, IdempotencyKey: key}, Params: []byte(key)}
 	}
-	if _, err := db.EnterTickets(ctx, "counts-d", inFlight, waitlistMax, 0, func(context.Context) (int64, bool, error) { return 100, false, nil }); err != nil {
+	if _, err := db.EnterTickets(ctx, "counts-d", inFlight, waitlistMax, 0, func(context.Context) (int64, bool, error) { return 100, false, nil }, nil); err != nil {
 		t.Fatal(err)
 	}
 	skus = append(skus, "counts-d")
@@ -490,7 +490,7 @@ func BenchmarkEnterTickets(b *testing.B) {
 					key := fmt.Sprintf("%s-%d", prefix, i)
 					entries[i] = stock.TicketEntry{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key}, Params: []byte(key)}
 				}
-				got, err := db.EnterTickets(ctx, sku, entries, 1_000_000, 0, none)
+				got, err := db.EnterTickets(ctx, sku, entries, 1_000_000, 0, none, nil)
 				if err != nil || got[0].Err != nil || got[0].Ticket.State != stock.TicketWaiting {
 					b.Fatalf("EnterTickets = %+v, %v", got[0], err)
 				}

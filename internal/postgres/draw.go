@@ -55,7 +55,7 @@ func (db *DB) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte,
 	case registered >= registrationsMax:
 		return nil, false, stock.Errorf(stock.CodeWaitlistFull, "the draw of sku %q holds its waitlist_max registrations", t.SKU)
 	}
-	t.ID, t.State = newTicketID(), stock.TicketRegistered
+	t.ID, t.State, t.Keyed = newTicketID(), stock.TicketRegistered, true
 	return db.insertTicket(ctx, tx, t, params)
 }
 

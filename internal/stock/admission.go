@@ -1,7 +1,9 @@
 package stock
 
 import (
+	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"strings"
 	"time"
@@ -93,14 +95,47 @@ const SourceAdmission = "admission"
 // refuses it from any other source).
 const AdmissionKeyPrefix = "admission:"
 
-// TicketKey is the idempotency key of the reserve that admits ticket id:
-// derived from the ticket alone, so that however often an admission is
-// retried (a worker that crashed, a lease that moved), the shard applies it
-// once and every retry gets the same reservation.
+// TicketKey is the idempotency key of the reserve that admits ticket id,
+// for a ticket entered before migration 00022 (not Keyed): derived from
+// the ticket alone, so that however often an admission is retried (a
+// worker that crashed, a lease that moved), the shard applies it once and
+// every retry gets the same reservation.
 func TicketKey(ticketID string) string {
 	h := sha256.Sum256([]byte(ticketID))
 	return AdmissionKeyPrefix + hex.EncodeToString(h[:16])
 }
+
+// TokenKey is the idempotency key of the reserve that grants a token to
+// the RequestToken of sku with key: derived from the request's own key,
+// so that the reserve of a token granted directly (no ticket) and the
+// reserve that admits the request's ticket, if it got one, are the same
+// operation to the shards. However the two race (a retry through another
+// allocator, a worker after a crash), the request holds one reservation
+// at most, and every attempt gets it back as a replay.
+func TokenKey(sku, key string) string {
+	h := sha256.New()
+	h.Write([]byte("token\x00"))
+	h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(sku))))
+	h.Write([]byte(sku))
+	h.Write([]byte(key))
+	return AdmissionKeyPrefix + hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// ReserveKey is the idempotency key of the reserve that admits t:
+// TokenKey of its request for a ticket entered since migration 00022
+// (Keyed), else TicketKey of its id.
+func (t *Ticket) ReserveKey() string {
+	if t.Keyed {
+		return TokenKey(t.SKU, t.IdempotencyKey)
+	}
+	return TicketKey(t.ID)
+}
+
+// Direct reports whether a's SKU grants a token to a request directly,
+// with no ticket, when units are free and no ticket is queued: first come,
+// first served without tokens_per_customer, which counts tickets under
+// the SKU's lock (docs/admission.md, "Direct grants").
+func (a Admission) Direct() bool { return a.Mode == AdmissionTokens && a.TokensPerCustomer == 0 }
 
 // IsAdmissionKey reports whether key names a token's reserve.
 func IsAdmissionKey(key string) bool { return strings.HasPrefix(key, AdmissionKeyPrefix) }
@@ -145,6 +180,8 @@ type Ticket struct {
 	// Rank is the ticket's place in its SKU's draw, from 1; 0 before the
 	// draw and for a SKU without one.
 	Rank int64
+	// Keyed: its reserve's key is TokenKey of its request (ReserveKey).
+	Keyed bool
 }
 
 // TicketEntry is one request for a token in a batch of entries
@@ -154,6 +191,10 @@ type Ticket struct {
 type TicketEntry struct {
 	Ticket Ticket
 	Params []byte
+	// Direct: the request may take its token directly, with no ticket,
+	// if no ticket is queued (Admission.Direct, and not a request whose
+	// direct reserve was just refused for stock).
+	Direct bool
 }
 
 // TicketEntered is a TicketEntry's outcome: the ticket recorded, or the
@@ -163,10 +204,18 @@ type TicketEntered struct {
 	Ticket   *Ticket
 	Replayed bool
 	Err      error
+	// Direct: nothing recorded; the request reserves its token directly.
+	Direct bool
 }
 
+// EntryRoute decides, in an entry batch before the SKU's lock, which of
+// the entries whose key has no ticket (fresh, indexes into entries) take
+// none: it answers those in out and returns the others, to be entered.
+// queued is the SKU's tickets queued, read with the keys.
+type EntryRoute func(ctx context.Context, queued int64, entries []TicketEntry, fresh []int, out []TicketEntered) []int
+
 // TicketMark is the mark of one ticket admitted with a token (a
-// reservation taken with TicketKey(ID)), in a batch of marks.
+// reservation taken with its ReserveKey), in a batch of marks.
 type TicketMark struct {
 	ID        string
 	TokenID   string

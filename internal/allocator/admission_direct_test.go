@@ -1,0 +1,127 @@
+package allocator_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardstock/shardstock/internal/admission"
+	"github.com/shardstock/shardstock/internal/stock"
+)
+
+// TestAdmission_Direct: a SKU under ADMISSION_MODE_TOKENS without
+// tokens_per_customer grants a token directly, with no ticket, while units
+// are free and no ticket is queued (docs/admission.md, "Direct grants").
+// The token is a reservation under the request's own key
+// (stock.TokenKey), so that its retry, GetTicket by key, and a retry
+// behind a waitlist that formed since all answer that token, and a retry
+// with other parameters is IDEMPOTENCY_KEY_REUSED. Once tickets wait, a
+// new request waits behind them, and the units that come back go to the
+// oldest ticket, reserved under its request's key too.
+func TestAdmission_Direct(t *testing.T) {
+	s := newStack(t, []string{"a"}, "")
+	ctx := context.Background()
+	const sku = "direct"
+	s.createAdmissionSKU(sku, 2, 3, stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: time.Minute, WaitlistMax: 10})
+	side := s.newAdmission("direct", s.alloc, nil)
+	request := func(key string, q int64) (admission.Answer, error) {
+		return side.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: q, Key: key, CustomerRef: "cust-" + key})
+	}
+	conn, err := pgx.Connect(ctx, s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows := func() (n int) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1`, sku).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	held := func(what, key, token string) {
+		t.Helper()
+		op, err := s.db.GetOperation(ctx, sku, stock.TokenKey(sku, key))
+		if err != nil || op.ReservationID != token || op.ReservationState != stock.ReservationHeld || op.CustomerRef != "cust-"+key {
+			t.Errorf("%s: the reserve under its request's key = %+v, %v; want token %s held for cust-%s", what, op, err, token, key)
+		}
+	}
+
+	// Units free, no ticket: tokens with no ticket row.
+	k1, err := request("k1", 1)
+	if err != nil || k1.Replayed || k1.Ticket.State != stock.TicketAdmitted || !k1.Ticket.Direct || k1.Ticket.ID != "" || k1.Ticket.TokenID == "" {
+		t.Fatalf("RequestToken(k1) = %+v, %v; want a token granted directly, with no ticket", k1.Ticket, err)
+	}
+	held("k1", "k1", k1.Ticket.TokenID)
+	k2, err := request("k2", 2)
+	if err != nil || !k2.Ticket.Direct || k2.Ticket.ID != "" {
+		t.Fatalf("RequestToken(k2, 2 units) = %+v, %v; want a token granted directly", k2.Ticket, err)
+	}
+	if n := rows(); n != 0 {
+		t.Errorf("%d ticket rows after two tokens granted directly, want 0", n)
+	}
+	if again, err := request("k1", 1); err != nil || !again.Replayed || again.Ticket.TokenID != k1.Ticket.TokenID {
+		t.Errorf("RequestToken(k1) again = %+v, %v; want its token %s, replayed", again.Ticket, err, k1.Ticket.TokenID)
+	}
+	if _, err := request("k1", 2); stock.CodeOf(err) != stock.CodeIdempotencyKeyReused {
+		t.Errorf("RequestToken(k1, 2 units) = %v, want IDEMPOTENCY_KEY_REUSED", err)
+	}
+	got, err := side.svc.GetTicket(ctx, "", sku, "k1")
+	if err != nil || got.State != stock.TicketAdmitted || got.TokenID != k1.Ticket.TokenID || got.CustomerRef != "cust-k1" || got.Quantity != 1 {
+		t.Errorf("GetTicket(%s, k1) = %+v, %v; want ADMITTED with token %s", sku, got, err, k1.Ticket.TokenID)
+	}
+	if _, err := side.svc.GetTicket(ctx, "", sku, "never"); stock.CodeOf(err) != stock.CodeTicketNotFound {
+		t.Errorf("GetTicket(%s, never) = %v, want TICKET_NOT_FOUND", sku, err)
+	}
+
+	// Every unit held: the next requests wait, in order.
+	var waiting []*stock.Ticket
+	for i, key := range []string{"w1", "w2"} {
+		ans, err := request(key, 1)
+		if err != nil || ans.Ticket.State != stock.TicketWaiting || ans.Ticket.Position != int64(i) || ans.Ticket.ID == "" {
+			t.Fatalf("RequestToken(%s) with every unit held = %+v, %v; want WAITING at %d", key, ans.Ticket, err, i)
+		}
+		waiting = append(waiting, ans.Ticket)
+	}
+	// Behind the waitlist, a direct token's retry still answers its token:
+	// entered as a ticket it would wait for a second turn.
+	if again, err := request("k2", 2); err != nil || !again.Replayed || again.Ticket.TokenID != k2.Ticket.TokenID || again.Ticket.ID != "" {
+		t.Errorf("RequestToken(k2) again behind a waitlist = %+v, %v; want its token %s, replayed", again.Ticket, err, k2.Ticket.TokenID)
+	}
+	if _, err := request("k2", 1); stock.CodeOf(err) != stock.CodeIdempotencyKeyReused {
+		t.Errorf("RequestToken(k2, 1 unit) behind a waitlist = %v, want IDEMPOTENCY_KEY_REUSED", err)
+	}
+	if n := rows(); n != 2 {
+		t.Errorf("%d ticket rows with two waiting, want 2", n)
+	}
+
+	// A unit comes back: it goes to the oldest ticket, not to a new
+	// request; the ticket's reserve is under its request's key.
+	if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: k1.Ticket.TokenID, Reason: "test"}); res.Err != nil {
+		t.Fatalf("release k1's token: %v", res.Err)
+	}
+	late, err := request("late", 1)
+	if err != nil || late.Ticket.State != stock.TicketWaiting {
+		t.Errorf("RequestToken(late) as a unit came back to a waitlist = %+v, %v; want WAITING", late.Ticket, err)
+	}
+	var w1 *stock.Ticket
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		w1, err = side.svc.GetTicket(ctx, waiting[0].ID, "", "")
+		if err == nil && w1.State == stock.TicketAdmitted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GetTicket(w1) = %+v, %v; want ADMITTED within 5 s of a release", w1, err)
+		}
+	}
+	held("w1", "w1", w1.TokenID)
+	if again, err := request("w1", 1); err != nil || !again.Replayed || again.Ticket.ID != w1.ID || again.Ticket.TokenID != w1.TokenID {
+		t.Errorf("RequestToken(w1) again = %+v, %v; want its ticket %s with token %s", again.Ticket, err, w1.ID, w1.TokenID)
+	}
+	if w2, err := side.svc.GetTicket(ctx, waiting[1].ID, "", ""); err != nil || w2.State != stock.TicketWaiting || w2.Position != 0 {
+		t.Errorf("GetTicket(w2) = %+v, %v; want WAITING at the head", w2, err)
+	}
+	s.balanced(sku)
+}
