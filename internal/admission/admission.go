@@ -110,6 +110,9 @@ type Service struct {
 	// opened wakes this process's idle Worker when a ticket is entered
 	// (open): one pending wake is enough, a look sees every ticket.
 	opened chan struct{}
+	// untick holds, per SKU, when the last read that found it never
+	// ticketed began (direct.go).
+	untick untickets
 }
 
 // New returns a Service; reg, when set, receives its metrics.
@@ -149,7 +152,9 @@ func (s *Service) enterBatch(sku string, ins []entryIn) ([]stock.TicketEntered, 
 // retry) gets that token back, replayed: entered, it would wait for a
 // second turn, or be answered SOLD_OUT while its holder has the units.
 func (s *Service) route(sku string) stock.EntryRoute {
-	return func(ctx context.Context, queued int64, entries []stock.TicketEntry, fresh []int, out []stock.TicketEntered) []int {
+	return func(ctx context.Context, counts stock.EntryCounts, entries []stock.TicketEntry, fresh []int, out []stock.TicketEntered) []int {
+		s.untick.saw(sku, counts)
+		queued := counts.Queued
 		var look []int
 		rest := fresh[:0:0]
 		for _, i := range fresh {
@@ -264,8 +269,12 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 	// transaction, the SKU's lock taken once.
 	in := entryIn{ad: ad, entry: stock.TicketEntry{Params: paramsHash(r), Direct: ad.Direct(),
 		Ticket: stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef}}}
-	e, err := s.entries.do(ctx, r.SKU, in)
-	if err != nil {
+	var e stock.TicketEntered
+	if ad.Direct() && s.untick.trusted(r.SKU) {
+		// The SKU has never had a ticket: no key of it can have one, and
+		// none is queued (direct.go).
+		e.Direct = true
+	} else if e, err = s.entries.do(ctx, r.SKU, in); err != nil {
 		return Answer{}, err
 	}
 	if e.Direct {
@@ -273,7 +282,11 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 		if granted || err != nil {
 			return a, err
 		}
-		// No unit free: the request enters, and waits.
+		// No unit free: the request enters, and waits. This process's
+		// next requests enter too (their batches read the counts, and go
+		// after this one): a unit that comes back while the SKU's first
+		// ticket is entered goes to a request in line, not to a newer one.
+		s.untick.forget(r.SKU)
 		in.entry.Direct = false
 		if e, err = s.entries.do(ctx, r.SKU, in); err != nil {
 			return Answer{}, err

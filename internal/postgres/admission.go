@@ -33,6 +33,15 @@ const sqlQueued = `(state = 'waiting' OR (state = 'pending' AND claimed_at IS NO
 // migration 00021), one row however long its waitlist.
 const sqlCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(sum(in_flight), 0)::bigint FROM admission_counts WHERE sku = $1`
 
+// sqlEntryCounts is what an entry batch reads of its SKU before the lock:
+// the tickets queued, and whether the SKU has had a ticket.
+const sqlEntryCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(bool_or(ticketed), false) FROM admission_counts WHERE sku = $1`
+
+// sqlTicketed records, before a SKU's first ticket, that it has tickets
+// (admission_counts.ticketed, migration 00022).
+const sqlTicketed = `INSERT INTO admission_counts AS c (sku, ticketed) VALUES ($1, true)
+	ON CONFLICT (sku) DO UPDATE SET ticketed = true WHERE NOT c.ticketed`
+
 const sqlTicketColumns = `ticket_id, seq, sku, quantity, idempotency_key, customer_ref, state, token_id, expires_at, created_at, direct, coalesce(draw_rank, 0), keyed`
 
 func scanTicket(row pgx.Row) (*stock.Ticket, error) {
@@ -147,13 +156,14 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	// Without the lock, one round trip: the replays and the waitlist.
 	b := &pgx.Batch{}
 	queueKeys(b, sku, entries, all)
-	b.Queue(sqlCounts, sku)
+	b.Queue(sqlEntryCounts, sku)
+	counts := stock.EntryCounts{ReadAt: time.Now()}
 	res := db.pool.SendBatch(ctx, b)
 	recorded, err := scanKeyed(res)
-	var queued int64
 	if err == nil {
-		err = res.QueryRow().Scan(&queued, new(int64)) // the units in flight: read under the lock
+		err = res.QueryRow().Scan(&counts.Queued, &counts.Ticketed)
 	}
+	queued := counts.Queued // the units in flight: read under the lock
 	if err := errors.Join(err, res.Close()); err != nil {
 		return nil, err
 	}
@@ -162,8 +172,15 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 		return out, err
 	}
 	if route != nil {
-		if fresh = route(ctx, queued, entries, fresh, out); len(fresh) == 0 {
+		if fresh = route(ctx, counts, entries, fresh, out); len(fresh) == 0 {
 			return out, nil
+		}
+	}
+	if !counts.Ticketed {
+		// The SKU's first ticket: flagged, then entered once no allocator
+		// trusts a read of the flag from before (direct grants).
+		if err := db.flagTicketed(ctx, sku); err != nil {
+			return nil, err
 		}
 	}
 	refuse := func(err error) ([]stock.TicketEntered, error) {
@@ -244,6 +261,22 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 		return nil, err
 	}
 	return out, nil
+}
+
+// flagTicketed sets sku's ticketed flag, committed, and waits until every
+// read of it from before has lapsed (stock.DirectTrustMax), with a margin.
+func (db *DB) flagTicketed(ctx context.Context, sku string) error {
+	if _, err := db.pool.Exec(ctx, sqlTicketed, sku); err != nil {
+		return err
+	}
+	t := time.NewTimer(stock.DirectTrustMax + stock.DirectTrustMargin)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // keyedTicket is a ticket read by its key, with what the key was first

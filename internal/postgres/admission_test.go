@@ -513,3 +513,89 @@ func BenchmarkEnterTickets(b *testing.B) {
 		})
 	}
 }
+
+// TestDB_FirstTicketAfterTrust: a SKU's first ticket is entered only once
+// no read that found the SKU never ticketed is still trusted
+// (stock.DirectTrustMax after it began): while it is entered, another
+// process reads the SKU's counts over and over, as an allocator granting
+// tokens directly does (its route takes no ticket); every read that found
+// the SKU never ticketed began more than DirectTrustMax before the
+// ticket's transaction. Without the wait after the flag, the ticket would
+// be entered while such reads are still trusted, and a direct grant could
+// pass it (docs/admission.md, "Direct grants").
+func TestDB_FirstTicketAfterTrust(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.NewMigratedDB(t)
+	var dbs []*postgres.DB
+	for i := range 2 {
+		db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: fmt.Sprint("first-ticket-", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		dbs = append(dbs, db)
+	}
+	const sku = "first-ticket"
+	none := func(context.Context) (int64, bool, error) { return 0, false, nil }
+	var mu sync.Mutex
+	var lastUnticketed time.Time
+	var reads, unticketed int
+	direct := func(_ context.Context, c stock.EntryCounts, _ []stock.TicketEntry, fresh []int, out []stock.TicketEntered) []int {
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		if !c.Ticketed {
+			unticketed++
+			lastUnticketed = c.ReadAt
+		}
+		for _, i := range fresh {
+			out[i] = stock.TicketEntered{Direct: true}
+		}
+		return nil
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			key := fmt.Sprint("direct-", i)
+			e := []stock.TicketEntry{{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key}, Params: []byte(key), Direct: true}}
+			if _, err := dbs[1].EnterTickets(ctx, sku, e, 10, 0, none, direct); err != nil {
+				t.Errorf("EnterTickets(%s) = %v", key, err)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	time.Sleep(50 * time.Millisecond) // reads before the flag
+	got, err := dbs[0].EnterTickets(ctx, sku, []stock.TicketEntry{{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: "first"}, Params: []byte("p")}},
+		10, 0, none, nil)
+	if err != nil || got[0].Err != nil || got[0].Ticket == nil {
+		t.Fatalf("EnterTickets(first) = %+v, %v; want a ticket", got, err)
+	}
+	time.Sleep(50 * time.Millisecond) // reads after it
+	close(stop)
+	wg.Wait()
+	var created time.Time
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, `SELECT created_at FROM admission_tickets WHERE sku = $1`, sku).Scan(&created); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d reads, %d of them never ticketed; the last began %s before the ticket's transaction", reads, unticketed, created.Sub(lastUnticketed))
+	if unticketed == 0 || unticketed == reads {
+		t.Fatalf("%d of %d reads found the SKU never ticketed: want some before the ticket and some after", unticketed, reads)
+	}
+	if gap := created.Sub(lastUnticketed); gap <= stock.DirectTrustMax {
+		t.Errorf("the first ticket's transaction began %s after a read that found the SKU never ticketed, want more than %s", gap, stock.DirectTrustMax)
+	}
+}

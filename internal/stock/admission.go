@@ -211,8 +211,31 @@ type TicketEntered struct {
 // EntryRoute decides, in an entry batch before the SKU's lock, which of
 // the entries whose key has no ticket (fresh, indexes into entries) take
 // none: it answers those in out and returns the others, to be entered.
-// queued is the SKU's tickets queued, read with the keys.
-type EntryRoute func(ctx context.Context, queued int64, entries []TicketEntry, fresh []int, out []TicketEntered) []int
+// counts are the SKU's, read with the keys.
+type EntryRoute func(ctx context.Context, counts EntryCounts, entries []TicketEntry, fresh []int, out []TicketEntered) []int
+
+// EntryCounts is what an entry batch reads of its SKU with its keys,
+// before the lock.
+type EntryCounts struct {
+	// Queued is the SKU's tickets queued (waiting, or claimed).
+	Queued int64
+	// Ticketed: the SKU has had a ticket, or its first is being entered.
+	// Read false, no ticket of the SKU exists until DirectTrustMax after
+	// ReadAt (the direct grants' trust).
+	Ticketed bool
+	// ReadAt is when the read began (this process's monotonic clock).
+	ReadAt time.Time
+}
+
+// A SKU's ticketed flag read false is trusted for DirectTrustMax after the
+// read began: a SKU's first ticket is entered only once DirectTrustMax and
+// DirectTrustMargin (for the clocks' rates and the flag's commit) have
+// passed since its flag was committed (docs/admission.md, "Direct
+// grants").
+const (
+	DirectTrustMax    = 100 * time.Millisecond
+	DirectTrustMargin = 50 * time.Millisecond
+)
 
 // TicketMark is the mark of one ticket admitted with a token (a
 // reservation taken with its ReserveKey), in a batch of marks.

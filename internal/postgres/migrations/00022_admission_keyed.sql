@@ -1,14 +1,29 @@
 -- +goose Up
+-- Direct grants (docs/admission.md, "Direct grants"): a RequestToken that
+-- finds units free and no ticket queued reserves its token at once, with
+-- no ticket, under a key derived from its own (stock.TokenKey).
+
 -- A ticket's reserve key: keyed tickets (every ticket entered from this
 -- migration on) reserve with stock.TokenKey of their SKU and request key,
--- the key a token granted directly with no ticket reserves with, so that
--- a request's direct grant and its ticket's admission are one operation
--- to the shards (docs/admission.md, "Direct grants"). Tickets entered
--- before keep stock.TicketKey of their id: a claimed one may hold a
--- reservation under it. The inserts name the column; its default stays
--- false, so that a process from before this migration, still running in
--- a rolling upgrade, enters tickets it admits with the old key.
+-- the key a token granted directly reserves with, so that a request's
+-- direct grant and its ticket's admission are one operation to the
+-- shards. Tickets entered before keep stock.TicketKey of their id: a
+-- claimed one may hold a reservation under it. The inserts name the
+-- column; its default stays false, so that a process from before this
+-- migration, still running in a rolling upgrade, enters tickets that it
+-- admits with the old key.
 ALTER TABLE admission_tickets ADD COLUMN keyed boolean NOT NULL DEFAULT false;
 
+-- Whether the SKU has ever had a ticket. Set (and committed) before a
+-- SKU's first ticket is entered, then never cleared: an allocator that
+-- read it false may grant tokens directly without reading the tickets for
+-- stock.DirectTrustMax after its read began, and the first ticket is
+-- entered only after that time and stock.DirectTrustMargin have passed.
+ALTER TABLE admission_counts ADD COLUMN ticketed boolean NOT NULL DEFAULT false;
+INSERT INTO admission_counts AS c (sku, ticketed)
+SELECT DISTINCT sku, true FROM admission_tickets ORDER BY sku
+ON CONFLICT (sku) DO UPDATE SET ticketed = true;
+
 -- +goose Down
+ALTER TABLE admission_counts DROP COLUMN ticketed;
 ALTER TABLE admission_tickets DROP COLUMN keyed;
