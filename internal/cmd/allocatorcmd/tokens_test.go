@@ -205,6 +205,30 @@ func TestRun_Tokens(t *testing.T) {
 		st.Msg.GetStock().GetAvailable() != 1 || st.Msg.GetStock().GetTokensOutstanding() != 0 {
 		t.Errorf("GetStock after the token lapsed = %v, %v, want the unit available again and no token outstanding", st, err)
 	}
+
+	// Without tokens_per_customer a token is granted directly, with no
+	// ticket: GetTicket by key reads it from its reservation (its
+	// customer's only), and /metrics counts it.
+	direct := tokenSKU("direct", 1)
+	direct.Admission.TokensPerCustomer = 0
+	if _, err := admin.CreateSku(ctx, connect.NewRequest(direct)); err != nil {
+		t.Fatalf("CreateSku = %v", err)
+	}
+	tok, err := eve.RequestToken(ctx, connect.NewRequest(&v1.RequestTokenRequest{Sku: "direct", Quantity: 1, IdempotencyKey: "eve-d"}))
+	if err != nil || tok.Msg.GetToken().GetTokenId() == "" || tok.Msg.GetTicket() != nil {
+		t.Fatalf("eve's RequestToken of a SKU without tokens_per_customer = %v, %v; want a token and no ticket", tok, err)
+	}
+	got, err := eve.GetTicket(ctx, connect.NewRequest(&v1.GetTicketRequest{Sku: "direct", IdempotencyKey: "eve-d"}))
+	if tk := got.Msg.GetTicket(); err != nil || tk.GetState() != v1.TicketState_TICKET_STATE_ADMITTED || tk.GetTicketId() != "" ||
+		tk.GetToken().GetTokenId() != tok.Msg.GetToken().GetTokenId() {
+		t.Errorf("eve's GetTicket of her direct token's key = %v, %v; want ADMITTED with token %s and no ticket id", got, err, tok.Msg.GetToken().GetTokenId())
+	}
+	_, err = shardstockv1connect.NewInventoryServiceClient(hc, base, bearer(alice)).GetTicket(ctx,
+		connect.NewRequest(&v1.GetTicketRequest{Sku: "direct", IdempotencyKey: "eve-d"}))
+	expectReason(t, "alice's GetTicket of eve's direct token's key", err, stock.CodeTicketNotFound)
+	if got := readMetrics(t, admin, "shardstock_admission_tokens_direct_total"); got["shardstock_admission_tokens_direct_total"] != 1 {
+		t.Errorf("/metrics: %v, want 1 token granted directly", got)
+	}
 }
 
 // readMetrics reads the allocator's samples of the families named, by
