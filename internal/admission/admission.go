@@ -198,6 +198,10 @@ func (s *Service) route(sku string) stock.EntryRoute {
 	}
 }
 
+// directTriesMax bounds one RequestToken's direct reserves (a copy of
+// its key sent at once can answer its entry Direct again).
+const directTriesMax = 3
+
 // directTicket is the answer for a token granted directly: an ADMITTED
 // ticket that was never recorded (no id, no place in the waitlist).
 func directTicket(t stock.Ticket, tokenID string, expiresAt time.Time) *stock.Ticket {
@@ -277,7 +281,10 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 	} else if e, err = s.entries.do(ctx, r.SKU, in); err != nil {
 		return Answer{}, err
 	}
-	if e.Direct {
+	for tries := 0; e.Direct; tries++ {
+		if tries == directTriesMax {
+			return Answer{}, stock.Errorf(stock.CodeShardUnavailable, "the request's key is being served by another call; retry with the same key")
+		}
 		a, granted, err := s.grant(ctx, r, sku)
 		if granted || err != nil {
 			return a, err
@@ -286,6 +293,8 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 		// next requests enter too (their batches read the counts, and go
 		// after this one): a unit that comes back while the SKU's first
 		// ticket is entered goes to a request in line, not to a newer one.
+		// Entered again, it may still be answered Direct: a copy of the
+		// same key, sent at once, went first in the batch.
 		s.untick.forget(r.SKU)
 		in.entry.Direct = false
 		if e, err = s.entries.do(ctx, r.SKU, in); err != nil {

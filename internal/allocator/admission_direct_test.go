@@ -2,6 +2,7 @@ package allocator_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,7 +77,37 @@ func TestAdmission_Direct(t *testing.T) {
 		t.Errorf("GetTicket(%s, never) = %v, want TICKET_NOT_FOUND", sku, err)
 	}
 
-	// Every unit held: the next requests wait, in order.
+	// Every unit held, the SKU still never ticketed: copies of one key
+	// sent at once, each refused for stock directly and entered, with
+	// copies still asking directly in the same batches, answer one
+	// ticket.
+	const copies = 20
+	dups := make([]admission.Answer, copies)
+	dupErrs := make([]error, copies)
+	var wg sync.WaitGroup
+	for i := range copies {
+		wg.Go(func() { dups[i], dupErrs[i] = request("w1", 1) })
+	}
+	wg.Wait()
+	var first *stock.Ticket
+	for i := range copies {
+		if dupErrs[i] == nil && first == nil {
+			first = dups[i].Ticket
+		}
+	}
+	if first == nil {
+		t.Fatalf("RequestToken(w1), %d copies at once: none answered (%v)", copies, dupErrs[0])
+	}
+	for i := range copies {
+		if dupErrs[i] != nil && stock.CodeOf(dupErrs[i]) != stock.CodeShardUnavailable {
+			t.Fatalf("RequestToken(w1), copy %d of %d at once = %v", i, copies, dupErrs[i])
+		}
+		if dupErrs[i] == nil && (dups[i].Ticket.State != stock.TicketWaiting || dups[i].Ticket.ID != first.ID) {
+			t.Errorf("RequestToken(w1), copy %d of %d at once = %+v; want the one ticket WAITING %+v", i, copies, dups[i].Ticket, first)
+		}
+	}
+
+	// The next requests wait, in order.
 	var waiting []*stock.Ticket
 	for i, key := range []string{"w1", "w2"} {
 		ans, err := request(key, 1)

@@ -19,10 +19,13 @@ ALTER TABLE admission_tickets ADD COLUMN keyed boolean NOT NULL DEFAULT false;
 -- read it false may grant tokens directly without reading the tickets for
 -- stock.DirectTrustMax after its read began, and the first ticket is
 -- entered only after that time and stock.DirectTrustMargin have passed.
-ALTER TABLE admission_counts ADD COLUMN ticketed boolean NOT NULL DEFAULT false;
-INSERT INTO admission_counts AS c (sku, ticketed)
-SELECT DISTINCT sku, true FROM admission_tickets ORDER BY sku
-ON CONFLICT (sku) DO UPDATE SET ticketed = true;
+-- Every row is true (the counts' trigger of a process from before this
+-- migration creates rows too): a SKU without a row has never had a
+-- ticket.
+ALTER TABLE admission_counts ADD COLUMN ticketed boolean NOT NULL DEFAULT true;
+INSERT INTO admission_counts (sku)
+SELECT DISTINCT sku FROM admission_tickets ORDER BY sku
+ON CONFLICT (sku) DO NOTHING;
 
 -- +goose Down
 ALTER TABLE admission_counts DROP COLUMN ticketed;
