@@ -23,7 +23,14 @@ const untickSKUsMax = 4096
 // batch of requests (docs/admission.md, "Direct grants").
 type untickets struct {
 	mu   sync.Mutex
-	read map[string]time.Time
+	skus map[string]untick
+}
+
+// untick is one SKU's: the last read that found it never ticketed began
+// at read; forgot is when this process last stopped trusting it (a
+// direct reserve found no unit), before which no read is trusted again.
+type untick struct {
+	read, forgot time.Time
 }
 
 // saw records an entry read of sku.
@@ -31,39 +38,49 @@ func (u *untickets) saw(sku string, c stock.EntryCounts) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if c.Ticketed {
-		delete(u.read, sku)
+		delete(u.skus, sku)
 		return
 	}
-	if u.read == nil {
-		u.read = map[string]time.Time{}
+	if u.skus == nil {
+		u.skus = map[string]untick{}
 	}
-	if len(u.read) >= untickSKUsMax {
-		for k, at := range u.read {
-			if time.Since(at) >= stock.DirectTrustMax {
-				delete(u.read, k)
+	k, ok := u.skus[sku]
+	if !ok && len(u.skus) >= untickSKUsMax {
+		for name, k := range u.skus {
+			if time.Since(k.read) >= stock.DirectTrustMax && time.Since(k.forgot) >= stock.DirectTrustMax {
+				delete(u.skus, name)
 			}
 		}
-		if len(u.read) >= untickSKUsMax {
+		if len(u.skus) >= untickSKUsMax {
 			return
 		}
 	}
-	if at, ok := u.read[sku]; !ok || c.ReadAt.After(at) {
-		u.read[sku] = c.ReadAt
+	// A read that began before the last forget (a batch in flight then)
+	// is not trusted: its requests went direct, and the next enter in line.
+	if c.ReadAt.After(k.read) && c.ReadAt.After(k.forgot) {
+		k.read = c.ReadAt
+		u.skus[sku] = k
 	}
 }
 
-// forget drops sku's read: its next requests read the counts.
+// forget stops trusting sku's reads until one begins after now: its next
+// requests read the counts.
 func (u *untickets) forget(sku string) {
 	u.mu.Lock()
-	delete(u.read, sku)
-	u.mu.Unlock()
+	defer u.mu.Unlock()
+	if u.skus == nil {
+		u.skus = map[string]untick{}
+	}
+	if _, ok := u.skus[sku]; ok || len(u.skus) < untickSKUsMax {
+		u.skus[sku] = untick{forgot: time.Now()}
+	}
 }
 
 // trusted reports whether sku was read never ticketed less than
-// stock.DirectTrustMax ago.
+// stock.DirectTrustMax ago, and not forgotten since.
 func (u *untickets) trusted(sku string) bool {
 	u.mu.Lock()
-	at, ok := u.read[sku]
+	k, ok := u.skus[sku]
 	u.mu.Unlock()
-	return ok && time.Since(at) < stock.DirectTrustMax
+	return ok && k.read.After(k.forgot) && time.Since(k.read) < stock.DirectTrustMax
 }

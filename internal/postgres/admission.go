@@ -176,13 +176,6 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 			return out, nil
 		}
 	}
-	if !counts.Ticketed {
-		// The SKU's first ticket: flagged, then entered once no allocator
-		// trusts a read of the flag from before (direct grants).
-		if err := db.flagTicketed(ctx, sku); err != nil {
-			return nil, err
-		}
-	}
 	refuse := func(err error) ([]stock.TicketEntered, error) {
 		for _, i := range fresh {
 			out[i].Err = err
@@ -254,6 +247,11 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	if len(tickets) == 0 {
 		return out, nil
 	}
+	if !counts.Ticketed {
+		if err := db.flagTicketed(ctx, tx, sku); err != nil {
+			return nil, err
+		}
+	}
 	if err := db.insertTickets(ctx, tx, tickets, entries, entered, out); err != nil {
 		return nil, err
 	}
@@ -263,9 +261,19 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	return out, nil
 }
 
-// flagTicketed sets sku's ticketed flag, committed, and waits until every
-// read of it from before has lapsed (stock.DirectTrustMax), with a margin.
-func (db *DB) flagTicketed(ctx context.Context, sku string) error {
+// flagTicketed makes sure, in tx under sku's admission lock, that its
+// ticketed flag is set before a ticket is entered: read unset under the
+// lock (the SKU's first ticket), it is set and committed on a connection
+// of its own, then the call waits until every read of it from before has
+// lapsed (stock.DirectTrustMax), with a margin, still holding the lock.
+// Every ticket is entered under that lock, so none is entered, by any
+// process, before the wait has passed: another entry reads the flag set,
+// but takes the lock only once this one ends.
+func (db *DB) flagTicketed(ctx context.Context, tx pgx.Tx, sku string) error {
+	var set bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM admission_counts WHERE sku = $1 AND ticketed)`, sku).Scan(&set); err != nil || set {
+		return err
+	}
 	if _, err := db.pool.Exec(ctx, sqlTicketed, sku); err != nil {
 		return err
 	}

@@ -514,20 +514,23 @@ func BenchmarkEnterTickets(b *testing.B) {
 	}
 }
 
-// TestDB_FirstTicketAfterTrust: a SKU's first ticket is entered only once
-// no read that found the SKU never ticketed is still trusted
-// (stock.DirectTrustMax after it began): while it is entered, another
-// process reads the SKU's counts over and over, as an allocator granting
-// tokens directly does (its route takes no ticket); every read that found
-// the SKU never ticketed began more than DirectTrustMax before the
-// ticket's transaction. Without the wait after the flag, the ticket would
-// be entered while such reads are still trusted, and a direct grant could
-// pass it (docs/admission.md, "Direct grants").
+// TestDB_FirstTicketAfterTrust: no ticket of a SKU is visible within
+// stock.DirectTrustMax of a read that found the SKU never ticketed (a
+// read an allocator trusts that long, granting tokens directly without
+// reading again). One process reads the SKU's counts over and over, as an
+// allocator granting directly does (its route takes no ticket), and
+// probes for tickets; two others enter tickets at once, the second after
+// the first has set the flag. Every probe that saw a ticket ended more
+// than DirectTrustMax after the last read that found the SKU never
+// ticketed began. Seen failing without the wait after the flag (a ticket
+// visible 4 ms after such a read), and with the flag set and waited for
+// before the SKU's lock (the second process's ticket, which read the flag
+// set, visible 14 and 17 ms after it).
 func TestDB_FirstTicketAfterTrust(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.NewMigratedDB(t)
 	var dbs []*postgres.DB
-	for i := range 2 {
+	for i := range 3 {
 		db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: fmt.Sprint("first-ticket-", i)})
 		if err != nil {
 			t.Fatal(err)
@@ -535,10 +538,15 @@ func TestDB_FirstTicketAfterTrust(t *testing.T) {
 		defer db.Close()
 		dbs = append(dbs, db)
 	}
+	probe, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close(ctx)
 	const sku = "first-ticket"
 	none := func(context.Context) (int64, bool, error) { return 0, false, nil }
 	var mu sync.Mutex
-	var lastUnticketed time.Time
+	var lastUnticketed, firstSeen time.Time
 	var reads, unticketed int
 	direct := func(_ context.Context, c stock.EntryCounts, _ []stock.TicketEntry, fresh []int, out []stock.TicketEntered) []int {
 		mu.Lock()
@@ -568,34 +576,57 @@ func TestDB_FirstTicketAfterTrust(t *testing.T) {
 				t.Errorf("EnterTickets(%s) = %v", key, err)
 				return
 			}
+			var n int
+			if err := probe.QueryRow(ctx, `SELECT count(*) FROM admission_tickets WHERE sku = $1`, sku).Scan(&n); err != nil {
+				t.Errorf("probe: %v", err)
+				return
+			}
+			if n > 0 && firstSeen.IsZero() {
+				firstSeen = time.Now()
+			}
 			time.Sleep(time.Millisecond)
 		}
 	})
 	time.Sleep(50 * time.Millisecond) // reads before the flag
-	got, err := dbs[0].EnterTickets(ctx, sku, []stock.TicketEntry{{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: "first"}, Params: []byte("p")}},
-		10, 0, none, nil)
-	if err != nil || got[0].Err != nil || got[0].Ticket == nil {
-		t.Fatalf("EnterTickets(first) = %+v, %v; want a ticket", got, err)
+	enter := func(db *postgres.DB, key string) {
+		got, err := db.EnterTickets(ctx, sku, []stock.TicketEntry{{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key}, Params: []byte("p")}},
+			10, 0, none, nil)
+		if err != nil || got[0].Err != nil || got[0].Ticket == nil {
+			t.Errorf("EnterTickets(%s) = %+v, %v; want a ticket", key, got, err)
+		}
 	}
-	time.Sleep(50 * time.Millisecond) // reads after it
-	close(stop)
-	wg.Wait()
-	var created time.Time
-	conn, err := pgx.Connect(ctx, url)
+	flag, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, `SELECT created_at FROM admission_tickets WHERE sku = $1`, sku).Scan(&created); err != nil {
-		t.Fatal(err)
+	defer flag.Close(ctx)
+	var entering sync.WaitGroup
+	entering.Go(func() { enter(dbs[0], "first") })
+	// The second enters once the flag is set, before the first's wait ends.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var set bool
+		if err := flag.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM admission_counts WHERE sku = $1)`, sku).Scan(&set); err != nil {
+			t.Fatal(err)
+		}
+		if set {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the flag was not set within 5 s")
+		}
 	}
+	entering.Go(func() { enter(dbs[2], "second") })
+	entering.Wait()
+	time.Sleep(50 * time.Millisecond) // reads after them
+	close(stop)
+	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
-	t.Logf("%d reads, %d of them never ticketed; the last began %s before the ticket's transaction", reads, unticketed, created.Sub(lastUnticketed))
-	if unticketed == 0 || unticketed == reads {
-		t.Fatalf("%d of %d reads found the SKU never ticketed: want some before the ticket and some after", unticketed, reads)
+	t.Logf("%d reads, %d of them never ticketed; a ticket first seen %s after the last of those began", reads, unticketed, firstSeen.Sub(lastUnticketed))
+	if unticketed == 0 || unticketed == reads || firstSeen.IsZero() {
+		t.Fatalf("%d of %d reads found the SKU never ticketed, a ticket seen at %v: want reads before the tickets and after", unticketed, reads, firstSeen)
 	}
-	if gap := created.Sub(lastUnticketed); gap <= stock.DirectTrustMax {
-		t.Errorf("the first ticket's transaction began %s after a read that found the SKU never ticketed, want more than %s", gap, stock.DirectTrustMax)
+	if gap := firstSeen.Sub(lastUnticketed); gap <= stock.DirectTrustMax {
+		t.Errorf("a ticket was visible %s after a read that found the SKU never ticketed began, want more than %s", gap, stock.DirectTrustMax)
 	}
 }

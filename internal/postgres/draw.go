@@ -55,10 +55,9 @@ func (db *DB) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte,
 	case registered >= registrationsMax:
 		return nil, false, stock.Errorf(stock.CodeWaitlistFull, "the draw of sku %q holds its waitlist_max registrations", t.SKU)
 	}
-	// A draw's SKU grants nothing directly; flagged all the same, in case
-	// its mode changes to TOKENS (a change the allocators see within
-	// seconds, far past DirectTrustMax).
-	if _, err := tx.Exec(ctx, sqlTicketed, t.SKU); err != nil {
+	// A draw grants nothing directly, but its SKU's mode may change to
+	// TOKENS: its tickets are flagged like any.
+	if err := db.flagTicketed(ctx, tx, t.SKU); err != nil {
 		return nil, false, err
 	}
 	t.ID, t.State, t.Keyed = newTicketID(), stock.TicketRegistered, true
