@@ -15,7 +15,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -147,55 +146,59 @@ func (s *Service) enterBatch(sku string, ins []entryIn) ([]stock.TicketEntered, 
 
 // route answers, in an entry batch before the SKU's lock, the entries
 // that take no ticket (docs/admission.md, "Direct grants"): with no ticket
-// queued, each that may (Direct) reserves its token directly. Behind a
-// queued ticket, one whose key already holds a token granted directly (a
-// retry) gets that token back, replayed: entered, it would wait for a
-// second turn, or be answered SOLD_OUT while its holder has the units.
+// queued, each that may (Direct) reserves its token directly. Every other
+// whose key already holds a token granted directly (a retry, though the
+// SKU's settings may have changed since) gets that token back, replayed:
+// entered, it would wait for a second turn, or be answered SOLD_OUT while
+// its holder has the units.
 func (s *Service) route(sku string) stock.EntryRoute {
 	return func(ctx context.Context, counts stock.EntryCounts, entries []stock.TicketEntry, fresh []int, out []stock.TicketEntered) []int {
 		s.untick.saw(sku, counts)
-		queued := counts.Queued
-		var look []int
-		rest := fresh[:0:0]
+		look := fresh[:0:0]
 		for _, i := range fresh {
-			switch {
-			case !entries[i].Direct:
-				rest = append(rest, i)
-			case queued == 0:
+			if entries[i].Direct && counts.Queued == 0 {
 				out[i] = stock.TicketEntered{Direct: true}
-			default:
+			} else {
 				look = append(look, i)
 			}
 		}
-		if len(look) == 0 {
-			return rest
-		}
-		keys := make([]string, len(look))
-		for j, i := range look {
-			keys[j] = stock.TokenKey(sku, entries[i].Ticket.IdempotencyKey)
-		}
-		ops, busy, err := s.seller.LookupOperations(ctx, sku, keys)
-		for j, i := range look {
-			t := entries[i].Ticket
-			op := ops[keys[j]]
-			want := stock.ParamsHash(&stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: sku}, Quantity: t.Quantity,
-				CustomerRef: t.CustomerRef})
-			switch {
-			case err != nil:
-				out[i].Err = unavailable(err)
-			case busy[keys[j]]:
-				out[i].Err = stock.Errorf(stock.CodeShardUnavailable, "a token for this key is being granted; retry with the same key")
-			case op == nil:
-				rest = append(rest, i)
-			case op.Kind != stock.OpReserve || !bytes.Equal(op.ParamsHash, want):
-				out[i].Err = stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")
-			default:
-				out[i] = stock.TicketEntered{Ticket: directTicket(t, op.ReservationID, op.ReservationExpiresAt), Replayed: true}
-			}
-		}
-		slices.Sort(rest) // in the batch's order
-		return rest
+		return s.grantedTokens(ctx, sku, entries, look, out)
 	}
+}
+
+// grantedTokens answers, in out, the entries of idx whose key holds a
+// token granted directly (its reserve under stock.TokenKey), as that
+// token, replayed, or IDEMPOTENCY_KEY_REUSED for other parameters; one
+// read for all. It returns the others, in order.
+func (s *Service) grantedTokens(ctx context.Context, sku string, entries []stock.TicketEntry, idx []int, out []stock.TicketEntered) []int {
+	if len(idx) == 0 {
+		return nil
+	}
+	keys := make([]string, len(idx))
+	for j, i := range idx {
+		keys[j] = stock.TokenKey(sku, entries[i].Ticket.IdempotencyKey)
+	}
+	ops, busy, err := s.seller.LookupOperations(ctx, sku, keys)
+	var rest []int
+	for j, i := range idx {
+		t := entries[i].Ticket
+		op := ops[keys[j]]
+		want := stock.ParamsHash(&stock.Request{Kind: stock.OpReserve, Shard: stock.ShardKey{SKU: sku}, Quantity: t.Quantity,
+			CustomerRef: t.CustomerRef})
+		switch {
+		case err != nil:
+			out[i].Err = unavailable(err)
+		case busy[keys[j]]:
+			out[i].Err = stock.Errorf(stock.CodeShardUnavailable, "a token for this key is being granted; retry with the same key")
+		case op == nil:
+			rest = append(rest, i)
+		case op.Kind != stock.OpReserve || !bytes.Equal(op.ParamsHash, want):
+			out[i].Err = stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")
+		default:
+			out[i] = stock.TicketEntered{Ticket: directTicket(t, op.ReservationID, op.ReservationExpiresAt), Replayed: true}
+		}
+	}
+	return rest
 }
 
 // directTriesMax bounds one RequestToken's direct reserves (a copy of

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardstock/shardstock/internal/admission"
+	"github.com/shardstock/shardstock/internal/allocator"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -155,4 +156,60 @@ func TestAdmission_Direct(t *testing.T) {
 		t.Errorf("GetTicket(w2) = %+v, %v; want WAITING at the head", w2, err)
 	}
 	s.balanced(sku)
+}
+
+// TestAdmission_DirectTrustLapses: a process that read a SKU never
+// ticketed trusts that read for stock.DirectTrustMax only. Process P
+// grants a token directly (its read is trusted); process Q sells the
+// second unit and enters the SKU's first ticket; a unit comes back. P's
+// next request must read again and wait behind Q's ticket, not take the
+// unit directly on its old read (seen failing with trust that never
+// lapsed: a token). Then the SKU's tokens_per_customer is set: a retry of
+// P's direct token still answers that token, not a ticket (seen failing
+// with the lookup only for requests that may go direct: a waiting ticket).
+func TestAdmission_DirectTrustLapses(t *testing.T) {
+	s := newStack(t, []string{"a"}, "")
+	ctx := context.Background()
+	const sku = "direct-lapse"
+	ad := stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: time.Minute, WaitlistMax: 10}
+	s.createAdmissionSKU(sku, 1, 2, ad)
+	// No workers: the waitlist moves only as the test says.
+	pa, qa := s.newAllocator(), s.newAllocator()
+	p := s.newAdmissionWith("lapse-p", pa, nil, nil)
+	q := s.newAdmissionWith("lapse-q", qa, nil, nil)
+	request := func(side *admissionSide, key string) (admission.Answer, error) {
+		return side.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: key, CustomerRef: "cust-" + key})
+	}
+	pk, err := request(p, "p-1")
+	if err != nil || pk.Ticket.ID != "" || pk.Ticket.State != stock.TicketAdmitted {
+		t.Fatalf("RequestToken(p-1) at P = %+v, %v; want a token granted directly", pk.Ticket, err)
+	}
+	qk, err := request(q, "q-1")
+	if err != nil || qk.Ticket.ID != "" || qk.Ticket.State != stock.TicketAdmitted {
+		t.Fatalf("RequestToken(q-1) at Q = %+v, %v; want a token granted directly", qk.Ticket, err)
+	}
+	w, err := request(q, "q-2")
+	if err != nil || w.Ticket.State != stock.TicketWaiting {
+		t.Fatalf("RequestToken(q-2) at Q with every unit held = %+v, %v; want WAITING", w.Ticket, err)
+	}
+	if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: qk.Ticket.TokenID, Reason: "test"}); res.Err != nil {
+		t.Fatalf("release q-1's token: %v", res.Err)
+	}
+	late, err := request(p, "p-2")
+	if err != nil || late.Ticket.State != stock.TicketWaiting || late.Ticket.Position != 1 {
+		t.Errorf("RequestToken(p-2) at P, a unit free behind Q's waiting ticket = %+v, %v; want WAITING behind it", late.Ticket, err)
+	}
+
+	ad.TokensPerCustomer = 1
+	for _, a := range []*allocator.Allocator{pa, qa} {
+		if _, err := a.UpdateSKU(ctx, sku, stock.SKUUpdate{Admission: &ad}); err != nil {
+			t.Fatalf("UpdateSKU(tokens_per_customer 1) = %v", err)
+		}
+	}
+	for _, side := range []*admissionSide{p, q} {
+		again, err := request(side, "p-1")
+		if err != nil || !again.Replayed || again.Ticket.TokenID != pk.Ticket.TokenID || again.Ticket.ID != "" {
+			t.Errorf("RequestToken(p-1) again once the SKU has tokens_per_customer = %+v, %v; want its token %s, replayed", again.Ticket, err, pk.Ticket.TokenID)
+		}
+	}
 }
