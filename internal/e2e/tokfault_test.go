@@ -502,7 +502,11 @@ func checkTokens(t *testing.T, s *stack, dbURL, sku string, customers []*tokCust
 	}
 	for key, rs := range reserves {
 		if len(rs) > 1 {
-			t.Errorf("customer %s granted a token %d times: reserves %v", byReserveKey[key].key, len(rs), rs)
+			who := key
+			if c := byReserveKey[key]; c != nil {
+				who = c.key
+			}
+			t.Errorf("customer %s granted a token %d times: reserves %v", who, len(rs), rs)
 		}
 	}
 	for id, es := range ends {
