@@ -38,7 +38,11 @@ func (u *untickets) saw(sku string, c stock.EntryCounts) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if c.Ticketed {
-		delete(u.skus, sku)
+		// Untrusted; a forget is kept, so that an older read arriving
+		// late is not trusted again.
+		if k, ok := u.skus[sku]; ok {
+			u.skus[sku] = untick{forgot: k.forgot}
+		}
 		return
 	}
 	if u.skus == nil {

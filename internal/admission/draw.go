@@ -50,15 +50,23 @@ func DrawOrder(seed [DrawSeedLen]byte, ticketIDs []string) []string {
 // are bounded by the SKU's waitlist_max. A key used before draw_at is
 // answered its ticket, as it is now, whenever it is retried.
 func (s *Service) register(ctx context.Context, r TokenRequest, sku *stock.SKU) (Answer, error) {
-	// A key that holds a token granted directly (before the SKU sold by
-	// draw) answers it, as its retry would have before.
-	probe := []stock.TicketEntry{{Ticket: stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef}}}
-	got := make([]stock.TicketEntered, 1)
-	if rest := s.grantedTokens(ctx, r.SKU, probe, []int{0}, got); len(rest) == 0 {
-		if got[0].Err != nil {
-			return Answer{}, got[0].Err
+	// A key with no ticket that holds a token granted directly (before
+	// the SKU sold by draw) answers that token, as its retry would have
+	// before. A key with a ticket answers it (RegisterTicket's replay):
+	// an admitted ticket's reserve has the same key.
+	_, err := s.store.GetTicketByKey(ctx, r.SKU, r.Key)
+	switch {
+	case stock.CodeOf(err) == stock.CodeTicketNotFound:
+		probe := []stock.TicketEntry{{Ticket: stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef}}}
+		got := make([]stock.TicketEntered, 1)
+		if rest := s.grantedTokens(ctx, r.SKU, probe, []int{0}, got); len(rest) == 0 {
+			if got[0].Err != nil {
+				return Answer{}, got[0].Err
+			}
+			return answer(got[0].Ticket, true)
 		}
-		return answer(got[0].Ticket, true)
+	case err != nil:
+		return Answer{}, err
 	}
 	open := s.now().Before(sku.Admission.DrawAt)
 	t, replayed, err := s.store.RegisterTicket(ctx, stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef},

@@ -149,6 +149,18 @@ func TestAdmission_Draw(t *testing.T) {
 		}
 	}
 
+	// A winner's retry answers its ticket, admitted: its token's reserve
+	// has the request's key (stock.TokenKey), but it is no direct grant.
+	for i, tk := range tickets {
+		if tk.ID != order[0] {
+			continue
+		}
+		again, err := request(i, fmt.Sprintf("k-%d", i))
+		if err != nil || !again.Replayed || again.Ticket.ID != order[0] || again.Ticket.State != stock.TicketAdmitted || again.Ticket.Rank != 1 {
+			t.Errorf("RequestToken(the first winner's key) again = %+v, %v; want its ticket %s ADMITTED, replayed", again.Ticket, err, order[0])
+		}
+	}
+
 	// A released token goes to the next ticket drawn, not any other.
 	if res := s.alloc.EndReservation(ctx, &stock.Request{Kind: stock.OpRelease, ReservationID: tokens[0], Reason: "test"}); res.Err != nil {
 		t.Fatalf("Release(%s) = %v", tokens[0], res.Err)

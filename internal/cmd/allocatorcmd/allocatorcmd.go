@@ -209,6 +209,11 @@ func (c *config) check(log *slog.Logger) error {
 		}
 		c.proxies = append(c.proxies, prefix)
 	}
+	if c.maxConns == 1 || c.maxConns < 0 {
+		// An admission entry holds its SKU's lock on one connection while
+		// it reads the stock, and records a SKU's first ticket, on another.
+		return fmt.Errorf("-db-max-conns %d: want 0 (the pool's default) or at least 2", c.maxConns)
+	}
 	if c.aheadBytes < transport.PublicReadMaxBytes {
 		return fmt.Errorf("-max-read-ahead-bytes must be at least %d (one message)", transport.PublicReadMaxBytes)
 	}

@@ -286,6 +286,7 @@ func TestRun_Refuses(t *testing.T) {
 		{"NegativeRate", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-rate-limit", "-1"}, "rate-limit"},
 		{"NegativeClientConns", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-max-client-conns", "-1"}, "max-client-conns"},
 		{"LongGroupDelay", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-group-delay", "1s"}, "-group-delay 1s: want 0 to 10ms"},
+		{"OneConnection", []string{"-database-url", "postgres://nowhere", "-admin-token", token, "-db-max-conns", "1"}, "-db-max-conns 1: want 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
