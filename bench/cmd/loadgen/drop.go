@@ -21,6 +21,7 @@ import (
 // and its SKUs' shards.
 type dropFlags struct {
 	units, waitlist int64
+	perCustomer     int64
 	after, inFlight int
 	warmup          int
 	think           time.Duration
@@ -31,6 +32,7 @@ type dropFlags struct {
 func (d *dropFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&d.units, "drop-units", drop.UnitsDefault, "model drop: units of the SKU under admission (and of the plain SKU of its reserve phase)")
 	fs.Int64Var(&d.waitlist, "drop-waitlist", drop.WaitlistDefault, "model drop: the SKU's waitlistMax")
+	fs.Int64Var(&d.perCustomer, "drop-tokens-per-customer", 0, "model drop: the SKU's tokensPerCustomer (each request is a customer of its own); 0: none, so tokens are granted directly while units are free")
 	fs.IntVar(&d.after, "drop-after", drop.AfterDefault, "model drop: RequestTokens sent once the SKU is sold out for good (and the ceiling's deducts of a sold-out SKU), at -rate; 0: none")
 	fs.IntVar(&d.inFlight, "drop-in-flight", drop.InFlightMaxDefault, "model drop: requests in flight at most; an arrival beyond it waits (counted as sent late)")
 	fs.DurationVar(&d.think, "drop-think", drop.ThinkDefault, "model drop: time from a token or reservation to its Commit or Release")
@@ -70,7 +72,7 @@ func targetNames(s string) []string {
 func (c *config) dropConfig(runID string) drop.Config {
 	shards, _ := parseShards(c.shardList)
 	cfg := drop.Config{RunID: runID, Units: c.drop.units, Arrivals: int(c.requests), Rate: c.rate, Duration: c.duration,
-		Think: c.drop.think, Release: c.drop.release, WaitlistMax: c.drop.waitlist, After: c.drop.after, InFlightMax: c.drop.inFlight, Swap: c.drop.swap,
+		Think: c.drop.think, Release: c.drop.release, WaitlistMax: c.drop.waitlist, TokensPerCustomer: c.drop.perCustomer, After: c.drop.after, InFlightMax: c.drop.inFlight, Swap: c.drop.swap,
 		Warmup: c.drop.warmup}
 	if len(shards) > 0 {
 		cfg.Shards = shards[0]

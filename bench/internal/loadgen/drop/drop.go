@@ -85,6 +85,10 @@ type Config struct {
 	Release float64
 	// WaitlistMax is the admission's waitlistMax.
 	WaitlistMax int64
+	// TokensPerCustomer is the admission's tokensPerCustomer (every
+	// request is a customer of its own): 0, tokens are granted directly
+	// while units are free; else every request is a ticket.
+	TokensPerCustomer int64
 	// After is the RequestTokens sent once the SKU is sold out for good,
 	// and the ceiling's refused deducts, at Rate.
 	After       int
@@ -140,7 +144,7 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("drop: rate %g: want more than 0, at most 1,000,000 a second", c.Rate)
 	case c.Think < 0 || c.Duration < 0 || !(c.Release >= 0 && c.Release <= 1):
 		return errors.New("drop: think time and duration must not be negative, the release share 0 to 1")
-	case c.WaitlistMax < 0 || c.After < 0 || c.After > arrivalsMax || c.InFlightMax < 1:
+	case c.WaitlistMax < 0 || c.After < 0 || c.After > arrivalsMax || c.InFlightMax < 1 || c.TokensPerCustomer < 0:
 		return errors.New("drop: waitlist, after-sell-out requests and in-flight bound out of range")
 	case c.Warmup < 0 || c.Warmup == 1 || c.Warmup > arrivalsMax:
 		return fmt.Errorf("drop: %d warm-up arrivals: want 0 or 2 to %d", c.Warmup, arrivalsMax)
@@ -276,7 +280,7 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 			return r, err
 		}
 	}
-	logf("drop: %d arrivals at %.0f/s on %s (%d units, tokens, waitlist %d)", cfg.Arrivals, cfg.Rate, r.SKU, cfg.Units, cfg.WaitlistMax)
+	logf("drop: %d arrivals at %.0f/s on %s (%d units, tokens, waitlist %d, tokens per customer %d)", cfg.Arrivals, cfg.Rate, r.SKU, cfg.Units, cfg.WaitlistMax, cfg.TokensPerCustomer)
 	var tickets []string
 	if r.Drop, tickets, err = runPhase(ctx, cfg, env, r.SKU, token); err != nil {
 		return r, fmt.Errorf("drop: %w", err)
@@ -332,7 +336,7 @@ func createSKUs(ctx context.Context, admin shardstockv1connect.AdminServiceClien
 	_, err := admin.CreateSku(ctx, connect.NewRequest(&shardstockv1.CreateSkuRequest{
 		Sku: sku, InitialStock: cfg.Units, Shards: cfg.Shards,
 		Admission: &shardstockv1.Admission{Mode: shardstockv1.AdmissionMode_ADMISSION_MODE_TOKENS,
-			TokenTtl: durationpb.New(tokenTTL), WaitlistMax: cfg.WaitlistMax},
+			TokenTtl: durationpb.New(tokenTTL), WaitlistMax: cfg.WaitlistMax, TokensPerCustomer: cfg.TokensPerCustomer},
 	}))
 	if err != nil {
 		return fmt.Errorf("drop: CreateSku %s: %w", sku, err)
