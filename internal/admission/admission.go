@@ -1,12 +1,13 @@
 // Package admission sells a SKU under admission through purchase tokens
 // and a waitlist (docs/admission.md). A token is a reservation taken
 // through the allocator like every other hold, with a key derived from its
-// ticket (stock.TicketKey), so the shard servers' writers keep the
-// invariants (no oversell, at most once, every change in the ledger)
-// without a rule of their own. Every request for a token is a ticket in
-// the admission store, in order of arrival; the tickets that found no free
-// unit wait, and the Worker admits them as units come back, one SKU in one
-// process at a time under an etcd lease.
+// request's (stock.TokenKey; Ticket.ReserveKey), so the shard servers'
+// writers keep the invariants (no oversell, at most once, every change in
+// the ledger) without a rule of their own. A request that finds units free
+// and no ticket queued is granted its token directly (direct.go); the
+// others are tickets in the admission store, in order of arrival; the
+// tickets that found no free unit wait, and the Worker admits them as
+// units come back, one SKU in one process at a time under an etcd lease.
 package admission
 
 import (

@@ -11,7 +11,7 @@ const admissionPrefix = "/shardstock/admission/"
 // (the one its move leases share); nil and no error while another process
 // holds it. Holding it is a matter of efficiency, not of safety: two
 // workers admitting the same ticket reserve with the same key
-// (stock.TicketKey), so the shard applies it once.
+// (stock.Ticket.ReserveKey), so the shard applies it once.
 func (m *MoveLeases) TryAdmission(ctx context.Context, sku string) (*MoveLease, error) {
 	got, _, _, err := m.try(ctx, admissionPrefix+sku, sku)
 	return got, err
