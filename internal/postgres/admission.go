@@ -34,13 +34,13 @@ const sqlQueued = `(state = 'waiting' OR (state = 'pending' AND claimed_at IS NO
 const sqlCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(sum(in_flight), 0)::bigint FROM admission_counts WHERE sku = $1`
 
 // sqlEntryCounts is what an entry batch reads of its SKU before the lock:
-// the tickets queued, and whether the SKU has had a ticket.
-const sqlEntryCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(bool_or(ticketed), false) FROM admission_counts WHERE sku = $1`
+// the tickets queued, and whether the SKU has had a ticket (it has a
+// counts row, migration 00022).
+const sqlEntryCounts = `SELECT coalesce(sum(queued), 0)::bigint, count(*) > 0 FROM admission_counts WHERE sku = $1`
 
-// sqlTicketed records, before a SKU's first ticket, that it has tickets
-// (admission_counts.ticketed, migration 00022).
-const sqlTicketed = `INSERT INTO admission_counts AS c (sku, ticketed) VALUES ($1, true)
-	ON CONFLICT (sku) DO UPDATE SET ticketed = true WHERE NOT c.ticketed`
+// sqlTicketed records, before a SKU's first ticket, that it has had one:
+// its counts row.
+const sqlTicketed = `INSERT INTO admission_counts (sku) VALUES ($1) ON CONFLICT (sku) DO NOTHING`
 
 const sqlTicketColumns = `ticket_id, seq, sku, quantity, idempotency_key, customer_ref, state, token_id, expires_at, created_at, direct, coalesce(draw_rank, 0), keyed`
 
@@ -262,16 +262,16 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 }
 
 // flagTicketed makes sure, in tx under sku's admission lock, that its
-// ticketed flag is set before a ticket is entered: read unset under the
-// lock (the SKU's first ticket), it is set and committed on a connection
-// of its own, then the call waits until every read of it from before has
+// counts row (the flag that it has had a ticket) is there before a ticket
+// is entered: found missing under the lock (the SKU's first ticket), it is
+// inserted and committed on a connection of its own, then the call waits until every read of it from before has
 // lapsed (stock.DirectTrustMax), with a margin, still holding the lock.
 // Every ticket is entered under that lock, so none is entered, by any
 // process, before the wait has passed: another entry reads the flag set,
 // but takes the lock only once this one ends.
 func (db *DB) flagTicketed(ctx context.Context, tx pgx.Tx, sku string) error {
 	var set bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM admission_counts WHERE sku = $1 AND ticketed)`, sku).Scan(&set); err != nil || set {
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM admission_counts WHERE sku = $1)`, sku).Scan(&set); err != nil || set {
 		return err
 	}
 	if _, err := db.pool.Exec(ctx, sqlTicketed, sku); err != nil {

@@ -227,11 +227,11 @@ type EntryCounts struct {
 	ReadAt time.Time
 }
 
-// A SKU's ticketed flag read false is trusted for DirectTrustMax after the
-// read began: a SKU's first ticket is entered only once DirectTrustMax and
-// DirectTrustMargin (for the clocks' rates and the flag's commit) have
-// passed since its flag was committed (docs/admission.md, "Direct
-// grants").
+// A read that found a SKU never ticketed (no admission_counts row) is
+// trusted for DirectTrustMax after the read began: a SKU's first ticket is
+// entered only once DirectTrustMax and DirectTrustMargin (for the clocks'
+// rates and the row's commit) have passed since its row was committed
+// (docs/admission.md, "Direct grants").
 const (
 	DirectTrustMax    = 100 * time.Millisecond
 	DirectTrustMargin = 50 * time.Millisecond

@@ -14,19 +14,16 @@
 -- admits with the old key.
 ALTER TABLE admission_tickets ADD COLUMN keyed boolean NOT NULL DEFAULT false;
 
--- Whether the SKU has ever had a ticket. Set (and committed) before a
--- SKU's first ticket is entered, then never cleared: an allocator that
--- read it false may grant tokens directly without reading the tickets for
--- stock.DirectTrustMax after its read began, and the first ticket is
--- entered only after that time and stock.DirectTrustMargin have passed.
--- Every row is true (the counts' trigger of a process from before this
--- migration creates rows too): a SKU without a row has never had a
--- ticket.
-ALTER TABLE admission_counts ADD COLUMN ticketed boolean NOT NULL DEFAULT true;
+-- A SKU has an admission_counts row once it has had a ticket: the row is
+-- inserted (and committed) before a SKU's first ticket is entered, and
+-- never deleted (the counts' trigger only moves its numbers). An allocator
+-- that read no row may grant tokens directly without reading the tickets
+-- for stock.DirectTrustMax after its read began, and the first ticket is
+-- entered only after that time and stock.DirectTrustMargin have passed
+-- (postgres.flagTicketed). The rows of the SKUs with tickets from before:
 INSERT INTO admission_counts (sku)
 SELECT DISTINCT sku FROM admission_tickets ORDER BY sku
 ON CONFLICT (sku) DO NOTHING;
 
 -- +goose Down
-ALTER TABLE admission_counts DROP COLUMN ticketed;
 ALTER TABLE admission_tickets DROP COLUMN keyed;
