@@ -119,11 +119,8 @@ func (a *Allocator) GetOperation(ctx context.Context, sku, key string) (*stock.O
 		return nil, err
 	}
 	op, err := a.db.GetOperation(ctx, sku, key)
-	if stock.CodeOf(err) == stock.CodeOperationNotFound {
-		flight := sku + "\x00" + key
-		if _, busy := a.inflight.Load(flight); busy || a.doubts.holds(flight) {
-			return nil, stock.Errorf(stock.CodeOperationInProgress, "the operation with key %q is in progress; ask again", key)
-		}
+	if stock.CodeOf(err) == stock.CodeOperationNotFound && a.busy(sku, key) {
+		return nil, stock.Errorf(stock.CodeOperationInProgress, "the operation with key %q is in progress; ask again", key)
 	}
 	if err == nil && stock.IsOrderLineKey(op.IdempotencyKey) && op.ReservationID != "" && a.orders != nil {
 		// A line's key is a hash of its order and SKU, so the order is
@@ -145,11 +142,7 @@ func (a *Allocator) LookupOperations(ctx context.Context, sku string, keys []str
 		return nil, nil, err
 	}
 	for _, key := range keys {
-		if ops[key] != nil {
-			continue
-		}
-		flight := sku + "\x00" + key
-		if _, ok := a.inflight.Load(flight); ok || a.doubts.holds(flight) {
+		if ops[key] == nil && a.busy(sku, key) {
 			if busy == nil {
 				busy = map[string]bool{}
 			}
@@ -157,6 +150,15 @@ func (a *Allocator) LookupOperations(ctx context.Context, sku string, keys []str
 		}
 	}
 	return ops, busy, nil
+}
+
+// busy reports whether a request of this process with sku's key may
+// still be applied: in flight, or held in doubt. A key found in neither
+// it, nor the database, was never applied.
+func (a *Allocator) busy(sku, key string) bool {
+	flight := sku + "\x00" + key
+	_, ok := a.inflight.Load(flight)
+	return ok || a.doubts.holds(flight)
 }
 
 // GetStock reads a SKU's counts as committed.
