@@ -57,7 +57,8 @@ type Store interface {
 	TicketKeys(ctx context.Context, sku string, limit int, each func(key string)) (n int, open bool, err error)
 
 	// The draw (draw.go).
-	RegisterTicket(ctx context.Context, t stock.Ticket, params []byte, registrationsMax int64, open bool) (*stock.Ticket, bool, error)
+	RegisterTicket(ctx context.Context, t stock.Ticket, params []byte, registrationsMax int64, open bool,
+		granted func(context.Context) (*stock.Ticket, error)) (*stock.Ticket, bool, error)
 	SeedDraw(ctx context.Context, sku string, seed []byte) ([]byte, error)
 	RankDraw(ctx context.Context, sku string, order func(seed []byte, ids []string) []string) (bool, error)
 	GetDraw(ctx context.Context, sku string, after int64, limit int) (*stock.Draw, error)
@@ -202,10 +203,6 @@ func (s *Service) grantedTokens(ctx context.Context, sku string, entries []stock
 	return rest
 }
 
-// directTriesMax bounds one RequestToken's direct reserves (a copy of
-// its key sent at once can answer its entry Direct again).
-const directTriesMax = 3
-
 // directTicket is the answer for a token granted directly: an ADMITTED
 // ticket that was never recorded (no id, no place in the waitlist).
 func directTicket(t stock.Ticket, tokenID string, expiresAt time.Time) *stock.Ticket {
@@ -285,10 +282,7 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 	} else if e, err = s.entries.do(ctx, r.SKU, in); err != nil {
 		return Answer{}, err
 	}
-	for tries := 0; e.Direct; tries++ {
-		if tries == directTriesMax {
-			return Answer{}, stock.Errorf(stock.CodeShardUnavailable, "the request's key is being served by another call; retry with the same key")
-		}
+	if e.Direct {
 		a, granted, err := s.grant(ctx, r, sku)
 		if granted || err != nil {
 			return a, err
@@ -297,20 +291,23 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 		// next requests enter too (their batches read the counts, and go
 		// after this one): a unit that comes back while the SKU's first
 		// ticket is entered goes to a request in line, not to a newer one.
-		// Entered again, it may still be answered Direct: a copy of the
-		// same key, sent at once, went first in the batch.
 		s.untick.forget(r.SKU)
 		in.entry.Direct = false
 		if e, err = s.entries.do(ctx, r.SKU, in); err != nil {
 			return Answer{}, err
+		}
+		if e.Direct {
+			// A copy of the same key, sent at once and still asking
+			// directly, went first in the batch: its answer is this one's.
+			return Answer{}, stock.Errorf(stock.CodeShardUnavailable, "a copy of this request is being served; retry with the same key")
 		}
 	}
 	if e.Err != nil {
 		return Answer{}, e.Err
 	}
 	t, replayed := e.Ticket, e.Replayed
-	if t.Direct && t.ID == "" {
-		return answer(t, replayed) // a token granted directly, found again behind a waitlist
+	if t.ID == "" {
+		return answer(t, replayed) // a token granted directly, found again by its key
 	}
 	if !replayed {
 		s.wake()

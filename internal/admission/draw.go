@@ -52,25 +52,18 @@ func DrawOrder(seed [DrawSeedLen]byte, ticketIDs []string) []string {
 func (s *Service) register(ctx context.Context, r TokenRequest, sku *stock.SKU) (Answer, error) {
 	// A key with no ticket that holds a token granted directly (before
 	// the SKU sold by draw) answers that token, as its retry would have
-	// before. A key with a ticket answers it (RegisterTicket's replay):
-	// an admitted ticket's reserve has the same key.
-	_, err := s.store.GetTicketByKey(ctx, r.SKU, r.Key)
-	switch {
-	case stock.CodeOf(err) == stock.CodeTicketNotFound:
-		probe := []stock.TicketEntry{{Ticket: stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef}}}
+	// before; asked only once no ticket has the key, since an admitted
+	// ticket's reserve has the same key.
+	asked := stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef}
+	granted := func(ctx context.Context) (*stock.Ticket, error) {
 		got := make([]stock.TicketEntered, 1)
-		if rest := s.grantedTokens(ctx, r.SKU, probe, []int{0}, got); len(rest) == 0 {
-			if got[0].Err != nil {
-				return Answer{}, got[0].Err
-			}
-			return answer(got[0].Ticket, true)
+		if rest := s.grantedTokens(ctx, r.SKU, []stock.TicketEntry{{Ticket: asked}}, []int{0}, got); len(rest) > 0 {
+			return nil, nil
 		}
-	case err != nil:
-		return Answer{}, err
+		return got[0].Ticket, got[0].Err
 	}
 	open := s.now().Before(sku.Admission.DrawAt)
-	t, replayed, err := s.store.RegisterTicket(ctx, stock.Ticket{SKU: r.SKU, Quantity: r.Quantity, IdempotencyKey: r.Key, CustomerRef: r.CustomerRef},
-		paramsHash(r), sku.Admission.WaitlistMax, open)
+	t, replayed, err := s.store.RegisterTicket(ctx, asked, paramsHash(r), sku.Admission.WaitlistMax, open, granted)
 	if err != nil {
 		return Answer{}, err
 	}

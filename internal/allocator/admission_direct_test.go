@@ -212,4 +212,16 @@ func TestAdmission_DirectTrustLapses(t *testing.T) {
 			t.Errorf("RequestToken(p-1) again once the SKU has tokens_per_customer = %+v, %v; want its token %s, replayed", again.Ticket, err, pk.Ticket.TokenID)
 		}
 	}
+	// And once it sells by draw: a registration of that key answers the
+	// token too, and registers nothing.
+	draw := stock.Admission{Mode: stock.AdmissionDraw, TokenTTL: time.Minute, WaitlistMax: 10, DrawAt: time.Now().Add(time.Hour)}
+	for _, a := range []*allocator.Allocator{pa, qa} {
+		if _, err := a.UpdateSKU(ctx, sku, stock.SKUUpdate{Admission: &draw}); err != nil {
+			t.Fatalf("UpdateSKU(draw) = %v", err)
+		}
+	}
+	again, err := request(p, "p-1")
+	if err != nil || !again.Replayed || again.Ticket.TokenID != pk.Ticket.TokenID || again.Ticket.ID != "" {
+		t.Errorf("RequestToken(p-1) again once the SKU sells by draw = %+v, %v; want its token %s, replayed", again.Ticket, err, pk.Ticket.TokenID)
+	}
 }

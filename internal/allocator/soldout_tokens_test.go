@@ -91,9 +91,10 @@ func (c *countingTickets) TicketKeys(ctx context.Context, sku string, limit int,
 	c.queries.Add(1)
 	return c.db.TicketKeys(ctx, sku, limit, each)
 }
-func (c *countingTickets) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte, registrationsMax int64, open bool) (*stock.Ticket, bool, error) {
+func (c *countingTickets) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte, registrationsMax int64, open bool,
+	granted func(context.Context) (*stock.Ticket, error)) (*stock.Ticket, bool, error) {
 	c.queries.Add(1)
-	return c.db.RegisterTicket(ctx, t, params, registrationsMax, open)
+	return c.db.RegisterTicket(ctx, t, params, registrationsMax, open, granted)
 }
 func (c *countingTickets) SeedDraw(ctx context.Context, sku string, seed []byte) ([]byte, error) {
 	c.queries.Add(1)

@@ -21,11 +21,20 @@ import (
 // not open (the caller's clock is past draw_at) or once the draw's seed is
 // recorded, WAITLIST_FULL at registrationsMax registrations, and
 // CUSTOMER_LIMIT_REACHED for a customer registered under another key.
-func (db *DB) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte, registrationsMax int64, open bool) (*stock.Ticket, bool, error) {
+// granted, when set, is asked once no ticket has the key: a token it
+// answers (one granted directly, before the SKU sold by draw) is the
+// answer, replayed, and nothing is recorded.
+func (db *DB) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte, registrationsMax int64, open bool,
+	granted func(context.Context) (*stock.Ticket, error)) (*stock.Ticket, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	if got, err := db.replayTicket(ctx, db.pool, t, params); got != nil || err != nil {
 		return got, got != nil, err
+	}
+	if granted != nil {
+		if got, err := granted(ctx); got != nil || err != nil {
+			return got, got != nil, err
+		}
 	}
 	if !open {
 		return nil, false, stock.Errorf(stock.CodeSaleEnded, "the registration for the draw of sku %q has closed", t.SKU)
