@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -25,11 +23,7 @@ import (
 // of the SKU with it.
 func TestDB_AdmissionLockWaitersLeaveConnections(t *testing.T) {
 	ctx := context.Background()
-	db, err := postgres.Open(ctx, pgtest.NewMigratedDB(t), postgres.Options{MaxConns: 4, ApplicationName: "lock-waiters"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openWith(t, pgtest.NewMigratedDB(t), postgres.Options{MaxConns: 4, ApplicationName: "lock-waiters"})
 	const sku = "lock-waiters"
 	entry := func(key string) []stock.TicketEntry {
 		return []stock.TicketEntry{{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key}, Params: []byte(key)}}
@@ -77,11 +71,7 @@ func TestDB_AdmissionLockWaitersLeaveConnections(t *testing.T) {
 func TestDB_TicketReadsProbeIndexes(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.NewMigratedDB(t)
-	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: "probe-indexes"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openWith(t, url, postgres.Options{MaxConns: 4, ApplicationName: "probe-indexes"})
 	const (
 		sku      = "probe-indexes"
 		ticketsN = 2000
@@ -102,11 +92,7 @@ func TestDB_TicketReadsProbeIndexes(t *testing.T) {
 			t.Fatalf("EnterTickets(batch %d) = %v, %v", b, got[0], err)
 		}
 	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t, url)
 	// The odd-numbered half ended (the probes below ask for even numbers).
 	if _, err := conn.Exec(ctx, `UPDATE admission_tickets SET state = 'cancelled' WHERE sku = $1 AND substr(idempotency_key, 5)::int % 2 = 1`, sku); err != nil {
 		t.Fatal(err)
@@ -186,16 +172,8 @@ func planRows(node map[string]any) (read, removed float64) {
 func TestDB_GetTicketsPositions(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.NewMigratedDB(t)
-	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: "get-tickets"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	db := openWith(t, url, postgres.Options{MaxConns: 4, ApplicationName: "get-tickets"})
+	conn := connect(t, url)
 	const ticketsN = 60
 	none := func(context.Context) (int64, bool, error) { return 0, false, nil } // every ticket waits
 	enter := func(sku string) []string {
@@ -299,11 +277,7 @@ func TestDB_GetTicketsPositions(t *testing.T) {
 func TestDB_AdmissionCountsKept(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.NewMigratedDB(t)
-	db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 8, ApplicationName: "counts-kept"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openWith(t, url, postgres.Options{MaxConns: 8, ApplicationName: "counts-kept"})
 	skus := []string{"counts-a", "counts-b", "counts-c"}
 	const (
 		callersPerSKU, rounds, batchLen = 2, 15, 8
@@ -433,11 +407,7 @@ func TestDB_AdmissionCountsKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	skus = append(skus, "counts-d")
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t, url)
 	agree := func(when string) (queuedAll, inFlightAll int64) {
 		t.Helper()
 		for _, sku := range skus {
@@ -478,11 +448,7 @@ func BenchmarkEnterTickets(b *testing.B) {
 		b.Run(fmt.Sprintf("waiting=%d", waiting), func(b *testing.B) {
 			ctx := context.Background()
 			url := pgtest.NewMigratedDB(b)
-			db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: "enter-bench"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer db.Close()
+			db := openWith(b, url, postgres.Options{MaxConns: 4, ApplicationName: "enter-bench"})
 			sku := "enter-bench"
 			batch := func(prefix string, n int) {
 				entries := make([]stock.TicketEntry, n)
@@ -498,11 +464,7 @@ func BenchmarkEnterTickets(b *testing.B) {
 			for f := range waiting / fill {
 				batch(fmt.Sprintf("fill-%d", f), fill)
 			}
-			conn, err := pgx.Connect(ctx, url)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer conn.Close(ctx)
+			conn := connect(b, url)
 			pg := pgtest.BackendsCPU(b, conn)
 			b.ResetTimer()
 			for i := range b.N {
@@ -531,18 +493,10 @@ func TestDB_FirstTicketAfterTrust(t *testing.T) {
 	url := pgtest.NewMigratedDB(t)
 	var dbs []*postgres.DB
 	for i := range 3 {
-		db, err := postgres.Open(ctx, url, postgres.Options{MaxConns: 4, ApplicationName: fmt.Sprint("first-ticket-", i)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
+		db := openWith(t, url, postgres.Options{MaxConns: 4, ApplicationName: fmt.Sprint("first-ticket-", i)})
 		dbs = append(dbs, db)
 	}
-	probe, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer probe.Close(ctx)
+	probe := connect(t, url)
 	const sku = "first-ticket"
 	none := func(context.Context) (int64, bool, error) { return 0, false, nil }
 	var mu sync.Mutex
@@ -595,11 +549,7 @@ func TestDB_FirstTicketAfterTrust(t *testing.T) {
 			t.Errorf("EnterTickets(%s) = %+v, %v; want a ticket", key, got, err)
 		}
 	}
-	flag, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer flag.Close(ctx)
+	flag := connect(t, url)
 	var entering sync.WaitGroup
 	entering.Go(func() { enter(dbs[0], "first") })
 	// The second enters once the flag is set, before the first's wait ends.

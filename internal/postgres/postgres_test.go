@@ -37,14 +37,21 @@ func mustOpen(tb testing.TB) (*postgres.DB, string) {
 // openOn opens the database at url (migrating it if need be) for the test.
 func openOn(tb testing.TB, url string) (*postgres.DB, string) {
 	tb.Helper()
+	return openWith(tb, url, postgres.Options{ApplicationName: "postgrestest"}), url
+}
+
+// openWith opens the database at url with opt for the test (a pool of its
+// own, as a process has), closed when the test ends.
+func openWith(tb testing.TB, url string, opt postgres.Options) *postgres.DB {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	db, err := postgres.Open(ctx, url, postgres.Options{ApplicationName: "postgrestest"})
+	db, err := postgres.Open(ctx, url, opt)
 	if err != nil {
 		tb.Fatalf("Open(%s) = %v, want nil", url, err)
 	}
 	tb.Cleanup(db.Close)
-	return db, url
+	return db
 }
 
 // connect opens a plain pgx connection: the test's way around the adapter,
