@@ -2,10 +2,7 @@ package postgres
 
 import (
 	"slices"
-	"strings"
 	"testing"
-
-	"github.com/shardstock/shardstock/internal/stock"
 )
 
 // joinParts numbers each part's arguments after those of the parts before
@@ -40,27 +37,5 @@ func TestJoinParts(t *testing.T) {
 	}
 	if sql, _ := joinParts([]writePart{{name: "m", sql: `INSERT INTO m VALUES ($1)`, args: []any{1}}}); sql != "WITH m AS (INSERT INTO m VALUES ($1))\nSELECT 1" {
 		t.Errorf("joinParts without checks = %q, want a statement ending in SELECT 1", sql)
-	}
-}
-
-// A speculative group checks every SKU column the planner reads
-// (sqlSKUColumns): a column added to one and not to the other would let a
-// group sell under a SKU setting it never saw.
-func TestAssumedParts_EverySKUColumn(t *testing.T) {
-	u := &stock.Unit{Query: stock.BatchQuery{KnownSKU: &stock.SKU{Name: "s"}}}
-	var known string
-	for _, p := range assumedParts([]*stock.Unit{u}, nil) {
-		if p.name == "known" {
-			known = p.sql
-		}
-	}
-	for _, col := range strings.Split(sqlSKUColumns, ",") {
-		col = strings.TrimSpace(col)
-		if col == "sku" {
-			continue
-		}
-		if !strings.Contains(known, "s."+col+" = ") && !strings.Contains(known, "s."+col+" IS NOT DISTINCT FROM ") {
-			t.Errorf("the speculative SKU check does not compare column %s", col)
-		}
 	}
 }

@@ -1159,6 +1159,21 @@ func TestDB_GroupSpeculative(t *testing.T) {
 			t.Errorf("operations = %d on a paused SKU, want 0", n)
 		}
 	})
+	// The check is the SKU row's version, which any change of the row
+	// moves: an update of a column no setting of the old check named
+	// (updated_at) makes the group decide again too.
+	t.Run("SKUTouched", func(t *testing.T) {
+		db, conn, ks, fs, sku := setup(t)
+		exec(t, conn, `UPDATE skus SET updated_at = updated_at WHERE sku = 's-sku'`)
+		var d decision
+		if err := db.Group(ctx, []*stock.Unit{unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", ten, false, &d))}); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		speculated(t, db, 0, 1)
+		if d.calls != 2 || d.sku == nil || d.sku.Version == sku.Version {
+			t.Errorf("decided %d times, last with SKU %+v; want twice, the second with the SKU's new version (not %d)", d.calls, d.sku, sku.Version)
+		}
+	})
 	// A writer started from a seed (a sibling's read of its row) decides
 	// from it only in a speculative group, whose write compares the row:
 	// a stale seed, or a halt the seed does not show, writes nothing
@@ -1412,4 +1427,52 @@ func (d *seedDecision) from(read *stock.BatchRead, seed stock.Counts) *stock.Cou
 		return nil
 	}
 	return read.Counts
+}
+
+// A SKU's version (migration 00023) moves at every update of its row,
+// whichever column changes, and is never drawn twice: a speculative group
+// that finds the version its writer read finds the settings it read.
+func TestDB_SKUVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, url := mustOpen(t)
+	conn := connect(t, url)
+	createSKU(t, db, stock.SKU{Name: "v-sku", Shards: 2}, 10)
+	createSKU(t, db, stock.SKU{Name: "v-other", Shards: 2}, 10)
+	version := func() int64 { return count(t, conn, `SELECT version FROM skus WHERE sku = 'v-sku'`) }
+	seen := map[int64]string{count(t, conn, `SELECT version FROM skus WHERE sku = 'v-other'`): "v-other's"}
+	v := version()
+	if v == 0 {
+		t.Fatalf("a new SKU's version = 0, want one drawn from the sequence")
+	}
+	if s, err := db.GetSKU(ctx, "v-sku"); err != nil || s.Version != v {
+		t.Fatalf("GetSKU = %+v, %v; want version %d", s, err, v)
+	}
+	seen[v] = "created"
+	rows, err := conn.Query(ctx, `SELECT column_name FROM information_schema.columns
+		WHERE table_schema = current_schema() AND table_name = 'skus' AND column_name <> 'version' ORDER BY ordinal_position`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(cols) < 10 {
+		t.Fatalf("skus columns = %v, %v", cols, err)
+	}
+	for _, col := range cols {
+		c := pgx.Identifier{col}.Sanitize()
+		exec(t, conn, `UPDATE skus SET `+c+` = `+c+` WHERE sku = 'v-sku'`)
+		nv := version()
+		if by, ok := seen[nv]; ok {
+			t.Errorf("after an update of %s the version is %d, as %s: want a new one", col, nv, by)
+		}
+		seen[nv] = "the update of " + col
+	}
+	paused := true
+	s, err := db.UpdateSKU(ctx, "v-sku", stock.SKUUpdate{Paused: &paused})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := seen[s.Version]; ok || s.Version != version() {
+		t.Errorf("UpdateSKU answered version %d (stored %d), want a new one, as stored", s.Version, version())
+	}
 }

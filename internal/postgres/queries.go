@@ -12,7 +12,7 @@ import (
 
 // sqlSKUColumns are the columns scanSKU reads, in its order.
 const sqlSKUColumns = `sku, status, shards, shard_span, max_per_order, customer_limit, reservation_ttl_ms, auto_shards, sale_start, sale_end,
-	max_hold_ms, one_per_order, admission_mode, token_ttl_ms, waitlist_max, tokens_per_customer, draw_at`
+	max_hold_ms, one_per_order, admission_mode, token_ttl_ms, waitlist_max, tokens_per_customer, draw_at, version`
 
 const sqlSelectSKU = `SELECT ` + sqlSKUColumns + ` FROM skus WHERE sku`
 
@@ -23,7 +23,8 @@ func scanSKU(row pgx.Row) (*stock.SKU, error) {
 	var start, end, drawAt *time.Time
 	var mode string
 	if err := row.Scan(&s.Name, &status, &s.Shards, &s.ShardSpan, &s.MaxPerOrder, &s.CustomerLimit, &ttlMS, &s.AutoShards, &start, &end,
-		&holdMS, &s.OnePerOrder, &mode, &tokenTTLMS, &s.Admission.WaitlistMax, &s.Admission.TokensPerCustomer, &drawAt); err != nil {
+		&holdMS, &s.OnePerOrder, &mode, &tokenTTLMS, &s.Admission.WaitlistMax, &s.Admission.TokensPerCustomer, &drawAt,
+		&s.Version); err != nil {
 		return nil, err
 	}
 	s.Admission.Mode = stock.AdmissionMode(mode)

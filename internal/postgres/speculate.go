@@ -23,8 +23,8 @@ import (
 //     an operation, which the insert's unique index then proves new (a
 //     request refused under this assumption, e.g. OUT_OF_STOCK, might have
 //     been a replay, so such a group is not sent at all);
-//   - the SKUs are as their writers last read them (every column the
-//     planner uses);
+//   - the SKUs are as their writers last read them (the row's version,
+//     which every change of the row moves: migration 00023);
 //   - the fences: each partition's owner and epoch, locked FOR SHARE as
 //     the read would have.
 //
@@ -315,13 +315,10 @@ func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 		owner string
 		epoch int64
 	}
-	var parts, skuShards, skuSpan []int32
-	var owners, skus, status []string
-	var epochs, maxPerOrder, customerLimit, ttlMS, holdMS []int64
-	var auto, sell, once []bool
-	var admission []string // the mode: a SKU put under admission refuses plain reserves
-	var tokenTTL, waitMax, perCustomer []int64
-	var saleStart, saleEnd, drawAt []*time.Time
+	var parts []int32
+	var owners, skus []string
+	var epochs, versions []int64
+	var sell []bool
 	seenFence, seenSKU := map[fence]bool{}, map[string]bool{}
 	for _, u := range units {
 		f := fence{u.Fence.Partition, u.Fence.ServerID, u.Fence.Epoch}
@@ -331,37 +328,24 @@ func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 		}
 		if s := u.Query.KnownSKU; !seenSKU[s.Name] {
 			seenSKU[s.Name] = true
-			skus, status, skuShards, skuSpan = append(skus, s.Name), append(status, string(s.Status)), append(skuShards, s.Shards), append(skuSpan, s.ShardSpan)
-			maxPerOrder, customerLimit = append(maxPerOrder, s.MaxPerOrder), append(customerLimit, s.CustomerLimit)
-			ttlMS, auto = append(ttlMS, s.ReservationTTL.Milliseconds()), append(auto, s.AutoShards)
-			saleStart, saleEnd, sell = append(saleStart, nullTime(s.SaleStart)), append(saleEnd, nullTime(s.SaleEnd)), append(sell, sells[s.Name])
-			holdMS, once = append(holdMS, s.MaxHold.Milliseconds()), append(once, s.OnePerOrder)
-			admission = append(admission, string(s.Admission.Mode))
-			tokenTTL, waitMax = append(tokenTTL, s.Admission.TokenTTL.Milliseconds()), append(waitMax, s.Admission.WaitlistMax)
-			perCustomer, drawAt = append(perCustomer, s.Admission.TokensPerCustomer), append(drawAt, nullTime(s.Admission.DrawAt))
+			skus, versions, sell = append(skus, s.Name), append(versions, s.Version), append(sell, sells[s.Name])
 		}
 	}
+	// A SKU is as its writer read it when its row's version is (migration
+	// 00023: every change of the row draws a new one): one array for the
+	// group's SKUs, where comparing each setting took one each, and each
+	// array parameter costs the statement's bind and the executor
+	// (docs/bench-log/2026-12-06-params.md).
 	return []writePart{
 		{name: "fenced", sql: `SELECT 1 FROM partitions p
 			JOIN (SELECT unnest($1::int[]) AS part, unnest($2::text[]) AS owner, unnest($3::bigint[]) AS epoch) f ON p.partition = f.part
 			WHERE p.owner = f.owner AND p.epoch = f.epoch ORDER BY p.partition FOR SHARE OF p`,
 			args: []any{parts, owners, epochs}, check: &rowCheck{want: len(parts), what: "fences as assumed", code: sqlstateStale}},
 		{name: "known", sql: `SELECT 1 FROM skus s
-			JOIN (SELECT unnest($1::text[]) AS sku, unnest($2::text[]) AS status, unnest($3::int[]) AS shards, unnest($4::int[]) AS span,
-				unnest($5::bigint[]) AS mpo, unnest($6::bigint[]) AS cl, unnest($7::bigint[]) AS ttl, unnest($8::bool[]) AS auto,
-				unnest($9::timestamptz[]) AS sale_start, unnest($10::timestamptz[]) AS sale_end, unnest($11::bool[]) AS sells,
-				unnest($12::bigint[]) AS hold, unnest($13::bool[]) AS once, unnest($14::text[]) AS admission,
-				unnest($15::bigint[]) AS token_ttl, unnest($16::bigint[]) AS wait_max, unnest($17::bigint[]) AS per_customer,
-				unnest($18::timestamptz[]) AS draw_at) k ON s.sku = k.sku
-			WHERE s.status = k.status AND s.shards = k.shards AND s.shard_span = k.span AND s.max_per_order = k.mpo
-				AND s.customer_limit = k.cl AND s.reservation_ttl_ms = k.ttl AND s.auto_shards = k.auto
-				AND s.max_hold_ms = k.hold AND s.one_per_order = k.once AND s.admission_mode = k.admission
-				AND s.token_ttl_ms = k.token_ttl AND s.waitlist_max = k.wait_max AND s.tokens_per_customer = k.per_customer
-				AND s.sale_start IS NOT DISTINCT FROM k.sale_start AND s.sale_end IS NOT DISTINCT FROM k.sale_end
-				AND s.draw_at IS NOT DISTINCT FROM k.draw_at
+			JOIN (SELECT unnest($1::text[]) AS sku, unnest($2::bigint[]) AS version, unnest($3::bool[]) AS sells) k ON s.sku = k.sku
+			WHERE s.version = k.version
 				AND (NOT k.sells OR ((s.sale_start IS NULL OR now() >= s.sale_start) AND (s.sale_end IS NULL OR now() < s.sale_end)))`,
-			args: []any{skus, status, skuShards, skuSpan, maxPerOrder, customerLimit, ttlMS, auto, saleStart, saleEnd, sell, holdMS, once, admission,
-				tokenTTL, waitMax, perCustomer, drawAt},
+			args:  []any{skus, versions, sell},
 			check: &rowCheck{want: len(skus), what: "SKUs as assumed", code: sqlstateStale}},
 	}
 }

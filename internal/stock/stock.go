@@ -130,6 +130,10 @@ type SKU struct {
 	// (docs/admission.md); a plain reserve or deduct is refused
 	// TOKEN_REQUIRED.
 	Admission Admission
+	// Version is the row's version in storage, new at every change of it
+	// (0: not read from storage, or not changed since versions began): two
+	// reads with the same version read the same settings.
+	Version int64
 }
 
 // OpKind is the kind of a shard operation.
