@@ -8,6 +8,11 @@
 -- rewrite); a version is never drawn twice, so 0 is never seen again for a
 -- SKU that changed.
 CREATE SEQUENCE sku_versions;
+-- Each database starts its versions at a random point of 2^46, so that a
+-- SKU's version read in one database (a seed taken during a move between
+-- databases) is not another database's version of it but by a chance of
+-- about the updates made over 2^46.
+SELECT setval('sku_versions', 1 + floor(random() * 70368744177664)::bigint);
 ALTER TABLE skus ADD COLUMN version bigint NOT NULL DEFAULT 0;
 ALTER TABLE skus ALTER COLUMN version SET DEFAULT nextval('sku_versions');
 
