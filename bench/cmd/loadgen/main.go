@@ -68,12 +68,13 @@ type options struct {
 	databaseURL, redisAddr         string
 	pgConns                        int32
 	redisPool                      int
+	prewarm                        bool
 }
 
 // targets builds each target by name. Tests add their own.
 var targets = map[string]func(options) loadgen.Target{
 	"shardstock": func(o options) loadgen.Target {
-		return shardstock.New(shardstock.Config{Addr: o.addr, AdminToken: o.adminToken, ServiceToken: o.serviceToken})
+		return shardstock.New(shardstock.Config{Addr: o.addr, AdminToken: o.adminToken, ServiceToken: o.serviceToken, Prewarm: o.prewarm})
 	},
 	"naive": func(o options) loadgen.Target {
 		return baseline.NewNaive(baseline.PostgresConfig{DatabaseURL: o.databaseURL, MaxConns: o.pgConns})
@@ -179,7 +180,7 @@ type config struct {
 	concurrency, skus, pgConns, redisPool, pgCrashCount             int
 	rate, paced, dupRate, abandonRate                               float64
 	pacedTargets, shardList, qty, mix                               string
-	retry, progress                                                 bool
+	retry, progress, prewarm                                        bool
 	seed                                                            uint64
 	reportPath, stackBin, databaseNote, stackLog, stackArgs         string
 	serverProf, serverPids, cpuProf, diskProbe, pgData              string
@@ -219,6 +220,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of every random choice")
 	fs.IntVar(&c.pgConns, "pg-conns", 50, "connection pool size of each Postgres baseline")
 	fs.IntVar(&c.redisPool, "redis-pool", 128, "connection pool size of each Redis baseline")
+	fs.BoolVar(&c.prewarm, "prewarm", false, "shardstock: once the SKUs are created, start their shard writers (AdminService.Prewarm), as an operator does before a sale (docs/operations.md); default: each shard's first request reads its row")
 	fs.StringVar(&c.reportPath, "report", "", "write an HTML report to this path (with several models, one per model: path-MODEL.html)")
 	fs.BoolVar(&c.progress, "progress", true, "show a progress bar on stderr")
 	fs.StringVar(&c.stackBin, "stack", "", "start this shardstock-dev binary on 127.0.0.1 (free port, new admin and service tokens, a database of its own) for the run, and stop it with SIGTERM after; -addr, -admin-token and -service-token are then ignored")
@@ -374,7 +376,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	opts := options{
 		addr: c.addr, adminToken: c.adminToken, serviceToken: c.serviceToken, databaseURL: c.databaseURL, redisAddr: c.redisAddr,
-		pgConns: int32(c.pgConns), redisPool: c.redisPool,
+		pgConns: int32(c.pgConns), redisPool: c.redisPool, prewarm: c.prewarm,
 	}
 	st, stop, err := c.launchStack(ctx, &opts, stderr)
 	defer stop()

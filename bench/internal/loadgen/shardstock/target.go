@@ -26,8 +26,9 @@ import (
 // Limits of the target.
 const (
 	AddrDefault       = "http://127.0.0.1:8080"
-	setupParallelMax  = 8 // CreateSku calls in flight
-	verifyParallelMax = 8 // SKUs verified at once
+	setupParallelMax  = 8   // CreateSku calls in flight
+	prewarmSKUsMax    = 100 // SKUs a Prewarm call (the API's bound)
+	verifyParallelMax = 8   // SKUs verified at once
 	ledgerPageSize    = 1000
 	ledgerPagesMax    = 100_000
 	dialTimeout       = 5 * time.Second
@@ -47,6 +48,10 @@ type Config struct {
 	ServiceToken string
 	// HTTPClient, when set, replaces the cleartext HTTP/2 client.
 	HTTPClient *http.Client
+	// Prewarm: once its SKUs are created, Setup starts their shard writers
+	// (AdminService.Prewarm), as an operator does before a sale
+	// (docs/operations.md); false: each shard's first request reads its row.
+	Prewarm bool
 }
 
 // Target drives a running shardstock allocator.
@@ -110,15 +115,37 @@ func (t *Target) Name() string { return "shardstock" }
 // SKU names are unique per run, so a shardstock that keeps its data between
 // runs needs no clean-up.
 func (t *Target) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
-	g, ctx := errgroup.WithContext(ctx)
+	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(setupParallelMax)
 	for _, s := range skus {
 		g.Go(func() error {
-			_, err := t.admin.CreateSku(ctx, connect.NewRequest(&shardstockv1.CreateSkuRequest{
+			_, err := t.admin.CreateSku(gctx, connect.NewRequest(&shardstockv1.CreateSkuRequest{
 				Sku: s.SKU, InitialStock: s.Stock, Shards: s.Shards,
 			}))
 			if err != nil {
 				return fmt.Errorf("shardstock: CreateSku %s: %w", s.SKU, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil || !t.cfg.Prewarm {
+		return err
+	}
+	return t.prewarm(ctx, skus)
+}
+
+// prewarm starts the shard writers of every SKU, prewarmSKUsMax a call.
+func (t *Target) prewarm(ctx context.Context, skus []loadgen.SKUSpec) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(setupParallelMax)
+	for i := 0; i < len(skus); i += prewarmSKUsMax {
+		names := make([]string, 0, prewarmSKUsMax)
+		for _, s := range skus[i:min(i+prewarmSKUsMax, len(skus))] {
+			names = append(names, s.SKU)
+		}
+		g.Go(func() error {
+			if _, err := t.admin.Prewarm(ctx, connect.NewRequest(&shardstockv1.PrewarmRequest{Skus: names})); err != nil {
+				return fmt.Errorf("shardstock: Prewarm %s..%s: %w", names[0], names[len(names)-1], err)
 			}
 			return nil
 		})

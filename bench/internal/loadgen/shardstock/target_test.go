@@ -32,12 +32,13 @@ type fakeAllocator struct {
 	shardstockv1connect.UnimplementedInventoryServiceHandler
 	shardstockv1connect.UnimplementedAdminServiceHandler
 
-	mu     sync.Mutex
-	skus   map[string]*fakeSKU
-	ops    map[string]*shardstockv1.Operation // by sku + "|" + key
-	holds  map[string]*shardstockv1.Reservation
-	ledger []*shardstockv1.LedgerEntry
-	nextID int
+	mu       sync.Mutex
+	prewarms [][]string // the SKUs of each Prewarm call
+	skus     map[string]*fakeSKU
+	ops      map[string]*shardstockv1.Operation // by sku + "|" + key
+	holds    map[string]*shardstockv1.Reservation
+	ledger   []*shardstockv1.LedgerEntry
+	nextID   int
 }
 
 type fakeSKU struct{ initial, available, reserved, sold int64 }
@@ -174,6 +175,21 @@ func (f *fakeAllocator) CreateSku(_ context.Context, req *connect.Request[shards
 	return connect.NewResponse(&shardstockv1.CreateSkuResponse{}), nil
 }
 
+func (f *fakeAllocator) Prewarm(_ context.Context, req *connect.Request[shardstockv1.PrewarmRequest]) (*connect.Response[shardstockv1.PrewarmResponse], error) {
+	if err := authorized(req.Header()); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, sku := range req.Msg.GetSkus() {
+		if f.skus[sku] == nil {
+			return nil, domainError(connect.CodeNotFound, stock.CodeSKUNotFound)
+		}
+	}
+	f.prewarms = append(f.prewarms, req.Msg.GetSkus())
+	return connect.NewResponse(&shardstockv1.PrewarmResponse{}), nil
+}
+
 func (f *fakeAllocator) Reconcile(_ context.Context, req *connect.Request[shardstockv1.ReconcileRequest]) (*connect.Response[shardstockv1.ReconcileResponse], error) {
 	if err := authorized(req.Header()); err != nil {
 		return nil, err
@@ -279,7 +295,39 @@ func TestTarget_Faults(t *testing.T) {
 }
 
 func TestTarget_Setup(t *testing.T) {
-	url := serve(t, newFake())
+	fake := newFake()
+	url := serve(t, fake)
+	t.Run("Prewarm", func(t *testing.T) {
+		// Every SKU prewarmed once it exists, at most 100 a call (the
+		// API's bound); without Prewarm, none.
+		var specs []loadgen.SKUSpec
+		for i := range 250 {
+			specs = append(specs, loadgen.SKUSpec{SKU: "pw-" + strconv.Itoa(i), Stock: 1, Shards: 1})
+		}
+		if err := shardstock.New(shardstock.Config{Addr: url, AdminToken: token}).Setup(context.Background(), specs[:10]); err != nil {
+			t.Fatalf("Setup = %v", err)
+		}
+		if len(fake.prewarms) != 0 {
+			t.Fatalf("Setup without Prewarm prewarmed %v, want nothing", fake.prewarms)
+		}
+		if err := shardstock.New(shardstock.Config{Addr: url, AdminToken: token, Prewarm: true}).Setup(context.Background(), specs); err != nil {
+			t.Fatalf("Setup with Prewarm = %v", err)
+		}
+		seen := map[string]int{}
+		for _, call := range fake.prewarms {
+			if len(call) == 0 || len(call) > 100 {
+				t.Errorf("a Prewarm call of %d SKUs, want 1 to 100", len(call))
+			}
+			for _, sku := range call {
+				seen[sku]++
+			}
+		}
+		for _, s := range specs {
+			if seen[s.SKU] != 1 {
+				t.Errorf("SKU %s prewarmed %d times, want once", s.SKU, seen[s.SKU])
+			}
+		}
+	})
 	t.Run("Unauthenticated", func(t *testing.T) {
 		err := shardstock.New(shardstock.Config{Addr: url, AdminToken: "wrong"}).Setup(context.Background(), []loadgen.SKUSpec{{SKU: "a", Stock: 1, Shards: 1}})
 		if connect.CodeOf(err) != connect.CodeUnauthenticated {
