@@ -143,3 +143,29 @@ func TestMigrate_Checkpoints(t *testing.T) {
 		t.Errorf("checkpoints after the migration = %v, %v; want %v", got, err, want)
 	}
 }
+
+// skuVersionVersion is the migration that adds skus.version.
+const skuVersionVersion = 23
+
+// TestMigrate_SKUVersion: SKUs from before the migration get a version of
+// their own, none 0 (a SKU not read from storage): a writer's read of one
+// is then checked by version like any other's.
+func TestMigrate_SKUVersion(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
+	ctx := context.Background()
+	cfg, conn := migratedBefore(t, skuVersionVersion)
+	if _, err := conn.Exec(ctx, `INSERT INTO skus (sku, shards, shard_span, reservation_ttl_ms)
+		SELECT 'old-' || i, 1, 1, 1000 FROM generate_series(1, 50) i`); err != nil {
+		t.Fatalf("populate = %v", err)
+	}
+	if err := postgres.Migrate(ctx, cfg); err != nil {
+		t.Fatalf("migrate = %v", err)
+	}
+	var zero, distinct int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE version = 0), count(DISTINCT version) FROM skus`).Scan(&zero, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if zero != 0 || distinct != 50 {
+		t.Errorf("after the migration: %d SKUs of version 0, %d distinct versions of 50; want none and 50", zero, distinct)
+	}
+}

@@ -1174,6 +1174,42 @@ func TestDB_GroupSpeculative(t *testing.T) {
 			t.Errorf("decided %d times, last with SKU %+v; want twice, the second with the SKU's new version (not %d)", d.calls, d.sku, sku.Version)
 		}
 	})
+	// Two writers of one SKU in a group may hold reads from either side of
+	// a change: the older read fails the check though the newer one
+	// matches, and both are decided again from what is read.
+	t.Run("SKUReadsApart", func(t *testing.T) {
+		db, _, ks, fs, before := setup(t)
+		limit := int64(5)
+		after, err := db.UpdateSKU(ctx, "s-sku", stock.SKUUpdate{MaxPerOrder: &limit})
+		if err != nil || after.Version == before.Version {
+			t.Fatalf("UpdateSKU = %+v, %v; want a new version", after, err)
+		}
+		var d0, d1 decision
+		units := []*stock.Unit{unit(fs[0], ks[0], "k0", after, deductOne(ks[0], "k0", ten, false, &d0)),
+			unit(fs[1], ks[1], "k1", before, deductOne(ks[1], "k1", ten, false, &d1))}
+		if err := db.Group(ctx, units); err != nil || units[0].Err != nil || units[1].Err != nil {
+			t.Fatalf("Group = %v (units %v, %v), want nil", err, units[0].Err, units[1].Err)
+		}
+		speculated(t, db, 0, 1)
+		if d1.calls != 2 || d1.sku == nil || d1.sku.MaxPerOrder != limit {
+			t.Errorf("the unit with the older read decided %d times, last with SKU %+v; want twice, the second with max_per_order %d", d1.calls, d1.sku, limit)
+		}
+	})
+	// A SKU not read from storage (version 0) is never speculated on: the
+	// group reads first.
+	t.Run("SKUNotRead", func(t *testing.T) {
+		db, _, ks, fs, sku := setup(t)
+		unread := *sku
+		unread.Version = 0
+		var d decision
+		if err := db.Group(ctx, []*stock.Unit{unit(fs[0], ks[0], "k0", &unread, deductOne(ks[0], "k0", ten, false, &d))}); err != nil {
+			t.Fatalf("Group = %v", err)
+		}
+		speculated(t, db, 0, 0)
+		if d.calls != 1 || d.sku == nil || d.sku.Version != sku.Version {
+			t.Errorf("decided %d times with SKU %+v; want once, from the SKU read (version %d)", d.calls, d.sku, sku.Version)
+		}
+	})
 	// A writer started from a seed (a sibling's read of its row) decides
 	// from it only in a speculative group, whose write compares the row:
 	// a stale seed, or a halt the seed does not show, writes nothing
@@ -1430,7 +1466,7 @@ func (d *seedDecision) from(read *stock.BatchRead, seed stock.Counts) *stock.Cou
 }
 
 // A SKU's version (migration 00023) moves at every update of its row,
-// whichever column changes, and is never drawn twice: a speculative group
+// whichever column changes, to a number drawn anew: a speculative group
 // that finds the version its writer read finds the settings it read.
 func TestDB_SKUVersion(t *testing.T) {
 	t.Parallel()

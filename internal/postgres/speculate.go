@@ -23,8 +23,8 @@ import (
 //     an operation, which the insert's unique index then proves new (a
 //     request refused under this assumption, e.g. OUT_OF_STOCK, might have
 //     been a replay, so such a group is not sent at all);
-//   - the SKUs are as their writers last read them (the row's version,
-//     which every change of the row moves: migration 00023);
+//   - the SKUs are as their writers last read them (each read's row
+//     version, drawn anew at every change of the row: migration 00023);
 //   - the fences: each partition's owner and epoch, locked FOR SHARE as
 //     the read would have.
 //
@@ -99,7 +99,9 @@ func speculable(units []*stock.Unit) bool {
 			q.SweepMax > 0 || len(q.Sales) > 0 || q.Extending || (q.LoadShard && len(q.ReservationIDs) > 0) {
 			return false
 		}
-		if q.KnownSKU != nil && !speculableOn(q, q.KnownSKU) {
+		// A SKU of version 0 was not read from storage (migration 00023
+		// gives every row another): nothing to check it against.
+		if q.KnownSKU != nil && (q.KnownSKU.Version == 0 || !speculableOn(q, q.KnownSKU)) {
 			return false
 		}
 	}
@@ -319,15 +321,23 @@ func assumedParts(units []*stock.Unit, sells map[string]bool) []writePart {
 	var owners, skus []string
 	var epochs, versions []int64
 	var sell []bool
-	seenFence, seenSKU := map[fence]bool{}, map[string]bool{}
+	type read struct {
+		sku     string
+		version int64
+	}
+	seenFence, seenSKU := map[fence]bool{}, map[read]bool{}
 	for _, u := range units {
 		f := fence{u.Fence.Partition, u.Fence.ServerID, u.Fence.Epoch}
 		if !seenFence[f] {
 			seenFence[f] = true
 			parts, owners, epochs = append(parts, f.part), append(owners, f.owner), append(epochs, f.epoch)
 		}
-		if s := u.Query.KnownSKU; !seenSKU[s.Name] {
-			seenSKU[s.Name] = true
+		// Each writer's read of its SKU, not each SKU once: two writers
+		// of one SKU may hold reads from either side of a change, and the
+		// older must fail the check too (two versions of one SKU cannot
+		// both match its row, so the count falls short).
+		if s := u.Query.KnownSKU; !seenSKU[read{s.Name, s.Version}] {
+			seenSKU[read{s.Name, s.Version}] = true
 			skus, versions, sell = append(skus, s.Name), append(versions, s.Version), append(sell, sells[s.Name])
 		}
 	}

@@ -130,9 +130,9 @@ type SKU struct {
 	// (docs/admission.md); a plain reserve or deduct is refused
 	// TOKEN_REQUIRED.
 	Admission Admission
-	// Version is the row's version in storage, new at every change of it
-	// (0: not read from storage, or not changed since versions began): two
-	// reads with the same version read the same settings.
+	// Version is the row's version in storage, drawn anew (at random) at
+	// every change of it: two reads with the same version read the same
+	// settings. 0: not read from storage.
 	Version int64
 }
 

@@ -1,33 +1,34 @@
 -- +goose Up
--- A SKU's version: a number drawn from one sequence whenever its row is
+-- A SKU's version: a random 63-bit number drawn anew whenever its row is
 -- inserted or updated, whatever the column, so that two reads of a SKU
 -- with the same version read the same settings. A speculative group checks
 -- the version its writer read instead of every setting (postgres.assumedParts):
--- one array for the group's SKUs rather than one per setting. Rows from
--- before this migration keep version 0 until their next update (no table
--- rewrite); a version is never drawn twice, so 0 is never seen again for a
--- SKU that changed.
-CREATE SEQUENCE sku_versions;
--- Each database starts its versions at a random point of 2^46, so that a
--- SKU's version read in one database (a seed taken during a move between
--- databases) is not another database's version of it but by a chance of
--- about the updates made over 2^46.
-SELECT setval('sku_versions', 1 + floor(random() * 70368744177664)::bigint);
+-- one array for the group's SKUs rather than one per setting.
+--
+-- Random rather than from a sequence: a sequence can hand out a number
+-- again (a restore to an earlier point, a failover that lost writes, a
+-- second database), and a process that still holds a read under that
+-- number would then match settings it never read. Two draws match by a
+-- chance of about 2^-52. 0 is never drawn: it is a SKU not read from
+-- storage, which never speculates (speculable).
 ALTER TABLE skus ADD COLUMN version bigint NOT NULL DEFAULT 0;
-ALTER TABLE skus ALTER COLUMN version SET DEFAULT nextval('sku_versions');
+UPDATE skus SET version = 1 + floor(random() * 9223372036854774784)::bigint;
+ALTER TABLE skus ALTER COLUMN version SET DEFAULT 1 + floor(random() * 9223372036854774784)::bigint;
 
 -- +goose StatementBegin
 CREATE FUNCTION skus_version() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	NEW.version := nextval('sku_versions');
+	NEW.version := 1 + floor(random() * 9223372036854774784)::bigint;
 	RETURN NEW;
 END;
 $$;
 -- +goose StatementEnd
 CREATE TRIGGER skus_version BEFORE UPDATE ON skus FOR EACH ROW EXECUTE FUNCTION skus_version();
+-- Also under session_replication_role = replica (logical replication's
+-- apply, some restores), which skips ordinary triggers.
+ALTER TABLE skus ENABLE ALWAYS TRIGGER skus_version;
 
 -- +goose Down
 DROP TRIGGER skus_version ON skus;
 DROP FUNCTION skus_version();
 ALTER TABLE skus DROP COLUMN version;
-DROP SEQUENCE sku_versions;
