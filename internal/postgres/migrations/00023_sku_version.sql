@@ -10,9 +10,10 @@
 -- second database), and a process that still holds a read under that
 -- number would then match settings it never read. Two draws match by a
 -- chance of about 2^-52. 0 is never drawn: it is a SKU not read from
--- storage, which never speculates (speculable).
+-- storage, which never speculates (speculable). Rows from before get theirs
+-- in migration 00024, in batches that hold no lock batches wait behind;
+-- until then they keep 0, and their SKUs are not speculated on.
 ALTER TABLE skus ADD COLUMN version bigint NOT NULL DEFAULT 0;
-UPDATE skus SET version = 1 + floor(random() * 9223372036854774784)::bigint;
 ALTER TABLE skus ALTER COLUMN version SET DEFAULT 1 + floor(random() * 9223372036854774784)::bigint;
 
 -- +goose StatementBegin
