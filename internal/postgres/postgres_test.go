@@ -985,6 +985,18 @@ func TestDB_GroupSpeculative(t *testing.T) {
 	unit := func(f stock.Fence, k stock.ShardKey, key string, known *stock.SKU, decide stock.Decide) *stock.Unit {
 		return &stock.Unit{Fence: f, Query: stock.BatchQuery{Shard: k, Keys: []string{key}, KnownSKU: known}, Decide: decide}
 	}
+	// groupOK runs units as one group, which every unit must commit in.
+	groupOK := func(t *testing.T, db *postgres.DB, units []*stock.Unit) {
+		t.Helper()
+		if err := db.Group(ctx, units); err != nil {
+			t.Fatalf("Group = %v, want nil", err)
+		}
+		for i, u := range units {
+			if u.Err != nil {
+				t.Fatalf("Group: unit %d = %v, want nil", i, u.Err)
+			}
+		}
+	}
 	speculated := func(t *testing.T, db *postgres.DB, committed, fellBack int64) {
 		t.Helper()
 		if c, f := db.Speculated(); c != committed || f != fellBack {
@@ -997,9 +1009,7 @@ func TestDB_GroupSpeculative(t *testing.T) {
 		var d0, d1 decision
 		units := []*stock.Unit{unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", ten, false, &d0)),
 			unit(fs[1], ks[1], "k1", sku, deductOne(ks[1], "k1", ten, false, &d1))}
-		if err := db.Group(ctx, units); err != nil || units[0].Err != nil || units[1].Err != nil {
-			t.Fatalf("Group = %v (units %v, %v), want nil", err, units[0].Err, units[1].Err)
-		}
+		groupOK(t, db, units)
 		speculated(t, db, 1, 0)
 		if d0.calls != 1 || d0.sku != sku {
 			t.Errorf("Decide called %d times with SKU %p, want once with the known SKU %p", d0.calls, d0.sku, sku)
@@ -1035,9 +1045,7 @@ func TestDB_GroupSpeculative(t *testing.T) {
 		nine := ten.Add(stock.OpDeduct.Delta(1))
 		units := []*stock.Unit{unit(fs[0], ks[0], "k0", sku, deductOne(ks[0], "k0", nine, false, &d0)),
 			unit(fs[1], ks[1], "k1", sku, deductOne(ks[1], "k1", ten, false, &d1))}
-		if err := db.Group(ctx, units); err != nil || units[0].Err != nil || units[1].Err != nil {
-			t.Fatalf("Group = %v (units %v, %v), want nil", err, units[0].Err, units[1].Err)
-		}
+		groupOK(t, db, units)
 		speculated(t, db, 0, 1)
 		if d0.calls != 2 || !d0.replayed {
 			t.Errorf("k0 decided %d times, replayed %v; want twice, the second a replay", d0.calls, d0.replayed)
@@ -1187,9 +1195,7 @@ func TestDB_GroupSpeculative(t *testing.T) {
 		var d0, d1 decision
 		units := []*stock.Unit{unit(fs[0], ks[0], "k0", after, deductOne(ks[0], "k0", ten, false, &d0)),
 			unit(fs[1], ks[1], "k1", before, deductOne(ks[1], "k1", ten, false, &d1))}
-		if err := db.Group(ctx, units); err != nil || units[0].Err != nil || units[1].Err != nil {
-			t.Fatalf("Group = %v (units %v, %v), want nil", err, units[0].Err, units[1].Err)
-		}
+		groupOK(t, db, units)
 		speculated(t, db, 0, 1)
 		if d1.calls != 2 || d1.sku == nil || d1.sku.MaxPerOrder != limit {
 			t.Errorf("the unit with the older read decided %d times, last with SKU %+v; want twice, the second with max_per_order %d", d1.calls, d1.sku, limit)
@@ -1348,9 +1354,7 @@ func TestDB_GroupSpeculative(t *testing.T) {
 		db, conn, ks, fs, sku := setup(t)
 		var d0, d1 seedDecision
 		units := []*stock.Unit{loading(seeded(fs[0], ks[0], "k0", nil, stock.Counts{}, &d0)), seeded(fs[1], ks[1], "k1", sku, ten, &d1)}
-		if err := db.Group(ctx, units); err != nil || units[0].Err != nil || units[1].Err != nil {
-			t.Fatalf("Group = %v (units %v, %v), want nil", err, units[0].Err, units[1].Err)
-		}
+		groupOK(t, db, units)
 		speculated(t, db, 1, 0)
 		if d0.calls != 1 || !d0.shardRead {
 			t.Errorf("decided %d times, from the row read: %v; want once, from the row read first", d0.calls, d0.shardRead)
