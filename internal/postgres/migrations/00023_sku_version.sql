@@ -13,13 +13,18 @@
 -- storage, which never speculates (speculable). Rows from before get theirs
 -- in migration 00024, in batches that hold no lock batches wait behind;
 -- until then they keep 0, and their SKUs are not speculated on.
+-- +goose StatementBegin
+CREATE FUNCTION sku_version_draw() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+	SELECT 1 + floor(random() * 9223372036854774784)::bigint
+$$;
+-- +goose StatementEnd
 ALTER TABLE skus ADD COLUMN version bigint NOT NULL DEFAULT 0;
-ALTER TABLE skus ALTER COLUMN version SET DEFAULT 1 + floor(random() * 9223372036854774784)::bigint;
+ALTER TABLE skus ALTER COLUMN version SET DEFAULT sku_version_draw();
 
 -- +goose StatementBegin
 CREATE FUNCTION skus_version() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	NEW.version := 1 + floor(random() * 9223372036854774784)::bigint;
+	NEW.version := sku_version_draw();
 	RETURN NEW;
 END;
 $$;
@@ -33,3 +38,4 @@ ALTER TABLE skus ENABLE ALWAYS TRIGGER skus_version;
 DROP TRIGGER skus_version ON skus;
 DROP FUNCTION skus_version();
 ALTER TABLE skus DROP COLUMN version;
+DROP FUNCTION sku_version_draw();

@@ -15,8 +15,8 @@ BEGIN
 	LOOP
 		SELECT max(sku) INTO upper FROM (SELECT sku FROM skus WHERE sku > last ORDER BY sku LIMIT 10000) b;
 		EXIT WHEN upper IS NULL;
-		UPDATE skus SET version = 1 + floor(random() * 9223372036854774784)::bigint
-		WHERE sku > last AND sku <= upper AND version = 0;
+		-- 00023's trigger draws the version of every row updated.
+		UPDATE skus SET version = version WHERE sku > last AND sku <= upper AND version = 0;
 		last := upper;
 		COMMIT;
 	END LOOP;
