@@ -30,8 +30,9 @@ const sqlQueued = `(state = 'waiting' OR (state = 'pending' AND claimed_at IS NO
 
 // sqlCounts reads a SKU's tickets queued and units in flight (pending, not
 // claimed) from the counts its tickets' statements keep (admission_counts,
-// migration 00021), one row however long its waitlist.
-const sqlCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(sum(in_flight), 0)::bigint FROM admission_counts WHERE sku = $1`
+// migration 00021), one row however long its waitlist, and whether the SKU
+// has had a ticket (it has that row, migration 00022).
+const sqlCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(sum(in_flight), 0)::bigint, count(*) > 0 FROM admission_counts WHERE sku = $1`
 
 // sqlEntryCounts is what an entry batch reads of its SKU before the lock:
 // the tickets queued, and whether the SKU has had a ticket (it has a
@@ -191,7 +192,7 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	}
 	defer end()
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	held, queued, inFlight, recorded, err := lockAndCount(ctx, tx, sku, entries, fresh, perCustomer > 0)
+	held, queued, inFlight, ticketed, recorded, err := lockAndCount(ctx, tx, sku, entries, fresh, perCustomer > 0)
 	if err != nil {
 		return nil, err
 	}
@@ -247,10 +248,8 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	if len(tickets) == 0 {
 		return out, nil
 	}
-	if !counts.Ticketed {
-		if err := db.flagTicketed(ctx, tx, sku); err != nil {
-			return nil, err
-		}
+	if err := db.flagTicketed(ctx, sku, ticketed); err != nil {
+		return nil, err
 	}
 	if err := db.insertTickets(ctx, tx, tickets, entries, entered, out); err != nil {
 		return nil, err
@@ -261,18 +260,18 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	return out, nil
 }
 
-// flagTicketed makes sure, in tx under sku's admission lock, that its
-// counts row (the flag that it has had a ticket) is there before a ticket
-// is entered: found missing under the lock (the SKU's first ticket), it is
-// inserted and committed on a connection of its own, then the call waits until every read of it from before has
-// lapsed (stock.DirectTrustMax), with a margin, still holding the lock.
+// flagTicketed makes sure, under sku's admission lock, that its counts row
+// (the flag that it has had a ticket) is there before a ticket is entered:
+// set is whether the caller read it under the lock. Missing (the SKU's
+// first ticket), it is inserted and committed on a connection of its own,
+// then the call waits until every read of it from before has lapsed
+// (stock.DirectTrustMax), with a margin, still holding the lock.
 // Every ticket is entered under that lock, so none is entered, by any
 // process, before the wait has passed: another entry reads the flag set,
 // but takes the lock only once this one ends.
-func (db *DB) flagTicketed(ctx context.Context, tx pgx.Tx, sku string) error {
-	var set bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM admission_counts WHERE sku = $1)`, sku).Scan(&set); err != nil || set {
-		return err
+func (db *DB) flagTicketed(ctx context.Context, sku string, set bool) error {
+	if set {
+		return nil
 	}
 	if _, err := db.pool.Exec(ctx, sqlTicketed, sku); err != nil {
 		return err
@@ -379,7 +378,7 @@ func answerReplays(ctx context.Context, q querier, entries []stock.TicketEntry, 
 // count against each customer's tokens_per_customer of entries[fresh],
 // and the tickets of their keys.
 func lockAndCount(ctx context.Context, tx pgx.Tx, sku string, entries []stock.TicketEntry, fresh []int, perCustomer bool) (
-	held map[string]int64, queued, inFlight int64, recorded map[string]keyedTicket, err error) {
+	held map[string]int64, queued, inFlight int64, ticketed bool, recorded map[string]keyedTicket, err error) {
 	var customers []string
 	if perCustomer {
 		for _, i := range fresh {
@@ -396,25 +395,25 @@ func lockAndCount(ctx context.Context, tx pgx.Tx, sku string, entries []stock.Ti
 	res := tx.SendBatch(ctx, b)
 	defer res.Close()
 	if _, err := res.Exec(); err != nil {
-		return nil, 0, 0, nil, err
+		return nil, 0, 0, false, nil, err
 	}
-	if err := res.QueryRow().Scan(&queued, &inFlight); err != nil {
-		return nil, 0, 0, nil, err
+	if err := res.QueryRow().Scan(&queued, &inFlight, &ticketed); err != nil {
+		return nil, 0, 0, false, nil, err
 	}
 	held = map[string]int64{}
 	rows, err := res.Query()
 	if err != nil {
-		return nil, 0, 0, nil, err
+		return nil, 0, 0, false, nil, err
 	}
 	var c string
 	var n int64
 	if _, err := pgx.ForEachRow(rows, []any{&c, &n}, func() error { held[c] = n; return nil }); err != nil {
-		return nil, 0, 0, nil, err
+		return nil, 0, 0, false, nil, err
 	}
 	if recorded, err = scanKeyed(res); err != nil {
-		return nil, 0, 0, nil, err
+		return nil, 0, 0, false, nil, err
 	}
-	return held, queued, inFlight, recorded, res.Close()
+	return held, queued, inFlight, ticketed, recorded, res.Close()
 }
 
 // insertTickets writes tickets (their ids and states set; tickets[j] is
@@ -902,7 +901,7 @@ func (db *DB) OpenTickets(ctx context.Context, sku string, stale time.Duration, 
 		return nil, 0, err
 	}
 	var inFlight int64
-	if err := tx.QueryRow(ctx, sqlCounts, sku).Scan(new(int64), &inFlight); err != nil {
+	if err := tx.QueryRow(ctx, sqlCounts, sku).Scan(new(int64), &inFlight, new(bool)); err != nil {
 		return nil, 0, err
 	}
 	return tickets, inFlight, nil
@@ -952,7 +951,7 @@ func (db *DB) WaitingCount(ctx context.Context, sku string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	var n int64
-	err := db.pool.QueryRow(ctx, sqlCounts, sku).Scan(&n, new(int64))
+	err := db.pool.QueryRow(ctx, sqlCounts, sku).Scan(&n, new(int64), new(bool))
 	return n, err
 }
 

@@ -48,12 +48,13 @@ func (db *DB) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte,
 	if err := lockAdmission(ctx, tx, t.SKU); err != nil {
 		return nil, false, err
 	}
-	var drawn bool
+	var drawn, ticketed bool
 	var registered, mine int64
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM admission_draws WHERE sku = $1),
 			(SELECT count(*) FROM admission_tickets WHERE sku = $1 AND state = 'registered'),
-			(SELECT count(*) FROM admission_tickets WHERE sku = $1 AND customer_ref = $2 AND (state = 'registered' OR draw_rank IS NOT NULL))`,
-		t.SKU, t.CustomerRef).Scan(&drawn, &registered, &mine); err != nil {
+			(SELECT count(*) FROM admission_tickets WHERE sku = $1 AND customer_ref = $2 AND (state = 'registered' OR draw_rank IS NOT NULL)),
+			EXISTS (SELECT 1 FROM admission_counts WHERE sku = $1)`,
+		t.SKU, t.CustomerRef).Scan(&drawn, &registered, &mine, &ticketed); err != nil {
 		return nil, false, err
 	}
 	switch {
@@ -66,7 +67,7 @@ func (db *DB) RegisterTicket(ctx context.Context, t stock.Ticket, params []byte,
 	}
 	// A draw grants nothing directly, but its SKU's mode may change to
 	// TOKENS: its tickets are flagged like any.
-	if err := db.flagTicketed(ctx, tx, t.SKU); err != nil {
+	if err := db.flagTicketed(ctx, t.SKU, ticketed); err != nil {
 		return nil, false, err
 	}
 	t.ID, t.State, t.Keyed = newTicketID(), stock.TicketRegistered, true
