@@ -81,10 +81,11 @@ func (u *untickets) forget(sku string) {
 }
 
 // trusted reports whether sku was read never ticketed less than
-// stock.DirectTrustMax ago, and not forgotten since.
+// stock.DirectTrustMax ago, and not forgotten since (a forget clears the
+// read, and saw keeps none from before it).
 func (u *untickets) trusted(sku string) bool {
 	u.mu.Lock()
-	k, ok := u.skus[sku]
+	read := u.skus[sku].read
 	u.mu.Unlock()
-	return ok && k.read.After(k.forgot) && time.Since(k.read) < stock.DirectTrustMax
+	return time.Since(read) < stock.DirectTrustMax
 }
