@@ -273,6 +273,11 @@ func (db *DB) flagTicketed(ctx context.Context, sku string, set bool) error {
 	if set {
 		return nil
 	}
+	// The flag commits on a second connection while tx holds one: with
+	// a pool of one that Exec would wait for tx, until the deadline.
+	if n := db.pool.Config().MaxConns; n < 2 {
+		return fmt.Errorf("postgres: sku %q's first ticket needs a second connection for its flag; the pool has %d", sku, n)
+	}
 	if _, err := db.pool.Exec(ctx, sqlTicketed, sku); err != nil {
 		return err
 	}

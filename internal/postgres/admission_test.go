@@ -580,3 +580,18 @@ func TestDB_FirstTicketAfterTrust(t *testing.T) {
 		t.Errorf("a ticket was visible %s after a read that found the SKU never ticketed began, want more than %s", gap, stock.DirectTrustMax)
 	}
 }
+
+// A SKU's first ticket commits its flag on a second connection while the
+// entry's transaction holds one (flagTicketed): with a pool of one it is
+// refused at once, not left waiting for itself until the deadline.
+func TestDB_FirstTicketOneConnection(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
+	db := openWith(t, pgtest.NewMigratedDB(t), postgres.Options{MaxConns: 1, ApplicationName: "one-connection"})
+	none := func(context.Context) (int64, bool, error) { return 0, false, nil }
+	entries := []stock.TicketEntry{{Ticket: stock.Ticket{SKU: "one", Quantity: 1, IdempotencyKey: "k"}, Params: []byte("k")}}
+	start := time.Now()
+	_, err := db.EnterTickets(context.Background(), "one", entries, 10, 0, none, nil)
+	if err == nil || !strings.Contains(err.Error(), "second connection") || time.Since(start) > 5*time.Second {
+		t.Errorf("EnterTickets with a pool of one = %v after %v, want the second connection's error at once", err, time.Since(start))
+	}
+}
