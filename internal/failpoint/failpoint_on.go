@@ -5,7 +5,6 @@ package failpoint
 import (
 	"os"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -23,11 +22,11 @@ func Pause(name string) {
 }
 
 // Stop stops the process at the point name when SHARDSTOCK_FAILPOINT is
-// "name=stop".
+// "name=stop" (stopSelf: the caller runs no further).
 func Stop(name string) {
 	if os.Getenv("SHARDSTOCK_FAILPOINT") != name+"=stop" {
 		return
 	}
 	os.Stdout.WriteString("failpoint: " + name + "\n")
-	syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	stopSelf()
 }
