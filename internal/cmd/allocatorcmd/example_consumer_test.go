@@ -21,21 +21,23 @@ import (
 
 // Bounds of TestRun_ExactlyOnceConsumer.
 const (
-	exampleDeducts  = 60                     // of 1 to 3 units each
-	exampleStops    = 3                      // the consumer stopped, and started again, this many times
-	exampleRunMin   = 150 * time.Millisecond // a consumer runs this long at least before it is stopped
-	exampleCatchUp  = 30 * time.Second       // after the deducts, until it has counted them all
-	exampleLingerOK = 500 * time.Millisecond // then, running on, it must count nothing more
+	exampleDeducts    = 60                     // of 1 to 3 units each, at least
+	exampleDeductsMax = 300                    // and on while the consumer is stopped and started, at most this many
+	exampleStops      = 3                      // the consumer stopped, and started again, this many times
+	exampleMoveMax    = 10 * time.Second       // each run, until it has committed something
+	exampleRunOn      = 35 * time.Millisecond  // then it runs on i times this before its i-th stop
+	exampleCatchUp    = 30 * time.Second       // after the deducts, until it has counted them all
+	exampleLingerOK   = 500 * time.Millisecond // then, running on, it must count nothing more
 )
 
 // TestRun_ExactlyOnceConsumer runs the example consumer of
 // docs/changestream.md ("A consumer that applies each entry exactly once",
 // whose text is follow's below, checked here) against the allocator: it
 // counts the units sold per SKU in a database of its own, committing the
-// cursor with each effect. Stopped three times while deducts land (its
-// context cancelled, inside its transaction or not) and started again each
-// time, it counts every unit once: at-least-once delivery, exactly-once
-// processing.
+// cursor with each effect. Stopped three times while deducts land, each
+// time once it has committed something (its context cancelled, inside its
+// transaction or not), and started again each time, it counts every unit
+// once: at-least-once delivery, exactly-once processing.
 func TestRun_ExactlyOnceConsumer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -83,10 +85,18 @@ func TestRun_ExactlyOnceConsumer(t *testing.T) {
 	}
 
 	// The deducts land while the consumer is stopped and started again.
-	deducted := make(chan int64, 1)
+	deducted, stopped := make(chan int64, 1), make(chan struct{})
 	go func() {
 		var units int64
-		for i := range exampleDeducts {
+		defer func() { deducted <- units }()
+		for i := range exampleDeductsMax {
+			if i >= exampleDeducts {
+				select {
+				case <-stopped:
+					return
+				default:
+				}
+			}
 			q := int64(1 + i%3)
 			if _, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "counted", Quantity: q, IdempotencyKey: fmt.Sprintf("d-%d", i)})); err != nil {
 				t.Errorf("Deduct %d = %v", i, err)
@@ -95,7 +105,6 @@ func TestRun_ExactlyOnceConsumer(t *testing.T) {
 			units += q
 			time.Sleep(20 * time.Millisecond)
 		}
-		deducted <- units
 	}()
 	run := func() (stop func()) {
 		fctx, fcancel := context.WithCancel(ctx)
@@ -115,18 +124,26 @@ func TestRun_ExactlyOnceConsumer(t *testing.T) {
 		}
 		return c
 	}
-	moved := 0 // stops after the consumer had committed something
+	// Each run is stopped once it has committed something (a fixed time
+	// was too short on a loaded machine: a run that committed nothing tests
+	// nothing), then after running on for a time that grows with each stop,
+	// so that the stops land at different points of its transactions.
+	moved := 0
 	for i := range exampleStops {
 		before := cursor()
 		stop := run()
-		time.Sleep(exampleRunMin + time.Duration(i)*70*time.Millisecond)
+		for deadline := time.Now().Add(exampleMoveMax); cursor() == before && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(i) * exampleRunOn)
 		stop()
 		if cursor() != before {
 			moved++
 		}
 	}
-	if moved < exampleStops-1 {
-		t.Errorf("the consumer committed something before %d of its %d stops, want %d at least: the stops test nothing", moved, exampleStops, exampleStops-1)
+	close(stopped)
+	if moved < exampleStops {
+		t.Errorf("the consumer committed something before %d of its %d stops within %s each, want all: the others test nothing", moved, exampleStops, exampleMoveMax)
 	}
 	stop := run()
 	defer stop()
