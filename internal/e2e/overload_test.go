@@ -28,8 +28,11 @@ const (
 	overloadClients  = 32              // closed-loop clients measuring the peak and the recovery
 	overloadMeasure  = 2 * time.Second // each peak measurement
 	// overloadRecoverWindows bounds the measurements after the burst: the
-	// service must serve at 80% of its peak again within them.
-	overloadRecoverWindows = 3
+	// service must serve at 80% of its peak again within them. Three were
+	// too few on a CI run whose other lane loaded the machine after the
+	// peak was measured (66% of it in each); a service that does not
+	// recover stays below in every one.
+	overloadRecoverWindows = 5
 	overloadRSSMax         = 512 << 20     // the allocator's resident memory bound during the burst: its pod's limit (deploy/k8s)
 	overloadStock          = 1_000_000_000 // never sells out
 	overloadNice           = 10            // the service's processes' niceness during the burst
