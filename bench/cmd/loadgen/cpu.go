@@ -108,7 +108,7 @@ func (mr *modelRun) serverRoots(ctx context.Context, name string, t loadgen.Targ
 			return nil, "", err
 		}
 		return []serverPart{{"server", []int{pid}}}, "the in-memory server", nil
-	case "redis-api":
+	case redisAPIName, redisAPIBareName:
 		pid, err := serverPid(t)
 		if err != nil {
 			return nil, "", err

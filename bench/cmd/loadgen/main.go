@@ -92,7 +92,8 @@ var targets = map[string]func(options) loadgen.Target{
 		return baseline.NewRedis(baseline.RedisConfig{Addr: o.redisAddr, PoolSize: o.redisPool, Fsync: true})
 	},
 	loadgen.CeilingTarget: newMemoryTarget,
-	"redis-api":           newRedisAPITarget,
+	redisAPIName:          newRedisAPITarget,
+	redisAPIBareName:      newRedisAPIBareTarget,
 }
 
 // groups name several targets at once, in the order they run.
@@ -119,7 +120,7 @@ func parseTargets(s string) ([]string, error) {
 		members, ok := groups[n]
 		if !ok {
 			if _, ok := targets[n]; !ok {
-				return nil, fmt.Errorf("unknown target %q (want shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api, memory, all-baselines or all)", n)
+				return nil, fmt.Errorf("unknown target %q (want shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api, redis-api-bare, memory, all-baselines or all)", n)
 			}
 			members = []string{n}
 		}
@@ -195,7 +196,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	c := &config{}
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.targetList, "target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api (the same API and handlers over a Redis Lua script with appendfsync always, in a process of its own; in no group), memory (the API's ceiling: an in-memory server in a process of its own, driven like shardstock; in no group); or all-baselines, all")
+	fs.StringVar(&c.targetList, "target", "all-baselines", "comma-separated targets: shardstock, naive, onerow, subrows, redis, redis-fsync, redis-api (the same API, handlers and front as the allocator's over a Redis Lua script with appendfsync always, in a process of its own; in no group), redis-api-bare (redis-api without the front: no caller checked, no call counted; in no group), memory (the API's ceiling: an in-memory server in a process of its own, driven like shardstock; in no group); or all-baselines, all")
 	fs.StringVar(&c.addr, "addr", shardstock.AddrDefault, "shardstock allocator base URL (cleartext HTTP/2)")
 	fs.StringVar(&c.adminToken, "admin-token", getenv("SHARDSTOCK_ADMIN_TOKEN"), "shardstock admin bearer token (default $SHARDSTOCK_ADMIN_TOKEN)")
 	fs.StringVar(&c.serviceToken, "service-token", getenv("SHARDSTOCK_SERVICE_TOKEN"), "shardstock service bearer token, for the InventoryService (default $SHARDSTOCK_SERVICE_TOKEN); empty: -admin-token's, and the allocator logs each stock call at info")

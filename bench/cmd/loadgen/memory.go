@@ -108,6 +108,12 @@ type childTarget struct {
 // start starts the server (args, a serve-* role first) on first use and
 // points the client at it.
 func (t *childTarget) start(ctx context.Context, args ...string) error {
+	return t.startWith(ctx, shardstock.Config{}, args...)
+}
+
+// startWith is start with the client's settings in cfg (its tokens); the
+// address is the server's.
+func (t *childTarget) startWith(ctx context.Context, cfg shardstock.Config, args ...string) error {
 	if t.server != nil {
 		return nil
 	}
@@ -116,7 +122,8 @@ func (t *childTarget) start(ctx context.Context, args ...string) error {
 		return err
 	}
 	t.server = p
-	t.Target = shardstock.New(shardstock.Config{Addr: p.baseURL})
+	cfg.Addr = p.baseURL
+	t.Target = shardstock.New(cfg)
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardstock/shardstock/bench/internal/baseline"
 	"github.com/shardstock/shardstock/bench/internal/loadgen"
+	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
 	"github.com/shardstock/shardstock/internal/transport"
 )
 
@@ -20,6 +21,8 @@ import (
 // ADDR -prefix P`.
 const (
 	serveRedisAPIArg   = "serve-redis-api"
+	redisAPIName       = "redis-api"
+	redisAPIBareName   = "redis-api-bare"
 	redisAPIKeysPrefix = "loadgen:redis-api:"
 )
 
@@ -30,12 +33,14 @@ func serveRedisAPI(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	addr := fs.String("addr", "127.0.0.1:0", "listen address (port 0 picks one)")
 	redisAddr := fs.String("redis", "127.0.0.1:6379", "Redis address")
 	prefix := fs.String("prefix", redisAPIKeysPrefix, "prefix of every key")
+	adminToken := fs.String("admin-token", "", "with -service-token, serve behind the allocator's front (baseline.RedisAPI.Handler)")
+	serviceToken := fs.String("service-token", "", "the service role's bearer token of the front")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, err := baseline.NewRedisAPI(ctx, baseline.RedisAPIConfig{Addr: *redisAddr, Prefix: *prefix})
+	s, err := baseline.NewRedisAPI(ctx, baseline.RedisAPIConfig{Addr: *redisAddr, Prefix: *prefix, AdminToken: *adminToken, ServiceToken: *serviceToken})
 	if err != nil {
 		return err
 	}
@@ -52,19 +57,31 @@ func serveRedisAPI(ctx context.Context, args []string, stdin io.Reader, stdout, 
 // redisAPITarget is the Connect-fronted Redis: the shardstock client
 // driving a serve-redis-api process, with Redis's append-only file on and
 // appendfsync always for the run (put back at Close), so that every
-// acknowledged answer is on disk as shardstock's are.
+// acknowledged answer is on disk as shardstock's are. redis-api serves
+// behind the allocator's front (tokens, admission, call metrics); redis-api-bare
+// without it, as this target was measured up to 2026-12-06.
 type redisAPITarget struct {
 	childTarget
 	fsync     *baseline.Redis // turns fsync on, and back, and deletes the run's keys
 	redisAddr string
+	bare      bool
 }
 
 var _ loadgen.Target = (*redisAPITarget)(nil)
 
 func newRedisAPITarget(o options) loadgen.Target { return &redisAPITarget{redisAddr: o.redisAddr} }
 
-// Name is "redis-api".
-func (t *redisAPITarget) Name() string { return "redis-api" }
+func newRedisAPIBareTarget(o options) loadgen.Target {
+	return &redisAPITarget{redisAddr: o.redisAddr, bare: true}
+}
+
+// Name is "redis-api", or "redis-api-bare" without the front.
+func (t *redisAPITarget) Name() string {
+	if t.bare {
+		return redisAPIBareName
+	}
+	return redisAPIName
+}
 
 // Baseline is true.
 func (t *redisAPITarget) Baseline() bool { return true }
@@ -75,12 +92,17 @@ func (t *redisAPITarget) Setup(ctx context.Context, skus []loadgen.SKUSpec) erro
 	if t.fsync == nil {
 		t.fsync = baseline.NewRedis(baseline.RedisConfig{Addr: t.redisAddr, Fsync: true})
 		if err := t.fsync.Setup(ctx, nil); err != nil {
-			return fmt.Errorf("redis-api: %w", err)
+			return fmt.Errorf("%s: %w", t.Name(), err)
 		}
 	}
-	if err := t.start(ctx, serveRedisAPIArg, "-addr", "127.0.0.1:0", "-redis", t.redisAddr,
-		"-prefix", t.fsync.Prefix()+"api:"); err != nil {
-		return fmt.Errorf("redis-api: %w", err)
+	args := []string{serveRedisAPIArg, "-addr", "127.0.0.1:0", "-redis", t.redisAddr, "-prefix", t.fsync.Prefix() + "api:"}
+	var tokens shardstock.Config
+	if !t.bare {
+		tokens.AdminToken, tokens.ServiceToken = randomHex(16), randomHex(16)
+		args = append(args, "-admin-token", tokens.AdminToken, "-service-token", tokens.ServiceToken)
+	}
+	if err := t.startWith(ctx, tokens, args...); err != nil {
+		return fmt.Errorf("%s: %w", t.Name(), err)
 	}
 	return t.Target.Setup(ctx, skus)
 }

@@ -9,12 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shardstock/shardstock/bench/internal/baseline"
 	"github.com/shardstock/shardstock/bench/internal/loadgen"
 	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
+	v1 "github.com/shardstock/shardstock/gen/shardstock/v1"
+	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/transport"
 )
@@ -48,17 +51,38 @@ var targets = []struct {
 	{"subrows", postgres(baseline.NewSubRows), true},
 	{"redis", redisTarget(false), true},
 	{"redis-fsync", redisTarget(true), true},
-	{"redis-api", redisAPITarget, true},
+	{"redis-api", redisAPITarget(true), true},
+	{"redis-api-bare", redisAPITarget(false), true},
 }
 
-// redisAPITarget serves baseline.RedisAPI in this process and drives it
-// with the shardstock client, as the load generator's redis-api target does
-// in a process of its own; its keys are deleted at cleanup.
-func redisAPITarget(t *testing.T) loadgen.Target {
+// Tokens of the redis-api target's front in these tests.
+const (
+	testAdminToken   = "test-admin-token-0123456789"
+	testServiceToken = "test-service-token-0123456789"
+)
+
+// redisAPITarget serves baseline.RedisAPI in this process, behind the
+// allocator's front (front) or not, and drives it with the shardstock
+// client, as the load generator's redis-api and redis-api-bare targets do
+// in a process of their own; its keys are deleted at cleanup.
+func redisAPITarget(front bool) newTarget {
+	return func(t *testing.T) loadgen.Target {
+		cfg := serveRedisAPI(t, front)
+		return shardstock.New(cfg)
+	}
+}
+
+// serveRedisAPI serves a RedisAPI until the test ends and returns the
+// client's settings: its address, and with the front the tokens.
+func serveRedisAPI(t *testing.T, front bool) shardstock.Config {
 	t.Helper()
 	ctx := context.Background()
 	prefix := fmt.Sprintf("test:redis-api:%d:", time.Now().UnixNano())
-	s, err := baseline.NewRedisAPI(ctx, baseline.RedisAPIConfig{Addr: redisAddr, Prefix: prefix})
+	cfg := baseline.RedisAPIConfig{Addr: redisAddr, Prefix: prefix}
+	if front {
+		cfg.AdminToken, cfg.ServiceToken = testAdminToken, testServiceToken
+	}
+	s, err := baseline.NewRedisAPI(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +104,67 @@ func redisAPITarget(t *testing.T) loadgen.Target {
 			rdb.Unlink(ctx, iter.Val())
 		}
 	})
-	return shardstock.New(shardstock.Config{Addr: "http://" + l.Addr().String()})
+	return shardstock.Config{Addr: "http://" + l.Addr().String(), AdminToken: cfg.AdminToken, ServiceToken: cfg.ServiceToken}
+}
+
+// TestRedisAPI_Front: behind the front, the Redis API asks of its callers
+// what the allocator does: a call without a credential, or with an unknown
+// one, is refused UNAUTHENTICATED; the service role may not call the
+// AdminService (PERMISSION_DENIED); the service token deducts, and the
+// admin token administers. Without the front, an anonymous deduct is
+// served: redis-api-bare measures an API that checks no caller.
+func TestRedisAPI_Front(t *testing.T) {
+	ctx := context.Background()
+	cfg := serveRedisAPI(t, true)
+	hc := transport.NewClient()
+	with := func(token string) connect.ClientOption {
+		return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				if token != "" {
+					req.Header().Set("Authorization", "Bearer "+token)
+				}
+				return next(ctx, req)
+			}
+		}))
+	}
+	admin := shardstockv1connect.NewAdminServiceClient(hc, cfg.Addr, with(testAdminToken))
+	if _, err := admin.CreateSku(ctx, connect.NewRequest(&v1.CreateSkuRequest{Sku: "front", InitialStock: 10, Shards: 1})); err != nil {
+		t.Fatalf("CreateSku with the admin token = %v", err)
+	}
+	deduct := func(token, key string) error {
+		inv := shardstockv1connect.NewInventoryServiceClient(hc, cfg.Addr, with(token))
+		_, err := inv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "front", Quantity: 1, IdempotencyKey: key}))
+		return err
+	}
+	for _, tc := range []struct {
+		token string
+		want  connect.Code
+	}{{"", connect.CodeUnauthenticated}, {"not-a-token-of-this-server", connect.CodeUnauthenticated}} {
+		if err := deduct(tc.token, "refused-"+tc.token); connect.CodeOf(err) != tc.want {
+			t.Errorf("Deduct with token %q = %v, want %v", tc.token, err, tc.want)
+		}
+	}
+	asService := shardstockv1connect.NewAdminServiceClient(hc, cfg.Addr, with(testServiceToken))
+	if _, err := asService.CreateSku(ctx, connect.NewRequest(&v1.CreateSkuRequest{Sku: "front2", InitialStock: 1, Shards: 1})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("CreateSku with the service token = %v, want permission_denied", err)
+	}
+	if err := deduct(testServiceToken, "served"); err != nil {
+		t.Errorf("Deduct with the service token = %v", err)
+	}
+	st, err := shardstockv1connect.NewInventoryServiceClient(hc, cfg.Addr, with(testServiceToken)).GetStock(ctx, connect.NewRequest(&v1.GetStockRequest{Sku: "front"}))
+	if err != nil || st.Msg.GetStock().GetSold() != 1 {
+		t.Errorf("GetStock(front) = %v, %v; want 1 sold: the refused calls changed nothing", st, err)
+	}
+
+	bare := serveRedisAPI(t, false)
+	badmin := shardstockv1connect.NewAdminServiceClient(hc, bare.Addr)
+	if _, err := badmin.CreateSku(ctx, connect.NewRequest(&v1.CreateSkuRequest{Sku: "bare", InitialStock: 1, Shards: 1})); err != nil {
+		t.Fatalf("CreateSku without the front, anonymous = %v", err)
+	}
+	binv := shardstockv1connect.NewInventoryServiceClient(hc, bare.Addr)
+	if _, err := binv.Deduct(ctx, connect.NewRequest(&v1.DeductRequest{Sku: "bare", Quantity: 1, IdempotencyKey: "anon"})); err != nil {
+		t.Errorf("Deduct without the front, anonymous = %v, want served", err)
+	}
 }
 
 // run drives target with cfg (bounded by count and by time) and closes it.

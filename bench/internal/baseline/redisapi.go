@@ -9,11 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shardstock/shardstock/bench/internal/loadgen/memory"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
 	"github.com/shardstock/shardstock/internal/api"
+	"github.com/shardstock/shardstock/internal/auth"
 	"github.com/shardstock/shardstock/internal/ledger"
 	"github.com/shardstock/shardstock/internal/stock"
 	"github.com/shardstock/shardstock/internal/transport"
@@ -36,6 +39,7 @@ type RedisAPI struct {
 	*memory.Server // the calls that answer unimplemented, and topology
 	rdb            *redis.Client
 	prefix         string
+	auth           *auth.Authenticator // nil: no front
 }
 
 // RedisAPIConfig configures a RedisAPI.
@@ -43,6 +47,10 @@ type RedisAPIConfig struct {
 	Addr     string // default 127.0.0.1:6379
 	PoolSize int    // default 128
 	Prefix   string // of every key; default "redisapi:"
+	// AdminToken and ServiceToken, when set, put the allocator's front
+	// before the handlers (Handler): the same API asks the same of its
+	// callers.
+	AdminToken, ServiceToken string
 }
 
 var _ api.Admin = (*RedisAPI)(nil)
@@ -59,6 +67,14 @@ func NewRedisAPI(ctx context.Context, cfg RedisAPIConfig) (*RedisAPI, error) {
 		cfg.Prefix = "redisapi:"
 	}
 	s := &RedisAPI{Server: memory.New(), rdb: redis.NewClient(&redis.Options{Addr: cfg.Addr, PoolSize: cfg.PoolSize}), prefix: cfg.Prefix}
+	if cfg.AdminToken != "" || cfg.ServiceToken != "" {
+		a, err := auth.New(ctx, auth.Config{AdminTokens: []string{cfg.AdminToken}, ServiceTokens: []string{cfg.ServiceToken}})
+		if err != nil {
+			s.rdb.Close()
+			return nil, fmt.Errorf("redis-api: %w", err)
+		}
+		s.auth = a
+	}
 	for _, sc := range []*redis.Script{apiTakeScript, apiEndScript} {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
 			s.rdb.Close()
@@ -72,16 +88,39 @@ func NewRedisAPI(ctx context.Context, cfg RedisAPIConfig) (*RedisAPI, error) {
 func (s *RedisAPI) Close() error { return s.rdb.Close() }
 
 // Handler serves the InventoryService and AdminService over it, with the
-// options and handlers shardstock's allocators use.
+// options and handlers shardstock's allocators use. With tokens
+// (RedisAPIConfig), also behind the allocator's front, as its public
+// listener has them (allocatorcmd's publicMux): admission (the caller
+// authenticated and its role checked, the bound on requests in flight at
+// the allocator's default, the message read ahead), the call metrics, and
+// the inventory's calls on kept goroutines (transport.Warm). Without the
+// front, the API takes anonymous calls that shardstock refuses, and its
+// CPU per request lacks what checking the caller and counting the call
+// cost.
 func (s *RedisAPI) Handler() http.Handler {
 	mux := transport.NewMux(transport.MuxConfig{Services: []string{shardstockv1connect.InventoryServiceName, shardstockv1connect.AdminServiceName}})
-	mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: s}, transport.PublicHandlerOptions()...))
-	mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: s}, transport.PublicHandlerOptions()...))
+	if s.auth == nil {
+		mux.Handle(shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: s}, transport.PublicHandlerOptions()...))
+		mux.Handle(shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: s}, transport.PublicHandlerOptions()...))
+		return mux
+	}
+	metrics := transport.NewMetrics(prometheus.NewRegistry())
+	policy, _ := api.NewPolicy(nil) // no calls opted in: cannot fail
+	admit := api.AdmitConfig{Auth: s.auth, Need: policy.Need, InFlight: redisAPIInFlight}
+	invPath, inv := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: s},
+		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
+	mux.Handle(invPath, api.Admit(admit, transport.Warm(inv, 0), metrics.Refused))
+	admit.InFlight = 0
+	adminPath, admin := shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: s},
+		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
+	mux.Handle(adminPath, api.Admit(admit, admin, metrics.Refused))
 	return mux
 }
 
-// The keys of one SKU share a hash tag, so a Redis Cluster would keep them
-// on one node.
+// redisAPIInFlight is the front's bound on requests in flight: the
+// allocator's -max-in-flight default.
+const redisAPIInFlight = 4096
+
 func (s *RedisAPI) k(sku, what string) string { return s.prefix + "{" + sku + "}:" + what }
 
 // apiTakeScript reserves or deducts. KEYS: counters (hash: a, r, s,
