@@ -20,8 +20,12 @@ import (
 
 // Bounds of the server.
 const (
-	sweepInterval  = 500 * time.Millisecond
-	sweepShardsMax = 1000
+	sweepInterval = 500 * time.Millisecond
+	// dropIdleInterval: how often parked writers idle for writerIdleMax
+	// are dropped (dropIdle). It looks at every writer under the server's
+	// lock, so not at every sweep.
+	dropIdleInterval = 10 * time.Second
+	sweepShardsMax   = 1000
 	// transferStaleAge is how long a transfer may sit half-way before the
 	// sweep finishes it.
 	transferStaleAge = 5 * time.Second
@@ -66,6 +70,9 @@ type Server struct {
 	metrics  *metrics
 	batchMax int
 	staleAge time.Duration
+	// parkAfter and idleMax are writerParkAfter and writerIdleMax; shorter
+	// in tests. idleMax is read under mu.
+	parkAfter, idleMax time.Duration
 	// groupDelay is Config.GroupDelay, read by each database's committer.
 	groupDelay time.Duration
 
@@ -159,6 +166,8 @@ func New(cfg Config) *Server {
 		locate:     locate,
 		log:        log.With("server", cfg.ServerID),
 		batchMax:   batchSizeMax,
+		parkAfter:  writerParkAfter,
+		idleMax:    writerIdleMax,
 		groupDelay: min(max(cfg.GroupDelay, 0), GroupDelayMax),
 		owned:      map[int32]int64{},
 		writers:    map[stock.ShardKey]*writer{},
@@ -192,7 +201,7 @@ func (s *Server) gauges() []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardstock_shard_partitions_owned", Help: "Partitions this shard server owns (writes) now."},
 			read(func() int { return len(s.owned) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardstock_shard_writers", Help: "Shard writers running (one per shard touched in the last minute)."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardstock_shard_writers", Help: "Shard writers: one per shard touched in about the last minute (each runs a goroutine only while it has work)."},
 			read(func() int { return len(s.writers) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardstock_shard_queue_depth", Help: "Requests waiting in the shard writers' queues, all shards."},
 			read(func() int {
@@ -341,12 +350,15 @@ func (s *Server) enqueue(r *stock.Request) (*pending, stock.Result) {
 			w.seed(sd)
 		}
 		s.writers[key] = w
-		go w.run()
 	}
 	p := &pending{req: r, done: make(chan stock.Result, 1)}
 	if !w.queue.Push(p) {
 		s.metrics.rejected.Inc()
 		return nil, unavailable("shard queue is full")
+	}
+	if !w.running {
+		w.running = true
+		go w.run()
 	}
 	return p, stock.Result{}
 }
@@ -360,17 +372,32 @@ func (s *Server) remove(w *writer) {
 	}
 }
 
-// exitIdle removes an idle writer (its idle exit) unless a request arrived meanwhile.
-func (s *Server) exitIdle(w *writer) bool {
+// park ends an idle writer's goroutine (true) unless a request arrived
+// meanwhile: the writer keeps its row, and the next request starts a
+// goroutine again (enqueue, under the same lock). A writer with requests
+// queued goes on, stopped or not: its loop answers them or drains them.
+func (s *Server) park(w *writer) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if w.queue.Len() > 0 {
 		return false
 	}
-	if s.writers[w.key] == w {
-		delete(s.writers, w.key)
-	}
+	w.running = false
+	w.goroutines.Add(-1)
 	return true
+}
+
+// dropIdle forgets the parked writers that ran no batch for idleMax, and
+// their rows: the next request for such a shard starts a new writer,
+// which reads its row.
+func (s *Server) dropIdle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, w := range s.writers {
+		if !w.running && time.Since(w.lastBatch) >= s.idleMax {
+			delete(s.writers, k)
+		}
+	}
 }
 
 // fenced: the database says another server owns w's partition at a newer
@@ -469,8 +496,12 @@ func (s *Server) Run(ctx context.Context) error {
 	defer t.Stop()
 	prune := time.NewTicker(pruneInterval)
 	defer prune.Stop()
+	drop := time.NewTicker(dropIdleInterval)
+	defer drop.Stop()
 	for {
 		select {
+		case <-drop.C:
+			s.dropIdle()
 		case <-ctx.Done():
 			s.stopAll()
 			for _, d := range s.dbs {

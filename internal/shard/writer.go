@@ -25,9 +25,19 @@ const (
 	batchAttemptsMax = 5
 	// batchTimeout bounds one batch transaction.
 	batchTimeout = 10 * time.Second
-	// writerIdleMax: a writer with nothing to do for this long exits and
-	// drops its cached row, so cold shards cost no goroutine.
+	// writerIdleMax: a writer with nothing to do for this long is dropped
+	// with its cached row (Server.dropIdle), so that the shards a sale
+	// touched once cost no memory after it.
 	writerIdleMax = time.Minute
+	// writerParkAfter: a writer with nothing to do for this long ends its
+	// goroutine and keeps its state (parks); the next request starts one
+	// again. Thousands of parked goroutines (a writer for every shard
+	// touched in the last minute) kept Go's starting stack, the average
+	// its GC finds in use, at its least: every goroutine net/http starts
+	// for a call then grew its stack by copying, 6% of the allocator's CPU
+	// on model C (docs/bench-log/2026-12-06-front.md). A busy shard's
+	// writer never waits this long.
+	writerParkAfter = 50 * time.Millisecond
 	// heldMax bounds the reservations a writer remembers held; commits and
 	// releases of the others read theirs.
 	heldMax = 4096
@@ -78,6 +88,18 @@ type writer struct {
 	// shard's last checkpoint (-1 when that is not known): it says which
 	// write carries the next one (ledger.CheckpointFor).
 	sinceCheckpoint int
+	// running: a goroutine serves the writer (srv.mu); when it parks, the
+	// next request starts another, and at most one runs at a time.
+	running bool
+	// bound: bind has run. lastBatch: when the writer last ran a batch
+	// (bound first), read by Server.dropIdle once it parked. Both the
+	// running goroutine's.
+	bound     bool
+	lastBatch time.Time
+	// goroutines counts the goroutines serving the writer: at most 1 (a
+	// test reads it). A parking goroutine leaves the count under srv.mu,
+	// before the next request may start another.
+	goroutines atomic.Int32
 }
 
 func (w *writer) setCounts(c stock.Counts) {
@@ -155,15 +177,29 @@ func newWriter(s *Server, key stock.ShardKey, epoch int64) *writer {
 	}
 }
 
-// run serves batches until stopped, idle, or its shard turns out not to
-// exist. The first batch reads the row (LoadShard) in its transaction.
+// run serves batches until stopped, parked, or its shard turns out not to
+// exist. It is started by a request for a writer that runs no goroutine
+// (Server.enqueue); the writer's first run binds it to its database, and
+// its first batch reads the row (LoadShard) in its transaction. A writer
+// idle for its server's parkAfter ends the goroutine (Server.park) and
+// keeps its row; one idle for idleMax is dropped.
 func (w *writer) run() {
-	if r, ok := w.bind(); !ok {
-		w.srv.remove(w)
-		w.drain(r)
-		return
+	w.goroutines.Add(1)
+	parked := false // park counted this goroutine out, under the lock
+	defer func() {
+		if !parked {
+			w.goroutines.Add(-1)
+		}
+	}()
+	if !w.bound {
+		if r, ok := w.bind(); !ok {
+			w.srv.remove(w)
+			w.drain(r)
+			return
+		}
+		w.bound, w.lastBatch = true, time.Now()
 	}
-	idle := time.NewTimer(writerIdleMax)
+	idle := time.NewTimer(w.srv.parkAfter)
 	defer idle.Stop()
 	for {
 		// A stop wins over queued work: Lose means no new batch.
@@ -179,11 +215,10 @@ func (w *writer) run() {
 			w.drain(unavailable("shard server gave up the shard's partition"))
 			return
 		case <-idle.C:
-			if w.srv.exitIdle(w) {
-				w.drain(unavailable("shard writer exited idle"))
+			if parked = w.srv.park(w); parked {
 				return
 			}
-			idle.Reset(writerIdleMax)
+			idle.Reset(w.srv.parkAfter)
 			continue
 		}
 		reqs := w.queue.Take(w.srv.batchMax)
@@ -200,7 +235,8 @@ func (w *writer) run() {
 			w.drainFunc(w.noShard)
 			return
 		}
-		idle.Reset(writerIdleMax)
+		w.lastBatch = time.Now()
+		idle.Reset(w.srv.parkAfter)
 	}
 }
 
