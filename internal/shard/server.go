@@ -389,13 +389,31 @@ func (s *Server) park(w *writer) bool {
 
 // dropIdle forgets the parked writers that ran no batch for idleMax, and
 // their rows: the next request for such a shard starts a new writer,
-// which reads its row.
+// which reads its row. A suspect writer is kept: its row's check against
+// the ledger is still to be made, and a new writer would not make it.
 func (s *Server) dropIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	before := time.Now().Add(-s.idleMax)
 	for k, w := range s.writers {
-		if !w.running && time.Since(w.lastBatch) >= s.idleMax {
+		if !w.running && !w.suspect && w.lastBatch.Before(before) {
 			delete(s.writers, k)
+		}
+	}
+}
+
+// dropIdleEvery runs dropIdle every dropIdleInterval until ctx ends: on
+// a goroutine of its own, so that a sweep waiting on its database does not
+// hold it back.
+func (s *Server) dropIdleEvery(ctx context.Context) {
+	t := time.NewTicker(dropIdleInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.dropIdle()
 		}
 	}
 }
@@ -496,12 +514,11 @@ func (s *Server) Run(ctx context.Context) error {
 	defer t.Stop()
 	prune := time.NewTicker(pruneInterval)
 	defer prune.Stop()
-	drop := time.NewTicker(dropIdleInterval)
-	defer drop.Stop()
+	dropped := make(chan struct{})
+	go func() { defer close(dropped); s.dropIdleEvery(ctx) }()
+	defer func() { <-dropped }()
 	for {
 		select {
-		case <-drop.C:
-			s.dropIdle()
 		case <-ctx.Done():
 			s.stopAll()
 			for _, d := range s.dbs {

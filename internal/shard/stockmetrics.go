@@ -9,27 +9,25 @@ import (
 )
 
 // shardsReportedMax bounds the shards whose counts one scrape reports: a
-// writer runs only for a shard touched in the last writerIdleMax, so these
+// shard has a writer only if touched in about the last writerIdleMax, so these
 // are the SKUs selling now; past the bound the rest go unreported rather
 // than make a scrape (and Prometheus) pay for a million series.
 const shardsReportedMax = 10_000
 
-// The counts of the shards with a running writer, by SKU and shard: the
-// business figures of a sale (stock left, holds, sold) beside the
-// technical ones, for the dashboards (deploy/grafana). A shard appears
-// while its writer runs; sum by (sku) gives a SKU's counts on this
-// server.
+// The counts of the shards with a writer (running or parked), by SKU and
+// shard: the business figures of a sale (stock left, holds, sold) beside
+// the technical ones, for the dashboards (deploy/grafana). A shard appears
+// while it has a writer; sum by (sku) gives a SKU's counts on this server.
 var (
 	availableDesc = prometheus.NewDesc("shardstock_shard_available",
-		"Available units of each shard with a running writer, as of its last commit.", []string{"sku", "shard"}, nil)
+		"Available units of each shard with a writer, as of its last commit.", []string{"sku", "shard"}, nil)
 	reservedDesc = prometheus.NewDesc("shardstock_shard_reserved",
-		"Reserved (held) units of each shard with a running writer, as of its last commit.", []string{"sku", "shard"}, nil)
+		"Reserved (held) units of each shard with a writer, as of its last commit.", []string{"sku", "shard"}, nil)
 	soldDesc = prometheus.NewDesc("shardstock_shard_sold",
-		"Sold units of each shard with a running writer, as of its last commit.", []string{"sku", "shard"}, nil)
+		"Sold units of each shard with a writer, as of its last commit.", []string{"sku", "shard"}, nil)
 )
 
-// stockCollector reports the counts of a server's running writers at each
-// scrape.
+// stockCollector reports the counts of a server's writers at each scrape.
 type stockCollector struct{ s *Server }
 
 func (c stockCollector) Describe(ch chan<- *prometheus.Desc) {
