@@ -89,11 +89,11 @@ func (s *RedisAPI) Close() error { return s.rdb.Close() }
 
 // Handler serves the InventoryService and AdminService over it, with the
 // options and handlers shardstock's allocators use. With tokens
-// (RedisAPIConfig), also behind the allocator's front, as its public
-// listener has them (allocatorcmd's publicMux): admission (the caller
-// authenticated and its role checked, the bound on requests in flight at
-// the allocator's default, the message read ahead), the call metrics, and
-// the inventory's calls on kept goroutines (transport.Warm). Without the
+// (RedisAPIConfig), also behind the allocator's front, the same code
+// (api.InventoryFront): admission (the caller authenticated and its role
+// checked, the bound on requests in flight at the allocator's default, the
+// message read ahead), the call metrics, and the inventory's calls on kept
+// goroutines (transport.Warm). Without the
 // front, the API takes anonymous calls that shardstock refuses, and its
 // CPU per request lacks what checking the caller and counting the call
 // cost.
@@ -107,9 +107,8 @@ func (s *RedisAPI) Handler() http.Handler {
 	metrics := transport.NewMetrics(prometheus.NewRegistry())
 	policy, _ := api.NewPolicy(nil) // no calls opted in: cannot fail
 	admit := api.AdmitConfig{Auth: s.auth, Need: policy.Need, InFlight: redisAPIInFlight}
-	invPath, inv := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: s},
-		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
-	mux.Handle(invPath, api.Admit(admit, transport.Warm(inv, 0), metrics.Refused))
+	invPath, inv, _ := api.InventoryFront(&api.InventoryHandler{Inventory: s}, admit, metrics)
+	mux.Handle(invPath, inv)
 	admit.InFlight = 0
 	adminPath, admin := shardstockv1connect.NewAdminServiceHandler(&api.AdminHandler{Admin: s},
 		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)

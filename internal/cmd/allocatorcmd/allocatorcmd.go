@@ -456,9 +456,9 @@ func publicMux(cfg *config, proc *startup.Process, w *wired, metrics *transport.
 	// refusals are counted in the call metrics too.
 	admit := api.AdmitConfig{Auth: w.auth, Need: cfg.policy.Need, PerClient: cfg.rateLimit, PerCredential: cfg.serviceRateLimit,
 		TrustedProxies: cfg.proxies, InFlight: cfg.inFlight, AheadBytes: int64(cfg.aheadBytes)}
-	invPath, invHandler := shardstockv1connect.NewInventoryServiceHandler(&api.InventoryHandler{Inventory: w.alloc, Log: w.audit, Changes: w.changes, Admission: w.admission},
-		append(transport.PublicHandlerOptions(), connect.WithInterceptors(metrics))...)
-	mux.Handle(invPath, api.Admit(admit, transport.Warm(invHandler, 0), metrics.Refused))
+	invPath, inv, invHandler := api.InventoryFront(&api.InventoryHandler{Inventory: w.alloc, Log: w.audit, Changes: w.changes, Admission: w.admission},
+		admit, metrics)
+	mux.Handle(invPath, inv)
 	// A watch lasts as long as its client wants: it holds no place among
 	// the requests in flight (the change stream bounds its watches) and no
 	// kept goroutine. The AdminService has no in-flight bound either:
