@@ -31,8 +31,8 @@ const (
 	writerIdleMax = time.Minute
 	// writerParkAfter: a writer with nothing to do for this long ends its
 	// goroutine and keeps its state (parks); the next request starts one
-	// again. Thousands of parked goroutines (a writer for every shard
-	// touched in the last minute) kept Go's starting stack, the average
+	// again. Thousands of goroutines waiting idle (a writer's for every
+	// shard touched in the last minute) kept Go's starting stack, the average
 	// its GC finds in use, at its least: every goroutine net/http starts
 	// for a call then grew its stack by copying, 6% of the allocator's CPU
 	// on model C (docs/bench-log/2026-12-06-front.md). A busy shard's
