@@ -104,6 +104,14 @@ type Service struct {
 	// AfterSeed, for tests, runs once a draw's seed is recorded, before
 	// its order is: an error stops the draw there, as a crash would.
 	AfterSeed func(sku string, seed []byte) error
+	// For tests, which order a race with them: BeforeReenter runs when a
+	// request whose direct grant found no unit free is about to enter as
+	// a ticket; EntryQueued when a request has joined its SKU's entry
+	// queue (direct: it asks for a direct grant); EntryBatch before a
+	// batch of a SKU's entries is served, with their keys in order.
+	BeforeReenter func(key string)
+	EntryQueued   func(sku, key string, direct bool)
+	EntryBatch    func(sku string, keys []string)
 	// now is the clock that closes a draw's registration.
 	now func() time.Time
 	// watches serves the WatchTicket streams from one look (watch.go).
@@ -121,6 +129,11 @@ func New(store Store, seller Seller, reg prometheus.Registerer) *Service {
 	s := &Service{store: store, seller: seller, metrics: newMetrics(reg, store), memory: newMemory(), now: time.Now,
 		watches: watches{store: store}, opened: make(chan struct{}, 1)}
 	s.entries = newBatcher(entryBatchLenMax, entryBatchesMax, s.enterBatch)
+	s.entries.queued = func(sku string, in entryIn) {
+		if s.EntryQueued != nil {
+			s.EntryQueued(sku, in.entry.Ticket.IdempotencyKey, in.entry.Direct)
+		}
+	}
 	s.marks = newBatcher(markBatchLenMax, 0, s.markBatch)
 	return s
 }
@@ -140,6 +153,13 @@ func (s *Service) enterBatch(sku string, ins []entryIn) ([]stock.TicketEntered, 
 	entries := make([]stock.TicketEntry, len(ins))
 	for i, in := range ins {
 		entries[i] = in.entry
+	}
+	if s.EntryBatch != nil {
+		keys := make([]string, len(entries))
+		for i, e := range entries {
+			keys[i] = e.Ticket.IdempotencyKey
+		}
+		s.EntryBatch(sku, keys)
 	}
 	return s.store.EnterTickets(ctx, sku, entries, ad.WaitlistMax, ad.TokensPerCustomer, func(ctx context.Context) (int64, bool, error) {
 		return s.seller.Availability(ctx, sku)
@@ -293,6 +313,9 @@ func (s *Service) requestToken(ctx context.Context, r TokenRequest) (Answer, err
 		// ticket is entered goes to a request in line, not to a newer one.
 		s.untick.forget(r.SKU)
 		in.entry.Direct = false
+		if s.BeforeReenter != nil {
+			s.BeforeReenter(r.Key)
+		}
 		if e, err = s.entries.do(ctx, r.SKU, in); err != nil {
 			return Answer{}, err
 		}

@@ -67,6 +67,8 @@ type batcher[In, Out any] struct {
 	serve func(key string, ins []In) ([]Out, error)
 	// slots, when set, bounds the batches of every key served at once.
 	slots chan struct{}
+	// queued, when set, is told of each call once it is queued.
+	queued func(key string, in In)
 
 	mu     sync.Mutex
 	queues map[string][]*call[In, Out] // keys being served, and their calls waiting
@@ -95,6 +97,9 @@ func (b *batcher[In, Out]) do(ctx context.Context, key string, in In) (Out, erro
 	}
 	b.queues[key] = append(q, c)
 	b.mu.Unlock()
+	if b.queued != nil {
+		b.queued(key, in)
+	}
 	if !running {
 		go b.run(key)
 	}

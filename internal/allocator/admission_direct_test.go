@@ -2,7 +2,10 @@ package allocator_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -224,4 +227,127 @@ func TestAdmission_DirectTrustLapses(t *testing.T) {
 	if err != nil || !again.Replayed || again.Ticket.TokenID != pk.Ticket.TokenID || again.Ticket.ID != "" {
 		t.Errorf("RequestToken(p-1) again once the SKU sells by draw = %+v, %v; want its token %s, replayed", again.Ticket, err, pk.Ticket.TokenID)
 	}
+}
+
+// TestAdmission_DirectCopyInBatch: a request whose direct grant found no
+// unit free enters as a ticket; if a copy of it (the same key, sent at
+// once) still asking for a direct grant goes first in the same entry
+// batch, the batch answers both with the copy's direct grant, and the
+// request that meant to enter is answered SHARD_UNAVAILABLE (retry with
+// the same key: it finds the copy's ticket). The race is ordered with
+// admission's test hooks: the request (A) stops before it enters again, an
+// entry batch of another key is held while the copy (B) and then A queue
+// behind it, and the next batch is [B, A]. Seen failing with that answer
+// taken out: A read the copy's direct answer as a ticket, a nil pointer
+// (a panic).
+func TestAdmission_DirectCopyInBatch(t *testing.T) {
+	s := newStack(t, []string{"a"}, "")
+	ctx := context.Background()
+	const sku = "copyinbatch"
+	s.createAdmissionSKU(sku, 1, 1, stock.Admission{Mode: stock.AdmissionTokens, TokenTTL: time.Minute, WaitlistMax: 10})
+	aStopped, releaseA := make(chan struct{}), make(chan struct{})
+	gate := make(chan struct{})
+	var hold atomic.Bool
+	queued := make(chan string, 64)
+	batches := make(chan []string, 64)
+	side := s.newAdmission("copy", s.alloc, func(svc *admission.Service) {
+		var once sync.Once
+		svc.BeforeReenter = func(key string) {
+			if key == "dup" {
+				once.Do(func() { close(aStopped); <-releaseA })
+			}
+		}
+		svc.EntryQueued = func(_, key string, direct bool) { queued <- fmt.Sprintf("%s/%v", key, direct) }
+		svc.EntryBatch = func(_ string, keys []string) {
+			batches <- keys
+			if hold.CompareAndSwap(true, false) {
+				<-gate
+			}
+		}
+	})
+	request := func(key string) (admission.Answer, error) {
+		return side.svc.RequestToken(ctx, admission.TokenRequest{SKU: sku, Quantity: 1, Key: key, CustomerRef: "cust-" + key})
+	}
+	await := func(what string, ch <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: not within 10 s", what)
+		}
+	}
+	awaitQueued := func(want string) {
+		t.Helper()
+		for deadline := time.After(10 * time.Second); ; {
+			select {
+			case got := <-queued:
+				if got == want {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no entry %s queued within 10 s", want)
+			}
+		}
+	}
+	awaitBatch := func(want []string) {
+		t.Helper()
+		for deadline := time.After(10 * time.Second); ; {
+			select {
+			case got := <-batches:
+				if len(got) >= len(want) && slices.Equal(got[:len(want)], want) {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no entry batch starting %v within 10 s", want)
+			}
+		}
+	}
+	type answer struct {
+		a   admission.Answer
+		err error
+	}
+	answers := func(key string) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			a, err := request(key)
+			ch <- answer{a, err}
+		}()
+		return ch
+	}
+
+	// The one unit, held by a token granted directly.
+	if k1, err := request("k1"); err != nil || !k1.Ticket.Direct || k1.Ticket.TokenID == "" {
+		t.Fatalf("RequestToken(k1) = %+v, %v; want a token granted directly", k1.Ticket, err)
+	}
+	// A finds no unit free and stops before it enters as a ticket.
+	a := answers("dup")
+	await("A stopped before entering again", aStopped)
+	// An entry batch of another key is held; B, a copy of A still asking
+	// directly, and then A queue behind it.
+	hold.Store(true)
+	x := answers("x")
+	awaitBatch([]string{"x"})
+	b := answers("dup")
+	awaitQueued("dup/true")
+	close(releaseA)
+	awaitQueued("dup/false")
+	close(gate)
+	awaitBatch([]string{"dup", "dup"})
+
+	got := <-a
+	if stock.CodeOf(got.err) != stock.CodeShardUnavailable {
+		t.Fatalf("RequestToken(dup) entering behind its copy's direct ask in one batch = %+v, %v; want SHARD_UNAVAILABLE", got.a.Ticket, got.err)
+	}
+	gotB := <-b
+	if gotB.err != nil || gotB.a.Ticket.State != stock.TicketWaiting || gotB.a.Ticket.ID == "" {
+		t.Fatalf("RequestToken(dup), the copy = %+v, %v; want a ticket WAITING", gotB.a.Ticket, gotB.err)
+	}
+	if gotX := <-x; gotX.err != nil || gotX.a.Ticket.State != stock.TicketWaiting {
+		t.Errorf("RequestToken(x) = %+v, %v; want a ticket WAITING", gotX.a.Ticket, gotX.err)
+	}
+	// A's retry, as its answer says, finds the copy's ticket.
+	if again, err := request("dup"); err != nil || !again.Replayed || again.Ticket.ID != gotB.a.Ticket.ID {
+		t.Errorf("RequestToken(dup) again = %+v, %v; want the copy's ticket %s, replayed", again.Ticket, err, gotB.a.Ticket.ID)
+	}
+	s.balanced(sku)
 }
