@@ -99,7 +99,15 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     await page.waitForFunction((n) => Number(document.querySelector('#charts svg[data-series="available"]').dataset.points) >= n + 3,
       first.find((c) => c.series === "available").points, { timeout });
     const second = await chartData();
-    const ledgerSecond = await ledgerTop();
+    // The ledger's table follows the change stream, which delivers an
+    // entry once every transaction older than it in the Postgres cluster
+    // has ended (docs/changestream.md), and a loaded machine slows both:
+    // a CI run read the same last entry about 3 s apart. The change is
+    // waited for, up to the test's timeout.
+    let ledgerSecond = await ledgerTop();
+    for (const end = Date.now() + timeout; ledgerSecond === ledgerFirst && Date.now() < end; await sleep(100)) {
+      ledgerSecond = await ledgerTop();
+    }
     const during = calls.filter((c) => c.at >= watched && c.at <= Date.now());
     load = false;
     await loading;
