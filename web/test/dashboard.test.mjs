@@ -35,9 +35,12 @@ const timeout = 15_000;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // The load is bounded in count and time: at most loadMax deducts of one
 // unit (fewer than the demo SKU's 1,000, so that it is still selling when
-// the charts are read), for at most loadMs.
+// the charts are read), for at most loadMs, loadPauseMs apart, so that it
+// lasts past the reads (unpaced, 600 deducts could end in a second or two,
+// before the ledger's first read, whose last entry then never changed).
 const loadMax = 600;
 const loadMs = 60_000;
+const loadPauseMs = 20;
 
 test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, async () => {
   assert.ok(baseUrl && pageUrl && demo, "SHARDSTOCK_URL, SHARDSTOCK_DASHBOARD_URL or SHARDSTOCK_DEMO_SKU is not set");
@@ -80,6 +83,7 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     const loading = (async () => {
       for (let i = 0; load && i < loadMax && Date.now() < loadEnd; i++, sent++) {
         await inv.deduct({ sku: demo, quantity: 1n, idempotencyKey: `dash-load-${process.pid}-${i}` });
+        await sleep(loadPauseMs);
         // More than the SKU has: refused OUT_OF_STOCK, charted as its own.
         if (i % 10 === 0) {
           await inv.deduct({ sku: demo, quantity: 5000n, idempotencyKey: `dash-over-${process.pid}-${i}` }).catch(() => {});
@@ -101,9 +105,8 @@ test("the dashboard shows stock moving and pauses a SKU", { timeout: 80_000 }, a
     const second = await chartData();
     // The ledger's table follows the change stream, which delivers an
     // entry once every transaction older than it in the Postgres cluster
-    // has ended (docs/changestream.md), and a loaded machine slows both:
-    // a CI run read the same last entry about 3 s apart. The change is
-    // waited for, up to the test's timeout.
+    // has ended (docs/changestream.md): the change is waited for, up to
+    // the test's timeout, while the load goes on.
     let ledgerSecond = await ledgerTop();
     for (const end = Date.now() + timeout; ledgerSecond === ledgerFirst && Date.now() < end; await sleep(100)) {
       ledgerSecond = await ledgerTop();
