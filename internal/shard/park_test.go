@@ -125,19 +125,13 @@ func TestShard_WriterParksUnderRequests(t *testing.T) {
 		}
 	})
 	var ok atomic.Int64
-	parallel(t, clients, 60*time.Second, func(c int) {
-		rng := rand.New(rand.NewPCG(uint64(c), 7))
-		for i := range perClient {
-			time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Microsecond)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: keys[c], Quantity: 1, Key: fmt.Sprintf("c%d-%d", c, i)})
-			cancel()
-			if r.Err != nil || r.Replayed {
-				t.Errorf("client %d request %d = %+v, want a new success", c, i, r)
-				return
-			}
-			ok.Add(1)
+	deductsNearParks(t, s, keys, perClient, func(c, i int, r stock.Result) bool {
+		if r.Err != nil || r.Replayed {
+			t.Errorf("client %d request %d = %+v, want a new success", c, i, r)
+			return false
 		}
+		ok.Add(1)
+		return true
 	})
 	close(stop)
 	watch.Wait()
@@ -266,23 +260,17 @@ func TestShard_WriterParksUnderLossAndDrops(t *testing.T) {
 		}
 	})
 	var ok, refused atomic.Int64
-	parallel(t, clients, 60*time.Second, func(c int) {
-		rng := rand.New(rand.NewPCG(uint64(c), 7))
-		for i := range perClient {
-			time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Microsecond)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: keys[c], Quantity: 1, Key: fmt.Sprintf("c%d-%d", c, i)})
-			cancel()
-			switch {
-			case r.Err == nil:
-				ok.Add(1)
-			case strings.Contains(r.Err.Error(), "deadline"):
-				t.Errorf("client %d request %d unanswered: %v", c, i, r.Err)
-				return
-			default:
-				refused.Add(1)
-			}
+	deductsNearParks(t, s, keys, perClient, func(c, i int, r stock.Result) bool {
+		switch {
+		case r.Err == nil:
+			ok.Add(1)
+		case strings.Contains(r.Err.Error(), "deadline"):
+			t.Errorf("client %d request %d unanswered: %v", c, i, r.Err)
+			return false
+		default:
+			refused.Add(1)
 		}
+		return true
 	})
 	close(stop)
 	bg.Wait()
@@ -293,4 +281,24 @@ func TestShard_WriterParksUnderLossAndDrops(t *testing.T) {
 		t.Errorf("no request served")
 	}
 	t.Logf("%d served, %d refused while their partition was away", ok.Load(), refused.Load())
+}
+
+// deductsNearParks runs a client for each of keys, each sending perClient
+// deducts of one unit to its shard alone, 0.5 to 1.5 ms after its last
+// answer (about when a writer parking after 1 ms parks), each within 5 s;
+// answered gets every answer and says whether the client goes on.
+func deductsNearParks(t *testing.T, s *shard.Server, keys []stock.ShardKey, perClient int, answered func(c, i int, r stock.Result) bool) {
+	t.Helper()
+	parallel(t, len(keys), 60*time.Second, func(c int) {
+		rng := rand.New(rand.NewPCG(uint64(c), 7))
+		for i := range perClient {
+			time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Microsecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r := s.Do(ctx, &stock.Request{Kind: stock.OpDeduct, Shard: keys[c], Quantity: 1, Key: fmt.Sprintf("c%d-%d", c, i)})
+			cancel()
+			if !answered(c, i, r) {
+				return
+			}
+		}
+	})
 }
