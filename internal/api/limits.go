@@ -63,6 +63,10 @@ type AdmitConfig struct {
 	AheadBytes int64
 }
 
+// InFlightDefault is the allocator's default bound on InventoryService
+// requests in flight (-max-in-flight), and the benchmark's Redis API's.
+const InFlightDefault = 4096
+
 // Bounds of Admit's read ahead.
 const (
 	// bodyAheadMax is the most of a message read before the request takes

@@ -106,7 +106,7 @@ func (s *RedisAPI) Handler() http.Handler {
 	}
 	metrics := transport.NewMetrics(prometheus.NewRegistry())
 	policy, _ := api.NewPolicy(nil) // no calls opted in: cannot fail
-	admit := api.AdmitConfig{Auth: s.auth, Need: policy.Need, InFlight: redisAPIInFlight}
+	admit := api.AdmitConfig{Auth: s.auth, Need: policy.Need, InFlight: api.InFlightDefault}
 	invPath, inv, _ := api.InventoryFront(&api.InventoryHandler{Inventory: s}, admit, metrics)
 	mux.Handle(invPath, inv)
 	admit.InFlight = 0
@@ -115,10 +115,6 @@ func (s *RedisAPI) Handler() http.Handler {
 	mux.Handle(adminPath, api.Admit(admit, admin, metrics.Refused))
 	return mux
 }
-
-// redisAPIInFlight is the front's bound on requests in flight: the
-// allocator's -max-in-flight default.
-const redisAPIInFlight = 4096
 
 func (s *RedisAPI) k(sku, what string) string { return s.prefix + "{" + sku + "}:" + what }
 
