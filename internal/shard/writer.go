@@ -91,10 +91,8 @@ type writer struct {
 	// running: a goroutine serves the writer (srv.mu); when it parks, the
 	// next request starts another, and at most one runs at a time.
 	running bool
-	// bound: bind has run. lastBatch: when the writer last ran a batch
-	// (bound first), read by Server.dropIdle once it parked. Both the
-	// running goroutine's.
-	bound     bool
+	// lastBatch: when the writer last ran a batch (bound first), read by
+	// Server.dropIdle once it parked. The running goroutine's.
 	lastBatch time.Time
 	// goroutines counts the goroutines serving the writer: at most 1 (a
 	// test reads it). A parking goroutine leaves the count under srv.mu,
@@ -191,13 +189,13 @@ func (w *writer) run() {
 			w.goroutines.Add(-1)
 		}
 	}()
-	if !w.bound {
+	if w.db == nil { // not bound yet: a writer whose bind failed was removed
 		if r, ok := w.bind(); !ok {
 			w.srv.remove(w)
 			w.drain(r)
 			return
 		}
-		w.bound, w.lastBatch = true, time.Now()
+		w.lastBatch = time.Now()
 	}
 	idle := time.NewTimer(w.srv.parkAfter)
 	defer idle.Stop()
