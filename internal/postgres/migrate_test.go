@@ -154,8 +154,11 @@ func TestMigrate_SKUVersion(t *testing.T) {
 	t.Parallel() // its own database; no timing a neighbour could upset
 	ctx := context.Background()
 	cfg, conn := migratedBefore(t, skuVersionVersion)
+	// Past two of 00024's batches of 10,000, the third of one row: every
+	// boundary between batches is crossed.
+	const old = 20_001
 	if _, err := conn.Exec(ctx, `INSERT INTO skus (sku, shards, shard_span, reservation_ttl_ms)
-		SELECT 'old-' || i, 1, 1, 1000 FROM generate_series(1, 50) i`); err != nil {
+		SELECT 'old-' || i, 1, 1, 1000 FROM generate_series(1, $1::int) i`, old); err != nil {
 		t.Fatalf("populate = %v", err)
 	}
 	if err := postgres.Migrate(ctx, cfg); err != nil {
@@ -165,7 +168,7 @@ func TestMigrate_SKUVersion(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE version = 0), count(DISTINCT version) FROM skus`).Scan(&zero, &distinct); err != nil {
 		t.Fatal(err)
 	}
-	if zero != 0 || distinct != 50 {
-		t.Errorf("after the migration: %d SKUs of version 0, %d distinct versions of 50; want none and 50", zero, distinct)
+	if zero != 0 || distinct != old {
+		t.Errorf("after the migration: %d SKUs of version 0, %d distinct versions of %d; want none and %d", zero, distinct, old, old)
 	}
 }

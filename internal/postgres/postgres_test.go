@@ -1483,7 +1483,7 @@ func TestDB_SKUVersion(t *testing.T) {
 	seen := map[int64]string{count(t, conn, `SELECT version FROM skus WHERE sku = 'v-other'`): "v-other's"}
 	v := version()
 	if v == 0 {
-		t.Fatalf("a new SKU's version = 0, want one drawn from the sequence")
+		t.Fatalf("a new SKU's version = 0, want one drawn (sku_version_draw)")
 	}
 	if s, err := db.GetSKU(ctx, "v-sku"); err != nil || s.Version != v {
 		t.Fatalf("GetSKU = %+v, %v; want version %d", s, err, v)
