@@ -14,9 +14,9 @@ import (
 	"github.com/shardstock/shardstock/internal/wire"
 )
 
-// prewarmSKUsMax bounds the SKUs of one Prewarm call: each costs a call to
+// PrewarmSKUsMax bounds the SKUs of one Prewarm call: each costs a call to
 // every one of its shards' servers.
-const prewarmSKUsMax = 100
+const PrewarmSKUsMax = 100
 
 // Catalog lists SKUs across databases (internal/dbset.Set).
 type Catalog interface {
@@ -124,8 +124,8 @@ func (h *AdminHandler) Prewarm(ctx context.Context, req *connect.Request[v1.Prew
 		return nil, wire.ToConnect(stock.Errorf(stock.CodeUnimplemented, "this server prewarms nothing"))
 	}
 	skus := req.Msg.GetSkus()
-	if len(skus) == 0 || len(skus) > prewarmSKUsMax {
-		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "name 1 to %d skus", prewarmSKUsMax))
+	if len(skus) == 0 || len(skus) > PrewarmSKUsMax {
+		return nil, wire.ToConnect(stock.Errorf(stock.CodeInvalidArgument, "name 1 to %d skus", PrewarmSKUsMax))
 	}
 	for _, s := range skus {
 		if err := stock.ValidateSKU(s); err != nil {

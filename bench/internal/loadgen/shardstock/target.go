@@ -20,15 +20,15 @@ import (
 	"github.com/shardstock/shardstock/bench/internal/loadgen"
 	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
 // Limits of the target.
 const (
 	AddrDefault       = "http://127.0.0.1:8080"
-	setupParallelMax  = 8   // CreateSku calls in flight
-	prewarmSKUsMax    = 100 // SKUs a Prewarm call (the API's bound)
-	verifyParallelMax = 8   // SKUs verified at once
+	setupParallelMax  = 8 // CreateSku calls in flight
+	verifyParallelMax = 8 // SKUs verified at once
 	ledgerPageSize    = 1000
 	ledgerPagesMax    = 100_000
 	dialTimeout       = 5 * time.Second
@@ -134,13 +134,13 @@ func (t *Target) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
 	return t.prewarm(ctx, skus)
 }
 
-// prewarm starts the shard writers of every SKU, prewarmSKUsMax a call.
+// prewarm starts the shard writers of every SKU, api.PrewarmSKUsMax a call.
 func (t *Target) prewarm(ctx context.Context, skus []loadgen.SKUSpec) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(setupParallelMax)
-	for i := 0; i < len(skus); i += prewarmSKUsMax {
-		names := make([]string, 0, prewarmSKUsMax)
-		for _, s := range skus[i:min(i+prewarmSKUsMax, len(skus))] {
+	for i := 0; i < len(skus); i += api.PrewarmSKUsMax {
+		names := make([]string, 0, api.PrewarmSKUsMax)
+		for _, s := range skus[i:min(i+api.PrewarmSKUsMax, len(skus))] {
 			names = append(names, s.SKU)
 		}
 		g.Go(func() error {

@@ -19,6 +19,7 @@ import (
 	"github.com/shardstock/shardstock/bench/internal/loadgen/shardstock"
 	shardstockv1 "github.com/shardstock/shardstock/gen/shardstock/v1"
 	"github.com/shardstock/shardstock/gen/shardstock/v1/shardstockv1connect"
+	"github.com/shardstock/shardstock/internal/api"
 	"github.com/shardstock/shardstock/internal/stock"
 )
 
@@ -315,8 +316,8 @@ func TestTarget_Setup(t *testing.T) {
 		}
 		seen := map[string]int{}
 		for _, call := range fake.prewarms {
-			if len(call) == 0 || len(call) > 100 {
-				t.Errorf("a Prewarm call of %d SKUs, want 1 to 100", len(call))
+			if len(call) == 0 || len(call) > api.PrewarmSKUsMax {
+				t.Errorf("a Prewarm call of %d SKUs, want 1 to %d", len(call), api.PrewarmSKUsMax)
 			}
 			for _, sku := range call {
 				seen[sku]++
