@@ -583,15 +583,30 @@ func TestDB_FirstTicketAfterTrust(t *testing.T) {
 
 // A SKU's first ticket commits its flag on a second connection while the
 // entry's transaction holds one (flagTicketed): with a pool of one it is
-// refused at once, not left waiting for itself until the deadline.
+// refused at once, not left waiting for itself until the deadline. A SKU
+// that has had a ticket needs no flag, so a pool of one enters its next:
+// seen failing with the lock's read saying no SKU has had one (every
+// entry then flagged its SKU again, and waited, under the lock).
 func TestDB_FirstTicketOneConnection(t *testing.T) {
 	t.Parallel() // its own database; no timing a neighbour could upset
-	db := openWith(t, pgtest.NewMigratedDB(t), postgres.Options{MaxConns: 1, ApplicationName: "one-connection"})
+	url := pgtest.NewMigratedDB(t)
+	db := openWith(t, url, postgres.Options{MaxConns: 1, ApplicationName: "one-connection"})
 	none := func(context.Context) (int64, bool, error) { return 0, false, nil }
-	entries := []stock.TicketEntry{{Ticket: stock.Ticket{SKU: "one", Quantity: 1, IdempotencyKey: "k"}, Params: []byte("k")}}
+	entry := func(sku, key string) []stock.TicketEntry {
+		return []stock.TicketEntry{{Ticket: stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key}, Params: []byte(key)}}
+	}
 	start := time.Now()
-	_, err := db.EnterTickets(context.Background(), "one", entries, 10, 0, none, nil)
+	_, err := db.EnterTickets(context.Background(), "one", entry("one", "k"), 10, 0, none, nil)
 	if err == nil || !strings.Contains(err.Error(), "second connection") || time.Since(start) > 5*time.Second {
 		t.Errorf("EnterTickets with a pool of one = %v after %v, want the second connection's error at once", err, time.Since(start))
+	}
+
+	two := openWith(t, url, postgres.Options{MaxConns: 4, ApplicationName: "two-connections"})
+	if got, err := two.EnterTickets(context.Background(), "ticketed", entry("ticketed", "first"), 10, 0, none, nil); err != nil || got[0].Err != nil || got[0].Ticket == nil {
+		t.Fatalf("the SKU's first ticket, with a pool of four = %+v, %v", got, err)
+	}
+	got, err := db.EnterTickets(context.Background(), "ticketed", entry("ticketed", "next"), 10, 0, none, nil)
+	if err != nil || got[0].Err != nil || got[0].Ticket == nil {
+		t.Errorf("the next ticket of a SKU that has had one, with a pool of one = %+v, %v; want it entered, no flag needed", got, err)
 	}
 }
