@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/shardstock/shardstock/internal/pgtest"
 	"github.com/shardstock/shardstock/internal/postgres"
 	"github.com/shardstock/shardstock/internal/stock"
@@ -608,5 +610,35 @@ func TestDB_FirstTicketOneConnection(t *testing.T) {
 	got, err := db.EnterTickets(context.Background(), "ticketed", entry("ticketed", "next"), 10, 0, none, nil)
 	if err != nil || got[0].Err != nil || got[0].Ticket == nil {
 		t.Errorf("the next ticket of a SKU that has had one, with a pool of one = %+v, %v; want it entered, no flag needed", got, err)
+	}
+}
+
+// TestDB_DrawRegistrationFlagsItsSKU: a draw's registration is its SKU's
+// ticket like any (its mode may turn to TOKENS later), so the first flags
+// the SKU as having had one; with a pool of one it is refused at once, as
+// an entry is. Seen failing with the registration reading the SKU flagged
+// already (no flag written; the pool of one let through).
+func TestDB_DrawRegistrationFlagsItsSKU(t *testing.T) {
+	t.Parallel() // its own database; no timing a neighbour could upset
+	ctx := context.Background()
+	url := pgtest.NewMigratedDB(t)
+	ticket := func(sku, key string) stock.Ticket {
+		return stock.Ticket{SKU: sku, Quantity: 1, IdempotencyKey: key, CustomerRef: "cust-" + key}
+	}
+	one := openWith(t, url, postgres.Options{MaxConns: 1, ApplicationName: "one-connection"})
+	if _, _, err := one.RegisterTicket(ctx, ticket("drawn-one", "r"), []byte("r"), 10, true, nil); err == nil || !strings.Contains(err.Error(), "second connection") {
+		t.Errorf("a SKU's first registration with a pool of one = %v, want the second connection's error", err)
+	}
+	db := openWith(t, url, postgres.Options{MaxConns: 4, ApplicationName: "draw-flag"})
+	if _, _, err := db.RegisterTicket(ctx, ticket("drawn", "r"), []byte("r"), 10, true, nil); err != nil {
+		t.Fatalf("RegisterTicket = %v", err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if n := count(t, conn, `SELECT count(*) FROM admission_counts WHERE sku = 'drawn'`); n != 1 {
+		t.Errorf("after a SKU's first registration, %d admission_counts rows of it, want 1 (its flag)", n)
 	}
 }
