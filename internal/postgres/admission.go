@@ -34,11 +34,6 @@ const sqlQueued = `(state = 'waiting' OR (state = 'pending' AND claimed_at IS NO
 // has had a ticket (it has that row, migration 00022).
 const sqlCounts = `SELECT coalesce(sum(queued), 0)::bigint, coalesce(sum(in_flight), 0)::bigint, count(*) > 0 FROM admission_counts WHERE sku = $1`
 
-// sqlEntryCounts is what an entry batch reads of its SKU before the lock:
-// the tickets queued, and whether the SKU has had a ticket (it has a
-// counts row, migration 00022).
-const sqlEntryCounts = `SELECT coalesce(sum(queued), 0)::bigint, count(*) > 0 FROM admission_counts WHERE sku = $1`
-
 // sqlTicketed records, before a SKU's first ticket, that it has had one:
 // its counts row.
 const sqlTicketed = `INSERT INTO admission_counts (sku) VALUES ($1) ON CONFLICT (sku) DO NOTHING`
@@ -157,14 +152,15 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	// Without the lock, one round trip: the replays and the waitlist.
 	b := &pgx.Batch{}
 	queueKeys(b, sku, entries, all)
-	b.Queue(sqlEntryCounts, sku)
+	b.Queue(sqlCounts, sku)
 	counts := stock.EntryCounts{ReadAt: time.Now()}
 	res := db.pool.SendBatch(ctx, b)
 	recorded, err := scanKeyed(res)
 	if err == nil {
-		err = res.QueryRow().Scan(&counts.Queued, &counts.Ticketed)
+		// The units in flight: read under the lock.
+		err = res.QueryRow().Scan(&counts.Queued, new(int64), &counts.Ticketed)
 	}
-	queued := counts.Queued // the units in flight: read under the lock
+	queued := counts.Queued
 	if err := errors.Join(err, res.Close()); err != nil {
 		return nil, err
 	}
