@@ -99,8 +99,8 @@ func speculable(units []*stock.Unit) bool {
 			q.SweepMax > 0 || len(q.Sales) > 0 || q.Extending || (q.LoadShard && len(q.ReservationIDs) > 0) {
 			return false
 		}
-		// A SKU of version 0 was not read from storage (migration 00023
-		// gives every row another): nothing to check it against.
+		// A SKU of version 0 was not read from storage, or its row is not
+		// yet backfilled (migration 00024): nothing to check it against.
 		if q.KnownSKU != nil && (q.KnownSKU.Version == 0 || !speculableOn(q, q.KnownSKU)) {
 			return false
 		}

@@ -132,7 +132,8 @@ type SKU struct {
 	Admission Admission
 	// Version is the row's version in storage, drawn anew (at random) at
 	// every change of it: two reads with the same version read the same
-	// settings. 0: not read from storage.
+	// settings. 0: not read from storage, or a row from before migration
+	// 00023 that 00024 has not reached yet: nothing to check a read by.
 	Version int64
 }
 
