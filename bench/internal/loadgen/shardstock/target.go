@@ -134,18 +134,31 @@ func (t *Target) Setup(ctx context.Context, skus []loadgen.SKUSpec) error {
 	return t.prewarm(ctx, skus)
 }
 
-// prewarm starts the shard writers of every SKU, api.PrewarmSKUsMax a call.
+// prewarm starts the shard writers of every SKU, api.PrewarmSKUsMax a call,
+// and fails unless every shard of each is warm: a run said to be prewarmed
+// must not measure cold shards.
 func (t *Target) prewarm(ctx context.Context, skus []loadgen.SKUSpec) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(setupParallelMax)
 	for i := 0; i < len(skus); i += api.PrewarmSKUsMax {
-		names := make([]string, 0, api.PrewarmSKUsMax)
-		for _, s := range skus[i:min(i+api.PrewarmSKUsMax, len(skus))] {
+		chunk := skus[i:min(i+api.PrewarmSKUsMax, len(skus))]
+		names := make([]string, 0, len(chunk))
+		for _, s := range chunk {
 			names = append(names, s.SKU)
 		}
 		g.Go(func() error {
-			if _, err := t.admin.Prewarm(ctx, connect.NewRequest(&shardstockv1.PrewarmRequest{Skus: names})); err != nil {
+			resp, err := t.admin.Prewarm(ctx, connect.NewRequest(&shardstockv1.PrewarmRequest{Skus: names}))
+			if err != nil {
 				return fmt.Errorf("shardstock: Prewarm %s..%s: %w", names[0], names[len(names)-1], err)
+			}
+			warm := make(map[string]int32, len(chunk))
+			for _, w := range resp.Msg.GetSkus() {
+				warm[w.GetSku()] = w.GetShardsWarm()
+			}
+			for _, s := range chunk {
+				if warm[s.SKU] < s.Shards {
+					return fmt.Errorf("shardstock: Prewarm warmed %d of the %d shards of %s", warm[s.SKU], s.Shards, s.SKU)
+				}
 			}
 			return nil
 		})

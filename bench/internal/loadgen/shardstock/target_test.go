@@ -33,16 +33,20 @@ type fakeAllocator struct {
 	shardstockv1connect.UnimplementedInventoryServiceHandler
 	shardstockv1connect.UnimplementedAdminServiceHandler
 
-	mu       sync.Mutex
-	prewarms [][]string // the SKUs of each Prewarm call
-	skus     map[string]*fakeSKU
-	ops      map[string]*shardstockv1.Operation // by sku + "|" + key
-	holds    map[string]*shardstockv1.Reservation
-	ledger   []*shardstockv1.LedgerEntry
-	nextID   int
+	mu         sync.Mutex
+	prewarms   [][]string      // the SKUs of each Prewarm call
+	coldShards map[string]bool // SKUs a Prewarm leaves one shard of cold
+	skus       map[string]*fakeSKU
+	ops        map[string]*shardstockv1.Operation // by sku + "|" + key
+	holds      map[string]*shardstockv1.Reservation
+	ledger     []*shardstockv1.LedgerEntry
+	nextID     int
 }
 
-type fakeSKU struct{ initial, available, reserved, sold int64 }
+type fakeSKU struct {
+	initial, available, reserved, sold int64
+	shards                             int32
+}
 
 func newFake() *fakeAllocator {
 	return &fakeAllocator{skus: map[string]*fakeSKU{}, ops: map[string]*shardstockv1.Operation{}, holds: map[string]*shardstockv1.Reservation{}}
@@ -172,7 +176,7 @@ func (f *fakeAllocator) CreateSku(_ context.Context, req *connect.Request[shards
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.skus[req.Msg.GetSku()] = &fakeSKU{initial: req.Msg.GetInitialStock(), available: req.Msg.GetInitialStock()}
+	f.skus[req.Msg.GetSku()] = &fakeSKU{initial: req.Msg.GetInitialStock(), available: req.Msg.GetInitialStock(), shards: req.Msg.GetShards()}
 	return connect.NewResponse(&shardstockv1.CreateSkuResponse{}), nil
 }
 
@@ -188,7 +192,15 @@ func (f *fakeAllocator) Prewarm(_ context.Context, req *connect.Request[shardsto
 		}
 	}
 	f.prewarms = append(f.prewarms, req.Msg.GetSkus())
-	return connect.NewResponse(&shardstockv1.PrewarmResponse{}), nil
+	resp := &shardstockv1.PrewarmResponse{}
+	for _, sku := range req.Msg.GetSkus() {
+		warm := f.skus[sku].shards
+		if f.coldShards[sku] {
+			warm-- // one of its shards' servers did not answer
+		}
+		resp.Skus = append(resp.Skus, &shardstockv1.PrewarmedSku{Sku: sku, ShardsWarm: warm})
+	}
+	return connect.NewResponse(resp), nil
 }
 
 func (f *fakeAllocator) Reconcile(_ context.Context, req *connect.Request[shardstockv1.ReconcileRequest]) (*connect.Response[shardstockv1.ReconcileResponse], error) {
@@ -327,6 +339,14 @@ func TestTarget_Setup(t *testing.T) {
 			if seen[s.SKU] != 1 {
 				t.Errorf("SKU %s prewarmed %d times, want once", s.SKU, seen[s.SKU])
 			}
+		}
+		// A SKU left with a cold shard fails the setup, naming it.
+		fake.mu.Lock()
+		fake.coldShards = map[string]bool{"pw-cold": true}
+		fake.mu.Unlock()
+		cold := []loadgen.SKUSpec{{SKU: "pw-warm", Stock: 1, Shards: 2}, {SKU: "pw-cold", Stock: 1, Shards: 2}}
+		if err := shardstock.New(shardstock.Config{Addr: url, AdminToken: token, Prewarm: true}).Setup(context.Background(), cold); err == nil || !strings.Contains(err.Error(), "1 of the 2 shards of pw-cold") {
+			t.Errorf("Setup with Prewarm, a shard of pw-cold not warmed = %v, want that said", err)
 		}
 	})
 	t.Run("Unauthenticated", func(t *testing.T) {
