@@ -259,6 +259,30 @@ func (r *Result) Failed() bool { return !r.Baseline && !r.Correctness.Clean() }
 // happened. It does not close t. A cancelled ctx stops the load early; the
 // final state is still read.
 func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
+	s, err := r.Start(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	s.Load(ctx, r.cfg.Duration)
+	return s.Finish(ctx)
+}
+
+// A Session is one target's run taken in windows, so that targets can
+// take turns on the machine (loadgen -interleave): Start sets the target
+// up, each Load drives it for a window, going on where the last one
+// stopped (the same clients, random sequence and keys), and Finish
+// verifies it. Its Result covers every window: Elapsed is their sum, and
+// the times in it run on across windows as if they were one.
+type Session struct {
+	r         *Runner
+	ru        *run
+	ot        OrderTarget
+	setupTime time.Duration
+	workers   []*worker
+}
+
+// Start sets t up for a run in windows. It does not close t.
+func (r *Runner) Start(ctx context.Context, t Target) (*Session, error) {
 	ot, orders := t.(OrderTarget)
 	if r.cfg.Model == ModelCart && !orders {
 		return nil, fmt.Errorf("loadgen: %s: model cart: not supported (the target takes no orders)", t.Name())
@@ -279,16 +303,38 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 	if r.plan.fixed != nil {
 		ru.limit = int64(len(r.plan.fixed))
 	}
-	total := ru.load(ctx)
-	if r.cfg.LoadEnded != nil {
-		r.cfg.LoadEnded()
+	return &Session{r: r, ru: ru, ot: ot, setupTime: setupTime}, nil
+}
+
+// Load drives the target for at most d, calling the Config's LoadStarted
+// and LoadEnded around it, and reports whether operations are left to
+// start (false once the run's count is done).
+func (s *Session) Load(ctx context.Context, d time.Duration) bool {
+	ru := s.ru
+	if s.workers == nil {
+		s.workers = make([]*worker, ru.cfg.Concurrency)
+		for i := range s.workers {
+			s.workers[i] = &worker{rng: mrand.New(mrand.NewPCG(ru.cfg.Seed, uint64(i)+1)), t: newTally(ru.cfg.LatencyGoal, slowMax/ru.cfg.Concurrency)}
+		}
+	}
+	ru.load(ctx, s.workers, d)
+	return ru.next.Load() < ru.limit
+}
+
+// Finish verifies the target's final state and returns the run's Result.
+func (s *Session) Finish(ctx context.Context) (*Result, error) {
+	r, ru, t := s.r, s.ru, s.ru.target
+	total := newTally(ru.cfg.LatencyGoal, slowMax)
+	for _, w := range s.workers {
+		total.merge(w.t)
 	}
 
 	verifyStart := time.Now()
 	verifyCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)
 	var lookups map[string]orderLookup
+	var err error
 	if r.cfg.Model == ModelCart {
-		lookups, err = settleOrders(verifyCtx, ot, total.carts)
+		lookups, err = settleOrders(verifyCtx, s.ot, total.carts)
 	}
 	var state State
 	if err == nil {
@@ -306,7 +352,7 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 		SKUs:              r.SKUs(),
 		Started:           ru.start,
 		Elapsed:           ru.elapsed,
-		SetupTime:         setupTime,
+		SetupTime:         s.setupTime,
 		VerifyTime:        verifyTime,
 		Flows:             ru.done.Load(),
 		Requests:          total.requests,
@@ -339,48 +385,45 @@ func (r *Runner) Run(ctx context.Context, t Target) (*Result, error) {
 
 // run is one run of one target.
 type run struct {
-	cfg     Config
-	plan    plan
-	target  Target
-	pace    *pacer // nil: unpaced
-	limit   int64
-	next    atomic.Int64 // client operations started
-	done    atomic.Int64 // client operations finished
+	cfg    Config
+	plan   plan
+	target Target
+	pace   *pacer // nil: unpaced
+	limit  int64
+	next   atomic.Int64 // client operations started
+	done   atomic.Int64 // client operations finished
+	// start is when the load began, less the windows before the current
+	// one (Session): answers' times run on from window to window.
 	start   time.Time
-	elapsed time.Duration
+	elapsed time.Duration // of every window so far
 }
 
-// load drives the target until the count or the time runs out and returns
-// the merged tallies of all clients.
-func (ru *run) load(ctx context.Context) *tally {
+// load drives the target with workers for d, or until the count runs out,
+// between the Config's LoadStarted and LoadEnded.
+func (ru *run) load(ctx context.Context, workers []*worker, d time.Duration) {
 	if ru.cfg.LoadStarted != nil {
 		ru.cfg.LoadStarted()
 	}
-	ru.start = time.Now()
+	began := time.Now()
+	ru.start = began.Add(-ru.elapsed)
 	// loadCtx bounds when a client may start a new operation; drainCtx lets
 	// operations in flight finish their commit step and retries.
-	loadCtx, cancelLoad := context.WithDeadline(ctx, ru.start.Add(ru.cfg.Duration))
+	loadCtx, cancelLoad := context.WithDeadline(ctx, began.Add(d))
 	defer cancelLoad()
-	drainCtx, cancelDrain := context.WithDeadline(ctx, ru.start.Add(ru.cfg.Duration+drainGrace))
+	drainCtx, cancelDrain := context.WithDeadline(ctx, began.Add(d+drainGrace))
 	defer cancelDrain()
 
 	stopProgress := ru.progress()
-	workers := make([]*worker, ru.cfg.Concurrency)
 	var wg sync.WaitGroup
-	for i := range workers {
-		w := &worker{rng: mrand.New(mrand.NewPCG(ru.cfg.Seed, uint64(i)+1)), t: newTally(ru.cfg.LatencyGoal, slowMax/ru.cfg.Concurrency)}
-		workers[i] = w
+	for _, w := range workers {
 		wg.Go(func() { ru.work(loadCtx, drainCtx, w) })
 	}
 	wg.Wait()
-	ru.elapsed = time.Since(ru.start)
+	ru.elapsed += time.Since(began)
 	stopProgress()
-
-	total := newTally(ru.cfg.LatencyGoal, slowMax)
-	for _, w := range workers {
-		total.merge(w.t)
+	if ru.cfg.LoadEnded != nil {
+		ru.cfg.LoadEnded()
 	}
-	return total
 }
 
 // progress shows a progress bar until the returned func is called: by

@@ -328,3 +328,60 @@ func TestWriteReport(t *testing.T) {
 		}
 	}
 }
+
+// A run taken in windows (Session) goes on where its last window stopped:
+// the same keys never sent twice, every window between the hooks, and the
+// whole count done as in one Run; two sessions take turns.
+func TestRunner_Session(t *testing.T) {
+	const windows, requests = 4, 2000
+	var started, ended [2]int
+	var sessions [2]*loadgen.Session
+	var targets [2]*loadgentest.Memory
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range sessions {
+		cfg := loadgen.Config{Model: loadgen.ModelC, SKUs: 10, Requests: requests, Concurrency: 8, Duration: time.Minute,
+			LoadStarted: func() { started[i]++ }, LoadEnded: func() { ended[i]++ }}
+		r, err := loadgen.NewRunner(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		targets[i] = &loadgentest.Memory{Latency: 200 * time.Microsecond}
+		if sessions[i], err = r.Start(ctx, targets[i]); err != nil {
+			t.Fatalf("Start() = %v", err)
+		}
+	}
+	// 8 clients at 200 µs a request: about 40,000 a second, so the
+	// windows of 10 ms end long before the count, and the last one, of
+	// a minute, runs it out.
+	for w := range windows {
+		d := 10 * time.Millisecond
+		if w == windows-1 {
+			d = time.Minute
+		}
+		for i, s := range sessions {
+			if more := s.Load(ctx, d); more == (w == windows-1) {
+				t.Errorf("session %d window %d: Load() = %v", i, w, more)
+			}
+		}
+	}
+	for i, s := range sessions {
+		res, err := s.Finish(ctx)
+		if err != nil {
+			t.Fatalf("Finish() = %v", err)
+		}
+		if err := targets[i].Close(); err != nil {
+			t.Fatal(err)
+		}
+		checkCounts(t, res)
+		if res.Flows != requests || res.Replayed != 0 || !res.Correctness.Clean() {
+			t.Errorf("session %d: flows %d, replayed %d, correctness %+v: want %d, none, clean", i, res.Flows, res.Replayed, res.Correctness, requests)
+		}
+		if started[i] != windows || ended[i] != windows {
+			t.Errorf("session %d: LoadStarted %d times, LoadEnded %d, want %d each", i, started[i], ended[i], windows)
+		}
+		if res.Elapsed < 3*10*time.Millisecond || res.Elapsed > 20*time.Second {
+			t.Errorf("session %d: elapsed %s, want the windows' sum", i, res.Elapsed)
+		}
+	}
+}
