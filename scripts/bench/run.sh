@@ -21,6 +21,9 @@
 # is bounded by BENCH_TIMEOUT (default 170s). The stack's output is kept in
 # BENCH_STACK_LOG (default tmp/bench-stack.log, ignored by git).
 #
+# BENCH_INTERLEAVE=N runs each model's targets in N rounds of turns
+# (loadgen -interleave), without the paced rerun and the disk probe.
+#
 # BENCH_PG_CRASH="EVERY COUNT" (make soak-crash: "5s 8") crash-restarts
 # Postgres COUNT times, EVERY apart, during each shardstock load (loadgen
 # -pg-crash-every, -pg-crash-count, -pg-data). It always uses a private
@@ -35,7 +38,13 @@ readonly stack_log=${BENCH_STACK_LOG:-tmp/bench-stack.log}
 readonly targets=${BENCH_TARGETS:-memory,shardstock,naive,onerow,subrows,redis,redis-fsync,redis-api}
 readonly stack_args=${BENCH_STACK_ARGS--shard-servers 0 -allocator-shard}
 readonly models=${BENCH_MODELS:-C,case}
-read -r -a extra <<<"${BENCH_EXTRA:--paced 0.8}"
+readonly interleave=${BENCH_INTERLEAVE:-}
+if [[ -n $interleave ]]; then
+	read -r -a extra <<<"${BENCH_EXTRA:-}"
+	extra+=(-interleave "$interleave")
+else
+	read -r -a extra <<<"${BENCH_EXTRA:--paced 0.8}"
+fi
 read -r crash_every crash_count <<<"${BENCH_PG_CRASH:-}"
 readonly local_url='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'
 # The dev stack's pools (3 shard servers x 32 + allocator 16), one baseline
@@ -92,6 +101,9 @@ fi
 # in the temporary directory, which is the database's disk only on a
 # one-disk machine (as here) and not if it is a tmpfs.
 probe_dir=${pg_dir:-$tmp}
+if [[ -z $interleave ]]; then
+	extra+=(-disk-probe "$probe_dir")
+fi
 if [[ -n ${crash_count:-} ]]; then
 	extra+=(-pg-crash-every "$crash_every" -pg-crash-count "$crash_count" -pg-data "$pg_dir/data")
 fi
@@ -103,4 +115,4 @@ echo "bench: load $duration per target; machine load: $(uptime)" >&2
 timeout --signal=TERM --kill-after=45s "$timeout" \
 	bin/loadgen -stack bin/shardstock-dev -stack-args "$stack_args" -database-url "$url" -database-note "$note" -stack-log "$stack_log" \
 	-target "$targets" -model "$models" \
-	-concurrency 64 -duration "$duration" -progress=false -disk-probe "$probe_dir" "${extra[@]}"
+	-concurrency 64 -duration "$duration" -progress=false "${extra[@]}"

@@ -178,7 +178,7 @@ type config struct {
 	serviceToken                                                    string
 	duration, timeout, latencyGoal, pgCrashEvery                    time.Duration
 	requests, stockPerSKU                                           int64
-	concurrency, skus, pgConns, redisPool, pgCrashCount             int
+	concurrency, skus, pgConns, redisPool, pgCrashCount, interleave int
 	rate, paced, dupRate, abandonRate                               float64
 	pacedTargets, shardList, qty, mix                               string
 	retry, progress, prewarm                                        bool
@@ -236,6 +236,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.pgData, "pg-data", "", "with -pg-crash-count, the data directory of the private Postgres that -database-url names, to crash-restart during each shardstock load (never the shared server on port 5432)")
 	fs.DurationVar(&c.pgCrashEvery, "pg-crash-every", 5*time.Second, "with -pg-crash-count, the time from the load's start to the first Postgres crash-restart and from one to the next (at least 1s; and at least 1s after Postgres answered again)")
 	fs.IntVar(&c.pgCrashCount, "pg-crash-count", 0, "crash-restart the Postgres of -pg-data this many times during each shardstock load (pg_ctl stop -m immediate, then start on the same port), every -pg-crash-every; fewer crashes than this fail the command; 0: off")
+	fs.IntVar(&c.interleave, "interleave", 0, "run each model's targets in turns: every target is set up, then loads for -duration/N in each of N rounds, the order reversed every other round, and is verified at the end; its CPU per request is over all its windows. The machine's drift then falls on every target alike: the ratios are steadier than from one stretch each (not with -paced, -disk-probe, -pg-crash-count, -server-profile, model drop, or redis with another Redis target); 0: off")
 	c.drop.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -279,6 +280,9 @@ func (c *config) check(stderr io.Writer) (*plan, error) {
 		if fi, err := os.Stat(c.diskProbe); err != nil || !fi.IsDir() {
 			return nil, fmt.Errorf("-disk-probe %s: want an existing directory", c.diskProbe)
 		}
+	}
+	if err := c.checkInterleave(p); err != nil {
+		return nil, err
 	}
 	if c.pgCrashCount != 0 {
 		if p.crash, err = newCrashPlan(c.pgData, c.databaseURL, c.pgCrashEvery, c.pgCrashCount, c.duration, p.models, p.names); err != nil {
@@ -399,7 +403,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		cfg.Model = m
 		mr := modelRun{cfg: cfg, names: p.names, shards: p.shards, paced: c.paced, pacedNames: p.pacedNames, opts: opts, stack: st,
 			profileDir: c.serverProf, diskDir: c.diskProbe, crash: p.crash, serverPids: pids, stderr: stderr}
-		results, merrs := mr.run(ctx)
+		var results []*loadgen.Result
+		var merrs []error
+		if c.interleave > 1 {
+			results, merrs = mr.runInterleaved(ctx, c.interleave)
+		} else {
+			results, merrs = mr.run(ctx)
+		}
 		errs = append(errs, merrs...)
 		if len(results) == 0 {
 			continue
