@@ -9,7 +9,7 @@ LOCAL_DATABASE_URL := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disabl
 BUF := go tool -modfile=tools/go.mod buf
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-ab bench-audit bench-rebalance bench-statements bench-idle bench-pgsettings bench-cold soak soak-crash bench-changestream bench-cart bench-drop
+.PHONY: help run test lint generate checkgenerate dashboard image overload soak-faults bench bench-turns bench-ab bench-audit bench-rebalance bench-statements bench-idle bench-pgsettings bench-cold soak soak-crash bench-changestream bench-cart bench-drop
 
 help: ## list the targets with a one-line description each
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -168,9 +168,13 @@ checkgenerate: generate dashboard ## fail if gen/, web/gen/ or the built dashboa
 	@untracked="$$(git ls-files --others --exclude-standard -- gen web/gen internal/api/dashboard)"; if [ -n "$$untracked" ]; then \
 		echo "untracked files under gen/:"; echo "$$untracked"; exit 1; fi
 
-bench: ## load-test shardstock, the in-memory ceiling, the five baselines and the Connect-fronted Redis on model C and the source case, print the table with CPU per request; then the cart model against single-SKU deducts (make bench-cart) (about 4 min)
+bench: ## load-test shardstock, the in-memory ceiling, the five baselines and the Connect-fronted Redis on model C and the source case, print the table with CPU per request; then model C in turns (make bench-turns); then the cart model against single-SKU deducts (make bench-cart) (about 5.5 min)
 	scripts/bench/run.sh
+	$(MAKE) --no-print-directory bench-turns
 	scripts/bench/cart.sh
+
+bench-turns: ## model C, shardstock and the Connect-fronted Redis taking turns: 8 rounds of 2 s each, the order reversed every other round (loadgen -interleave), for a ratio of server CPU per request that the machine's drift falls on alike (about 75 s)
+	BENCH_TARGETS=shardstock,redis-api BENCH_MODELS=C BENCH_DURATION=16s BENCH_INTERLEAVE=8 scripts/bench/run.sh
 
 bench-rebalance: ## the rebalancer off and on, model skew and model C: loadgen's tables and the sweeps, consolidations and reroutes routing needed (about 2 min)
 	scripts/bench/rebalance.sh

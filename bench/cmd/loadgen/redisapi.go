@@ -21,7 +21,7 @@ import (
 // ADDR -prefix P`.
 const (
 	serveRedisAPIArg   = "serve-redis-api"
-	redisAPIName       = "redis-api"
+	redisAPIName       = loadgen.FrontedRedisTarget
 	redisAPIBareName   = "redis-api-bare"
 	redisAPIKeysPrefix = "loadgen:redis-api:"
 )

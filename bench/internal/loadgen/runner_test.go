@@ -300,14 +300,21 @@ func TestWriteTable_CPU(t *testing.T) {
 	e := run(t, &loadgentest.Memory{}, cfg)
 	e.Target, e.Baseline = "onerow", true
 	e.CPU = &loadgen.CPU{Procs: "Postgres", Server: 125 * time.Millisecond, Client: 25 * time.Millisecond}
+	// The Connect-fronted Redis: shardstock takes 1.25 times its server
+	// CPU per request, at the same throughput.
+	f := run(t, &loadgentest.Memory{}, cfg)
+	f.Target, f.Baseline = loadgen.FrontedRedisTarget, true
+	f.Requests, f.Elapsed = c.Requests, c.Elapsed
+	f.CPU = &loadgen.CPU{Procs: "the API server", Server: 100 * time.Millisecond}
 	var buf bytes.Buffer
-	if err := loadgen.WriteTable(&buf, []*loadgen.Result{a, b, c, d, e}); err != nil {
+	if err := loadgen.WriteTable(&buf, []*loadgen.Result{a, b, c, d, e, f}); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"cpu per answered request", "server 100µs, client 50µs (the in-memory server)\n",
 		"other: server not measured (no server processes); client 20µs",
 		"shardstock: server 250µs = Go 150µs + Postgres 100µs, client 50µs (allocator): 2.50x the ceiling's server CPU per request, 0.50x its req/s\n",
-		"paced: server 250µs, client 50µs (allocator)\n", "onerow: server 250µs, client 50µs (Postgres)\n"} {
+		"paced: server 250µs, client 50µs (allocator)\n", "onerow: server 250µs, client 50µs (Postgres)\n",
+		"shardstock against the Connect-fronted Redis (redis-api): 1.25x its server CPU per request, 1.00x its req/s\n"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, buf.String())
 		}

@@ -98,6 +98,11 @@ func WriteTable(w io.Writer, results []*Result) error {
 // throughput.
 const CeilingTarget = "memory"
 
+// FrontedRedisTarget is the Connect-fronted Redis's target name: the same
+// API, handlers and front as shardstock's over a Redis script, against
+// which writeCPU states shardstock's server CPU per request.
+const FrontedRedisTarget = "redis-api"
+
 // writeCPU writes the CPU per answered request of each run that measured
 // it: the server side's (what carries to a deployment where the client is
 // elsewhere) and the load generator's own; and, when the in-memory ceiling
@@ -134,6 +139,27 @@ func writeCPU(b *strings.Builder, results []*Result) {
 		}
 		fmt.Fprintf(b, "  %s: server %s%s, client %s (%s)%s\n", r.Target, perRequest(c.Server, r.Requests), split, perRequest(c.Client, r.Requests), c.Procs, againstCeiling(r, ceiling))
 	}
+	writeAgainstRedis(b, results)
+}
+
+// writeAgainstRedis writes shardstock's server CPU per request and
+// throughput as multiples of the Connect-fronted Redis's, when both ran
+// unpaced in the table with their server side measured.
+func writeAgainstRedis(b *strings.Builder, results []*Result) {
+	measured := func(name string) *Result {
+		for _, r := range results {
+			if r.Target == name && r.Config.Rate == 0 && r.CPU != nil && r.CPU.Err == nil && r.CPU.Server > 0 && r.Requests > 0 && r.Elapsed > 0 {
+				return r
+			}
+		}
+		return nil
+	}
+	s, f := measured("shardstock"), measured(FrontedRedisTarget)
+	if s == nil || f == nil {
+		return
+	}
+	per := func(x *Result) float64 { return float64(x.CPU.Server) / float64(x.Requests) }
+	fmt.Fprintf(b, "shardstock against the Connect-fronted Redis (%s): %.2fx its server CPU per request, %.2fx its req/s\n", FrontedRedisTarget, per(s)/per(f), s.Throughput()/f.Throughput())
 }
 
 // writeCart writes the cart model's figures: orders and order lines bought
