@@ -216,7 +216,7 @@ soak-crash: ## make soak's load (60 s per model) while its private Postgres is c
 bench-cart: ## the cart model (orders of 2 to 5 lines, 10% refunded) and single-SKU deducts on one stack: orders and order lines per second, server CPU per order line against per deduct (about 1 min)
 	scripts/bench/cart.sh
 
-bench-drop: ## model drop (issue 31): a SKU of 1,000 units under admission, DROP_REQUESTS (3,000) RequestTokens at DROP_RATE (1,000/s) open-loop, against a plain Reserve phase and, once sold out, the in-memory ceiling; ROUNDS (default 3) alternated rounds (1.5 to 3.5 min a round)
+bench-drop: ## model drop (issue 31): a SKU of 1,000 units under admission, DROP_REQUESTS (3,000) RequestTokens at DROP_RATE (1,000/s) open-loop, against a plain Reserve phase and, once sold out, DROP_AFTER (10,000) refusals against the in-memory ceiling's, in 10 turns each; ROUNDS (default 3) alternated rounds (1.5 to 3.5 min a round)
 	scripts/bench/drop.sh $(or $(ROUNDS),3)
 
 bench-changestream: ## what WatchLedger consumers cost the writers: one stack, the same deduct load with 0, 1 and 4 consumers attached in 3 interleaved rounds, unpaced and paced at one rate; server CPU per deduct, the consumers' own CPU per entry and their lag p99 (about 20 min)

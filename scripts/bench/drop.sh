@@ -10,8 +10,9 @@
 # admission, then as RequestTokens of a SKU of 1,000 units under
 # ADMISSION_MODE_TOKENS (waitlist DROP_WAITLIST, 500; tokens and
 # reservations bought 200 ms later, 5% released); the waitlist is settled;
-# then DROP_AFTER (2,000) RequestTokens of the sold-out SKU, and as many
-# Deducts of a sold-out SKU on the in-memory ceiling, at the same rate. Even rounds run the phases of each pair the other way round
+# then DROP_AFTER (10,000) RequestTokens of the sold-out SKU, and as many
+# Deducts of a sold-out SKU on the in-memory ceiling, at the same rate, in
+# DROP_AFTER_ROUNDS (10) slices each taking turns (-drop-after-rounds). Even rounds run the phases of each pair the other way round
 # (-drop-swap): the drop before the reserve phase, the ceiling before
 # shardstock's refusals. Before the measured phases, DROP_WARMUP (default
 # 500) Reserves and as many RequestTokens go, unmeasured, to SKUs of their
@@ -30,7 +31,8 @@ readonly rounds=${1:-3}
 readonly requests=${DROP_REQUESTS:-3000}
 readonly rate=${DROP_RATE:-1000}
 readonly waitlist=${DROP_WAITLIST:-500}
-readonly after=${DROP_AFTER:-2000}
+readonly after=${DROP_AFTER:-10000}
+readonly after_rounds=${DROP_AFTER_ROUNDS:-10}
 readonly in_flight=${DROP_IN_FLIGHT:-256}
 readonly warmup=${DROP_WARMUP:-500}
 readonly timeout=${DROP_TIMEOUT:-300s}
@@ -49,5 +51,5 @@ for ((i = 1; i <= rounds; i++)); do
 		bin/loadgen -stack bin/shardstock-dev -stack-args "$stack_args" -database-url "$url" \
 		-database-note "a private durable Postgres (fsync on)" -stack-log "tmp/bench-drop-stack-$i.log" \
 		-target shardstock -model drop -requests "$requests" -rate "$rate" -duration 30s -drop-swap="$swap" \
-		-drop-waitlist "$waitlist" -drop-after "$after" -drop-in-flight "$in_flight" -drop-warmup "$warmup" -progress=false
+		-drop-waitlist "$waitlist" -drop-after "$after" -drop-after-rounds "$after_rounds" -drop-in-flight "$in_flight" -drop-warmup "$warmup" -progress=false
 done

@@ -23,6 +23,7 @@ type dropFlags struct {
 	units, waitlist int64
 	perCustomer     int64
 	after, inFlight int
+	afterRounds     int
 	warmup          int
 	think           time.Duration
 	release         float64
@@ -34,6 +35,7 @@ func (d *dropFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&d.waitlist, "drop-waitlist", drop.WaitlistDefault, "model drop: the SKU's waitlistMax")
 	fs.Int64Var(&d.perCustomer, "drop-tokens-per-customer", 0, "model drop: the SKU's tokensPerCustomer (each request is a customer of its own); 0: none, so tokens are granted directly while units are free")
 	fs.IntVar(&d.after, "drop-after", drop.AfterDefault, "model drop: RequestTokens sent once the SKU is sold out for good (and the ceiling's deducts of a sold-out SKU), at -rate; 0: none")
+	fs.IntVar(&d.afterRounds, "drop-after-rounds", 1, "model drop: send the requests after the sell-out and the ceiling's in this many slices each, taking turns, the order reversed every other round, so that the machine's drift falls on both alike")
 	fs.IntVar(&d.inFlight, "drop-in-flight", drop.InFlightMaxDefault, "model drop: requests in flight at most; an arrival beyond it waits (counted as sent late)")
 	fs.DurationVar(&d.think, "drop-think", drop.ThinkDefault, "model drop: time from a token or reservation to its Commit or Release")
 	fs.Float64Var(&d.release, "drop-release", drop.ReleaseDefault, "model drop: share of the tokens and reservations released rather than bought")
@@ -51,8 +53,8 @@ func (c *config) checkDrop() error {
 		return errors.New("model drop runs on -target shardstock alone")
 	}
 	// The model reads zero as "default": refuse it here.
-	if c.drop.units < 1 || c.drop.inFlight < 1 {
-		return fmt.Errorf("-drop-units %d, -drop-in-flight %d: want at least 1 units and 1 in flight", c.drop.units, c.drop.inFlight)
+	if c.drop.units < 1 || c.drop.inFlight < 1 || c.drop.afterRounds < 1 {
+		return fmt.Errorf("-drop-units %d, -drop-in-flight %d, -drop-after-rounds %d: want at least 1 units, 1 in flight and 1 round", c.drop.units, c.drop.inFlight, c.drop.afterRounds)
 	}
 	cfg := c.dropConfig("check")
 	_, err := drop.Check(cfg)
@@ -72,7 +74,7 @@ func targetNames(s string) []string {
 func (c *config) dropConfig(runID string) drop.Config {
 	shards, _ := parseShards(c.shardList)
 	cfg := drop.Config{RunID: runID, Units: c.drop.units, Arrivals: int(c.requests), Rate: c.rate, Duration: c.duration,
-		Think: c.drop.think, Release: c.drop.release, WaitlistMax: c.drop.waitlist, TokensPerCustomer: c.drop.perCustomer, After: c.drop.after, InFlightMax: c.drop.inFlight, Swap: c.drop.swap,
+		Think: c.drop.think, Release: c.drop.release, WaitlistMax: c.drop.waitlist, TokensPerCustomer: c.drop.perCustomer, After: c.drop.after, AfterRounds: c.drop.afterRounds, InFlightMax: c.drop.inFlight, Swap: c.drop.swap,
 		Warmup: c.drop.warmup}
 	if len(shards) > 0 {
 		cfg.Shards = shards[0]

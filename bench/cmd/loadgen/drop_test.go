@@ -19,7 +19,7 @@ import (
 // every other arrival waitlisted or refused, the released units admitted
 // from the waitlist and bought, the SKU sold out with every other ticket
 // answered SOLD_OUT, and after the sell-out every request refused
-// OUT_OF_STOCK, by shardstock and by the ceiling. Then loadgen's own
+// OUT_OF_STOCK, by shardstock and by the ceiling, in three turns each. Then loadgen's own
 // command runs it and prints its lines.
 func TestDrop_Stack(t *testing.T) {
 	bin := buildStack(t)
@@ -44,7 +44,7 @@ func TestDrop_Stack(t *testing.T) {
 	}
 	const units, arrivals, waitlist, after = 20, 100, 30, 50
 	cfg := drop.Config{RunID: "t" + randomHex(4), Units: units, Arrivals: arrivals, Rate: 400, Duration: 10 * time.Second,
-		Think: 100 * time.Millisecond, Release: 0.1, WaitlistMax: waitlist, After: after, Shards: 4,
+		Think: 100 * time.Millisecond, Release: 0.1, WaitlistMax: waitlist, After: after, AfterRounds: 3, Shards: 4,
 		Warmup: 40} // on SKUs of their own: the counts below are the measured SKU's alone
 	rep, err := drop.Run(ctx, cfg, env)
 	if err != nil {
@@ -114,6 +114,9 @@ func TestDrop_Flags(t *testing.T) {
 		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-release", "1.5"}, "release share"},
 		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-requests", "10"}, "arrivals"},
 		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-warmup", "-1"}, "warm-up"},
+		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-after-rounds", "0"}, "-drop-after-rounds 0"},
+		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-after-rounds", "101"}, "rounds after the sell-out"},
+		{[]string{"-model", "drop", "-stack", "/nonexistent", "-target", "shardstock", "-drop-after", "5", "-drop-after-rounds", "6"}, "rounds after the sell-out"},
 	} {
 		_, _, err := runArgs(t, env(nil), tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -54,6 +54,7 @@ const (
 	unitsMax           = 1_000_000
 	arrivalsMax        = 1_000_000
 	tokenTTL           = 60 * time.Second
+	afterRoundsMax     = 100
 	attemptsMax        = 20               // of one request whose answer left its fate unknown
 	requestTimeout     = 30 * time.Second // of one attempt: a queue of in-flight RequestTokens waits long
 	retryPause         = 50 * time.Millisecond
@@ -91,7 +92,12 @@ type Config struct {
 	TokensPerCustomer int64
 	// After is the RequestTokens sent once the SKU is sold out for good,
 	// and the ceiling's refused deducts, at Rate.
-	After       int
+	After int
+	// AfterRounds splits the requests after the sell-out and the
+	// ceiling's into that many slices each, which take turns, the order
+	// reversed every other round (Swap gives the first round's): the
+	// machine's drift over the two falls on both alike. Default 1.
+	AfterRounds int
 	InFlightMax int
 	Shards      int32
 	// Swap runs the phases of each pair the other way round: the drop
@@ -133,6 +139,9 @@ func (c *Config) defaults() error {
 	if c.Shards == 0 {
 		c.Shards = ShardsDefault
 	}
+	if c.AfterRounds == 0 {
+		c.AfterRounds = 1
+	}
 	switch {
 	case c.RunID == "":
 		return errors.New("drop: no run id")
@@ -146,6 +155,8 @@ func (c *Config) defaults() error {
 		return errors.New("drop: think time and duration must not be negative, the release share 0 to 1")
 	case c.WaitlistMax < 0 || c.After < 0 || c.After > arrivalsMax || c.InFlightMax < 1 || c.TokensPerCustomer < 0:
 		return errors.New("drop: waitlist, after-sell-out requests and in-flight bound out of range")
+	case c.AfterRounds < 1 || c.AfterRounds > afterRoundsMax || (c.After > 0 && c.After < c.AfterRounds):
+		return fmt.Errorf("drop: %d rounds after the sell-out: want 1 to %d, and at most the requests after it (%d)", c.AfterRounds, afterRoundsMax, c.After)
 	case c.Warmup < 0 || c.Warmup == 1 || c.Warmup > arrivalsMax:
 		return fmt.Errorf("drop: %d warm-up arrivals: want 0 or 2 to %d", c.Warmup, arrivalsMax)
 	}
@@ -207,6 +218,20 @@ type Window struct {
 	Requests, Refused int64
 	Errors            map[string]int64
 	CPU, Elapsed      time.Duration
+}
+
+// add adds o's requests, answers, CPU and time to w.
+func (w *Window) add(o Window) {
+	w.Requests += o.Requests
+	w.Refused += o.Refused
+	w.CPU += o.CPU
+	w.Elapsed += o.Elapsed
+	for k, n := range o.Errors {
+		if w.Errors == nil {
+			w.Errors = map[string]int64{}
+		}
+		w.Errors[k] += n
+	}
 }
 
 // PerRequest is the window's server CPU per request.
@@ -297,36 +322,52 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 	if cfg.After == 0 {
 		return r, nil
 	}
-	after := func() error {
-		logf("after the sell-out: %d RequestTokens at %.0f/s", cfg.After, cfg.Rate)
-		var err error
-		if r.After, err = refusals(ctx, cfg, env.ServerCPU, func(ctx context.Context, i int) answer {
-			_, a := token(ctx, cfg.Arrivals+i)
+	// The refusals after the sell-out and the ceiling's, in AfterRounds
+	// slices each, taking turns.
+	slice := func(k int) (int, int) { return k * cfg.After / cfg.AfterRounds, (k + 1) * cfg.After / cfg.AfterRounds }
+	after := func(k int) error {
+		from, to := slice(k)
+		logf("after the sell-out: RequestTokens %d to %d of %d at %.0f/s", from+1, to, cfg.After, cfg.Rate)
+		w, err := refusals(ctx, cfg, to-from, env.ServerCPU, func(ctx context.Context, i int) answer {
+			_, a := token(ctx, cfg.Arrivals+from+i)
 			return a
-		}); err != nil {
+		})
+		r.After.add(w)
+		if err != nil {
 			return fmt.Errorf("drop: after the sell-out: %w", err)
 		}
 		return nil
 	}
-	ceilingPhase := func() error {
+	ceilingSKU := ""
+	ceilingPhase := func(k int) error {
 		if env.Ceiling == nil {
 			return nil
 		}
-		logf("the ceiling: %d Deducts of a sold-out SKU at %.0f/s", cfg.After, cfg.Rate)
-		w, err := ceiling(ctx, cfg, env)
+		from, to := slice(k)
+		logf("the ceiling: Deducts %d to %d of %d of a sold-out SKU at %.0f/s", from+1, to, cfg.After, cfg.Rate)
+		if ceilingSKU == "" {
+			var err error
+			if ceilingSKU, err = sellOutCeiling(ctx, cfg, env); err != nil {
+				return fmt.Errorf("drop: ceiling: %w", err)
+			}
+			r.Ceiling = &Window{}
+		}
+		w, err := ceiling(ctx, cfg, env, ceilingSKU, from, to)
+		r.Ceiling.add(w)
 		if err != nil {
 			return fmt.Errorf("drop: ceiling: %w", err)
 		}
-		r.Ceiling = &w
 		return nil
 	}
-	phases := []func() error{after, ceilingPhase}
-	if cfg.Swap {
-		phases[0], phases[1] = phases[1], phases[0]
-	}
-	for _, f := range phases {
-		if err := f(); err != nil {
-			return r, err
+	for k := range cfg.AfterRounds {
+		phases := []func(int) error{after, ceilingPhase}
+		if cfg.Swap != (k%2 == 1) {
+			phases[0], phases[1] = phases[1], phases[0]
+		}
+		for _, f := range phases {
+			if err := f(k); err != nil {
+				return r, err
+			}
 		}
 	}
 	return r, nil
@@ -687,9 +728,9 @@ func (r *Report) settle(ctx context.Context, env Env, tickets []string) error {
 	}
 }
 
-// refusals sends cfg.After requests open-loop and reads the server's CPU
-// over them.
-func refusals(ctx context.Context, cfg Config, cpu func() (time.Duration, error), call func(context.Context, int) answer) (Window, error) {
+// refusals sends n requests open-loop and reads the server's CPU over
+// them.
+func refusals(ctx context.Context, cfg Config, n int, cpu func() (time.Duration, error), call func(context.Context, int) answer) (Window, error) {
 	w := Window{Errors: map[string]int64{}}
 	var mu sync.Mutex
 	c0, err := cpu()
@@ -697,7 +738,7 @@ func refusals(ctx context.Context, cfg Config, cpu func() (time.Duration, error)
 		return w, err
 	}
 	start := time.Now()
-	sent, _ := openLoop(ctx, cfg, cfg.After, func(ctx context.Context, i int) {
+	sent, _ := openLoop(ctx, cfg, n, func(ctx context.Context, i int) {
 		_, a := send(ctx, func(ctx context.Context) (struct{}, answer) { return struct{}{}, call(ctx, i) })
 		mu.Lock()
 		defer mu.Unlock()
@@ -712,18 +753,24 @@ func refusals(ctx context.Context, cfg Config, cpu func() (time.Duration, error)
 	return w, err
 }
 
-// ceiling measures the in-memory ceiling's CPU per refused Deduct of a
-// sold-out SKU, with new keys, at the drop's rate.
-func ceiling(ctx context.Context, cfg Config, env Env) (Window, error) {
+// sellOutCeiling sets the in-memory ceiling up with a SKU of one unit and
+// sells it, and returns the SKU.
+func sellOutCeiling(ctx context.Context, cfg Config, env Env) (string, error) {
 	sku := "drop-ceiling-" + cfg.RunID
 	if err := env.Ceiling.Setup(ctx, []loadgen.SKUSpec{{SKU: sku, Stock: 1, Shards: cfg.Shards}}); err != nil {
-		return Window{}, err
+		return "", err
 	}
 	if o := env.Ceiling.Deduct(ctx, sku, cfg.RunID+"-c-sellout", 1); o.Status != loadgen.StatusOK {
-		return Window{}, fmt.Errorf("selling the ceiling's SKU out: %s", o)
+		return "", fmt.Errorf("selling the ceiling's SKU out: %s", o)
 	}
-	return refusals(ctx, cfg, env.CeilingCPU, func(ctx context.Context, i int) answer {
-		switch o := env.Ceiling.Deduct(ctx, sku, fmt.Sprintf("%s-c-%d", cfg.RunID, i), 1); o.Status {
+	return sku, nil
+}
+
+// ceiling measures the in-memory ceiling's CPU per refused Deduct of the
+// sold-out sku, with new keys from to to, at the drop's rate.
+func ceiling(ctx context.Context, cfg Config, env Env, sku string, from, to int) (Window, error) {
+	return refusals(ctx, cfg, to-from, env.CeilingCPU, func(ctx context.Context, i int) answer {
+		switch o := env.Ceiling.Deduct(ctx, sku, fmt.Sprintf("%s-c-%d", cfg.RunID, from+i), 1); o.Status {
 		case loadgen.StatusOutOfStock:
 			return answer{kind: answerRefused, code: string(stock.CodeOutOfStock)}
 		case loadgen.StatusError:
