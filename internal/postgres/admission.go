@@ -149,16 +149,23 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 	for i := range all {
 		all[i] = i
 	}
-	// Without the lock, one round trip: the replays and the waitlist.
+	// Without the lock, one round trip: the waitlist, then the replays.
+	// Each statement reads its own snapshot, in this order: a key not
+	// recorded when its lookup ran was not when the counts were read, so
+	// that a WAITLIST_FULL below from those counts never answers a key
+	// another allocator's batch recorded meanwhile (its copy gets the
+	// ticket: the lookup read first, the counts after its commit, did
+	// answer so).
 	b := &pgx.Batch{}
-	queueKeys(b, sku, entries, all)
 	b.Queue(sqlCounts, sku)
+	queueKeys(b, sku, entries, all)
 	counts := stock.EntryCounts{ReadAt: time.Now()}
 	res := db.pool.SendBatch(ctx, b)
-	recorded, err := scanKeyed(res)
+	// The units in flight: read under the lock.
+	err := res.QueryRow().Scan(&counts.Queued, new(int64), &counts.Ticketed)
+	var recorded map[string]keyedTicket
 	if err == nil {
-		// The units in flight: read under the lock.
-		err = res.QueryRow().Scan(&counts.Queued, new(int64), &counts.Ticketed)
+		recorded, err = scanKeyed(res)
 	}
 	queued := counts.Queued
 	if err := errors.Join(err, res.Close()); err != nil {
