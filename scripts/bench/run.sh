@@ -21,8 +21,10 @@
 # is bounded by BENCH_TIMEOUT (default 170s). The stack's output is kept in
 # BENCH_STACK_LOG (default tmp/bench-stack.log, ignored by git).
 #
-# BENCH_INTERLEAVE=N runs each model's targets in N rounds of turns
-# (loadgen -interleave), without the paced rerun and the disk probe.
+# BENCH_INTERLEAVE=N (2 or more) runs each model's targets in N rounds of
+# turns (loadgen -interleave), without the paced rerun and the disk probe;
+# loadgen refuses it with model case and with redis beside another Redis
+# target, so set BENCH_MODELS and BENCH_TARGETS too (make bench-turns).
 #
 # BENCH_PG_CRASH="EVERY COUNT" (make soak-crash: "5s 8") crash-restarts
 # Postgres COUNT times, EVERY apart, during each shardstock load (loadgen
@@ -39,7 +41,9 @@ readonly targets=${BENCH_TARGETS:-memory,shardstock,naive,onerow,subrows,redis,r
 readonly stack_args=${BENCH_STACK_ARGS--shard-servers 0 -allocator-shard}
 readonly models=${BENCH_MODELS:-C,case}
 readonly interleave=${BENCH_INTERLEAVE:-}
-if [[ -n $interleave ]]; then
+turns=false
+if [[ -n $interleave && $interleave != 0 && $interleave != 1 ]]; then
+	turns=true
 	read -r -a extra <<<"${BENCH_EXTRA:-}"
 	extra+=(-interleave "$interleave")
 else
@@ -101,7 +105,7 @@ fi
 # in the temporary directory, which is the database's disk only on a
 # one-disk machine (as here) and not if it is a tmpfs.
 probe_dir=${pg_dir:-$tmp}
-if [[ -z $interleave ]]; then
+if ! $turns; then
 	extra+=(-disk-probe "$probe_dir")
 fi
 if [[ -n ${crash_count:-} ]]; then

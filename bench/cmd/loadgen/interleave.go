@@ -38,6 +38,11 @@ func (c *config) checkInterleave(p *plan) error {
 	if c.paced != 0 || c.diskProbe != "" || c.pgCrashCount != 0 || c.serverProf != "" {
 		return errors.New("-interleave runs without -paced, -disk-probe, -pg-crash-count and -server-profile: they measure one target's load as one stretch of time")
 	}
+	// A run bounded by count would be done in its first windows, the
+	// rest loading nothing: no turns at all.
+	if c.requests != 0 || slices.Contains(p.models, loadgen.ModelCase) {
+		return errors.New("-interleave: the turns take time: not with -requests, nor model case (500 requests)")
+	}
 	if slices.Contains(p.models, loadgen.ModelDrop) {
 		return errors.New("-interleave: model drop runs its own phases, not targets in turn")
 	}
@@ -100,6 +105,9 @@ func (mr *modelRun) runInterleaved(ctx context.Context, rounds int) ([]*loadgen.
 	fmt.Fprintf(mr.stderr, "loadgen: model %s, %d clients, %d targets in %d rounds of %s each\n",
 		mr.cfg.Model, mr.cfg.Concurrency, len(live), rounds, mr.cfg.Duration/time.Duration(rounds))
 	window := mr.cfg.Duration / time.Duration(rounds)
+	// A stack that died ends the rounds; every target is still verified,
+	// so that the others' results are kept.
+rounds:
 	for r := range rounds {
 		order := live
 		if r%2 == 1 {
@@ -108,11 +116,12 @@ func (mr *modelRun) runInterleaved(ctx context.Context, rounds int) ([]*loadgen.
 		}
 		for _, tu := range order {
 			if ctx.Err() != nil {
-				break
+				break rounds
 			}
 			if mr.stack != nil {
 				if err := mr.stack.alive(); err != nil {
-					return nil, append(errs, fmt.Errorf("%s: not run: %w", tu.label, err))
+					errs = append(errs, fmt.Errorf("model %s: rounds ended after %d of %d: %w", mr.cfg.Model, r, rounds, err))
+					break rounds
 				}
 			}
 			tu.session.Load(ctx, window)
@@ -150,13 +159,16 @@ func (mr *modelRun) windowCPU(ctx context.Context, name string, target func() lo
 }
 
 // addCPU returns sum with w added: times summed, parts by position (every
-// window of a target has the same parts), the first error kept.
+// window of a target has the same parts), the first error kept. The
+// client's time is summed whatever the server's: the table prints it
+// also when the server was not measured.
 func addCPU(sum, w *loadgen.CPU) *loadgen.CPU {
 	if sum == nil {
 		c := *w
 		c.Parts = slices.Clone(w.Parts)
 		return &c
 	}
+	sum.Client += w.Client
 	if sum.Err != nil {
 		return sum
 	}
@@ -168,7 +180,6 @@ func addCPU(sum, w *loadgen.CPU) *loadgen.CPU {
 		return sum
 	}
 	sum.Server += w.Server
-	sum.Client += w.Client
 	for i := range sum.Parts {
 		sum.Parts[i].Time += w.Parts[i].Time
 	}

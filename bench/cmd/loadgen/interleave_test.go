@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/shardstock/shardstock/bench/internal/loadgen"
 	"github.com/shardstock/shardstock/bench/internal/loadgen/loadgentest"
+	"github.com/shardstock/shardstock/internal/proccpu"
 )
 
 // turnLog records, in order, which turn target was called: a run of
@@ -86,6 +88,11 @@ func TestRun_InterleaveFlags(t *testing.T) {
 		{"-interleave", "2", "-paced", "0.5"},
 		{"-interleave", "2", "-disk-probe", "."},
 		{"-interleave", "2", "-model", "C,drop"},
+		{"-interleave", "2", "-model", "drop"},
+		{"-interleave", "2", "-model", "C,case"},
+		{"-interleave", "2", "-requests", "300"},
+		{"-interleave", "2", "-server-profile", "prof", "-stack", "/nonexistent"},
+		{"-interleave", "2", "-pg-crash-count", "1", "-pg-data", "/nonexistent", "-database-url", "postgres://127.0.0.1:1/x"},
 		{"-interleave", "2", "-target", "redis,redis-fsync"},
 		{"-interleave", "2", "-target", "redis-api,redis"},
 	} {
@@ -108,6 +115,34 @@ func TestRun_InterleaveFlags(t *testing.T) {
 	}
 }
 
+// windowCPU measures each window as cpuHooks does and sums them: this
+// process as the server side, busy in each of two windows and between
+// them, where it must not count.
+func TestWindowCPU(t *testing.T) {
+	mr := &modelRun{serverPids: []int{os.Getpid()}, stderr: io.Discard}
+	var out *loadgen.CPU
+	started, ended := mr.windowCPU(context.Background(), "shardstock", func() loadgen.Target { return nil }, &out)
+	const busy = 150 * time.Millisecond
+	spin := func() { // this much CPU, however busy the machine
+		for c0 := proccpu.Self(); proccpu.Self()-c0 < busy; {
+		}
+	}
+	for range 2 {
+		started()
+		spin()
+		ended()
+		spin() // between windows
+	}
+	if out == nil || out.Err != nil {
+		t.Fatalf("windowCPU: %+v, want a measurement", out)
+	}
+	// Two windows of 150 ms of CPU, read in 10 ms ticks: one window
+	// alone (150 ms), or the time between them counted (450 ms), is out.
+	if out.Server < 250*time.Millisecond || out.Server > 400*time.Millisecond || out.Client < 250*time.Millisecond || out.Client > 400*time.Millisecond {
+		t.Errorf("windowCPU: server %s, client %s: want both windows' (about 300ms each)", out.Server, out.Client)
+	}
+}
+
 // A CPU measurement summed over windows keeps each part's sum, and the
 // first error.
 func TestAddCPU(t *testing.T) {
@@ -119,9 +154,12 @@ func TestAddCPU(t *testing.T) {
 	if sum.Server != ms(8) || sum.Client != ms(3) || sum.Parts[0].Time != ms(5) || sum.Parts[1].Time != ms(3) || sum.Err != nil {
 		t.Errorf("sum %+v, want server 8ms, client 3ms, Go 5ms, Postgres 3ms", sum)
 	}
-	bad := &loadgen.CPU{Err: context.Canceled}
-	if sum = addCPU(sum, bad); sum.Err == nil {
-		t.Errorf("sum with a failed window has no error")
+	bad := &loadgen.CPU{Client: ms(4), Err: context.Canceled}
+	if sum = addCPU(sum, bad); sum.Err == nil || sum.Client != ms(7) {
+		t.Errorf("sum with a failed window: %+v, want its error and client 7ms (the client's time summed all the same)", sum)
+	}
+	if sum = addCPU(sum, w(1, 1, 1, 0)); sum.Client != ms(8) || sum.Server != ms(8) {
+		t.Errorf("sum after a failed window: %+v, want the client summed (8ms), the server left (8ms)", sum)
 	}
 	if sum = addCPU(addCPU(nil, w(1, 1, 1, 0)), &loadgen.CPU{Server: ms(1)}); sum.Err == nil {
 		t.Errorf("sum over windows of different parts has no error")

@@ -198,7 +198,11 @@ type Result struct {
 	Baseline bool
 	Config   Config
 	SKUs     []SKUSpec
-	Started  time.Time
+	// Started is when the load began; for a run in windows (Session),
+	// the last window's start less the windows before it: answers' times
+	// (Slow) are from it as if the windows were one stretch, not on the
+	// wall clock.
+	Started time.Time
 	// Elapsed is the load time, from the first request to the last answer;
 	// SetupTime and VerifyTime are the times of Setup and Verify.
 	Elapsed, SetupTime, VerifyTime time.Duration

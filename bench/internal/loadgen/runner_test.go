@@ -392,3 +392,49 @@ func TestRunner_Session(t *testing.T) {
 		}
 	}
 }
+
+// A run in windows is the run in one stretch, cut: with one client its
+// random sequence goes on from window to window (the same SKUs sold as in
+// one Run), Elapsed sums the windows and not the pauses between them,
+// and the per-second answers run on from window to window.
+func TestRunner_SessionSameRun(t *testing.T) {
+	const requests = 400
+	cfg := loadgen.Config{Model: loadgen.ModelC, SKUs: 10, Requests: requests, Concurrency: 1, Duration: time.Minute, RunID: "same"}
+	whole := run(t, &loadgentest.Memory{}, cfg)
+
+	r, err := loadgen.NewRunner(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	target := &loadgentest.Memory{Latency: time.Millisecond}
+	s, err := r.Start(ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const window, pause = 100 * time.Millisecond, 1100 * time.Millisecond
+	for range 3 {
+		if !s.Load(ctx, window) {
+			t.Fatalf("the count ran out within a window of %s", window)
+		}
+		time.Sleep(pause)
+	}
+	s.Load(ctx, time.Minute)
+	res, err := s.Finish(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = target.Close()
+	for sku, w := range whole.State.SKUs {
+		if got := res.State.SKUs[sku]; got.Sold != w.Sold || got.Available != w.Available {
+			t.Errorf("%s: sold %d, available %d in windows; %d, %d in one run", sku, got.Sold, got.Available, w.Sold, w.Available)
+		}
+	}
+	if res.Elapsed < 3*window || res.Elapsed > 3*pause {
+		t.Errorf("elapsed %s, want the windows' sum, not the pauses (3 windows of %s, then the rest)", res.Elapsed, window)
+	}
+	if n := len(res.Seconds); n > int(res.Elapsed/time.Second)+2 {
+		t.Errorf("%d per-second entries for %s of load: the pauses counted", n, res.Elapsed)
+	}
+}
