@@ -324,9 +324,7 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 	}
 	// The refusals after the sell-out and the ceiling's, in AfterRounds
 	// slices each, taking turns.
-	slice := func(k int) (int, int) { return k * cfg.After / cfg.AfterRounds, (k + 1) * cfg.After / cfg.AfterRounds }
-	after := func(k int) error {
-		from, to := slice(k)
+	after := func(from, to int) error {
 		logf("after the sell-out: RequestTokens %d to %d of %d at %.0f/s", from+1, to, cfg.After, cfg.Rate)
 		w, err := refusals(ctx, cfg, to-from, env.ServerCPU, func(ctx context.Context, i int) answer {
 			_, a := token(ctx, cfg.Arrivals+from+i)
@@ -339,11 +337,10 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 		return nil
 	}
 	ceilingSKU := ""
-	ceilingPhase := func(k int) error {
+	ceilingPhase := func(from, to int) error {
 		if env.Ceiling == nil {
 			return nil
 		}
-		from, to := slice(k)
 		logf("the ceiling: Deducts %d to %d of %d of a sold-out SKU at %.0f/s", from+1, to, cfg.After, cfg.Rate)
 		if ceilingSKU == "" {
 			var err error
@@ -359,18 +356,39 @@ func Run(ctx context.Context, cfg Config, env Env) (*Report, error) {
 		}
 		return nil
 	}
-	for k := range cfg.AfterRounds {
-		phases := []func(int) error{after, ceilingPhase}
-		if cfg.Swap != (k%2 == 1) {
-			phases[0], phases[1] = phases[1], phases[0]
+	for _, tu := range afterTurns(cfg.After, cfg.AfterRounds, cfg.Swap) {
+		f := after
+		if tu.ceiling {
+			f = ceilingPhase
 		}
-		for _, f := range phases {
-			if err := f(k); err != nil {
-				return r, err
-			}
+		if err := f(tu.from, tu.to); err != nil {
+			return r, err
 		}
 	}
 	return r, nil
+}
+
+// afterTurn is one slice of the requests after the sell-out: requests
+// from to to (exclusive) of shardstock's, or of the ceiling's.
+type afterTurn struct {
+	ceiling  bool
+	from, to int
+}
+
+// afterTurns cuts n requests of each side into rounds slices and orders
+// them: each round shardstock's slice and the ceiling's, the order
+// reversed every other round, the first round's reversed with swap.
+func afterTurns(n, rounds int, swap bool) []afterTurn {
+	var out []afterTurn
+	for k := range rounds {
+		from, to := k*n/rounds, (k+1)*n/rounds
+		pair := []afterTurn{{false, from, to}, {true, from, to}}
+		if swap != (k%2 == 1) {
+			pair[0], pair[1] = pair[1], pair[0]
+		}
+		out = append(out, pair...)
+	}
+	return out
 }
 
 func createSKUs(ctx context.Context, admin shardstockv1connect.AdminServiceClient, cfg Config, sku, plain string) error {
