@@ -217,27 +217,13 @@ func (s *Service) grantedTokens(ctx context.Context, sku string, entries []stock
 		case op.Kind != stock.OpReserve || !bytes.Equal(op.ParamsHash, want):
 			out[i].Err = stock.Errorf(stock.CodeIdempotencyKeyReused, "idempotency_key was used with other parameters")
 		default:
-			out[i] = s.grantedToken(ctx, sku, t, op)
+			// The key's ticket, if it has one, replaces this answer
+			// (the store's EnterTickets): its admission reserves under the
+			// same key.
+			out[i] = stock.TicketEntered{Ticket: directTicket(t, op.ReservationID, op.ReservationExpiresAt), Replayed: true}
 		}
 	}
 	return rest
-}
-
-// grantedToken is the answer for an entry whose key holds a token: the
-// key's ticket, when it has one, replayed, for a ticket admitted from the
-// waitlist reserves under the same key as a direct grant (its ticket is
-// recorded before that reserve; the batch's own read of the keys may
-// have come before both, from another allocator); else the token granted
-// directly.
-func (s *Service) grantedToken(ctx context.Context, sku string, t stock.Ticket, op *stock.Operation) stock.TicketEntered {
-	ticket, err := s.store.GetTicketByKey(ctx, sku, t.IdempotencyKey)
-	switch {
-	case err == nil:
-		return stock.TicketEntered{Ticket: ticket, Replayed: true}
-	case stock.CodeOf(err) != stock.CodeTicketNotFound:
-		return stock.TicketEntered{Err: unavailable(err)}
-	}
-	return stock.TicketEntered{Ticket: directTicket(t, op.ReservationID, op.ReservationExpiresAt), Replayed: true}
 }
 
 // directTicket is the answer for a token granted directly: an ADMITTED

@@ -176,7 +176,11 @@ func (db *DB) enterTickets(ctx context.Context, sku string, entries []stock.Tick
 		return out, err
 	}
 	if route != nil {
-		if fresh = route(ctx, counts, entries, fresh, out); len(fresh) == 0 {
+		fresh = route(ctx, counts, entries, fresh, out)
+		if err := db.ticketsOfTokens(ctx, sku, entries, out); err != nil {
+			return nil, err
+		}
+		if len(fresh) == 0 {
 			return out, nil
 		}
 	}
@@ -356,6 +360,33 @@ func scanKeyed(res pgx.BatchResults) (map[string]keyedTicket, error) {
 		byKey[k.t.IdempotencyKey] = k
 	}
 	return byKey, nil
+}
+
+// ticketsOfTokens answers, in out, the entries route answered with a
+// token found by their key (a ticketless answer) with the key's ticket
+// when it has one, replayed: a ticket admitted from the waitlist reserves
+// under the same key as a direct grant, and the ticket may have been
+// recorded by another allocator's batch after this one read the keys
+// (its reserve is later still). One read, only when route found a token.
+func (db *DB) ticketsOfTokens(ctx context.Context, sku string, entries []stock.TicketEntry, out []stock.TicketEntered) error {
+	var found []int
+	for i, e := range out {
+		if e.Ticket != nil && e.Ticket.ID == "" {
+			found = append(found, i)
+		}
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	queueKeys(b, sku, entries, found)
+	res := db.pool.SendBatch(ctx, b)
+	recorded, err := scanKeyed(res)
+	if err := errors.Join(err, res.Close()); err != nil {
+		return err
+	}
+	_, err = answerReplays(ctx, db.pool, entries, found, recorded, out)
+	return err
 }
 
 // answerReplays answers, in out, the entries of idx whose key recorded

@@ -211,7 +211,9 @@ type TicketEntered struct {
 // EntryRoute decides, in an entry batch before the SKU's lock, which of
 // the entries whose key has no ticket (fresh, indexes into entries) take
 // none: it answers those in out and returns the others, to be entered.
-// counts are the SKU's, read with the keys.
+// counts are the SKU's, read with the keys. An answer of a token found by
+// its key (a ticket with no id) is replaced by the key's ticket when the
+// key has one.
 type EntryRoute func(ctx context.Context, counts EntryCounts, entries []TicketEntry, fresh []int, out []TicketEntered) []int
 
 // EntryCounts is what an entry batch reads of its SKU with its keys,
