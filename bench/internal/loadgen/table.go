@@ -109,12 +109,7 @@ const FrontedRedisTarget = "redis-api"
 // ran unpaced in the same table, each other unpaced run's server CPU per
 // request and throughput as multiples of the ceiling's.
 func writeCPU(b *strings.Builder, results []*Result) {
-	var ceiling *Result
-	for _, r := range results {
-		if r.Target == CeilingTarget && r.Config.Rate == 0 && r.CPU != nil && r.CPU.Err == nil && r.Requests > 0 {
-			ceiling = r
-		}
-	}
+	ceiling := measuredAtPeak(results, CeilingTarget)
 	header := false
 	for _, r := range results {
 		c := r.CPU
@@ -142,20 +137,24 @@ func writeCPU(b *strings.Builder, results []*Result) {
 	writeAgainstRedis(b, results)
 }
 
+// measuredAtPeak is the last unpaced run of target in results whose
+// server CPU was measured, or nil.
+func measuredAtPeak(results []*Result, target string) *Result {
+	var found *Result
+	for _, r := range results {
+		if r.Target == target && r.Config.Rate == 0 && r.CPU != nil && r.CPU.Err == nil && r.Requests > 0 {
+			found = r
+		}
+	}
+	return found
+}
+
 // writeAgainstRedis writes shardstock's server CPU per request and
 // throughput as multiples of the Connect-fronted Redis's, when both ran
 // unpaced in the table with their server side measured.
 func writeAgainstRedis(b *strings.Builder, results []*Result) {
-	measured := func(name string) *Result {
-		for _, r := range results {
-			if r.Target == name && r.Config.Rate == 0 && r.CPU != nil && r.CPU.Err == nil && r.CPU.Server > 0 && r.Requests > 0 && r.Elapsed > 0 {
-				return r
-			}
-		}
-		return nil
-	}
-	s, f := measured("shardstock"), measured(FrontedRedisTarget)
-	if s == nil || f == nil {
+	s, f := measuredAtPeak(results, "shardstock"), measuredAtPeak(results, FrontedRedisTarget)
+	if s == nil || f == nil || f.CPU.Server <= 0 || f.Throughput() == 0 {
 		return
 	}
 	per := func(x *Result) float64 { return float64(x.CPU.Server) / float64(x.Requests) }
